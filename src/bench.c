@@ -1,0 +1,87 @@
+/* bench.c — see bench.h. */
+#include "bench.h"
+
+#include <cblas.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+#include "status.h"
+#include "train.h"
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + 1e-9 * ts.tv_nsec;
+}
+
+double model_flops_per_token(const ModelConfig *mc)
+{
+    return 6.0 * model_active_matrix_params(mc) + 6.0 * mc->layers * mc->context * (double)mc->dim;
+}
+
+/* GFLOP/s of a square-ish sgemm (N=2048 rows, 1024x1024 weights), the
+ * reference ceiling for this machine and thread count. */
+static double sgemm_gflops(void)
+{
+    const int M = 2048, K = 1024, N = 1024;
+    float *a = malloc((size_t)M * K * sizeof(float)), *b = malloc((size_t)K * N * sizeof(float)),
+          *c = malloc((size_t)M * N * sizeof(float));
+    if (!a || !b || !c) {
+        free(a);
+        free(b);
+        free(c);
+        return 0;
+    }
+    for (size_t i = 0; i < (size_t)M * K; i++) a[i] = (float)(i % 7) * 0.1f;
+    for (size_t i = 0; i < (size_t)K * N; i++) b[i] = (float)(i % 5) * 0.1f;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, N, K, 1, a, K, b, N, 0, c, N);
+    int reps = 5;
+    double t0 = now_s();
+    for (int r = 0; r < reps; r++)
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, N, K, 1, a, K, b, N, 0, c, N);
+    double dt = now_s() - t0;
+    free(a);
+    free(b);
+    free(c);
+    return 2.0 * M * N * K * reps / dt / 1e9;
+}
+
+int bench_run(const Config *cfg, const int *threads, int n_threads, int steps)
+{
+    const double fpt = model_flops_per_token(&cfg->model);
+    const TrainConfig *tc = &cfg->train;
+    printf("# isthmus bench: %s | L=%d D=%d H=%d E=%d k=%d F=%d T=%d | micro_batch %d x grad_accum %d\n",
+           cfg->source, cfg->model.layers, cfg->model.dim, cfg->model.heads, cfg->model.experts,
+           cfg->model.top_k, cfg->model.ffn, cfg->model.context, tc->micro_batch, tc->grad_accum);
+    printf("# model FLOPs per token: %.2f M (6 x %.3f M active matrix params + causal attention)\n",
+           fpt / 1e6, model_active_matrix_params(&cfg->model) / 1e6);
+    printf("%-8s %12s %12s %12s %14s %10s\n", "threads", "ms/step", "tokens/s", "GFLOP/s",
+           "sgemm GFLOP/s", "of sgemm");
+    for (int i = 0; i < n_threads; i++) {
+        Config c = *cfg;
+        c.train.threads = threads[i];
+        c.train.steps = steps + 1;
+        Trainer tr;
+        int rc = trainer_create(&tr, &c, 0);
+        if (rc != ISTH_OK) {
+            trainer_destroy(&tr);
+            return rc;
+        }
+        StepLog s;
+        rc = trainer_step(&tr, &s); /* warm-up: page faults, BLAS buffers */
+        double t0 = now_s();
+        for (int k = 0; k < steps && rc == ISTH_OK; k++) rc = trainer_step(&tr, &s);
+        double dt = (now_s() - t0) / steps;
+        trainer_destroy(&tr);
+        CHECK(rc);
+        double tokens = (double)tc->micro_batch * c.model.context * tc->grad_accum;
+        double gflops = tokens * fpt / dt / 1e9;
+        double ref = sgemm_gflops();
+        printf("%-8d %12.1f %12.0f %12.1f %14.1f %9.0f%%\n", threads[i], 1e3 * dt, tokens / dt,
+               gflops, ref, 100.0 * gflops / ref);
+        fflush(stdout);
+    }
+    return ISTH_OK;
+}

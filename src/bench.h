@@ -1,0 +1,19 @@
+/* bench.h — `isthmus bench`: training-step throughput of the CPU backend.
+ *
+ * Owns: timing of full training steps (forward, backward, clipping, AdamW)
+ * on the bundled corpus, and the FLOP model used to report GFLOP/s:
+ *   6 x active matrix parameters per token (attention projections, router,
+ *   top_k experts, tied output head) + 6 L T D for causal attention
+ *   (QK^T and PV over the ~T/2 visible positions, forward and backward).
+ * An sgemm of the same size class is timed in the same run as a reference.
+ * Must not: be used by tests to decide pass/fail (timings are noisy).
+ */
+#ifndef ISTHMUS_BENCH_H
+#define ISTHMUS_BENCH_H
+
+#include "config.h"
+
+double model_flops_per_token(const ModelConfig *mc);
+int bench_run(const Config *cfg, const int *threads, int n_threads, int steps);
+
+#endif

@@ -1,0 +1,471 @@
+/* config.c — see config.h. */
+#include "config.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "status.h"
+
+#ifndef ISTHMUS_DATADIR
+#define ISTHMUS_DATADIR "share/data"
+#endif
+
+typedef enum { KEY_INT, KEY_REAL, KEY_U64, KEY_STR, KEY_ENUM } KeyType;
+
+typedef struct {
+    const char *section;
+    const char *key;
+    KeyType type;
+    size_t offset;        /* into Config */
+    size_t size;          /* for KEY_STR / KEY_ENUM: buffer size */
+    double min, max;      /* inclusive range for numbers */
+    int min_exclusive;    /* min is exclusive (e.g. capacity_factor > 0) */
+    const char *choices;  /* KEY_ENUM: '|'-separated */
+    const char *dflt;
+} KeySpec;
+
+#define M(field) offsetof(Config, model.field)
+#define TR(field) offsetof(Config, train.field)
+#define DA(field) offsetof(Config, data.field)
+#define STRSZ(field) sizeof(((Config *)0)->field)
+
+/* The public configuration keys. Names are a stable interface (DESIGN.md):
+ * add freely, rename never. docs/configuration.md documents each one and a
+ * test checks that it lists all of them. */
+static const KeySpec schema[] = {
+    {"model", "layers", KEY_INT, M(layers), 0, 1, 1024, 0, NULL, "2"},
+    {"model", "dim", KEY_INT, M(dim), 0, 2, 65536, 0, NULL, "64"},
+    {"model", "heads", KEY_INT, M(heads), 0, 1, 1024, 0, NULL, "2"},
+    {"model", "experts", KEY_INT, M(experts), 0, 1, 4096, 0, NULL, "4"},
+    {"model", "top_k", KEY_INT, M(top_k), 0, 1, 4096, 0, NULL, "2"},
+    {"model", "ffn", KEY_INT, M(ffn), 0, 1, 1 << 20, 0, NULL, "128"},
+    {"model", "context", KEY_INT, M(context), 0, 1, 1 << 20, 0, NULL, "64"},
+    {"model", "capacity_factor", KEY_REAL, M(capacity_factor), 0, 0, 1e6, 1, NULL, "1.25"},
+    {"model", "aux_loss", KEY_REAL, M(aux_loss), 0, 0, 1e6, 0, NULL, "0.01"},
+    {"model", "z_loss", KEY_REAL, M(z_loss), 0, 0, 1e6, 0, NULL, "0.001"},
+    {"model", "init_seed", KEY_U64, M(init_seed), 0, 0, 0, 0, NULL, "1234"},
+
+    {"train", "steps", KEY_INT, TR(steps), 0, 0, INT_MAX, 0, NULL, "100"},
+    {"train", "micro_batch", KEY_INT, TR(micro_batch), 0, 1, 1 << 20, 0, NULL, "8"},
+    {"train", "grad_accum", KEY_INT, TR(grad_accum), 0, 1, 1 << 20, 0, NULL, "1"},
+    {"train", "lr", KEY_REAL, TR(lr), 0, 0, 10, 1, NULL, "0.001"},
+    {"train", "min_lr", KEY_REAL, TR(min_lr), 0, 0, 10, 0, NULL, "0.0001"},
+    {"train", "warmup", KEY_INT, TR(warmup), 0, 0, INT_MAX, 0, NULL, "10"},
+    {"train", "weight_decay", KEY_REAL, TR(weight_decay), 0, 0, 10, 0, NULL, "0.1"},
+    {"train", "clip", KEY_REAL, TR(clip), 0, 0, 1e9, 0, NULL, "1.0"},
+    {"train", "optimizer", KEY_ENUM, TR(optimizer), STRSZ(train.optimizer), 0, 0, 0, "adamw|shampoo", "adamw"},
+    {"train", "threads", KEY_INT, TR(threads), 0, 0, 4096, 0, NULL, "0"},
+    {"train", "seed", KEY_U64, TR(seed), 0, 0, 0, 0, NULL, "42"},
+    {"train", "eval_every", KEY_INT, TR(eval_every), 0, 0, INT_MAX, 0, NULL, "0"},
+    {"train", "log_every", KEY_INT, TR(log_every), 0, 1, INT_MAX, 0, NULL, "1"},
+    {"train", "out_dir", KEY_STR, TR(out_dir), STRSZ(train.out_dir), 0, 0, 0, NULL, "run"},
+
+    {"data", "dir", KEY_STR, DA(dir), STRSZ(data.dir), 0, 0, 0, NULL, ISTHMUS_DATADIR},
+    {"data", "eval_bytes", KEY_INT, DA(eval_bytes), 0, 0, (double)LONG_MAX, 0, NULL, "0"},
+};
+#define N_KEYS (sizeof schema / sizeof schema[0])
+
+/* Sections that DESIGN.md reserves for features that arrive with later
+ * issues; rejected with a clear message rather than silently ignored. */
+static const char *const reserved_sections[] = {"outer", "checkpoint"};
+
+typedef struct {
+    char *section, *key, *value;
+    char origin[CONFIG_PATH_MAX + 32];
+} Entry;
+
+typedef struct {
+    Entry *v;
+    int n, cap;
+} EntryList;
+
+static void entries_free(EntryList *l)
+{
+    for (int i = 0; i < l->n; i++) {
+        free(l->v[i].section);
+        free(l->v[i].key);
+        free(l->v[i].value);
+    }
+    free(l->v);
+}
+
+static char *trim(char *s)
+{
+    while (isspace((unsigned char)*s)) s++;
+    char *e = s + strlen(s);
+    while (e > s && isspace((unsigned char)e[-1])) *--e = '\0';
+    return s;
+}
+
+static Entry *entries_find(EntryList *l, const char *section, const char *key)
+{
+    for (int i = 0; i < l->n; i++)
+        if (!strcmp(l->v[i].section, section) && !strcmp(l->v[i].key, key)) return &l->v[i];
+    return NULL;
+}
+
+static int entries_put(EntryList *l, const char *section, const char *key, const char *value,
+                       const char *origin, int allow_replace)
+{
+    Entry *e = entries_find(l, section, key);
+    if (e) {
+        if (!allow_replace)
+            return isth_fail(ISTH_EINPUT, "config %s: [%s] %s is set twice (first at %s)", origin,
+                             section, key, e->origin);
+        free(e->value);
+        e->value = strdup(value);
+        snprintf(e->origin, sizeof e->origin, "%s", origin);
+        return e->value ? ISTH_OK : isth_fail(ISTH_ERUNTIME, "out of memory");
+    }
+    if (l->n == l->cap) {
+        int cap = l->cap ? 2 * l->cap : 32;
+        Entry *v = realloc(l->v, (size_t)cap * sizeof *v);
+        CHECK_ALLOC(v);
+        l->v = v;
+        l->cap = cap;
+    }
+    e = &l->v[l->n++];
+    e->section = strdup(section);
+    e->key = strdup(key);
+    e->value = strdup(value);
+    snprintf(e->origin, sizeof e->origin, "%s", origin);
+    if (!e->section || !e->key || !e->value) return isth_fail(ISTH_ERUNTIME, "out of memory");
+    return ISTH_OK;
+}
+
+static int valid_name(const char *s)
+{
+    if (!*s) return 0;
+    for (; *s; s++)
+        if (!isalnum((unsigned char)*s) && *s != '_' && *s != '.' && *s != '-') return 0;
+    return 1;
+}
+
+static int parse_ini(EntryList *l, const char *text, const char *name)
+{
+    char section[256] = "";
+    int lineno = 0;
+    const char *p = text;
+    while (*p) {
+        const char *nl = strchr(p, '\n');
+        size_t len = nl ? (size_t)(nl - p) : strlen(p);
+        char buf[4096];
+        lineno++;
+        if (len >= sizeof buf)
+            return isth_fail(ISTH_EINPUT, "config %s:%d: line too long", name, lineno);
+        memcpy(buf, p, len);
+        buf[len] = '\0';
+        p = nl ? nl + 1 : p + len;
+
+        char *hash = strpbrk(buf, "#;");
+        if (hash) *hash = '\0';
+        char *line = trim(buf);
+        if (!*line) continue;
+        char origin[CONFIG_PATH_MAX + 32];
+        snprintf(origin, sizeof origin, "%s:%d", name, lineno);
+        if (*line == '[') {
+            char *close = strchr(line, ']');
+            if (!close || close[1] != '\0')
+                return isth_fail(ISTH_EINPUT, "config %s: malformed section header '%s'", origin, line);
+            *close = '\0';
+            char *s = trim(line + 1);
+            if (!valid_name(s) || strlen(s) >= sizeof section)
+                return isth_fail(ISTH_EINPUT, "config %s: bad section name '[%s]'", origin, s);
+            strcpy(section, s);
+            continue;
+        }
+        char *eq = strchr(line, '=');
+        if (!eq)
+            return isth_fail(ISTH_EINPUT, "config %s: expected 'key = value', got '%s'", origin, line);
+        *eq = '\0';
+        char *key = trim(line), *value = trim(eq + 1);
+        if (!*section)
+            return isth_fail(ISTH_EINPUT, "config %s: key '%s' outside any [section]", origin, key);
+        if (!valid_name(key))
+            return isth_fail(ISTH_EINPUT, "config %s: bad key name '%s'", origin, key);
+        CHECK(entries_put(l, section, key, value, origin, 0));
+    }
+    return ISTH_OK;
+}
+
+static int parse_override(EntryList *l, const char *assignment)
+{
+    const char *eq = strchr(assignment, '=');
+    char lhs[512];
+    if (!eq || (size_t)(eq - assignment) >= sizeof lhs)
+        return isth_fail(ISTH_EINPUT, "--set '%s': expected section.key=value", assignment);
+    memcpy(lhs, assignment, (size_t)(eq - assignment));
+    lhs[eq - assignment] = '\0';
+    char *dot = strrchr(lhs, '.');
+    if (!dot || dot == lhs || !dot[1])
+        return isth_fail(ISTH_EINPUT, "--set '%s': expected section.key=value", assignment);
+    *dot = '\0';
+    char *section = trim(lhs), *key = trim(dot + 1);
+    if (!valid_name(section) || !valid_name(key))
+        return isth_fail(ISTH_EINPUT, "--set '%s': bad section or key name", assignment);
+    char value[4096];
+    snprintf(value, sizeof value, "%s", eq + 1);
+    char origin[600];
+    snprintf(origin, sizeof origin, "--set %s.%s", section, key);
+    return entries_put(l, section, key, trim(value), origin, 1);
+}
+
+static const KeySpec *schema_find(const char *section, const char *key)
+{
+    for (size_t i = 0; i < N_KEYS; i++)
+        if (!strcmp(schema[i].section, section) && !strcmp(schema[i].key, key)) return &schema[i];
+    return NULL;
+}
+
+static int section_known(const char *section)
+{
+    for (size_t i = 0; i < N_KEYS; i++)
+        if (!strcmp(schema[i].section, section)) return 1;
+    return 0;
+}
+
+/* Parse one value into cfg according to its spec; `where` names it. */
+static int apply_value(Config *cfg, const KeySpec *s, const char *value, const char *where)
+{
+    char *field = (char *)cfg + s->offset;
+    char *end;
+    errno = 0;
+    switch (s->type) {
+    case KEY_INT: {
+        long v = strtol(value, &end, 10);
+        if (!*value || *end || errno)
+            return isth_fail(ISTH_EINPUT, "config %s: [%s] %s = '%s' is not an integer", where,
+                             s->section, s->key, value);
+        if (v < s->min || v > s->max)
+            return isth_fail(ISTH_EINPUT, "config %s: [%s] %s = %ld is out of range [%.0f, %.0f]",
+                             where, s->section, s->key, v, s->min, s->max);
+        if (s->offset == DA(eval_bytes)) *(long *)field = v;
+        else *(int *)field = (int)v;
+        break;
+    }
+    case KEY_REAL: {
+        double v = strtod(value, &end);
+        if (!*value || *end || errno || !isfinite(v))
+            return isth_fail(ISTH_EINPUT, "config %s: [%s] %s = '%s' is not a finite number", where,
+                             s->section, s->key, value);
+        if ((s->min_exclusive ? v <= s->min : v < s->min) || v > s->max)
+            return isth_fail(ISTH_EINPUT, "config %s: [%s] %s = %g is out of range %s%g, %g]", where,
+                             s->section, s->key, v, s->min_exclusive ? "(" : "[", s->min, s->max);
+        *(double *)field = v;
+        break;
+    }
+    case KEY_U64: {
+        if (*value == '-')
+            return isth_fail(ISTH_EINPUT, "config %s: [%s] %s = '%s' must be a non-negative integer",
+                             where, s->section, s->key, value);
+        unsigned long long v = strtoull(value, &end, 10);
+        if (!*value || *end || errno)
+            return isth_fail(ISTH_EINPUT, "config %s: [%s] %s = '%s' is not an unsigned integer",
+                             where, s->section, s->key, value);
+        *(uint64_t *)field = (uint64_t)v;
+        break;
+    }
+    case KEY_STR:
+        if (strlen(value) >= s->size)
+            return isth_fail(ISTH_EINPUT, "config %s: [%s] %s is longer than %zu characters", where,
+                             s->section, s->key, s->size - 1);
+        strcpy(field, value);
+        break;
+    case KEY_ENUM: {
+        size_t n = strlen(value);
+        const char *c = s->choices;
+        int found = 0;
+        while (*c) {
+            const char *bar = strchr(c, '|');
+            size_t len = bar ? (size_t)(bar - c) : strlen(c);
+            if (len == n && n > 0 && !strncmp(c, value, n)) found = 1;
+            c += len + (bar ? 1 : 0);
+        }
+        if (!found)
+            return isth_fail(ISTH_EINPUT, "config %s: [%s] %s = '%s' is not one of %s", where,
+                             s->section, s->key, value, s->choices);
+        strcpy(field, value);
+        break;
+    }
+    }
+    return ISTH_OK;
+}
+
+/* Rules that involve several keys. `origin_of` finds where a key was set so
+ * that the message points at the line to fix. */
+static const char *origin_of(EntryList *l, const char *section, const char *key)
+{
+    Entry *e = entries_find(l, section, key);
+    return e ? e->origin : "(default)";
+}
+
+static int validate(const Config *c, EntryList *l)
+{
+    const ModelConfig *m = &c->model;
+    if (m->dim % m->heads)
+        return isth_fail(ISTH_EINPUT, "config %s: [model] heads = %d does not divide dim = %d",
+                         origin_of(l, "model", "heads"), m->heads, m->dim);
+    if (config_head_dim(m) % 2)
+        return isth_fail(ISTH_EINPUT,
+                         "config %s: [model] head dim = dim/heads = %d must be even (rotary pairs)",
+                         origin_of(l, "model", "heads"), config_head_dim(m));
+    if (m->top_k > m->experts)
+        return isth_fail(ISTH_EINPUT, "config %s: [model] top_k = %d exceeds experts = %d",
+                         origin_of(l, "model", "top_k"), m->top_k, m->experts);
+    if (c->train.min_lr > c->train.lr)
+        return isth_fail(ISTH_EINPUT, "config %s: [train] min_lr = %g exceeds lr = %g",
+                         origin_of(l, "train", "min_lr"), c->train.min_lr, c->train.lr);
+    if (!strcmp(c->train.optimizer, "shampoo"))
+        return isth_fail(ISTH_EINPUT,
+                         "config %s: [train] optimizer = shampoo is not implemented yet (use adamw)",
+                         origin_of(l, "train", "optimizer"));
+    if (!c->train.out_dir[0])
+        return isth_fail(ISTH_EINPUT, "config %s: [train] out_dir is empty",
+                         origin_of(l, "train", "out_dir"));
+    return ISTH_OK;
+}
+
+static int load_entries(Config *cfg, EntryList *l, const char *const *overrides, int n_overrides)
+{
+    for (int i = 0; i < n_overrides; i++) CHECK(parse_override(l, overrides[i]));
+
+    memset(&cfg->model, 0, sizeof cfg->model);
+    memset(&cfg->train, 0, sizeof cfg->train);
+    memset(&cfg->data, 0, sizeof cfg->data);
+    for (size_t i = 0; i < N_KEYS; i++) CHECK(apply_value(cfg, &schema[i], schema[i].dflt, "(default)"));
+    cfg->model.vocab = 256;
+
+    for (int i = 0; i < l->n; i++) {
+        Entry *e = &l->v[i];
+        const KeySpec *s = schema_find(e->section, e->key);
+        if (s) {
+            CHECK(apply_value(cfg, s, e->value, e->origin));
+            continue;
+        }
+        if (!strncmp(e->section, "site.", 5))
+            return isth_fail(ISTH_EINPUT,
+                             "config %s: [%s] multi-site layouts are not supported yet (one site holds all ranks)",
+                             e->origin, e->section);
+        for (size_t r = 0; r < sizeof reserved_sections / sizeof *reserved_sections; r++)
+            if (!strcmp(e->section, reserved_sections[r]))
+                return isth_fail(ISTH_EINPUT, "config %s: [%s] %s: section [%s] is not supported yet",
+                                 e->origin, e->section, e->key, e->section);
+        if (!section_known(e->section))
+            return isth_fail(ISTH_EINPUT, "config %s: unknown section [%s]", e->origin, e->section);
+        return isth_fail(ISTH_EINPUT, "config %s: unknown key '%s' in [%s]", e->origin, e->key,
+                         e->section);
+    }
+    return validate(cfg, l);
+}
+
+int config_load_text(Config *cfg, const char *text, const char *origin,
+                     const char *const *overrides, int n_overrides)
+{
+    EntryList l = {0};
+    snprintf(cfg->source, sizeof cfg->source, "%s", origin);
+    int rc = text ? parse_ini(&l, text, origin) : ISTH_OK;
+    if (rc == ISTH_OK) rc = load_entries(cfg, &l, overrides, n_overrides);
+    entries_free(&l);
+    return rc;
+}
+
+int config_load(Config *cfg, const char *path, const char *const *overrides, int n_overrides)
+{
+    if (!path) return config_load_text(cfg, NULL, "(defaults)", overrides, n_overrides);
+    FILE *f = fopen(path, "rb");
+    if (!f) return isth_fail(ISTH_EINPUT, "config %s: cannot open: %s", path, strerror(errno));
+    fseek(f, 0, SEEK_END);
+    long size = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    if (size < 0 || size > (1 << 24)) {
+        fclose(f);
+        return isth_fail(ISTH_EINPUT, "config %s: not a regular file or larger than 16 MiB", path);
+    }
+    char *text = malloc((size_t)size + 1);
+    if (!text) {
+        fclose(f);
+        return isth_fail(ISTH_ERUNTIME, "out of memory reading %s", path);
+    }
+    size_t got = fread(text, 1, (size_t)size, f);
+    fclose(f);
+    text[got] = '\0';
+    if (memchr(text, '\0', got)) {
+        free(text);
+        return isth_fail(ISTH_EINPUT, "config %s: contains a NUL byte (not an INI text file)", path);
+    }
+    int rc = config_load_text(cfg, text, path, overrides, n_overrides);
+    free(text);
+    return rc;
+}
+
+static void append(char **buf, size_t *len, size_t *cap, const char *fmt, ...)
+{
+    va_list ap;
+    for (;;) {
+        va_start(ap, fmt);
+        int n = vsnprintf(*buf ? *buf + *len : NULL, *buf ? *cap - *len : 0, fmt, ap);
+        va_end(ap);
+        if (n < 0) return;
+        if (*buf && *len + (size_t)n < *cap) {
+            *len += (size_t)n;
+            return;
+        }
+        size_t cap2 = (*cap ? *cap * 2 : 1024) + (size_t)n;
+        char *b = realloc(*buf, cap2);
+        if (!b) return;
+        *buf = b;
+        *cap = cap2;
+    }
+}
+
+char *config_to_text(const Config *cfg)
+{
+    char *buf = NULL;
+    size_t len = 0, cap = 0;
+    const char *section = "";
+    for (size_t i = 0; i < N_KEYS; i++) {
+        const KeySpec *s = &schema[i];
+        const char *field = (const char *)cfg + s->offset;
+        if (strcmp(section, s->section)) {
+            append(&buf, &len, &cap, "%s[%s]\n", len ? "\n" : "", s->section);
+            section = s->section;
+        }
+        switch (s->type) {
+        case KEY_INT:
+            if (s->offset == DA(eval_bytes))
+                append(&buf, &len, &cap, "%s = %ld\n", s->key, *(const long *)field);
+            else
+                append(&buf, &len, &cap, "%s = %d\n", s->key, *(const int *)field);
+            break;
+        case KEY_REAL: {
+            /* shortest text that reads back as the same double */
+            double v = *(const double *)field;
+            char num[40];
+            for (int prec = 6; prec <= 17; prec++) {
+                snprintf(num, sizeof num, "%.*g", prec, v);
+                if (strtod(num, NULL) == v) break;
+            }
+            append(&buf, &len, &cap, "%s = %s\n", s->key, num);
+            break;
+        }
+        case KEY_U64:
+            append(&buf, &len, &cap, "%s = %llu\n", s->key,
+                   (unsigned long long)*(const uint64_t *)field);
+            break;
+        case KEY_STR:
+        case KEY_ENUM: append(&buf, &len, &cap, "%s = %s\n", s->key, field); break;
+        }
+    }
+    return buf;
+}
+
+void config_print_keys(void)
+{
+    for (size_t i = 0; i < N_KEYS; i++) printf("[%s] %s\n", schema[i].section, schema[i].key);
+}

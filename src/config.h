@@ -1,0 +1,85 @@
+/* config.h — the run configuration: INI parsing, --set overrides, schema,
+ * validation, and the resolved text that is printed and stored in files.
+ *
+ * Owns: the list of public keys (the schema table in config.c), their types,
+ * defaults, ranges and cross-key rules. Every key a user can write is in that
+ * table, and nothing else in the program reads INI text.
+ * Must not: allocate model memory, touch MPI, or read data files.
+ */
+#ifndef ISTHMUS_CONFIG_H
+#define ISTHMUS_CONFIG_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define CONFIG_PATH_MAX 1024
+
+typedef struct {
+    int layers;     /* L */
+    int dim;        /* D */
+    int heads;      /* H; head dim D/H */
+    int experts;    /* E */
+    int top_k;      /* k */
+    int ffn;        /* F, hidden width of one SwiGLU expert */
+    int context;    /* T */
+    int vocab;      /* V = 256 (bytes); not a key */
+    double capacity_factor;
+    double aux_loss;
+    double z_loss;
+    uint64_t init_seed;
+} ModelConfig;
+
+typedef struct {
+    int steps;
+    int micro_batch;
+    int grad_accum;
+    double lr;
+    double min_lr;
+    int warmup;
+    double weight_decay;
+    double clip;
+    char optimizer[16];
+    int threads;
+    uint64_t seed;
+    int eval_every;
+    int log_every;
+    char out_dir[CONFIG_PATH_MAX];
+} TrainConfig;
+
+typedef struct {
+    char dir[CONFIG_PATH_MAX];   /* holds train.txt eval_prose.txt eval_tech.txt */
+    long eval_bytes;             /* 0 = whole eval files */
+} DataConfig;
+
+typedef struct {
+    ModelConfig model;
+    TrainConfig train;
+    DataConfig data;
+    char source[CONFIG_PATH_MAX]; /* file the config came from, for messages */
+} Config;
+
+/* One `section.key=value` override from the command line. */
+typedef struct {
+    const char *assignment;
+} ConfigOverride;
+
+/* Load `path` (may be NULL: defaults only), apply overrides in order, validate.
+ * Returns ISTH_OK or ISTH_EINPUT after printing one line naming the key. */
+int config_load(Config *cfg, const char *path, const char *const *overrides, int n_overrides);
+
+/* Same, from INI text held in memory (e.g. the config stored in a model file);
+ * `origin` names it in messages. */
+int config_load_text(Config *cfg, const char *text, const char *origin,
+                     const char *const *overrides, int n_overrides);
+
+/* The resolved configuration as INI text, every key, schema order.
+ * Returns a malloc'd string. */
+char *config_to_text(const Config *cfg);
+
+/* Print "[section] key" for every public key, one per line (for docs/tests). */
+void config_print_keys(void);
+
+/* Derived sizes. */
+static inline int config_head_dim(const ModelConfig *m) { return m->dim / m->heads; }
+
+#endif

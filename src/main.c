@@ -1,0 +1,278 @@
+/* main.c — the `isthmus` command line: subcommands and their options.
+ *
+ * Owns: argument parsing, --help texts, MPI start-up and shutdown, and the
+ * mapping from status codes to exit codes (0 ok, 1 runtime failure,
+ * 2 bad input).
+ * Must not: contain training, evaluation or file-format logic.
+ */
+#include <mpi.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bench.h"
+#include "config.h"
+#include "eval.h"
+#include "h5io.h"
+#include "metrics.h"
+#include "status.h"
+#include "train.h"
+
+#define MAX_OVERRIDES 256
+
+static const char *const usage_main =
+    "usage: isthmus <command> [options]\n"
+    "\n"
+    "Train a byte-level mixture-of-experts language model (CPU backend; MPI program).\n"
+    "\n"
+    "commands:\n"
+    "  train CONFIG [--set section.key=value]...   train, evaluate, write <out_dir>/model.h5\n"
+    "  eval --model FILE [--set ...]...            bits per byte on both eval sets\n"
+    "  bench CONFIG [--threads 1,2] [--steps N]    training-step throughput and GFLOP/s\n"
+    "  config [CONFIG] [--set ...]... [--keys]     print the resolved configuration\n"
+    "\n"
+    "'isthmus <command> --help' describes a command. Configuration keys: docs/configuration.md\n";
+
+static const char *const usage_train =
+    "usage: isthmus train CONFIG.ini [--set section.key=value]...\n"
+    "\n"
+    "Trains the model described by CONFIG.ini ([model], [train], [data] sections).\n"
+    "--set overrides or adds one key; it may be repeated. The resolved configuration\n"
+    "is printed first. Rank 0 prints one line per step and appends JSON lines to\n"
+    "<out_dir>/metrics.jsonl; both eval sets are scored every eval_every steps and at\n"
+    "the end; the final weights go to <out_dir>/model.h5.\n"
+    "Exit status: 0 success, 1 runtime failure, 2 bad configuration or data.\n";
+
+static const char *const usage_eval =
+    "usage: isthmus eval --model FILE [--set section.key=value]...\n"
+    "\n"
+    "Computes bits per byte of the model in FILE (written by 'isthmus train') on\n"
+    "eval_prose.txt and eval_tech.txt: consecutive windows of context+1 bytes\n"
+    "overlapping by one byte, no token dropping. The model's stored configuration is\n"
+    "used; --set may change [data] dir, [data] eval_bytes, [train] micro_batch,\n"
+    "[train] threads or [train] out_dir (results are appended to its metrics.jsonl).\n"
+    "Exit status: 0 success, 1 runtime failure, 2 bad file or configuration.\n";
+
+static const char *const usage_bench =
+    "usage: isthmus bench CONFIG.ini [--threads LIST] [--steps N] [--set section.key=value]...\n"
+    "\n"
+    "Times N training steps (default 5, after one warm-up step) for each thread count\n"
+    "in LIST (default 1,2) and prints ms/step, tokens/s and model GFLOP/s\n"
+    "(6 x active matrix parameters per token + causal attention), next to the\n"
+    "GFLOP/s of a reference sgemm measured in the same run.\n";
+
+static const char *const usage_config =
+    "usage: isthmus config [CONFIG.ini] [--set section.key=value]... [--keys]\n"
+    "\n"
+    "Validates and prints the resolved configuration (every key, defaults filled in).\n"
+    "--keys lists every configuration key instead.\n";
+
+static int wants_help(int argc, char **argv)
+{
+    for (int i = 0; i < argc; i++)
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) return 1;
+    return 0;
+}
+
+/* Collect --set options; positional arguments into *pos. */
+static int parse_common(int argc, char **argv, const char **overrides, int *n_overrides,
+                        const char **pos, int max_pos, int *n_pos, const char *const *extra,
+                        const char **extra_values, int n_extra)
+{
+    *n_overrides = 0;
+    *n_pos = 0;
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--set") || !strncmp(a, "--set=", 6)) {
+            const char *v = a[5] == '=' ? a + 6 : (i + 1 < argc ? argv[++i] : NULL);
+            if (!v) return isth_fail(ISTH_EINPUT, "--set needs section.key=value");
+            if (*n_overrides == MAX_OVERRIDES) return isth_fail(ISTH_EINPUT, "too many --set options");
+            overrides[(*n_overrides)++] = v;
+            continue;
+        }
+        int matched = 0;
+        for (int e = 0; e < n_extra; e++) {
+            size_t len = strlen(extra[e]);
+            if (!strncmp(a, extra[e], len) && (a[len] == '\0' || a[len] == '=')) {
+                matched = 1;
+                if (!strcmp(extra[e], "--keys")) { /* a flag, takes no value */
+                    extra_values[e] = "1";
+                    break;
+                }
+                const char *v = a[len] == '=' ? a + len + 1 : (i + 1 < argc ? argv[++i] : NULL);
+                if (!v) return isth_fail(ISTH_EINPUT, "%s needs a value", extra[e]);
+                extra_values[e] = v;
+                break;
+            }
+        }
+        if (matched) continue;
+        if (a[0] == '-' && a[1]) return isth_fail(ISTH_EINPUT, "unknown option '%s' (see --help)", a);
+        if (*n_pos == max_pos) return isth_fail(ISTH_EINPUT, "unexpected argument '%s' (see --help)", a);
+        pos[(*n_pos)++] = a;
+    }
+    return ISTH_OK;
+}
+
+static int cmd_train(int argc, char **argv)
+{
+    if (wants_help(argc, argv)) {
+        fputs(usage_train, stdout);
+        return ISTH_OK;
+    }
+    const char *overrides[MAX_OVERRIDES], *pos[1];
+    int n_over, n_pos;
+    CHECK(parse_common(argc, argv, overrides, &n_over, pos, 1, &n_pos, NULL, NULL, 0));
+    if (n_pos != 1) return isth_fail(ISTH_EINPUT, "train: missing CONFIG.ini (see isthmus train --help)");
+    Config cfg;
+    CHECK(config_load(&cfg, pos[0], overrides, n_over));
+    return train_run(&cfg);
+}
+
+static int cmd_eval(int argc, char **argv)
+{
+    if (wants_help(argc, argv)) {
+        fputs(usage_eval, stdout);
+        return ISTH_OK;
+    }
+    const char *overrides[MAX_OVERRIDES], *pos[1];
+    const char *const extra[] = {"--model"};
+    const char *model_path = NULL;
+    int n_over, n_pos;
+    CHECK(parse_common(argc, argv, overrides, &n_over, pos, 1, &n_pos, extra, &model_path, 1));
+    if (!model_path && n_pos == 1) model_path = pos[0];
+    else if (n_pos) return isth_fail(ISTH_EINPUT, "eval: unexpected argument '%s'", pos[0]);
+    if (!model_path) return isth_fail(ISTH_EINPUT, "eval: missing --model FILE (see isthmus eval --help)");
+    for (int i = 0; i < n_over; i++) {
+        static const char *const allowed[] = {"data.dir=", "data.eval_bytes=", "train.micro_batch=",
+                                              "train.threads=", "train.out_dir="};
+        int ok = 0;
+        for (size_t a = 0; a < sizeof allowed / sizeof *allowed; a++)
+            ok |= !strncmp(overrides[i], allowed[a], strlen(allowed[a]));
+        if (!ok)
+            return isth_fail(ISTH_EINPUT, "eval: --set %s: only [data] dir/eval_bytes and [train] "
+                             "micro_batch/threads/out_dir can change for evaluation", overrides[i]);
+    }
+    char *text = NULL;
+    CHECK(h5model_read_config(model_path, &text, MPI_COMM_WORLD));
+    Config cfg;
+    char origin[1200];
+    snprintf(origin, sizeof origin, "%s:/config", model_path);
+    int rc = config_load_text(&cfg, text, origin, overrides, n_over);
+    free(text);
+    CHECK(rc);
+    set_threads(cfg.train.threads);
+
+    Model m;
+    Activations a;
+    Corpus prose = {0}, tech = {0};
+    Metrics mt = {0};
+    int rank;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    memset(&a, 0, sizeof a);
+    CHECK(model_create(&m, &cfg.model, 0, cfg.model.experts));
+    H5Meta meta;
+    rc = h5model_read(model_path, &m, &meta, MPI_COMM_WORLD);
+    if (rc == ISTH_OK) rc = corpus_open(&prose, cfg.data.dir, "eval_prose.txt");
+    if (rc == ISTH_OK) rc = corpus_open(&tech, cfg.data.dir, "eval_tech.txt");
+    if (rc == ISTH_OK) rc = acts_create(&a, &cfg.model, cfg.train.micro_batch, cfg.model.context);
+    if (rc == ISTH_OK && rank == 0) rc = metrics_open(&mt, cfg.train.out_dir);
+    if (rc == ISTH_OK && rank == 0)
+        printf("isthmus eval: %s (step %ld, %.0f tokens trained)\n", model_path, meta.step, meta.tokens);
+    const Corpus *sets[2] = {&prose, &tech};
+    const char *names[2] = {"prose", "tech"};
+    for (int i = 0; i < 2 && rc == ISTH_OK; i++) {
+        EvalResult r;
+        rc = eval_corpus(&m, &a, sets[i], (size_t)cfg.data.eval_bytes, &r);
+        if (rc == ISTH_OK && rank == 0) metrics_eval(&mt, names[i], meta.step, r.bpb, r.predicted, r.seconds);
+    }
+    metrics_close(&mt);
+    acts_destroy(&a);
+    corpus_close(&prose);
+    corpus_close(&tech);
+    model_destroy(&m);
+    return rc;
+}
+
+static int cmd_bench(int argc, char **argv)
+{
+    if (wants_help(argc, argv)) {
+        fputs(usage_bench, stdout);
+        return ISTH_OK;
+    }
+    const char *overrides[MAX_OVERRIDES], *pos[1];
+    const char *const extra[] = {"--threads", "--steps"};
+    const char *values[2] = {"1,2", "5"};
+    int n_over, n_pos;
+    CHECK(parse_common(argc, argv, overrides, &n_over, pos, 1, &n_pos, extra, values, 2));
+    if (n_pos != 1) return isth_fail(ISTH_EINPUT, "bench: missing CONFIG.ini (see isthmus bench --help)");
+    Config cfg;
+    CHECK(config_load(&cfg, pos[0], overrides, n_over));
+    int threads[64], n_threads = 0;
+    char list[256];
+    snprintf(list, sizeof list, "%s", values[0]);
+    for (char *tok = strtok(list, ","); tok; tok = strtok(NULL, ",")) {
+        char *end;
+        long t = strtol(tok, &end, 10);
+        if (*end || t < 1 || t > 1024 || n_threads == 64)
+            return isth_fail(ISTH_EINPUT, "bench: --threads '%s': expected a list like 1,2", values[0]);
+        threads[n_threads++] = (int)t;
+    }
+    char *end;
+    long steps = strtol(values[1], &end, 10);
+    if (*end || steps < 1 || steps > 100000)
+        return isth_fail(ISTH_EINPUT, "bench: --steps '%s': expected a positive integer", values[1]);
+    return bench_run(&cfg, threads, n_threads, (int)steps);
+}
+
+static int cmd_config(int argc, char **argv)
+{
+    if (wants_help(argc, argv)) {
+        fputs(usage_config, stdout);
+        return ISTH_OK;
+    }
+    const char *overrides[MAX_OVERRIDES], *pos[1];
+    const char *const extra[] = {"--keys"};
+    const char *keys = NULL;
+    int n_over, n_pos;
+    CHECK(parse_common(argc, argv, overrides, &n_over, pos, 1, &n_pos, extra, &keys, 1));
+    if (keys) {
+        config_print_keys();
+        return ISTH_OK;
+    }
+    Config cfg;
+    CHECK(config_load(&cfg, n_pos ? pos[0] : NULL, overrides, n_over));
+    char *text = config_to_text(&cfg);
+    CHECK_ALLOC(text);
+    fputs(text, stdout);
+    free(text);
+    return ISTH_OK;
+}
+
+int main(int argc, char **argv)
+{
+    MPI_Init(&argc, &argv);
+    int rank;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    status_set_quiet(rank != 0);
+    int rc;
+    if (argc < 2) {
+        fputs(usage_main, stderr);
+        rc = ISTH_EINPUT;
+    } else if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
+        if (rank == 0) fputs(usage_main, stdout);
+        rc = ISTH_OK;
+    } else if (!strcmp(argv[1], "train")) {
+        rc = cmd_train(argc - 2, argv + 2);
+    } else if (!strcmp(argv[1], "eval")) {
+        rc = cmd_eval(argc - 2, argv + 2);
+    } else if (!strcmp(argv[1], "bench")) {
+        rc = cmd_bench(argc - 2, argv + 2);
+    } else if (!strcmp(argv[1], "config")) {
+        rc = cmd_config(argc - 2, argv + 2);
+    } else {
+        rc = isth_fail(ISTH_EINPUT, "unknown command '%s' (try isthmus --help)", argv[1]);
+    }
+    MPI_Finalize();
+    return rc;
+}

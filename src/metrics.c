@@ -1,0 +1,73 @@
+/* metrics.c — see metrics.h. */
+#include "metrics.h"
+
+#include <errno.h>
+#include <math.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "status.h"
+
+int make_dirs(const char *path)
+{
+    char buf[1024];
+    if (snprintf(buf, sizeof buf, "%s", path) >= (int)sizeof buf)
+        return isth_fail(ISTH_EINPUT, "directory path too long: %s", path);
+    for (char *p = buf + 1;; p++) {
+        if (*p == '/' || *p == '\0') {
+            char c = *p;
+            *p = '\0';
+            if (mkdir(buf, 0777) != 0 && errno != EEXIST)
+                return isth_fail(ISTH_EINPUT, "cannot create directory %s: %s", buf, strerror(errno));
+            *p = c;
+            if (!c) break;
+        }
+    }
+    struct stat st;
+    if (stat(path, &st) != 0 || !S_ISDIR(st.st_mode))
+        return isth_fail(ISTH_EINPUT, "%s exists and is not a directory", path);
+    return ISTH_OK;
+}
+
+int metrics_open(Metrics *mt, const char *out_dir)
+{
+    CHECK(make_dirs(out_dir));
+    snprintf(mt->path, sizeof mt->path, "%s/metrics.jsonl", out_dir);
+    mt->f = fopen(mt->path, "a");
+    if (!mt->f) return isth_fail(ISTH_EINPUT, "cannot open %s: %s", mt->path, strerror(errno));
+    return ISTH_OK;
+}
+
+void metrics_close(Metrics *mt)
+{
+    if (mt->f) fclose(mt->f);
+    mt->f = NULL;
+}
+
+void metrics_step(Metrics *mt, const StepLog *s)
+{
+    const double bpb = s->loss / M_LN2;
+    printf("step %6ld/%ld | loss %.4f | bpb %.4f | lr %.3e | gnorm %.3f | %8.0f tok/s | %7.1f ms"
+           " | aux %.4f z %.5f | drop %.1f%% | link %.0f B %.3f s\n",
+           s->step, s->steps, s->loss, bpb, s->lr, s->grad_norm, s->tokens_per_s, s->ms_per_step,
+           s->aux_loss, s->z_loss, 100.0 * s->dropped_frac, s->inter_site_bytes, s->link_wait_s);
+    fflush(stdout);
+    if (!mt->f) return;
+    fprintf(mt->f,
+            "{\"step\":%ld,\"loss\":%.6f,\"bpb\":%.6f,\"aux_loss\":%.6g,\"z_loss\":%.6g,\"lr\":%.6g,"
+            "\"grad_norm\":%.6g,\"tokens_per_s\":%.1f,\"ms_per_step\":%.3f,\"tokens\":%.0f,"
+            "\"dropped_frac\":%.6f,\"inter_site_bytes\":%.0f,\"link_wait_s\":%.6f}\n",
+            s->step, s->loss, bpb, s->aux_loss, s->z_loss, s->lr, s->grad_norm, s->tokens_per_s,
+            s->ms_per_step, s->tokens, s->dropped_frac, s->inter_site_bytes, s->link_wait_s);
+    fflush(mt->f);
+}
+
+void metrics_eval(Metrics *mt, const char *set, long step, double bpb, size_t bytes, double seconds)
+{
+    printf("eval %-5s step %6ld | bpb %.4f | %zu bytes | %.1f s\n", set, step, bpb, bytes, seconds);
+    fflush(stdout);
+    if (!mt || !mt->f) return;
+    fprintf(mt->f, "{\"eval\":\"%s\",\"step\":%ld,\"bpb\":%.6f,\"bytes\":%zu,\"seconds\":%.3f}\n", set,
+            step, bpb, bytes, seconds);
+    fflush(mt->f);
+}

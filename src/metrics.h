@@ -1,0 +1,40 @@
+/* metrics.h — the per-step log line and metrics.jsonl.
+ *
+ * Owns: the format of what rank 0 prints per step and appends to
+ * <out_dir>/metrics.jsonl (one JSON object per line; field names are a
+ * public interface, DESIGN.md "Interfaces").
+ * Must not: compute any of the numbers it reports.
+ */
+#ifndef ISTHMUS_METRICS_H
+#define ISTHMUS_METRICS_H
+
+#include <stdio.h>
+
+typedef struct {
+    long step, steps;
+    double loss;          /* mean cross-entropy, nats per byte */
+    double aux_loss, z_loss;
+    double lr, grad_norm;
+    double tokens_per_s, ms_per_step;
+    double tokens;        /* tokens seen so far */
+    double dropped_frac;  /* share of routed copies dropped for capacity */
+    double inter_site_bytes, link_wait_s;
+} StepLog;
+
+typedef struct {
+    FILE *f;
+    char path[1100];
+} Metrics;
+
+/* Open <out_dir>/metrics.jsonl for appending (creates out_dir). */
+int metrics_open(Metrics *mt, const char *out_dir);
+void metrics_close(Metrics *mt);
+
+/* Print the human line to stdout and append the JSON object. */
+void metrics_step(Metrics *mt, const StepLog *s);
+void metrics_eval(Metrics *mt, const char *set, long step, double bpb, size_t bytes, double seconds);
+
+/* mkdir -p */
+int make_dirs(const char *path);
+
+#endif

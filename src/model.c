@@ -1,0 +1,132 @@
+/* model.c — see model.h. */
+#include "model.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "rng.h"
+#include "status.h"
+
+static void set_shape(Tensor *t, const char *name, unsigned flags, double std, int ndim,
+                      size_t a, size_t b, size_t c, size_t d)
+{
+    size_t dims[4] = {a, b, c, d};
+    t->name = name;
+    t->flags = flags;
+    t->init_std = std;
+    t->ndim = ndim;
+    for (int i = 0; i < TENSOR_MAX_DIMS; i++) t->shape[i] = t->local[i] = i < ndim ? dims[i] : 1;
+}
+
+int model_create(Model *m, const ModelConfig *cfg, int expert_begin, int experts_local)
+{
+    memset(m, 0, sizeof *m);
+    m->cfg = *cfg;
+    m->expert_begin = expert_begin;
+    m->experts_local = experts_local;
+    const size_t L = (size_t)cfg->layers, D = (size_t)cfg->dim, E = (size_t)cfg->experts,
+                 F = (size_t)cfg->ffn, V = (size_t)cfg->vocab;
+    const double std = 0.02, out_std = 0.02 / sqrt(2.0 * cfg->layers);
+    const unsigned LY = PARAM_LAYERED, DEC = PARAM_DECAY, EX = PARAM_EXPERT;
+    Tensor *t = m->tensors;
+    set_shape(&t[T_EMBED], "embed", DEC, std, 2, V, D, 0, 0);
+    set_shape(&t[T_ATTN_NORM], "attn_norm", LY, 0, 2, L, D, 0, 0);
+    set_shape(&t[T_WQ], "wq", LY | DEC, std, 3, L, D, D, 0);
+    set_shape(&t[T_WK], "wk", LY | DEC, std, 3, L, D, D, 0);
+    set_shape(&t[T_WV], "wv", LY | DEC, std, 3, L, D, D, 0);
+    set_shape(&t[T_WO], "wo", LY | DEC, out_std, 3, L, D, D, 0);
+    set_shape(&t[T_MOE_NORM], "moe_norm", LY, 0, 2, L, D, 0, 0);
+    set_shape(&t[T_ROUTER], "router", LY | DEC, std, 3, L, D, E, 0);
+    set_shape(&t[T_W_GATE], "w_gate", LY | DEC | EX, std, 4, L, E, D, F);
+    set_shape(&t[T_W_UP], "w_up", LY | DEC | EX, std, 4, L, E, D, F);
+    set_shape(&t[T_W_DOWN], "w_down", LY | DEC | EX, out_std, 4, L, E, F, D);
+    set_shape(&t[T_FINAL_NORM], "final_norm", 0, 0, 1, D, 0, 0, 0);
+
+    size_t offset = 0;
+    for (int i = 0; i < N_TENSORS; i++) {
+        if (t[i].flags & PARAM_EXPERT) t[i].local[1] = (size_t)experts_local;
+        t[i].numel = 1;
+        for (int d = 0; d < t[i].ndim; d++) t[i].numel *= t[i].local[d];
+        t[i].offset = offset;
+        /* keep every tensor 64-byte aligned for vector loads */
+        offset += (t[i].numel + 15) & ~(size_t)15;
+    }
+    m->n_params = offset;
+    m->params = aligned_alloc(64, m->n_params * sizeof(float));
+    m->grads = aligned_alloc(64, m->n_params * sizeof(float));
+    if (!m->params || !m->grads) {
+        model_destroy(m);
+        return isth_fail(ISTH_ERUNTIME, "out of memory for %zu parameters", m->n_params);
+    }
+    memset(m->params, 0, m->n_params * sizeof(float));
+    memset(m->grads, 0, m->n_params * sizeof(float));
+    return ISTH_OK;
+}
+
+void model_destroy(Model *m)
+{
+    free(m->params);
+    free(m->grads);
+    m->params = m->grads = NULL;
+}
+
+size_t tensor_canonical_numel(const Tensor *t)
+{
+    size_t n = 1;
+    for (int d = 0; d < t->ndim; d++) n *= t->shape[d];
+    return n;
+}
+
+void model_init(Model *m)
+{
+    for (int i = 0; i < N_TENSORS; i++) {
+        const Tensor *t = &m->tensors[i];
+        float *p = m->params + t->offset;
+        if (t->init_std == 0) {
+            for (size_t j = 0; j < t->numel; j++) p[j] = 1.0f;
+            continue;
+        }
+        /* Local index -> canonical index: only expert tensors differ, by the
+         * expert offset on axis 1. */
+        size_t inner = 1; /* elements per expert */
+        for (int d = 2; d < t->ndim; d++) inner *= t->shape[d];
+        const size_t per_layer_local = t->numel / t->local[0];
+        const size_t per_layer_canon = tensor_canonical_numel(t) / t->shape[0];
+        const size_t shift = (t->flags & PARAM_EXPERT) ? (size_t)m->expert_begin * inner : 0;
+        const uint64_t seed = m->cfg.init_seed;
+#pragma omp parallel for schedule(static)
+        for (size_t j = 0; j < t->numel; j++) {
+            size_t layer = j / per_layer_local, within = j % per_layer_local;
+            size_t canon = layer * per_layer_canon + within + shift;
+            p[j] = (float)(t->init_std * rng_normal(seed, (uint64_t)i, canon));
+        }
+    }
+}
+
+float *model_param(const Model *m, TensorId t, int layer)
+{
+    const Tensor *x = &m->tensors[t];
+    size_t per_layer = (x->flags & PARAM_LAYERED) ? x->numel / x->local[0] : 0;
+    return m->params + x->offset + (size_t)layer * per_layer;
+}
+
+float *model_grad(const Model *m, TensorId t, int layer)
+{
+    const Tensor *x = &m->tensors[t];
+    size_t per_layer = (x->flags & PARAM_LAYERED) ? x->numel / x->local[0] : 0;
+    return m->grads + x->offset + (size_t)layer * per_layer;
+}
+
+double model_active_matrix_params(const ModelConfig *c)
+{
+    double D = c->dim, F = c->ffn;
+    double per_layer = 4 * D * D + D * c->experts + (double)c->top_k * 3 * D * F;
+    return c->layers * per_layer + (double)c->vocab * D; /* + tied output head */
+}
+
+double model_total_params(const ModelConfig *c)
+{
+    double D = c->dim, F = c->ffn, L = c->layers;
+    return c->vocab * D + L * (2 * D + 4 * D * D + D * c->experts + 3.0 * c->experts * D * F) + D;
+}

@@ -1,0 +1,75 @@
+/* model.h — the parameter table and the flat parameter buffer.
+ *
+ * Owns: the list of model tensors (DESIGN.md names and canonical shapes),
+ * where each lives in this rank's flat buffer, per-tensor flags, and
+ * initialisation. Optimisers, reductions and checkpoints are loops over
+ * model->tensors; nothing else hard-codes a tensor's position.
+ * Must not: compute activations (layers.c, transformer.c) or do I/O.
+ *
+ * Expert tensors (w_gate, w_up, w_down) are sharded over the ranks of a
+ * learner: this rank holds experts [expert_begin, expert_begin+experts_local).
+ * Every other tensor is replicated.
+ */
+#ifndef ISTHMUS_MODEL_H
+#define ISTHMUS_MODEL_H
+
+#include <stddef.h>
+
+#include "config.h"
+
+enum {
+    PARAM_DECAY = 1u << 0,  /* AdamW weight decay applies (matrices only) */
+    PARAM_EXPERT = 1u << 1, /* axis 1 is the expert axis, sharded in a learner */
+    PARAM_LAYERED = 1u << 2 /* axis 0 is the layer axis */
+};
+
+typedef enum {
+    T_EMBED, T_ATTN_NORM, T_WQ, T_WK, T_WV, T_WO, T_MOE_NORM, T_ROUTER,
+    T_W_GATE, T_W_UP, T_W_DOWN, T_FINAL_NORM, N_TENSORS
+} TensorId;
+
+#define TENSOR_MAX_DIMS 4
+
+typedef struct {
+    const char *name;                 /* dataset name under /model */
+    int ndim;
+    size_t shape[TENSOR_MAX_DIMS];    /* canonical (all experts) */
+    size_t local[TENSOR_MAX_DIMS];    /* on this rank */
+    size_t numel;                     /* local element count */
+    size_t offset;                    /* into the flat buffer */
+    unsigned flags;
+    double init_std;                  /* 0: initialise to 1 (norm gains) */
+} Tensor;
+
+typedef struct {
+    ModelConfig cfg;
+    int expert_begin, experts_local;
+    Tensor tensors[N_TENSORS];
+    size_t n_params;                  /* local */
+    float *params;                    /* (n_params) */
+    float *grads;                     /* (n_params) */
+} Model;
+
+/* Build the table for a rank owning `experts_local` experts starting at
+ * `expert_begin`, allocate params and grads (grads zeroed). */
+int model_create(Model *m, const ModelConfig *cfg, int expert_begin, int experts_local);
+void model_destroy(Model *m);
+
+/* N(0, std) with std from the table; norm gains 1. Values depend only on
+ * (init_seed, tensor, canonical element index), not on the sharding. */
+void model_init(Model *m);
+
+/* Pointer to layer `l` of a layered tensor (or the whole tensor). */
+float *model_param(const Model *m, TensorId t, int layer);
+float *model_grad(const Model *m, TensorId t, int layer);
+
+/* Canonical element count of a tensor (all experts). */
+size_t tensor_canonical_numel(const Tensor *t);
+
+/* Matrix parameters touched per token (attention, router, top_k experts,
+ * output head): the "N" of the 6N FLOP estimate. */
+double model_active_matrix_params(const ModelConfig *cfg);
+/* Total canonical parameters. */
+double model_total_params(const ModelConfig *cfg);
+
+#endif

@@ -1,0 +1,53 @@
+/* status.h — error codes, CHECK macros and the one-line error reporter.
+ *
+ * Owns: the status-code convention used by every module (0 = success,
+ * ISTH_EINPUT = bad input from the user, ISTH_ERUNTIME = anything else) and
+ * how an error is printed. Functions return a status; the first place that
+ * detects a problem prints one line saying what and where, and callers only
+ * propagate the code (CHECK). main() turns the code into the exit status.
+ * Must not: exit the process or call MPI_Abort — callers decide that.
+ */
+#ifndef ISTHMUS_STATUS_H
+#define ISTHMUS_STATUS_H
+
+#include <stdio.h>
+
+enum {
+    ISTH_OK = 0,
+    ISTH_ERUNTIME = 1, /* I/O failure, MPI failure, out of memory */
+    ISTH_EINPUT = 2,   /* bad config, bad data file, bad checkpoint: exit 2 */
+};
+
+/* Which messages reach stderr: by default every rank prints its errors;
+ * status_set_quiet(1) on ranks other than 0 silences errors that every rank
+ * detects identically (config validation), so the user reads one line. */
+void status_set_quiet(int quiet);
+
+/* Print "isthmus: error: <message>" and return `code`. */
+int isth_fail(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Propagate a non-zero status to the caller. */
+#define CHECK(call)                                                          \
+    do {                                                                     \
+        int check_rc_ = (call);                                              \
+        if (check_rc_ != ISTH_OK) return check_rc_;                          \
+    } while (0)
+
+/* An MPI call that must succeed; MPI's own message names the failure. */
+#define CHECK_MPI(call)                                                      \
+    do {                                                                     \
+        int check_rc_ = (call);                                              \
+        if (check_rc_ != MPI_SUCCESS)                                        \
+            return isth_fail(ISTH_ERUNTIME, "%s:%d: %s failed (MPI error %d)", \
+                             __FILE__, __LINE__, #call, check_rc_);          \
+    } while (0)
+
+/* Allocation that must succeed. */
+#define CHECK_ALLOC(ptr)                                                     \
+    do {                                                                     \
+        if ((ptr) == NULL)                                                   \
+            return isth_fail(ISTH_ERUNTIME, "%s:%d: out of memory allocating %s", \
+                             __FILE__, __LINE__, #ptr);                      \
+    } while (0)
+
+#endif

@@ -1,0 +1,320 @@
+/* test_model.c — whole-model checks of the CPU backend against the naive
+ * double-precision reference (refmodel.c):
+ *  - forward loss equals the reference, training (capacity, aux, z) and eval;
+ *  - every parameter's gradient equals a central finite difference of the
+ *    reference loss, with the router, capacity drops and auxiliary losses;
+ *  - an all-zero embedding predicts uniformly (loss ln 256 exactly);
+ *  - router semantics: top-k ties, capacity overflow, experts without tokens.
+ *
+ * Tolerances: float32 forward/backward carries relative rounding of ~1e-6
+ * per operation, accumulated over sums of at most a few hundred terms here;
+ * the double-precision central difference with step 1e-6 has truncation
+ * error ~1e-12 and rounding ~1e-10. An element passes when
+ * |g - fd| <= 1e-3 * max|fd| + 1e-7, and the whole vector must satisfy
+ * ||g - fd|| <= 1e-4 ||fd||: a wrong term (a missing factor, a wrong index)
+ * gives errors of order 1, far above either bound.
+ */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+#include <mpi.h>
+
+#include "model.h"
+#include "moe.h"
+#include "refmodel.h"
+#include "rng.h"
+#include "transformer.h"
+
+static ModelConfig tiny_cfg(void)
+{
+    ModelConfig c = {0};
+    c.layers = 2;
+    c.dim = 8;
+    c.heads = 2;
+    c.experts = 4;
+    c.top_k = 2;
+    c.ffn = 6;
+    c.context = 6;
+    c.vocab = 256;
+    c.capacity_factor = 0.75; /* forces drops */
+    c.aux_loss = 0.05;        /* larger than default so its gradient matters */
+    c.z_loss = 0.01;
+    c.init_seed = 7;
+    return c;
+}
+
+/* Random parameters with O(1) activations (the N(0,0.02) init would make
+ * most terms vanish and hide mistakes). */
+static void randomize(Model *m, uint64_t seed)
+{
+    for (int i = 0; i < N_TENSORS; i++) {
+        const Tensor *t = &m->tensors[i];
+        float *p = m->params + t->offset;
+        for (size_t j = 0; j < t->numel; j++) {
+            double r = rng_normal(seed, (uint64_t)i, j);
+            p[j] = t->init_std == 0 ? (float)(1.0 + 0.2 * r) : (float)(0.5 * r);
+        }
+    }
+}
+
+static void make_batch(int *tokens, int *targets, int N, uint64_t seed)
+{
+    for (int t = 0; t < N; t++) {
+        tokens[t] = (int)(rng_bits(seed, 1, (uint64_t)t) % 256);
+        targets[t] = (int)(rng_bits(seed, 2, (uint64_t)t) % 256);
+    }
+}
+
+typedef struct {
+    long dropped;
+    int skipped;       /* parameters skipped: a +-eps step changed routing */
+    double max_err, rel_err;
+} GradReport;
+
+static void gradient_check(const ModelConfig *cfg, int B, int T, uint64_t seed, GradReport *rep)
+{
+    Model m;
+    Activations a;
+    assert_int_equal(model_create(&m, cfg, 0, cfg->experts), 0);
+    assert_int_equal(acts_create(&a, cfg, B, T), 0);
+    randomize(&m, seed);
+    const int N = B * T;
+    int *tokens = malloc(sizeof(int) * N), *targets = malloc(sizeof(int) * N);
+    make_batch(tokens, targets, N, seed);
+
+    ForwardStats st;
+    assert_int_equal(transformer_forward(&m, &a, tokens, targets, B, T, 1, &st), 0);
+    transformer_backward(&m, &a, tokens, targets, 1.0f);
+    const double loss = st.ce_sum / st.n_targets + st.aux_loss + st.z_loss;
+    rep->dropped = st.dropped;
+
+    double *p = malloc(sizeof(double) * m.n_params);
+    for (size_t i = 0; i < m.n_params; i++) p[i] = m.params[i];
+    uint64_t sig0;
+    const double ref = ref_model_loss(&m, p, tokens, targets, B, T, 1, &sig0);
+    assert_true(fabs(loss - ref) <= 1e-5 * fabs(ref));
+
+    /* finite differences over every parameter */
+    double *fd = calloc(m.n_params, sizeof(double));
+    double max_fd = 0;
+    rep->skipped = 0;
+    for (int ti = 0; ti < N_TENSORS; ti++) {
+        const Tensor *t = &m.tensors[ti];
+        for (size_t j = 0; j < t->numel; j++) {
+            size_t i = t->offset + j;
+            const double eps = 1e-6, keep = p[i];
+            uint64_t sp, sm;
+            p[i] = keep + eps;
+            double lp = ref_model_loss(&m, p, tokens, targets, B, T, 1, &sp);
+            p[i] = keep - eps;
+            double lm = ref_model_loss(&m, p, tokens, targets, B, T, 1, &sm);
+            p[i] = keep;
+            if (sp != sig0 || sm != sig0) { /* routing flipped: not differentiable here */
+                fd[i] = NAN;
+                rep->skipped++;
+                continue;
+            }
+            fd[i] = (lp - lm) / (2 * eps);
+            if (fabs(fd[i]) > max_fd) max_fd = fabs(fd[i]);
+        }
+    }
+    double diff2 = 0, norm2 = 0;
+    rep->max_err = 0;
+    for (int ti = 0; ti < N_TENSORS; ti++) {
+        const Tensor *t = &m.tensors[ti];
+        for (size_t j = 0; j < t->numel; j++) {
+            size_t i = t->offset + j;
+            if (isnan(fd[i])) continue;
+            double e = fabs(m.grads[i] - fd[i]);
+            if (e > 1e-3 * max_fd + 1e-7)
+                print_error("tensor %s element %zu: analytic %.9g, finite difference %.9g\n", t->name,
+                            j, m.grads[i], fd[i]);
+            assert_true(e <= 1e-3 * max_fd + 1e-7);
+            if (e > rep->max_err) rep->max_err = e;
+            diff2 += e * e;
+            norm2 += fd[i] * fd[i];
+        }
+    }
+    rep->rel_err = sqrt(diff2 / norm2);
+    assert_true(rep->rel_err < 1e-4);
+    assert_true(rep->skipped < (int)(m.n_params / 100));
+    free(fd);
+    free(p);
+    free(tokens);
+    free(targets);
+    acts_destroy(&a);
+    model_destroy(&m);
+}
+
+static void test_gradients_with_capacity_drops(void **state)
+{
+    (void)state;
+    ModelConfig c = tiny_cfg();
+    GradReport r;
+    gradient_check(&c, 2, 6, 11, &r);
+    assert_true(r.dropped > 0); /* the capacity path was exercised */
+}
+
+static void test_gradients_without_drops(void **state)
+{
+    (void)state;
+    ModelConfig c = tiny_cfg();
+    c.capacity_factor = 4.0;
+    c.top_k = 1;
+    GradReport r;
+    gradient_check(&c, 2, 5, 12, &r);
+    assert_int_equal(r.dropped, 0);
+}
+
+/* Experts that receive no token get an exactly zero gradient, and the rest
+ * of the model is still right. 8 experts, top-1, 3 tokens: at least 5 idle. */
+static void test_expert_without_tokens(void **state)
+{
+    (void)state;
+    ModelConfig c = tiny_cfg();
+    c.experts = 8;
+    c.top_k = 1;
+    c.layers = 1;
+    c.capacity_factor = 8.0;
+    GradReport r;
+    gradient_check(&c, 1, 3, 13, &r);
+
+    Model m;
+    Activations a;
+    assert_int_equal(model_create(&m, &c, 0, c.experts), 0);
+    assert_int_equal(acts_create(&a, &c, 1, 3), 0);
+    randomize(&m, 13);
+    int tokens[3], targets[3];
+    make_batch(tokens, targets, 3, 13);
+    ForwardStats st;
+    assert_int_equal(transformer_forward(&m, &a, tokens, targets, 1, 3, 1, &st), 0);
+    transformer_backward(&m, &a, tokens, targets, 1.0f);
+    const MoeRouting *route = &a.route[0];
+    int idle = 0;
+    for (int e = 0; e < c.experts; e++) {
+        if (route->expert_start[e + 1] != route->expert_start[e]) continue;
+        idle++;
+        const size_t DF = (size_t)c.dim * c.ffn;
+        for (size_t j = 0; j < DF; j++) {
+            assert_true(model_grad(&m, T_W_GATE, 0)[e * DF + j] == 0.0f);
+            assert_true(model_grad(&m, T_W_UP, 0)[e * DF + j] == 0.0f);
+            assert_true(model_grad(&m, T_W_DOWN, 0)[e * DF + j] == 0.0f);
+        }
+    }
+    assert_true(idle >= 5);
+    acts_destroy(&a);
+    model_destroy(&m);
+}
+
+/* Evaluation mode: no capacity, no auxiliary losses, equal to the reference. */
+static void test_eval_forward_matches_reference(void **state)
+{
+    (void)state;
+    ModelConfig c = tiny_cfg();
+    Model m;
+    Activations a;
+    const int B = 2, T = 6, N = B * T;
+    assert_int_equal(model_create(&m, &c, 0, c.experts), 0);
+    assert_int_equal(acts_create(&a, &c, B, T), 0);
+    randomize(&m, 21);
+    int tokens[12], targets[12];
+    make_batch(tokens, targets, N, 21);
+    targets[3] = -1; /* unscored position */
+    ForwardStats st;
+    assert_int_equal(transformer_forward(&m, &a, tokens, targets, B, T, 0, &st), 0);
+    assert_int_equal(st.dropped, 0);
+    assert_int_equal(st.n_targets, N - 1);
+    double *p = malloc(sizeof(double) * m.n_params);
+    for (size_t i = 0; i < m.n_params; i++) p[i] = m.params[i];
+    double ref = ref_model_loss(&m, p, tokens, targets, B, T, 0, NULL);
+    assert_true(fabs(st.ce_sum / st.n_targets - ref) <= 1e-5 * ref);
+    free(p);
+    acts_destroy(&a);
+    model_destroy(&m);
+}
+
+/* x = 0 everywhere: norms give 0, attention and experts give 0, logits are
+ * all 0, so every byte has probability 1/256. */
+static void test_zero_embedding_is_uniform(void **state)
+{
+    (void)state;
+    ModelConfig c = tiny_cfg();
+    Model m;
+    Activations a;
+    assert_int_equal(model_create(&m, &c, 0, c.experts), 0);
+    assert_int_equal(acts_create(&a, &c, 2, 6), 0);
+    model_init(&m);
+    memset(model_param(&m, T_EMBED, 0), 0, m.tensors[T_EMBED].numel * sizeof(float));
+    int tokens[12], targets[12];
+    make_batch(tokens, targets, 12, 3);
+    ForwardStats st;
+    assert_int_equal(transformer_forward(&m, &a, tokens, targets, 2, 6, 0, &st), 0);
+    for (int t = 0; t < 12; t++) assert_true(a.losses[t] == logf(256.0f));
+    assert_true(fabs(st.ce_sum / st.n_targets - log(256.0)) < 1e-6);
+    acts_destroy(&a);
+    model_destroy(&m);
+}
+
+static void test_topk_ties_go_to_lower_index(void **state)
+{
+    (void)state;
+    const float probs[3 * 4] = {0.25f, 0.25f, 0.25f, 0.25f, /* all tied */
+                                0.1f, 0.3f, 0.3f, 0.3f,     /* tie among 1,2,3 */
+                                0.4f, 0.1f, 0.4f, 0.1f};    /* tie 0/2 then 1/3 */
+    int choice[3 * 3];
+    router_topk(choice, probs, 3, 4, 3);
+    const int want[9] = {0, 1, 2, 1, 2, 3, 0, 2, 1};
+    for (int i = 0; i < 9; i++) assert_int_equal(choice[i], want[i]);
+}
+
+static void test_capacity_overflow_in_token_order(void **state)
+{
+    (void)state;
+    enum { N = 5, E = 3, K = 2 };
+    int choice[N * K] = {0, 1, 0, 2, 0, 1, 0, 1, 2, 1};
+    int row[N * K], row_token[N * K], start[E + 1];
+    float probs[N * E] = {0};
+    double frac[E], mp[E];
+    MoeRouting r = {.probs = probs, .choice = choice, .row = row, .row_token = row_token,
+                    .expert_start = start, .frac = frac, .mean_prob = mp};
+    assert_int_equal(moe_capacity(1.0, N, K, E), 4); /* ceil(1.0*5*2/3) */
+    moe_plan(&r, N, E, K, 2);
+    /* expert 0 chosen by tokens 0,1,2,3: tokens 2,3 dropped; expert 1 by
+     * 0,2,3,4: 3,4 dropped; expert 2 by 1,4: both kept */
+    assert_int_equal(r.dropped, 4);
+    assert_int_equal(r.rows, 6);
+    const int kept[N * K] = {1, 1, 1, 1, 0, 1, 0, 0, 1, 0};
+    for (int i = 0; i < N * K; i++) assert_int_equal(row[i] >= 0, kept[i]);
+    assert_int_equal(start[0], 0);
+    assert_int_equal(start[1], 2);
+    assert_int_equal(start[2], 4);
+    assert_int_equal(start[3], 6);
+    const int tok[6] = {0, 1, 0, 2, 1, 4};
+    for (int i = 0; i < 6; i++) assert_int_equal(row_token[i], tok[i]);
+    moe_plan(&r, N, E, K, -1); /* evaluation: nothing dropped */
+    assert_int_equal(r.dropped, 0);
+    assert_int_equal(r.rows, N * K);
+}
+
+int main(int argc, char **argv)
+{
+    MPI_Init(&argc, &argv);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_topk_ties_go_to_lower_index),
+        cmocka_unit_test(test_capacity_overflow_in_token_order),
+        cmocka_unit_test(test_zero_embedding_is_uniform),
+        cmocka_unit_test(test_eval_forward_matches_reference),
+        cmocka_unit_test(test_gradients_with_capacity_drops),
+        cmocka_unit_test(test_gradients_without_drops),
+        cmocka_unit_test(test_expert_without_tokens),
+    };
+    int failed = cmocka_run_group_tests(tests, NULL, NULL);
+    MPI_Finalize();
+    return failed ? 1 : 0;
+}
