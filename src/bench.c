@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <time.h>
 
+#include "blas_select.h"
 #include "status.h"
 #include "train.h"
 
@@ -55,6 +56,7 @@ int bench_run(const Config *cfg, const int *threads, int n_threads, int steps)
     printf("# isthmus bench: %s | L=%d D=%d H=%d E=%d k=%d F=%d T=%d | micro_batch %d x grad_accum %d\n",
            cfg->source, cfg->model.layers, cfg->model.dim, cfg->model.heads, cfg->model.experts,
            cfg->model.top_k, cfg->model.ffn, cfg->model.context, tc->micro_batch, tc->grad_accum);
+    printf("# BLAS: OpenBLAS, %s kernels\n", blas_core_name());
     printf("# model FLOPs per token: %.2f M (6 x %.3f M active matrix params + causal attention)\n",
            fpt / 1e6, model_active_matrix_params(&cfg->model) / 1e6);
     printf("%-8s %12s %12s %12s %14s %10s\n", "threads", "ms/step", "tokens/s", "GFLOP/s",

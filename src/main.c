@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "bench.h"
+#include "blas_select.h"
 #include "config.h"
 #include "eval.h"
 #include "h5io.h"
@@ -251,6 +252,7 @@ static int cmd_config(int argc, char **argv)
 
 int main(int argc, char **argv)
 {
+    blas_select_reexec(argv);
     MPI_Init(&argc, &argv);
     int rank;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);

@@ -18,6 +18,7 @@
 
 #include <cmocka.h>
 
+#include "blas_select.h"
 #include "layers.h"
 #include "moe.h"
 #include "refmodel.h"
@@ -334,8 +335,10 @@ static void test_encoder(void **state)
         }
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    (void)argc;
+    blas_select_reexec(argv); /* test the kernels production uses */
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_rmsnorm),
         cmocka_unit_test(test_matmul),

@@ -25,6 +25,7 @@
 #include <cmocka.h>
 #include <mpi.h>
 
+#include "blas_select.h"
 #include "model.h"
 #include "moe.h"
 #include "refmodel.h"
@@ -304,6 +305,7 @@ static void test_capacity_overflow_in_token_order(void **state)
 
 int main(int argc, char **argv)
 {
+    blas_select_reexec(argv); /* test the kernels production uses */
     MPI_Init(&argc, &argv);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_topk_ties_go_to_lower_index),

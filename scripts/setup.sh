@@ -1,0 +1,18 @@
+#!/bin/sh
+# setup.sh — install the Debian packages isthmus needs to build and test.
+# Idempotent: does nothing when everything is installed. Run as root.
+set -eu
+PACKAGES="build-essential openmpi-bin libopenmpi-dev libhdf5-openmpi-dev hdf5-tools libcmocka-dev
+libopenblas-dev libopenblas-openmp-dev autoconf automake libtool pkg-config xz-utils"
+missing=""
+for p in $PACKAGES; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing="$missing $p"
+done
+if [ -n "$missing" ]; then
+    echo "setup: installing$missing"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    # shellcheck disable=SC2086
+    apt-get install -y -qq --no-install-recommends $missing >/dev/null
+fi
+echo "setup: all packages present"

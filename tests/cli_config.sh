@@ -1,0 +1,40 @@
+#!/bin/sh
+# cli_config.sh — bad input through the executable: exit status 2 and one
+# line naming the file, key or value at fault. Never a crash, never a hang.
+. "$TOP_SRCDIR/tests/lib.sh"
+
+T="$CONFIGS/tiny.ini"
+cfg() { printf '%b' "$1" > "$WORK/bad.ini"; echo "$WORK/bad.ini"; }
+
+expect_exit 2 "unknown key 'bogus' in \[model\]" -- "$ISTHMUS" train "$(cfg '[model]\nbogus = 1\n')"
+expect_exit 2 "unknown section \[nosuch\]" -- "$ISTHMUS" train "$(cfg '[nosuch]\nx = 1\n')"
+expect_exit 2 "bad.ini:2: \[model\] layers = 'two' is not an integer" -- "$ISTHMUS" train "$(cfg '[model]\nlayers = two\n')"
+expect_exit 2 "\[train\] lr = 'fast' is not a finite number" -- "$ISTHMUS" train "$T" --set train.lr=fast
+expect_exit 2 "\[model\] layers = 0 is out of range" -- "$ISTHMUS" train "$T" --set model.layers=0
+expect_exit 2 "\[model\] capacity_factor = 0 is out of range \(0" -- "$ISTHMUS" train "$T" --set model.capacity_factor=0
+expect_exit 2 "\[model\] capacity_factor = -1 is out of range" -- "$ISTHMUS" train "$T" --set model.capacity_factor=-1
+expect_exit 2 "\[model\] heads = 5 does not divide dim = 64" -- "$ISTHMUS" train "$T" --set model.heads=5
+expect_exit 2 "\[model\] top_k = 5 exceeds experts = 4" -- "$ISTHMUS" train "$T" --set model.top_k=5
+expect_exit 2 "\[train\] min_lr = 0.1 exceeds lr" -- "$ISTHMUS" train "$T" --set train.min_lr=0.1
+expect_exit 2 "\[train\] optimizer = 'rmsprop' is not one of adamw\|shampoo" -- "$ISTHMUS" train "$T" --set train.optimizer=rmsprop
+expect_exit 2 "\[model\] layers is set twice" -- "$ISTHMUS" train "$(cfg '[model]\nlayers = 2\nlayers = 3\n')"
+expect_exit 2 "expected 'key = value'" -- "$ISTHMUS" train "$(cfg '[model]\nlayers 2\n')"
+expect_exit 2 "\[outer\] .*not supported yet" -- "$ISTHMUS" train "$T" --set outer.mode=diloco
+expect_exit 2 "--set 'layers=3': expected section.key=value" -- "$ISTHMUS" train "$T" --set layers=3
+expect_exit 2 "config /nonexistent.ini: cannot open" -- "$ISTHMUS" train /nonexistent.ini
+expect_exit 2 "data file /nonexistent-dir/train.txt: cannot open" -- "$ISTHMUS" train "$T" --set data.dir=/nonexistent-dir
+mkdir -p "$WORK/xzonly" && cp "$TOP_SRCDIR/share/data/eval_tech.txt.xz" "$WORK/xzonly/train.txt.xz"
+expect_exit 2 "train.txt: missing \(only .*train.txt.xz exists" -- "$ISTHMUS" train "$T" --set data.dir="$WORK/xzonly"
+mkdir -p "$WORK/short" && printf 'abc' > "$WORK/short/train.txt" && cp "$DATA_DIR"/eval_*.txt "$WORK/short/"
+expect_exit 2 "short/train.txt: 3 bytes .* less than one window" -- "$ISTHMUS" train "$T" --set data.dir="$WORK/short"
+expect_exit 2 "unknown command 'trian'" -- "$ISTHMUS" trian "$T"
+expect_exit 2 "unknown option '--sett'" -- "$ISTHMUS" train "$T" --sett model.layers=2
+expect_exit 2 "train: missing CONFIG.ini" -- "$ISTHMUS" train
+expect_exit 2 "model file /nonexistent.h5: cannot open" -- "$ISTHMUS" eval --model /nonexistent.h5
+printf 'not hdf5 at all' > "$WORK/junk.h5"
+expect_exit 2 "model file .*junk.h5: not a readable HDF5 file" -- "$ISTHMUS" eval --model "$WORK/junk.h5"
+
+for cmd in train eval bench config; do
+    if "$ISTHMUS" "$cmd" --help | grep -q "^usage: isthmus $cmd"; then pass "$cmd --help"; else fail "$cmd --help"; fi
+done
+finish

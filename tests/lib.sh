@@ -1,0 +1,37 @@
+# lib.sh — helpers shared by the shell tests (sourced, not run).
+# Environment from Makefile.am: ISTHMUS (the executable), TOP_SRCDIR, DATA_DIR.
+set -u
+: "${ISTHMUS:?run through make check}"
+CONFIGS="$TOP_SRCDIR/share/configs"
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/isthmus-test.XXXXXX")
+trap 'rm -rf "$WORK"' EXIT
+FAILS=0
+
+fail() { echo "FAIL: $*"; FAILS=$((FAILS + 1)); }
+pass() { echo "ok: $*"; }
+
+# expect_exit CODE PATTERN -- command...: exit status CODE and stderr
+# matching the extended regex PATTERN, in one line.
+expect_exit() {
+    local code=$1 pattern=$2
+    shift 3
+    local err="$WORK/stderr" rc=0
+    timeout 120 "$@" >"$WORK/stdout" 2>"$err" || rc=$?
+    if [ "$rc" -ne "$code" ]; then
+        fail "'$*' exited $rc, expected $code; stderr: $(head -c 500 "$err")"
+    elif ! grep -Eq -- "$pattern" "$err"; then
+        fail "'$*' stderr lacks /$pattern/: $(head -c 500 "$err")"
+    elif [ "$code" -ne 0 ] && [ "$(grep -c . "$err")" -ne 1 ]; then
+        fail "'$*' printed $(grep -c . "$err") error lines, expected one: $(head -c 500 "$err")"
+    else
+        pass "$* -> exit $rc"
+    fi
+}
+
+finish() {
+    if [ "$FAILS" -ne 0 ]; then
+        echo "$FAILS check(s) failed"
+        exit 1
+    fi
+    exit 0
+}
