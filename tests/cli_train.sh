@@ -22,14 +22,14 @@ M="$WORK/a/metrics.jsonl"
 losses() { grep '"step"' "$1" | grep -v '"eval"' | sed 's/.*"loss":\([^,]*\),.*/\1/'; }
 first=$(losses "$M" | head -10 | awk '{s+=$1} END {print s/NR}')
 last=$(losses "$M" | tail -10 | awk '{s+=$1} END {print s/NR}')
-echo "training loss: first 10 steps $first, last 10 steps $last"
+note "training loss: first 10 steps $first, last 10 steps $last"
 if awk -v f="$first" -v l="$last" 'BEGIN {exit !(l < f - 1.5)}'; then pass "loss fell by more than 1.5 nats"; else fail "loss $first -> $last"; fi
 
 # eval bpb at step 0 (untrained) and at the end
 for set in prose tech; do
     b0=$(grep "\"eval\":\"$set\",\"step\":0," "$M" | sed 's/.*"bpb":\([^,]*\),.*/\1/')
     b1=$(grep "\"eval\":\"$set\",\"step\":300," "$M" | sed 's/.*"bpb":\([^,]*\),.*/\1/')
-    echo "eval $set: bpb $b0 -> $b1"
+    note "eval $set: bpb $b0 -> $b1"
     if awk -v a="$b0" -v b="$b1" 'BEGIN {exit !(b < a - 2.0 && b < 5.0)}'; then pass "$set bpb fell"; else fail "$set bpb $b0 -> $b1"; fi
 done
 

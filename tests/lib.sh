@@ -6,9 +6,12 @@ CONFIGS="$TOP_SRCDIR/share/configs"
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/isthmus-test.XXXXXX")
 trap 'rm -rf "$WORK"' EXIT
 FAILS=0
+NCHECK=0
 
-fail() { echo "FAIL: $*"; FAILS=$((FAILS + 1)); }
-pass() { echo "ok: $*"; }
+# TAP output: one "ok N - ..." / "not ok N - ..." per check, plan at the end
+fail() { NCHECK=$((NCHECK + 1)); FAILS=$((FAILS + 1)); echo "not ok $NCHECK - $*"; }
+pass() { NCHECK=$((NCHECK + 1)); echo "ok $NCHECK - $*"; }
+note() { echo "# $*"; }
 
 # expect_exit CODE PATTERN -- command...: exit status CODE and stderr
 # matching the extended regex PATTERN, in one line.
@@ -29,9 +32,6 @@ expect_exit() {
 }
 
 finish() {
-    if [ "$FAILS" -ne 0 ]; then
-        echo "$FAILS check(s) failed"
-        exit 1
-    fi
+    echo "1..$NCHECK"
     exit 0
 }
