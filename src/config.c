@@ -16,7 +16,7 @@
 #define ISTHMUS_DATADIR "share/data"
 #endif
 
-typedef enum { KEY_INT, KEY_REAL, KEY_U64, KEY_STR, KEY_ENUM } KeyType;
+typedef enum { KEY_INT, KEY_LONG, KEY_REAL, KEY_U64, KEY_STR, KEY_ENUM } KeyType;
 
 typedef struct {
     const char *section;
@@ -33,6 +33,7 @@ typedef struct {
 #define M(field) offsetof(Config, model.field)
 #define TR(field) offsetof(Config, train.field)
 #define DA(field) offsetof(Config, data.field)
+#define OU(field) offsetof(Config, outer.field)
 #define STRSZ(field) sizeof(((Config *)0)->field)
 
 /* The public configuration keys. Names are a stable interface (DESIGN.md):
@@ -64,16 +65,31 @@ static const KeySpec schema[] = {
     {"train", "seed", KEY_U64, TR(seed), 0, 0, 0, 0, NULL, "42"},
     {"train", "eval_every", KEY_INT, TR(eval_every), 0, 0, INT_MAX, 0, NULL, "0"},
     {"train", "log_every", KEY_INT, TR(log_every), 0, 1, INT_MAX, 0, NULL, "1"},
+    {"train", "check_replicas", KEY_INT, TR(check_replicas), 0, 0, INT_MAX, 0, NULL, "0"},
     {"train", "out_dir", KEY_STR, TR(out_dir), STRSZ(train.out_dir), 0, 0, 0, NULL, "run"},
 
     {"data", "dir", KEY_STR, DA(dir), STRSZ(data.dir), 0, 0, 0, NULL, ISTHMUS_DATADIR},
-    {"data", "eval_bytes", KEY_INT, DA(eval_bytes), 0, 0, (double)LONG_MAX, 0, NULL, "0"},
+    {"data", "eval_bytes", KEY_LONG, DA(eval_bytes), 0, 0, (double)LONG_MAX, 0, NULL, "0"},
+
+    {"outer", "mode", KEY_ENUM, OU(mode), STRSZ(outer.mode), 0, 0, 0, "sync|diloco|streaming|butterfly", "sync"},
 };
 #define N_KEYS (sizeof schema / sizeof schema[0])
 
 /* Sections that DESIGN.md reserves for features that arrive with later
  * issues; rejected with a clear message rather than silently ignored. */
-static const char *const reserved_sections[] = {"outer", "checkpoint"};
+static const char *const reserved_sections[] = {"checkpoint"};
+
+/* Keys of a [site.NAME] section (offsets into SiteConfig). "-1" defaults
+ * mean "inherit" (resolved after all sections are read). */
+#define SI(field) offsetof(SiteConfig, field)
+static const KeySpec site_schema[] = {
+    {"site.*", "ranks", KEY_INT, SI(ranks), 0, 1, 1 << 24, 0, NULL, NULL},
+    {"site.*", "learner_ranks", KEY_INT, SI(learner_ranks), 0, 1, 1 << 24, 0, NULL, "-1"},
+    {"site.*", "micro_batch", KEY_INT, SI(micro_batch), 0, 1, 1 << 20, 0, NULL, "-1"},
+    {"site.*", "grad_accum", KEY_INT, SI(grad_accum), 0, 1, 1 << 20, 0, NULL, "-1"},
+    {"site.*", "speed", KEY_REAL, SI(speed), 0, 0, 1e6, 1, NULL, "1"},
+};
+#define N_SITE_KEYS (sizeof site_schema / sizeof site_schema[0])
 
 typedef struct {
     char *section, *key, *value;
@@ -230,22 +246,25 @@ static int section_known(const char *section)
     return 0;
 }
 
-/* Parse one value into cfg according to its spec; `where` names it. */
-static int apply_value(Config *cfg, const KeySpec *s, const char *value, const char *where)
+/* Parse one value into the struct at `base` according to its spec; `where`
+ * names the origin and `section` the section as the user wrote it. */
+static int apply_value_in(void *base, const KeySpec *s, const char *section, const char *value,
+                          const char *where)
 {
-    char *field = (char *)cfg + s->offset;
+    char *field = (char *)base + s->offset;
     char *end;
     errno = 0;
     switch (s->type) {
-    case KEY_INT: {
+    case KEY_INT:
+    case KEY_LONG: {
         long v = strtol(value, &end, 10);
         if (!*value || *end || errno)
             return isth_fail(ISTH_EINPUT, "config %s: [%s] %s = '%s' is not an integer", where,
-                             s->section, s->key, value);
+                             section, s->key, value);
         if (v < s->min || v > s->max)
             return isth_fail(ISTH_EINPUT, "config %s: [%s] %s = %ld is out of range [%.0f, %.0f]",
-                             where, s->section, s->key, v, s->min, s->max);
-        if (s->offset == DA(eval_bytes)) *(long *)field = v;
+                             where, section, s->key, v, s->min, s->max);
+        if (s->type == KEY_LONG) *(long *)field = v;
         else *(int *)field = (int)v;
         break;
     }
@@ -253,28 +272,28 @@ static int apply_value(Config *cfg, const KeySpec *s, const char *value, const c
         double v = strtod(value, &end);
         if (!*value || *end || errno || !isfinite(v))
             return isth_fail(ISTH_EINPUT, "config %s: [%s] %s = '%s' is not a finite number", where,
-                             s->section, s->key, value);
+                             section, s->key, value);
         if ((s->min_exclusive ? v <= s->min : v < s->min) || v > s->max)
             return isth_fail(ISTH_EINPUT, "config %s: [%s] %s = %g is out of range %s%g, %g]", where,
-                             s->section, s->key, v, s->min_exclusive ? "(" : "[", s->min, s->max);
+                             section, s->key, v, s->min_exclusive ? "(" : "[", s->min, s->max);
         *(double *)field = v;
         break;
     }
     case KEY_U64: {
         if (*value == '-')
             return isth_fail(ISTH_EINPUT, "config %s: [%s] %s = '%s' must be a non-negative integer",
-                             where, s->section, s->key, value);
+                             where, section, s->key, value);
         unsigned long long v = strtoull(value, &end, 10);
         if (!*value || *end || errno)
             return isth_fail(ISTH_EINPUT, "config %s: [%s] %s = '%s' is not an unsigned integer",
-                             where, s->section, s->key, value);
+                             where, section, s->key, value);
         *(uint64_t *)field = (uint64_t)v;
         break;
     }
     case KEY_STR:
         if (strlen(value) >= s->size)
             return isth_fail(ISTH_EINPUT, "config %s: [%s] %s is longer than %zu characters", where,
-                             s->section, s->key, s->size - 1);
+                             section, s->key, s->size - 1);
         strcpy(field, value);
         break;
     case KEY_ENUM: {
@@ -289,12 +308,17 @@ static int apply_value(Config *cfg, const KeySpec *s, const char *value, const c
         }
         if (!found)
             return isth_fail(ISTH_EINPUT, "config %s: [%s] %s = '%s' is not one of %s", where,
-                             s->section, s->key, value, s->choices);
+                             section, s->key, value, s->choices);
         strcpy(field, value);
         break;
     }
     }
     return ISTH_OK;
+}
+
+static int apply_value(Config *cfg, const KeySpec *s, const char *value, const char *where)
+{
+    return apply_value_in(cfg, s, s->section, value, where);
 }
 
 /* Rules that involve several keys. `origin_of` finds where a key was set so
@@ -325,9 +349,75 @@ static int validate(const Config *c, EntryList *l)
         return isth_fail(ISTH_EINPUT,
                          "config %s: [train] optimizer = shampoo is not implemented yet (use adamw)",
                          origin_of(l, "train", "optimizer"));
+    if (strcmp(c->outer.mode, "sync"))
+        return isth_fail(ISTH_EINPUT,
+                         "config %s: [outer] mode = %s is not implemented yet (use sync)",
+                         origin_of(l, "outer", "mode"), c->outer.mode);
     if (!c->train.out_dir[0])
         return isth_fail(ISTH_EINPUT, "config %s: [train] out_dir is empty",
                          origin_of(l, "train", "out_dir"));
+    return ISTH_OK;
+}
+
+static SiteConfig *site_get(Config *cfg, const char *name, const char *origin, int *rc)
+{
+    for (int i = 0; i < cfg->n_sites; i++)
+        if (!strcmp(cfg->sites[i].name, name)) return &cfg->sites[i];
+    *rc = ISTH_OK;
+    if (strlen(name) >= CONFIG_NAME_MAX || !*name) {
+        *rc = isth_fail(ISTH_EINPUT, "config %s: site name '%s' is empty or longer than %d characters",
+                        origin, name, CONFIG_NAME_MAX - 1);
+        return NULL;
+    }
+    if (cfg->n_sites == CONFIG_MAX_SITES) {
+        *rc = isth_fail(ISTH_EINPUT, "config %s: more than %d [site.*] sections", origin, CONFIG_MAX_SITES);
+        return NULL;
+    }
+    SiteConfig *site = &cfg->sites[cfg->n_sites++];
+    memset(site, 0, sizeof *site);
+    strcpy(site->name, name);
+    site->learner_ranks = site->micro_batch = site->grad_accum = -1; /* inherit */
+    site->speed = 1.0;
+    return site;
+}
+
+static int apply_site_key(Config *cfg, const Entry *e)
+{
+    int rc = ISTH_OK;
+    const char *name = e->section + 5;
+    const KeySpec *spec = NULL;
+    for (size_t k = 0; k < N_SITE_KEYS; k++)
+        if (!strcmp(site_schema[k].key, e->key)) spec = &site_schema[k];
+    if (!spec)
+        return isth_fail(ISTH_EINPUT, "config %s: unknown key '%s' in [%s] (site keys: ranks "
+                         "learner_ranks micro_batch grad_accum speed)", e->origin, e->key, e->section);
+    SiteConfig *site = site_get(cfg, name, e->origin, &rc);
+    if (!site) return rc;
+    return apply_value_in(site, spec, e->section, e->value, e->origin);
+}
+
+static int validate_sites(Config *cfg, EntryList *l)
+{
+    for (int i = 0; i < cfg->n_sites; i++) {
+        SiteConfig *s = &cfg->sites[i];
+        char section[CONFIG_NAME_MAX + 8];
+        snprintf(section, sizeof section, "site.%s", s->name);
+        if (s->ranks <= 0)
+            return isth_fail(ISTH_EINPUT, "config %s: [%s] ranks is required", cfg->source, section);
+        if (s->learner_ranks < 0) s->learner_ranks = s->ranks;
+        if (s->micro_batch < 0) s->micro_batch = cfg->train.micro_batch;
+        if (s->grad_accum < 0) s->grad_accum = cfg->train.grad_accum;
+        if (s->ranks % s->learner_ranks)
+            return isth_fail(ISTH_EINPUT,
+                             "config %s: [%s] learner_ranks = %d does not divide ranks = %d",
+                             origin_of(l, section, "learner_ranks"), section, s->learner_ranks, s->ranks);
+        if (cfg->model.experts % s->learner_ranks)
+            return isth_fail(ISTH_EINPUT,
+                             "config %s: [%s] learner_ranks = %d does not divide [model] experts = %d "
+                             "(experts are sharded evenly over a learner's ranks)",
+                             origin_of(l, section, "learner_ranks"), section, s->learner_ranks,
+                             cfg->model.experts);
+    }
     return ISTH_OK;
 }
 
@@ -338,6 +428,8 @@ static int load_entries(Config *cfg, EntryList *l, const char *const *overrides,
     memset(&cfg->model, 0, sizeof cfg->model);
     memset(&cfg->train, 0, sizeof cfg->train);
     memset(&cfg->data, 0, sizeof cfg->data);
+    memset(&cfg->outer, 0, sizeof cfg->outer);
+    cfg->n_sites = 0;
     for (size_t i = 0; i < N_KEYS; i++) CHECK(apply_value(cfg, &schema[i], schema[i].dflt, "(default)"));
     cfg->model.vocab = 256;
 
@@ -348,10 +440,10 @@ static int load_entries(Config *cfg, EntryList *l, const char *const *overrides,
             CHECK(apply_value(cfg, s, e->value, e->origin));
             continue;
         }
-        if (!strncmp(e->section, "site.", 5))
-            return isth_fail(ISTH_EINPUT,
-                             "config %s: [%s] multi-site layouts are not supported yet (one site holds all ranks)",
-                             e->origin, e->section);
+        if (!strncmp(e->section, "site.", 5)) {
+            CHECK(apply_site_key(cfg, e));
+            continue;
+        }
         for (size_t r = 0; r < sizeof reserved_sections / sizeof *reserved_sections; r++)
             if (!strcmp(e->section, reserved_sections[r]))
                 return isth_fail(ISTH_EINPUT, "config %s: [%s] %s: section [%s] is not supported yet",
@@ -361,7 +453,8 @@ static int load_entries(Config *cfg, EntryList *l, const char *const *overrides,
         return isth_fail(ISTH_EINPUT, "config %s: unknown key '%s' in [%s]", e->origin, e->key,
                          e->section);
     }
-    return validate(cfg, l);
+    CHECK(validate(cfg, l));
+    return validate_sites(cfg, l);
 }
 
 int config_load_text(Config *cfg, const char *text, const char *origin,
@@ -436,13 +529,12 @@ char *config_to_text(const Config *cfg)
             append(&buf, &len, &cap, "%s[%s]\n", len ? "\n" : "", s->section);
             section = s->section;
         }
+        if (s->type == KEY_LONG) {
+            append(&buf, &len, &cap, "%s = %ld\n", s->key, *(const long *)field);
+            continue;
+        }
         switch (s->type) {
-        case KEY_INT:
-            if (s->offset == DA(eval_bytes))
-                append(&buf, &len, &cap, "%s = %ld\n", s->key, *(const long *)field);
-            else
-                append(&buf, &len, &cap, "%s = %d\n", s->key, *(const int *)field);
-            break;
+        case KEY_INT: append(&buf, &len, &cap, "%s = %d\n", s->key, *(const int *)field); break;
         case KEY_REAL: {
             /* shortest text that reads back as the same double */
             double v = *(const double *)field;
@@ -460,7 +552,19 @@ char *config_to_text(const Config *cfg)
             break;
         case KEY_STR:
         case KEY_ENUM: append(&buf, &len, &cap, "%s = %s\n", s->key, field); break;
+        case KEY_LONG: break; /* handled with KEY_INT */
         }
+    }
+    for (int i = 0; i < cfg->n_sites; i++) {
+        const SiteConfig *st = &cfg->sites[i];
+        char num[40];
+        for (int prec = 6; prec <= 17; prec++) {
+            snprintf(num, sizeof num, "%.*g", prec, st->speed);
+            if (strtod(num, NULL) == st->speed) break;
+        }
+        append(&buf, &len, &cap,
+               "\n[site.%s]\nranks = %d\nlearner_ranks = %d\nmicro_batch = %d\ngrad_accum = %d\nspeed = %s\n",
+               st->name, st->ranks, st->learner_ranks, st->micro_batch, st->grad_accum, num);
     }
     return buf;
 }
@@ -468,4 +572,5 @@ char *config_to_text(const Config *cfg)
 void config_print_keys(void)
 {
     for (size_t i = 0; i < N_KEYS; i++) printf("[%s] %s\n", schema[i].section, schema[i].key);
+    for (size_t i = 0; i < N_SITE_KEYS; i++) printf("[%s] %s\n", site_schema[i].section, site_schema[i].key);
 }

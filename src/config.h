@@ -43,6 +43,7 @@ typedef struct {
     uint64_t seed;
     int eval_every;
     int log_every;
+    int check_replicas;  /* every N steps: verify all learners hold identical models (0 = off) */
     char out_dir[CONFIG_PATH_MAX];
 } TrainConfig;
 
@@ -51,10 +52,31 @@ typedef struct {
     long eval_bytes;             /* 0 = whole eval files */
 } DataConfig;
 
+#define CONFIG_MAX_SITES 64
+#define CONFIG_NAME_MAX 64
+
+/* One [site.NAME] section: a cluster. Ranks are assigned to sites in the
+ * order the sections appear (file first, then --set additions). */
+typedef struct {
+    char name[CONFIG_NAME_MAX];
+    int ranks;          /* ranks (GPUs) of this site */
+    int learner_ranks;  /* ranks per learner = expert-parallel degree; default: ranks */
+    int micro_batch;    /* sequences per rank per micro-step; default [train] micro_batch */
+    int grad_accum;     /* micro-steps per step; default [train] grad_accum */
+    double speed;       /* relative speed (planning, scheduling); default 1 */
+} SiteConfig;
+
+typedef struct {
+    char mode[16];      /* sync (diloco, streaming, butterfly: later) */
+} OuterConfig;
+
 typedef struct {
     ModelConfig model;
     TrainConfig train;
     DataConfig data;
+    OuterConfig outer;
+    SiteConfig sites[CONFIG_MAX_SITES];
+    int n_sites;        /* 0: one implicit site holding every rank as one learner */
     char source[CONFIG_PATH_MAX]; /* file the config came from, for messages */
 } Config;
 

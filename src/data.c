@@ -53,39 +53,22 @@ void corpus_close(Corpus *c)
     c->size = 0;
 }
 
-static void shard_bounds(const DataCursor *cur, size_t size, size_t *begin, size_t *len)
+int data_check_windows(const Corpus *c, int T)
 {
-    size_t b = (size_t)((unsigned __int128)size * cur->stream / cur->nstreams);
-    size_t e = (size_t)((unsigned __int128)size * (cur->stream + 1) / cur->nstreams);
-    *begin = b;
-    *len = e - b;
-}
-
-int data_cursor_init(DataCursor *cur, const Corpus *c, uint64_t seed, int stream, int nstreams, int T)
-{
-    cur->seed = seed;
-    cur->stream = (uint64_t)stream;
-    cur->nstreams = (uint64_t)nstreams;
-    cur->drawn = 0;
-    size_t begin, len;
-    shard_bounds(cur, c->size, &begin, &len);
-    if (len < (size_t)T + 1)
+    if (c->size < (size_t)T + 1)
         return isth_fail(ISTH_EINPUT,
-                         "data file %s: %zu bytes split into %d streams leaves %zu bytes per stream, "
-                         "less than one window of context+1 = %d bytes",
-                         c->path, c->size, nstreams, len, T + 1);
+                         "data file %s: %zu bytes, less than one window of context+1 = %d bytes",
+                         c->path, c->size, T + 1);
     return ISTH_OK;
 }
 
-void data_next_batch(DataCursor *cur, const Corpus *c, int *tokens, int *targets, int B, int T)
+void data_fill(const DataCursor *cur, const Corpus *c, uint64_t first_index, int *tokens,
+               int *targets, int B, int T)
 {
-    size_t begin, len;
-    shard_bounds(cur, c->size, &begin, &len);
-    const uint64_t positions = (uint64_t)(len - (size_t)T); /* window starts in [0, len-T-1] */
+    const uint64_t positions = (uint64_t)(c->size - (size_t)T); /* starts in [0, size-T-1] */
     for (int b = 0; b < B; b++) {
-        uint64_t r = rng_bits(cur->seed, 0x5eed0000ull + cur->stream, cur->drawn++);
-        size_t start = begin + (size_t)(r % positions);
-        const unsigned char *w = c->bytes + start;
+        uint64_t r = rng_bits(cur->seed, 0x5eed000000000000ull ^ cur->step, first_index + (uint64_t)b);
+        const unsigned char *w = c->bytes + (size_t)(r % positions);
         for (int t = 0; t < T; t++) {
             tokens[(size_t)b * T + t] = w[t];
             targets[(size_t)b * T + t] = w[t + 1];

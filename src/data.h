@@ -1,12 +1,15 @@
-/* data.h — the byte corpus and the deterministic training-window streams.
+/* data.h — the byte corpus and the deterministic training windows.
  *
- * Owns: memory-mapping corpus files, and which training windows a learner
- * reads. The training file is split into `nstreams` contiguous shards, one
- * per learner, so learners read disjoint bytes; inside its shard a stream
- * draws windows of T+1 bytes at positions that are a pure function of
- * (seed, stream, draw counter). The whole reader state is the DataCursor
- * value — saving it in a checkpoint and restoring it resumes the stream
- * exactly.
+ * Owns: memory-mapping corpus files, and which training windows each rank
+ * reads. Every optimiser step has one global batch of windows, numbered
+ * 0, 1, 2, ... in (learner, micro-step, rank, sequence) order; window i of
+ * step s starts at a position that is a pure function of (seed, s, i),
+ * uniform over the file. Learners take disjoint index ranges of each step's
+ * batch, so they read disjoint streams of windows; and because the global
+ * batch does not depend on the layout, `sync` training with any split into
+ * learners and ranks sees the same data as one learner with the combined
+ * batch. The reader state is the step counter (DataCursor), a value a
+ * checkpoint can store.
  * Must not: know about the model or MPI.
  */
 #ifndef ISTHMUS_DATA_H
@@ -23,8 +26,7 @@ typedef struct {
 
 typedef struct {
     uint64_t seed;
-    uint64_t stream, nstreams;
-    uint64_t drawn; /* windows drawn so far */
+    uint64_t step; /* optimiser steps whose windows were drawn */
 } DataCursor;
 
 /* Map `dir/name`; a missing, unreadable or empty file is ISTH_EINPUT with
@@ -32,10 +34,12 @@ typedef struct {
 int corpus_open(Corpus *c, const char *dir, const char *name);
 void corpus_close(Corpus *c);
 
-/* Check that every stream's shard holds at least one window of T+1 bytes. */
-int data_cursor_init(DataCursor *cur, const Corpus *c, uint64_t seed, int stream, int nstreams, int T);
+/* Check that the file holds at least one window of T+1 bytes. */
+int data_check_windows(const Corpus *c, int T);
 
-/* Fill tokens/targets (B,T) with the next B windows of the stream. */
-void data_next_batch(DataCursor *cur, const Corpus *c, int *tokens, int *targets, int B, int T);
+/* Fill tokens/targets (B,T) with windows first_index .. first_index+B-1 of
+ * step cur->step. */
+void data_fill(const DataCursor *cur, const Corpus *c, uint64_t first_index, int *tokens,
+               int *targets, int B, int T);
 
 #endif

@@ -3,6 +3,7 @@
 
 #include <math.h>
 #include <stdlib.h>
+#include <mpi.h>
 #include <time.h>
 
 #include "status.h"
@@ -17,26 +18,34 @@ static double now_s(void)
 int eval_corpus(const Model *m, Activations *a, const Corpus *c, size_t max_bytes, EvalResult *out)
 {
     const double t0 = now_s();
-    const int B = a->B, T = a->T;
+    const int B = a->B, T = a->T, G = a->ep->size, me = a->ep->rank;
     const size_t size = max_bytes && max_bytes < c->size ? max_bytes : c->size;
     const size_t predicted = size - 1;
     const size_t windows = (predicted + (size_t)T - 1) / (size_t)T;
+    const size_t per_call = (size_t)B * G; /* windows per forward over the learner */
+    const size_t calls = (windows + per_call - 1) / per_call;
     int *tokens = malloc((size_t)B * T * sizeof(int));
     int *targets = malloc((size_t)B * T * sizeof(int));
-    if (!tokens || !targets) {
+    /* per-window sums: each window is scored by exactly one rank, so the
+     * learner-wide sum of this array is exact and the total, added in window
+     * order, does not depend on the number of ranks */
+    double *window_ce = calloc(windows + 1, sizeof(double));
+    size_t *window_n = calloc(windows + 1, sizeof(size_t));
+    if (!tokens || !targets || !window_ce || !window_n) {
         free(tokens);
         free(targets);
-        return isth_fail(ISTH_ERUNTIME, "out of memory for evaluation batch");
+        free(window_ce);
+        free(window_n);
+        return isth_fail(ISTH_ERUNTIME, "out of memory for evaluation");
     }
-    double ce = 0.0;
-    size_t counted = 0;
     int rc = ISTH_OK;
-    for (size_t w0 = 0; w0 < windows && rc == ISTH_OK; w0 += (size_t)B) {
+    for (size_t call = 0; call < calls && rc == ISTH_OK; call++) {
+        const size_t w0 = call * per_call + (size_t)me * B; /* this rank's first window */
         for (int b = 0; b < B; b++) {
-            size_t start = (w0 + (size_t)b) * (size_t)T; /* first input byte */
+            const size_t w = w0 + (size_t)b, start = w * (size_t)T;
             for (int t = 0; t < T; t++) {
                 size_t i = start + (size_t)t;
-                int valid = (w0 + (size_t)b) < windows && i + 1 < size;
+                int valid = w < windows && i + 1 < size;
                 /* padding: token 0, not scored; causal attention and
                  * capacity-free routing keep it from affecting real bytes */
                 tokens[(size_t)b * T + t] = valid ? c->bytes[i] : 0;
@@ -45,14 +54,32 @@ int eval_corpus(const Model *m, Activations *a, const Corpus *c, size_t max_byte
         }
         ForwardStats st;
         rc = transformer_forward(m, a, tokens, targets, B, T, 0, &st);
-        ce += st.ce_sum;
-        counted += st.n_targets;
+        for (int b = 0; b < B && rc == ISTH_OK; b++) {
+            const size_t w = w0 + (size_t)b;
+            if (w >= windows) break;
+            for (int t = 0; t < T; t++)
+                if (targets[(size_t)b * T + t] >= 0) {
+                    window_ce[w] += a->losses[(size_t)b * T + t];
+                    window_n[w]++;
+                }
+        }
+    }
+    if (rc == ISTH_OK) rc = coll_allreduce_sum_double(a->ep, window_ce, (int)windows);
+    double ce = 0.0;
+    size_t counted = 0;
+    for (size_t w = 0; w < windows; w++) {
+        ce += window_ce[w];
+        counted += window_n[w];
     }
     free(tokens);
     free(targets);
+    free(window_ce);
     CHECK(rc);
-    if (counted != predicted)
-        return isth_fail(ISTH_ERUNTIME, "eval %s: scored %zu bytes, expected %zu", c->path, counted,
+    unsigned long long n_all = counted;
+    if (G > 1) MPI_Allreduce(MPI_IN_PLACE, &n_all, 1, MPI_UNSIGNED_LONG_LONG, MPI_SUM, a->ep->comm);
+    free(window_n);
+    if (n_all != predicted)
+        return isth_fail(ISTH_ERUNTIME, "eval %s: scored %llu bytes, expected %zu", c->path, n_all,
                          predicted);
     out->ce_sum = ce;
     out->predicted = predicted;

@@ -13,6 +13,7 @@
 
 #include "bench.h"
 #include "blas_select.h"
+#include "coll.h"
 #include "config.h"
 #include "eval.h"
 #include "h5io.h"
@@ -164,19 +165,28 @@ static int cmd_eval(int argc, char **argv)
     CHECK(rc);
     set_threads(cfg.train.threads);
 
+    /* evaluation ignores the training layout: all ranks of this job form one
+     * learner, experts sharded over them */
+    int rank, size;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    if (cfg.model.experts % size)
+        return isth_fail(ISTH_EINPUT, "eval: %d ranks cannot share %d experts evenly; use a rank count that divides it",
+                         size, cfg.model.experts);
+    Coll ep;
+    CHECK(coll_init(&ep, MPI_COMM_WORLD));
     Model m;
     Activations a;
     Corpus prose = {0}, tech = {0};
     Metrics mt = {0};
-    int rank;
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     memset(&a, 0, sizeof a);
-    CHECK(model_create(&m, &cfg.model, 0, cfg.model.experts));
+    const int El = cfg.model.experts / size;
+    CHECK(model_create(&m, &cfg.model, rank * El, El));
     H5Meta meta;
     rc = h5model_read(model_path, &m, &meta, MPI_COMM_WORLD);
     if (rc == ISTH_OK) rc = corpus_open(&prose, cfg.data.dir, "eval_prose.txt");
     if (rc == ISTH_OK) rc = corpus_open(&tech, cfg.data.dir, "eval_tech.txt");
-    if (rc == ISTH_OK) rc = acts_create(&a, &cfg.model, cfg.train.micro_batch, cfg.model.context);
+    if (rc == ISTH_OK) rc = acts_create(&a, &cfg.model, cfg.train.micro_batch, cfg.model.context, &ep);
     if (rc == ISTH_OK && rank == 0) rc = metrics_open(&mt, cfg.train.out_dir);
     if (rc == ISTH_OK && rank == 0)
         printf("isthmus eval: %s (step %ld, %.0f tokens trained)\n", model_path, meta.step, meta.tokens);

@@ -56,9 +56,9 @@ void metrics_step(Metrics *mt, const StepLog *s)
     fprintf(mt->f,
             "{\"step\":%ld,\"loss\":%.17g,\"bpb\":%.6f,\"aux_loss\":%.6g,\"z_loss\":%.6g,\"lr\":%.6g,"
             "\"grad_norm\":%.6g,\"tokens_per_s\":%.1f,\"ms_per_step\":%.3f,\"tokens\":%.0f,"
-            "\"dropped_frac\":%.6f,\"inter_site_bytes\":%.0f,\"link_wait_s\":%.6f}\n",
+            "\"dropped_frac\":%.6f,\"a2a_bytes\":%.0f,\"inter_site_bytes\":%.0f,\"link_wait_s\":%.6f}\n",
             s->step, s->loss, bpb, s->aux_loss, s->z_loss, s->lr, s->grad_norm, s->tokens_per_s,
-            s->ms_per_step, s->tokens, s->dropped_frac, s->inter_site_bytes, s->link_wait_s);
+            s->ms_per_step, s->tokens, s->dropped_frac, s->a2a_bytes, s->inter_site_bytes, s->link_wait_s);
     fflush(mt->f);
 }
 

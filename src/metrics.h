@@ -18,6 +18,7 @@ typedef struct {
     double tokens_per_s, ms_per_step;
     double tokens;        /* tokens seen so far */
     double dropped_frac;  /* share of routed copies dropped for capacity */
+    double a2a_bytes;     /* expert all-to-all bytes, sent + received, all ranks */
     double inter_site_bytes, link_wait_s;
 } StepLog;
 

@@ -44,7 +44,9 @@ int model_create(Model *m, const ModelConfig *cfg, int expert_begin, int experts
     set_shape(&t[T_FINAL_NORM], "final_norm", 0, 0, 1, D, 0, 0, 0);
 
     size_t offset = 0;
+    m->dense_end = 0;
     for (int i = 0; i < N_TENSORS; i++) {
+        if (i == T_W_GATE) m->dense_end = offset;
         if (t[i].flags & PARAM_EXPERT) t[i].local[1] = (size_t)experts_local;
         t[i].numel = 1;
         for (int d = 0; d < t[i].ndim; d++) t[i].numel *= t[i].local[d];

@@ -23,9 +23,12 @@ enum {
     PARAM_LAYERED = 1u << 2 /* axis 0 is the layer axis */
 };
 
+/* Storage order: every replicated ("dense") tensor first, then the expert
+ * tensors, so that the dense parameters are one contiguous prefix of the
+ * flat buffer, identical on every rank: [0, dense_end). */
 typedef enum {
-    T_EMBED, T_ATTN_NORM, T_WQ, T_WK, T_WV, T_WO, T_MOE_NORM, T_ROUTER,
-    T_W_GATE, T_W_UP, T_W_DOWN, T_FINAL_NORM, N_TENSORS
+    T_EMBED, T_ATTN_NORM, T_WQ, T_WK, T_WV, T_WO, T_MOE_NORM, T_ROUTER, T_FINAL_NORM,
+    T_W_GATE, T_W_UP, T_W_DOWN, N_TENSORS
 } TensorId;
 
 #define TENSOR_MAX_DIMS 4
@@ -46,6 +49,7 @@ typedef struct {
     int expert_begin, experts_local;
     Tensor tensors[N_TENSORS];
     size_t n_params;                  /* local */
+    size_t dense_end;                 /* replicated tensors occupy [0, dense_end) */
     float *params;                    /* (n_params) */
     float *grads;                     /* (n_params) */
 } Model;

@@ -51,43 +51,59 @@ void router_topk(int *choice, const float *probs, size_t N, int E, int K)
     }
 }
 
-void router_stats(double *frac, double *mean_prob, const int *choice, const float *probs, size_t N,
+void router_stats(int *counts, double *mean_prob, const int *choice, const float *probs, size_t N,
                   int E, int K)
 {
-    for (int e = 0; e < E; e++) frac[e] = mean_prob[e] = 0.0;
+    for (int e = 0; e < E; e++) {
+        counts[e] = 0;
+        mean_prob[e] = 0.0;
+    }
     for (size_t t = 0; t < N; t++) {
-        for (int k = 0; k < K; k++) frac[choice[t * K + k]] += 1.0;
+        for (int k = 0; k < K; k++) counts[choice[t * K + k]]++;
         for (int e = 0; e < E; e++) mean_prob[e] += probs[t * E + e];
     }
-    for (int e = 0; e < E; e++) {
-        frac[e] = N ? frac[e] / ((double)N * K) : 0.0;
-        mean_prob[e] = N ? mean_prob[e] / (double)N : 0.0;
+    for (int e = 0; e < E; e++) mean_prob[e] = N ? mean_prob[e] / (double)N : 0.0;
+}
+
+void moe_send_order(int *send_copy, int *copy_slot, int *send_counts, const int *choice, size_t N,
+                    int K, int G, int El)
+{
+    const size_t copies = N * (size_t)K;
+    int slot = 0;
+    for (int d = 0; d < G; d++) {
+        send_counts[d] = 0;
+        for (size_t i = 0; i < copies; i++) {
+            if (choice[i] / El != d) continue;
+            send_copy[slot] = (int)i;
+            copy_slot[i] = slot++;
+            send_counts[d]++;
+        }
     }
 }
 
-void moe_plan(MoeRouting *r, size_t N, int E, int K, int capacity)
+int moe_plan(const int *experts, int n, int El, int capacity, int *row_of, int *row_src,
+             int *expert_start, int *dropped)
 {
-    int *count = calloc((size_t)E, sizeof(int));
-    r->dropped = 0;
-    /* first pass: which copies are kept, in (token, choice) order */
-    for (size_t i = 0; i < N * (size_t)K; i++) {
-        int e = r->choice[i];
+    int *count = calloc((size_t)El, sizeof(int));
+    *dropped = 0;
+    for (int i = 0; i < n; i++) { /* arrival order = (source, position) */
+        int e = experts[i];
         if (capacity >= 0 && count[e] >= capacity) {
-            r->row[i] = -1;
-            r->dropped++;
+            row_of[i] = -1;
+            (*dropped)++;
         } else {
-            r->row[i] = count[e]++; /* provisional: index within the expert */
+            row_of[i] = count[e]++; /* index within the expert for now */
         }
     }
-    r->expert_start[0] = 0;
-    for (int e = 0; e < E; e++) r->expert_start[e + 1] = r->expert_start[e] + count[e];
-    r->rows = r->expert_start[E];
-    for (size_t i = 0; i < N * (size_t)K; i++) {
-        if (r->row[i] < 0) continue;
-        r->row[i] += r->expert_start[r->choice[i]];
-        r->row_token[r->row[i]] = (int)(i / (size_t)K);
+    expert_start[0] = 0;
+    for (int e = 0; e < El; e++) expert_start[e + 1] = expert_start[e] + count[e];
+    for (int i = 0; i < n; i++) {
+        if (row_of[i] < 0) continue;
+        row_of[i] += expert_start[experts[i]];
+        row_src[row_of[i]] = i;
     }
     free(count);
+    return expert_start[El];
 }
 
 double moe_balance_loss(const double *frac, const double *mean_prob, int E, double coef)
@@ -155,62 +171,62 @@ void expert_backward(float *dx, float *dwg, float *dwu, float *dwd, float *scrat
     matmul_backward(dx, dwu, du, x, wu, n, D, F);
 }
 
-void moe_gather(float *xrows, const float *inp, const MoeRouting *r, int D)
+void rows_gather(float *dst, const float *src, const int *index, size_t n, int D)
 {
 #pragma omp parallel for schedule(static)
-    for (int i = 0; i < r->rows; i++)
-        memcpy(xrows + (size_t)i * D, inp + (size_t)r->row_token[i] * D, (size_t)D * sizeof(float));
+    for (size_t i = 0; i < n; i++) {
+        if (index[i] >= 0)
+            memcpy(dst + i * D, src + (size_t)index[i] * D, (size_t)D * sizeof(float));
+        else
+            memset(dst + i * D, 0, (size_t)D * sizeof(float));
+    }
 }
 
-void moe_combine_forward(float *out, const float *y, const MoeRouting *r, size_t N, int E, int K,
-                         int D)
+void moe_combine_forward(float *out, const MoeRouting *r, size_t N, int E, int K, int D)
 {
 #pragma omp parallel for schedule(static)
     for (size_t t = 0; t < N; t++) {
         float *o = out + t * D;
         memset(o, 0, (size_t)D * sizeof(float));
         for (int k = 0; k < K; k++) {
-            int row = r->row[t * K + k];
-            if (row < 0) continue;
-            float gate = r->probs[t * E + r->choice[t * K + k]];
-            const float *yr = y + (size_t)row * D;
-            for (int i = 0; i < D; i++) o[i] += gate * yr[i];
+            const size_t copy = t * K + k;
+            const float gate = r->probs[t * E + r->choice[copy]];
+            const float *y = r->y_back + (size_t)r->copy_slot[copy] * D;
+            for (int i = 0; i < D; i++) o[i] += gate * y[i];
         }
     }
 }
 
-void moe_combine_backward(float *dy, float *dprobs, const float *dout, const float *y,
-                          const MoeRouting *r, size_t N, int E, int K, int D)
+void moe_combine_backward(float *dy_send, float *dprobs, const float *dout, const MoeRouting *r,
+                          size_t N, int E, int K, int D)
 {
 #pragma omp parallel for schedule(static)
     for (size_t t = 0; t < N; t++) {
         const float *d = dout + t * D;
         for (int k = 0; k < K; k++) {
-            int row = r->row[t * K + k];
-            if (row < 0) continue;
-            int e = r->choice[t * K + k];
-            float gate = r->probs[t * E + e];
-            const float *yr = y + (size_t)row * D;
-            float *dyr = dy + (size_t)row * D;
+            const size_t copy = t * K + k;
+            const int e = r->choice[copy];
+            const size_t slot = (size_t)r->copy_slot[copy];
+            const float gate = r->probs[t * E + e];
+            const float *y = r->y_back + slot * D;
+            float *dy = dy_send + slot * D;
             float dot = 0.0f;
             for (int i = 0; i < D; i++) {
-                dot += d[i] * yr[i];
-                dyr[i] = gate * d[i];
+                dot += d[i] * y[i];
+                dy[i] = gate * d[i];
             }
-            dprobs[t * E + e] += dot;
+            dprobs[t * E + e] += dot; /* 0 for a dropped copy: its y is 0 */
         }
     }
 }
 
-void moe_scatter_add(float *dinp, const float *dxrows, const MoeRouting *r, size_t N, int K, int D)
+void moe_scatter_add(float *dinp, const float *dx_send, const MoeRouting *r, size_t N, int K, int D)
 {
 #pragma omp parallel for schedule(static)
     for (size_t t = 0; t < N; t++) {
         float *d = dinp + t * D;
         for (int k = 0; k < K; k++) {
-            int row = r->row[t * K + k];
-            if (row < 0) continue;
-            const float *s = dxrows + (size_t)row * D;
+            const float *s = dx_send + (size_t)r->copy_slot[t * K + k] * D;
             for (int i = 0; i < D; i++) d[i] += s[i];
         }
     }

@@ -17,18 +17,34 @@
 
 #include <stddef.h>
 
-/* Routing decisions of one MoE layer for N tokens. */
+/* Routing and dispatch state of one MoE layer for this rank.
+ * Source side: this rank's N tokens and their K routed copies; a copy is
+ * numbered t*K+k. Copies are sent to the rank that owns their expert ("send
+ * order": by destination rank, then copy number).
+ * Owner side: the copies received for this rank's El experts, in arrival
+ * order = (source rank, position) — the order the capacity rule uses — and
+ * the kept ones grouped by expert into compute rows. */
 typedef struct {
-    float *probs;   /* (N,E) softmax of router logits */
-    float *lse;     /* (N) logsumexp of router logits (z-loss) */
-    int *choice;    /* (N,K) chosen experts, by descending prob, ties -> lower index */
-    int *row;       /* (N,K) row of the routed copy in expert-major order, -1 if dropped */
-    int *row_token; /* (N*K) token of each row */
-    int *expert_start; /* (E+1) rows [expert_start[e], expert_start[e+1]) go to expert e */
-    double *frac;   /* (E) f_e: share of the N*K choices that picked e (before capacity) */
-    double *mean_prob; /* (E) P_e: mean router probability of e over tokens */
-    int rows;       /* R: kept rows */
-    int dropped;    /* routed copies skipped because of capacity */
+    float *probs;       /* (N,E) softmax of router logits */
+    float *lse;         /* (N) logsumexp of router logits (z-loss) */
+    int *choice;        /* (N,K) experts by descending prob, ties -> lower index */
+    double *frac;       /* (E) f_e over all tokens of the learner (before capacity) */
+    double *mean_prob;  /* (E) P_e over this rank's tokens */
+    int *send_copy;     /* (N*K) send slot -> copy */
+    int *copy_slot;     /* (N*K) copy -> send slot */
+    int *send_counts;   /* (G) copies sent to each rank */
+    float *y_back;      /* (N*K,D) expert output of each sent copy, 0 if dropped */
+    /* owner side; arrays grow as needed (caps) */
+    int n_recv, recv_cap;
+    int *recv_counts;   /* (G) copies received from each rank */
+    int *recv_expert;   /* (n_recv) local expert of each received copy */
+    int *recv_row;      /* (n_recv) compute row, -1 if dropped for capacity */
+    int *row_src;       /* (rows) received index of each compute row */
+    int *expert_start;  /* (El+1) rows [expert_start[e], expert_start[e+1]) are expert e */
+    int rows, dropped;
+    int row_cap, row_cap_f;
+    float *xrows;       /* (rows,D) expert inputs, saved for backward */
+    float *arows, *urows, *hrows; /* (rows,F) */
 } MoeRouting;
 
 /* Capacity of each expert for a group of `tokens` tokens; no limit when
@@ -39,13 +55,20 @@ int moe_capacity(double capacity_factor, size_t tokens, int K, int E);
 void router_softmax_forward(float *probs, float *lse, const float *logits, size_t N, int E);
 /* choice (N,K) = top-K of probs per token, ties to the lower expert index */
 void router_topk(int *choice, const float *probs, size_t N, int E, int K);
-/* frac, mean_prob from choices/probs; returns nothing, see MoeRouting. */
-void router_stats(double *frac, double *mean_prob, const int *choice, const float *probs, size_t N,
+/* counts (E) = number of the N*K choices that picked each expert;
+ * mean_prob (E) = mean router probability over the N tokens. */
+void router_stats(int *counts, double *mean_prob, const int *choice, const float *probs, size_t N,
                   int E, int K);
-/* Assign rows: copies in token order, then choice order; an expert keeps at
- * most `capacity` copies (capacity < 0: no limit). Fills row, row_token,
- * expert_start, rows, dropped. */
-void moe_plan(MoeRouting *r, size_t N, int E, int K, int capacity);
+/* Send order: copies grouped by destination rank (expert / El), then by copy
+ * number. Fills send_copy, copy_slot (N*K) and send_counts (G). */
+void moe_send_order(int *send_copy, int *copy_slot, int *send_counts, const int *choice, size_t N,
+                    int K, int G, int El);
+/* Owner plan over n arrived copies of local experts experts[i] in arrival
+ * order: an expert keeps its first `capacity` copies (capacity < 0: all).
+ * Fills row_of (n: compute row or -1), row_src (rows), expert_start (El+1);
+ * returns the number of kept rows, *dropped the others. */
+int moe_plan(const int *experts, int n, int El, int capacity, int *row_of, int *row_src,
+             int *expert_start, int *dropped);
 
 /* aux = coef * E * sum_e f_e P_e ; z = coef * mean_t lse_t^2 */
 double moe_balance_loss(const double *frac, const double *mean_prob, int E, double coef);
@@ -67,15 +90,15 @@ void expert_backward(float *dx, float *dwg, float *dwu, float *dwd, float *scrat
                      const float *h, const float *wg, const float *wu, const float *wd, size_t n,
                      int D, int F);
 
-/* xrows (R,D) = inp[row_token] */
-void moe_gather(float *xrows, const float *inp, const MoeRouting *r, int D);
-/* out (N,D) = sum_k gate[t,k] * y[row[t,k]] over kept copies (overwrites) */
-void moe_combine_forward(float *out, const float *y, const MoeRouting *r, size_t N, int E, int K,
-                         int D);
-/* dy (R,D) = gate * dout ; dprobs[t,choice] += dout . y  (overwrites dy) */
-void moe_combine_backward(float *dy, float *dprobs, const float *dout, const float *y,
-                          const MoeRouting *r, size_t N, int E, int K, int D);
-/* dinp (N,D) += sum of dxrows over the token's kept copies */
-void moe_scatter_add(float *dinp, const float *dxrows, const MoeRouting *r, size_t N, int K, int D);
+/* dst (n,D) = src[index[i]] (index < 0: zero row) */
+void rows_gather(float *dst, const float *src, const int *index, size_t n, int D);
+/* out (N,D) = sum_k gate[t,k] * y_back[slot of (t,k)]  (overwrites) */
+void moe_combine_forward(float *out, const MoeRouting *r, size_t N, int E, int K, int D);
+/* dy_send (N*K,D) = gate * dout in send order (overwrites);
+ * dprobs[t,choice] += dout . y_back */
+void moe_combine_backward(float *dy_send, float *dprobs, const float *dout, const MoeRouting *r,
+                          size_t N, int E, int K, int D);
+/* dinp (N,D) += sum_k dx_send[slot of (t,k)] */
+void moe_scatter_add(float *dinp, const float *dx_send, const MoeRouting *r, size_t N, int K, int D);
 
 #endif

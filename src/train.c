@@ -31,29 +31,46 @@ int trainer_create(Trainer *tr, const Config *cfg, int log)
 {
     memset(tr, 0, sizeof *tr);
     tr->cfg = *cfg;
-    tr->log = log;
     MPI_Comm_rank(MPI_COMM_WORLD, &tr->rank);
+    tr->log = log && tr->rank == 0;
     set_threads(cfg->train.threads);
     const ModelConfig *mc = &cfg->model;
     const TrainConfig *tc = &cfg->train;
 
     tr->config_text = config_to_text(cfg);
     CHECK_ALLOC(tr->config_text);
+    CHECK(topology_create(&tr->topo, cfg, MPI_COMM_WORLD));
+    tr->created = 1;
+    const Topology *t = &tr->topo;
+    const SiteInfo *site = &t->sites[t->site];
+    tr->micro_batch = site->micro_batch;
+    tr->grad_accum = site->grad_accum;
+    /* this rank's tokens per step over all tokens of the step */
+    tr->loss_weight = site->tokens_per_step / site->learner_ranks / t->total_tokens_per_step;
+    for (int l = 0; l < t->learner; l++) {
+        const SiteInfo *s = &t->sites[topology_site_of_learner(t, l)];
+        tr->learner_first_window += (uint64_t)s->micro_batch * s->learner_ranks * s->grad_accum;
+    }
+    CHECK(coll_init(&tr->ep, t->learner_comm));
+
     CHECK(corpus_open(&tr->train, cfg->data.dir, "train.txt"));
     CHECK(corpus_open(&tr->eval_prose, cfg->data.dir, "eval_prose.txt"));
     CHECK(corpus_open(&tr->eval_tech, cfg->data.dir, "eval_tech.txt"));
-    CHECK(data_cursor_init(&tr->cursor, &tr->train, tc->seed, 0, 1, mc->context));
+    CHECK(data_check_windows(&tr->train, mc->context));
+    tr->cursor.seed = tc->seed;
+    tr->cursor.step = 0;
 
-    CHECK(model_create(&tr->model, mc, 0, mc->experts));
+    CHECK(model_create(&tr->model, mc, t->expert_begin, t->experts_local));
     model_init(&tr->model);
     CHECK(adamw_create(&tr->opt, tr->model.n_params));
-    CHECK(acts_create(&tr->acts, mc, tc->micro_batch, mc->context));
-    const size_t n = (size_t)tc->micro_batch * mc->context;
+    CHECK(acts_create(&tr->acts, mc, tr->micro_batch, mc->context, &tr->ep));
+    CHECK(sync_plan_create(&tr->sync, t, &tr->model, MPI_COMM_WORLD));
+    const size_t n = (size_t)tr->micro_batch * mc->context;
     tr->tokens = malloc(n * sizeof(int));
     tr->targets = malloc(n * sizeof(int));
     CHECK_ALLOC(tr->tokens);
     CHECK_ALLOC(tr->targets);
-    if (log) CHECK(metrics_open(&tr->metrics, tc->out_dir));
+    if (tr->log) CHECK(metrics_open(&tr->metrics, tc->out_dir));
     return ISTH_OK;
 }
 
@@ -65,62 +82,89 @@ void trainer_destroy(Trainer *tr)
     acts_destroy(&tr->acts);
     adamw_destroy(&tr->opt);
     model_destroy(&tr->model);
+    if (tr->created) {
+        sync_plan_destroy(&tr->sync);
+        topology_destroy(&tr->topo);
+    }
     corpus_close(&tr->train);
     corpus_close(&tr->eval_prose);
     corpus_close(&tr->eval_tech);
     free(tr->config_text);
     tr->config_text = NULL;
+    tr->created = 0;
 }
 
 int trainer_step(Trainer *tr, StepLog *out)
 {
     const TrainConfig *tc = &tr->cfg.train;
     const ModelConfig *mc = &tr->cfg.model;
+    const Topology *t = &tr->topo;
     const double t0 = now_s();
-    const int B = tc->micro_batch, T = mc->context, M = tc->grad_accum;
+    const int B = tr->micro_batch, T = mc->context, M = tr->grad_accum, G = t->learner_size;
     memset(tr->model.grads, 0, tr->model.n_params * sizeof(float));
-    double ce = 0.0, aux = 0.0, z = 0.0, dropped = 0.0;
-    size_t scored = 0;
+    const double a2a0 = tr->ep.bytes_sent + tr->ep.bytes_recv;
+    const double inter0 = tr->sync.inter_site_bytes;
+    /* [ce_sum, scored, aux, z, dropped, a2a bytes, inter-site bytes] summed over the world */
+    double sums[7] = {0};
     for (int micro = 0; micro < M; micro++) {
-        data_next_batch(&tr->cursor, &tr->train, tr->tokens, tr->targets, B, T);
+        const uint64_t first = tr->learner_first_window + (uint64_t)micro * B * G +
+                               (uint64_t)t->learner_rank * B;
+        data_fill(&tr->cursor, &tr->train, first, tr->tokens, tr->targets, B, T);
         ForwardStats st;
         CHECK(transformer_forward(&tr->model, &tr->acts, tr->tokens, tr->targets, B, T, 1, &st));
-        transformer_backward(&tr->model, &tr->acts, tr->tokens, tr->targets, 1.0f / (float)M);
-        ce += st.ce_sum;
-        scored += st.n_targets;
-        aux += st.aux_loss / M;
-        z += st.z_loss / M;
-        dropped += (double)st.dropped;
+        CHECK(transformer_backward(&tr->model, &tr->acts, tr->tokens, tr->targets,
+                                   (float)(tr->loss_weight / M)));
+        sums[0] += st.ce_sum;
+        sums[1] += (double)st.n_targets;
+        sums[2] += st.aux_loss / M; /* this rank's share of its learner's value */
+        sums[3] += st.z_loss / M;
+        sums[4] += (double)st.dropped;
     }
-    const double loss = ce / (double)scored;
+    tr->cursor.step++;
+    CHECK(sync_reduce_grads(&tr->sync, &tr->model));
+    sums[5] = tr->ep.bytes_sent + tr->ep.bytes_recv - a2a0;
+    sums[6] = tr->sync.inter_site_bytes - inter0;
+    /* learner means of aux and z: divide each rank's share by its G; learners
+     * are weighted equally in the reported value */
+    sums[2] /= (double)G * t->n_learners;
+    sums[3] /= (double)G * t->n_learners;
+    CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, sums, 7, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD));
+    const double loss = sums[0] / sums[1];
     if (!isfinite(loss))
         return isth_fail(ISTH_ERUNTIME, "step %ld: loss is %g (diverged); lower [train] lr", tr->step + 1, loss);
 
-    const double norm = sqrt(grad_sumsq(&tr->model, 0, 0));
+    double norm2;
+    CHECK(grad_norm_sq_learner(&tr->model, t->learner_comm, &norm2));
+    const double norm = sqrt(norm2);
     if (tc->clip > 0 && norm > tc->clip) grad_scale(&tr->model, (float)(tc->clip / norm));
     const double lr = lr_at(tc, tr->step);
     adamw_step(&tr->opt, &tr->model, lr, tc->weight_decay);
     tr->step++;
-    tr->tokens_seen += (double)B * T * M;
+    tr->tokens_seen += t->total_tokens_per_step;
 
     const double dt = now_s() - t0;
     memset(out, 0, sizeof *out);
     out->step = tr->step;
     out->steps = tc->steps;
     out->loss = loss;
-    out->aux_loss = aux;
-    out->z_loss = z;
+    out->aux_loss = sums[2];
+    out->z_loss = sums[3];
     out->lr = lr;
     out->grad_norm = norm;
     out->ms_per_step = 1e3 * dt;
-    out->tokens_per_s = (double)B * T * M / dt;
+    out->tokens_per_s = t->total_tokens_per_step / dt;
     out->tokens = tr->tokens_seen;
-    out->dropped_frac = dropped / ((double)B * T * M * mc->top_k * mc->layers);
+    out->dropped_frac = sums[4] / (sums[1] * mc->top_k * mc->layers);
+    out->a2a_bytes = sums[5];
+    out->inter_site_bytes = sums[6];
     return ISTH_OK;
 }
 
 int trainer_eval(Trainer *tr, double *bpb_prose, double *bpb_tech)
 {
+    /* in sync mode every learner holds the same model: learner 0 evaluates,
+     * its ranks splitting the windows; the others go on to the next step */
+    if (tr->topo.learner != 0) return ISTH_OK;
     const Corpus *sets[2] = {&tr->eval_prose, &tr->eval_tech};
     const char *names[2] = {"prose", "tech"};
     double *outs[2] = {bpb_prose, bpb_tech};
@@ -133,15 +177,46 @@ int trainer_eval(Trainer *tr, double *bpb_prose, double *bpb_tech)
     return ISTH_OK;
 }
 
+int trainer_write_model(Trainer *tr, const char *path)
+{
+    if (tr->topo.learner != 0) return ISTH_OK;
+    H5Meta meta = {tr->step, tr->tokens_seen};
+    return h5model_write(path, &tr->model, tr->config_text, &meta, tr->topo.learner_comm,
+                         tr->topo.learner_rank == 0);
+}
+
+/* In sync mode every learner must hold the same model; a mismatch means a
+ * bug or a hardware fault, and training on would silently mix models. */
+static int check_replicas(Trainer *tr)
+{
+    uint64_t fp;
+    CHECK(model_fingerprint(&tr->model, tr->topo.learner_comm, &fp));
+    uint64_t *all = malloc(sizeof(uint64_t) * (size_t)tr->topo.world_size);
+    CHECK_ALLOC(all);
+    int rc = MPI_Allgather(&fp, 1, MPI_UINT64_T, all, 1, MPI_UINT64_T, MPI_COMM_WORLD);
+    for (int r = 0; rc == MPI_SUCCESS && r < tr->topo.world_size; r++)
+        if (all[r] != all[0]) {
+            rc = isth_fail(ISTH_ERUNTIME, "step %ld: replicas diverged: rank %d fingerprint %016llx, rank 0 %016llx",
+                           tr->step, r, (unsigned long long)all[r], (unsigned long long)all[0]);
+            free(all);
+            return rc;
+        }
+    free(all);
+    if (rc != MPI_SUCCESS) return isth_fail(ISTH_ERUNTIME, "replica check: MPI_Allgather failed");
+    if (tr->log)
+        printf("replicas identical at step %ld: %d learner(s), fingerprint %016llx\n", tr->step,
+               tr->topo.n_learners, (unsigned long long)fp);
+    return ISTH_OK;
+}
+
 int train_run(const Config *cfg)
 {
     Trainer tr;
-    int rank;
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    int rc = trainer_create(&tr, cfg, rank == 0);
-    if (rc == ISTH_OK && rank == 0) {
+    int rc = trainer_create(&tr, cfg, 1);
+    if (rc == ISTH_OK && tr.rank == 0) {
         printf("isthmus train: resolved configuration (%s)\n%s\n", cfg->source, tr.config_text);
-        printf("model: %.3fM parameters, %.3fM active matrix parameters per token; %d threads\n",
+        topology_print(&tr.topo, cfg);
+        printf("model: %.3fM parameters, %.3fM active matrix parameters per token; %d threads per rank\n",
                model_total_params(&cfg->model) / 1e6, model_active_matrix_params(&cfg->model) / 1e6,
                omp_get_max_threads());
         fflush(stdout);
@@ -152,18 +227,18 @@ int train_run(const Config *cfg)
         StepLog s;
         rc = trainer_step(&tr, &s);
         if (rc != ISTH_OK) break;
-        if (rank == 0 && (s.step % tc->log_every == 0 || s.step == tc->steps))
-            metrics_step(&tr.metrics, &s);
-        if (tc->eval_every > 0 && tr.step % tc->eval_every == 0 && tr.step < tc->steps)
+        if (tr.log && (s.step % tc->log_every == 0 || s.step == tc->steps)) metrics_step(&tr.metrics, &s);
+        if (tc->check_replicas > 0 && (tr.step % tc->check_replicas == 0 || tr.step == tc->steps))
+            rc = check_replicas(&tr);
+        if (rc == ISTH_OK && tc->eval_every > 0 && tr.step % tc->eval_every == 0 && tr.step < tc->steps)
             rc = trainer_eval(&tr, NULL, NULL);
     }
     if (rc == ISTH_OK) rc = trainer_eval(&tr, NULL, NULL);
     if (rc == ISTH_OK) {
         char path[1100];
         snprintf(path, sizeof path, "%s/model.h5", tc->out_dir);
-        H5Meta meta = {tr.step, tr.tokens_seen};
-        rc = h5model_write(path, &tr.model, tr.config_text, &meta, MPI_COMM_WORLD, rank == 0);
-        if (rc == ISTH_OK && rank == 0) printf("wrote %s (step %ld)\n", path, tr.step);
+        rc = trainer_write_model(&tr, path);
+        if (rc == ISTH_OK && tr.rank == 0) printf("wrote %s (step %ld)\n", path, tr.step);
     }
     trainer_destroy(&tr);
     return rc;

@@ -11,27 +11,37 @@
 #ifndef ISTHMUS_TRAIN_H
 #define ISTHMUS_TRAIN_H
 
+#include "coll.h"
 #include "config.h"
 #include "data.h"
 #include "metrics.h"
 #include "model.h"
 #include "optim.h"
+#include "sync.h"
+#include "topology.h"
 #include "transformer.h"
 
 typedef struct {
     Config cfg;
     char *config_text;   /* resolved config, stored in output files */
+    Topology topo;
+    Coll ep;             /* the learner: expert-parallel group */
+    SyncPlan sync;       /* gradient reduction over all learners */
     Model model;
     AdamW opt;
     Activations acts;
     Corpus train, eval_prose, eval_tech;
     DataCursor cursor;
+    int micro_batch, grad_accum; /* this rank's site's */
+    double loss_weight;  /* this rank's share of the step's tokens */
+    uint64_t learner_first_window; /* this learner's first window in each step's global batch */
     int *tokens, *targets; /* (micro_batch, context) */
     Metrics metrics;
     long step;           /* optimiser steps done */
-    double tokens_seen;
+    double tokens_seen;  /* all learners */
     int rank;            /* rank in MPI_COMM_WORLD; 0 logs */
-    int log;             /* print step lines and write metrics */
+    int log;             /* print step lines and write metrics (rank 0) */
+    int created;         /* topology and communicators exist */
 } Trainer;
 
 /* Set OpenMP and OpenBLAS thread counts (0 = leave the defaults). */
@@ -46,6 +56,9 @@ int trainer_step(Trainer *tr, StepLog *out);
 
 /* bpb on both eval sets, logged with the current step. */
 int trainer_eval(Trainer *tr, double *bpb_prose, double *bpb_tech);
+
+/* Write the model (learner 0's ranks write collectively; others return). */
+int trainer_write_model(Trainer *tr, const char *path);
 
 /* The whole `isthmus train` run. */
 int train_run(const Config *cfg);

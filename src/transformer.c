@@ -9,7 +9,7 @@
 #include "layers.h"
 #include "status.h"
 
-int acts_create(Activations *a, const ModelConfig *c, int B, int T)
+int acts_create(Activations *a, const ModelConfig *c, int B, int T, Coll *ep)
 {
     memset(a, 0, sizeof *a);
     a->B = B;
@@ -21,11 +21,13 @@ int acts_create(Activations *a, const ModelConfig *c, int B, int T)
     a->K = c->top_k;
     a->F = c->ffn;
     a->V = c->vocab;
+    a->ep = ep;
+    a->G = ep->size;
+    a->El = c->experts / ep->size;
     const size_t L = (size_t)a->L, D = (size_t)a->D, E = (size_t)a->E, K = (size_t)a->K,
-                 F = (size_t)a->F, V = (size_t)a->V, N = (size_t)B * T;
+                 V = (size_t)a->V, N = (size_t)B * T;
     const size_t Dh2 = D / (size_t)a->H / 2;
     const size_t threads = (size_t)omp_get_max_threads();
-    size_t att_scratch = threads * (size_t)T * T, ffn_scratch = 3 * N * K * F;
     const size_t VE = V > E ? V : E;
 
     struct { float **p; size_t n; } plan[] = {
@@ -33,22 +35,21 @@ int acts_create(Activations *a, const ModelConfig *c, int B, int T)
         {&a->q, L * N * D}, {&a->k, L * N * D}, {&a->v, L * N * D}, {&a->ao, L * N * D},
         {&a->att, L * (size_t)B * a->H * T * T},
         {&a->h, L * N * D}, {&a->xn2, L * N * D}, {&a->rstd2, L * N},
-        {&a->rows_x, L * N * K * D}, {&a->rows_a, L * N * K * F}, {&a->rows_u, L * N * K * F},
-        {&a->rows_h, L * N * K * F}, {&a->rows_y, L * N * K * D},
         {&a->xf, N * D}, {&a->rstdf, N}, {&a->probs, N * V}, {&a->losses, N},
         {&a->rope_cos, (size_t)T * Dh2}, {&a->rope_sin, (size_t)T * Dh2},
         {&a->dx, N * D}, {&a->dh, N * D}, {&a->dxn, N * D}, {&a->dq, N * D}, {&a->dk, N * D},
         {&a->dv, N * D}, {&a->dao, N * D}, {&a->dtmp, N * D}, {&a->dlogits, N * VE},
-        {&a->dprobs, N * E}, {&a->drows_x, N * K * D}, {&a->drows_y, N * K * D},
-        {&a->dscratch, att_scratch > ffn_scratch ? att_scratch : ffn_scratch},
-        {&a->router_logits, N * E},
+        {&a->dprobs, N * E}, {&a->send_rows, N * K * D}, {&a->back_rows, N * K * D},
+        {&a->att_scratch, threads * (size_t)T * T}, {&a->router_logits, N * E},
     };
     const int n_plan = (int)(sizeof plan / sizeof plan[0]);
     size_t total = 0;
     for (int i = 0; i < n_plan; i++) total += (plan[i].n + 15) & ~(size_t)15;
     a->block = aligned_alloc(64, total * sizeof(float));
     a->route = calloc(L, sizeof(MoeRouting));
-    if (!a->block || !a->route) {
+    a->send_expert = malloc(N * K * sizeof(int));
+    a->counts = malloc(E * sizeof(int));
+    if (!a->block || !a->route || !a->send_expert || !a->counts) {
         acts_destroy(a);
         return isth_fail(ISTH_ERUNTIME, "out of memory for activations (%zu MiB)",
                          total * sizeof(float) >> 20);
@@ -58,18 +59,22 @@ int acts_create(Activations *a, const ModelConfig *c, int B, int T)
         *plan[i].p = a->block + off;
         off += (plan[i].n + 15) & ~(size_t)15;
     }
+    const size_t G = (size_t)a->G;
     for (size_t l = 0; l < L; l++) {
         MoeRouting *r = &a->route[l];
         r->probs = malloc(N * E * sizeof(float));
         r->lse = malloc(N * sizeof(float));
         r->choice = malloc(N * K * sizeof(int));
-        r->row = malloc(N * K * sizeof(int));
-        r->row_token = malloc(N * K * sizeof(int));
-        r->expert_start = malloc((E + 1) * sizeof(int));
         r->frac = malloc(E * sizeof(double));
         r->mean_prob = malloc(E * sizeof(double));
-        if (!r->probs || !r->lse || !r->choice || !r->row || !r->row_token || !r->expert_start ||
-            !r->frac || !r->mean_prob) {
+        r->send_copy = malloc(N * K * sizeof(int));
+        r->copy_slot = malloc(N * K * sizeof(int));
+        r->send_counts = malloc(G * sizeof(int));
+        r->recv_counts = malloc(G * sizeof(int));
+        r->y_back = malloc(N * K * D * sizeof(float));
+        r->expert_start = malloc(((size_t)a->El + 1) * sizeof(int));
+        if (!r->probs || !r->lse || !r->choice || !r->frac || !r->mean_prob || !r->send_copy ||
+            !r->copy_slot || !r->send_counts || !r->recv_counts || !r->y_back || !r->expert_start) {
             acts_destroy(a);
             return isth_fail(ISTH_ERUNTIME, "out of memory for routing buffers");
         }
@@ -83,65 +88,152 @@ void acts_destroy(Activations *a)
     if (a->route)
         for (int l = 0; l < a->L; l++) {
             MoeRouting *r = &a->route[l];
-            free(r->probs);
-            free(r->lse);
-            free(r->choice);
-            free(r->row);
-            free(r->row_token);
-            free(r->expert_start);
-            free(r->frac);
-            free(r->mean_prob);
+            void *bufs[] = {r->probs, r->lse, r->choice, r->frac, r->mean_prob, r->send_copy,
+                            r->copy_slot, r->send_counts, r->recv_counts, r->y_back,
+                            r->expert_start, r->recv_expert, r->recv_row, r->row_src, r->xrows,
+                            r->arows, r->urows, r->hrows};
+            for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) free(bufs[i]);
         }
     free(a->route);
     free(a->block);
+    free(a->send_expert);
+    free(a->counts);
+    free(a->recv_rows);
+    free(a->recv_rows2);
+    free(a->row_tmp);
+    free(a->row_tmp2);
+    free(a->ffn_scratch);
     memset(a, 0, sizeof *a);
+}
+
+/* Grow *p to hold at least n elements of `size` bytes (contents dropped). */
+static int grow(void **p, size_t *cap, size_t n, size_t size)
+{
+    if (n <= *cap && *p) return ISTH_OK;
+    size_t want = n + n / 4 + 64;
+    free(*p);
+    *p = malloc(want * size);
+    if (!*p) {
+        *cap = 0;
+        return isth_fail(ISTH_ERUNTIME, "out of memory for %zu expert rows", n);
+    }
+    *cap = want;
+    return ISTH_OK;
+}
+
+/* Owner-side buffers of layer route r for n_recv arrivals and up to n_recv rows. */
+static int ensure_owner(Activations *a, MoeRouting *r, int n_recv)
+{
+    const size_t n = (size_t)n_recv, D = (size_t)a->D, F = (size_t)a->F;
+    if (n > (size_t)r->recv_cap || !r->recv_expert) {
+        size_t want = n + n / 4 + 64;
+        free(r->recv_expert);
+        free(r->recv_row);
+        free(r->row_src);
+        free(r->xrows);
+        free(r->arows);
+        free(r->urows);
+        free(r->hrows);
+        r->recv_expert = malloc(want * sizeof(int));
+        r->recv_row = malloc(want * sizeof(int));
+        r->row_src = malloc(want * sizeof(int));
+        r->xrows = malloc(want * D * sizeof(float));
+        r->arows = malloc(want * F * sizeof(float));
+        r->urows = malloc(want * F * sizeof(float));
+        r->hrows = malloc(want * F * sizeof(float));
+        r->recv_cap = (int)want;
+        if (!r->recv_expert || !r->recv_row || !r->row_src || !r->xrows || !r->arows ||
+            !r->urows || !r->hrows)
+            return isth_fail(ISTH_ERUNTIME, "out of memory for %zu expert rows", n);
+    }
+    float **rowbufs[4] = {&a->recv_rows, &a->recv_rows2, &a->row_tmp, &a->row_tmp2};
+    for (int i = 0; i < 4; i++) CHECK(grow((void **)rowbufs[i], &a->recv_caps[i], n * D, sizeof(float)));
+    CHECK(grow((void **)&a->ffn_scratch, &a->ffn_cap, 3 * n * F, sizeof(float)));
+    return ISTH_OK;
 }
 
 /* Per-layer slices of the saved activations. The stride is the allocated
  * size, so slices stay fixed whatever N the current call uses. */
 #define SLICE(buf, l, per) ((buf) + (size_t)(l) * (per))
 
-static void moe_forward(float *out, const Model *m, Activations *a, int l, size_t N, int training,
-                        ForwardStats *st)
+/* The expert weights of local expert e in layer l. */
+static void expert_weights(const Model *m, int l, int e, const float **wg, const float **wu,
+                           const float **wd)
 {
-    const int D = a->D, E = a->E, K = a->K, F = a->F;
-    const size_t NmaxK = (size_t)a->B * a->T * K;
+    const size_t stride = (size_t)m->cfg.dim * m->cfg.ffn;
+    *wg = model_param(m, T_W_GATE, l) + (size_t)e * stride;
+    *wu = model_param(m, T_W_UP, l) + (size_t)e * stride;
+    *wd = model_param(m, T_W_DOWN, l) + (size_t)e * stride;
+}
+
+/* MoE layer forward with expert parallelism over the learner's G ranks:
+ * route locally, send each routed copy to its expert's owner (all-to-all),
+ * owners apply capacity in (source rank, position) order and run their
+ * experts, outputs return (all-to-all) and are combined with the gates.
+ * With G = 1 the exchanges are copies and the arithmetic is the same. */
+static int moe_forward(float *out, const Model *m, Activations *a, int l, size_t N, int training,
+                       ForwardStats *st)
+{
+    const int D = a->D, E = a->E, K = a->K, F = a->F, G = a->G, El = a->El;
     MoeRouting *r = &a->route[l];
     const float *xn = SLICE(a->xn2, l, (size_t)a->B * a->T * D);
-    float *rx = SLICE(a->rows_x, l, NmaxK * D), *ra = SLICE(a->rows_a, l, NmaxK * F),
-          *ru = SLICE(a->rows_u, l, NmaxK * F), *rh = SLICE(a->rows_h, l, NmaxK * F),
-          *ry = SLICE(a->rows_y, l, NmaxK * D);
 
-    /* route: logits (N,E) = xn . router ; probs ; top-k */
+    /* route: logits (N,E) = xn . router ; probs ; top-k ; learner-wide f_e */
     matmul_forward(a->router_logits, xn, model_param(m, T_ROUTER, l), N, D, E);
     router_softmax_forward(r->probs, r->lse, a->router_logits, N, E);
     router_topk(r->choice, r->probs, N, E, K);
-    router_stats(r->frac, r->mean_prob, r->choice, r->probs, N, E, K);
-    int capacity = training ? moe_capacity(m->cfg.capacity_factor, N, K, E) : -1;
-    moe_plan(r, N, E, K, capacity);
+    router_stats(a->counts, r->mean_prob, r->choice, r->probs, N, E, K);
+    CHECK(coll_allreduce_sum_int(a->ep, a->counts, E));
+    const double learner_copies = (double)N * G * K;
+    for (int e = 0; e < E; e++) r->frac[e] = a->counts[e] / learner_copies;
+    const int capacity = training ? moe_capacity(m->cfg.capacity_factor, N * (size_t)G, K, E) : -1;
     if (training) {
         st->aux_loss += moe_balance_loss(r->frac, r->mean_prob, E, m->cfg.aux_loss);
         st->z_loss += moe_z_loss(r->lse, N, m->cfg.z_loss);
-        st->dropped += r->dropped;
     }
 
-    /* dispatch: rows grouped by expert; compute; combine */
-    moe_gather(rx, xn, r, D);
-    const size_t wg_stride = (size_t)D * F; /* one expert's matrix */
-    for (int e = 0; e < E; e++) {
-        size_t r0 = (size_t)r->expert_start[e], n = (size_t)r->expert_start[e + 1] - r0;
-        expert_forward(ry + r0 * D, ra + r0 * F, ru + r0 * F, rh + r0 * F, rx + r0 * D,
-                       model_param(m, T_W_GATE, l) + e * wg_stride,
-                       model_param(m, T_W_UP, l) + e * wg_stride,
-                       model_param(m, T_W_DOWN, l) + e * wg_stride, n, D, F);
+    /* dispatch: copies to owners, in send order */
+    const size_t copies = N * (size_t)K;
+    moe_send_order(r->send_copy, r->copy_slot, r->send_counts, r->choice, N, K, G, El);
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < copies; i++) {
+        const int copy = r->send_copy[i];
+        memcpy(a->send_rows + i * D, xn + (size_t)(copy / K) * D, (size_t)D * sizeof(float));
+        a->send_expert[i] = r->choice[copy] % El;
     }
-    moe_combine_forward(out, ry, r, N, E, K, D);
+    CHECK(coll_alltoall_int(a->ep, r->send_counts, r->recv_counts));
+    int n_recv = 0;
+    for (int s = 0; s < G; s++) n_recv += r->recv_counts[s];
+    CHECK(ensure_owner(a, r, n_recv));
+    r->n_recv = n_recv;
+    CHECK(coll_alltoallv_rows(a->ep, a->send_rows, r->send_counts, a->recv_rows, r->recv_counts, D));
+    CHECK(coll_alltoallv_int_rows(a->ep, a->send_expert, r->send_counts, r->recv_expert,
+                                  r->recv_counts, 1));
+
+    /* owner: capacity in arrival order, rows grouped by expert, compute */
+    r->rows = moe_plan(r->recv_expert, n_recv, El, capacity, r->recv_row, r->row_src,
+                       r->expert_start, &r->dropped);
+    if (training) st->dropped += r->dropped;
+    rows_gather(r->xrows, a->recv_rows, r->row_src, (size_t)r->rows, D);
+    float *yrows = a->row_tmp;
+    for (int e = 0; e < El; e++) {
+        const size_t r0 = (size_t)r->expert_start[e], n = (size_t)r->expert_start[e + 1] - r0;
+        const float *wg, *wu, *wd;
+        expert_weights(m, l, e, &wg, &wu, &wd);
+        expert_forward(yrows + r0 * D, r->arows + r0 * F, r->urows + r0 * F, r->hrows + r0 * F,
+                       r->xrows + r0 * D, wg, wu, wd, n, D, F);
+    }
+    /* outputs back to the sources (dropped copies return zeros) */
+    rows_gather(a->recv_rows2, yrows, r->recv_row, (size_t)n_recv, D);
+    CHECK(coll_alltoallv_rows(a->ep, a->recv_rows2, r->recv_counts, r->y_back, r->send_counts, D));
+    moe_combine_forward(out, r, N, E, K, D);
+    return ISTH_OK;
 }
 
 int transformer_forward(const Model *m, Activations *a, const int *tokens, const int *targets,
                         int B, int T, int training, ForwardStats *st)
 {
-    if (B > a->B || T > a->T || m->experts_local != a->E)
+    if (B > a->B || T > a->T || m->experts_local != a->El)
         return isth_fail(ISTH_ERUNTIME, "transformer_forward: batch %dx%d exceeds buffers %dx%d",
                          B, T, a->B, a->T);
     const int L = a->L, D = a->D, H = a->H, V = a->V;
@@ -172,7 +264,7 @@ int transformer_forward(const Model *m, Activations *a, const int *tokens, const
         matmul_forward(a->dtmp, ao, model_param(m, T_WO, l), N, D, D);
         residual_forward(h, x, a->dtmp, N * D);
         rmsnorm_forward(xn2, SLICE(a->rstd2, l, NmaxT), h, model_param(m, T_MOE_NORM, l), N, D);
-        moe_forward(a->dtmp, m, a, l, N, training, st);
+        CHECK(moe_forward(a->dtmp, m, a, l, N, training, st));
         residual_forward(xnext, h, a->dtmp, N * D);
     }
     rmsnorm_forward(a->xf, a->rstdf, SLICE(a->x, L, ND), model_param(m, T_FINAL_NORM, 0), N, D);
@@ -188,39 +280,45 @@ int transformer_forward(const Model *m, Activations *a, const int *tokens, const
     return ISTH_OK;
 }
 
-static void moe_backward(float *dxn, Model *m, Activations *a, int l, const float *dout,
-                         float loss_scale)
+static int moe_backward(float *dxn, Model *m, Activations *a, int l, const float *dout,
+                        float loss_scale)
 {
-    const int D = a->D, E = a->E, K = a->K, F = a->F;
-    const size_t N = a->N, NmaxK = (size_t)a->B * a->T * K;
+    const int D = a->D, E = a->E, K = a->K, F = a->F, El = a->El;
+    const size_t N = a->N;
     MoeRouting *r = &a->route[l];
     const float *xn = SLICE(a->xn2, l, (size_t)a->B * a->T * D);
-    const float *rx = SLICE(a->rows_x, l, NmaxK * D), *ra = SLICE(a->rows_a, l, NmaxK * F),
-                *ru = SLICE(a->rows_u, l, NmaxK * F), *rh = SLICE(a->rows_h, l, NmaxK * F),
-                *ry = SLICE(a->rows_y, l, NmaxK * D);
 
+    /* combine backward: gate gradients here, row gradients to the owners */
     memset(a->dprobs, 0, N * E * sizeof(float));
-    moe_combine_backward(a->drows_y, a->dprobs, dout, ry, r, N, E, K, D);
-    memset(a->drows_x, 0, (size_t)r->rows * D * sizeof(float));
+    moe_combine_backward(a->send_rows, a->dprobs, dout, r, N, E, K, D);
+    CHECK(coll_alltoallv_rows(a->ep, a->send_rows, r->send_counts, a->recv_rows, r->recv_counts, D));
+    float *dyrows = a->row_tmp, *dxrows = a->row_tmp2;
+    rows_gather(dyrows, a->recv_rows, r->row_src, (size_t)r->rows, D);
+    memset(dxrows, 0, (size_t)r->rows * D * sizeof(float));
     const size_t stride = (size_t)D * F;
-    for (int e = 0; e < E; e++) {
-        size_t r0 = (size_t)r->expert_start[e], n = (size_t)r->expert_start[e + 1] - r0;
-        expert_backward(a->drows_x + r0 * D, model_grad(m, T_W_GATE, l) + e * stride,
+    for (int e = 0; e < El; e++) {
+        const size_t r0 = (size_t)r->expert_start[e], n = (size_t)r->expert_start[e + 1] - r0;
+        const float *wg, *wu, *wd;
+        expert_weights(m, l, e, &wg, &wu, &wd);
+        expert_backward(dxrows + r0 * D, model_grad(m, T_W_GATE, l) + e * stride,
                         model_grad(m, T_W_UP, l) + e * stride, model_grad(m, T_W_DOWN, l) + e * stride,
-                        a->dscratch, a->drows_y + r0 * D, rx + r0 * D, ra + r0 * F, ru + r0 * F,
-                        rh + r0 * F, model_param(m, T_W_GATE, l) + e * stride,
-                        model_param(m, T_W_UP, l) + e * stride,
-                        model_param(m, T_W_DOWN, l) + e * stride, n, D, F);
+                        a->ffn_scratch, dyrows + r0 * D, r->xrows + r0 * D, r->arows + r0 * F,
+                        r->urows + r0 * F, r->hrows + r0 * F, wg, wu, wd, n, D, F);
     }
-    moe_scatter_add(dxn, a->drows_x, r, N, K, D);
+    rows_gather(a->recv_rows2, dxrows, r->recv_row, (size_t)r->n_recv, D);
+    CHECK(coll_alltoallv_rows(a->ep, a->recv_rows2, r->recv_counts, a->back_rows, r->send_counts, D));
+    moe_scatter_add(dxn, a->back_rows, r, N, K, D);
+
+    /* router: balance and z losses, softmax, projection */
     moe_balance_backward(a->dprobs, r->frac, N, E, m->cfg.aux_loss, loss_scale);
     router_softmax_backward(a->dlogits, a->dprobs, r->probs, r->lse, N, E, m->cfg.z_loss, loss_scale);
     matmul_backward(dxn, model_grad(m, T_ROUTER, l), a->dlogits, xn, model_param(m, T_ROUTER, l), N,
                     D, E);
+    return ISTH_OK;
 }
 
-void transformer_backward(Model *m, Activations *a, const int *tokens, const int *targets,
-                          float loss_scale)
+int transformer_backward(Model *m, Activations *a, const int *tokens, const int *targets,
+                         float loss_scale)
 {
     const int L = a->L, D = a->D, H = a->H, V = a->V, B = a->B_cur;
     const size_t N = a->N, ND = (size_t)a->B * a->T * D, NmaxT = (size_t)a->B * a->T;
@@ -249,7 +347,7 @@ void transformer_backward(Model *m, Activations *a, const int *tokens, const int
         /* x_{l+1} = h + MoE(RMSNorm(h)) : dh = dx + norm-backward(moe-backward(dx)) */
         memcpy(a->dh, a->dx, nbytes);
         memset(a->dxn, 0, nbytes);
-        moe_backward(a->dxn, m, a, l, a->dx, loss_scale);
+        CHECK(moe_backward(a->dxn, m, a, l, a->dx, loss_scale));
         rmsnorm_backward(a->dh, model_grad(m, T_MOE_NORM, l), a->dxn, h,
                          model_param(m, T_MOE_NORM, l), SLICE(a->rstd2, l, NmaxT), N, D);
         /* h = x + Attn(RMSNorm(x)) */
@@ -259,7 +357,7 @@ void transformer_backward(Model *m, Activations *a, const int *tokens, const int
         memset(a->dq, 0, nbytes);
         memset(a->dk, 0, nbytes);
         memset(a->dv, 0, nbytes);
-        attention_backward(a->dq, a->dk, a->dv, a->dscratch, a->dao, att, q, k, v, B, T, D, H);
+        attention_backward(a->dq, a->dk, a->dv, a->att_scratch, a->dao, att, q, k, v, B, T, D, H);
         rope_backward(a->dq, a->rope_cos, a->rope_sin, B, T, H, D / H);
         rope_backward(a->dk, a->rope_cos, a->rope_sin, B, T, H, D / H);
         memset(a->dxn, 0, nbytes);
@@ -270,4 +368,5 @@ void transformer_backward(Model *m, Activations *a, const int *tokens, const int
                          model_param(m, T_ATTN_NORM, l), SLICE(a->rstd1, l, NmaxT), N, D);
     }
     encoder_backward(model_grad(m, T_EMBED, 0), a->dx, tokens, N, D);
+    return ISTH_OK;
 }

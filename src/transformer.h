@@ -12,6 +12,7 @@
 
 #include <stddef.h>
 
+#include "coll.h"
 #include "model.h"
 #include "moe.h"
 
@@ -26,6 +27,8 @@ typedef struct {
 typedef struct {
     int B, T;                 /* allocated for up to B sequences of T */
     int L, D, H, E, K, F, V;
+    int G, El;                /* ranks in the learner, experts on this rank */
+    Coll *ep;                 /* expert-parallel group (the learner) */
     int B_cur, T_cur;         /* sizes of the last forward */
     size_t N;                 /* B_cur*T_cur */
     /* saved for backward, per layer l: pointer + l * (N_max * width) */
@@ -34,8 +37,7 @@ typedef struct {
     float *q, *k, *v, *ao;    /* (L,N,D) q,k rotated; ao = attention output */
     float *att;               /* (L,B,H,T,T) */
     float *h, *xn2, *rstd2;   /* (L,N,D), (L,N,D), (L,N) */
-    float *rows_x, *rows_a, *rows_u, *rows_h, *rows_y; /* (L,N*K,D|F) expert rows */
-    MoeRouting *route;        /* (L) */
+    MoeRouting *route;        /* (L) routing, dispatch and expert rows */
     float *xf, *rstdf;        /* (N,D), (N) final norm */
     float *probs;             /* (N,V) output softmax */
     float *losses;            /* (N) */
@@ -44,25 +46,38 @@ typedef struct {
     float *dx, *dh, *dxn, *dq, *dk, *dv, *dao, *dtmp; /* (N,D) */
     float *dlogits;           /* (N, max(V,E)) */
     float *dprobs;            /* (N,E) */
-    float *drows_x, *drows_y; /* (N*K,D) */
-    float *dscratch;          /* max(threads*T*T, 3*N*K*F) */
+    float *send_rows;         /* (N*K,D) rows leaving this rank (x, dy) */
+    float *back_rows;         /* (N*K,D) rows coming back (dx) */
+    float *att_scratch;       /* (threads,T,T) */
     float *router_logits;     /* (N,E) */
+    int *send_expert;         /* (N*K) destination-local expert of each sent copy */
+    int *counts;              /* (E) */
+    /* owner-side scratch, grown on demand */
+    float *recv_rows, *recv_rows2, *row_tmp, *row_tmp2; /* (n_recv,D) each */
+    float *ffn_scratch;                                 /* (3*n_recv*F) */
+    size_t recv_caps[4], ffn_cap;
     int training;             /* capacity and aux losses were applied */
     float *block;             /* the one allocation holding all of the above */
 } Activations;
 
-int acts_create(Activations *a, const ModelConfig *cfg, int B, int T);
+/* Buffers for up to B sequences of T tokens on this rank; `ep` is the
+ * learner's expert-parallel group (its size shards the experts). */
+int acts_create(Activations *a, const ModelConfig *cfg, int B, int T, Coll *ep);
 void acts_destroy(Activations *a);
 
 /* Forward B sequences of length T (T <= context). targets < 0 are not scored.
  * training != 0: capacity limits and auxiliary losses apply. */
 int transformer_forward(const Model *m, Activations *a, const int *tokens, const int *targets,
                         int B, int T, int training, ForwardStats *st);
+/* Every rank of the learner must make the same sequence of forward and
+ * backward calls (they exchange expert rows). aux_loss/z_loss/dropped in
+ * ForwardStats are this rank's share: sum them over the learner's ranks and
+ * divide aux/z by G for the learner's values. */
 
 /* Accumulate into m->grads the gradient of
  *   loss_scale * (ce_sum / n_targets + aux_loss + z_loss)
  * for the last transformer_forward (which must have had training != 0). */
-void transformer_backward(Model *m, Activations *a, const int *tokens, const int *targets,
-                          float loss_scale);
+int transformer_backward(Model *m, Activations *a, const int *tokens, const int *targets,
+                         float loss_scale);
 
 #endif

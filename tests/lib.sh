@@ -35,3 +35,19 @@ finish() {
     echo "1..$NCHECK"
     exit 0
 }
+
+# mpirun for tests: quiet (errors come from isthmus alone), oversubscribed
+# (more ranks than cores), with a deadline.
+mpi() { # mpi NP command...
+    local np=$1
+    shift
+    timeout 300 mpirun -q --oversubscribe -np "$np" "$@"
+}
+
+# value of a numeric JSON field on the metrics line of step N
+step_field() { # step_field FILE STEP FIELD
+    grep "^{\"step\":$2," "$1" | sed "s/.*\"$3\":\([^,}]*\).*/\1/"
+}
+
+# |a-b| <= tol * |b|
+close_to() { awk -v a="$1" -v b="$2" -v t="$3" 'BEGIN { d = a - b; if (d < 0) d = -d; m = b < 0 ? -b : b; exit !(d <= t * m) }'; }

@@ -26,11 +26,14 @@
 #include <mpi.h>
 
 #include "blas_select.h"
+#include "coll.h"
 #include "model.h"
 #include "moe.h"
 #include "refmodel.h"
 #include "rng.h"
 #include "transformer.h"
+
+static Coll self; /* a learner of one rank */
 
 static ModelConfig tiny_cfg(void)
 {
@@ -83,7 +86,7 @@ static void gradient_check(const ModelConfig *cfg, int B, int T, uint64_t seed, 
     Model m;
     Activations a;
     assert_int_equal(model_create(&m, cfg, 0, cfg->experts), 0);
-    assert_int_equal(acts_create(&a, cfg, B, T), 0);
+    assert_int_equal(acts_create(&a, cfg, B, T, &self), 0);
     randomize(&m, seed);
     const int N = B * T;
     int *tokens = malloc(sizeof(int) * N), *targets = malloc(sizeof(int) * N);
@@ -91,7 +94,7 @@ static void gradient_check(const ModelConfig *cfg, int B, int T, uint64_t seed, 
 
     ForwardStats st;
     assert_int_equal(transformer_forward(&m, &a, tokens, targets, B, T, 1, &st), 0);
-    transformer_backward(&m, &a, tokens, targets, 1.0f);
+    assert_int_equal(transformer_backward(&m, &a, tokens, targets, 1.0f), 0);
     const double loss = st.ce_sum / st.n_targets + st.aux_loss + st.z_loss;
     rep->dropped = st.dropped;
 
@@ -189,13 +192,13 @@ static void test_expert_without_tokens(void **state)
     Model m;
     Activations a;
     assert_int_equal(model_create(&m, &c, 0, c.experts), 0);
-    assert_int_equal(acts_create(&a, &c, 1, 3), 0);
+    assert_int_equal(acts_create(&a, &c, 1, 3, &self), 0);
     randomize(&m, 13);
     int tokens[3], targets[3];
     make_batch(tokens, targets, 3, 13);
     ForwardStats st;
     assert_int_equal(transformer_forward(&m, &a, tokens, targets, 1, 3, 1, &st), 0);
-    transformer_backward(&m, &a, tokens, targets, 1.0f);
+    assert_int_equal(transformer_backward(&m, &a, tokens, targets, 1.0f), 0);
     const MoeRouting *route = &a.route[0];
     int idle = 0;
     for (int e = 0; e < c.experts; e++) {
@@ -222,7 +225,7 @@ static void test_eval_forward_matches_reference(void **state)
     Activations a;
     const int B = 2, T = 6, N = B * T;
     assert_int_equal(model_create(&m, &c, 0, c.experts), 0);
-    assert_int_equal(acts_create(&a, &c, B, T), 0);
+    assert_int_equal(acts_create(&a, &c, B, T, &self), 0);
     randomize(&m, 21);
     int tokens[12], targets[12];
     make_batch(tokens, targets, N, 21);
@@ -249,7 +252,7 @@ static void test_zero_embedding_is_uniform(void **state)
     Model m;
     Activations a;
     assert_int_equal(model_create(&m, &c, 0, c.experts), 0);
-    assert_int_equal(acts_create(&a, &c, 2, 6), 0);
+    assert_int_equal(acts_create(&a, &c, 2, 6, &self), 0);
     model_init(&m);
     memset(model_param(&m, T_EMBED, 0), 0, m.tensors[T_EMBED].numel * sizeof(float));
     int tokens[12], targets[12];
@@ -274,42 +277,59 @@ static void test_topk_ties_go_to_lower_index(void **state)
     for (int i = 0; i < 9; i++) assert_int_equal(choice[i], want[i]);
 }
 
-static void test_capacity_overflow_in_token_order(void **state)
+static void test_capacity_overflow_in_arrival_order(void **state)
 {
     (void)state;
     enum { N = 5, E = 3, K = 2 };
-    int choice[N * K] = {0, 1, 0, 2, 0, 1, 0, 1, 2, 1};
-    int row[N * K], row_token[N * K], start[E + 1];
-    float probs[N * E] = {0};
-    double frac[E], mp[E];
-    MoeRouting r = {.probs = probs, .choice = choice, .row = row, .row_token = row_token,
-                    .expert_start = start, .frac = frac, .mean_prob = mp};
+    /* copies in arrival order (token 0 k0, token 0 k1, token 1 k0, ...) */
+    const int experts[N * K] = {0, 1, 0, 2, 0, 1, 0, 1, 2, 1};
+    int row_of[N * K], row_src[N * K], start[E + 1], dropped;
     assert_int_equal(moe_capacity(1.0, N, K, E), 4); /* ceil(1.0*5*2/3) */
-    moe_plan(&r, N, E, K, 2);
-    /* expert 0 chosen by tokens 0,1,2,3: tokens 2,3 dropped; expert 1 by
-     * 0,2,3,4: 3,4 dropped; expert 2 by 1,4: both kept */
-    assert_int_equal(r.dropped, 4);
-    assert_int_equal(r.rows, 6);
+    int rows = moe_plan(experts, N * K, E, 2, row_of, row_src, start, &dropped);
+    /* expert 0 chosen by copies 0,2,4,6: 4,6 dropped; expert 1 by 1,5,7,9:
+     * 7,9 dropped; expert 2 by 3,8: both kept */
+    assert_int_equal(dropped, 4);
+    assert_int_equal(rows, 6);
     const int kept[N * K] = {1, 1, 1, 1, 0, 1, 0, 0, 1, 0};
-    for (int i = 0; i < N * K; i++) assert_int_equal(row[i] >= 0, kept[i]);
+    for (int i = 0; i < N * K; i++) assert_int_equal(row_of[i] >= 0, kept[i]);
     assert_int_equal(start[0], 0);
     assert_int_equal(start[1], 2);
     assert_int_equal(start[2], 4);
     assert_int_equal(start[3], 6);
-    const int tok[6] = {0, 1, 0, 2, 1, 4};
-    for (int i = 0; i < 6; i++) assert_int_equal(row_token[i], tok[i]);
-    moe_plan(&r, N, E, K, -1); /* evaluation: nothing dropped */
-    assert_int_equal(r.dropped, 0);
-    assert_int_equal(r.rows, N * K);
+    const int src[6] = {0, 2, 1, 5, 3, 8}; /* rows grouped by expert, arrival order inside */
+    for (int i = 0; i < 6; i++) assert_int_equal(row_src[i], src[i]);
+    rows = moe_plan(experts, N * K, E, -1, row_of, row_src, start, &dropped); /* evaluation */
+    assert_int_equal(dropped, 0);
+    assert_int_equal(rows, N * K);
+}
+
+/* Copies go to the owner of their expert, grouped by destination, copy
+ * order inside each group. */
+static void test_send_order(void **state)
+{
+    (void)state;
+    enum { N = 3, K = 2, G = 2, El = 2 };
+    const int choice[N * K] = {3, 0, 1, 2, 2, 3};
+    int send_copy[N * K], copy_slot[N * K], counts[G];
+    moe_send_order(send_copy, copy_slot, counts, choice, N, K, G, El);
+    assert_int_equal(counts[0], 2);
+    assert_int_equal(counts[1], 4);
+    const int want[N * K] = {1, 2, 0, 3, 4, 5};
+    for (int i = 0; i < N * K; i++) {
+        assert_int_equal(send_copy[i], want[i]);
+        assert_int_equal(copy_slot[send_copy[i]], i);
+    }
 }
 
 int main(int argc, char **argv)
 {
     blas_select_reexec(argv); /* test the kernels production uses */
     MPI_Init(&argc, &argv);
+    coll_init(&self, MPI_COMM_SELF);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_topk_ties_go_to_lower_index),
-        cmocka_unit_test(test_capacity_overflow_in_token_order),
+        cmocka_unit_test(test_capacity_overflow_in_arrival_order),
+        cmocka_unit_test(test_send_order),
         cmocka_unit_test(test_zero_embedding_is_uniform),
         cmocka_unit_test(test_eval_forward_matches_reference),
         cmocka_unit_test(test_gradients_with_capacity_drops),

@@ -1,0 +1,12 @@
+#!/bin/sh
+# mpi_units.sh — the CMocka tests that need several ranks, run through mpirun.
+. "$TOP_SRCDIR/tests/lib.sh"
+BIN=$(dirname "$ISTHMUS")/tests/test_expert_parallel
+for np in 2 4; do
+    if mpi "$np" "$BIN" > "$WORK/ep$np.log" 2>&1; then
+        pass "expert parallelism over $np ranks equals one rank: $(grep -c '^ok' "$WORK/ep$np.log") CMocka checks"
+    else
+        fail "test_expert_parallel with $np ranks: $(grep -E 'not ok|ERROR|error' "$WORK/ep$np.log" | head -5)"
+    fi
+done
+finish

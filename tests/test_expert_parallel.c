@@ -1,0 +1,197 @@
+/* test_expert_parallel.c — run under mpirun with G ranks (2 and 4): one
+ * learner sharding its experts over the ranks must compute exactly what one
+ * rank computes on the concatenated batch (rank order = sequence order):
+ * the same per-token losses, the same expert gradients at each owner, and
+ * dense gradients whose sum over ranks is the single-rank gradient —
+ * including capacity drops (arrival order = (source rank, position)), the
+ * learner-wide load-balancing statistics and the z-loss.
+ * Scenarios: random routing; a zero router (every probability ties, every
+ * copy goes to experts 0..k-1 on rank 0: other ranks receive nothing and
+ * send nothing to themselves, and capacity overflows); sparse routing with
+ * more experts than copies (experts that receive nothing).
+ * Each rank computes the single-rank reference itself (MPI_COMM_SELF).
+ * Tolerance: float32 with different summation splits, |a-b| <= 2e-5 * max|b|.
+ */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+#include <mpi.h>
+
+#include "blas_select.h"
+#include "coll.h"
+#include "model.h"
+#include "rng.h"
+#include "transformer.h"
+
+static Coll world, self;
+
+static ModelConfig cfg_base(void)
+{
+    ModelConfig c = {0};
+    c.layers = 2;
+    c.dim = 8;
+    c.heads = 2;
+    c.experts = 4;
+    c.top_k = 2;
+    c.ffn = 6;
+    c.context = 5;
+    c.vocab = 256;
+    c.capacity_factor = 0.75;
+    c.aux_loss = 0.05;
+    c.z_loss = 0.01;
+    c.init_seed = 3;
+    return c;
+}
+
+static void randomize(Model *m, uint64_t seed, int zero_router)
+{
+    /* canonical element values, so every shard agrees with the full model */
+    for (int i = 0; i < N_TENSORS; i++) {
+        const Tensor *t = &m->tensors[i];
+        float *p = m->params + t->offset;
+        size_t inner = 1;
+        for (int d = 2; d < t->ndim; d++) inner *= t->shape[d];
+        const size_t per_local = t->numel / t->local[0], per_canon = tensor_canonical_numel(t) / t->shape[0];
+        for (size_t j = 0; j < t->numel; j++) {
+            size_t canon = (j / per_local) * per_canon + j % per_local +
+                           ((t->flags & PARAM_EXPERT) ? (size_t)m->expert_begin * inner : 0);
+            double r = rng_normal(seed, (uint64_t)i, canon);
+            p[j] = t->init_std == 0 ? (float)(1.0 + 0.2 * r) : (float)(0.5 * r);
+            if (zero_router && i == T_ROUTER) p[j] = 0.0f;
+        }
+    }
+}
+
+static double max_abs(const float *v, size_t n)
+{
+    double m = 0;
+    for (size_t i = 0; i < n; i++) m = fmax(m, fabs(v[i]));
+    return m;
+}
+
+/* returns the largest scaled error seen, agreed over all ranks */
+static double compare(const ModelConfig *c, int B, uint64_t seed, int zero_router, long *dropped_out)
+{
+    const int G = world.size, me = world.rank, T = c->context, El = c->experts / G;
+    const int NB = B * G; /* sequences in the whole learner batch */
+    Model ref, ep;
+    Activations ra, ea;
+    assert_int_equal(model_create(&ref, c, 0, c->experts), 0);
+    assert_int_equal(model_create(&ep, c, me * El, El), 0);
+    randomize(&ref, seed, zero_router);
+    randomize(&ep, seed, zero_router);
+    assert_int_equal(acts_create(&ra, c, NB, T, &self), 0);
+    assert_int_equal(acts_create(&ea, c, B, T, &world), 0);
+    int *tok = malloc(sizeof(int) * NB * T), *tgt = malloc(sizeof(int) * NB * T);
+    for (int i = 0; i < NB * T; i++) {
+        tok[i] = (int)(rng_bits(seed, 10, (uint64_t)i) % 256);
+        tgt[i] = (int)(rng_bits(seed, 11, (uint64_t)i) % 256);
+    }
+    ForwardStats rs, es;
+    assert_int_equal(transformer_forward(&ref, &ra, tok, tgt, NB, T, 1, &rs), 0);
+    assert_int_equal(transformer_backward(&ref, &ra, tok, tgt, 1.0f), 0);
+    const int *mytok = tok + (size_t)me * B * T, *mytgt = tgt + (size_t)me * B * T;
+    assert_int_equal(transformer_forward(&ep, &ea, mytok, mytgt, B, T, 1, &es), 0);
+    assert_int_equal(transformer_backward(&ep, &ea, mytok, mytgt, 1.0f / G), 0);
+
+    double err = 0;
+    /* per-token losses of my sequences */
+    double lscale = max_abs(ra.losses, (size_t)NB * T);
+    for (int i = 0; i < B * T; i++)
+        err = fmax(err, fabs(ea.losses[i] - ra.losses[(size_t)me * B * T + i]) / lscale);
+    /* aux and z: the learner's values are the mean of the ranks' shares */
+    double shares[3] = {es.aux_loss, es.z_loss, (double)es.dropped};
+    MPI_Allreduce(MPI_IN_PLACE, shares, 3, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+    err = fmax(err, fabs(shares[0] / G - rs.aux_loss) / rs.aux_loss);
+    err = fmax(err, fabs(shares[1] / G - rs.z_loss) / rs.z_loss);
+    assert_int_equal((long)shares[2], rs.dropped);
+    *dropped_out = rs.dropped;
+    /* dense gradients: sum over ranks */
+    MPI_Allreduce(MPI_IN_PLACE, ep.grads, (int)ep.dense_end, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+    for (int t = 0; t < T_W_GATE; t++) {
+        const Tensor *x = &ref.tensors[t];
+        const float *gr = ref.grads + x->offset, *ge = ep.grads + ep.tensors[t].offset;
+        double s = max_abs(gr, x->numel) + 1e-12;
+        for (size_t j = 0; j < x->numel; j++) err = fmax(err, fabs(ge[j] - gr[j]) / s);
+    }
+    /* expert gradients: my experts against the same experts of the reference */
+    const size_t per = (size_t)c->dim * c->ffn;
+    for (int t = T_W_GATE; t <= T_W_DOWN; t++) {
+        double s = max_abs(ref.grads + ref.tensors[t].offset, ref.tensors[t].numel) + 1e-12;
+        for (int l = 0; l < c->layers; l++)
+            for (int e = 0; e < El; e++) {
+                const float *gr = model_grad(&ref, (TensorId)t, l) + (size_t)(me * El + e) * per;
+                const float *ge = model_grad(&ep, (TensorId)t, l) + (size_t)e * per;
+                for (size_t j = 0; j < per; j++) err = fmax(err, fabs(ge[j] - gr[j]) / s);
+            }
+    }
+    MPI_Allreduce(MPI_IN_PLACE, &err, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    free(tok);
+    free(tgt);
+    acts_destroy(&ra);
+    acts_destroy(&ea);
+    model_destroy(&ref);
+    model_destroy(&ep);
+    return err;
+}
+
+static void test_random_routing_with_overflow(void **state)
+{
+    (void)state;
+    ModelConfig c = cfg_base();
+    long dropped;
+    double err = compare(&c, 2, 5, 0, &dropped);
+    assert_true(dropped > 0);
+    assert_true(err < 2e-5);
+}
+
+static void test_zero_router_everything_to_rank0(void **state)
+{
+    (void)state;
+    ModelConfig c = cfg_base();
+    c.capacity_factor = 1.0;
+    long dropped;
+    double err = compare(&c, 2, 6, 1, &dropped);
+    /* all N*G*K copies went to experts 0..K-1; each keeps its capacity */
+    const long copies = 2L * c.context * world.size * c.top_k;
+    const long cap = (long)ceil(1.0 * 2 * c.context * world.size * c.top_k / c.experts);
+    assert_int_equal(dropped, c.layers * (copies - c.top_k * cap)); /* per layer */
+    assert_true(err < 2e-5);
+}
+
+static void test_idle_experts_no_capacity_limit(void **state)
+{
+    (void)state;
+    ModelConfig c = cfg_base();
+    c.experts = 8;
+    c.top_k = 1;
+    c.capacity_factor = 16.0;
+    long dropped;
+    double err = compare(&c, 1, 7, 0, &dropped); /* 5 tokens per rank, 8 experts */
+    assert_int_equal(dropped, 0);
+    assert_true(err < 2e-5);
+}
+
+int main(int argc, char **argv)
+{
+    blas_select_reexec(argv);
+    MPI_Init(&argc, &argv);
+    coll_init(&world, MPI_COMM_WORLD);
+    coll_init(&self, MPI_COMM_SELF);
+    if (world.rank != 0 && !freopen("/dev/null", "w", stdout)) return 1;
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_random_routing_with_overflow),
+        cmocka_unit_test(test_zero_router_everything_to_rank0),
+        cmocka_unit_test(test_idle_experts_no_capacity_limit),
+    };
+    int failed = cmocka_run_group_tests(tests, NULL, NULL);
+    MPI_Finalize();
+    return failed ? 1 : 0;
+}
