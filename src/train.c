@@ -30,6 +30,7 @@ void set_threads(int threads)
 int trainer_create(Trainer *tr, const Config *cfg, int log)
 {
     memset(tr, 0, sizeof *tr);
+    tr->sync.site_peers = MPI_COMM_NULL;
     tr->cfg = *cfg;
     MPI_Comm_rank(MPI_COMM_WORLD, &tr->rank);
     tr->log = log && tr->rank == 0;

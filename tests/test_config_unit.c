@@ -30,6 +30,30 @@ static void test_defaults_and_overrides(void **state)
     assert_string_equal(c.train.optimizer, "adamw");
 }
 
+static void test_sites_in_section_order(void **state)
+{
+    (void)state;
+    Config c;
+    const char *text = "[train]\nmicro_batch = 6\n[site.zeta]\nranks = 4\n[site.alpha]\nranks = 4\n"
+                       "learner_ranks = 2\nmicro_batch = 3\n";
+    const char *over[] = {"site.zeta.grad_accum=2", "site.extra.ranks=1"};
+    assert_int_equal(config_load_text(&c, text, "t.ini", over, 2), ISTH_OK);
+    assert_int_equal(c.n_sites, 3);
+    assert_string_equal(c.sites[0].name, "zeta");
+    assert_string_equal(c.sites[1].name, "alpha");
+    assert_string_equal(c.sites[2].name, "extra");
+    assert_int_equal(c.sites[0].learner_ranks, 4); /* default: one learner per site */
+    assert_int_equal(c.sites[0].micro_batch, 6);   /* inherited from [train] */
+    assert_int_equal(c.sites[0].grad_accum, 2);
+    assert_int_equal(c.sites[1].learner_ranks, 2);
+    assert_int_equal(c.sites[1].micro_batch, 3);
+    Config d;
+    char *t2 = config_to_text(&c);
+    assert_int_equal(config_load_text(&d, t2, "resolved", NULL, 0), ISTH_OK);
+    assert_memory_equal(c.sites, d.sites, sizeof c.sites[0] * 3);
+    free(t2);
+}
+
 static void test_resolved_text_round_trip(void **state)
 {
     (void)state;
@@ -70,8 +94,13 @@ static void test_bad_inputs(void **state)
     expect_bad("[train]\nlr = nan\n", NULL);                /* not finite */
     expect_bad("", "model.layers");                         /* --set without '=' */
     expect_bad("", "layers=3");                             /* --set without section */
-    expect_bad("[outer]\nmode = diloco\n", NULL);           /* not yet supported */
-    expect_bad("[site.a]\nranks = 2\n", NULL);              /* not yet supported */
+    expect_bad("[outer]\nmode = diloco\n", NULL);           /* not yet implemented */
+    expect_bad("[outer]\nmode = ring\n", NULL);             /* not a mode */
+    expect_bad("[checkpoint]\nevery = 5\n", NULL);          /* not yet supported */
+    expect_bad("[site.a]\nbogus = 1\n", NULL);              /* unknown site key */
+    expect_bad("[site.a]\nlearner_ranks = 2\n", NULL);      /* ranks missing */
+    expect_bad("[site.a]\nranks = 4\nlearner_ranks = 3\n", NULL); /* does not divide */
+    expect_bad("[model]\nexperts = 4\n[site.a]\nranks = 3\n", NULL); /* 3 does not divide 4 experts */
     status_set_quiet(0);
 }
 
@@ -80,6 +109,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_defaults_and_overrides),
         cmocka_unit_test(test_resolved_text_round_trip),
+        cmocka_unit_test(test_sites_in_section_order),
         cmocka_unit_test(test_bad_inputs),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
