@@ -2,6 +2,7 @@
 #include "bench.h"
 
 #include <cblas.h>
+#include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
@@ -53,14 +54,19 @@ int bench_run(const Config *cfg, const int *threads, int n_threads, int steps)
 {
     const double fpt = model_flops_per_token(&cfg->model);
     const TrainConfig *tc = &cfg->train;
+    int rank, size;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    if (rank != 0 && !freopen("/dev/null", "w", stdout)) return isth_fail(ISTH_ERUNTIME, "bench: stdout");
+    printf("# ranks: %d (threads per rank as listed)\n", size);
     printf("# isthmus bench: %s | L=%d D=%d H=%d E=%d k=%d F=%d T=%d | micro_batch %d x grad_accum %d\n",
            cfg->source, cfg->model.layers, cfg->model.dim, cfg->model.heads, cfg->model.experts,
            cfg->model.top_k, cfg->model.ffn, cfg->model.context, tc->micro_batch, tc->grad_accum);
     printf("# BLAS: OpenBLAS, %s kernels\n", blas_core_name());
     printf("# model FLOPs per token: %.2f M (6 x %.3f M active matrix params + causal attention)\n",
            fpt / 1e6, model_active_matrix_params(&cfg->model) / 1e6);
-    printf("%-8s %12s %12s %12s %14s %10s\n", "threads", "ms/step", "tokens/s", "GFLOP/s",
-           "sgemm GFLOP/s", "of sgemm");
+    printf("%-8s %10s %10s %10s %14s %9s %14s %16s\n", "threads", "ms/step", "tokens/s", "GFLOP/s",
+           "sgemm GFLOP/s", "of sgemm", "a2a B/step", "inter-site B/step");
     for (int i = 0; i < n_threads; i++) {
         Config c = *cfg;
         c.train.threads = threads[i];
@@ -73,16 +79,18 @@ int bench_run(const Config *cfg, const int *threads, int n_threads, int steps)
         }
         StepLog s;
         rc = trainer_step(&tr, &s); /* warm-up: page faults, BLAS buffers */
+        MPI_Barrier(MPI_COMM_WORLD);
         double t0 = now_s();
         for (int k = 0; k < steps && rc == ISTH_OK; k++) rc = trainer_step(&tr, &s);
+        MPI_Barrier(MPI_COMM_WORLD);
         double dt = (now_s() - t0) / steps;
+        const double tokens = tr.topo.total_tokens_per_step;
         trainer_destroy(&tr);
         CHECK(rc);
-        double tokens = (double)tc->micro_batch * c.model.context * tc->grad_accum;
         double gflops = tokens * fpt / dt / 1e9;
         double ref = sgemm_gflops();
-        printf("%-8d %12.1f %12.0f %12.1f %14.1f %9.0f%%\n", threads[i], 1e3 * dt, tokens / dt,
-               gflops, ref, 100.0 * gflops / ref);
+        printf("%-8d %10.1f %10.0f %10.1f %14.1f %8.0f%% %14.0f %16.0f\n", threads[i], 1e3 * dt,
+               tokens / dt, gflops, ref, 100.0 * gflops / ref, s.a2a_bytes, s.inter_site_bytes);
         fflush(stdout);
     }
     return ISTH_OK;
