@@ -38,6 +38,20 @@ same_run g1 g4 1e-6
 a2a=$(step_field "$WORK/g4/metrics.jsonl" 1 a2a_bytes)
 [ "${a2a:-0}" -gt 0 ] 2>/dev/null && pass "all-to-all bytes counted ($a2a per step with 4 ranks)" || fail "a2a_bytes = '$a2a'"
 
+# evaluation of one model file with 1, 2 and 4 ranks (experts read as
+# canonical hyperslabs by each rank): the same bits per byte
+for np in 1 2 4; do
+    mpi $np "$ISTHMUS" eval --model "$WORK/g4/model.h5" --set train.out_dir="$WORK/ev$np" \
+        > "$WORK/ev$np.log" 2>&1 || fail "eval with $np ranks: $(tail -2 "$WORK/ev$np.log")"
+done
+for np in 2 4; do
+    for set in prose tech; do
+        a=$(grep "\"eval\":\"$set\"" "$WORK/ev1/metrics.jsonl" | sed 's/.*"bpb":\([^,]*\),.*/\1/')
+        b=$(grep "\"eval\":\"$set\"" "$WORK/ev$np/metrics.jsonl" | sed 's/.*"bpb":\([^,]*\),.*/\1/')
+        close_to "$b" "$a" 1e-5 && pass "eval $set with $np ranks: $b (1 rank: $a)" || fail "eval $set with $np ranks: $b vs $a"
+    done
+done
+
 # Capacity and the balancing statistics are defined per learner micro-step
 # (DESIGN.md), so learners of different sizes route differently; with no
 # drops and no balancing loss the objectives coincide exactly.
