@@ -60,7 +60,7 @@ static const KeySpec schema[] = {
     {"train", "warmup", KEY_INT, TR(warmup), 0, 0, INT_MAX, 0, NULL, "10"},
     {"train", "weight_decay", KEY_REAL, TR(weight_decay), 0, 0, 10, 0, NULL, "0.1"},
     {"train", "clip", KEY_REAL, TR(clip), 0, 0, 1e9, 0, NULL, "1.0"},
-    {"train", "optimizer", KEY_ENUM, TR(optimizer), STRSZ(train.optimizer), 0, 0, 0, "adamw|shampoo", "adamw"},
+    {"train", "optimizer", KEY_ENUM, TR(optimizer), STRSZ(train.optimizer), 0, 0, 0, "adamw|sgd|shampoo", "adamw"},
     {"train", "threads", KEY_INT, TR(threads), 0, 0, 4096, 0, NULL, "0"},
     {"train", "seed", KEY_U64, TR(seed), 0, 0, 0, 0, NULL, "42"},
     {"train", "eval_every", KEY_INT, TR(eval_every), 0, 0, INT_MAX, 0, NULL, "0"},
@@ -72,6 +72,16 @@ static const KeySpec schema[] = {
     {"data", "eval_bytes", KEY_LONG, DA(eval_bytes), 0, 0, (double)LONG_MAX, 0, NULL, "0"},
 
     {"outer", "mode", KEY_ENUM, OU(mode), STRSZ(outer.mode), 0, 0, 0, "sync|diloco|streaming|butterfly", "sync"},
+    {"outer", "inner_steps", KEY_INT, OU(inner_steps), 0, 1, 1 << 24, 0, NULL, "50"},
+    {"outer", "lr", KEY_REAL, OU(lr), 0, -1, 100, 0, NULL, "-1"},
+    {"outer", "momentum", KEY_REAL, OU(momentum), 0, 0, 0.999999, 0, NULL, "0.9"},
+    {"outer", "fragments", KEY_INT, OU(fragments), 0, 0, 1 << 20, 0, NULL, "0"},
+    {"outer", "overlap", KEY_INT, OU(overlap), 0, 1, 1 << 24, 0, NULL, "1"},
+    {"outer", "merge_alpha", KEY_REAL, OU(merge_alpha), 0, 0, 1, 0, NULL, "0.5"},
+    {"outer", "codec", KEY_ENUM, OU(codec), STRSZ(outer.codec), 0, 0, 0, "none|bf16|int8|fp4", "none"},
+    {"outer", "codec_block", KEY_INT, OU(codec_block), 0, 1, 1 << 24, 0, NULL, "128"},
+    {"outer", "error_feedback", KEY_ENUM, OU(error_feedback), STRSZ(outer.error_feedback), 0, 0, 0, "on|off", "on"},
+    {"outer", "timeout", KEY_REAL, OU(timeout), 0, 0, 1e7, 1, NULL, "600"},
 };
 #define N_KEYS (sizeof schema / sizeof schema[0])
 
@@ -349,10 +359,10 @@ static int validate(const Config *c, EntryList *l)
         return isth_fail(ISTH_EINPUT,
                          "config %s: [train] optimizer = shampoo is not implemented yet (use adamw)",
                          origin_of(l, "train", "optimizer"));
-    if (strcmp(c->outer.mode, "sync"))
+    if (!strcmp(c->outer.mode, "butterfly"))
         return isth_fail(ISTH_EINPUT,
-                         "config %s: [outer] mode = %s is not implemented yet (use sync)",
-                         origin_of(l, "outer", "mode"), c->outer.mode);
+                         "config %s: [outer] mode = butterfly is not implemented yet (use sync, diloco or streaming)",
+                         origin_of(l, "outer", "mode"));
     if (!c->train.out_dir[0])
         return isth_fail(ISTH_EINPUT, "config %s: [train] out_dir is empty",
                          origin_of(l, "train", "out_dir"));
@@ -394,6 +404,37 @@ static int apply_site_key(Config *cfg, const Entry *e)
     SiteConfig *site = site_get(cfg, name, e->origin, &rc);
     if (!site) return rc;
     return apply_value_in(site, spec, e->section, e->value, e->origin);
+}
+
+/* [outer] values whose default depends on the mode, and rules between keys. */
+static int validate_outer(Config *cfg, EntryList *l)
+{
+    OuterConfig *o = &cfg->outer;
+    const int streaming = !strcmp(o->mode, "streaming");
+    if (o->lr < 0) {
+        if (entries_find(l, "outer", "lr"))
+            return isth_fail(ISTH_EINPUT, "config %s: [outer] lr = %g must be > 0", origin_of(l, "outer", "lr"), o->lr);
+        o->lr = streaming ? 0.4 : !strcmp(o->mode, "diloco") ? 0.7 : 1.0;
+    } else if (o->lr == 0) {
+        return isth_fail(ISTH_EINPUT, "config %s: [outer] lr = 0 must be > 0", origin_of(l, "outer", "lr"));
+    }
+    if (o->fragments == 0) o->fragments = streaming ? cfg->model.layers : 1;
+    if (!streaming && o->fragments != 1)
+        return isth_fail(ISTH_EINPUT, "config %s: [outer] fragments = %d needs mode = streaming (mode is %s)",
+                         origin_of(l, "outer", "fragments"), o->fragments, o->mode);
+    if (o->fragments > cfg->model.layers)
+        return isth_fail(ISTH_EINPUT,
+                         "config %s: [outer] fragments = %d exceeds [model] layers = %d (fragments are strided over layers)",
+                         origin_of(l, "outer", "fragments"), o->fragments, cfg->model.layers);
+    if (streaming && o->overlap >= o->inner_steps)
+        return isth_fail(ISTH_EINPUT,
+                         "config %s: [outer] overlap = %d must be less than inner_steps = %d (an exchange must "
+                         "finish before the fragment's next one starts)",
+                         origin_of(l, "outer", "overlap"), o->overlap, o->inner_steps);
+    if (streaming && o->fragments > o->inner_steps)
+        return isth_fail(ISTH_EINPUT, "config %s: [outer] fragments = %d exceeds inner_steps = %d (offsets would collide)",
+                         origin_of(l, "outer", "fragments"), o->fragments, o->inner_steps);
+    return ISTH_OK;
 }
 
 static int validate_sites(Config *cfg, EntryList *l)
@@ -454,6 +495,7 @@ static int load_entries(Config *cfg, EntryList *l, const char *const *overrides,
                          e->section);
     }
     CHECK(validate(cfg, l));
+    CHECK(validate_outer(cfg, l));
     return validate_sites(cfg, l);
 }
 

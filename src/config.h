@@ -67,7 +67,17 @@ typedef struct {
 } SiteConfig;
 
 typedef struct {
-    char mode[16];      /* sync (diloco, streaming, butterfly: later) */
+    char mode[16];      /* sync | diloco | streaming (butterfly: later) */
+    int inner_steps;    /* H */
+    double lr;          /* outer learning rate (default by mode: diloco 0.7, streaming 0.4) */
+    double momentum;    /* outer Nesterov momentum */
+    int fragments;      /* P (default by mode: 1, streaming: layers) */
+    int overlap;        /* tau: inner steps a streaming exchange overlaps */
+    double merge_alpha; /* streaming merge: theta = alpha*local + (1-alpha)*outer */
+    char codec[8];      /* none | bf16 | int8 | fp4 */
+    int codec_block;    /* values per scale */
+    char error_feedback[4]; /* on | off */
+    double timeout;     /* seconds an inter-site exchange may take */
 } OuterConfig;
 
 typedef struct {

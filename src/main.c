@@ -266,7 +266,10 @@ int main(int argc, char **argv)
     MPI_Init(&argc, &argv);
     int rank;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    int world_size;
+    MPI_Comm_size(MPI_COMM_WORLD, &world_size);
     status_set_quiet(rank != 0);
+    if (world_size > 1 && rank > 0) status_set_rank(rank);
     int rc;
     if (argc < 2) {
         fputs(usage_main, stderr);

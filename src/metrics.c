@@ -6,6 +6,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "reduce.h"
 #include "status.h"
 
 int make_dirs(const char *path)
@@ -69,5 +70,24 @@ void metrics_eval(Metrics *mt, const char *set, long step, double bpb, size_t by
     if (!mt || !mt->f) return;
     fprintf(mt->f, "{\"eval\":\"%s\",\"step\":%ld,\"bpb\":%.6f,\"bytes\":%zu,\"seconds\":%.3f}\n", set,
             step, bpb, bytes, seconds);
+    fflush(mt->f);
+}
+
+void metrics_outer(Metrics *mt, long outer_step, int fragment, long started, long step, const void *report)
+{
+    const ReduceReport *r = report;
+    printf("outer %5ld | fragment %d | started after step %ld, applied after step %ld | payload %.0f B | "
+           "codec rel err %.4f | sites %d/%d%s%s | sent after %d step(s) | arrived %s\n",
+           outer_step, fragment, started, step, r->payload_bytes, r->codec_rel_error, r->accepted_sites,
+           r->n_sites, r->rejected[0] ? " | rejected: " : "", r->rejected, r->sent_poll,
+           r->arrived_poll >= 0 ? "while training" : "at completion");
+    fflush(stdout);
+    if (!mt || !mt->f) return;
+    fprintf(mt->f,
+            "{\"outer\":%ld,\"fragment\":%d,\"started_step\":%ld,\"step\":%ld,\"payload_bytes\":%.0f,"
+            "\"codec_rel_error\":%.6g,\"accepted_sites\":%d,\"sites\":%d,\"sent_after_polls\":%d,\"arrived_after_polls\":%d,"
+            "\"rejected\":\"%s\"}\n",
+            outer_step, fragment, started, step, r->payload_bytes, r->codec_rel_error, r->accepted_sites,
+            r->n_sites, r->sent_poll, r->arrived_poll, r->rejected);
     fflush(mt->f);
 }

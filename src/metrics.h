@@ -35,6 +35,11 @@ void metrics_close(Metrics *mt);
 void metrics_step(Metrics *mt, const StepLog *s);
 void metrics_eval(Metrics *mt, const char *set, long step, double bpb, size_t bytes, double seconds);
 
+/* One outer step of one fragment: started after inner step `started`,
+ * applied after `step`. */
+void metrics_outer(Metrics *mt, long outer_step, int fragment, long started, long step,
+                   const void *report /* ReduceReport */);
+
 /* mkdir -p */
 int make_dirs(const char *path);
 

@@ -50,6 +50,19 @@ void adamw_step(AdamW *opt, Model *model, double lr, double weight_decay)
     }
 }
 
+void sgd_step(Model *model, double lr, double weight_decay)
+{
+    const float flr = (float)lr;
+    for (int i = 0; i < N_TENSORS; i++) {
+        const Tensor *t = &model->tensors[i];
+        const float decay = (t->flags & PARAM_DECAY) ? (float)(1.0 - lr * weight_decay) : 1.0f;
+        float *p = model->params + t->offset;
+        const float *g = model->grads + t->offset;
+#pragma omp parallel for schedule(static)
+        for (size_t j = 0; j < t->numel; j++) p[j] = p[j] * decay - flr * g[j];
+    }
+}
+
 double lr_at(const TrainConfig *tc, long step)
 {
     if (tc->warmup > 0 && step < tc->warmup) return tc->lr * (double)(step + 1) / tc->warmup;

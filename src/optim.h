@@ -30,6 +30,9 @@ void adamw_destroy(AdamW *opt);
 /* One update of every tensor; grads are read, not modified. */
 void adamw_step(AdamW *opt, Model *m, double lr, double weight_decay);
 
+/* Plain SGD: p = p*(1 - lr*wd) - lr*g (decay on PARAM_DECAY tensors). */
+void sgd_step(Model *m, double lr, double weight_decay);
+
 /* Linear warmup over `warmup` steps to lr, then cosine decay to min_lr at
  * `steps`. step counts from 0. */
 double lr_at(const TrainConfig *tc, long step);

@@ -3,16 +3,21 @@
 
 #include <stdarg.h>
 
-static int quiet_errors;
+static int quiet_errors, rank_prefix = -1;
 
 void status_set_quiet(int quiet) { quiet_errors = quiet; }
+void status_set_rank(int rank) { rank_prefix = rank; }
 
 int isth_fail(int code, const char *fmt, ...)
 {
-    if (quiet_errors) return code;
+    /* bad input is detected alike by every rank: one line is enough */
+    if (quiet_errors && code == ISTH_EINPUT) return code;
     va_list ap;
     va_start(ap, fmt);
-    fputs("isthmus: error: ", stderr);
+    if (rank_prefix > 0 || (rank_prefix == 0 && code != ISTH_EINPUT && quiet_errors))
+        fprintf(stderr, "isthmus: error: rank %d: ", rank_prefix);
+    else
+        fputs("isthmus: error: ", stderr);
     vfprintf(stderr, fmt, ap);
     fputc('\n', stderr);
     va_end(ap);

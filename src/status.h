@@ -22,6 +22,9 @@ enum {
  * status_set_quiet(1) on ranks other than 0 silences errors that every rank
  * detects identically (config validation), so the user reads one line. */
 void status_set_quiet(int quiet);
+/* In a multi-rank job, runtime errors (which may be rank-specific) are
+ * printed by the rank that hits them, prefixed with its number (>= 1). */
+void status_set_rank(int rank);
 
 /* Print "isthmus: error: <message>" and return `code`. */
 int isth_fail(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

@@ -30,7 +30,7 @@ void set_threads(int threads)
 int trainer_create(Trainer *tr, const Config *cfg, int log)
 {
     memset(tr, 0, sizeof *tr);
-    tr->sync.site_peers = MPI_COMM_NULL;
+    tr->red.site_peers = MPI_COMM_NULL;
     tr->cfg = *cfg;
     MPI_Comm_rank(MPI_COMM_WORLD, &tr->rank);
     tr->log = log && tr->rank == 0;
@@ -46,8 +46,12 @@ int trainer_create(Trainer *tr, const Config *cfg, int log)
     const SiteInfo *site = &t->sites[t->site];
     tr->micro_batch = site->micro_batch;
     tr->grad_accum = site->grad_accum;
-    /* this rank's tokens per step over all tokens of the step */
-    tr->loss_weight = site->tokens_per_step / site->learner_ranks / t->total_tokens_per_step;
+    tr->outer_mode = strcmp(cfg->outer.mode, "sync") != 0;
+    /* sync: the update averages every rank's tokens; outer modes: each
+     * learner averages its own */
+    tr->loss_weight = tr->outer_mode ? 1.0 / site->learner_ranks
+                                     : site->tokens_per_step / site->learner_ranks / t->total_tokens_per_step;
+    tr->stats_comm = tr->outer_mode ? t->site_comm : MPI_COMM_WORLD;
     for (int l = 0; l < t->learner; l++) {
         const SiteInfo *s = &t->sites[topology_site_of_learner(t, l)];
         tr->learner_first_window += (uint64_t)s->micro_batch * s->learner_ranks * s->grad_accum;
@@ -65,7 +69,12 @@ int trainer_create(Trainer *tr, const Config *cfg, int log)
     model_init(&tr->model);
     CHECK(adamw_create(&tr->opt, tr->model.n_params));
     CHECK(acts_create(&tr->acts, mc, tr->micro_batch, mc->context, &tr->ep));
-    CHECK(sync_plan_create(&tr->sync, t, &tr->model, MPI_COMM_WORLD));
+    CHECK(reducer_create(&tr->red, t, &tr->model, cfg->outer.fragments, (Codec)codec_from_name(cfg->outer.codec),
+                         cfg->outer.codec_block, !strcmp(cfg->outer.error_feedback, "on"), cfg->outer.timeout,
+                         MPI_COMM_WORLD));
+    if (tr->outer_mode)
+        CHECK(outer_create(&tr->outer, &cfg->outer, &tr->model,
+                           site->tokens_per_step / t->total_tokens_per_step));
     const size_t n = (size_t)tr->micro_batch * mc->context;
     tr->tokens = malloc(n * sizeof(int));
     tr->targets = malloc(n * sizeof(int));
@@ -84,7 +93,8 @@ void trainer_destroy(Trainer *tr)
     adamw_destroy(&tr->opt);
     model_destroy(&tr->model);
     if (tr->created) {
-        sync_plan_destroy(&tr->sync);
+        outer_destroy(&tr->outer);
+        reducer_destroy(&tr->red);
         topology_destroy(&tr->topo);
     }
     corpus_close(&tr->train);
@@ -104,8 +114,10 @@ int trainer_step(Trainer *tr, StepLog *out)
     const int B = tr->micro_batch, T = mc->context, M = tr->grad_accum, G = t->learner_size;
     memset(tr->model.grads, 0, tr->model.n_params * sizeof(float));
     const double a2a0 = tr->ep.bytes_sent + tr->ep.bytes_recv;
-    const double inter0 = tr->sync.inter_site_bytes;
-    /* [ce_sum, scored, aux, z, dropped, a2a bytes, inter-site bytes] summed over the world */
+    const double link0 = tr->red.link.bytes_sent + tr->red.link.bytes_recv, wait0 = tr->red.link.wait_s;
+    /* [ce_sum, scored, aux, z, dropped, a2a bytes, inter-site bytes] summed
+     * over the world (sync) or this site (outer modes: no per-step traffic
+     * between sites) */
     double sums[7] = {0};
     for (int micro = 0; micro < M; micro++) {
         const uint64_t first = tr->learner_first_window + (uint64_t)micro * B * G +
@@ -122,26 +134,37 @@ int trainer_step(Trainer *tr, StepLog *out)
         sums[4] += (double)st.dropped;
     }
     tr->cursor.step++;
-    CHECK(sync_reduce_grads(&tr->sync, &tr->model));
+    if (tr->outer_mode) {
+        CHECK(reduce_learner_sum(&tr->red, tr->model.grads));
+    } else {
+        ReduceReport rep;
+        CHECK(reduce_start(&tr->red, 0, tr->model.grads, REDUCE_GRADS));
+        CHECK(reduce_finish(&tr->red, 0, tr->model.grads, &rep));
+    }
     sums[5] = tr->ep.bytes_sent + tr->ep.bytes_recv - a2a0;
-    sums[6] = tr->sync.inter_site_bytes - inter0;
     /* learner means of aux and z: divide each rank's share by its G; learners
      * are weighted equally in the reported value */
-    sums[2] /= (double)G * t->n_learners;
-    sums[3] /= (double)G * t->n_learners;
-    CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, sums, 7, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD));
-    const double loss = sums[0] / sums[1];
-    if (!isfinite(loss))
-        return isth_fail(ISTH_ERUNTIME, "step %ld: loss is %g (diverged); lower [train] lr", tr->step + 1, loss);
+    const int stat_learners = tr->outer_mode ? t->sites[t->site].learners : t->n_learners;
+    sums[2] /= (double)G * stat_learners;
+    sums[3] /= (double)G * stat_learners;
 
     double norm2;
     CHECK(grad_norm_sq_learner(&tr->model, t->learner_comm, &norm2));
     const double norm = sqrt(norm2);
     if (tc->clip > 0 && norm > tc->clip) grad_scale(&tr->model, (float)(tc->clip / norm));
     const double lr = lr_at(tc, tr->step);
-    adamw_step(&tr->opt, &tr->model, lr, tc->weight_decay);
+    if (!strcmp(tc->optimizer, "sgd")) sgd_step(&tr->model, lr, tc->weight_decay);
+    else adamw_step(&tr->opt, &tr->model, lr, tc->weight_decay);
     tr->step++;
     tr->tokens_seen += t->total_tokens_per_step;
+    if (tr->outer_mode) CHECK(outer_after_step(&tr->outer, &tr->red, &tr->model, tr->step, &tr->metrics, tr->log));
+    sums[6] = tr->red.link.bytes_sent + tr->red.link.bytes_recv - link0;
+    double wait = tr->red.link.wait_s - wait0;
+    CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, sums, 7, MPI_DOUBLE, MPI_SUM, tr->stats_comm));
+    CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &wait, 1, MPI_DOUBLE, MPI_MAX, tr->stats_comm));
+    const double loss = sums[0] / sums[1];
+    if (!isfinite(loss))
+        return isth_fail(ISTH_ERUNTIME, "step %ld: loss is %g (diverged); lower [train] lr", tr->step, loss);
 
     const double dt = now_s() - t0;
     memset(out, 0, sizeof *out);
@@ -158,24 +181,31 @@ int trainer_step(Trainer *tr, StepLog *out)
     out->dropped_frac = sums[4] / (sums[1] * mc->top_k * mc->layers);
     out->a2a_bytes = sums[5];
     out->inter_site_bytes = sums[6];
+    out->link_wait_s = wait;
     return ISTH_OK;
 }
 
 int trainer_eval(Trainer *tr, double *bpb_prose, double *bpb_tech)
 {
-    /* in sync mode every learner holds the same model: learner 0 evaluates,
-     * its ranks splitting the windows; the others go on to the next step */
+    /* every learner holds the global model (sync) or its anchor (outer
+     * modes): learner 0 evaluates, its ranks splitting the windows; the
+     * others go on to their next step */
     if (tr->topo.learner != 0) return ISTH_OK;
+    float *own = tr->model.params;
+    if (tr->outer_mode) tr->model.params = tr->outer.anchor;
     const Corpus *sets[2] = {&tr->eval_prose, &tr->eval_tech};
     const char *names[2] = {"prose", "tech"};
     double *outs[2] = {bpb_prose, bpb_tech};
-    for (int i = 0; i < 2; i++) {
+    int rc = ISTH_OK;
+    for (int i = 0; i < 2 && rc == ISTH_OK; i++) {
         EvalResult r;
-        CHECK(eval_corpus(&tr->model, &tr->acts, sets[i], (size_t)tr->cfg.data.eval_bytes, &r));
+        rc = eval_corpus(&tr->model, &tr->acts, sets[i], (size_t)tr->cfg.data.eval_bytes, &r);
+        if (rc != ISTH_OK) break;
         if (tr->log) metrics_eval(&tr->metrics, names[i], tr->step, r.bpb, r.predicted, r.seconds);
         if (outs[i]) *outs[i] = r.bpb;
     }
-    return ISTH_OK;
+    tr->model.params = own;
+    return rc;
 }
 
 int trainer_write_model(Trainer *tr, const char *path)
@@ -191,7 +221,10 @@ int trainer_write_model(Trainer *tr, const char *path)
 static int check_replicas(Trainer *tr)
 {
     uint64_t fp;
-    CHECK(model_fingerprint(&tr->model, tr->topo.learner_comm, &fp));
+    /* outer modes: learners differ between outer steps; the anchor (global
+     * model) must agree */
+    const float *buf = tr->outer_mode ? tr->outer.anchor : tr->model.params;
+    CHECK(model_fingerprint(&tr->model, buf, tr->topo.learner_comm, &fp));
     uint64_t *all = malloc(sizeof(uint64_t) * (size_t)tr->topo.world_size);
     CHECK_ALLOC(all);
     int rc = MPI_Allgather(&fp, 1, MPI_UINT64_T, all, 1, MPI_UINT64_T, MPI_COMM_WORLD);
@@ -207,6 +240,27 @@ static int check_replicas(Trainer *tr)
     if (tr->log)
         printf("replicas identical at step %ld: %d learner(s), fingerprint %016llx\n", tr->step,
                tr->topo.n_learners, (unsigned long long)fp);
+    return ISTH_OK;
+}
+
+/* Total inter-site bytes of the run, and what `sync` would have moved. */
+static int traffic_summary(Trainer *tr)
+{
+    double bytes = tr->red.link.bytes_sent + tr->red.link.bytes_recv;
+    CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &bytes, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD));
+    const int S = tr->topo.n_sites;
+    if (S < 2 || !tr->log) return ISTH_OK;
+    /* sync: every step each site sends its summed gradient (float32, all
+     * canonical parameters) to every other site; sent + received */
+    const double sync_bytes = (double)tr->step * 2.0 * S * (S - 1) * 4.0 * (double)reduce_canonical_params(&tr->red);
+    printf("inter-site traffic: %.0f bytes in %ld steps (sent + received, all ranks); sync would move %.0f: "
+           "%.1fx less\n", bytes, tr->step, sync_bytes, bytes > 0 ? sync_bytes / bytes : 0.0);
+    if (tr->metrics.f) {
+        fprintf(tr->metrics.f, "{\"summary\":\"traffic\",\"steps\":%ld,\"inter_site_bytes\":%.0f,"
+                "\"sync_equivalent_bytes\":%.0f,\"reduction\":%.3f}\n",
+                tr->step, bytes, sync_bytes, bytes > 0 ? sync_bytes / bytes : 0.0);
+        fflush(tr->metrics.f);
+    }
     return ISTH_OK;
 }
 
@@ -234,6 +288,10 @@ int train_run(const Config *cfg)
         if (rc == ISTH_OK && tc->eval_every > 0 && tr.step % tc->eval_every == 0 && tr.step < tc->steps)
             rc = trainer_eval(&tr, NULL, NULL);
     }
+    if (rc == ISTH_OK && tr.outer_mode)
+        rc = outer_finish(&tr.outer, &tr.red, &tr.model, tr.step, &tr.metrics, tr.log);
+    if (rc == ISTH_OK && tc->check_replicas > 0) rc = check_replicas(&tr);
+    if (rc == ISTH_OK) rc = traffic_summary(&tr);
     if (rc == ISTH_OK) rc = trainer_eval(&tr, NULL, NULL);
     if (rc == ISTH_OK) {
         char path[1100];

@@ -17,7 +17,8 @@
 #include "metrics.h"
 #include "model.h"
 #include "optim.h"
-#include "sync.h"
+#include "outer.h"
+#include "reduce.h"
 #include "topology.h"
 #include "transformer.h"
 
@@ -26,14 +27,17 @@ typedef struct {
     char *config_text;   /* resolved config, stored in output files */
     Topology topo;
     Coll ep;             /* the learner: expert-parallel group */
-    SyncPlan sync;       /* gradient reduction over all learners */
+    Reducer red;         /* reductions over all learners (sync and outer modes) */
+    Outer outer;         /* diloco / streaming state */
+    int outer_mode;      /* 0 sync, 1 diloco or streaming */
+    MPI_Comm stats_comm; /* where per-step statistics are summed: world (sync) or site */
     Model model;
     AdamW opt;
     Activations acts;
     Corpus train, eval_prose, eval_tech;
     DataCursor cursor;
     int micro_batch, grad_accum; /* this rank's site's */
-    double loss_weight;  /* this rank's share of the step's tokens */
+    double loss_weight;  /* scale of this rank's loss: its share of the tokens the update averages */
     uint64_t learner_first_window; /* this learner's first window in each step's global batch */
     int *tokens, *targets; /* (micro_batch, context) */
     Metrics metrics;

@@ -16,10 +16,13 @@ expect_exit 2 "\[model\] capacity_factor = -1 is out of range" -- "$ISTHMUS" tra
 expect_exit 2 "\[model\] heads = 5 does not divide dim = 64" -- "$ISTHMUS" train "$T" --set model.heads=5
 expect_exit 2 "\[model\] top_k = 5 exceeds experts = 4" -- "$ISTHMUS" train "$T" --set model.top_k=5
 expect_exit 2 "\[train\] min_lr = 0.1 exceeds lr" -- "$ISTHMUS" train "$T" --set train.min_lr=0.1
-expect_exit 2 "\[train\] optimizer = 'rmsprop' is not one of adamw\|shampoo" -- "$ISTHMUS" train "$T" --set train.optimizer=rmsprop
+expect_exit 2 "\[train\] optimizer = 'rmsprop' is not one of adamw\|sgd\|shampoo" -- "$ISTHMUS" train "$T" --set train.optimizer=rmsprop
 expect_exit 2 "\[model\] layers is set twice" -- "$ISTHMUS" train "$(cfg '[model]\nlayers = 2\nlayers = 3\n')"
 expect_exit 2 "expected 'key = value'" -- "$ISTHMUS" train "$(cfg '[model]\nlayers 2\n')"
-expect_exit 2 "\[outer\] mode = diloco is not implemented yet" -- "$ISTHMUS" train "$T" --set outer.mode=diloco
+expect_exit 2 "\[outer\] mode = butterfly is not implemented yet" -- "$ISTHMUS" train "$T" --set outer.mode=butterfly
+expect_exit 2 "\[outer\] overlap = 5 must be less than inner_steps = 5" -- "$ISTHMUS" train "$T" --set outer.mode=streaming --set outer.inner_steps=5 --set outer.overlap=5
+expect_exit 2 "\[outer\] fragments = 3 exceeds \[model\] layers = 2" -- "$ISTHMUS" train "$T" --set outer.mode=streaming --set outer.fragments=3
+expect_exit 2 "\[outer\] codec = 'fp8' is not one of none\|bf16\|int8\|fp4" -- "$ISTHMUS" train "$T" --set outer.codec=fp8
 expect_exit 2 "\[checkpoint\] every: section \[checkpoint\] is not supported yet" -- "$ISTHMUS" train "$T" --set checkpoint.every=5
 expect_exit 2 "--set 'layers=3': expected section.key=value" -- "$ISTHMUS" train "$T" --set layers=3
 expect_exit 2 "config /nonexistent.ini: cannot open" -- "$ISTHMUS" train /nonexistent.ini

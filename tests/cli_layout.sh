@@ -69,7 +69,7 @@ train 1 one16 --set train.micro_batch=16 $NODROP
 train 8 hetero --set site.a.ranks=4 --set site.a.micro_batch=2 \
     --set site.b.ranks=4 --set site.b.learner_ranks=2 --set site.b.micro_batch=2 $NODROP
 same_run one16 hetero 1e-6
-[ "$(grep -c 'replicas identical at step .: 3 learner(s)' "$WORK/hetero.log")" = 5 ] && pass "3 learners over 2 sites bit-identical at every step" || fail "hetero replicas: $(grep replicas "$WORK/hetero.log")"
+[ "$(grep -c 'replicas identical at step .: 3 learner(s)' "$WORK/hetero.log")" -ge 5 ] && pass "3 learners over 2 sites bit-identical at every step" || fail "hetero replicas: $(grep replicas "$WORK/hetero.log")"
 ib=$(step_field "$WORK/hetero/metrics.jsonl" 1 inter_site_bytes)
 [ "${ib:-0}" -gt 0 ] 2>/dev/null && pass "two sites: inter-site bytes counted ($ib per step)" || fail "inter_site_bytes = '$ib'"
 

@@ -54,6 +54,22 @@ static void test_sites_in_section_order(void **state)
     free(t2);
 }
 
+static void test_outer_defaults_by_mode(void **state)
+{
+    (void)state;
+    Config c;
+    assert_int_equal(config_load_text(&c, "[model]\nlayers = 4\n[outer]\nmode = streaming\n", "t", NULL, 0), ISTH_OK);
+    assert_true(c.outer.lr == 0.4);
+    assert_int_equal(c.outer.fragments, 4);
+    assert_int_equal(config_load_text(&c, "[outer]\nmode = diloco\n", "t", NULL, 0), ISTH_OK);
+    assert_true(c.outer.lr == 0.7);
+    assert_true(c.outer.momentum == 0.9);
+    assert_int_equal(c.outer.fragments, 1);
+    const char *over[] = {"outer.lr=0.5"};
+    assert_int_equal(config_load_text(&c, "[outer]\nmode = diloco\n", "t", over, 1), ISTH_OK);
+    assert_true(c.outer.lr == 0.5);
+}
+
 static void test_resolved_text_round_trip(void **state)
 {
     (void)state;
@@ -90,11 +106,16 @@ static void test_bad_inputs(void **state)
     expect_bad("[model]\nlayers = 2\nlayers = 3\n", NULL);  /* duplicate */
     expect_bad("[model]\nlayers\n", NULL);                  /* no '=' */
     expect_bad("layers = 2\n", NULL);                       /* outside a section */
-    expect_bad("[train]\noptimizer = sgd\n", NULL);         /* not an allowed choice */
+    expect_bad("[train]\noptimizer = rmsprop\n", NULL);     /* not an allowed choice */
     expect_bad("[train]\nlr = nan\n", NULL);                /* not finite */
     expect_bad("", "model.layers");                         /* --set without '=' */
     expect_bad("", "layers=3");                             /* --set without section */
-    expect_bad("[outer]\nmode = diloco\n", NULL);           /* not yet implemented */
+    expect_bad("[outer]\nmode = butterfly\n", NULL);        /* not yet implemented */
+    expect_bad("[outer]\nmode = diloco\nfragments = 2\n", NULL); /* fragments need streaming */
+    expect_bad("[outer]\nmode = streaming\ninner_steps = 4\noverlap = 4\n", NULL); /* tau < H */
+    expect_bad("[model]\nlayers = 2\n[outer]\nmode = streaming\nfragments = 3\n", NULL); /* P <= L */
+    expect_bad("[outer]\nmode = diloco\nlr = -0.5\n", NULL);  /* must be > 0 */
+    expect_bad("[outer]\ncodec = fp8\n", NULL);             /* not a codec */
     expect_bad("[outer]\nmode = ring\n", NULL);             /* not a mode */
     expect_bad("[checkpoint]\nevery = 5\n", NULL);          /* not yet supported */
     expect_bad("[site.a]\nbogus = 1\n", NULL);              /* unknown site key */
@@ -110,6 +131,7 @@ int main(void)
         cmocka_unit_test(test_defaults_and_overrides),
         cmocka_unit_test(test_resolved_text_round_trip),
         cmocka_unit_test(test_sites_in_section_order),
+        cmocka_unit_test(test_outer_defaults_by_mode),
         cmocka_unit_test(test_bad_inputs),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1,0 +1,200 @@
+/* codec.c — see codec.h. */
+#include "codec.h"
+
+#include <math.h>
+#include <string.h>
+
+int codec_from_name(const char *name)
+{
+    static const char *const names[] = {"none", "bf16", "int8", "fp4"};
+    for (int i = 0; i < 4; i++)
+        if (!strcmp(name, names[i])) return i;
+    return -1;
+}
+
+const char *codec_name(Codec c)
+{
+    static const char *const names[] = {"none", "bf16", "int8", "fp4"};
+    return names[c];
+}
+
+size_t codec_encoded_size(Codec c, size_t n, int block)
+{
+    const size_t blocks = (n + (size_t)block - 1) / (size_t)block;
+    switch (c) {
+    case CODEC_NONE: return 4 * n;
+    case CODEC_BF16: return 2 * n;
+    case CODEC_INT8: return n + 4 * blocks;
+    case CODEC_FP4: return (n + 1) / 2 + 4 * blocks;
+    }
+    return 0;
+}
+
+static uint16_t to_bf16(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    /* round to nearest even on the dropped 16 bits (finite inputs) */
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+static float from_bf16(uint16_t h)
+{
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static float block_absmax(const float *x, size_t n)
+{
+    float m = 0.0f;
+    for (size_t i = 0; i < n; i++) m = fmaxf(m, fabsf(x[i]));
+    return m;
+}
+
+/* E2M1 magnitudes indexed by the 3-bit code */
+static const float fp4_values[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+
+static unsigned fp4_code(float v) /* v = x/scale in [-6, 6] */
+{
+    float a = fabsf(v);
+    unsigned best = 0;
+    /* nearest grid value; ties go to the lower magnitude (even-ish) */
+    for (unsigned k = 1; k < 8; k++)
+        if (fabsf(a - fp4_values[k]) < fabsf(a - fp4_values[best])) best = k;
+    return best | (v < 0 && best ? 8u : 0u);
+}
+
+void codec_encode(Codec c, const float *x, size_t n, int block, unsigned char *out)
+{
+    const size_t B = (size_t)block;
+    switch (c) {
+    case CODEC_NONE: memcpy(out, x, 4 * n); return;
+    case CODEC_BF16:
+        for (size_t i = 0; i < n; i++) {
+            uint16_t h = to_bf16(x[i]);
+            memcpy(out + 2 * i, &h, 2);
+        }
+        return;
+    case CODEC_INT8: {
+        unsigned char *q = out;
+        unsigned char *scales = out + n;
+        for (size_t b0 = 0, bi = 0; b0 < n; b0 += B, bi++) {
+            size_t len = n - b0 < B ? n - b0 : B;
+            float scale = block_absmax(x + b0, len) / 127.0f;
+            memcpy(scales + 4 * bi, &scale, 4);
+            for (size_t i = 0; i < len; i++) {
+                float v = scale > 0 ? x[b0 + i] / scale : 0.0f;
+                long r = lrintf(v);
+                if (r > 127) r = 127;
+                if (r < -127) r = -127;
+                q[b0 + i] = (unsigned char)(int8_t)r;
+            }
+        }
+        return;
+    }
+    case CODEC_FP4: {
+        const size_t codes = (n + 1) / 2;
+        memset(out, 0, codes);
+        unsigned char *scales = out + codes;
+        for (size_t b0 = 0, bi = 0; b0 < n; b0 += B, bi++) {
+            size_t len = n - b0 < B ? n - b0 : B;
+            float scale = block_absmax(x + b0, len) / 6.0f;
+            memcpy(scales + 4 * bi, &scale, 4);
+            for (size_t i = 0; i < len; i++) {
+                size_t j = b0 + i;
+                unsigned code = scale > 0 ? fp4_code(x[j] / scale) : 0u;
+                out[j / 2] |= (unsigned char)(code << (4 * (j & 1)));
+            }
+        }
+        return;
+    }
+    }
+}
+
+void codec_decode(Codec c, const unsigned char *in, size_t n, int block, float *x)
+{
+    const size_t B = (size_t)block;
+    switch (c) {
+    case CODEC_NONE: memcpy(x, in, 4 * n); return;
+    case CODEC_BF16:
+        for (size_t i = 0; i < n; i++) {
+            uint16_t h;
+            memcpy(&h, in + 2 * i, 2);
+            x[i] = from_bf16(h);
+        }
+        return;
+    case CODEC_INT8: {
+        const unsigned char *scales = in + n;
+        for (size_t b0 = 0, bi = 0; b0 < n; b0 += B, bi++) {
+            size_t len = n - b0 < B ? n - b0 : B;
+            float scale;
+            memcpy(&scale, scales + 4 * bi, 4);
+            for (size_t i = 0; i < len; i++) x[b0 + i] = scale * (float)(int8_t)in[b0 + i];
+        }
+        return;
+    }
+    case CODEC_FP4: {
+        const size_t codes = (n + 1) / 2;
+        const unsigned char *scales = in + codes;
+        for (size_t b0 = 0, bi = 0; b0 < n; b0 += B, bi++) {
+            size_t len = n - b0 < B ? n - b0 : B;
+            float scale;
+            memcpy(&scale, scales + 4 * bi, 4);
+            for (size_t i = 0; i < len; i++) {
+                size_t j = b0 + i;
+                unsigned code = (in[j / 2] >> (4 * (j & 1))) & 15u;
+                float v = fp4_values[code & 7u];
+                x[j] = scale * ((code & 8u) ? -v : v);
+            }
+        }
+        return;
+    }
+    }
+}
+
+void codec_encode_ef(Codec c, const float *x, float *residual, size_t n, int block,
+                     unsigned char *out, float *decoded, double *err2, double *norm2)
+{
+    /* decoded doubles as the buffer for x + residual */
+    for (size_t i = 0; i < n; i++) decoded[i] = x[i] + (residual ? residual[i] : 0.0f);
+    double nn = 0.0;
+    for (size_t i = 0; i < n; i++) nn += (double)decoded[i] * decoded[i];
+    codec_encode(c, decoded, n, block, out);
+    double ee = 0.0;
+    if (residual) {
+        for (size_t i = 0; i < n; i++) residual[i] = decoded[i];
+        codec_decode(c, out, n, block, decoded);
+        for (size_t i = 0; i < n; i++) {
+            float r = residual[i] - decoded[i];
+            residual[i] = r;
+            ee += (double)r * r;
+        }
+    } else { /* without feedback the dropped part is only measured */
+        codec_decode(c, out, n, block, decoded);
+        for (size_t i = 0; i < n; i++) {
+            double r = (double)x[i] - decoded[i];
+            ee += r * r;
+        }
+    }
+    *err2 = ee;
+    *norm2 = nn;
+}
+
+uint64_t checksum64(const void *data, size_t n)
+{
+    /* FNV-1a over 8-byte words, then the tail bytes */
+    const unsigned char *p = data;
+    uint64_t h = 14695981039346656037ull ^ (uint64_t)n;
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        uint64_t w;
+        memcpy(&w, p + i, 8);
+        h = (h ^ w) * 1099511628211ull;
+        h ^= h >> 29;
+    }
+    for (; i < n; i++) h = (h ^ p[i]) * 1099511628211ull;
+    return h;
+}

@@ -1,0 +1,589 @@
+/* reduce.c — see reduce.h. */
+#include "reduce.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "optim.h"
+#include "status.h"
+
+int fragment_of(int tensor, int layer, int layers, int fragments)
+{
+    if (tensor == T_EMBED) return 0;
+    if (tensor == T_FINAL_NORM) return (layers - 1) % fragments;
+    return layer % fragments;
+}
+
+static size_t per_layer(const Tensor *t) { return (t->flags & PARAM_LAYERED) ? t->numel / t->local[0] : t->numel; }
+
+static int build_chunks(Reducer *r)
+{
+    const Model *m = r->model;
+    const int L = m->cfg.layers, E = m->cfg.experts;
+    const size_t per_expert = (size_t)m->cfg.dim * m->cfg.ffn;
+    int n = 0;
+    for (int t = 0; t < N_TENSORS; t++) {
+        const Tensor *x = &m->tensors[t];
+        int layers = (x->flags & PARAM_LAYERED) ? L : 1;
+        n += (x->flags & PARAM_EXPERT) ? layers * E : layers;
+    }
+    r->chunks = malloc(sizeof(Chunk) * (size_t)n);
+    CHECK_ALLOC(r->chunks);
+    r->n_chunks = n;
+    n = 0;
+    for (int t = 0; t < N_TENSORS; t++) { /* canonical order: tensor, layer, expert */
+        const Tensor *x = &m->tensors[t];
+        int layers = (x->flags & PARAM_LAYERED) ? L : 1;
+        for (int l = 0; l < layers; l++) {
+            int f = fragment_of(t, l, L, r->fragments);
+            if (x->flags & PARAM_EXPERT)
+                for (int e = 0; e < E; e++) r->chunks[n++] = (Chunk){t, l, e, per_expert, f};
+            else
+                r->chunks[n++] = (Chunk){t, l, -1, per_layer(x), f};
+        }
+    }
+    return ISTH_OK;
+}
+
+/* Owner of chunk c inside a learner of G ranks. Experts: their shard;
+ * dense chunks: greedy balance by size in canonical order (ties to the
+ * lower rank), the same computation on every rank. */
+static int chunk_owner(Reducer *r, int c, int G)
+{
+    const Chunk *ch = &r->chunks[c];
+    if (ch->expert >= 0) return ch->expert / (r->model->cfg.experts / G);
+    for (int i = 0; i < r->n_dense_cache; i++)
+        if (r->dense_G[i] == G) return r->dense_owner[i][c];
+    if (r->n_dense_cache == 16) return -1;
+    int *owner = malloc(sizeof(int) * (size_t)r->n_chunks);
+    double *load = calloc((size_t)G, sizeof(double));
+    if (!owner || !load) {
+        free(owner);
+        free(load);
+        return -1;
+    }
+    for (int k = 0; k < r->n_chunks; k++) {
+        if (r->chunks[k].expert >= 0) {
+            owner[k] = -1;
+            continue;
+        }
+        int best = 0;
+        for (int j = 1; j < G; j++)
+            if (load[j] < load[best]) best = j;
+        owner[k] = best;
+        load[best] += (double)r->chunks[k].size;
+    }
+    free(load);
+    r->dense_G[r->n_dense_cache] = G;
+    r->dense_owner[r->n_dense_cache++] = owner;
+    return owner[c];
+}
+
+/* Local offset of chunk c on this rank (which must hold it). */
+static size_t chunk_offset(const Reducer *r, int c)
+{
+    const Chunk *ch = &r->chunks[c];
+    const Model *m = r->model;
+    const Tensor *x = &m->tensors[ch->tensor];
+    size_t off = x->offset + ((x->flags & PARAM_LAYERED) ? (size_t)ch->layer * per_layer(x) : 0);
+    if (ch->expert >= 0) off += (size_t)(ch->expert - m->expert_begin) * ch->size;
+    return off;
+}
+
+static int holds(const Reducer *r, int c)
+{
+    const Chunk *ch = &r->chunks[c];
+    return ch->expert < 0 ||
+           (ch->expert >= r->model->expert_begin && ch->expert < r->model->expert_begin + r->model->experts_local);
+}
+
+static int build_fragment(Reducer *r, int f)
+{
+    const Topology *t = r->topo;
+    FragPlan *fp = &r->frag[f];
+    const int G = t->learner_size;
+    fp->owned = malloc(sizeof(int) * (size_t)r->n_chunks);
+    fp->packed_off = malloc(sizeof(size_t) * (size_t)r->n_chunks);
+    fp->enc_off = malloc(sizeof(size_t) * (size_t)r->n_chunks);
+    fp->held_off = malloc(sizeof(size_t) * (size_t)r->n_chunks);
+    fp->held_len = malloc(sizeof(size_t) * (size_t)r->n_chunks);
+    fp->dense_chunks = malloc(sizeof(int) * (size_t)r->n_chunks);
+    CHECK_ALLOC(fp->owned);
+    CHECK_ALLOC(fp->packed_off);
+    CHECK_ALLOC(fp->enc_off);
+    CHECK_ALLOC(fp->held_off);
+    CHECK_ALLOC(fp->held_len);
+    CHECK_ALLOC(fp->dense_chunks);
+    size_t max_chunk = 1;
+    for (int c = 0; c < r->n_chunks; c++) {
+        const Chunk *ch = &r->chunks[c];
+        if (ch->fragment != f) continue;
+        if (holds(r, c)) {
+            fp->held_off[fp->n_held] = chunk_offset(r, c);
+            fp->held_len[fp->n_held++] = ch->size;
+        }
+        if (ch->expert < 0) {
+            fp->dense_chunks[fp->n_dense++] = c;
+            fp->dense_size += ch->size;
+        }
+        int owner = chunk_owner(r, c, G);
+        if (owner < 0) return isth_fail(ISTH_ERUNTIME, "reduce: out of memory for ownership tables");
+        if (owner != t->learner_rank) continue;
+        fp->packed_off[fp->n_owned] = fp->size;
+        fp->enc_off[fp->n_owned] = fp->enc_size;
+        fp->owned[fp->n_owned++] = c;
+        fp->size += ch->size;
+        fp->enc_size += codec_encoded_size(r->codec, ch->size, r->block);
+        if (ch->size > max_chunk) max_chunk = ch->size;
+    }
+    const SiteInfo *site = &t->sites[t->site];
+    const size_t sz = fp->size ? fp->size : 1;
+    fp->staging = malloc(sizeof(float) * sz * (size_t)t->n_sites);
+    fp->gather = site->learners > 1 ? malloc(sizeof(float) * sz * (size_t)site->learners) : NULL;
+    fp->scratch = malloc(sizeof(float) * max_chunk);
+    fp->enc = malloc(fp->enc_size + 1);
+    fp->dense_buf = malloc(sizeof(float) * (fp->dense_size + 1));
+    CHECK_ALLOC(fp->staging);
+    CHECK_ALLOC(fp->scratch);
+    CHECK_ALLOC(fp->enc);
+    CHECK_ALLOC(fp->dense_buf);
+    if (site->learners > 1) CHECK_ALLOC(fp->gather);
+    if (!r->leader || t->n_sites == 1) return ISTH_OK;
+
+    if (r->error_feedback) {
+        fp->residual = calloc(sz, sizeof(float));
+        CHECK_ALLOC(fp->residual);
+    }
+    int max_peers = 0;
+    for (int s = 0; s < t->n_sites; s++)
+        if (s != t->site) max_peers += t->sites[s].learner_ranks;
+    fp->peers = calloc((size_t)max_peers + 1, sizeof(Peer));
+    CHECK_ALLOC(fp->peers);
+    for (int s = 0; s < t->n_sites; s++) {
+        if (s == t->site) continue;
+        const SiteInfo *o = &t->sites[s];
+        for (int j = 0; j < o->learner_ranks; j++) {
+            Peer *p = &fp->peers[fp->n_peers];
+            p->chunks = malloc(sizeof(int) * (size_t)(fp->n_owned + 1));
+            CHECK_ALLOC(p->chunks);
+            for (int k = 0; k < fp->n_owned; k++) {
+                int owner = chunk_owner(r, fp->owned[k], o->learner_ranks);
+                if (owner < 0) return isth_fail(ISTH_ERUNTIME, "reduce: out of memory for ownership tables");
+                if (owner != j) continue;
+                p->chunks[p->n++] = k;
+                p->values += r->chunks[fp->owned[k]].size;
+                p->enc_bytes += codec_encoded_size(r->codec, r->chunks[fp->owned[k]].size, r->block);
+            }
+            if (!p->n) {
+                free(p->chunks);
+                memset(p, 0, sizeof *p);
+                continue;
+            }
+            p->world_rank = o->first_rank + j;
+            p->site = s;
+            const size_t bytes = sizeof(LinkHeader) + p->enc_bytes;
+            p->msg = (LinkMsg){.peer = p->world_rank, .tag = 1000 + f, .send_bytes = bytes, .recv_bytes = bytes};
+            p->msg.send = malloc(bytes);
+            p->msg.recv = malloc(bytes);
+            const size_t vbytes = sizeof(LinkHeader) + (size_t)t->n_sites;
+            p->verdict = (LinkMsg){.peer = p->world_rank, .tag = 30000 + f, .send_bytes = vbytes, .recv_bytes = vbytes};
+            p->verdict.send = malloc(vbytes);
+            p->verdict.recv = malloc(vbytes);
+            CHECK_ALLOC(p->msg.send);
+            CHECK_ALLOC(p->msg.recv);
+            CHECK_ALLOC(p->verdict.send);
+            CHECK_ALLOC(p->verdict.recv);
+            fp->n_peers++;
+        }
+    }
+    return ISTH_OK;
+}
+
+int reducer_create(Reducer *r, const Topology *t, const Model *m, int fragments, Codec codec,
+                   int block, int error_feedback, double timeout_s, MPI_Comm world)
+{
+    memset(r, 0, sizeof *r);
+    r->topo = t;
+    r->model = m;
+    r->fragments = fragments;
+    r->codec = codec;
+    r->block = block;
+    r->error_feedback = error_feedback && codec != CODEC_NONE;
+    r->world = world;
+    r->site_peers = MPI_COMM_NULL;
+    r->leader = t->learner == t->sites[t->site].first_learner;
+    link_init(&r->link, world, timeout_s, t->sites[t->site].name);
+    CHECK_MPI(MPI_Comm_split(world, t->site * 65536 + t->learner_rank, t->learner, &r->site_peers));
+    r->site_weight = malloc(sizeof(double) * (size_t)t->n_sites);
+    CHECK_ALLOC(r->site_weight);
+    for (int s = 0; s < t->n_sites; s++)
+        r->site_weight[s] = t->sites[s].tokens_per_step * t->sites[s].learners / t->total_tokens_per_step;
+    CHECK(build_chunks(r));
+    r->frag = calloc((size_t)fragments, sizeof(FragPlan));
+    CHECK_ALLOC(r->frag);
+    for (int f = 0; f < fragments; f++) CHECK(build_fragment(r, f));
+    return ISTH_OK;
+}
+
+void reducer_destroy(Reducer *r)
+{
+    for (int f = 0; r->frag && f < r->fragments; f++) {
+        FragPlan *fp = &r->frag[f];
+        for (int i = 0; i < fp->n_peers; i++) {
+            free(fp->peers[i].chunks);
+            free(fp->peers[i].msg.send);
+            free(fp->peers[i].msg.recv);
+            free(fp->peers[i].verdict.send);
+            free(fp->peers[i].verdict.recv);
+        }
+        void *bufs[] = {fp->owned, fp->packed_off, fp->enc_off, fp->held_off, fp->held_len, fp->dense_chunks,
+                        fp->peers, fp->staging, fp->gather, fp->residual, fp->scratch, fp->enc, fp->dense_buf};
+        for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) free(bufs[i]);
+    }
+    free(r->frag);
+    free(r->chunks);
+    free(r->site_weight);
+    for (int i = 0; i < r->n_dense_cache; i++) free(r->dense_owner[i]);
+    if (r->site_peers != MPI_COMM_NULL) MPI_Comm_free(&r->site_peers);
+    memset(r, 0, sizeof *r);
+    r->site_peers = MPI_COMM_NULL;
+}
+
+void reduce_fragment_runs(const Reducer *r, int f, const size_t **off, const size_t **len, int *n)
+{
+    *off = r->frag[f].held_off;
+    *len = r->frag[f].held_len;
+    *n = r->frag[f].n_held;
+}
+
+size_t reduce_canonical_params(const Reducer *r)
+{
+    size_t n = 0;
+    for (int c = 0; c < r->n_chunks; c++) n += r->chunks[c].size;
+    return n;
+}
+
+/* Sum the fragment's dense chunks over the learner's ranks, in place. */
+static int learner_sum_dense(Reducer *r, FragPlan *fp, float *local)
+{
+    if (r->topo->learner_size == 1 || !fp->n_dense) return ISTH_OK;
+    size_t k = 0;
+    for (int i = 0; i < fp->n_dense; i++) {
+        const int c = fp->dense_chunks[i];
+        memcpy(fp->dense_buf + k, local + chunk_offset(r, c), r->chunks[c].size * sizeof(float));
+        k += r->chunks[c].size;
+    }
+    CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, fp->dense_buf, (int)fp->dense_size, MPI_FLOAT, MPI_SUM,
+                            r->topo->learner_comm));
+    k = 0;
+    for (int i = 0; i < fp->n_dense; i++) {
+        const int c = fp->dense_chunks[i];
+        memcpy(local + chunk_offset(r, c), fp->dense_buf + k, r->chunks[c].size * sizeof(float));
+        k += r->chunks[c].size;
+    }
+    return ISTH_OK;
+}
+
+int reduce_learner_sum(Reducer *r, float *grads)
+{
+    for (int f = 0; f < r->fragments; f++) CHECK(learner_sum_dense(r, &r->frag[f], grads));
+    return ISTH_OK;
+}
+
+int reduce_start(Reducer *r, int f, float *buf, int kind)
+{
+    const Topology *t = r->topo;
+    FragPlan *fp = &r->frag[f];
+    const SiteInfo *site = &t->sites[t->site];
+    if (fp->in_flight) return isth_fail(ISTH_ERUNTIME, "reduce: fragment %d started twice", f);
+    fp->in_flight = 1;
+    fp->kind = kind;
+    fp->polls = 0;
+    fp->arrived_poll = -1;
+    fp->err2 = fp->norm2 = 0.0;
+    fp->exchange = ++r->exchanges;
+    if (kind == REDUCE_GRADS) CHECK(learner_sum_dense(r, fp, buf));
+    if (t->n_learners == 1) return ISTH_OK; /* nothing to combine */
+
+    /* (2) my owned chunks, summed over the site's learners in learner order */
+    float *mine = fp->staging + (size_t)t->site * fp->size;
+    for (int k = 0; k < fp->n_owned; k++)
+        memcpy(mine + fp->packed_off[k], buf + chunk_offset(r, fp->owned[k]),
+               r->chunks[fp->owned[k]].size * sizeof(float));
+    if (site->learners > 1) {
+        CHECK_MPI(MPI_Allgather(mine, (int)fp->size, MPI_FLOAT, fp->gather, (int)fp->size, MPI_FLOAT,
+                                r->site_peers));
+        for (size_t i = 0; i < fp->size; i++) {
+            float s = 0.0f;
+            for (int l = 0; l < site->learners; l++) s += fp->gather[(size_t)l * fp->size + i];
+            mine[i] = s;
+        }
+    }
+    if (t->n_sites == 1 || !r->leader) return ISTH_OK;
+
+    /* (3) encode chunk by chunk; my contribution becomes what others decode */
+    for (int k = 0; k < fp->n_owned; k++) {
+        const size_t n = r->chunks[fp->owned[k]].size;
+        float *v = mine + fp->packed_off[k];
+        double e2, n2;
+        codec_encode_ef(r->codec, v, fp->residual ? fp->residual + fp->packed_off[k] : NULL, n, r->block,
+                        fp->enc + fp->enc_off[k], fp->scratch, &e2, &n2);
+        memcpy(v, fp->scratch, n * sizeof(float));
+        fp->err2 += e2;
+        fp->norm2 += n2;
+    }
+    const int corrupt = r->link.corrupt_exchange && (uint64_t)r->link.corrupt_exchange == fp->exchange;
+    for (int i = 0; i < fp->n_peers; i++) {
+        Peer *p = &fp->peers[i];
+        unsigned char *payload = p->msg.send + sizeof(LinkHeader);
+        for (int j = 0; j < p->n; j++) {
+            const int k = p->chunks[j];
+            const size_t bytes = codec_encoded_size(r->codec, r->chunks[fp->owned[k]].size, r->block);
+            memcpy(payload, fp->enc + fp->enc_off[k], bytes);
+            payload += bytes;
+        }
+        link_frame(p->msg.send, (uint8_t)r->codec, 0, (uint32_t)f, (uint32_t)t->site, fp->exchange, p->values,
+                   p->enc_bytes);
+        if (corrupt) link_corrupt(p->msg.send, p->msg.send_bytes);
+        p->msg.send_posted = 0;
+        link_post_recv(&r->link, &p->msg);
+        if (!r->link.delay_polls) link_post_send(&r->link, &p->msg);
+    }
+    fp->sends_deferred = r->link.delay_polls > 0;
+    fp->sent_poll = 0;
+    return ISTH_OK;
+}
+
+void reduce_poll(Reducer *r)
+{
+    for (int f = 0; f < r->fragments; f++) {
+        FragPlan *fp = &r->frag[f];
+        if (!fp->in_flight || !fp->n_peers) continue;
+        fp->polls++;
+        if (fp->sends_deferred && fp->polls >= r->link.delay_polls) {
+            for (int i = 0; i < fp->n_peers; i++) link_post_send(&r->link, &fp->peers[i].msg);
+            fp->sends_deferred = 0;
+            fp->sent_poll = fp->polls;
+        }
+        if (fp->arrived_poll < 0) {
+            int all = 1;
+            for (int i = 0; i < fp->n_peers; i++)
+                if (!link_test(&r->link, &fp->peers[i].msg, 1)) all = 0;
+            if (all) fp->arrived_poll = fp->polls;
+        }
+    }
+}
+
+static void append_reason(char *buf, size_t cap, const char *site, const char *why)
+{
+    size_t n = strlen(buf);
+    if (strstr(buf, site)) return;
+    snprintf(buf + n, cap - n, "%s%s: %s", n ? "; " : "", site, why);
+}
+
+/* (4) verdicts: which sites' payloads every site accepted */
+static int agree(Reducer *r, FragPlan *fp, int f, unsigned char *ok)
+{
+    const Topology *t = r->topo;
+    CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, ok, t->n_sites, MPI_UNSIGNED_CHAR, MPI_MIN, t->site_comm));
+    if (r->leader && fp->n_peers) {
+        LinkMsg msgs[256];
+        int n = 0;
+        for (int i = 0; i < fp->n_peers && n < 256; i++) {
+            Peer *p = &fp->peers[i];
+            memcpy(p->verdict.send + sizeof(LinkHeader), ok, (size_t)t->n_sites);
+            link_frame(p->verdict.send, 0, 1, (uint32_t)f, (uint32_t)t->site, fp->exchange, (uint64_t)t->n_sites,
+                       (uint64_t)t->n_sites);
+            p->verdict.send_posted = 0;
+            link_post_recv(&r->link, &p->verdict);
+            link_post_send(&r->link, &p->verdict);
+            msgs[n++] = p->verdict;
+        }
+        CHECK(link_wait(&r->link, msgs, n, "verdict exchange"));
+        for (int i = 0; i < n; i++) {
+            const unsigned char *v = msgs[i].recv;
+            const char *bad = link_check(v, msgs[i].recv_bytes, 1, (uint32_t)f, fp->exchange,
+                                         (uint64_t)t->n_sites, (uint64_t)t->n_sites);
+            if (bad) { /* a verdict we cannot read: trust nobody's payload but our own */
+                for (int s = 0; s < t->n_sites; s++)
+                    if (s != t->site) ok[s] = 0;
+                continue;
+            }
+            for (int s = 0; s < t->n_sites; s++) ok[s] &= v[sizeof(LinkHeader) + s];
+        }
+    }
+    CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, ok, t->n_sites, MPI_UNSIGNED_CHAR, MPI_MIN, t->site_comm));
+    return ISTH_OK;
+}
+
+int reduce_finish(Reducer *r, int f, float *buf, ReduceReport *rep)
+{
+    const Topology *t = r->topo;
+    FragPlan *fp = &r->frag[f];
+    const SiteInfo *site = &t->sites[t->site];
+    memset(rep, 0, sizeof *rep);
+    rep->fragment = f;
+    rep->exchange = fp->exchange;
+    rep->n_sites = rep->accepted_sites = t->n_sites;
+    rep->arrived_poll = fp->arrived_poll;
+    if (fp->sends_deferred) { /* still held back by the test hook: link_wait posts them now */
+        fp->sent_poll = fp->polls;
+        fp->sends_deferred = 0;
+    }
+    rep->sent_poll = fp->sent_poll;
+    if (!fp->in_flight) return isth_fail(ISTH_ERUNTIME, "reduce: fragment %d finished but not started", f);
+    fp->in_flight = 0;
+
+    if (t->n_learners == 1) return ISTH_OK; /* one learner: buf already holds the result */
+    float *total = fp->staging + (size_t)t->site * fp->size; /* my site's sum, then the total */
+    if (t->n_sites > 1) {
+        unsigned char ok[CONFIG_MAX_SITES];
+        memset(ok, 1, sizeof ok);
+        if (r->leader && fp->n_peers) {
+            LinkMsg msgs[256];
+            for (int i = 0; i < fp->n_peers; i++) msgs[i] = fp->peers[i].msg;
+            int rc = link_wait(&r->link, msgs, fp->n_peers, "payload exchange");
+            for (int i = 0; i < fp->n_peers; i++) fp->peers[i].msg = msgs[i];
+            CHECK(rc);
+            for (int i = 0; i < fp->n_peers; i++) {
+                Peer *p = &fp->peers[i];
+                const char *bad = link_check(p->msg.recv, p->msg.recv_bytes, 0, (uint32_t)f, fp->exchange,
+                                             p->values, p->enc_bytes);
+                if (!bad) {
+                    float *dst = fp->staging + (size_t)p->site * fp->size;
+                    const unsigned char *src = p->msg.recv + sizeof(LinkHeader);
+                    for (int j = 0; j < p->n && !bad; j++) {
+                        const int k = p->chunks[j];
+                        const size_t n = r->chunks[fp->owned[k]].size;
+                        codec_decode(r->codec, src, n, r->block, dst + fp->packed_off[k]);
+                        src += codec_encoded_size(r->codec, n, r->block);
+                        for (size_t e = 0; e < n; e++)
+                            if (!isfinite(dst[fp->packed_off[k] + e])) {
+                                bad = "NaN or Inf in payload";
+                                break;
+                            }
+                    }
+                }
+                if (bad) {
+                    ok[p->site] = 0;
+                    append_reason(rep->rejected, sizeof rep->rejected, t->sites[p->site].name, bad);
+                }
+            }
+        }
+        CHECK(agree(r, fp, f, ok));
+        double wsum = 0.0;
+        rep->accepted_sites = 0;
+        for (int s = 0; s < t->n_sites; s++)
+            if (ok[s]) {
+                wsum += r->site_weight[s];
+                rep->accepted_sites++;
+            } else {
+                append_reason(rep->rejected, sizeof rep->rejected, t->sites[s].name, "rejected by a site");
+            }
+        /* (5) sum the accepted sites in site order */
+        if (r->leader) { /* total overwrites my site's slot element by element */
+            const float rescale = rep->accepted_sites == t->n_sites ? 1.0f : (float)(1.0 / wsum);
+            for (size_t i = 0; i < fp->size; i++) {
+                float s = 0.0f;
+                for (int st = 0; st < t->n_sites; st++)
+                    if (ok[st]) s += fp->staging[(size_t)st * fp->size + i];
+                total[i] = rescale == 1.0f ? s : s * rescale;
+            }
+        }
+        /* site-wide payload statistics for the log */
+        double stats[3] = {0.0, fp->err2, fp->norm2};
+        if (r->leader)
+            for (int i = 0; i < fp->n_peers; i++) stats[0] += (double)fp->peers[i].msg.send_bytes;
+        CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, stats, 3, MPI_DOUBLE, MPI_SUM, t->site_comm));
+        rep->payload_bytes = stats[0];
+        rep->codec_rel_error = stats[2] > 0 ? sqrt(stats[1] / stats[2]) : 0.0;
+        /* the first learner's total to the site's other learners */
+        if (site->learners > 1) CHECK_MPI(MPI_Bcast(total, (int)fp->size, MPI_FLOAT, 0, r->site_peers));
+    }
+    /* write back: my owned chunks, then dense chunks shared inside the learner */
+    for (int k = 0; k < fp->n_owned; k++)
+        memcpy(buf + chunk_offset(r, fp->owned[k]), total + fp->packed_off[k],
+               r->chunks[fp->owned[k]].size * sizeof(float));
+    if (t->learner_size > 1 && fp->n_dense) {
+        size_t k = 0;
+        const int G = t->learner_size;
+        for (int i = 0; i < fp->n_dense; i++) {
+            const int c = fp->dense_chunks[i];
+            if (chunk_owner(r, c, G) == t->learner_rank)
+                memcpy(fp->dense_buf + k, buf + chunk_offset(r, c), r->chunks[c].size * sizeof(float));
+            else
+                memset(fp->dense_buf + k, 0, r->chunks[c].size * sizeof(float));
+            k += r->chunks[c].size;
+        }
+        /* one non-zero term per element: the sum is exact */
+        CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, fp->dense_buf, (int)fp->dense_size, MPI_FLOAT, MPI_SUM,
+                                t->learner_comm));
+        k = 0;
+        for (int i = 0; i < fp->n_dense; i++) {
+            const int c = fp->dense_chunks[i];
+            memcpy(buf + chunk_offset(r, c), fp->dense_buf + k, r->chunks[c].size * sizeof(float));
+            k += r->chunks[c].size;
+        }
+    }
+    return ISTH_OK;
+}
+
+int grad_norm_sq_learner(const Model *m, MPI_Comm learner_comm, double *out)
+{
+    /* dense: every rank holds the whole dense gradient */
+    double dense = grad_sumsq(m, PARAM_EXPERT, 0);
+    const int L = m->cfg.layers, E = m->cfg.experts;
+    const size_t per = (size_t)m->cfg.dim * m->cfg.ffn, nblocks = (size_t)3 * L * E;
+    double *blocks = calloc(nblocks, sizeof(double));
+    CHECK_ALLOC(blocks);
+    for (int t = T_W_GATE; t <= T_W_DOWN; t++)
+        for (int l = 0; l < L; l++)
+            for (int e = 0; e < m->experts_local; e++) {
+                const float *g = model_grad(m, (TensorId)t, l) + (size_t)e * per;
+                double s = 0.0;
+                for (size_t i = 0; i < per; i++) s += (double)g[i] * g[i];
+                blocks[((size_t)(t - T_W_GATE) * L + l) * E + m->expert_begin + e] = s;
+            }
+    /* one non-zero per block: the sum is exact whatever the reduction order */
+    int rc = MPI_Allreduce(MPI_IN_PLACE, blocks, (int)nblocks, MPI_DOUBLE, MPI_SUM, learner_comm);
+    double total = dense;
+    for (size_t i = 0; i < nblocks; i++) total += blocks[i];
+    free(blocks);
+    if (rc != MPI_SUCCESS) return isth_fail(ISTH_ERUNTIME, "grad norm: MPI_Allreduce failed");
+    *out = total;
+    return ISTH_OK;
+}
+
+static uint64_t fnv1a(uint64_t h, const void *data, size_t n)
+{
+    const unsigned char *p = data;
+    for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 1099511628211ull;
+    return h;
+}
+
+int model_fingerprint(const Model *m, const float *buf, MPI_Comm learner_comm, uint64_t *out)
+{
+    const int L = m->cfg.layers, E = m->cfg.experts;
+    const size_t per = (size_t)m->cfg.dim * m->cfg.ffn, nblocks = (size_t)3 * L * E;
+    uint64_t *blocks = calloc(nblocks, sizeof(uint64_t));
+    CHECK_ALLOC(blocks);
+    for (int t = T_W_GATE; t <= T_W_DOWN; t++)
+        for (int l = 0; l < L; l++)
+            for (int e = 0; e < m->experts_local; e++) {
+                const float *p = buf + (model_param(m, (TensorId)t, l) - m->params) + (size_t)e * per;
+                blocks[((size_t)(t - T_W_GATE) * L + l) * E + m->expert_begin + e] =
+                    fnv1a(14695981039346656037ull, p, per * sizeof(float));
+            }
+    /* each block hashed by exactly one rank: XOR with zeros is exact */
+    int rc = MPI_Allreduce(MPI_IN_PLACE, blocks, (int)nblocks, MPI_UINT64_T, MPI_BXOR, learner_comm);
+    uint64_t h = 14695981039346656037ull;
+    for (int t = 0; t < T_W_GATE; t++)
+        h = fnv1a(h, buf + m->tensors[t].offset, m->tensors[t].numel * sizeof(float));
+    h = fnv1a(h, blocks, nblocks * sizeof(uint64_t));
+    free(blocks);
+    if (rc != MPI_SUCCESS) return isth_fail(ISTH_ERUNTIME, "fingerprint: MPI_Allreduce failed");
+    *out = h;
+    return ISTH_OK;
+}

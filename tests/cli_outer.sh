@@ -1,0 +1,80 @@
+#!/bin/sh
+# cli_outer.sh — DiLoCo and Streaming DiLoCo across two sites through mpirun:
+#  - diloco with H=1, outer lr 1, momentum 0 and plain-SGD inner steps
+#    reproduces sync (same weights within float32 tolerance);
+#  - streaming over sites of different layouts keeps every learner's anchor
+#    bit-identical, carries far fewer bytes than sync, and logs each outer step;
+#  - a corrupted payload (test hook) is rejected by every site, training goes on;
+#  - a site that sends late (test hook) does not stop the others before tau,
+#    and a delay beyond tau completes without deadlock.
+. "$TOP_SRCDIR/tests/lib.sh"
+
+T="$CONFIGS/tiny.ini"
+TWO="--set site.a.ranks=1 --set site.b.ranks=1 --set site.a.micro_batch=6 --set site.b.micro_batch=2"
+train() { # train NP NAME [args...]
+    local np=$1 name=$2
+    shift 2
+    mpi "$np" "$ISTHMUS" train "$T" --set train.out_dir="$WORK/$name" --set train.log_every=1 \
+        --set data.eval_bytes=4096 "$@" > "$WORK/$name.log" 2>&1 || fail "$name: training failed: $(tail -3 "$WORK/$name.log")"
+}
+
+# 1. diloco(H=1, lr 1, momentum 0, SGD) == sync, sites with different batch sizes
+SGD="--set train.optimizer=sgd --set train.clip=0 --set train.lr=0.05 --set train.min_lr=0.05 --set train.steps=6"
+train 2 sync_sgd $TWO $SGD
+train 2 diloco_h1 $TWO $SGD --set outer.mode=diloco --set outer.inner_steps=1 --set outer.lr=1 --set outer.momentum=0
+if h5diff -d 2e-6 "$WORK/sync_sgd/model.h5" "$WORK/diloco_h1/model.h5" /model /model > "$WORK/diff" 2>&1; then
+    pass "diloco H=1 (outer lr 1, momentum 0, SGD) = sync within 2e-6"
+else
+    fail "diloco H=1 differs from sync: $(grep 'differences found' "$WORK/diff" | head -3)"
+fi
+n=$(grep -c '^{"outer"' "$WORK/diloco_h1/metrics.jsonl")
+[ "$n" = 6 ] && pass "diloco H=1: one outer step per inner step ($n)" || fail "diloco H=1: $n outer lines"
+
+# 2. streaming, fp4, sites of different layouts (2 ranks as 1 learner + 4 ranks as 2 learners of 2)
+HET="--set site.a.ranks=2 --set site.b.ranks=4 --set site.b.learner_ranks=2 --set site.b.micro_batch=4"
+STREAM="--set outer.mode=streaming --set outer.inner_steps=8 --set outer.overlap=2 --set outer.codec=fp4 --set train.steps=24 --set train.check_replicas=8"
+train 6 stream $HET $STREAM
+grep -q "replicas identical at step 24: 3 learner(s)" "$WORK/stream.log" && [ "$(grep -c 'replicas identical' "$WORK/stream.log")" -ge 4 ] &&
+    pass "streaming: 3 learners on 2 sites share the same anchor at every check" || fail "streaming replicas: $(grep replicas "$WORK/stream.log")"
+M="$WORK/stream/metrics.jsonl"
+grep -q '"outer":1,"fragment":1,"started_step":4,"step":6,' "$M" && pass "fragment 1 starts after step 4 (offset H/P) and applies tau=2 steps later" || fail "schedule: $(grep '"outer":1,' "$M")"
+grep -q '"outer":2,"fragment":0,"started_step":8,"step":10,' "$M" && pass "fragment 0 starts after step 8" || fail "schedule: $(grep '"outer":2,' "$M")"
+red=$(sed -n 's/.*"summary":"traffic".*"reduction":\([0-9.]*\).*/\1/p' "$M")
+awk -v r="$red" 'BEGIN {exit !(r > 20)}' && pass "streaming fp4 H=8: $red x fewer inter-site bytes than sync" || fail "traffic reduction '$red'"
+err=$(grep '^{"outer"' "$M" | head -1 | sed 's/.*"codec_rel_error":\([^,]*\),.*/\1/')
+awk -v e="$err" 'BEGIN {exit !(e > 0.01 && e < 0.3)}' && pass "fp4 relative error logged ($err)" || fail "codec_rel_error '$err'"
+for set in prose tech; do
+    b=$(grep "\"eval\":\"$set\"" "$M" | sed 's/.*"bpb":\([^,]*\),.*/\1/')
+    awk -v b="$b" 'BEGIN {exit !(b > 0 && b < 7.5)}' && pass "streaming model learns ($set bpb $b)" || fail "$set bpb '$b'"
+done
+
+# 3. a corrupted payload from site b in exchange 2: rejected by all, training continues
+ISTHMUS_LINK_CORRUPT=b:2 train 2 corrupt $TWO $STREAM --set outer.codec=int8
+M="$WORK/corrupt/metrics.jsonl"
+grep '"outer":2,' "$M" | grep -q '"accepted_sites":1,"sites":2,.*"rejected":"b: bad checksum"' &&
+    pass "corrupted payload rejected (bad checksum), left out of that outer step" || fail "corruption: $(grep '"outer":2,' "$M")"
+[ "$(grep -c '"accepted_sites":2' "$M")" -ge 3 ] && pass "the other outer steps accept both sites" || fail "$(grep -c '"accepted_sites":2' "$M") full outer steps"
+grep -q "replicas identical at step 24" "$WORK/corrupt.log" && [ -f "$WORK/corrupt/model.h5" ] &&
+    pass "both sites agree after a rejection and finish" || fail "after corruption: $(tail -3 "$WORK/corrupt.log")"
+
+# 4. overlap: site a posts its sends 2 inner steps late (tau 3): training runs meanwhile
+ISTHMUS_LINK_DELAY=a:2 train 2 delay $TWO $STREAM --set outer.overlap=3 --set outer.codec=none
+M="$WORK/delay/metrics.jsonl"
+grep '"outer":1,' "$M" | grep -q '"started_step":4,"step":7,.*"accepted_sites":2,"sites":2,"sent_after_polls":2,' &&
+    pass "exchange started after step 4, sent after 2 more steps, applied after step 7" || fail "delay: $(grep '"outer":1,' "$M")"
+grep -q "replicas identical at step 24" "$WORK/delay.log" && pass "delayed sends: anchors still identical" || fail "delay replicas"
+# a delay longer than tau: completion posts the held sends, no deadlock
+ISTHMUS_LINK_DELAY=b:5 train 2 delay_long $TWO $STREAM --set outer.overlap=2
+grep -q "replicas identical at step 24" "$WORK/delay_long.log" && pass "delay beyond tau completes" || fail "long delay: $(tail -3 "$WORK/delay_long.log")"
+
+# 5. deadline: a site whose payloads never arrive is reported, not waited on forever
+rc=0
+ISTHMUS_LINK_MUTE=b:1 timeout 120 mpirun -q --oversubscribe -np 2 "$ISTHMUS" train "$T" \
+    --set train.out_dir="$WORK/dead" $TWO --set outer.mode=diloco --set outer.inner_steps=2 \
+    --set train.steps=4 --set outer.timeout=2 > "$WORK/dead.log" 2>&1 || rc=$?
+if [ "$rc" = 1 ] && grep -q "link: payload exchange: nothing from world rank 1 within \[outer\] timeout = 2 s" "$WORK/dead.log"; then
+    pass "a silent site hits the 2 s deadline: exit 1 naming the peer"
+else
+    fail "deadline: exit $rc: $(grep error "$WORK/dead.log" | head -3)"
+fi
+finish
