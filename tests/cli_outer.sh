@@ -48,6 +48,20 @@ for set in prose tech; do
     awk -v b="$b" 'BEGIN {exit !(b > 0 && b < 7.5)}' && pass "streaming model learns ($set bpb $b)" || fail "$set bpb '$b'"
 done
 
+# hierarchical: site b's two learners average first, the link carries one
+# float32 payload per site per outer step (16 bytes per parameter counted:
+# 2 sites x (sent + received) x 4 bytes), never one per learner
+train 6 hier $HET --set outer.mode=diloco --set outer.inner_steps=4 --set train.steps=8
+M="$WORK/hier/metrics.jsonl"
+s=$(grep '"summary":"traffic"' "$M")
+bytes=$(echo "$s" | sed 's/.*"inter_site_bytes":\([0-9]*\).*/\1/')
+syncb=$(echo "$s" | sed 's/.*"sync_equivalent_bytes":\([0-9]*\).*/\1/')
+outer=$(grep -c '^{"outer"' "$M")
+awk -v b="$bytes" -v s="$syncb" -v o="$outer" 'BEGIN { p = s / 8 / 16; per = b / o;
+    exit !(per >= 16 * p && per <= 16 * p + 65536) }' &&
+    pass "diloco over 3 learners: one payload per site per outer step ($bytes bytes in $outer outer steps)" ||
+    fail "hierarchical traffic: $bytes bytes, $outer outer steps, sync $syncb"
+
 # 3. a corrupted payload from site b in exchange 2: rejected by all, training continues
 ISTHMUS_LINK_CORRUPT=b:2 train 2 corrupt $TWO $STREAM --set outer.codec=int8
 M="$WORK/corrupt/metrics.jsonl"
