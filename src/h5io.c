@@ -2,90 +2,260 @@
 #include "h5io.h"
 
 #include <errno.h>
-#include <hdf5.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "status.h"
 
-#define H5_TRY(expr, ...)                                                   \
-    do {                                                                     \
-        if ((expr) < 0) {                                                    \
-            rc = isth_fail(ISTH_ERUNTIME, __VA_ARGS__);                      \
-            goto done;                                                       \
-        }                                                                    \
-    } while (0)
-
-static hid_t open_fapl(MPI_Comm comm)
+int select_held(const void *model, int tensor, int layer, int expert)
 {
-    H5Eset_auto2(H5E_DEFAULT, NULL, NULL); /* we report errors ourselves */
+    const Model *m = model;
+    (void)tensor;
+    (void)layer;
+    return expert < 0 || (expert >= m->expert_begin && expert < m->expert_begin + m->experts_local);
+}
+
+int select_experts_only(const void *model, int tensor, int layer, int expert)
+{
+    return expert >= 0 && select_held(model, tensor, layer, expert);
+}
+
+static hid_t fapl_for(MPI_Comm comm)
+{
+    H5Eset_auto2(H5E_DEFAULT, NULL, NULL); /* errors are reported by us, by name */
     hid_t fapl = H5Pcreate(H5P_FILE_ACCESS);
     H5Pset_fapl_mpio(fapl, comm, MPI_INFO_NULL);
     return fapl;
 }
 
-/* Hyperslab of tensor t owned by this rank: expert tensors select this
- * rank's experts; replicated tensors everything (or nothing when `none`). */
-static void rank_slab(const Model *m, const Tensor *t, hsize_t *start, hsize_t *count)
+/* Every rank agrees whether all succeeded (a failure on one rank must not
+ * leave the others inside the next collective call). */
+static int agree(MPI_Comm comm, int ok)
 {
-    for (int d = 0; d < t->ndim; d++) {
-        start[d] = 0;
-        count[d] = t->local[d];
-    }
-    if (t->flags & PARAM_EXPERT) start[1] = (hsize_t)m->expert_begin;
+    int all = ok;
+    MPI_Allreduce(MPI_IN_PLACE, &all, 1, MPI_INT, MPI_LAND, comm);
+    return all;
 }
 
-static int write_attr_string(hid_t obj, const char *name, const char *value)
+int h5_create(H5File *f, const char *path, MPI_Comm comm)
+{
+    memset(f, 0, sizeof *f);
+    f->comm = comm;
+    MPI_Comm_rank(comm, &f->rank);
+    snprintf(f->path, sizeof f->path, "%s", path);
+    snprintf(f->tmp, sizeof f->tmp, "%s.tmp", path);
+    hid_t fapl = fapl_for(comm);
+    f->file = H5Fcreate(f->tmp, H5F_ACC_TRUNC, H5P_DEFAULT, fapl);
+    H5Pclose(fapl);
+    if (!agree(comm, f->file >= 0)) {
+        if (f->file >= 0) H5Fclose(f->file);
+        return isth_fail(ISTH_ERUNTIME, "file %s: cannot create (directory missing or not writable?)", f->tmp);
+    }
+    f->xfer = H5Pcreate(H5P_DATASET_XFER);
+    H5Pset_dxpl_mpio(f->xfer, H5FD_MPIO_COLLECTIVE); /* filtered datasets need collective I/O */
+    return ISTH_OK;
+}
+
+int h5_commit(H5File *f)
+{
+    H5Pclose(f->xfer);
+    int ok = H5Fclose(f->file) >= 0 && !f->failed;
+    if (!agree(f->comm, ok)) {
+        if (f->rank == 0) unlink(f->tmp);
+        return isth_fail(ISTH_ERUNTIME, "file %s: write failed (disk full?)", f->tmp);
+    }
+    int rc = ISTH_OK;
+    if (f->rank == 0 && rename(f->tmp, f->path) != 0)
+        rc = isth_fail(ISTH_ERUNTIME, "file %s: rename from %s failed: %s", f->path, f->tmp, strerror(errno));
+    MPI_Bcast(&rc, 1, MPI_INT, 0, f->comm);
+    return rc;
+}
+
+void h5_abandon(H5File *f)
+{
+    H5Pclose(f->xfer);
+    H5Fclose(f->file);
+    MPI_Barrier(f->comm);
+    if (f->rank == 0) unlink(f->tmp);
+}
+
+int h5_open(H5File *f, const char *path, MPI_Comm comm)
+{
+    memset(f, 0, sizeof *f);
+    f->comm = comm;
+    MPI_Comm_rank(comm, &f->rank);
+    snprintf(f->path, sizeof f->path, "%s", path);
+    if (access(path, R_OK) != 0)
+        return isth_fail(ISTH_EINPUT, "file %s: cannot open: %s", path, strerror(errno));
+    hid_t fapl = fapl_for(comm);
+    f->file = H5Fopen(path, H5F_ACC_RDONLY, fapl);
+    H5Pclose(fapl);
+    if (!agree(comm, f->file >= 0)) {
+        if (f->file >= 0) H5Fclose(f->file);
+        return isth_fail(ISTH_EINPUT, "file %s: not a readable HDF5 file (truncated or corrupt?)", path);
+    }
+    f->xfer = H5Pcreate(H5P_DATASET_XFER);
+    H5Pset_dxpl_mpio(f->xfer, H5FD_MPIO_COLLECTIVE);
+    return ISTH_OK;
+}
+
+void h5_close(H5File *f)
+{
+    if (f->xfer > 0) H5Pclose(f->xfer);
+    if (f->file > 0) H5Fclose(f->file);
+    f->file = f->xfer = 0;
+}
+
+static int write_attr(H5File *f, const char *obj, const char *name, hid_t type, const void *value)
+{
+    hid_t space = H5Screate(H5S_SCALAR);
+    hid_t attr = H5Acreate_by_name(f->file, obj, name, type, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    herr_t err = attr < 0 ? -1 : H5Awrite(attr, type, value);
+    if (attr >= 0) H5Aclose(attr);
+    H5Sclose(space);
+    if (err < 0) {
+        f->failed = 1;
+        return isth_fail(ISTH_ERUNTIME, "file %s: cannot write attribute %s of %s", f->tmp, name, obj);
+    }
+    return ISTH_OK;
+}
+
+int h5_attr_write_string(H5File *f, const char *obj, const char *name, const char *value)
 {
     hid_t type = H5Tcopy(H5T_C_S1);
     H5Tset_size(type, strlen(value) + 1);
-    hid_t space = H5Screate(H5S_SCALAR);
-    hid_t attr = H5Acreate2(obj, name, type, space, H5P_DEFAULT, H5P_DEFAULT);
-    herr_t err = attr < 0 ? -1 : H5Awrite(attr, type, value);
-    if (attr >= 0) H5Aclose(attr);
-    H5Sclose(space);
+    int rc = write_attr(f, obj, name, type, value);
     H5Tclose(type);
-    return err < 0 ? -1 : 0;
+    return rc;
 }
 
-static int write_attr_scalar(hid_t obj, const char *name, hid_t type, const void *value)
+int h5_attr_write_double(H5File *f, const char *obj, const char *name, double value)
 {
-    hid_t space = H5Screate(H5S_SCALAR);
-    hid_t attr = H5Acreate2(obj, name, type, space, H5P_DEFAULT, H5P_DEFAULT);
-    herr_t err = attr < 0 ? -1 : H5Awrite(attr, type, value);
+    return write_attr(f, obj, name, H5T_NATIVE_DOUBLE, &value);
+}
+
+int h5_attr_write_long(H5File *f, const char *obj, const char *name, long long value)
+{
+    return write_attr(f, obj, name, H5T_NATIVE_LLONG, &value);
+}
+
+static int read_attr(H5File *f, const char *obj, const char *name, hid_t type, void *value)
+{
+    hid_t attr = H5Aopen_by_name(f->file, obj, name, H5P_DEFAULT, H5P_DEFAULT);
+    herr_t err = attr < 0 ? -1 : H5Aread(attr, type, value);
     if (attr >= 0) H5Aclose(attr);
-    H5Sclose(space);
-    return err < 0 ? -1 : 0;
+    if (err < 0) return isth_fail(ISTH_EINPUT, "file %s: missing or unreadable attribute %s", f->path, name);
+    return ISTH_OK;
 }
 
-int h5model_write(const char *path, const Model *m, const char *config_text, const H5Meta *meta,
-                  MPI_Comm comm, int writes_replicated)
+int h5_attr_read_long(H5File *f, const char *obj, const char *name, long long *value)
 {
-    int rc = ISTH_OK, rank;
-    MPI_Comm_rank(comm, &rank);
-    char tmp[2048];
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    hid_t fapl = open_fapl(comm), file = -1, group = -1, xfer = -1;
-    file = H5Fcreate(tmp, H5F_ACC_TRUNC, H5P_DEFAULT, fapl);
-    H5_TRY(file, "model file %s: cannot create", tmp);
-    xfer = H5Pcreate(H5P_DATASET_XFER);
-    H5Pset_dxpl_mpio(xfer, H5FD_MPIO_COLLECTIVE); /* filters need collective I/O */
-    const int version = H5IO_FORMAT_VERSION;
-    const long long step = meta->step;
-    H5_TRY(write_attr_scalar(file, "format_version", H5T_NATIVE_INT, &version),
-            "model file %s: cannot write attributes", tmp);
-    H5_TRY(write_attr_string(file, "config", config_text), "model file %s: cannot write config", tmp);
-    H5_TRY(write_attr_scalar(file, "step", H5T_NATIVE_LLONG, &step), "model file %s: attribute step", tmp);
-    H5_TRY(write_attr_scalar(file, "tokens", H5T_NATIVE_DOUBLE, &meta->tokens),
-            "model file %s: attribute tokens", tmp);
-    group = H5Gcreate2(file, "/model", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
-    H5_TRY(group, "model file %s: cannot create /model", tmp);
+    return read_attr(f, obj, name, H5T_NATIVE_LLONG, value);
+}
 
-    for (int i = 0; i < N_TENSORS; i++) {
+int h5_attr_read_double(H5File *f, const char *obj, const char *name, double *value)
+{
+    return read_attr(f, obj, name, H5T_NATIVE_DOUBLE, value);
+}
+
+int h5_attr_read_string(H5File *f, const char *obj, const char *name, char **value)
+{
+    *value = NULL;
+    hid_t attr = H5Aopen_by_name(f->file, obj, name, H5P_DEFAULT, H5P_DEFAULT);
+    if (attr < 0) return isth_fail(ISTH_EINPUT, "file %s: missing attribute %s", f->path, name);
+    hid_t type = H5Aget_type(attr);
+    size_t size = H5Tget_size(type);
+    char *text = calloc(size + 1, 1);
+    herr_t err = text ? H5Aread(attr, type, text) : -1;
+    H5Tclose(type);
+    H5Aclose(attr);
+    if (err < 0) {
+        free(text);
+        return isth_fail(ISTH_EINPUT, "file %s: unreadable attribute %s", f->path, name);
+    }
+    *value = text;
+    return ISTH_OK;
+}
+
+/* Chunks of tensor t in canonical order: (layer, expert). */
+static int n_layers(const Model *m, const Tensor *t) { return (t->flags & PARAM_LAYERED) ? m->cfg.layers : 1; }
+
+static void chunk_slab(const Tensor *t, int layer, int expert, hsize_t *start, hsize_t *count)
+{
+    for (int d = 0; d < t->ndim; d++) {
+        start[d] = 0;
+        count[d] = t->shape[d];
+    }
+    if (t->flags & PARAM_LAYERED) {
+        start[0] = (hsize_t)layer;
+        count[0] = 1;
+    }
+    if (t->flags & PARAM_EXPERT) {
+        start[1] = (hsize_t)expert;
+        count[1] = 1;
+    }
+}
+
+static size_t chunk_elems(const Tensor *t)
+{
+    size_t n = tensor_canonical_numel(t);
+    if (t->flags & PARAM_LAYERED) n /= t->shape[0];
+    if (t->flags & PARAM_EXPERT) n /= t->shape[1];
+    return n;
+}
+
+/* Local offset of a held chunk. */
+static size_t chunk_local(const Model *m, const Tensor *t, int layer, int expert)
+{
+    const size_t per = chunk_elems(t);
+    if (t->flags & PARAM_EXPERT)
+        return t->offset + ((size_t)layer * m->experts_local + (size_t)(expert - m->expert_begin)) * per;
+    return t->offset + ((t->flags & PARAM_LAYERED) ? (size_t)layer * per : 0);
+}
+
+/* Build the file selection of tensor t for this rank; returns the number of
+ * selected elements. pack: copy the chunks between buf and tmp (dir > 0:
+ * buf -> tmp, dir < 0: tmp -> buf, 0: none). */
+static size_t select_chunks(const Model *m, const Tensor *t, hid_t fspace, ChunkSelect sel, const void *ctx,
+                            float *buf, float *tmp, int dir)
+{
+    H5Sselect_none(fspace);
+    const int experts = (t->flags & PARAM_EXPERT) ? m->cfg.experts : 0;
+    const size_t per = chunk_elems(t);
+    size_t n = 0;
+    const int tid = (int)(t - m->tensors);
+    for (int l = 0; l < n_layers(m, t); l++)
+        for (int e = experts ? 0 : -1; e < (experts ? experts : 0); e++) {
+            if (!sel(ctx, tid, l, e)) continue;
+            hsize_t start[TENSOR_MAX_DIMS], count[TENSOR_MAX_DIMS];
+            chunk_slab(t, l, e, start, count);
+            H5Sselect_hyperslab(fspace, H5S_SELECT_OR, start, NULL, count, NULL);
+            if (dir > 0) memcpy(tmp + n, buf + chunk_local(m, t, l, e), per * sizeof(float));
+            if (dir < 0) memcpy(buf + chunk_local(m, t, l, e), tmp + n, per * sizeof(float));
+            n += per;
+        }
+    return n;
+}
+
+int h5_write_tensors(H5File *f, const char *group, const Model *m, const float *buf, ChunkSelect sel,
+                     const void *ctx)
+{
+    hid_t lcpl = H5Pcreate(H5P_LINK_CREATE);
+    H5Pset_create_intermediate_group(lcpl, 1);
+    hid_t g = H5Gcreate2(f->file, group, lcpl, H5P_DEFAULT, H5P_DEFAULT);
+    H5Pclose(lcpl);
+    if (!agree(f->comm, g >= 0)) {
+        f->failed = 1;
+        return isth_fail(ISTH_ERUNTIME, "file %s: cannot create group %s", f->tmp, group);
+    }
+    float *tmp = malloc(sizeof(float) * (m->n_params + 1));
+    int rc = tmp ? ISTH_OK : isth_fail(ISTH_ERUNTIME, "out of memory writing %s", group);
+    if (!agree(f->comm, rc == ISTH_OK)) rc = ISTH_ERUNTIME;
+    for (int i = 0; i < N_TENSORS && rc == ISTH_OK; i++) {
         const Tensor *t = &m->tensors[i];
-        hsize_t dims[TENSOR_MAX_DIMS], chunk[TENSOR_MAX_DIMS], start[TENSOR_MAX_DIMS],
-            count[TENSOR_MAX_DIMS];
+        hsize_t dims[TENSOR_MAX_DIMS], chunk[TENSOR_MAX_DIMS];
         for (int d = 0; d < t->ndim; d++) dims[d] = chunk[d] = t->shape[d];
         if (t->flags & PARAM_LAYERED) chunk[0] = 1;
         if (t->flags & PARAM_EXPERT) chunk[1] = 1;
@@ -93,153 +263,179 @@ int h5model_write(const char *path, const Model *m, const char *config_text, con
         hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
         H5Pset_chunk(dcpl, t->ndim, chunk);
         H5Pset_fletcher32(dcpl);
-        hid_t dset = H5Dcreate2(group, t->name, H5T_NATIVE_FLOAT, fspace, H5P_DEFAULT, dcpl, H5P_DEFAULT);
+        hid_t dset = H5Dcreate2(g, t->name, H5T_NATIVE_FLOAT, fspace, H5P_DEFAULT, dcpl, H5P_DEFAULT);
         H5Pclose(dcpl);
-        if (dset < 0) {
-            H5Sclose(fspace);
-            H5_TRY(-1, "model file %s: cannot create /model/%s", tmp, t->name);
-        }
-        rank_slab(m, t, start, count);
-        int writes = (t->flags & PARAM_EXPERT) || writes_replicated;
-        hid_t mspace = H5Screate_simple(t->ndim, count, NULL);
-        if (writes) {
-            H5Sselect_hyperslab(fspace, H5S_SELECT_SET, start, NULL, count, NULL);
-        } else {
-            H5Sselect_none(fspace);
-            H5Sselect_none(mspace);
-        }
-        herr_t err = H5Dwrite(dset, H5T_NATIVE_FLOAT, mspace, fspace, xfer, m->params + t->offset);
+        size_t n = select_chunks(m, t, fspace, sel, ctx, (float *)buf, tmp, 1);
+        hsize_t mdim = n ? n : 1;
+        hid_t mspace = H5Screate_simple(1, &mdim, NULL);
+        if (!n) H5Sselect_none(mspace);
+        herr_t err = dset < 0 ? -1 : H5Dwrite(dset, H5T_NATIVE_FLOAT, mspace, fspace, f->xfer, tmp);
         H5Sclose(mspace);
         H5Sclose(fspace);
-        H5Dclose(dset);
-        H5_TRY(err, "model file %s: writing /model/%s failed", tmp, t->name);
+        if (dset >= 0) H5Dclose(dset);
+        if (!agree(f->comm, err >= 0)) {
+            f->failed = 1;
+            rc = isth_fail(ISTH_ERUNTIME, "file %s: writing %s/%s failed", f->tmp, group, t->name);
+        }
     }
-done:
-    if (group >= 0) H5Gclose(group);
-    if (xfer >= 0) H5Pclose(xfer);
-    if (file >= 0 && H5Fclose(file) < 0 && rc == ISTH_OK)
-        rc = isth_fail(ISTH_ERUNTIME, "model file %s: close failed (disk full?)", tmp);
-    H5Pclose(fapl);
-    /* every rank must agree the file is complete before it gets its name */
-    int ok = rc == ISTH_OK, all_ok;
-    MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_LAND, comm);
-    if (!all_ok) return rc ? rc : ISTH_ERUNTIME;
-    if (rank == 0 && rename(tmp, path) != 0)
-        rc = isth_fail(ISTH_ERUNTIME, "model file %s: rename from %s failed: %s", path, tmp,
-                       strerror(errno));
-    MPI_Bcast(&rc, 1, MPI_INT, 0, comm);
+    free(tmp);
+    H5Gclose(g);
     return rc;
 }
 
-static hid_t open_file(const char *path, MPI_Comm comm, int *rc)
+int h5_read_tensors(H5File *f, const char *group, const Model *m, float *buf, ChunkSelect sel,
+                    const void *ctx)
 {
-    FILE *probe = fopen(path, "rb");
-    if (!probe) {
-        *rc = isth_fail(ISTH_EINPUT, "model file %s: cannot open: %s", path, strerror(errno));
-        return -1;
+    float *tmp = malloc(sizeof(float) * (m->n_params + 1));
+    int rc = tmp ? ISTH_OK : isth_fail(ISTH_ERUNTIME, "out of memory reading %s", group);
+    if (!agree(f->comm, rc == ISTH_OK)) rc = ISTH_ERUNTIME;
+    for (int i = 0; i < N_TENSORS && rc == ISTH_OK; i++) {
+        const Tensor *t = &m->tensors[i];
+        char name[300];
+        snprintf(name, sizeof name, "%s/%s", group, t->name);
+        hid_t dset = H5Lexists(f->file, group, H5P_DEFAULT) > 0 && H5Lexists(f->file, name, H5P_DEFAULT) > 0
+                         ? H5Dopen2(f->file, name, H5P_DEFAULT)
+                         : -1;
+        if (!agree(f->comm, dset >= 0)) {
+            if (dset >= 0) H5Dclose(dset);
+            rc = isth_fail(ISTH_EINPUT, "file %s: missing dataset %s", f->path, name);
+            break;
+        }
+        hid_t fspace = H5Dget_space(dset);
+        hsize_t dims[8];
+        int nd = H5Sget_simple_extent_ndims(fspace), match = nd == t->ndim;
+        if (match) {
+            H5Sget_simple_extent_dims(fspace, dims, NULL);
+            for (int d = 0; d < nd; d++) match &= dims[d] == t->shape[d];
+        }
+        if (!agree(f->comm, match)) {
+            H5Sclose(fspace);
+            H5Dclose(dset);
+            rc = isth_fail(ISTH_EINPUT, "file %s: dataset %s has a different shape than the configured model",
+                           f->path, name);
+            break;
+        }
+        size_t n = select_chunks(m, t, fspace, sel, ctx, buf, tmp, 0);
+        hsize_t mdim = n ? n : 1;
+        hid_t mspace = H5Screate_simple(1, &mdim, NULL);
+        if (!n) H5Sselect_none(mspace);
+        herr_t err = H5Dread(dset, H5T_NATIVE_FLOAT, mspace, fspace, f->xfer, tmp);
+        H5Sclose(mspace);
+        H5Sclose(fspace);
+        H5Dclose(dset);
+        int ok = err >= 0;
+        if (!ok) isth_fail(ISTH_EINPUT, "file %s: reading %s failed (checksum mismatch or truncated data)", f->path, name);
+        if (!agree(f->comm, ok)) {
+            rc = ISTH_EINPUT;
+            break;
+        }
+        /* unpack in the same canonical order */
+        hid_t scratch = H5Screate_simple(t->ndim, (hsize_t[]){t->shape[0], t->shape[1], t->shape[2], t->shape[3]}, NULL);
+        select_chunks(m, t, scratch, sel, ctx, buf, tmp, -1);
+        H5Sclose(scratch);
     }
-    fclose(probe);
-    hid_t fapl = open_fapl(comm);
-    hid_t file = H5Fopen(path, H5F_ACC_RDONLY, fapl);
-    H5Pclose(fapl);
-    if (file < 0) *rc = isth_fail(ISTH_EINPUT, "model file %s: not a readable HDF5 file (truncated or corrupt?)", path);
-    return file;
+    free(tmp);
+    return rc;
+}
+
+int h5_write_doubles(H5File *f, const char *name, const double *v, int n)
+{
+    hsize_t dim = (hsize_t)n;
+    hid_t space = H5Screate_simple(1, &dim, NULL);
+    hid_t dset = H5Dcreate2(f->file, name, H5T_NATIVE_DOUBLE, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    hid_t mspace = H5Screate_simple(1, &dim, NULL);
+    if (f->rank != 0) {
+        H5Sselect_none(space);
+        H5Sselect_none(mspace);
+    }
+    herr_t err = dset < 0 ? -1 : H5Dwrite(dset, H5T_NATIVE_DOUBLE, mspace, space, f->xfer, v);
+    H5Sclose(mspace);
+    H5Sclose(space);
+    if (dset >= 0) H5Dclose(dset);
+    if (!agree(f->comm, err >= 0)) {
+        f->failed = 1;
+        return isth_fail(ISTH_ERUNTIME, "file %s: writing %s failed", f->tmp, name);
+    }
+    return ISTH_OK;
+}
+
+int h5_read_doubles(H5File *f, const char *name, double *v, int n)
+{
+    hid_t dset = H5Lexists(f->file, name, H5P_DEFAULT) > 0 ? H5Dopen2(f->file, name, H5P_DEFAULT) : -1;
+    int ok = dset >= 0;
+    if (ok) {
+        hid_t space = H5Dget_space(dset);
+        hsize_t dim = 0;
+        H5Sget_simple_extent_dims(space, &dim, NULL);
+        H5Sclose(space);
+        ok = dim == (hsize_t)n && H5Dread(dset, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, f->xfer, v) >= 0;
+        H5Dclose(dset);
+    }
+    if (!agree(f->comm, ok))
+        return isth_fail(ISTH_EINPUT, "file %s: missing or damaged dataset %s", f->path, name);
+    return ISTH_OK;
+}
+
+/* ---- model file ---------------------------------------------------------- */
+
+typedef struct {
+    const Model *m;
+    int writes_dense;
+} ModelSel;
+
+static int select_model_write(const void *ctx, int tensor, int layer, int expert)
+{
+    const ModelSel *s = ctx;
+    return expert >= 0 ? select_held(s->m, tensor, layer, expert) : s->writes_dense;
+}
+
+int h5model_write(const char *path, const Model *m, const char *config_text, const H5Meta *meta,
+                  MPI_Comm comm, int writes_replicated)
+{
+    H5File f;
+    CHECK(h5_create(&f, path, comm));
+    ModelSel sel = {m, writes_replicated};
+    int rc = h5_attr_write_long(&f, "/", "format_version", H5IO_FORMAT_VERSION);
+    if (rc == ISTH_OK) rc = h5_attr_write_string(&f, "/", "config", config_text);
+    if (rc == ISTH_OK) rc = h5_attr_write_long(&f, "/", "step", meta->step);
+    if (rc == ISTH_OK) rc = h5_attr_write_double(&f, "/", "tokens", meta->tokens);
+    if (rc == ISTH_OK) rc = h5_write_tensors(&f, "/model", m, m->params, select_model_write, &sel);
+    if (rc != ISTH_OK) f.failed = 1;
+    int crc = h5_commit(&f);
+    return rc != ISTH_OK ? rc : crc;
+}
+
+static int check_version(H5File *f)
+{
+    long long version = 0;
+    CHECK(h5_attr_read_long(f, "/", "format_version", &version));
+    if (version != H5IO_FORMAT_VERSION)
+        return isth_fail(ISTH_EINPUT, "file %s: format_version %lld, this build reads %d", f->path, version,
+                         H5IO_FORMAT_VERSION);
+    return ISTH_OK;
 }
 
 int h5model_read_config(const char *path, char **config_text, MPI_Comm comm)
 {
-    int rc = ISTH_OK;
-    *config_text = NULL;
-    hid_t file = open_file(path, comm, &rc), attr = -1, type = -1;
-    if (file < 0) return rc;
-    int version = 0;
-    attr = H5Aopen(file, "format_version", H5P_DEFAULT);
-    H5_TRY(attr, "model file %s: missing attribute format_version", path);
-    H5_TRY(H5Aread(attr, H5T_NATIVE_INT, &version), "model file %s: bad format_version", path);
-    H5Aclose(attr);
-    attr = -1;
-    if (version != H5IO_FORMAT_VERSION) {
-        rc = isth_fail(ISTH_EINPUT, "model file %s: format_version %d, this build reads %d", path,
-                       version, H5IO_FORMAT_VERSION);
-        goto done;
-    }
-    attr = H5Aopen(file, "config", H5P_DEFAULT);
-    H5_TRY(attr, "model file %s: missing attribute config", path);
-    type = H5Aget_type(attr);
-    size_t size = H5Tget_size(type);
-    char *text = calloc(size + 1, 1);
-    if (!text || H5Aread(attr, type, text) < 0) {
-        free(text);
-        H5_TRY(-1, "model file %s: cannot read attribute config", path);
-    }
-    *config_text = text;
-done:
-    if (rc != ISTH_OK && rc != ISTH_EINPUT) rc = ISTH_EINPUT;
-    if (type >= 0) H5Tclose(type);
-    if (attr >= 0) H5Aclose(attr);
-    H5Fclose(file);
+    H5File f;
+    CHECK(h5_open(&f, path, comm));
+    int rc = check_version(&f);
+    if (rc == ISTH_OK) rc = h5_attr_read_string(&f, "/", "config", config_text);
+    h5_close(&f);
     return rc;
 }
 
 int h5model_read(const char *path, Model *m, H5Meta *meta, MPI_Comm comm)
 {
-    int rc = ISTH_OK;
-    hid_t file = open_file(path, comm, &rc), xfer = -1;
-    if (file < 0) return rc;
-    xfer = H5Pcreate(H5P_DATASET_XFER);
-    H5Pset_dxpl_mpio(xfer, H5FD_MPIO_COLLECTIVE);
+    H5File f;
+    CHECK(h5_open(&f, path, comm));
     long long step = 0;
-    hid_t attr = H5Aopen(file, "step", H5P_DEFAULT);
-    if (attr >= 0) {
-        H5Aread(attr, H5T_NATIVE_LLONG, &step);
-        H5Aclose(attr);
-    }
+    int rc = check_version(&f);
+    if (rc == ISTH_OK) rc = h5_attr_read_long(&f, "/", "step", &step);
     meta->step = (long)step;
     meta->tokens = 0;
-    attr = H5Aopen(file, "tokens", H5P_DEFAULT);
-    if (attr >= 0) {
-        H5Aread(attr, H5T_NATIVE_DOUBLE, &meta->tokens);
-        H5Aclose(attr);
-    }
-    for (int i = 0; i < N_TENSORS; i++) {
-        const Tensor *t = &m->tensors[i];
-        char name[256];
-        snprintf(name, sizeof name, "/model/%s", t->name);
-        hid_t dset = H5Dopen2(file, name, H5P_DEFAULT);
-        if (dset < 0) {
-            rc = isth_fail(ISTH_EINPUT, "model file %s: missing dataset %s", path, name);
-            goto done;
-        }
-        hid_t fspace = H5Dget_space(dset);
-        hsize_t dims[8], start[TENSOR_MAX_DIMS], count[TENSOR_MAX_DIMS];
-        int nd = H5Sget_simple_extent_ndims(fspace);
-        int match = nd == t->ndim;
-        if (match) {
-            H5Sget_simple_extent_dims(fspace, dims, NULL);
-            for (int d = 0; d < nd; d++) match &= dims[d] == t->shape[d];
-        }
-        if (!match) {
-            H5Sclose(fspace);
-            H5Dclose(dset);
-            rc = isth_fail(ISTH_EINPUT, "model file %s: dataset %s has a different shape than the configured model",
-                           path, name);
-            goto done;
-        }
-        rank_slab(m, t, start, count);
-        H5Sselect_hyperslab(fspace, H5S_SELECT_SET, start, NULL, count, NULL);
-        hid_t mspace = H5Screate_simple(t->ndim, count, NULL);
-        herr_t err = H5Dread(dset, H5T_NATIVE_FLOAT, mspace, fspace, xfer, m->params + t->offset);
-        H5Sclose(mspace);
-        H5Sclose(fspace);
-        H5Dclose(dset);
-        if (err < 0) {
-            rc = isth_fail(ISTH_EINPUT, "model file %s: reading %s failed (checksum mismatch or truncated data)",
-                           path, name);
-            goto done;
-        }
-    }
-done:
-    if (xfer >= 0) H5Pclose(xfer);
-    H5Fclose(file);
+    if (rc == ISTH_OK) rc = h5_attr_read_double(&f, "/", "tokens", &meta->tokens);
+    if (rc == ISTH_OK) rc = h5_read_tensors(&f, "/model", m, m->params, select_held, m);
+    h5_close(&f);
     return rc;
 }

@@ -1,42 +1,87 @@
-/* h5io.h — HDF5 files of model tensors, written and read with parallel HDF5.
+/* h5io.h — HDF5 files of model-shaped tensors, written and read with
+ * parallel HDF5 (MPI-IO), one collective file per call sequence.
  *
- * Owns: the on-disk layout. Every tensor of the model table is a float32
- * dataset with its canonical (layout-independent) shape — layers stacked on
- * axis 0, all experts on axis 1 of the expert tensors — chunked per layer
- * (and per expert) with the fletcher32 checksum filter. Each rank writes and
- * reads only its own hyperslab: its experts, and the replicated tensors if it
- * is the designated writer. Files are written under "<path>.tmp" and renamed
- * when complete, so a reader never sees a half-written file.
- * Must not: decide when to write or what the run does with what it reads.
- *
- * Root attributes: format_version (int), config (the resolved INI text),
- * step (int64), tokens (double).
+ * Owns: the on-disk layout. A "model-shaped group" (e.g. /model,
+ * /inner/m, /outer/momentum) holds one float32 dataset per tensor of the
+ * model table with its canonical (layout-independent) shape — layers
+ * stacked on axis 0, all experts on axis 1 of the expert tensors — chunked
+ * per layer (and per expert) with the fletcher32 checksum filter, so a
+ * damaged chunk is detected when read. Each rank writes and reads only the
+ * canonical chunks a selection function gives it; a reader with a different
+ * layout simply selects other chunks. Files are written under
+ * "<path>.tmp" and renamed when every rank has closed them.
+ * Must not: decide what to write or when.
  */
 #ifndef ISTHMUS_H5IO_H
 #define ISTHMUS_H5IO_H
 
+#include <hdf5.h>
 #include <mpi.h>
 
 #include "model.h"
 
-#define H5IO_FORMAT_VERSION 1
+#define H5IO_FORMAT_VERSION 2
 
+/* Does this rank transfer chunk (tensor, layer, expert)? expert = -1 for a
+ * dense chunk (layer = 0 for embed and final_norm). */
+typedef int (*ChunkSelect)(const void *ctx, int tensor, int layer, int expert);
+
+/* Selections for the common cases. */
+int select_held(const void *model, int tensor, int layer, int expert);       /* all dense + my experts */
+int select_experts_only(const void *model, int tensor, int layer, int expert); /* my experts */
+
+typedef struct {
+    hid_t file, xfer;
+    MPI_Comm comm;
+    int rank;
+    char path[1100], tmp[1120];
+    int failed;
+} H5File;
+
+/* Create "<path>.tmp" collectively. */
+int h5_create(H5File *f, const char *path, MPI_Comm comm);
+/* Close; when every rank succeeded, rank 0 renames to the final path. */
+int h5_commit(H5File *f);
+/* Close without renaming and remove the temporary file. */
+void h5_abandon(H5File *f);
+/* Open an existing file collectively (read-only). */
+int h5_open(H5File *f, const char *path, MPI_Comm comm);
+void h5_close(H5File *f);
+
+/* Root (or group) attributes. */
+int h5_attr_write_string(H5File *f, const char *obj, const char *name, const char *value);
+int h5_attr_write_double(H5File *f, const char *obj, const char *name, double value);
+int h5_attr_write_long(H5File *f, const char *obj, const char *name, long long value);
+int h5_attr_read_long(H5File *f, const char *obj, const char *name, long long *value);
+int h5_attr_read_double(H5File *f, const char *obj, const char *name, double *value);
+/* malloc'd string */
+int h5_attr_read_string(H5File *f, const char *obj, const char *name, char **value);
+
+/* Collective: create group `group` with every tensor and write, from `buf`
+ * (laid out like m->params), the chunks `sel` selects on this rank. */
+int h5_write_tensors(H5File *f, const char *group, const Model *m, const float *buf, ChunkSelect sel,
+                     const void *ctx);
+/* Collective: read the chunks `sel` selects into buf (laid out like
+ * m->params). Missing datasets, shape mismatches and checksum failures are
+ * ISTH_EINPUT naming the file and dataset. */
+int h5_read_tensors(H5File *f, const char *group, const Model *m, float *buf, ChunkSelect sel,
+                    const void *ctx);
+
+/* Collective over comm: a small dataset of doubles (n), written by rank 0. */
+int h5_write_doubles(H5File *f, const char *name, const double *v, int n);
+int h5_read_doubles(H5File *f, const char *name, double *v, int n);
+
+/* --- the model file of `isthmus train` (/model + config) ------------------ */
 typedef struct {
     long step;
     double tokens;
 } H5Meta;
 
-/* Collective over `comm`. `writes_replicated`: this rank writes the
- * replicated tensors (exactly one rank per file should). */
 int h5model_write(const char *path, const Model *m, const char *config_text, const H5Meta *meta,
                   MPI_Comm comm, int writes_replicated);
-
-/* Read the resolved config text stored in a model file (malloc'd). */
+/* The resolved config text stored in a model or checkpoint file. */
 int h5model_read_config(const char *path, char **config_text, MPI_Comm comm);
-
-/* Read all tensors into m (already created with the file's model shape):
- * each rank reads its experts and every replicated tensor. Shape mismatches
- * and checksum failures are ISTH_EINPUT naming the file and dataset. */
+/* /model into m (each rank: every dense tensor and its experts). */
 int h5model_read(const char *path, Model *m, H5Meta *meta, MPI_Comm comm);
 
 #endif
