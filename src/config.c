@@ -34,6 +34,7 @@ typedef struct {
 #define TR(field) offsetof(Config, train.field)
 #define DA(field) offsetof(Config, data.field)
 #define OU(field) offsetof(Config, outer.field)
+#define CK(field) offsetof(Config, checkpoint.field)
 #define STRSZ(field) sizeof(((Config *)0)->field)
 
 /* The public configuration keys. Names are a stable interface (DESIGN.md):
@@ -82,12 +83,13 @@ static const KeySpec schema[] = {
     {"outer", "codec_block", KEY_INT, OU(codec_block), 0, 1, 1 << 24, 0, NULL, "128"},
     {"outer", "error_feedback", KEY_ENUM, OU(error_feedback), STRSZ(outer.error_feedback), 0, 0, 0, "on|off", "on"},
     {"outer", "timeout", KEY_REAL, OU(timeout), 0, 0, 1e7, 1, NULL, "600"},
+
+    {"checkpoint", "dir", KEY_STR, CK(dir), STRSZ(checkpoint.dir), 0, 0, 0, NULL, ""},
+    {"checkpoint", "every", KEY_INT, CK(every), 0, 0, INT_MAX, 0, NULL, "0"},
+    {"checkpoint", "keep", KEY_INT, CK(keep), 0, 1, 1000000, 0, NULL, "3"},
 };
 #define N_KEYS (sizeof schema / sizeof schema[0])
 
-/* Sections that DESIGN.md reserves for features that arrive with later
- * issues; rejected with a clear message rather than silently ignored. */
-static const char *const reserved_sections[] = {"checkpoint"};
 
 /* Keys of a [site.NAME] section (offsets into SiteConfig). "-1" defaults
  * mean "inherit" (resolved after all sections are read). */
@@ -470,6 +472,7 @@ static int load_entries(Config *cfg, EntryList *l, const char *const *overrides,
     memset(&cfg->train, 0, sizeof cfg->train);
     memset(&cfg->data, 0, sizeof cfg->data);
     memset(&cfg->outer, 0, sizeof cfg->outer);
+    memset(&cfg->checkpoint, 0, sizeof cfg->checkpoint);
     cfg->n_sites = 0;
     for (size_t i = 0; i < N_KEYS; i++) CHECK(apply_value(cfg, &schema[i], schema[i].dflt, "(default)"));
     cfg->model.vocab = 256;
@@ -485,10 +488,6 @@ static int load_entries(Config *cfg, EntryList *l, const char *const *overrides,
             CHECK(apply_site_key(cfg, e));
             continue;
         }
-        for (size_t r = 0; r < sizeof reserved_sections / sizeof *reserved_sections; r++)
-            if (!strcmp(e->section, reserved_sections[r]))
-                return isth_fail(ISTH_EINPUT, "config %s: [%s] %s: section [%s] is not supported yet",
-                                 e->origin, e->section, e->key, e->section);
         if (!section_known(e->section))
             return isth_fail(ISTH_EINPUT, "config %s: unknown section [%s]", e->origin, e->section);
         return isth_fail(ISTH_EINPUT, "config %s: unknown key '%s' in [%s]", e->origin, e->key,

@@ -81,10 +81,17 @@ typedef struct {
 } OuterConfig;
 
 typedef struct {
+    char dir[CONFIG_PATH_MAX]; /* "" = <out_dir>/checkpoints; one subdirectory per site */
+    int every;          /* steps between checkpoints (0 = only at the end and on a signal) */
+    int keep;           /* newest checkpoints kept per site */
+} CheckpointConfig;
+
+typedef struct {
     ModelConfig model;
     TrainConfig train;
     DataConfig data;
     OuterConfig outer;
+    CheckpointConfig checkpoint;
     SiteConfig sites[CONFIG_MAX_SITES];
     int n_sites;        /* 0: one implicit site holding every rank as one learner */
     char source[CONFIG_PATH_MAX]; /* file the config came from, for messages */

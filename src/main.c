@@ -13,6 +13,7 @@
 
 #include "bench.h"
 #include "blas_select.h"
+#include "ckpt.h"
 #include "coll.h"
 #include "config.h"
 #include "eval.h"
@@ -33,18 +34,23 @@ static const char *const usage_main =
     "  eval --model FILE [--set ...]...            bits per byte on both eval sets\n"
     "  bench CONFIG [--threads 1,2] [--steps N]    training-step throughput and GFLOP/s\n"
     "  config [CONFIG] [--set ...]... [--keys]     print the resolved configuration\n"
+    "  inspect FILE                                attributes, datasets and validity of a checkpoint\n"
     "\n"
     "'isthmus <command> --help' describes a command. Configuration keys: docs/configuration.md\n";
 
 static const char *const usage_train =
-    "usage: isthmus train CONFIG.ini [--set section.key=value]...\n"
+    "usage: isthmus train CONFIG.ini [--set section.key=value]... [--resume FILE|auto]\n"
     "\n"
     "Trains the model described by CONFIG.ini ([model], [train], [data] sections).\n"
     "--set overrides or adds one key; it may be repeated. The resolved configuration\n"
     "is printed first. Rank 0 prints one line per step and appends JSON lines to\n"
     "<out_dir>/metrics.jsonl; both eval sets are scored every eval_every steps and at\n"
     "the end; the final weights go to <out_dir>/model.h5.\n"
-    "Exit status: 0 success, 1 runtime failure, 2 bad configuration or data.\n";
+    "Checkpoints ([checkpoint] dir/every/keep) hold the whole state, one HDF5 file per\n"
+    "site; --resume auto continues from the newest checkpoint every site has (invalid\n"
+    "files are reported and skipped), --resume FILE from that step. SIGTERM or SIGUSR1\n"
+    "finishes the step, writes a checkpoint and exits 0.\n"
+    "Exit status: 0 success, 1 runtime failure, 2 bad configuration, data or checkpoint.\n";
 
 static const char *const usage_eval =
     "usage: isthmus eval --model FILE [--set section.key=value]...\n"
@@ -69,6 +75,14 @@ static const char *const usage_config =
     "\n"
     "Validates and prints the resolved configuration (every key, defaults filled in).\n"
     "--keys lists every configuration key instead.\n";
+
+static const char *const usage_inspect =
+    "usage: isthmus inspect FILE\n"
+    "\n"
+    "Prints the attributes (format version, step, tokens, site, mode, ...) and every\n"
+    "dataset with its shape of a checkpoint or model file, then reads every dataset\n"
+    "(fletcher32 checksums verified) and prints a verdict. Exit status 0 when valid,\n"
+    "2 when the file is missing, truncated, corrupted or of another format version.\n";
 
 static int wants_help(int argc, char **argv)
 {
@@ -123,12 +137,14 @@ static int cmd_train(int argc, char **argv)
         return ISTH_OK;
     }
     const char *overrides[MAX_OVERRIDES], *pos[1];
+    const char *const extra[] = {"--resume"};
+    const char *resume = NULL;
     int n_over, n_pos;
-    CHECK(parse_common(argc, argv, overrides, &n_over, pos, 1, &n_pos, NULL, NULL, 0));
+    CHECK(parse_common(argc, argv, overrides, &n_over, pos, 1, &n_pos, extra, &resume, 1));
     if (n_pos != 1) return isth_fail(ISTH_EINPUT, "train: missing CONFIG.ini (see isthmus train --help)");
     Config cfg;
     CHECK(config_load(&cfg, pos[0], overrides, n_over));
-    return train_run(&cfg);
+    return train_run(&cfg, resume);
 }
 
 static int cmd_eval(int argc, char **argv)
@@ -236,6 +252,19 @@ static int cmd_bench(int argc, char **argv)
     return bench_run(&cfg, threads, n_threads, (int)steps);
 }
 
+static int cmd_inspect(int argc, char **argv)
+{
+    if (wants_help(argc, argv)) {
+        fputs(usage_inspect, stdout);
+        return ISTH_OK;
+    }
+    const char *overrides[MAX_OVERRIDES], *pos[1];
+    int n_over, n_pos;
+    CHECK(parse_common(argc, argv, overrides, &n_over, pos, 1, &n_pos, NULL, NULL, 0));
+    if (n_pos != 1 || n_over) return isth_fail(ISTH_EINPUT, "inspect: expected one FILE (see isthmus inspect --help)");
+    return ckpt_inspect(pos[0]);
+}
+
 static int cmd_config(int argc, char **argv)
 {
     if (wants_help(argc, argv)) {
@@ -283,6 +312,8 @@ int main(int argc, char **argv)
         rc = cmd_eval(argc - 2, argv + 2);
     } else if (!strcmp(argv[1], "bench")) {
         rc = cmd_bench(argc - 2, argv + 2);
+    } else if (!strcmp(argv[1], "inspect")) {
+        rc = cmd_inspect(argc - 2, argv + 2);
     } else if (!strcmp(argv[1], "config")) {
         rc = cmd_config(argc - 2, argv + 2);
     } else {

@@ -587,3 +587,39 @@ int model_fingerprint(const Model *m, const float *buf, MPI_Comm learner_comm, u
     *out = h;
     return ISTH_OK;
 }
+
+int reduce_owns(const void *reducer, int tensor, int layer, int expert)
+{
+    Reducer *r = (Reducer *)reducer;
+    for (int c = 0; c < r->n_chunks; c++) {
+        const Chunk *ch = &r->chunks[c];
+        if (ch->tensor == tensor && ch->layer == layer && ch->expert == expert)
+            return chunk_owner(r, c, r->topo->learner_size) == r->topo->learner_rank;
+    }
+    return 0;
+}
+
+int reduce_has_residual(const Reducer *r) { return r->frag && r->frag[0].residual != NULL; }
+
+void reduce_residual_export(const Reducer *r, float *buf)
+{
+    memset(buf, 0, sizeof(float) * r->model->n_params);
+    for (int f = 0; f < r->fragments; f++) {
+        const FragPlan *fp = &r->frag[f];
+        if (!fp->residual) continue;
+        for (int k = 0; k < fp->n_owned; k++)
+            memcpy(buf + chunk_offset(r, fp->owned[k]), fp->residual + fp->packed_off[k],
+                   r->chunks[fp->owned[k]].size * sizeof(float));
+    }
+}
+
+void reduce_residual_import(Reducer *r, const float *buf)
+{
+    for (int f = 0; f < r->fragments; f++) {
+        FragPlan *fp = &r->frag[f];
+        if (!fp->residual) continue;
+        for (int k = 0; k < fp->n_owned; k++)
+            memcpy(fp->residual + fp->packed_off[k], buf + chunk_offset(r, fp->owned[k]),
+                   r->chunks[fp->owned[k]].size * sizeof(float));
+    }
+}

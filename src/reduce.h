@@ -140,6 +140,15 @@ void reduce_fragment_runs(const Reducer *r, int f, const size_t **off, const siz
 /* Canonical element count (all chunks). */
 size_t reduce_canonical_params(const Reducer *r);
 
+/* Does this rank own chunk (tensor, layer, expert) inside its learner? */
+int reduce_owns(const void *reducer, int tensor, int layer, int expert);
+/* Error-feedback residuals <-> a buffer laid out like model params (only
+ * owned chunks; zeros elsewhere on export). No-ops without feedback state. */
+void reduce_residual_export(const Reducer *r, float *buf);
+void reduce_residual_import(Reducer *r, const float *buf);
+/* Has this rank error-feedback state (first learner of a site, codec on)? */
+int reduce_has_residual(const Reducer *r);
+
 /* Squared L2 norm of the learner's full gradient, the same number on every
  * rank of every learner whatever the sharding. */
 int grad_norm_sq_learner(const Model *m, MPI_Comm learner_comm, double *out);

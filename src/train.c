@@ -3,12 +3,14 @@
 
 #include <cblas.h>
 #include <math.h>
+#include <signal.h>
 #include <mpi.h>
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
+#include "ckpt.h"
 #include "eval.h"
 #include "h5io.h"
 #include "status.h"
@@ -264,7 +266,42 @@ static int traffic_summary(Trainer *tr)
     return ISTH_OK;
 }
 
-int train_run(const Config *cfg)
+/* SIGTERM / SIGUSR1 (what Slurm sends before the time limit): finish the
+ * step, checkpoint, exit 0. The handler only raises a flag; a second signal
+ * during the checkpoint changes nothing (the file is renamed when complete). */
+static volatile sig_atomic_t stop_signal;
+static void on_stop_signal(int sig) { stop_signal = sig; }
+
+/* Every rank must stop after the same step. The flags are combined with a
+ * non-blocking all-reduce started after step t and completed after step t+1,
+ * so the vote costs no wait on a slow link; the decision lags one step. */
+typedef struct {
+    MPI_Request req;
+    int send, recv, pending;
+} StopVote;
+
+static int stop_vote(StopVote *v, int local)
+{
+    int agreed = 0;
+    if (v->pending) {
+        MPI_Wait(&v->req, MPI_STATUS_IGNORE);
+        agreed = v->recv;
+    }
+    v->send = local;
+    MPI_Iallreduce(&v->send, &v->recv, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD, &v->req);
+    v->pending = 1;
+    return agreed;
+}
+
+static int in_flight(const Trainer *tr)
+{
+    if (!tr->outer_mode) return 0;
+    for (int p = 0; p < tr->cfg.outer.fragments; p++)
+        if (tr->outer.started[p] >= 0) return 1;
+    return 0;
+}
+
+int train_run(const Config *cfg, const char *resume)
 {
     Trainer tr;
     int rc = trainer_create(&tr, cfg, 1);
@@ -276,8 +313,20 @@ int train_run(const Config *cfg)
                omp_get_max_threads());
         fflush(stdout);
     }
+    if (rc == ISTH_OK && resume) {
+        char path[1200];
+        rc = ckpt_find(&tr, resume, path, sizeof path);
+        if (rc == ISTH_OK && path[0]) rc = ckpt_load(&tr, path);
+        else if (rc == ISTH_OK && tr.log) printf("resume: no valid checkpoint found; starting from step 0\n");
+    }
     const TrainConfig *tc = &cfg->train;
-    if (rc == ISTH_OK && tc->eval_every > 0) rc = trainer_eval(&tr, NULL, NULL);
+    const char *hook = getenv("ISTHMUS_STOP_AT_STEP"); /* test hook: behave as if signalled */
+    const long stop_at = hook ? atol(hook) : -1;
+    signal(SIGTERM, on_stop_signal);
+    signal(SIGUSR1, on_stop_signal);
+    StopVote vote = {0};
+    int stopping = 0, ckpt_due = 0;
+    if (rc == ISTH_OK && tc->eval_every > 0 && tr.step == 0) rc = trainer_eval(&tr, NULL, NULL);
     while (rc == ISTH_OK && tr.step < tc->steps) {
         StepLog s;
         rc = trainer_step(&tr, &s);
@@ -285,15 +334,30 @@ int train_run(const Config *cfg)
         if (tr.log && (s.step % tc->log_every == 0 || s.step == tc->steps)) metrics_step(&tr.metrics, &s);
         if (tc->check_replicas > 0 && (tr.step % tc->check_replicas == 0 || tr.step == tc->steps))
             rc = check_replicas(&tr);
-        if (rc == ISTH_OK && tc->eval_every > 0 && tr.step % tc->eval_every == 0 && tr.step < tc->steps)
+        if (rc != ISTH_OK) break;
+        stopping |= stop_vote(&vote, stop_signal != 0 || tr.step == stop_at);
+        if (cfg->checkpoint.every > 0 && tr.step % cfg->checkpoint.every == 0) ckpt_due = 1;
+        if ((ckpt_due || stopping) && !in_flight(&tr) && tr.step < tc->steps) {
+            rc = ckpt_write(&tr);
+            ckpt_due = 0;
+            if (rc != ISTH_OK) break;
+            if (stopping) {
+                if (tr.log) printf("stopping after step %ld on request (signal); resume with --resume auto\n", tr.step);
+                break;
+            }
+        }
+        if (tc->eval_every > 0 && tr.step % tc->eval_every == 0 && tr.step < tc->steps)
             rc = trainer_eval(&tr, NULL, NULL);
     }
-    if (rc == ISTH_OK && tr.outer_mode)
+    if (vote.pending) MPI_Wait(&vote.req, MPI_STATUS_IGNORE);
+    const int finished = rc == ISTH_OK && tr.step >= tc->steps;
+    if (finished && tr.outer_mode)
         rc = outer_finish(&tr.outer, &tr.red, &tr.model, tr.step, &tr.metrics, tr.log);
-    if (rc == ISTH_OK && tc->check_replicas > 0) rc = check_replicas(&tr);
-    if (rc == ISTH_OK) rc = traffic_summary(&tr);
-    if (rc == ISTH_OK) rc = trainer_eval(&tr, NULL, NULL);
-    if (rc == ISTH_OK) {
+    if (finished && rc == ISTH_OK && tc->check_replicas > 0) rc = check_replicas(&tr);
+    if (finished && rc == ISTH_OK) rc = traffic_summary(&tr);
+    if (finished && rc == ISTH_OK) rc = ckpt_write(&tr);
+    if (finished && rc == ISTH_OK) rc = trainer_eval(&tr, NULL, NULL);
+    if (finished && rc == ISTH_OK) {
         char path[1100];
         snprintf(path, sizeof path, "%s/model.h5", tc->out_dir);
         rc = trainer_write_model(&tr, path);

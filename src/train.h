@@ -64,7 +64,7 @@ int trainer_eval(Trainer *tr, double *bpb_prose, double *bpb_tech);
 /* Write the model (learner 0's ranks write collectively; others return). */
 int trainer_write_model(Trainer *tr, const char *path);
 
-/* The whole `isthmus train` run. */
-int train_run(const Config *cfg);
+/* The whole `isthmus train` run; resume: NULL, a checkpoint file or "auto". */
+int train_run(const Config *cfg, const char *resume);
 
 #endif

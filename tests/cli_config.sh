@@ -23,7 +23,7 @@ expect_exit 2 "\[outer\] mode = butterfly is not implemented yet" -- "$ISTHMUS" 
 expect_exit 2 "\[outer\] overlap = 5 must be less than inner_steps = 5" -- "$ISTHMUS" train "$T" --set outer.mode=streaming --set outer.inner_steps=5 --set outer.overlap=5
 expect_exit 2 "\[outer\] fragments = 3 exceeds \[model\] layers = 2" -- "$ISTHMUS" train "$T" --set outer.mode=streaming --set outer.fragments=3
 expect_exit 2 "\[outer\] codec = 'fp8' is not one of none\|bf16\|int8\|fp4" -- "$ISTHMUS" train "$T" --set outer.codec=fp8
-expect_exit 2 "\[checkpoint\] every: section \[checkpoint\] is not supported yet" -- "$ISTHMUS" train "$T" --set checkpoint.every=5
+expect_exit 2 "\[checkpoint\] keep = 0 is out of range" -- "$ISTHMUS" train "$T" --set checkpoint.keep=0
 expect_exit 2 "--set 'layers=3': expected section.key=value" -- "$ISTHMUS" train "$T" --set layers=3
 expect_exit 2 "config /nonexistent.ini: cannot open" -- "$ISTHMUS" train /nonexistent.ini
 expect_exit 2 "data file /nonexistent-dir/train.txt: cannot open" -- "$ISTHMUS" train "$T" --set data.dir=/nonexistent-dir
@@ -38,7 +38,7 @@ expect_exit 2 "file /nonexistent.h5: cannot open" -- "$ISTHMUS" eval --model /no
 printf 'not hdf5 at all' > "$WORK/junk.h5"
 expect_exit 2 "file .*junk.h5: not a readable HDF5 file" -- "$ISTHMUS" eval --model "$WORK/junk.h5"
 
-for cmd in train eval bench config; do
+for cmd in train eval bench config inspect; do
     if "$ISTHMUS" "$cmd" --help | grep -q "^usage: isthmus $cmd"; then pass "$cmd --help"; else fail "$cmd --help"; fi
 done
 finish

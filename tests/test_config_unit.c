@@ -117,7 +117,8 @@ static void test_bad_inputs(void **state)
     expect_bad("[outer]\nmode = diloco\nlr = -0.5\n", NULL);  /* must be > 0 */
     expect_bad("[outer]\ncodec = fp8\n", NULL);             /* not a codec */
     expect_bad("[outer]\nmode = ring\n", NULL);             /* not a mode */
-    expect_bad("[checkpoint]\nevery = 5\n", NULL);          /* not yet supported */
+    expect_bad("[checkpoint]\nevery = -5\n", NULL);         /* out of range */
+    expect_bad("[checkpoint]\nbogus = 5\n", NULL);          /* unknown key */
     expect_bad("[site.a]\nbogus = 1\n", NULL);              /* unknown site key */
     expect_bad("[site.a]\nlearner_ranks = 2\n", NULL);      /* ranks missing */
     expect_bad("[site.a]\nranks = 4\nlearner_ranks = 3\n", NULL); /* does not divide */

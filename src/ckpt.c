@@ -1,0 +1,525 @@
+/* ckpt.c — see ckpt.h. */
+#include "ckpt.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <hdf5.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "h5io.h"
+#include "status.h"
+
+#define CKPT_MAX_LIST 16
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + 1e-9 * ts.tv_nsec;
+}
+
+static void site_dir(const Trainer *tr, char *out, size_t cap)
+{
+    const Config *c = &tr->cfg;
+    if (c->checkpoint.dir[0])
+        snprintf(out, cap, "%s/%s", c->checkpoint.dir, tr->topo.sites[tr->topo.site].name);
+    else
+        snprintf(out, cap, "%s/checkpoints/%s", c->train.out_dir, tr->topo.sites[tr->topo.site].name);
+}
+
+static void ckpt_path(const char *dir, long step, char *out, size_t cap)
+{
+    snprintf(out, cap, "%s/ckpt-%08ld.h5", dir, step);
+}
+
+/* Steps of the complete checkpoint files in dir, newest first. */
+static int list_steps(const char *dir, long *steps, int cap)
+{
+    DIR *d = opendir(dir);
+    if (!d) return 0;
+    int n = 0;
+    struct dirent *e;
+    long all[4096];
+    while ((e = readdir(d)) && n < 4096) {
+        long step;
+        char tail[8];
+        if (sscanf(e->d_name, "ckpt-%ld.h%7s", &step, tail) == 2 && !strcmp(tail, "5") && step >= 0)
+            all[n++] = step;
+    }
+    closedir(d);
+    for (int i = 0; i < n; i++) /* sort descending */
+        for (int j = i + 1; j < n; j++)
+            if (all[j] > all[i]) {
+                long t = all[i];
+                all[i] = all[j];
+                all[j] = t;
+            }
+    int m = n < cap ? n : cap;
+    memcpy(steps, all, sizeof(long) * (size_t)m);
+    return m;
+}
+
+typedef struct {
+    const Model *m;
+    int active, dense;
+} Sel;
+
+static int sel_model(const void *ctx, int t, int l, int e)
+{
+    const Sel *s = ctx;
+    if (!s->active) return 0;
+    return e >= 0 ? select_held(s->m, t, l, e) : s->dense;
+}
+
+typedef struct {
+    const Reducer *r;
+    int active;
+} RSel;
+
+static int sel_owned(const void *ctx, int t, int l, int e)
+{
+    const RSel *s = ctx;
+    return s->active && reduce_owns(s->r, t, l, e);
+}
+
+static int write_state(Trainer *tr, H5File *f)
+{
+    const Topology *t = &tr->topo;
+    const SiteInfo *site = &t->sites[t->site];
+    const int first = t->learner == site->first_learner;
+    Model *m = &tr->model;
+    char stamp[64];
+    time_t now = time(NULL);
+    strftime(stamp, sizeof stamp, "%Y-%m-%dT%H:%M:%SZ", gmtime(&now));
+    CHECK(h5_attr_write_long(f, "/", "format_version", H5IO_FORMAT_VERSION));
+    CHECK(h5_attr_write_string(f, "/", "config", tr->config_text));
+    CHECK(h5_attr_write_long(f, "/", "step", tr->step));
+    CHECK(h5_attr_write_long(f, "/", "outer_steps", tr->outer.outer_steps));
+    CHECK(h5_attr_write_double(f, "/", "tokens", tr->tokens_seen));
+    CHECK(h5_attr_write_string(f, "/", "written", stamp));
+    CHECK(h5_attr_write_string(f, "/", "site", site->name));
+    CHECK(h5_attr_write_string(f, "/", "mode", tr->cfg.outer.mode));
+    CHECK(h5_attr_write_long(f, "/", "first_learner", site->first_learner));
+    CHECK(h5_attr_write_long(f, "/", "learners", site->learners));
+    CHECK(h5_attr_write_long(f, "/", "exchanges", (long long)tr->red.exchanges));
+    CHECK(h5_attr_write_long(f, "/", "adam_t", tr->opt.t));
+    CHECK(h5_attr_write_long(f, "/", "data_step", (long long)tr->cursor.step));
+
+    Sel first_sel = {m, first, t->learner_rank == 0};
+    if (!tr->outer_mode) {
+        CHECK(h5_write_tensors(f, "/model", m, m->params, sel_model, &first_sel));
+        CHECK(h5_write_tensors(f, "/inner/m", m, tr->opt.m, sel_model, &first_sel));
+        CHECK(h5_write_tensors(f, "/inner/v", m, tr->opt.v, sel_model, &first_sel));
+    } else {
+        CHECK(h5_write_tensors(f, "/model", m, tr->outer.anchor, sel_model, &first_sel));
+        CHECK(h5_write_tensors(f, "/outer/momentum", m, tr->outer.mom, sel_model, &first_sel));
+        float *res = malloc(sizeof(float) * m->n_params);
+        CHECK_ALLOC(res);
+        reduce_residual_export(&tr->red, res);
+        RSel rs = {&tr->red, first && reduce_has_residual(&tr->red)};
+        int rc = h5_write_tensors(f, "/outer/residual", m, res, sel_owned, &rs);
+        free(res);
+        CHECK(rc);
+        for (int k = 0; k < site->learners; k++) {
+            const int id = site->first_learner + k;
+            Sel mine = {m, t->learner == id, t->learner_rank == 0};
+            char g[64];
+            snprintf(g, sizeof g, "/learner_%d/model", id);
+            CHECK(h5_write_tensors(f, g, m, m->params, sel_model, &mine));
+            snprintf(g, sizeof g, "/learner_%d/inner/m", id);
+            CHECK(h5_write_tensors(f, g, m, tr->opt.m, sel_model, &mine));
+            snprintf(g, sizeof g, "/learner_%d/inner/v", id);
+            CHECK(h5_write_tensors(f, g, m, tr->opt.v, sel_model, &mine));
+        }
+    }
+    const int P = tr->cfg.outer.fragments;
+    double frag[64] = {0};
+    for (int p = 0; p < P && p < 64 && tr->outer_mode; p++) frag[p] = (double)tr->outer.last_sync[p];
+    hid_t g = H5Gcreate2(f->file, "/state", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    if (g >= 0) H5Gclose(g);
+    return h5_write_doubles(f, "/state/fragments", frag, P < 64 ? P : 64);
+}
+
+static void prune(const char *dir, int keep)
+{
+    long steps[4096];
+    int n = list_steps(dir, steps, 4096);
+    for (int i = keep; i < n; i++) {
+        char path[1200];
+        ckpt_path(dir, steps[i], path, sizeof path);
+        unlink(path);
+    }
+}
+
+int ckpt_write(Trainer *tr)
+{
+    const double t0 = now_s();
+    const Topology *t = &tr->topo;
+    char dir[1100], path[1200];
+    site_dir(tr, dir, sizeof dir);
+    int rc = make_dirs(dir);
+    int ok = rc == ISTH_OK;
+    MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_LAND, t->site_comm);
+    if (!ok) return rc ? rc : ISTH_ERUNTIME;
+    ckpt_path(dir, tr->step, path, sizeof path);
+    H5File f;
+    CHECK(h5_create(&f, path, t->site_comm));
+    rc = write_state(tr, &f);
+    if (rc != ISTH_OK) {
+        h5_abandon(&f);
+        return rc;
+    }
+    CHECK(h5_commit(&f));
+    int site_rank;
+    MPI_Comm_rank(t->site_comm, &site_rank);
+    if (site_rank == 0) prune(dir, tr->cfg.checkpoint.keep);
+    MPI_Barrier(MPI_COMM_WORLD); /* every site's file is complete before anyone goes on */
+    const double dt = now_s() - t0;
+    if (tr->log) {
+        struct stat st;
+        double mb = stat(path, &st) == 0 ? st.st_size / 1e6 : 0.0;
+        printf("checkpoint: step %ld -> %s (%.1f MB) in %.2f s, %.0f MB/s\n", tr->step, path, mb, dt, mb / dt);
+        fflush(stdout);
+        if (tr->metrics.f) {
+            fprintf(tr->metrics.f, "{\"checkpoint\":\"%s\",\"step\":%ld,\"mb\":%.3f,\"seconds\":%.3f}\n", path,
+                    tr->step, mb, dt);
+            fflush(tr->metrics.f);
+        }
+    }
+    return ISTH_OK;
+}
+
+/* ---- validation ----------------------------------------------------------- */
+
+typedef struct {
+    char *reason;
+    size_t cap;
+    int datasets;
+} VisitCtx;
+
+static herr_t visit_read(hid_t obj, const char *name, const H5O_info_t *info, void *data)
+{
+    VisitCtx *v = data;
+    if (info->type != H5O_TYPE_DATASET) return 0;
+    hid_t d = H5Dopen2(obj, name, H5P_DEFAULT);
+    if (d < 0) {
+        snprintf(v->reason, v->cap, "dataset /%s cannot be opened", name);
+        return 1;
+    }
+    hid_t space = H5Dget_space(d), type = H5Dget_type(d);
+    hssize_t n = H5Sget_simple_extent_npoints(space);
+    size_t sz = H5Tget_size(type);
+    void *buf = malloc((size_t)(n > 0 ? n : 1) * (sz ? sz : 1));
+    herr_t err = buf ? H5Dread(d, type, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf) : -1;
+    free(buf);
+    H5Tclose(type);
+    H5Sclose(space);
+    H5Dclose(d);
+    v->datasets++;
+    if (err < 0) {
+        snprintf(v->reason, v->cap, "dataset /%s: checksum mismatch or truncated data", name);
+        return 1;
+    }
+    return 0;
+}
+
+int ckpt_validate(const char *path, char *reason, size_t cap, long *step)
+{
+    H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
+    reason[0] = '\0';
+    if (access(path, R_OK) != 0) {
+        snprintf(reason, cap, "cannot open: %s", strerror(errno));
+        return ISTH_EINPUT;
+    }
+    hid_t file = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
+    if (file < 0) {
+        snprintf(reason, cap, "not a readable HDF5 file (truncated or corrupt)");
+        return ISTH_EINPUT;
+    }
+    long long version = -1, s = -1;
+    hid_t a = H5Aexists(file, "format_version") > 0 ? H5Aopen(file, "format_version", H5P_DEFAULT) : -1;
+    if (a >= 0) {
+        H5Aread(a, H5T_NATIVE_LLONG, &version);
+        H5Aclose(a);
+    }
+    a = H5Aexists(file, "step") > 0 ? H5Aopen(file, "step", H5P_DEFAULT) : -1;
+    if (a >= 0) {
+        H5Aread(a, H5T_NATIVE_LLONG, &s);
+        H5Aclose(a);
+    }
+    if (step) *step = (long)s;
+    int rc = ISTH_OK;
+    if (version != H5IO_FORMAT_VERSION) {
+        snprintf(reason, cap, "format_version %lld, this build reads %d", version, H5IO_FORMAT_VERSION);
+        rc = ISTH_EINPUT;
+    } else if (s < 0 || H5Aexists(file, "config") <= 0) {
+        snprintf(reason, cap, "missing attributes (step, config)");
+        rc = ISTH_EINPUT;
+    } else {
+        static const char *const required[] = {"/model/embed", "/model/w_gate", "/model/final_norm"};
+        for (size_t i = 0; i < 3 && rc == ISTH_OK; i++)
+            if (H5Lexists(file, "/model", H5P_DEFAULT) <= 0 || H5Lexists(file, required[i], H5P_DEFAULT) <= 0) {
+                snprintf(reason, cap, "missing dataset %s", required[i]);
+                rc = ISTH_EINPUT;
+            }
+        VisitCtx v = {reason, cap, 0};
+        if (rc == ISTH_OK && H5Ovisit(file, H5_INDEX_NAME, H5_ITER_NATIVE, visit_read, &v) != 0)
+            rc = ISTH_EINPUT;
+    }
+    H5Fclose(file);
+    return rc;
+}
+
+/* ---- choosing the checkpoint to resume from ------------------------------- */
+
+int ckpt_find(Trainer *tr, const char *arg, char *path, size_t cap)
+{
+    const Topology *t = &tr->topo;
+    int site_rank;
+    MPI_Comm_rank(t->site_comm, &site_rank);
+    char dir[1100];
+    site_dir(tr, dir, sizeof dir);
+    long valid[CKPT_MAX_LIST];
+    for (int i = 0; i < CKPT_MAX_LIST; i++) valid[i] = -1;
+    int rc = ISTH_OK;
+    long want = -1;
+    if (strcmp(arg, "auto")) { /* an explicit file: its step, every site's file of that step */
+        char reason[512];
+        long step = -1;
+        if (t->world_rank == 0 && ckpt_validate(arg, reason, sizeof reason, &step) != ISTH_OK)
+            rc = isth_fail(ISTH_EINPUT, "checkpoint %s: invalid: %s", arg, reason);
+        MPI_Bcast(&rc, 1, MPI_INT, 0, MPI_COMM_WORLD);
+        MPI_Bcast(&step, 1, MPI_LONG, 0, MPI_COMM_WORLD);
+        CHECK(rc);
+        want = step;
+        if (t->n_sites == 1) {
+            snprintf(path, cap, "%s", arg);
+            return ISTH_OK;
+        }
+    }
+    if (site_rank == 0) {
+        long steps[CKPT_MAX_LIST * 4];
+        int n = list_steps(dir, steps, CKPT_MAX_LIST * 4), k = 0;
+        for (int i = 0; i < n && k < CKPT_MAX_LIST; i++) {
+            if (want >= 0 && steps[i] != want) continue;
+            char p[1200], reason[512];
+            ckpt_path(dir, steps[i], p, sizeof p);
+            if (ckpt_validate(p, reason, sizeof reason, NULL) == ISTH_OK) {
+                valid[k++] = steps[i];
+            } else {
+                fprintf(stderr, "isthmus: warning: checkpoint %s: invalid: %s; falling back to an older one\n", p, reason);
+                fflush(stderr);
+            }
+        }
+    }
+    /* the sites agree on the newest step every one of them has */
+    long *all = malloc(sizeof(long) * CKPT_MAX_LIST * (size_t)t->world_size);
+    CHECK_ALLOC(all);
+    MPI_Allgather(valid, CKPT_MAX_LIST, MPI_LONG, all, CKPT_MAX_LIST, MPI_LONG, MPI_COMM_WORLD);
+    long best = -1;
+    for (int i = 0; i < CKPT_MAX_LIST; i++) {
+        long s = all[(size_t)t->sites[0].first_rank * CKPT_MAX_LIST + i];
+        if (s < 0) continue;
+        int everywhere = 1;
+        for (int site = 1; site < t->n_sites && everywhere; site++) {
+            int found = 0;
+            for (int j = 0; j < CKPT_MAX_LIST; j++) found |= all[(size_t)t->sites[site].first_rank * CKPT_MAX_LIST + j] == s;
+            everywhere = found;
+        }
+        if (everywhere && s > best) best = s;
+    }
+    free(all);
+    if (best < 0) {
+        if (want >= 0) return isth_fail(ISTH_EINPUT, "checkpoint step %ld: not valid at every site", want);
+        path[0] = '\0';
+        return ISTH_OK;
+    }
+    ckpt_path(dir, best, path, cap);
+    return ISTH_OK;
+}
+
+/* ---- loading ----------------------------------------------------------------- */
+
+static int compare_configs(Trainer *tr, const char *saved_text, const char *path)
+{
+    Config saved;
+    int rc = config_load_text(&saved, saved_text, path, NULL, 0);
+    if (rc != ISTH_OK) return isth_fail(ISTH_EINPUT, "checkpoint %s: stored config unreadable", path);
+    const ModelConfig *a = &saved.model, *b = &tr->cfg.model;
+    struct { const char *key; double was, now; } fields[] = {
+        {"layers", a->layers, b->layers}, {"dim", a->dim, b->dim}, {"heads", a->heads, b->heads},
+        {"experts", a->experts, b->experts}, {"top_k", a->top_k, b->top_k}, {"ffn", a->ffn, b->ffn},
+        {"context", a->context, b->context},
+    };
+    for (size_t i = 0; i < sizeof fields / sizeof *fields; i++)
+        if (fields[i].was != fields[i].now)
+            return isth_fail(ISTH_EINPUT, "checkpoint %s: [model] %s = %g in the checkpoint, %g in the config (a different model)",
+                             path, fields[i].key, fields[i].was, fields[i].now);
+    if (strcmp(saved.outer.mode, tr->cfg.outer.mode))
+        return isth_fail(ISTH_EINPUT, "checkpoint %s: [outer] mode = %s in the checkpoint, %s in the config", path,
+                         saved.outer.mode, tr->cfg.outer.mode);
+    if (tr->outer_mode && saved.outer.fragments != tr->cfg.outer.fragments)
+        return isth_fail(ISTH_EINPUT, "checkpoint %s: [outer] fragments = %d in the checkpoint, %d in the config", path,
+                         saved.outer.fragments, tr->cfg.outer.fragments);
+    if (tr->log) { /* allowed changes: list them */
+        char *now = config_to_text(&tr->cfg), *was = config_to_text(&saved);
+        const char *p = now;
+        while (p && *p) {
+            const char *nl = strchr(p, '\n');
+            size_t len = nl ? (size_t)(nl - p) : strlen(p);
+            char line[1200];
+            snprintf(line, sizeof line, "%.*s", (int)(len < 1100 ? len : 1100), p);
+            if (line[0] && line[0] != '[' && !strstr(was, line)) printf("resume: changed: %s\n", line);
+            p = nl ? nl + 1 : NULL;
+        }
+        free(now);
+        free(was);
+    }
+    return ISTH_OK;
+}
+
+int ckpt_load(Trainer *tr, const char *path)
+{
+    const double t0 = now_s();
+    const Topology *t = &tr->topo;
+    const SiteInfo *site = &t->sites[t->site];
+    Model *m = &tr->model;
+    H5File f;
+    CHECK(h5_open(&f, path, t->site_comm));
+    char *text = NULL;
+    long long step = 0, outer_steps = 0, exchanges = 0, adam_t = 0, first = 0, learners = 0, data_step = 0;
+    double tokens = 0;
+    int rc = h5_attr_read_string(&f, "/", "config", &text);
+    if (rc == ISTH_OK) rc = compare_configs(tr, text, path);
+    free(text);
+    if (rc == ISTH_OK) rc = h5_attr_read_long(&f, "/", "step", &step);
+    if (rc == ISTH_OK) rc = h5_attr_read_long(&f, "/", "outer_steps", &outer_steps);
+    if (rc == ISTH_OK) rc = h5_attr_read_long(&f, "/", "exchanges", &exchanges);
+    if (rc == ISTH_OK) rc = h5_attr_read_long(&f, "/", "adam_t", &adam_t);
+    if (rc == ISTH_OK) rc = h5_attr_read_long(&f, "/", "first_learner", &first);
+    if (rc == ISTH_OK) rc = h5_attr_read_long(&f, "/", "learners", &learners);
+    if (rc == ISTH_OK) rc = h5_attr_read_long(&f, "/", "data_step", &data_step);
+    if (rc == ISTH_OK) rc = h5_attr_read_double(&f, "/", "tokens", &tokens);
+    if (rc == ISTH_OK && tr->outer_mode && (first != site->first_learner || learners != site->learners))
+        rc = isth_fail(ISTH_EINPUT,
+                       "checkpoint %s: site %s had learners %lld..%lld, the layout gives %d..%d (an outer-mode "
+                       "checkpoint keeps one state per learner; change ranks per learner, not the learner count)",
+                       path, site->name, first, first + learners - 1, site->first_learner,
+                       site->first_learner + site->learners - 1);
+    if (rc == ISTH_OK && !tr->outer_mode) {
+        rc = h5_read_tensors(&f, "/model", m, m->params, select_held, m);
+        if (rc == ISTH_OK) rc = h5_read_tensors(&f, "/inner/m", m, tr->opt.m, select_held, m);
+        if (rc == ISTH_OK) rc = h5_read_tensors(&f, "/inner/v", m, tr->opt.v, select_held, m);
+    } else if (rc == ISTH_OK) {
+        char g[64];
+        rc = h5_read_tensors(&f, "/model", m, tr->outer.anchor, select_held, m);
+        if (rc == ISTH_OK) rc = h5_read_tensors(&f, "/outer/momentum", m, tr->outer.mom, select_held, m);
+        if (rc == ISTH_OK) {
+            float *res = calloc(m->n_params, sizeof(float));
+            RSel rs = {&tr->red, reduce_has_residual(&tr->red)};
+            rc = res ? h5_read_tensors(&f, "/outer/residual", m, res, sel_owned, &rs) : ISTH_ERUNTIME;
+            if (rc == ISTH_OK) reduce_residual_import(&tr->red, res);
+            free(res);
+        }
+        snprintf(g, sizeof g, "/learner_%d/model", t->learner);
+        if (rc == ISTH_OK) rc = h5_read_tensors(&f, g, m, m->params, select_held, m);
+        snprintf(g, sizeof g, "/learner_%d/inner/m", t->learner);
+        if (rc == ISTH_OK) rc = h5_read_tensors(&f, g, m, tr->opt.m, select_held, m);
+        snprintf(g, sizeof g, "/learner_%d/inner/v", t->learner);
+        if (rc == ISTH_OK) rc = h5_read_tensors(&f, g, m, tr->opt.v, select_held, m);
+        double frag[64];
+        const int P = tr->cfg.outer.fragments < 64 ? tr->cfg.outer.fragments : 64;
+        if (rc == ISTH_OK) rc = h5_read_doubles(&f, "/state/fragments", frag, P);
+        for (int p = 0; rc == ISTH_OK && p < P; p++) tr->outer.last_sync[p] = (long)frag[p];
+    }
+    h5_close(&f);
+    /* every site must resume the same step */
+    long steps[2] = {rc == ISTH_OK ? (long)step : -1, rc == ISTH_OK ? -(long)step : 1};
+    MPI_Allreduce(MPI_IN_PLACE, steps, 2, MPI_LONG, MPI_MAX, MPI_COMM_WORLD);
+    int any_fail = rc != ISTH_OK;
+    MPI_Allreduce(MPI_IN_PLACE, &any_fail, 1, MPI_INT, MPI_LOR, MPI_COMM_WORLD);
+    if (any_fail) return rc != ISTH_OK ? rc : ISTH_EINPUT;
+    if (steps[0] != -steps[1]) return isth_fail(ISTH_EINPUT, "resume: the sites' checkpoints are of different steps");
+    tr->step = (long)step;
+    tr->cursor.step = (uint64_t)data_step;
+    tr->tokens_seen = tokens;
+    tr->opt.t = (long)adam_t;
+    tr->outer.outer_steps = (long)outer_steps;
+    tr->red.exchanges = (uint64_t)exchanges;
+    if (tr->log) {
+        printf("resumed from %s: step %lld, %.0f tokens, in %.2f s\n", path, step, tokens, now_s() - t0);
+        fflush(stdout);
+    }
+    return ISTH_OK;
+}
+
+/* ---- inspect ------------------------------------------------------------------ */
+
+static herr_t visit_print(hid_t obj, const char *name, const H5O_info_t *info, void *data)
+{
+    (void)data;
+    if (info->type == H5O_TYPE_GROUP) {
+        printf("  /%s/\n", name);
+        return 0;
+    }
+    if (info->type != H5O_TYPE_DATASET) return 0;
+    hid_t d = H5Dopen2(obj, name, H5P_DEFAULT);
+    if (d < 0) return 0;
+    hid_t space = H5Dget_space(d);
+    hsize_t dims[8];
+    int nd = H5Sget_simple_extent_dims(space, dims, NULL);
+    printf("  /%s [", name);
+    for (int i = 0; i < nd; i++) printf("%s%llu", i ? ", " : "", (unsigned long long)dims[i]);
+    printf("]\n");
+    H5Sclose(space);
+    H5Dclose(d);
+    return 0;
+}
+
+int ckpt_inspect(const char *path)
+{
+    H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
+    printf("file: %s\n", path);
+    hid_t file = access(path, R_OK) == 0 ? H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT) : -1;
+    if (file >= 0) {
+        static const char *const names[] = {"format_version", "step", "outer_steps", "tokens", "written", "site",
+                                            "mode", "first_learner", "learners", "exchanges", "adam_t"};
+        for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
+            if (H5Aexists(file, names[i]) <= 0) continue;
+            hid_t a = H5Aopen(file, names[i], H5P_DEFAULT);
+            hid_t type = H5Aget_type(a);
+            if (H5Tget_class(type) == H5T_STRING) {
+                size_t n = H5Tget_size(type);
+                char *s = calloc(n + 1, 1);
+                if (s && H5Aread(a, type, s) >= 0) printf("%-15s %s\n", names[i], s);
+                free(s);
+            } else if (H5Tget_class(type) == H5T_FLOAT) {
+                double v = 0;
+                H5Aread(a, H5T_NATIVE_DOUBLE, &v);
+                printf("%-15s %.0f\n", names[i], v);
+            } else {
+                long long v = 0;
+                H5Aread(a, H5T_NATIVE_LLONG, &v);
+                printf("%-15s %lld\n", names[i], v);
+            }
+            H5Tclose(type);
+            H5Aclose(a);
+        }
+        printf("datasets:\n");
+        H5Ovisit(file, H5_INDEX_NAME, H5_ITER_NATIVE, visit_print, NULL);
+        H5Fclose(file);
+    }
+    char reason[512];
+    if (ckpt_validate(path, reason, sizeof reason, NULL) != ISTH_OK) {
+        printf("verdict: INVALID: %s\n", reason);
+        fflush(stdout);
+        return isth_fail(ISTH_EINPUT, "%s: invalid: %s", path, reason);
+    }
+    printf("verdict: valid (every dataset read, checksums verified)\n");
+    return ISTH_OK;
+}

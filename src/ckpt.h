@@ -1,0 +1,49 @@
+/* ckpt.h — HDF5 checkpoints: complete training state, written collectively
+ * per site, validated, selected for restart and pruned.
+ *
+ * Owns: what a checkpoint contains and how a run resumes from one. One file
+ * per site per checkpoint, <dir>/<site>/ckpt-<step>.h5, written by all the
+ * site's ranks at once with parallel HDF5 (each its own chunks), under a
+ * temporary name and renamed when complete. Contents:
+ *   attributes  format_version, config, step, outer_steps, tokens, written,
+ *               site, mode, first_learner, learners, exchanges, adam_t
+ *   sync        /model (theta), /inner/m, /inner/v  (every learner is equal)
+ *   outer modes /model (the anchor = global model), /outer/momentum,
+ *               /outer/residual (error feedback, by chunk owner),
+ *               /learner_<k>/model, /learner_<k>/inner/m, /learner_<k>/inner/v
+ *               for each learner k of the site
+ *   /state/fragments  last outer start of each fragment
+ * All tensors have canonical shapes, so a run with another expert-parallel
+ * degree reads the same file. Checkpoints are only taken when no inter-site
+ * exchange is in flight, so a restart with the same layout continues bit for
+ * bit.
+ * Must not: decide when to checkpoint (train.c) or touch the data stream.
+ */
+#ifndef ISTHMUS_CKPT_H
+#define ISTHMUS_CKPT_H
+
+#include "train.h"
+
+/* Write a checkpoint of the current state (collective over the world). */
+int ckpt_write(Trainer *tr);
+
+/* Resolve `--resume` (a file or "auto") to this site's file: with "auto"
+ * each site validates its newest files (falling back past invalid ones,
+ * reported by name and reason) and the sites agree on the newest step they
+ * all have. Sets *path to "" when "auto" finds nothing (fresh start).
+ * Collective over the world. */
+int ckpt_find(Trainer *tr, const char *arg, char *path, size_t cap);
+
+/* Load the state of `path` into a created trainer (collective). Exit-2
+ * errors for a model shape that contradicts the config; allowed changes
+ * (schedule, layout) are applied and listed. */
+int ckpt_load(Trainer *tr, const char *path);
+
+/* Full validation of one file by the calling rank alone (every dataset read,
+ * fletcher32 verified). Returns ISTH_OK or ISTH_EINPUT with `reason`. */
+int ckpt_validate(const char *path, char *reason, size_t cap, long *step);
+
+/* `isthmus inspect FILE`: attributes, datasets, verdict. */
+int ckpt_inspect(const char *path);
+
+#endif
