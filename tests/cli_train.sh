@@ -19,7 +19,7 @@ run b || fail "training run b failed: $(tail -5 "$WORK/b.log")"
 M="$WORK/a/metrics.jsonl"
 
 # loss: mean of the first 10 steps vs the last 10 (nats per byte)
-losses() { grep '"step"' "$1" | grep -v '"eval"' | sed 's/.*"loss":\([^,]*\),.*/\1/'; }
+losses() { grep '^{"step"' "$1" | sed 's/.*"loss":\([^,]*\),.*/\1/'; }
 first=$(losses "$M" | head -10 | awk '{s+=$1} END {print s/NR}')
 last=$(losses "$M" | tail -10 | awk '{s+=$1} END {print s/NR}')
 note "training loss: first 10 steps $first, last 10 steps $last"
