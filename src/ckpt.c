@@ -116,13 +116,29 @@ static int write_state(Trainer *tr, H5File *f)
         CHECK(h5_write_tensors(f, "/inner/m", m, tr->opt.m, sel_model, &first_sel));
         CHECK(h5_write_tensors(f, "/inner/v", m, tr->opt.v, sel_model, &first_sel));
     } else {
-        CHECK(h5_write_tensors(f, "/model", m, tr->outer.anchor, sel_model, &first_sel));
-        CHECK(h5_write_tensors(f, "/outer/momentum", m, tr->outer.mom, sel_model, &first_sel));
+        const int bf = tr->outer.butterfly; /* butterfly: outer state per learner */
+        CHECK(h5_write_tensors(f, "/model", m, bf ? m->params : tr->outer.anchor, sel_model, &first_sel));
         float *res = malloc(sizeof(float) * m->n_params);
         CHECK_ALLOC(res);
         reduce_residual_export(&tr->red, res);
-        RSel rs = {&tr->red, first && reduce_has_residual(&tr->red)};
-        int rc = h5_write_tensors(f, "/outer/residual", m, res, sel_owned, &rs);
+        int rc = ISTH_OK;
+        if (!bf) {
+            rc = h5_write_tensors(f, "/outer/momentum", m, tr->outer.mom, sel_model, &first_sel);
+            RSel rs = {&tr->red, first && reduce_has_residual(&tr->red)};
+            if (rc == ISTH_OK) rc = h5_write_tensors(f, "/outer/residual", m, res, sel_owned, &rs);
+        }
+        for (int k = 0; bf && rc == ISTH_OK && k < site->learners; k++) {
+            const int id = site->first_learner + k;
+            Sel mine = {m, t->learner == id, t->learner_rank == 0};
+            RSel rs = {&tr->red, t->learner == id && reduce_has_residual(&tr->red)};
+            char g[64];
+            snprintf(g, sizeof g, "/learner_%d/outer/anchor", id);
+            rc = h5_write_tensors(f, g, m, tr->outer.anchor, sel_model, &mine);
+            snprintf(g, sizeof g, "/learner_%d/outer/momentum", id);
+            if (rc == ISTH_OK) rc = h5_write_tensors(f, g, m, tr->outer.mom, sel_model, &mine);
+            snprintf(g, sizeof g, "/learner_%d/outer/residual", id);
+            if (rc == ISTH_OK) rc = h5_write_tensors(f, g, m, res, sel_owned, &rs);
+        }
         free(res);
         CHECK(rc);
         for (int k = 0; k < site->learners; k++) {
@@ -416,13 +432,17 @@ int ckpt_load(Trainer *tr, const char *path)
         if (rc == ISTH_OK) rc = h5_read_tensors(&f, "/inner/m", m, tr->opt.m, select_held, m);
         if (rc == ISTH_OK) rc = h5_read_tensors(&f, "/inner/v", m, tr->opt.v, select_held, m);
     } else if (rc == ISTH_OK) {
-        char g[64];
-        rc = h5_read_tensors(&f, "/model", m, tr->outer.anchor, select_held, m);
-        if (rc == ISTH_OK) rc = h5_read_tensors(&f, "/outer/momentum", m, tr->outer.mom, select_held, m);
+        char g[64], ga[64], gm[64], gr[64];
+        const int bf = tr->outer.butterfly;
+        snprintf(ga, sizeof ga, "/learner_%d/outer/anchor", t->learner);
+        snprintf(gm, sizeof gm, "/learner_%d/outer/momentum", t->learner);
+        snprintf(gr, sizeof gr, "/learner_%d/outer/residual", t->learner);
+        rc = h5_read_tensors(&f, bf ? ga : "/model", m, tr->outer.anchor, select_held, m);
+        if (rc == ISTH_OK) rc = h5_read_tensors(&f, bf ? gm : "/outer/momentum", m, tr->outer.mom, select_held, m);
         if (rc == ISTH_OK) {
             float *res = calloc(m->n_params, sizeof(float));
             RSel rs = {&tr->red, reduce_has_residual(&tr->red)};
-            rc = res ? h5_read_tensors(&f, "/outer/residual", m, res, sel_owned, &rs) : ISTH_ERUNTIME;
+            rc = res ? h5_read_tensors(&f, bf ? gr : "/outer/residual", m, res, sel_owned, &rs) : ISTH_ERUNTIME;
             if (rc == ISTH_OK) reduce_residual_import(&tr->red, res);
             free(res);
         }

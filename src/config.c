@@ -75,7 +75,7 @@ static const KeySpec schema[] = {
     {"outer", "mode", KEY_ENUM, OU(mode), STRSZ(outer.mode), 0, 0, 0, "sync|diloco|streaming|butterfly", "sync"},
     {"outer", "inner_steps", KEY_INT, OU(inner_steps), 0, 1, 1 << 24, 0, NULL, "50"},
     {"outer", "lr", KEY_REAL, OU(lr), 0, -1, 100, 0, NULL, "-1"},
-    {"outer", "momentum", KEY_REAL, OU(momentum), 0, 0, 0.999999, 0, NULL, "0.9"},
+    {"outer", "momentum", KEY_REAL, OU(momentum), 0, -1, 0.999999, 0, NULL, "-1"},
     {"outer", "fragments", KEY_INT, OU(fragments), 0, 0, 1 << 20, 0, NULL, "0"},
     {"outer", "overlap", KEY_INT, OU(overlap), 0, 1, 1 << 24, 0, NULL, "1"},
     {"outer", "merge_alpha", KEY_REAL, OU(merge_alpha), 0, 0, 1, 0, NULL, "0.5"},
@@ -361,10 +361,6 @@ static int validate(const Config *c, EntryList *l)
         return isth_fail(ISTH_EINPUT,
                          "config %s: [train] optimizer = shampoo is not implemented yet (use adamw)",
                          origin_of(l, "train", "optimizer"));
-    if (!strcmp(c->outer.mode, "butterfly"))
-        return isth_fail(ISTH_EINPUT,
-                         "config %s: [outer] mode = butterfly is not implemented yet (use sync, diloco or streaming)",
-                         origin_of(l, "outer", "mode"));
     if (!c->train.out_dir[0])
         return isth_fail(ISTH_EINPUT, "config %s: [train] out_dir is empty",
                          origin_of(l, "train", "out_dir"));
@@ -412,7 +408,7 @@ static int apply_site_key(Config *cfg, const Entry *e)
 static int validate_outer(Config *cfg, EntryList *l)
 {
     OuterConfig *o = &cfg->outer;
-    const int streaming = !strcmp(o->mode, "streaming");
+    const int streaming = !strcmp(o->mode, "streaming"), butterfly = !strcmp(o->mode, "butterfly");
     if (o->lr < 0) {
         if (entries_find(l, "outer", "lr"))
             return isth_fail(ISTH_EINPUT, "config %s: [outer] lr = %g must be > 0", origin_of(l, "outer", "lr"), o->lr);
@@ -420,10 +416,21 @@ static int validate_outer(Config *cfg, EntryList *l)
     } else if (o->lr == 0) {
         return isth_fail(ISTH_EINPUT, "config %s: [outer] lr = 0 must be > 0", origin_of(l, "outer", "lr"));
     }
+    if (o->momentum < 0) {
+        if (entries_find(l, "outer", "momentum"))
+            return isth_fail(ISTH_EINPUT, "config %s: [outer] momentum = %g must be in [0, 1)",
+                             origin_of(l, "outer", "momentum"), o->momentum);
+        o->momentum = butterfly ? 0.0 : 0.9; /* butterfly: plain pairwise averaging unless asked */
+    }
     if (o->fragments == 0) o->fragments = streaming ? cfg->model.layers : 1;
-    if (!streaming && o->fragments != 1)
-        return isth_fail(ISTH_EINPUT, "config %s: [outer] fragments = %d needs mode = streaming (mode is %s)",
+    if (!streaming && !butterfly && o->fragments != 1)
+        return isth_fail(ISTH_EINPUT, "config %s: [outer] fragments = %d needs mode = streaming or butterfly (mode is %s)",
                          origin_of(l, "outer", "fragments"), o->fragments, o->mode);
+    if (butterfly && o->overlap >= o->inner_steps)
+        return isth_fail(ISTH_EINPUT,
+                         "config %s: [outer] overlap = %d must be less than inner_steps = %d (a round must finish "
+                         "before the next one starts)",
+                         origin_of(l, "outer", "overlap"), o->overlap, o->inner_steps);
     if (o->fragments > cfg->model.layers)
         return isth_fail(ISTH_EINPUT,
                          "config %s: [outer] fragments = %d exceeds [model] layers = %d (fragments are strided over layers)",

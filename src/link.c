@@ -62,7 +62,7 @@ void link_post_send(Link *l, LinkMsg *m)
     }
     MPI_Isend(m->send, (int)m->send_bytes, MPI_BYTE, m->peer, m->tag, l->comm, &m->rs);
     m->send_posted = 1;
-    l->bytes_sent += (double)m->send_bytes;
+    *(m->local ? &l->intra_sent : &l->bytes_sent) += (double)m->send_bytes;
 }
 
 int link_test(Link *l, LinkMsg *msgs, int n)
@@ -75,7 +75,7 @@ int link_test(Link *l, LinkMsg *msgs, int n)
             MPI_Test(&m->rr, &flag, MPI_STATUS_IGNORE);
             if (flag) {
                 m->recv_done = 1;
-                l->bytes_recv += (double)m->recv_bytes;
+                *(m->local ? &l->intra_recv : &l->bytes_recv) += (double)m->recv_bytes;
             }
         }
         if (!m->recv_done) all = 0;

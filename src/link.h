@@ -45,12 +45,14 @@ typedef struct {
     size_t send_bytes, recv_bytes;
     MPI_Request rs, rr;
     int send_posted, recv_done;
+    int local;             /* both ends in the same site: counted as intra-site */
 } LinkMsg;
 
 typedef struct {
     MPI_Comm comm;
     double timeout_s;
-    double bytes_sent, bytes_recv; /* cumulative, this rank */
+    double bytes_sent, bytes_recv; /* cumulative, this rank, between sites */
+    double intra_sent, intra_recv; /* messages whose peer is in this rank's site (butterfly) */
     double wait_s;                 /* cumulative time blocked completing */
     int corrupt_exchange;          /* test hook: 0 = off */
     int delay_polls;               /* test hook: 0 = off */

@@ -40,6 +40,10 @@ void metrics_eval(Metrics *mt, const char *set, long step, double bpb, size_t by
 void metrics_outer(Metrics *mt, long outer_step, int fragment, long started, long step,
                    const void *report /* ReduceReport */);
 
+/* One butterfly round of this learner. */
+void metrics_mix(Metrics *mt, long round, int fragment, int partner, int crosses, long started, long step,
+                 const void *report, double pair_distance);
+
 /* mkdir -p */
 int make_dirs(const char *path);
 

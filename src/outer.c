@@ -7,6 +7,9 @@
 
 #include "status.h"
 
+int butterfly_partner(int learner, long round, int k) { return learner ^ (1 << (int)(round % k)); }
+int butterfly_fragment(long round, int k, int P) { return (int)((round / k) % P); }
+
 int outer_fragment_due(long step, int p, int H, int P)
 {
     return step >= 1 && step % H == (long)p * H / P;
@@ -16,9 +19,11 @@ int outer_create(Outer *o, const OuterConfig *cfg, const Model *m, double learne
 {
     memset(o, 0, sizeof *o);
     o->streaming = !strcmp(cfg->mode, "streaming");
+    o->butterfly = !strcmp(cfg->mode, "butterfly");
+    o->outer_step = cfg->lr != 1.0 || cfg->momentum != 0.0;
     o->H = cfg->inner_steps;
     o->P = cfg->fragments;
-    o->tau = o->streaming ? cfg->overlap : 0;
+    o->tau = o->streaming || o->butterfly ? cfg->overlap : 0;
     o->lr = cfg->lr;
     o->momentum = cfg->momentum;
     o->alpha = o->streaming ? cfg->merge_alpha : 0.0;
@@ -27,8 +32,9 @@ int outer_create(Outer *o, const OuterConfig *cfg, const Model *m, double learne
     o->mom = calloc(m->n_params, sizeof(float));
     o->delta = calloc(m->n_params, sizeof(float));
     o->started = malloc(sizeof(long) * (size_t)o->P);
+    o->sent = calloc(m->n_params, sizeof(float));
     o->last_sync = calloc((size_t)o->P, sizeof(long));
-    if (!o->anchor || !o->mom || !o->delta || !o->started || !o->last_sync) {
+    if (!o->anchor || !o->mom || !o->delta || !o->started || !o->last_sync || !o->sent) {
         outer_destroy(o);
         return isth_fail(ISTH_ERUNTIME, "out of memory for the outer state");
     }
@@ -44,6 +50,8 @@ void outer_destroy(Outer *o)
     free(o->delta);
     free(o->started);
     free(o->last_sync);
+    free(o->sent);
+    free(o->weights);
     memset(o, 0, sizeof *o);
 }
 
@@ -87,8 +95,94 @@ static int finish_fragment(Outer *o, Reducer *r, Model *m, int p, long step, dou
     return ISTH_OK;
 }
 
+int outer_set_butterfly(Outer *o, Reducer *r, int learner, int n_learners, const double *weights)
+{
+    o->learner = learner;
+    o->n_learners = n_learners;
+    o->k = 0;
+    while ((1 << o->k) < n_learners) o->k++;
+    o->weights = malloc(sizeof(double) * (size_t)n_learners);
+    CHECK_ALLOC(o->weights);
+    memcpy(o->weights, weights, sizeof(double) * (size_t)n_learners);
+    return reduce_enable_mixing(r);
+}
+
+/* Tokens behind learner i's value before the round on dimension d of a
+ * cycle: its subcube of learners agreeing on bits >= d. */
+static double group_weight(const Outer *o, int i, int d)
+{
+    double w = 0.0;
+    for (int j = 0; j < o->n_learners; j++)
+        if ((j >> d) == (i >> d)) w += o->weights[j];
+    return w;
+}
+
+static int mix_begin(Outer *o, Reducer *r, const Model *m, int f, long round, long step)
+{
+    const int d = (int)(round % o->k), partner = o->learner ^ (1 << d);
+    const size_t *off, *len;
+    int n;
+    reduce_fragment_runs(r, f, &off, &len, &n);
+    for (int i = 0; i < n; i++) {
+        memcpy(o->sent + off[i], m->params + off[i], len[i] * sizeof(float));
+        memcpy(o->delta + off[i], m->params + off[i], len[i] * sizeof(float));
+    }
+    o->started[f] = step;
+    o->last_sync[f] = step;
+    return mix_start(r, f, partner, o->delta, group_weight(o, o->learner, d), group_weight(o, partner, d));
+}
+
+/* keep_local: add the progress made since the fragment was sent */
+static int mix_end(Outer *o, Reducer *r, Model *m, int f, long round, long step, int keep_local, Metrics *mt, int log)
+{
+    ReduceReport rep;
+    double dist = 0.0;
+    CHECK(mix_finish(r, f, o->delta, &rep, &dist));
+    const size_t *off, *len;
+    int n;
+    reduce_fragment_runs(r, f, &off, &len, &n);
+    const float lr = (float)o->lr, mu = (float)o->momentum;
+    for (int i = 0; i < n; i++) {
+        float *an = o->anchor + off[i], *mo = o->mom + off[i], *th = m->params + off[i];
+        const float *mixed = o->delta + off[i], *sent = o->sent + off[i];
+        for (size_t j = 0; j < len[i]; j++) {
+            float target = mixed[j];
+            if (o->outer_step && keep_local) { /* Nesterov on the change since the previous mix */
+                const float d = an[j] - mixed[j];
+                mo[j] = mu * mo[j] + d;
+                an[j] -= lr * (d + mu * mo[j]);
+                target = an[j];
+            } else {
+                an[j] = mixed[j];
+            }
+            th[j] = keep_local ? target + (th[j] - sent[j]) : target;
+        }
+    }
+    o->outer_steps++;
+    if (log) metrics_mix(mt, round, f, rep.partner, rep.crosses, o->started[f], step, &rep, dist);
+    o->started[f] = -1;
+    return ISTH_OK;
+}
+
+static int butterfly_after_step(Outer *o, Reducer *r, Model *m, long step, Metrics *mt, int log)
+{
+    for (int f = 0; f < o->P; f++)
+        if (o->started[f] >= 0 && step - o->started[f] >= o->tau)
+            CHECK(mix_end(o, r, m, f, o->round - 1, step, 1, mt, log));
+    if (step % o->H == 0) {
+        const long round = step / o->H - 1;
+        const int f = butterfly_fragment(round, o->k, o->P);
+        CHECK(mix_begin(o, r, m, f, round, step));
+        o->round = round + 1;
+        if (o->tau == 0) CHECK(mix_end(o, r, m, f, round, step, 1, mt, log));
+    }
+    reduce_poll(r);
+    return ISTH_OK;
+}
+
 int outer_after_step(Outer *o, Reducer *r, Model *m, long step, Metrics *mt, int log)
 {
+    if (o->butterfly) return butterfly_after_step(o, r, m, step, mt, log);
     for (int p = 0; p < o->P; p++)
         if (o->started[p] >= 0 && step - o->started[p] >= o->tau)
             CHECK(finish_fragment(o, r, m, p, step, o->alpha, mt, log));
@@ -104,6 +198,18 @@ int outer_after_step(Outer *o, Reducer *r, Model *m, long step, Metrics *mt, int
 
 int outer_finish(Outer *o, Reducer *r, Model *m, long step, Metrics *mt, int log)
 {
+    if (o->butterfly) {
+        for (int f = 0; f < o->P; f++)
+            if (o->started[f] >= 0) CHECK(mix_end(o, r, m, f, o->round - 1, step, 1, mt, log));
+        /* k rounds of every fragment without local updates: the exact mean */
+        for (int f = 0; f < o->P; f++)
+            for (int d = 0; d < o->k; d++) {
+                CHECK(mix_begin(o, r, m, f, d, step));
+                CHECK(mix_end(o, r, m, f, d, step, 0, mt, log));
+            }
+        memcpy(o->anchor, m->params, sizeof(float) * m->n_params);
+        return ISTH_OK;
+    }
     for (int p = 0; p < o->P; p++)
         if (o->started[p] >= 0) CHECK(finish_fragment(o, r, m, p, step, o->alpha, mt, log));
     for (int p = 0; p < o->P; p++)

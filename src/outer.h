@@ -11,6 +11,16 @@
  *              with t mod H = p*H/P; its exchange is started then and
  *              finished `overlap` inner steps later; the outer result is
  *              merged: theta = alpha*theta_local + (1-alpha)*anchor.
+ *   butterfly  every H inner steps a mixing round r: learner i exchanges
+ *              fragment (r / k) mod P with learner i XOR 2^(r mod k) and both
+ *              keep the pair's token-weighted average (weights: the tokens
+ *              behind each side's value in this butterfly cycle), started
+ *              after step t and applied after t+overlap keeping the local
+ *              progress made meanwhile; optionally an outer Nesterov step
+ *              on the change since the learner's previous mix (lr != 1 or
+ *              momentum != 0). Point-to-point only: no collective spans
+ *              learners. At the end k rounds of every fragment without local
+ *              updates give every learner the exact global mean.
  * Inner optimiser state is never exchanged. At the end of training every
  * fragment with local progress takes one more outer step and every learner
  * ends on the anchor, so the run's final model is the global model.
@@ -25,7 +35,12 @@
 #include "reduce.h"
 
 typedef struct {
-    int streaming;
+    int streaming, butterfly;
+    int learner, n_learners, k; /* butterfly: my id, N = 2^k */
+    double *weights;           /* butterfly: token share of every learner */
+    float *sent;               /* butterfly: theta when the fragment was sent */
+    int outer_step;            /* butterfly: apply Nesterov to the mixed change (lr != 1 or momentum != 0) */
+    long round;                /* butterfly rounds started */
     int H, P, tau;
     double lr, momentum, alpha;
     double learner_weight;     /* this learner's share of a step's tokens */
@@ -40,6 +55,11 @@ typedef struct {
 int outer_fragment_due(long step, int p, int H, int P);
 
 int outer_create(Outer *o, const OuterConfig *cfg, const Model *m, double learner_weight);
+/* Butterfly: learner id, every learner's token share (N = power of two). */
+int outer_set_butterfly(Outer *o, Reducer *r, int learner, int n_learners, const double *weights);
+/* Butterfly partner of `learner` in round r, and the round's fragment. */
+int butterfly_partner(int learner, long round, int k);
+int butterfly_fragment(long round, int k, int P);
 void outer_destroy(Outer *o);
 
 /* After inner step `step` (1-based): finish exchanges due, start the ones

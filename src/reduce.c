@@ -242,6 +242,22 @@ void reducer_destroy(Reducer *r)
                         fp->peers, fp->staging, fp->gather, fp->residual, fp->scratch, fp->enc, fp->dense_buf};
         for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) free(bufs[i]);
     }
+    for (size_t i = 0; r->pairs && i < (size_t)r->fragments * 32; i++) {
+        PairPlan *pp = &r->pairs[i];
+        for (int j = 0; j < pp->n_peers; j++) {
+            free(pp->peers[j].chunks);
+            free(pp->peers[j].msg.send);
+            free(pp->peers[j].msg.recv);
+            free(pp->peers[j].verdict.send);
+            free(pp->peers[j].verdict.recv);
+        }
+        free(pp->peers);
+        free(pp->mine);
+        free(pp->theirs);
+    }
+    for (int f = 0; r->mix_residual && f < r->fragments; f++) free(r->mix_residual[f]);
+    free(r->mix_residual);
+    free(r->pairs);
     free(r->frag);
     free(r->chunks);
     free(r->site_weight);
@@ -356,8 +372,11 @@ int reduce_start(Reducer *r, int f, float *buf, int kind)
     return ISTH_OK;
 }
 
+void mix_poll(Reducer *r);
+
 void reduce_poll(Reducer *r)
 {
+    mix_poll(r);
     for (int f = 0; f < r->fragments; f++) {
         FragPlan *fp = &r->frag[f];
         if (!fp->in_flight || !fp->n_peers) continue;
@@ -417,6 +436,8 @@ static int agree(Reducer *r, FragPlan *fp, int f, unsigned char *ok)
     CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, ok, t->n_sites, MPI_UNSIGNED_CHAR, MPI_MIN, t->site_comm));
     return ISTH_OK;
 }
+
+static int share_dense(Reducer *r, FragPlan *fp, float *buf);
 
 int reduce_finish(Reducer *r, int f, float *buf, ReduceReport *rep)
 {
@@ -506,6 +527,14 @@ int reduce_finish(Reducer *r, int f, float *buf, ReduceReport *rep)
     for (int k = 0; k < fp->n_owned; k++)
         memcpy(buf + chunk_offset(r, fp->owned[k]), total + fp->packed_off[k],
                r->chunks[fp->owned[k]].size * sizeof(float));
+    return share_dense(r, fp, buf);
+}
+
+/* Dense chunks of the fragment, final on their owners, copied to every rank
+ * of the learner (one non-zero term per element: the sum is exact). */
+static int share_dense(Reducer *r, FragPlan *fp, float *buf)
+{
+    const Topology *t = r->topo;
     if (t->learner_size > 1 && fp->n_dense) {
         size_t k = 0;
         const int G = t->learner_size;
@@ -599,16 +628,24 @@ int reduce_owns(const void *reducer, int tensor, int layer, int expert)
     return 0;
 }
 
-int reduce_has_residual(const Reducer *r) { return r->frag && r->frag[0].residual != NULL; }
+/* The error-feedback state in use: the butterfly's (every learner) or the
+ * outer modes' (first learner of a site). */
+static float *residual_of(const Reducer *r, int f)
+{
+    return r->mix_residual ? r->mix_residual[f] : r->frag[f].residual;
+}
+
+int reduce_has_residual(const Reducer *r) { return r->frag && residual_of(r, 0) != NULL; }
 
 void reduce_residual_export(const Reducer *r, float *buf)
 {
     memset(buf, 0, sizeof(float) * r->model->n_params);
     for (int f = 0; f < r->fragments; f++) {
         const FragPlan *fp = &r->frag[f];
-        if (!fp->residual) continue;
+        const float *res = residual_of(r, f);
+        if (!res) continue;
         for (int k = 0; k < fp->n_owned; k++)
-            memcpy(buf + chunk_offset(r, fp->owned[k]), fp->residual + fp->packed_off[k],
+            memcpy(buf + chunk_offset(r, fp->owned[k]), res + fp->packed_off[k],
                    r->chunks[fp->owned[k]].size * sizeof(float));
     }
 }
@@ -617,9 +654,234 @@ void reduce_residual_import(Reducer *r, const float *buf)
 {
     for (int f = 0; f < r->fragments; f++) {
         FragPlan *fp = &r->frag[f];
-        if (!fp->residual) continue;
+        float *res = residual_of(r, f);
+        if (!res) continue;
         for (int k = 0; k < fp->n_owned; k++)
-            memcpy(fp->residual + fp->packed_off[k], buf + chunk_offset(r, fp->owned[k]),
+            memcpy(res + fp->packed_off[k], buf + chunk_offset(r, fp->owned[k]),
                    r->chunks[fp->owned[k]].size * sizeof(float));
     }
+}
+
+/* ---- butterfly mixing ------------------------------------------------------- */
+
+int reduce_enable_mixing(Reducer *r)
+{
+    r->pairs = calloc((size_t)r->fragments * 32, sizeof(PairPlan));
+    r->mix_residual = calloc((size_t)r->fragments, sizeof(float *));
+    CHECK_ALLOC(r->pairs);
+    CHECK_ALLOC(r->mix_residual);
+    for (int f = 0; r->error_feedback && f < r->fragments; f++) {
+        r->mix_residual[f] = calloc(r->frag[f].size ? r->frag[f].size : 1, sizeof(float));
+        CHECK_ALLOC(r->mix_residual[f]);
+    }
+    return ISTH_OK;
+}
+
+static PairPlan *pair_plan(Reducer *r, int f, int partner)
+{
+    const Topology *t = r->topo;
+    if (!r->pairs) return NULL;
+    int d = 0;
+    while (d < 31 && (t->learner ^ (1 << d)) != partner) d++;
+    if (d == 31) return NULL;
+    PairPlan *pp = &r->pairs[(size_t)f * 32 + d];
+    if (pp->peers) return pp;
+    FragPlan *fp = &r->frag[f];
+    int first, G;
+    topology_learner_ranks(t, partner, &first, &G);
+    pp->partner = partner;
+    pp->fragment = f;
+    pp->crosses = topology_site_of_learner(t, partner) != t->site;
+    pp->peers = calloc((size_t)G, sizeof(Peer));
+    const size_t sz = fp->size ? fp->size : 1;
+    pp->mine = malloc(sizeof(float) * sz);
+    pp->theirs = malloc(sizeof(float) * sz);
+    if (!pp->peers || !pp->mine || !pp->theirs) return NULL;
+    for (int j = 0; j < G; j++) {
+        Peer *p = &pp->peers[pp->n_peers];
+        p->chunks = malloc(sizeof(int) * (size_t)(fp->n_owned + 1));
+        if (!p->chunks) return NULL;
+        for (int k = 0; k < fp->n_owned; k++) {
+            if (chunk_owner(r, fp->owned[k], G) != j) continue;
+            p->chunks[p->n++] = k;
+            p->values += r->chunks[fp->owned[k]].size;
+            p->enc_bytes += codec_encoded_size(r->codec, r->chunks[fp->owned[k]].size, r->block);
+        }
+        if (!p->n) {
+            free(p->chunks);
+            memset(p, 0, sizeof *p);
+            continue;
+        }
+        p->world_rank = first + j;
+        p->site = topology_site_of_learner(t, partner);
+        const size_t bytes = sizeof(LinkHeader) + p->enc_bytes, vbytes = sizeof(LinkHeader) + 1;
+        p->msg = (LinkMsg){.peer = p->world_rank, .tag = 5000 + f, .send_bytes = bytes, .recv_bytes = bytes,
+                           .local = !pp->crosses};
+        p->verdict = (LinkMsg){.peer = p->world_rank, .tag = 32000 + f, .send_bytes = vbytes, .recv_bytes = vbytes,
+                               .local = !pp->crosses};
+        p->msg.send = malloc(bytes);
+        p->msg.recv = malloc(bytes);
+        p->verdict.send = malloc(vbytes);
+        p->verdict.recv = malloc(vbytes);
+        if (!p->msg.send || !p->msg.recv || !p->verdict.send || !p->verdict.recv) return NULL;
+        pp->n_peers++;
+    }
+    return pp;
+}
+
+static PairPlan *pair_in_flight(const Reducer *r, int f)
+{
+    if (!r->pairs) return NULL;
+    for (int d = 0; d < 32; d++)
+        if (r->pairs[(size_t)f * 32 + d].in_flight) return &r->pairs[(size_t)f * 32 + d];
+    return NULL;
+}
+
+int mix_in_flight(const Reducer *r, int f) { return pair_in_flight(r, f) != NULL; }
+
+int mix_start(Reducer *r, int f, int partner, float *buf, double w_me, double w_partner)
+{
+    const Topology *t = r->topo;
+    FragPlan *fp = &r->frag[f];
+    PairPlan *pp = pair_plan(r, f, partner);
+    if (!pp) return isth_fail(ISTH_ERUNTIME, "butterfly: cannot plan fragment %d with learner %d", f, partner);
+    if (pair_in_flight(r, f)) return isth_fail(ISTH_ERUNTIME, "butterfly: fragment %d mixed twice at once", f);
+    pp->in_flight = 1;
+    pp->polls = 0;
+    pp->arrived_poll = -1;
+    pp->w_me = w_me;
+    pp->w_them = w_partner;
+    pp->err2 = pp->norm2 = 0.0;
+    pp->exchange = ++r->exchanges;
+    float *res = r->mix_residual ? r->mix_residual[f] : NULL;
+    for (int k = 0; k < fp->n_owned; k++) {
+        const size_t n = r->chunks[fp->owned[k]].size;
+        double e2, n2;
+        codec_encode_ef(r->codec, buf + chunk_offset(r, fp->owned[k]), res ? res + fp->packed_off[k] : NULL, n,
+                        r->block, fp->enc + fp->enc_off[k], pp->mine + fp->packed_off[k], &e2, &n2);
+        pp->err2 += e2;
+        pp->norm2 += n2;
+    }
+    const int corrupt = r->link.corrupt_exchange && (uint64_t)r->link.corrupt_exchange == pp->exchange;
+    for (int i = 0; i < pp->n_peers; i++) {
+        Peer *p = &pp->peers[i];
+        unsigned char *payload = p->msg.send + sizeof(LinkHeader);
+        for (int j = 0; j < p->n; j++) {
+            const int k = p->chunks[j];
+            const size_t bytes = codec_encoded_size(r->codec, r->chunks[fp->owned[k]].size, r->block);
+            memcpy(payload, fp->enc + fp->enc_off[k], bytes);
+            payload += bytes;
+        }
+        /* both partners number their exchanges alike: learner rounds are in step */
+        link_frame(p->msg.send, (uint8_t)r->codec, 2, (uint32_t)f, (uint32_t)t->learner, pp->exchange, p->values,
+                   p->enc_bytes);
+        if (corrupt) link_corrupt(p->msg.send, p->msg.send_bytes);
+        p->msg.send_posted = 0;
+        link_post_recv(&r->link, &p->msg);
+        link_post_send(&r->link, &p->msg);
+    }
+    return ISTH_OK;
+}
+
+void mix_poll(Reducer *r)
+{
+    for (int f = 0; f < r->fragments; f++) {
+        PairPlan *pp = pair_in_flight(r, f);
+        if (!pp) continue;
+        pp->polls++;
+        if (pp->arrived_poll < 0) {
+            int all = 1;
+            for (int i = 0; i < pp->n_peers; i++)
+                if (!link_test(&r->link, &pp->peers[i].msg, 1)) all = 0;
+            if (all) pp->arrived_poll = pp->polls;
+        }
+    }
+}
+
+int mix_finish(Reducer *r, int f, float *buf, ReduceReport *rep, double *pair_distance)
+{
+    const Topology *t = r->topo;
+    FragPlan *fp = &r->frag[f];
+    PairPlan *pp = pair_in_flight(r, f);
+    if (!pp) return isth_fail(ISTH_ERUNTIME, "butterfly: fragment %d finished but not started", f);
+    memset(rep, 0, sizeof *rep);
+    rep->fragment = f;
+    rep->exchange = pp->exchange;
+    rep->arrived_poll = pp->arrived_poll;
+    rep->partner = pp->partner;
+    rep->crosses = pp->crosses;
+    rep->n_sites = 2;
+    LinkMsg msgs[256];
+    for (int i = 0; i < pp->n_peers; i++) msgs[i] = pp->peers[i].msg;
+    int rc = link_wait(&r->link, msgs, pp->n_peers, "butterfly exchange");
+    for (int i = 0; i < pp->n_peers; i++) pp->peers[i].msg = msgs[i];
+    pp->in_flight = 0;
+    CHECK(rc);
+    unsigned char ok = 1;
+    const char *why = NULL;
+    for (int i = 0; i < pp->n_peers; i++) {
+        Peer *p = &pp->peers[i];
+        const char *bad = link_check(p->msg.recv, p->msg.recv_bytes, 2, (uint32_t)f, pp->exchange, p->values, p->enc_bytes);
+        const unsigned char *src = p->msg.recv + sizeof(LinkHeader);
+        for (int j = 0; j < p->n && !bad; j++) {
+            const int k = p->chunks[j];
+            const size_t n = r->chunks[fp->owned[k]].size;
+            float *dst = pp->theirs + fp->packed_off[k];
+            codec_decode(r->codec, src, n, r->block, dst);
+            src += codec_encoded_size(r->codec, n, r->block);
+            for (size_t e = 0; e < n; e++)
+                if (!isfinite(dst[e])) {
+                    bad = "NaN or Inf in payload";
+                    break;
+                }
+        }
+        if (bad) {
+            ok = 0;
+            why = bad;
+        }
+    }
+    /* agree inside my learner, then with the partner learner, then again */
+    CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_UNSIGNED_CHAR, MPI_MIN, t->learner_comm));
+    for (int i = 0; i < pp->n_peers; i++) {
+        Peer *p = &pp->peers[i];
+        p->verdict.send[sizeof(LinkHeader)] = ok;
+        link_frame(p->verdict.send, 0, 3, (uint32_t)f, (uint32_t)t->learner, pp->exchange, 1, 1);
+        p->verdict.send_posted = 0;
+        link_post_recv(&r->link, &p->verdict);
+        link_post_send(&r->link, &p->verdict);
+        msgs[i] = p->verdict;
+    }
+    CHECK(link_wait(&r->link, msgs, pp->n_peers, "butterfly verdict"));
+    for (int i = 0; i < pp->n_peers; i++) {
+        const char *bad = link_check(msgs[i].recv, msgs[i].recv_bytes, 3, (uint32_t)f, pp->exchange, 1, 1);
+        if (bad || !msgs[i].recv[sizeof(LinkHeader)]) ok = 0;
+    }
+    CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_UNSIGNED_CHAR, MPI_MIN, t->learner_comm));
+    rep->accepted_sites = ok ? 2 : 1;
+    if (!ok) snprintf(rep->rejected, sizeof rep->rejected, "learner %d: %s", why ? t->learner : pp->partner,
+                      why ? why : "rejected by the partner");
+    /* distance between the partners before mixing (my owned part) */
+    double d2 = 0.0, n2 = 0.0;
+    for (size_t i = 0; i < fp->size; i++) {
+        double d = (double)pp->mine[i] - pp->theirs[i];
+        d2 += d * d;
+        n2 += (double)pp->mine[i] * pp->mine[i];
+    }
+    double stats[5] = {0.0, pp->err2, pp->norm2, d2, n2};
+    for (int i = 0; i < pp->n_peers; i++) stats[0] += (double)pp->peers[i].msg.send_bytes;
+    CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, stats, 5, MPI_DOUBLE, MPI_SUM, t->learner_comm));
+    rep->payload_bytes = stats[0];
+    rep->codec_rel_error = stats[2] > 0 ? sqrt(stats[1] / stats[2]) : 0.0;
+    if (pair_distance) *pair_distance = stats[4] > 0 ? sqrt(stats[3] / stats[4]) : 0.0;
+    if (!ok) return ISTH_OK; /* both learners keep their own values */
+    const int me_first = t->learner < pp->partner;
+    const double w_lo = me_first ? pp->w_me : pp->w_them, w_hi = me_first ? pp->w_them : pp->w_me;
+    const float a = (float)(w_lo / (w_lo + w_hi)), b = (float)(w_hi / (w_lo + w_hi));
+    const float *lo = me_first ? pp->mine : pp->theirs, *hi = me_first ? pp->theirs : pp->mine;
+    for (int k = 0; k < fp->n_owned; k++) {
+        float *dst = buf + chunk_offset(r, fp->owned[k]);
+        const size_t o = fp->packed_off[k], n = r->chunks[fp->owned[k]].size;
+        for (size_t e = 0; e < n; e++) dst[e] = a * lo[o + e] + b * hi[o + e];
+    }
+    return share_dense(r, fp, buf);
 }

@@ -90,14 +90,29 @@ typedef struct {
     int accepted_sites, n_sites;
     char rejected[512];        /* "site: reason; ..." */
     int arrived_poll;          /* polls (inner steps) until everything had arrived; -1: at finish */
+    int partner, crosses;      /* butterfly: partner learner, in another site */
     int sent_poll;             /* polls before this rank posted its sends (0: at start; test hook) */
 } ReduceReport;
 
 enum { REDUCE_GRADS, REDUCE_REPLICATED };
 
+/* A butterfly exchange of one fragment with one partner learner. */
+typedef struct {
+    int partner, fragment, crosses;  /* partner learner id; in another site? */
+    Peer *peers;                     /* the partner's ranks whose chunks overlap mine */
+    int n_peers;
+    float *mine, *theirs;            /* (fragment owned size) decoded values */
+    double w_me, w_them;
+    int in_flight, polls, arrived_poll;
+    uint64_t exchange;
+    double err2, norm2;
+} PairPlan;
+
 typedef struct {
     const Topology *topo;
     const Model *model;
+    PairPlan *pairs;           /* (fragments x 32) butterfly plans, built on first use */
+    float **mix_residual;      /* (fragments) error feedback of butterfly payloads */
     Chunk *chunks;
     int n_chunks;
     int fragments;
@@ -148,6 +163,19 @@ void reduce_residual_export(const Reducer *r, float *buf);
 void reduce_residual_import(Reducer *r, const float *buf);
 /* Has this rank error-feedback state (first learner of a site, codec on)? */
 int reduce_has_residual(const Reducer *r);
+
+/* Butterfly mixing of fragment f with learner `partner` (point-to-point
+ * between the two learners' ranks on canonical chunk plans, codec and error
+ * feedback as for the outer modes). start posts the exchange of buf's
+ * values; finish writes the pair's weighted average
+ *   (w_lo*v_lo + w_hi*v_hi) / (w_lo + w_hi)   (lower learner id first)
+ * of the decoded values into buf, identically on both learners, or leaves
+ * buf unchanged on both when either side rejected a payload. */
+/* Prepare butterfly plans and error-feedback state (before any mix_start). */
+int reduce_enable_mixing(Reducer *r);
+int mix_start(Reducer *r, int f, int partner, float *buf, double w_me, double w_partner);
+int mix_finish(Reducer *r, int f, float *buf, ReduceReport *rep, double *pair_distance);
+int mix_in_flight(const Reducer *r, int f);
 
 /* Squared L2 norm of the learner's full gradient, the same number on every
  * rank of every learner whatever the sharding. */

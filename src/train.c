@@ -77,6 +77,18 @@ int trainer_create(Trainer *tr, const Config *cfg, int log)
     if (tr->outer_mode)
         CHECK(outer_create(&tr->outer, &cfg->outer, &tr->model,
                            site->tokens_per_step / t->total_tokens_per_step));
+    if (tr->outer_mode && tr->outer.butterfly) {
+        const int N = t->n_learners;
+        if (N < 2 || (N & (N - 1)))
+            return isth_fail(ISTH_EINPUT,
+                             "layout: [outer] mode = butterfly needs a power-of-two number of learners (2, 4, 8, ...); "
+                             "the [site.*] sections give %d", N);
+        double w[1024];
+        if (N > 1024) return isth_fail(ISTH_EINPUT, "layout: butterfly supports at most 1024 learners");
+        for (int l = 0; l < N; l++)
+            w[l] = t->sites[topology_site_of_learner(t, l)].tokens_per_step / t->total_tokens_per_step;
+        CHECK(outer_set_butterfly(&tr->outer, &tr->red, t->learner, N, w));
+    }
     const size_t n = (size_t)tr->micro_batch * mc->context;
     tr->tokens = malloc(n * sizeof(int));
     tr->targets = malloc(n * sizeof(int));
@@ -194,7 +206,7 @@ int trainer_eval(Trainer *tr, double *bpb_prose, double *bpb_tech)
      * others go on to their next step */
     if (tr->topo.learner != 0) return ISTH_OK;
     float *own = tr->model.params;
-    if (tr->outer_mode) tr->model.params = tr->outer.anchor;
+    if (tr->outer_mode && !tr->outer.butterfly) tr->model.params = tr->outer.anchor; /* butterfly: learner 0's own */
     const Corpus *sets[2] = {&tr->eval_prose, &tr->eval_tech};
     const char *names[2] = {"prose", "tech"};
     double *outs[2] = {bpb_prose, bpb_tech};
@@ -298,7 +310,7 @@ static int in_flight(const Trainer *tr)
     if (!tr->outer_mode) return 0;
     for (int p = 0; p < tr->cfg.outer.fragments; p++)
         if (tr->outer.started[p] >= 0) return 1;
-    return 0;
+    return 0; /* butterfly rounds also mark started[] */
 }
 
 int train_run(const Config *cfg, const char *resume)
@@ -332,7 +344,8 @@ int train_run(const Config *cfg, const char *resume)
         rc = trainer_step(&tr, &s);
         if (rc != ISTH_OK) break;
         if (tr.log && (s.step % tc->log_every == 0 || s.step == tc->steps)) metrics_step(&tr.metrics, &s);
-        if (tc->check_replicas > 0 && (tr.step % tc->check_replicas == 0 || tr.step == tc->steps))
+        /* butterfly learners agree only at the end */
+        if (tc->check_replicas > 0 && !tr.outer.butterfly && (tr.step % tc->check_replicas == 0 || tr.step == tc->steps))
             rc = check_replicas(&tr);
         if (rc != ISTH_OK) break;
         stopping |= stop_vote(&vote, stop_signal != 0 || tr.step == stop_at);
