@@ -104,7 +104,7 @@ void metrics_mix(Metrics *mt, long round, int fragment, int partner, int crosses
     if (!mt || !mt->f) return;
     fprintf(mt->f,
             "{\"mix\":%ld,\"fragment\":%d,\"partner\":%d,\"crossed_sites\":%d,\"started_step\":%ld,\"step\":%ld,"
-            "\"payload_bytes\":%.0f,\"codec_rel_error\":%.6g,\"pair_distance\":%.6g,\"peers_waited_on\":1,"
+            "\"payload_bytes\":%.0f,\"codec_rel_error\":%.6g,\"pair_distance\":%.6g,"
             "\"accepted\":%d,\"rejected\":\"%s\"}\n",
             round, fragment, partner, crosses, started, step, r->payload_bytes, r->codec_rel_error, pair_distance,
             r->accepted_sites == 2, r->rejected);

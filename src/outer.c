@@ -117,7 +117,7 @@ static double group_weight(const Outer *o, int i, int d)
     return w;
 }
 
-static int mix_begin(Outer *o, Reducer *r, const Model *m, int f, long round, long step)
+static int mix_begin(Outer *o, Reducer *r, const Model *m, int f, long round, long step, int feedback)
 {
     const int d = (int)(round % o->k), partner = o->learner ^ (1 << d);
     const size_t *off, *len;
@@ -129,7 +129,7 @@ static int mix_begin(Outer *o, Reducer *r, const Model *m, int f, long round, lo
     }
     o->started[f] = step;
     o->last_sync[f] = step;
-    return mix_start(r, f, partner, o->delta, group_weight(o, o->learner, d), group_weight(o, partner, d));
+    return mix_start(r, f, partner, o->delta, group_weight(o, o->learner, d), group_weight(o, partner, d), feedback);
 }
 
 /* keep_local: add the progress made since the fragment was sent */
@@ -172,7 +172,7 @@ static int butterfly_after_step(Outer *o, Reducer *r, Model *m, long step, Metri
     if (step % o->H == 0) {
         const long round = step / o->H - 1;
         const int f = butterfly_fragment(round, o->k, o->P);
-        CHECK(mix_begin(o, r, m, f, round, step));
+        CHECK(mix_begin(o, r, m, f, round, step, 1));
         o->round = round + 1;
         if (o->tau == 0) CHECK(mix_end(o, r, m, f, round, step, 1, mt, log));
     }
@@ -204,7 +204,7 @@ int outer_finish(Outer *o, Reducer *r, Model *m, long step, Metrics *mt, int log
         /* k rounds of every fragment without local updates: the exact mean */
         for (int f = 0; f < o->P; f++)
             for (int d = 0; d < o->k; d++) {
-                CHECK(mix_begin(o, r, m, f, d, step));
+                CHECK(mix_begin(o, r, m, f, d, step, 0));
                 CHECK(mix_end(o, r, m, f, d, step, 0, mt, log));
             }
         memcpy(o->anchor, m->params, sizeof(float) * m->n_params);

@@ -739,7 +739,7 @@ static PairPlan *pair_in_flight(const Reducer *r, int f)
 
 int mix_in_flight(const Reducer *r, int f) { return pair_in_flight(r, f) != NULL; }
 
-int mix_start(Reducer *r, int f, int partner, float *buf, double w_me, double w_partner)
+int mix_start(Reducer *r, int f, int partner, float *buf, double w_me, double w_partner, int feedback)
 {
     const Topology *t = r->topo;
     FragPlan *fp = &r->frag[f];
@@ -753,7 +753,8 @@ int mix_start(Reducer *r, int f, int partner, float *buf, double w_me, double w_
     pp->w_them = w_partner;
     pp->err2 = pp->norm2 = 0.0;
     pp->exchange = ++r->exchanges;
-    float *res = r->mix_residual ? r->mix_residual[f] : NULL;
+    /* without feedback, learners holding equal values send equal payloads */
+    float *res = feedback && r->mix_residual ? r->mix_residual[f] : NULL;
     for (int k = 0; k < fp->n_owned; k++) {
         const size_t n = r->chunks[fp->owned[k]].size;
         double e2, n2;

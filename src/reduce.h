@@ -170,10 +170,12 @@ int reduce_has_residual(const Reducer *r);
  * values; finish writes the pair's weighted average
  *   (w_lo*v_lo + w_hi*v_hi) / (w_lo + w_hi)   (lower learner id first)
  * of the decoded values into buf, identically on both learners, or leaves
- * buf unchanged on both when either side rejected a payload. */
+ * buf unchanged on both when either side rejected a payload. `feedback`:
+ * use error feedback (off for the final exact averaging, where learners
+ * with equal values must send equal payloads). */
 /* Prepare butterfly plans and error-feedback state (before any mix_start). */
 int reduce_enable_mixing(Reducer *r);
-int mix_start(Reducer *r, int f, int partner, float *buf, double w_me, double w_partner);
+int mix_start(Reducer *r, int f, int partner, float *buf, double w_me, double w_partner, int feedback);
 int mix_finish(Reducer *r, int f, float *buf, ReduceReport *rep, double *pair_distance);
 int mix_in_flight(const Reducer *r, int f);
 

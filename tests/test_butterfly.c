@@ -1,0 +1,159 @@
+/* test_butterfly.c — run under mpirun with N = 2, 4, 8 ranks, each rank one
+ * learner (one site of N learners of 1 rank):
+ *  - pairing: partner(partner(i)) = i, one partner per round, every bit used;
+ *  - k rounds of pairwise averaging of distinct starting values, no local
+ *    updates: every learner holds the exact (token-weighted) mean, and all
+ *    hold bit-identical values;
+ *  - a round between learners 0 and 1 completes while every other learner
+ *    stays away: the exchange waits on the partner only (no collective
+ *    across learners).
+ * Tolerance: float32 averaging of k terms, |x - mean| <= 1e-6 * max|x|.
+ */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+#include <mpi.h>
+
+#include "config.h"
+#include "model.h"
+#include "outer.h"
+#include "reduce.h"
+#include "rng.h"
+#include "topology.h"
+
+static int N, me;
+
+typedef struct {
+    Config cfg;
+    Topology topo;
+    Model m;
+    Reducer r;
+} World;
+
+static void setup(World *w, int fragments)
+{
+    char ranks[64], frag[64];
+    snprintf(ranks, sizeof ranks, "site.a.ranks=%d", N);
+    snprintf(frag, sizeof frag, "outer.fragments=%d", fragments);
+    const char *over[] = {ranks, "site.a.learner_ranks=1", "outer.mode=butterfly", frag, "outer.timeout=20"};
+    assert_int_equal(config_load_text(&w->cfg, "", "t", over, 5), 0);
+    assert_int_equal(topology_create(&w->topo, &w->cfg, MPI_COMM_WORLD), 0);
+    assert_int_equal(model_create(&w->m, &w->cfg.model, 0, w->cfg.model.experts), 0);
+    assert_int_equal(reducer_create(&w->r, &w->topo, &w->m, fragments, CODEC_NONE, 128, 0, 20, MPI_COMM_WORLD), 0);
+    assert_int_equal(reduce_enable_mixing(&w->r), 0);
+    for (size_t i = 0; i < w->m.n_params; i++) w->m.params[i] = (float)rng_normal(5, (uint64_t)me, i);
+}
+
+static void teardown(World *w)
+{
+    reducer_destroy(&w->r);
+    model_destroy(&w->m);
+    topology_destroy(&w->topo);
+}
+
+static void test_pairing(void **state)
+{
+    (void)state;
+    for (int k = 1; k <= 3; k++) {
+        const int n = 1 << k;
+        for (long r = 0; r < 3L * k; r++) {
+            int seen[8] = {0};
+            for (int i = 0; i < n; i++) {
+                int p = butterfly_partner(i, r, k);
+                assert_true(p != i && p >= 0 && p < n);
+                assert_int_equal(butterfly_partner(p, r, k), i); /* symmetric */
+                seen[p]++;
+            }
+            for (int i = 0; i < n; i++) assert_int_equal(seen[i], 1); /* one partner each */
+        }
+        /* a fragment gets k consecutive rounds, one per bit */
+        for (int P = 1; P <= 3; P++)
+            for (long r = 0; r < 2L * k * P; r++) assert_int_equal(butterfly_fragment(r, k, P), (int)((r / k) % P));
+    }
+}
+
+static void test_exact_mean_after_k_rounds(void **state)
+{
+    (void)state;
+    if (N < 2) skip();
+    const int fragments = 2;
+    World w;
+    setup(&w, fragments);
+    int k = 0;
+    while ((1 << k) < N) k++;
+    /* token weights 1, 2, 3, ... : group weights as outer.c computes them */
+    double weights[8], total = 0;
+    for (int i = 0; i < N; i++) total += (weights[i] = i + 1);
+    for (int i = 0; i < N; i++) weights[i] /= total;
+    float *start = malloc(sizeof(float) * w.m.n_params);
+    memcpy(start, w.m.params, sizeof(float) * w.m.n_params);
+    for (int f = 0; f < fragments; f++)
+        for (int d = 0; d < k; d++) {
+            const int partner = me ^ (1 << d);
+            double gw_me = 0, gw_p = 0;
+            for (int j = 0; j < N; j++) {
+                if ((j >> d) == (me >> d)) gw_me += weights[j];
+                if ((j >> d) == (partner >> d)) gw_p += weights[j];
+            }
+            ReduceReport rep;
+            assert_int_equal(mix_start(&w.r, f, partner, w.m.params, gw_me, gw_p, 1), 0);
+            assert_int_equal(mix_finish(&w.r, f, w.m.params, &rep, NULL), 0);
+            assert_int_equal(rep.partner, partner);
+        }
+    /* the weighted mean of the starting values, in double */
+    float *all = malloc(sizeof(float) * w.m.n_params * (size_t)N);
+    MPI_Allgather(start, (int)w.m.n_params, MPI_FLOAT, all, (int)w.m.n_params, MPI_FLOAT, MPI_COMM_WORLD);
+    double maxerr = 0, scale = 0;
+    for (size_t i = 0; i < w.m.n_params; i++) {
+        double mean = 0;
+        for (int j = 0; j < N; j++) mean += weights[j] * all[(size_t)j * w.m.n_params + i];
+        maxerr = fmax(maxerr, fabs(w.m.params[i] - mean));
+        scale = fmax(scale, fabs(mean));
+    }
+    assert_true(maxerr <= 1e-6 * scale + 1e-7);
+    /* bit-identical on every learner */
+    MPI_Allgather(w.m.params, (int)w.m.n_params, MPI_FLOAT, all, (int)w.m.n_params, MPI_FLOAT, MPI_COMM_WORLD);
+    for (int j = 1; j < N; j++) assert_memory_equal(all, all + (size_t)j * w.m.n_params, w.m.n_params * sizeof(float));
+    free(all);
+    free(start);
+    teardown(&w);
+}
+
+static void test_round_waits_on_partner_only(void **state)
+{
+    (void)state;
+    if (N < 4) skip();
+    World w;
+    setup(&w, 1);
+    if (me < 2) { /* learners 0 and 1 mix; the others never call anything */
+        ReduceReport rep;
+        assert_int_equal(mix_start(&w.r, 0, me ^ 1, w.m.params, 0.5, 0.5, 1), 0);
+        assert_int_equal(mix_finish(&w.r, 0, w.m.params, &rep, NULL), 0);
+        assert_int_equal(rep.accepted_sites, 2);
+    }
+    MPI_Barrier(MPI_COMM_WORLD); /* only the test synchronises, after the round */
+    teardown(&w);
+}
+
+int main(int argc, char **argv)
+{
+    MPI_Init(&argc, &argv);
+    MPI_Comm_rank(MPI_COMM_WORLD, &me);
+    MPI_Comm_size(MPI_COMM_WORLD, &N);
+    if (me != 0 && !freopen("/dev/null", "w", stdout)) return 1;
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_pairing),
+        cmocka_unit_test(test_exact_mean_after_k_rounds),
+        cmocka_unit_test(test_round_waits_on_partner_only),
+    };
+    int failed = cmocka_run_group_tests(tests, NULL, NULL);
+    MPI_Finalize();
+    return failed ? 1 : 0;
+}
