@@ -198,6 +198,7 @@ static int build_fragment(Reducer *r, int f)
             fp->n_peers++;
         }
     }
+    if (fp->n_peers > 256) return isth_fail(ISTH_EINPUT, "layout: more than 256 peer ranks per exchange are not supported");
     return ISTH_OK;
 }
 
@@ -302,6 +303,46 @@ static int learner_sum_dense(Reducer *r, FragPlan *fp, float *local)
     return ISTH_OK;
 }
 
+/* Frame the encoded chunks each peer owns and post the exchange. */
+static void post_payloads(Reducer *r, FragPlan *fp, Peer *peers, int n, uint8_t kind, int f, uint32_t from,
+                          uint64_t exchange, int send_now)
+{
+    const int corrupt = r->link.corrupt_exchange && (uint64_t)r->link.corrupt_exchange == exchange;
+    for (int i = 0; i < n; i++) {
+        Peer *p = &peers[i];
+        unsigned char *payload = p->msg.send + sizeof(LinkHeader);
+        for (int j = 0; j < p->n; j++) {
+            const int k = p->chunks[j];
+            const size_t bytes = codec_encoded_size(r->codec, r->chunks[fp->owned[k]].size, r->block);
+            memcpy(payload, fp->enc + fp->enc_off[k], bytes);
+            payload += bytes;
+        }
+        link_frame(p->msg.send, (uint8_t)r->codec, kind, (uint32_t)f, from, exchange, p->values, p->enc_bytes);
+        if (corrupt) link_corrupt(p->msg.send, p->msg.send_bytes);
+        p->msg.send_posted = 0;
+        link_post_recv(&r->link, &p->msg);
+        if (send_now) link_post_send(&r->link, &p->msg);
+    }
+}
+
+/* Check a peer's frame and decode its chunks into dst (packed owned layout).
+ * Returns NULL or the reason for rejecting it. */
+static const char *take_payload(Reducer *r, FragPlan *fp, Peer *p, uint8_t kind, int f, uint64_t exchange, float *dst)
+{
+    const char *bad = link_check(p->msg.recv, p->msg.recv_bytes, kind, (uint32_t)f, exchange, p->values, p->enc_bytes);
+    const unsigned char *src = p->msg.recv + sizeof(LinkHeader);
+    for (int j = 0; j < p->n && !bad; j++) {
+        const int k = p->chunks[j];
+        const size_t n = r->chunks[fp->owned[k]].size;
+        float *d = dst + fp->packed_off[k];
+        codec_decode(r->codec, src, n, r->block, d);
+        src += codec_encoded_size(r->codec, n, r->block);
+        for (size_t e = 0; e < n; e++)
+            if (!isfinite(d[e])) return "NaN or Inf in payload";
+    }
+    return bad;
+}
+
 int reduce_learner_sum(Reducer *r, float *grads)
 {
     for (int f = 0; f < r->fragments; f++) CHECK(learner_sum_dense(r, &r->frag[f], grads));
@@ -350,23 +391,7 @@ int reduce_start(Reducer *r, int f, float *buf, int kind)
         fp->err2 += e2;
         fp->norm2 += n2;
     }
-    const int corrupt = r->link.corrupt_exchange && (uint64_t)r->link.corrupt_exchange == fp->exchange;
-    for (int i = 0; i < fp->n_peers; i++) {
-        Peer *p = &fp->peers[i];
-        unsigned char *payload = p->msg.send + sizeof(LinkHeader);
-        for (int j = 0; j < p->n; j++) {
-            const int k = p->chunks[j];
-            const size_t bytes = codec_encoded_size(r->codec, r->chunks[fp->owned[k]].size, r->block);
-            memcpy(payload, fp->enc + fp->enc_off[k], bytes);
-            payload += bytes;
-        }
-        link_frame(p->msg.send, (uint8_t)r->codec, 0, (uint32_t)f, (uint32_t)t->site, fp->exchange, p->values,
-                   p->enc_bytes);
-        if (corrupt) link_corrupt(p->msg.send, p->msg.send_bytes);
-        p->msg.send_posted = 0;
-        link_post_recv(&r->link, &p->msg);
-        if (!r->link.delay_polls) link_post_send(&r->link, &p->msg);
-    }
+    post_payloads(r, fp, fp->peers, fp->n_peers, 0, f, (uint32_t)t->site, fp->exchange, !r->link.delay_polls);
     fp->sends_deferred = r->link.delay_polls > 0;
     fp->sent_poll = 0;
     return ISTH_OK;
@@ -470,23 +495,7 @@ int reduce_finish(Reducer *r, int f, float *buf, ReduceReport *rep)
             CHECK(rc);
             for (int i = 0; i < fp->n_peers; i++) {
                 Peer *p = &fp->peers[i];
-                const char *bad = link_check(p->msg.recv, p->msg.recv_bytes, 0, (uint32_t)f, fp->exchange,
-                                             p->values, p->enc_bytes);
-                if (!bad) {
-                    float *dst = fp->staging + (size_t)p->site * fp->size;
-                    const unsigned char *src = p->msg.recv + sizeof(LinkHeader);
-                    for (int j = 0; j < p->n && !bad; j++) {
-                        const int k = p->chunks[j];
-                        const size_t n = r->chunks[fp->owned[k]].size;
-                        codec_decode(r->codec, src, n, r->block, dst + fp->packed_off[k]);
-                        src += codec_encoded_size(r->codec, n, r->block);
-                        for (size_t e = 0; e < n; e++)
-                            if (!isfinite(dst[fp->packed_off[k] + e])) {
-                                bad = "NaN or Inf in payload";
-                                break;
-                            }
-                    }
-                }
+                const char *bad = take_payload(r, fp, p, 0, f, fp->exchange, fp->staging + (size_t)p->site * fp->size);
                 if (bad) {
                     ok[p->site] = 0;
                     append_reason(rep->rejected, sizeof rep->rejected, t->sites[p->site].name, bad);
@@ -726,6 +735,7 @@ static PairPlan *pair_plan(Reducer *r, int f, int partner)
         if (!p->msg.send || !p->msg.recv || !p->verdict.send || !p->verdict.recv) return NULL;
         pp->n_peers++;
     }
+    if (pp->n_peers > 256) return NULL;
     return pp;
 }
 
@@ -763,24 +773,8 @@ int mix_start(Reducer *r, int f, int partner, float *buf, double w_me, double w_
         pp->err2 += e2;
         pp->norm2 += n2;
     }
-    const int corrupt = r->link.corrupt_exchange && (uint64_t)r->link.corrupt_exchange == pp->exchange;
-    for (int i = 0; i < pp->n_peers; i++) {
-        Peer *p = &pp->peers[i];
-        unsigned char *payload = p->msg.send + sizeof(LinkHeader);
-        for (int j = 0; j < p->n; j++) {
-            const int k = p->chunks[j];
-            const size_t bytes = codec_encoded_size(r->codec, r->chunks[fp->owned[k]].size, r->block);
-            memcpy(payload, fp->enc + fp->enc_off[k], bytes);
-            payload += bytes;
-        }
-        /* both partners number their exchanges alike: learner rounds are in step */
-        link_frame(p->msg.send, (uint8_t)r->codec, 2, (uint32_t)f, (uint32_t)t->learner, pp->exchange, p->values,
-                   p->enc_bytes);
-        if (corrupt) link_corrupt(p->msg.send, p->msg.send_bytes);
-        p->msg.send_posted = 0;
-        link_post_recv(&r->link, &p->msg);
-        link_post_send(&r->link, &p->msg);
-    }
+    /* both partners number their exchanges alike: learner rounds are in step */
+    post_payloads(r, fp, pp->peers, pp->n_peers, 2, f, (uint32_t)t->learner, pp->exchange, 1);
     return ISTH_OK;
 }
 
@@ -821,21 +815,7 @@ int mix_finish(Reducer *r, int f, float *buf, ReduceReport *rep, double *pair_di
     unsigned char ok = 1;
     const char *why = NULL;
     for (int i = 0; i < pp->n_peers; i++) {
-        Peer *p = &pp->peers[i];
-        const char *bad = link_check(p->msg.recv, p->msg.recv_bytes, 2, (uint32_t)f, pp->exchange, p->values, p->enc_bytes);
-        const unsigned char *src = p->msg.recv + sizeof(LinkHeader);
-        for (int j = 0; j < p->n && !bad; j++) {
-            const int k = p->chunks[j];
-            const size_t n = r->chunks[fp->owned[k]].size;
-            float *dst = pp->theirs + fp->packed_off[k];
-            codec_decode(r->codec, src, n, r->block, dst);
-            src += codec_encoded_size(r->codec, n, r->block);
-            for (size_t e = 0; e < n; e++)
-                if (!isfinite(dst[e])) {
-                    bad = "NaN or Inf in payload";
-                    break;
-                }
-        }
+        const char *bad = take_payload(r, fp, &pp->peers[i], 2, f, pp->exchange, pp->theirs);
         if (bad) {
             ok = 0;
             why = bad;
