@@ -19,7 +19,7 @@ expect_exit 2 "\[train\] min_lr = 0.1 exceeds lr" -- "$ISTHMUS" train "$T" --set
 expect_exit 2 "\[train\] optimizer = 'rmsprop' is not one of adamw\|sgd\|shampoo" -- "$ISTHMUS" train "$T" --set train.optimizer=rmsprop
 expect_exit 2 "\[model\] layers is set twice" -- "$ISTHMUS" train "$(cfg '[model]\nlayers = 2\nlayers = 3\n')"
 expect_exit 2 "expected 'key = value'" -- "$ISTHMUS" train "$(cfg '[model]\nlayers 2\n')"
-expect_exit 2 "\[outer\] mode = butterfly is not implemented yet" -- "$ISTHMUS" train "$T" --set outer.mode=butterfly
+expect_exit 2 "layout: \[outer\] mode = butterfly needs a power-of-two number of learners .* give 1" -- "$ISTHMUS" train "$T" --set outer.mode=butterfly
 expect_exit 2 "\[outer\] overlap = 5 must be less than inner_steps = 5" -- "$ISTHMUS" train "$T" --set outer.mode=streaming --set outer.inner_steps=5 --set outer.overlap=5
 expect_exit 2 "\[outer\] fragments = 3 exceeds \[model\] layers = 2" -- "$ISTHMUS" train "$T" --set outer.mode=streaming --set outer.fragments=3
 expect_exit 2 "\[outer\] codec = 'fp8' is not one of none\|bf16\|int8\|fp4" -- "$ISTHMUS" train "$T" --set outer.codec=fp8

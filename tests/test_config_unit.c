@@ -110,7 +110,7 @@ static void test_bad_inputs(void **state)
     expect_bad("[train]\nlr = nan\n", NULL);                /* not finite */
     expect_bad("", "model.layers");                         /* --set without '=' */
     expect_bad("", "layers=3");                             /* --set without section */
-    expect_bad("[outer]\nmode = butterfly\n", NULL);        /* not yet implemented */
+    expect_bad("[outer]\nmode = butterfly\nmomentum = -0.5\n", NULL); /* out of range */
     expect_bad("[outer]\nmode = diloco\nfragments = 2\n", NULL); /* fragments need streaming */
     expect_bad("[outer]\nmode = streaming\ninner_steps = 4\noverlap = 4\n", NULL); /* tau < H */
     expect_bad("[model]\nlayers = 2\n[outer]\nmode = streaming\nfragments = 3\n", NULL); /* P <= L */
