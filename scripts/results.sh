@@ -27,6 +27,7 @@ run sync
 run diloco_h50 --set outer.mode=diloco --set outer.inner_steps=50
 run diloco_h100 --set outer.mode=diloco --set outer.inner_steps=100
 run diloco_h50_fp4 --set outer.mode=diloco --set outer.inner_steps=50 --set outer.codec=fp4
+run diloco_h100_fp4 --set outer.mode=diloco --set outer.inner_steps=100 --set outer.codec=fp4
 for codec in none bf16 int8 fp4; do
     run "streaming_h50_$codec" --set outer.mode=streaming --set outer.inner_steps=50 --set outer.codec=$codec
 done
