@@ -45,4 +45,4 @@ run 4 stopped $B --resume auto
 losses() { grep '^{"step"' "$1/metrics.jsonl" | sed 's/.*"step":\([0-9]*\),"loss":\([^,]*\),.*/\1 \2/' | sort -n | uniq; }
 [ "$(losses "$WORK/straight")" = "$(losses "$WORK/stopped")" ] && h5diff "$WORK/straight/model.h5" "$WORK/stopped/model.h5" /model /model >/dev/null 2>&1 &&
     pass "butterfly restart: losses and weights bit-identical" || fail "butterfly restart differs"
-finish
+finish || exit 1

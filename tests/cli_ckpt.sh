@@ -117,4 +117,4 @@ if [ "$rc" = 0 ] && [ -n "$ck" ] && "$ISTHMUS" inspect "$ck" > /dev/null 2>&1 &&
 else
     fail "SIGTERM: exit $rc, checkpoint '$ck': $(tail -3 "$WORK/sig.log")"
 fi
-finish
+finish || exit 1

@@ -41,4 +41,4 @@ expect_exit 2 "file .*junk.h5: not a readable HDF5 file" -- "$ISTHMUS" eval --mo
 for cmd in train eval bench config inspect; do
     if "$ISTHMUS" "$cmd" --help | grep -q "^usage: isthmus $cmd"; then pass "$cmd --help"; else fail "$cmd --help"; fi
 done
-finish
+finish || exit 1

@@ -90,4 +90,4 @@ expect_exit 2 "layout: 3 ranks form one learner, but \[model\] experts = 4 is no
     mpirun -q --oversubscribe -np 3 "$ISTHMUS" train "$T"
 expect_exit 2 "\[site.a\] unknown key 'rank'|unknown key 'rank' in \[site.a\]" -- \
     mpirun -q --oversubscribe -np 2 "$ISTHMUS" train "$T" --set site.a.rank=2
-finish
+finish || exit 1

@@ -91,4 +91,4 @@ if [ "$rc" = 1 ] && grep -q "link: payload exchange: nothing from world rank 1 w
 else
     fail "deadline: exit $rc: $(grep error "$WORK/dead.log" | head -3)"
 fi
-finish
+finish || exit 1

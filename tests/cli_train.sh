@@ -65,4 +65,4 @@ cp "$WORK/a/model.h5" "$WORK/flipped.h5"
 printf '%064d' 0 | dd of="$WORK/flipped.h5" bs=1 seek=$((size * 3 / 4)) conv=notrunc 2>/dev/null
 expect_exit 2 "file .*flipped.h5: reading /model/.* failed \(checksum" -- "$ISTHMUS" eval --model "$WORK/flipped.h5"
 expect_exit 2 "eval: --set model.dim=32: only" -- "$ISTHMUS" eval --model "$WORK/a/model.h5" --set model.dim=32
-finish
+finish || exit 1

@@ -11,4 +11,4 @@ while read -r section key; do
     if grep -q "^| \`$sec\.$key\` |" "$DOC"; then :; else fail "$DOC lacks a row for $sec.$key"; fi
 done < "$WORK/keys"
 [ "$n" -gt 20 ] && pass "$n keys documented" || fail "only $n keys listed"
-finish
+finish || exit 1

@@ -17,4 +17,4 @@ for np in 2 4 8; do
         fail "test_butterfly with $np ranks: $(grep -E 'not ok|ERROR|error' "$WORK/bf$np.log" | head -5)"
     fi
 done
-finish
+finish || exit 1
