@@ -25,11 +25,17 @@
 #define LINK_MAGIC 0x49534c4bu /* "ISLK" */
 #define LINK_VERSION 1
 
+/* Header `kind`: what a frame carries (a verdict is its values kind + 1). */
+enum { LINK_SITE_VALUES = 0, LINK_SITE_VERDICT = 1, LINK_PAIR_VALUES = 2, LINK_PAIR_VERDICT = 3 };
+
+/* MPI tags: one exchange per fragment and kind is in flight at a time. */
+#define LINK_TAG(kind, fragment) (1000 + 2048 * (kind) + (fragment)) /* fragments <= layers <= 1024 */
+
 typedef struct {
     uint32_t magic;
     uint16_t version;
     uint8_t codec;
-    uint8_t kind;          /* 0 values, 1 verdict */
+    uint8_t kind;          /* LINK_SITE_VALUES, ... */
     uint32_t fragment;
     uint32_t from_site;
     uint64_t exchange;     /* sequence number of the exchange */

@@ -92,9 +92,15 @@ static int wants_help(int argc, char **argv)
 }
 
 /* Collect --set options; positional arguments into *pos. */
+/* A command's own option: `--name VALUE`, `--name=VALUE`, or a flag. */
+typedef struct {
+    const char *name;
+    int takes_value;
+    const char **value; /* set to the value, or "1" for a flag */
+} Option;
+
 static int parse_common(int argc, char **argv, const char **overrides, int *n_overrides,
-                        const char **pos, int max_pos, int *n_pos, const char *const *extra,
-                        const char **extra_values, int n_extra)
+                        const char **pos, int max_pos, int *n_pos, const Option *opts, int n_opts)
 {
     *n_overrides = 0;
     *n_pos = 0;
@@ -108,19 +114,17 @@ static int parse_common(int argc, char **argv, const char **overrides, int *n_ov
             continue;
         }
         int matched = 0;
-        for (int e = 0; e < n_extra; e++) {
-            size_t len = strlen(extra[e]);
-            if (!strncmp(a, extra[e], len) && (a[len] == '\0' || a[len] == '=')) {
-                matched = 1;
-                if (!strcmp(extra[e], "--keys")) { /* a flag, takes no value */
-                    extra_values[e] = "1";
-                    break;
-                }
-                const char *v = a[len] == '=' ? a + len + 1 : (i + 1 < argc ? argv[++i] : NULL);
-                if (!v) return isth_fail(ISTH_EINPUT, "%s needs a value", extra[e]);
-                extra_values[e] = v;
-                break;
+        for (int e = 0; e < n_opts && !matched; e++) {
+            const size_t len = strlen(opts[e].name);
+            if (strncmp(a, opts[e].name, len) || (a[len] != '\0' && a[len] != '=')) continue;
+            matched = 1;
+            if (!opts[e].takes_value) {
+                *opts[e].value = "1";
+                continue;
             }
+            const char *v = a[len] == '=' ? a + len + 1 : (i + 1 < argc ? argv[++i] : NULL);
+            if (!v) return isth_fail(ISTH_EINPUT, "%s needs a value", opts[e].name);
+            *opts[e].value = v;
         }
         if (matched) continue;
         if (a[0] == '-' && a[1]) return isth_fail(ISTH_EINPUT, "unknown option '%s' (see --help)", a);
@@ -137,10 +141,10 @@ static int cmd_train(int argc, char **argv)
         return ISTH_OK;
     }
     const char *overrides[MAX_OVERRIDES], *pos[1];
-    const char *const extra[] = {"--resume"};
     const char *resume = NULL;
+    const Option opts[] = {{"--resume", 1, &resume}};
     int n_over, n_pos;
-    CHECK(parse_common(argc, argv, overrides, &n_over, pos, 1, &n_pos, extra, &resume, 1));
+    CHECK(parse_common(argc, argv, overrides, &n_over, pos, 1, &n_pos, opts, 1));
     if (n_pos != 1) return isth_fail(ISTH_EINPUT, "train: missing CONFIG.ini (see isthmus train --help)");
     Config cfg;
     CHECK(config_load(&cfg, pos[0], overrides, n_over));
@@ -154,10 +158,10 @@ static int cmd_eval(int argc, char **argv)
         return ISTH_OK;
     }
     const char *overrides[MAX_OVERRIDES], *pos[1];
-    const char *const extra[] = {"--model"};
     const char *model_path = NULL;
+    const Option opts[] = {{"--model", 1, &model_path}};
     int n_over, n_pos;
-    CHECK(parse_common(argc, argv, overrides, &n_over, pos, 1, &n_pos, extra, &model_path, 1));
+    CHECK(parse_common(argc, argv, overrides, &n_over, pos, 1, &n_pos, opts, 1));
     if (!model_path && n_pos == 1) model_path = pos[0];
     else if (n_pos) return isth_fail(ISTH_EINPUT, "eval: unexpected argument '%s'", pos[0]);
     if (!model_path) return isth_fail(ISTH_EINPUT, "eval: missing --model FILE (see isthmus eval --help)");
@@ -228,10 +232,10 @@ static int cmd_bench(int argc, char **argv)
         return ISTH_OK;
     }
     const char *overrides[MAX_OVERRIDES], *pos[1];
-    const char *const extra[] = {"--threads", "--steps"};
     const char *values[2] = {"1,2", "5"};
+    const Option opts[] = {{"--threads", 1, &values[0]}, {"--steps", 1, &values[1]}};
     int n_over, n_pos;
-    CHECK(parse_common(argc, argv, overrides, &n_over, pos, 1, &n_pos, extra, values, 2));
+    CHECK(parse_common(argc, argv, overrides, &n_over, pos, 1, &n_pos, opts, 2));
     if (n_pos != 1) return isth_fail(ISTH_EINPUT, "bench: missing CONFIG.ini (see isthmus bench --help)");
     Config cfg;
     CHECK(config_load(&cfg, pos[0], overrides, n_over));
@@ -260,7 +264,7 @@ static int cmd_inspect(int argc, char **argv)
     }
     const char *overrides[MAX_OVERRIDES], *pos[1];
     int n_over, n_pos;
-    CHECK(parse_common(argc, argv, overrides, &n_over, pos, 1, &n_pos, NULL, NULL, 0));
+    CHECK(parse_common(argc, argv, overrides, &n_over, pos, 1, &n_pos, NULL, 0));
     if (n_pos != 1 || n_over) return isth_fail(ISTH_EINPUT, "inspect: expected one FILE (see isthmus inspect --help)");
     return ckpt_inspect(pos[0]);
 }
@@ -272,10 +276,10 @@ static int cmd_config(int argc, char **argv)
         return ISTH_OK;
     }
     const char *overrides[MAX_OVERRIDES], *pos[1];
-    const char *const extra[] = {"--keys"};
     const char *keys = NULL;
+    const Option opts[] = {{"--keys", 0, &keys}};
     int n_over, n_pos;
-    CHECK(parse_common(argc, argv, overrides, &n_over, pos, 1, &n_pos, extra, &keys, 1));
+    CHECK(parse_common(argc, argv, overrides, &n_over, pos, 1, &n_pos, opts, 1));
     if (keys) {
         config_print_keys();
         return ISTH_OK;

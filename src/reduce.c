@@ -99,6 +99,42 @@ static int holds(const Reducer *r, int c)
            (ch->expert >= r->model->expert_begin && ch->expert < r->model->expert_begin + r->model->experts_local);
 }
 
+/* The plan with one rank of another learner (rank j of a learner of G
+ * ranks, world rank `world`): the chunks of my fragment both of us own, and
+ * the message buffers. Returns 1 (a peer), 0 (nothing in common) or -1 (out
+ * of memory); on 0 the peer is left empty. */
+static int build_peer(Reducer *r, const FragPlan *fp, Peer *p, int G, int j, int world, int site, int f,
+                      uint8_t values_kind, size_t verdict_bytes, int local)
+{
+    p->chunks = malloc(sizeof(int) * (size_t)(fp->n_owned + 1));
+    if (!p->chunks) return -1;
+    for (int k = 0; k < fp->n_owned; k++) {
+        const int owner = chunk_owner(r, fp->owned[k], G);
+        if (owner < 0) return -1;
+        if (owner != j) continue;
+        p->chunks[p->n++] = k;
+        p->values += r->chunks[fp->owned[k]].size;
+        p->enc_bytes += codec_encoded_size(r->codec, r->chunks[fp->owned[k]].size, r->block);
+    }
+    if (!p->n) {
+        free(p->chunks);
+        memset(p, 0, sizeof *p);
+        return 0;
+    }
+    p->world_rank = world;
+    p->site = site;
+    const size_t bytes = sizeof(LinkHeader) + p->enc_bytes, vbytes = sizeof(LinkHeader) + verdict_bytes;
+    p->msg = (LinkMsg){.peer = world, .tag = LINK_TAG(values_kind, f), .send_bytes = bytes, .recv_bytes = bytes,
+                       .local = local};
+    p->verdict = (LinkMsg){.peer = world, .tag = LINK_TAG(values_kind + 1, f), .send_bytes = vbytes,
+                           .recv_bytes = vbytes, .local = local};
+    p->msg.send = malloc(bytes);
+    p->msg.recv = malloc(bytes);
+    p->verdict.send = malloc(vbytes);
+    p->verdict.recv = malloc(vbytes);
+    return p->msg.send && p->msg.recv && p->verdict.send && p->verdict.recv ? 1 : -1;
+}
+
 static int build_fragment(Reducer *r, int f)
 {
     const Topology *t = r->topo;
@@ -165,37 +201,10 @@ static int build_fragment(Reducer *r, int f)
         if (s == t->site) continue;
         const SiteInfo *o = &t->sites[s];
         for (int j = 0; j < o->learner_ranks; j++) {
-            Peer *p = &fp->peers[fp->n_peers];
-            p->chunks = malloc(sizeof(int) * (size_t)(fp->n_owned + 1));
-            CHECK_ALLOC(p->chunks);
-            for (int k = 0; k < fp->n_owned; k++) {
-                int owner = chunk_owner(r, fp->owned[k], o->learner_ranks);
-                if (owner < 0) return isth_fail(ISTH_ERUNTIME, "reduce: out of memory for ownership tables");
-                if (owner != j) continue;
-                p->chunks[p->n++] = k;
-                p->values += r->chunks[fp->owned[k]].size;
-                p->enc_bytes += codec_encoded_size(r->codec, r->chunks[fp->owned[k]].size, r->block);
-            }
-            if (!p->n) {
-                free(p->chunks);
-                memset(p, 0, sizeof *p);
-                continue;
-            }
-            p->world_rank = o->first_rank + j;
-            p->site = s;
-            const size_t bytes = sizeof(LinkHeader) + p->enc_bytes;
-            p->msg = (LinkMsg){.peer = p->world_rank, .tag = 1000 + f, .send_bytes = bytes, .recv_bytes = bytes};
-            p->msg.send = malloc(bytes);
-            p->msg.recv = malloc(bytes);
-            const size_t vbytes = sizeof(LinkHeader) + (size_t)t->n_sites;
-            p->verdict = (LinkMsg){.peer = p->world_rank, .tag = 30000 + f, .send_bytes = vbytes, .recv_bytes = vbytes};
-            p->verdict.send = malloc(vbytes);
-            p->verdict.recv = malloc(vbytes);
-            CHECK_ALLOC(p->msg.send);
-            CHECK_ALLOC(p->msg.recv);
-            CHECK_ALLOC(p->verdict.send);
-            CHECK_ALLOC(p->verdict.recv);
-            fp->n_peers++;
+            const int got = build_peer(r, fp, &fp->peers[fp->n_peers], o->learner_ranks, j, o->first_rank + j, s, f,
+                                       LINK_SITE_VALUES, (size_t)t->n_sites, 0);
+            if (got < 0) return isth_fail(ISTH_ERUNTIME, "reduce: out of memory for exchange plans");
+            fp->n_peers += got;
         }
     }
     if (fp->n_peers > 256) return isth_fail(ISTH_EINPUT, "layout: more than 256 peer ranks per exchange are not supported");
@@ -391,7 +400,7 @@ int reduce_start(Reducer *r, int f, float *buf, int kind)
         fp->err2 += e2;
         fp->norm2 += n2;
     }
-    post_payloads(r, fp, fp->peers, fp->n_peers, 0, f, (uint32_t)t->site, fp->exchange, !r->link.delay_polls);
+    post_payloads(r, fp, fp->peers, fp->n_peers, LINK_SITE_VALUES, f, (uint32_t)t->site, fp->exchange, !r->link.delay_polls);
     fp->sends_deferred = r->link.delay_polls > 0;
     fp->sent_poll = 0;
     return ISTH_OK;
@@ -438,7 +447,7 @@ static int agree(Reducer *r, FragPlan *fp, int f, unsigned char *ok)
         for (int i = 0; i < fp->n_peers && n < 256; i++) {
             Peer *p = &fp->peers[i];
             memcpy(p->verdict.send + sizeof(LinkHeader), ok, (size_t)t->n_sites);
-            link_frame(p->verdict.send, 0, 1, (uint32_t)f, (uint32_t)t->site, fp->exchange, (uint64_t)t->n_sites,
+            link_frame(p->verdict.send, 0, LINK_SITE_VERDICT, (uint32_t)f, (uint32_t)t->site, fp->exchange, (uint64_t)t->n_sites,
                        (uint64_t)t->n_sites);
             p->verdict.send_posted = 0;
             link_post_recv(&r->link, &p->verdict);
@@ -448,7 +457,7 @@ static int agree(Reducer *r, FragPlan *fp, int f, unsigned char *ok)
         CHECK(link_wait(&r->link, msgs, n, "verdict exchange"));
         for (int i = 0; i < n; i++) {
             const unsigned char *v = msgs[i].recv;
-            const char *bad = link_check(v, msgs[i].recv_bytes, 1, (uint32_t)f, fp->exchange,
+            const char *bad = link_check(v, msgs[i].recv_bytes, LINK_SITE_VERDICT, (uint32_t)f, fp->exchange,
                                          (uint64_t)t->n_sites, (uint64_t)t->n_sites);
             if (bad) { /* a verdict we cannot read: trust nobody's payload but our own */
                 for (int s = 0; s < t->n_sites; s++)
@@ -495,7 +504,7 @@ int reduce_finish(Reducer *r, int f, float *buf, ReduceReport *rep)
             CHECK(rc);
             for (int i = 0; i < fp->n_peers; i++) {
                 Peer *p = &fp->peers[i];
-                const char *bad = take_payload(r, fp, p, 0, f, fp->exchange, fp->staging + (size_t)p->site * fp->size);
+                const char *bad = take_payload(r, fp, p, LINK_SITE_VALUES, f, fp->exchange, fp->staging + (size_t)p->site * fp->size);
                 if (bad) {
                     ok[p->site] = 0;
                     append_reason(rep->rejected, sizeof rep->rejected, t->sites[p->site].name, bad);
@@ -707,33 +716,10 @@ static PairPlan *pair_plan(Reducer *r, int f, int partner)
     pp->theirs = malloc(sizeof(float) * sz);
     if (!pp->peers || !pp->mine || !pp->theirs) return NULL;
     for (int j = 0; j < G; j++) {
-        Peer *p = &pp->peers[pp->n_peers];
-        p->chunks = malloc(sizeof(int) * (size_t)(fp->n_owned + 1));
-        if (!p->chunks) return NULL;
-        for (int k = 0; k < fp->n_owned; k++) {
-            if (chunk_owner(r, fp->owned[k], G) != j) continue;
-            p->chunks[p->n++] = k;
-            p->values += r->chunks[fp->owned[k]].size;
-            p->enc_bytes += codec_encoded_size(r->codec, r->chunks[fp->owned[k]].size, r->block);
-        }
-        if (!p->n) {
-            free(p->chunks);
-            memset(p, 0, sizeof *p);
-            continue;
-        }
-        p->world_rank = first + j;
-        p->site = topology_site_of_learner(t, partner);
-        const size_t bytes = sizeof(LinkHeader) + p->enc_bytes, vbytes = sizeof(LinkHeader) + 1;
-        p->msg = (LinkMsg){.peer = p->world_rank, .tag = 5000 + f, .send_bytes = bytes, .recv_bytes = bytes,
-                           .local = !pp->crosses};
-        p->verdict = (LinkMsg){.peer = p->world_rank, .tag = 32000 + f, .send_bytes = vbytes, .recv_bytes = vbytes,
-                               .local = !pp->crosses};
-        p->msg.send = malloc(bytes);
-        p->msg.recv = malloc(bytes);
-        p->verdict.send = malloc(vbytes);
-        p->verdict.recv = malloc(vbytes);
-        if (!p->msg.send || !p->msg.recv || !p->verdict.send || !p->verdict.recv) return NULL;
-        pp->n_peers++;
+        const int got = build_peer(r, fp, &pp->peers[pp->n_peers], G, j, first + j,
+                                   topology_site_of_learner(t, partner), f, LINK_PAIR_VALUES, 1, !pp->crosses);
+        if (got < 0) return NULL;
+        pp->n_peers += got;
     }
     if (pp->n_peers > 256) return NULL;
     return pp;
@@ -774,7 +760,7 @@ int mix_start(Reducer *r, int f, int partner, float *buf, double w_me, double w_
         pp->norm2 += n2;
     }
     /* both partners number their exchanges alike: learner rounds are in step */
-    post_payloads(r, fp, pp->peers, pp->n_peers, 2, f, (uint32_t)t->learner, pp->exchange, 1);
+    post_payloads(r, fp, pp->peers, pp->n_peers, LINK_PAIR_VALUES, f, (uint32_t)t->learner, pp->exchange, 1);
     return ISTH_OK;
 }
 
@@ -815,7 +801,7 @@ int mix_finish(Reducer *r, int f, float *buf, ReduceReport *rep, double *pair_di
     unsigned char ok = 1;
     const char *why = NULL;
     for (int i = 0; i < pp->n_peers; i++) {
-        const char *bad = take_payload(r, fp, &pp->peers[i], 2, f, pp->exchange, pp->theirs);
+        const char *bad = take_payload(r, fp, &pp->peers[i], LINK_PAIR_VALUES, f, pp->exchange, pp->theirs);
         if (bad) {
             ok = 0;
             why = bad;
@@ -826,7 +812,7 @@ int mix_finish(Reducer *r, int f, float *buf, ReduceReport *rep, double *pair_di
     for (int i = 0; i < pp->n_peers; i++) {
         Peer *p = &pp->peers[i];
         p->verdict.send[sizeof(LinkHeader)] = ok;
-        link_frame(p->verdict.send, 0, 3, (uint32_t)f, (uint32_t)t->learner, pp->exchange, 1, 1);
+        link_frame(p->verdict.send, 0, LINK_PAIR_VERDICT, (uint32_t)f, (uint32_t)t->learner, pp->exchange, 1, 1);
         p->verdict.send_posted = 0;
         link_post_recv(&r->link, &p->verdict);
         link_post_send(&r->link, &p->verdict);
@@ -834,7 +820,7 @@ int mix_finish(Reducer *r, int f, float *buf, ReduceReport *rep, double *pair_di
     }
     CHECK(link_wait(&r->link, msgs, pp->n_peers, "butterfly verdict"));
     for (int i = 0; i < pp->n_peers; i++) {
-        const char *bad = link_check(msgs[i].recv, msgs[i].recv_bytes, 3, (uint32_t)f, pp->exchange, 1, 1);
+        const char *bad = link_check(msgs[i].recv, msgs[i].recv_bytes, LINK_PAIR_VERDICT, (uint32_t)f, pp->exchange, 1, 1);
         if (bad || !msgs[i].recv[sizeof(LinkHeader)]) ok = 0;
     }
     CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_UNSIGNED_CHAR, MPI_MIN, t->learner_comm));

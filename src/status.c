@@ -3,7 +3,7 @@
 
 #include <stdarg.h>
 
-static int quiet_errors, rank_prefix = -1;
+static int quiet_errors, rank_prefix;
 
 void status_set_quiet(int quiet) { quiet_errors = quiet; }
 void status_set_rank(int rank) { rank_prefix = rank; }
@@ -14,7 +14,7 @@ int isth_fail(int code, const char *fmt, ...)
     if (quiet_errors && code == ISTH_EINPUT) return code;
     va_list ap;
     va_start(ap, fmt);
-    if (rank_prefix > 0 || (rank_prefix == 0 && code != ISTH_EINPUT && quiet_errors))
+    if (rank_prefix > 0)
         fprintf(stderr, "isthmus: error: rank %d: ", rank_prefix);
     else
         fputs("isthmus: error: ", stderr);
