@@ -67,11 +67,11 @@ void link_post_send(Link *l, LinkMsg *m)
     *(m->local ? &l->intra_sent : &l->bytes_sent) += (double)m->send_bytes;
 }
 
-int link_test(Link *l, LinkMsg *msgs, int n)
+int link_test(Link *l, LinkMsg *const *msgs, int n)
 {
     int all = 1;
     for (int i = 0; i < n; i++) {
-        LinkMsg *m = &msgs[i];
+        LinkMsg *m = msgs[i];
         if (!m->recv_done) {
             int flag = 0;
             MPI_Test(&m->rr, &flag, MPI_STATUS_IGNORE);
@@ -91,16 +91,16 @@ int link_test(Link *l, LinkMsg *msgs, int n)
     return all;
 }
 
-int link_wait(Link *l, LinkMsg *msgs, int n, const char *what)
+int link_wait(Link *l, LinkMsg *const *msgs, int n, const char *what)
 {
     for (int i = 0; i < n; i++)
-        if (!msgs[i].send_posted) link_post_send(l, &msgs[i]);
+        if (!msgs[i]->send_posted) link_post_send(l, msgs[i]);
     const double t0 = now_s();
     while (!link_test(l, msgs, n)) {
         if (now_s() - t0 > l->timeout_s) {
             int peer = -1;
             for (int i = 0; i < n && peer < 0; i++)
-                if (!msgs[i].recv_done || msgs[i].send_posted == 1) peer = msgs[i].peer;
+                if (!msgs[i]->recv_done || msgs[i]->send_posted == 1) peer = msgs[i]->peer;
             l->wait_s += now_s() - t0;
             return isth_fail(ISTH_ERUNTIME,
                              "link: %s: nothing from world rank %d within [outer] timeout = %g s "

@@ -77,10 +77,10 @@ void link_corrupt(unsigned char *buf, size_t bytes);
 void link_post_recv(Link *l, LinkMsg *m);
 void link_post_send(Link *l, LinkMsg *m);
 /* Make progress; returns 1 when every receive (and posted send) completed. */
-int link_test(Link *l, LinkMsg *msgs, int n);
+int link_test(Link *l, LinkMsg *const *msgs, int n);
 /* Complete all messages before the deadline; ISTH_ERUNTIME naming the peer
  * when it passes. Posts sends still deferred. */
-int link_wait(Link *l, LinkMsg *msgs, int n, const char *what);
+int link_wait(Link *l, LinkMsg *const *msgs, int n, const char *what);
 
 /* Check a received frame. Returns NULL when valid, else the reason. */
 const char *link_check(const unsigned char *buf, size_t bytes, uint8_t kind, uint32_t fragment,

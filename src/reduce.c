@@ -407,6 +407,7 @@ int reduce_start(Reducer *r, int f, float *buf, int kind)
 }
 
 void mix_poll(Reducer *r);
+static int peers_arrived(Reducer *r, Peer *peers, int n);
 
 void reduce_poll(Reducer *r)
 {
@@ -420,13 +421,26 @@ void reduce_poll(Reducer *r)
             fp->sends_deferred = 0;
             fp->sent_poll = fp->polls;
         }
-        if (fp->arrived_poll < 0) {
-            int all = 1;
-            for (int i = 0; i < fp->n_peers; i++)
-                if (!link_test(&r->link, &fp->peers[i].msg, 1)) all = 0;
-            if (all) fp->arrived_poll = fp->polls;
-        }
+        if (fp->arrived_poll < 0 && peers_arrived(r, fp->peers, fp->n_peers)) fp->arrived_poll = fp->polls;
     }
+}
+
+/* Complete the value (or verdict) messages of n peers against the deadline. */
+static int wait_peers(Reducer *r, Peer *peers, int n, int verdict, const char *what)
+{
+    LinkMsg *msgs[256];
+    for (int i = 0; i < n; i++) msgs[i] = verdict ? &peers[i].verdict : &peers[i].msg;
+    return link_wait(&r->link, msgs, n, what);
+}
+
+static int peers_arrived(Reducer *r, Peer *peers, int n)
+{
+    int all = 1;
+    for (int i = 0; i < n; i++) {
+        LinkMsg *m = &peers[i].msg;
+        if (!link_test(&r->link, &m, 1)) all = 0;
+    }
+    return all;
 }
 
 static void append_reason(char *buf, size_t cap, const char *site, const char *why)
@@ -442,9 +456,7 @@ static int agree(Reducer *r, FragPlan *fp, int f, unsigned char *ok)
     const Topology *t = r->topo;
     CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, ok, t->n_sites, MPI_UNSIGNED_CHAR, MPI_MIN, t->site_comm));
     if (r->leader && fp->n_peers) {
-        LinkMsg msgs[256];
-        int n = 0;
-        for (int i = 0; i < fp->n_peers && n < 256; i++) {
+        for (int i = 0; i < fp->n_peers; i++) {
             Peer *p = &fp->peers[i];
             memcpy(p->verdict.send + sizeof(LinkHeader), ok, (size_t)t->n_sites);
             link_frame(p->verdict.send, 0, LINK_SITE_VERDICT, (uint32_t)f, (uint32_t)t->site, fp->exchange, (uint64_t)t->n_sites,
@@ -452,12 +464,11 @@ static int agree(Reducer *r, FragPlan *fp, int f, unsigned char *ok)
             p->verdict.send_posted = 0;
             link_post_recv(&r->link, &p->verdict);
             link_post_send(&r->link, &p->verdict);
-            msgs[n++] = p->verdict;
         }
-        CHECK(link_wait(&r->link, msgs, n, "verdict exchange"));
-        for (int i = 0; i < n; i++) {
-            const unsigned char *v = msgs[i].recv;
-            const char *bad = link_check(v, msgs[i].recv_bytes, LINK_SITE_VERDICT, (uint32_t)f, fp->exchange,
+        CHECK(wait_peers(r, fp->peers, fp->n_peers, 1, "verdict exchange"));
+        for (int i = 0; i < fp->n_peers; i++) {
+            const unsigned char *v = fp->peers[i].verdict.recv;
+            const char *bad = link_check(v, fp->peers[i].verdict.recv_bytes, LINK_SITE_VERDICT, (uint32_t)f, fp->exchange,
                                          (uint64_t)t->n_sites, (uint64_t)t->n_sites);
             if (bad) { /* a verdict we cannot read: trust nobody's payload but our own */
                 for (int s = 0; s < t->n_sites; s++)
@@ -497,11 +508,7 @@ int reduce_finish(Reducer *r, int f, float *buf, ReduceReport *rep)
         unsigned char ok[CONFIG_MAX_SITES];
         memset(ok, 1, sizeof ok);
         if (r->leader && fp->n_peers) {
-            LinkMsg msgs[256];
-            for (int i = 0; i < fp->n_peers; i++) msgs[i] = fp->peers[i].msg;
-            int rc = link_wait(&r->link, msgs, fp->n_peers, "payload exchange");
-            for (int i = 0; i < fp->n_peers; i++) fp->peers[i].msg = msgs[i];
-            CHECK(rc);
+            CHECK(wait_peers(r, fp->peers, fp->n_peers, 0, "payload exchange"));
             for (int i = 0; i < fp->n_peers; i++) {
                 Peer *p = &fp->peers[i];
                 const char *bad = take_payload(r, fp, p, LINK_SITE_VALUES, f, fp->exchange, fp->staging + (size_t)p->site * fp->size);
@@ -770,12 +777,7 @@ void mix_poll(Reducer *r)
         PairPlan *pp = pair_in_flight(r, f);
         if (!pp) continue;
         pp->polls++;
-        if (pp->arrived_poll < 0) {
-            int all = 1;
-            for (int i = 0; i < pp->n_peers; i++)
-                if (!link_test(&r->link, &pp->peers[i].msg, 1)) all = 0;
-            if (all) pp->arrived_poll = pp->polls;
-        }
+        if (pp->arrived_poll < 0 && peers_arrived(r, pp->peers, pp->n_peers)) pp->arrived_poll = pp->polls;
     }
 }
 
@@ -792,10 +794,7 @@ int mix_finish(Reducer *r, int f, float *buf, ReduceReport *rep, double *pair_di
     rep->partner = pp->partner;
     rep->crosses = pp->crosses;
     rep->n_sites = 2;
-    LinkMsg msgs[256];
-    for (int i = 0; i < pp->n_peers; i++) msgs[i] = pp->peers[i].msg;
-    int rc = link_wait(&r->link, msgs, pp->n_peers, "butterfly exchange");
-    for (int i = 0; i < pp->n_peers; i++) pp->peers[i].msg = msgs[i];
+    int rc = wait_peers(r, pp->peers, pp->n_peers, 0, "butterfly exchange");
     pp->in_flight = 0;
     CHECK(rc);
     unsigned char ok = 1;
@@ -816,12 +815,12 @@ int mix_finish(Reducer *r, int f, float *buf, ReduceReport *rep, double *pair_di
         p->verdict.send_posted = 0;
         link_post_recv(&r->link, &p->verdict);
         link_post_send(&r->link, &p->verdict);
-        msgs[i] = p->verdict;
     }
-    CHECK(link_wait(&r->link, msgs, pp->n_peers, "butterfly verdict"));
+    CHECK(wait_peers(r, pp->peers, pp->n_peers, 1, "butterfly verdict"));
     for (int i = 0; i < pp->n_peers; i++) {
-        const char *bad = link_check(msgs[i].recv, msgs[i].recv_bytes, LINK_PAIR_VERDICT, (uint32_t)f, pp->exchange, 1, 1);
-        if (bad || !msgs[i].recv[sizeof(LinkHeader)]) ok = 0;
+        const LinkMsg *v = &pp->peers[i].verdict;
+        const char *bad = link_check(v->recv, v->recv_bytes, LINK_PAIR_VERDICT, (uint32_t)f, pp->exchange, 1, 1);
+        if (bad || !v->recv[sizeof(LinkHeader)]) ok = 0;
     }
     CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_UNSIGNED_CHAR, MPI_MIN, t->learner_comm));
     rep->accepted_sites = ok ? 2 : 1;
