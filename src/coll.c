@@ -19,8 +19,8 @@ static int alltoallv_typed(Coll *c, const void *send, const int *send_counts, vo
                            const int *recv_counts, int width, MPI_Datatype base, size_t elem)
 {
     const size_t row_bytes = (size_t)width * elem;
-    if (c->size == 1) { /* one rank: the exchange is a copy */
-        if (send_counts[0]) memcpy(recv, send, (size_t)send_counts[0] * row_bytes);
+    if (c->size == 1) { /* one rank: the exchange is a copy, or nothing when in place */
+        if (send_counts[0] && send != recv) memcpy(recv, send, (size_t)send_counts[0] * row_bytes);
         return ISTH_OK;
     }
     int *sd = malloc(sizeof(int) * (size_t)c->size * 2), *rd = sd + c->size;

@@ -22,7 +22,7 @@ int coll_init(Coll *c, MPI_Comm comm);
 
 /* Rows of `width` floats: send_counts[d] consecutive rows of `send` go to
  * rank d (in rank order); recv gets recv_counts[s] rows from each s, in
- * rank order. */
+ * rank order. With one rank, recv may be send (nothing moves). */
 int coll_alltoallv_rows(Coll *c, const float *send, const int *send_counts, float *recv,
                         const int *recv_counts, int width);
 /* Same for rows of `width` ints. */

@@ -206,7 +206,9 @@ static int moe_forward(float *out, const Model *m, Activations *a, int l, size_t
     for (int s = 0; s < G; s++) n_recv += r->recv_counts[s];
     CHECK(ensure_owner(a, r, n_recv));
     r->n_recv = n_recv;
-    CHECK(coll_alltoallv_rows(a->ep, a->send_rows, r->send_counts, a->recv_rows, r->recv_counts, D));
+    /* with one rank the rows stay where they are: exchange in place */
+    float *arrived = G > 1 ? a->recv_rows : a->send_rows;
+    CHECK(coll_alltoallv_rows(a->ep, a->send_rows, r->send_counts, arrived, r->recv_counts, D));
     CHECK(coll_alltoallv_int_rows(a->ep, a->send_expert, r->send_counts, r->recv_expert,
                                   r->recv_counts, 1));
 
@@ -214,7 +216,7 @@ static int moe_forward(float *out, const Model *m, Activations *a, int l, size_t
     r->rows = moe_plan(r->recv_expert, n_recv, El, capacity, r->recv_row, r->row_src,
                        r->expert_start, &r->dropped);
     if (training) st->dropped += r->dropped;
-    rows_gather(r->xrows, a->recv_rows, r->row_src, (size_t)r->rows, D);
+    rows_gather(r->xrows, arrived, r->row_src, (size_t)r->rows, D);
     float *yrows = a->row_tmp;
     for (int e = 0; e < El; e++) {
         const size_t r0 = (size_t)r->expert_start[e], n = (size_t)r->expert_start[e + 1] - r0;
@@ -224,8 +226,9 @@ static int moe_forward(float *out, const Model *m, Activations *a, int l, size_t
                        r->xrows + r0 * D, wg, wu, wd, n, D, F);
     }
     /* outputs back to the sources (dropped copies return zeros) */
-    rows_gather(a->recv_rows2, yrows, r->recv_row, (size_t)n_recv, D);
-    CHECK(coll_alltoallv_rows(a->ep, a->recv_rows2, r->recv_counts, r->y_back, r->send_counts, D));
+    float *leaving = G > 1 ? a->recv_rows2 : r->y_back;
+    rows_gather(leaving, yrows, r->recv_row, (size_t)n_recv, D);
+    CHECK(coll_alltoallv_rows(a->ep, leaving, r->recv_counts, r->y_back, r->send_counts, D));
     moe_combine_forward(out, r, N, E, K, D);
     return ISTH_OK;
 }
@@ -291,9 +294,10 @@ static int moe_backward(float *dxn, Model *m, Activations *a, int l, const float
     /* combine backward: gate gradients here, row gradients to the owners */
     memset(a->dprobs, 0, N * E * sizeof(float));
     moe_combine_backward(a->send_rows, a->dprobs, dout, r, N, E, K, D);
-    CHECK(coll_alltoallv_rows(a->ep, a->send_rows, r->send_counts, a->recv_rows, r->recv_counts, D));
+    float *arrived = a->G > 1 ? a->recv_rows : a->send_rows;
+    CHECK(coll_alltoallv_rows(a->ep, a->send_rows, r->send_counts, arrived, r->recv_counts, D));
     float *dyrows = a->row_tmp, *dxrows = a->row_tmp2;
-    rows_gather(dyrows, a->recv_rows, r->row_src, (size_t)r->rows, D);
+    rows_gather(dyrows, arrived, r->row_src, (size_t)r->rows, D);
     memset(dxrows, 0, (size_t)r->rows * D * sizeof(float));
     const size_t stride = (size_t)D * F;
     for (int e = 0; e < El; e++) {
@@ -305,8 +309,9 @@ static int moe_backward(float *dxn, Model *m, Activations *a, int l, const float
                         a->ffn_scratch, dyrows + r0 * D, r->xrows + r0 * D, r->arows + r0 * F,
                         r->urows + r0 * F, r->hrows + r0 * F, wg, wu, wd, n, D, F);
     }
-    rows_gather(a->recv_rows2, dxrows, r->recv_row, (size_t)r->n_recv, D);
-    CHECK(coll_alltoallv_rows(a->ep, a->recv_rows2, r->recv_counts, a->back_rows, r->send_counts, D));
+    float *leaving = a->G > 1 ? a->recv_rows2 : a->back_rows;
+    rows_gather(leaving, dxrows, r->recv_row, (size_t)r->n_recv, D);
+    CHECK(coll_alltoallv_rows(a->ep, leaving, r->recv_counts, a->back_rows, r->send_counts, D));
     moe_scatter_add(dxn, a->back_rows, r, N, K, D);
 
     /* router: balance and z losses, softmax, projection */
