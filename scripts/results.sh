@@ -1,51 +1,105 @@
 #!/bin/bash
-# results.sh — the cross-site comparison of docs/results.md: small.ini on two
-# sites of 2 learners each (4 ranks, one thread each), equal steps and tokens
-# for every mode; prints a markdown table of final bpb and inter-site bytes.
-#   scripts/results.sh [OUT_DIR] [STEPS]       (needs a built ./isthmus)
+# results.sh — the cross-site comparisons of docs/results.md on small.ini, equal
+# steps and tokens for every mode (16 sequences of 256 bytes per step in all);
+# prints a markdown table of final bpb and inter-site bytes per suite.
+#   scripts/results.sh [OUT_DIR] [STEPS] [SUITE...]     (needs a built ./isthmus)
+# Suites (default: all):
+#   learners4   two sites x 2 learners of 1 rank (4 ranks): sync, DiLoCo, Streaming, codecs
+#   learners2   two sites x 1 learner of 2 ranks (experts sharded 2-way): sync, DiLoCo and
+#               Streaming with fp4 at H=64 (>= 400x fewer bytes)
+#   learners8   two sites x 4 learners of 1 rank (8 ranks): sync, DiLoCo, butterfly with
+#               and without outer Nesterov, butterfly codecs
 set -eu
 cd "$(dirname "$0")/.."
 OUT=${1:-runs/results}
 STEPS=${2:-400}
+shift $(($# < 2 ? $# : 2))
+SUITES=${*:-learners4 learners2 learners8}
 ISTHMUS=${ISTHMUS:-./isthmus}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 \
     OMPI_MCA_mpi_yield_when_idle=1
-COMMON="--set train.steps=$STEPS --set train.micro_batch=4 --set train.warmup=20 --set train.threads=1
- --set train.log_every=50 --set train.eval_every=0 --set data.eval_bytes=262144
- --set site.a.ranks=2 --set site.a.learner_ranks=1 --set site.b.ranks=2 --set site.b.learner_ranks=1"
-run() { # run NAME [--set ...]
-    local name=$1
-    shift
-    [ -f "$OUT/$name/model.h5" ] && return 0
-    mkdir -p "$OUT/$name"
-    echo "== $name" >&2
-    # shellcheck disable=SC2086
-    mpirun -q -np 4 "$ISTHMUS" train share/configs/small.ini --set train.out_dir="$OUT/$name" $COMMON "$@" \
-        > "$OUT/$name/log" 2>&1
-}
-run sync
-run diloco_h50 --set outer.mode=diloco --set outer.inner_steps=50
-run diloco_h100 --set outer.mode=diloco --set outer.inner_steps=100
-run diloco_h50_fp4 --set outer.mode=diloco --set outer.inner_steps=50 --set outer.codec=fp4
-run diloco_h100_fp4 --set outer.mode=diloco --set outer.inner_steps=100 --set outer.codec=fp4
-for codec in none bf16 int8 fp4; do
-    run "streaming_h50_$codec" --set outer.mode=streaming --set outer.inner_steps=50 --set outer.codec=$codec
-done
+COMMON="--set train.steps=$STEPS --set train.warmup=20 --set train.threads=1
+ --set train.log_every=50 --set train.eval_every=0 --set data.eval_bytes=262144"
 
+run() { # run SUITE NAME NP [--set ...]
+    local dir=$OUT/$1/$2 np=$3
+    shift 3
+    [ -f "$dir/model.h5" ] && return 0
+    mkdir -p "$dir"
+    echo "== $dir" >&2
+    # shellcheck disable=SC2086
+    mpirun -q -np "$np" "$ISTHMUS" train share/configs/small.ini --set train.out_dir="$dir" $COMMON "$@" \
+        > "$dir/log" 2>&1
+}
+
+last_bpb() { grep "\"eval\":\"$2\"" "$1" | tail -1 | sed 's/.*"bpb":\([^,]*\),.*/\1/'; }
 field() { sed -n "s/.*\"$2\":\"\{0,1\}\([^,\"}]*\).*/\1/p" <<<"$1"; }
-sync_prose=$(grep '"eval":"prose"' "$OUT/sync/metrics.jsonl" | tail -1 | sed 's/.*"bpb":\([^,]*\),.*/\1/')
-sync_tech=$(grep '"eval":"tech"' "$OUT/sync/metrics.jsonl" | tail -1 | sed 's/.*"bpb":\([^,]*\),.*/\1/')
-echo "| run | prose bpb | vs sync | tech bpb | vs sync | inter-site bytes | fewer bytes than sync |"
-echo "|---|---|---|---|---|---|---|"
-for d in "$OUT"/*/; do
-    name=$(basename "$d")
-    m="$d/metrics.jsonl"
-    [ -f "$m" ] || continue
-    p=$(grep '"eval":"prose"' "$m" | tail -1 | sed 's/.*"bpb":\([^,]*\),.*/\1/')
-    t=$(grep '"eval":"tech"' "$m" | tail -1 | sed 's/.*"bpb":\([^,]*\),.*/\1/')
-    s=$(grep '"summary":"traffic"' "$m" | tail -1)
-    bytes=$(field "$s" inter_site_bytes)
-    red=$(field "$s" reduction)
-    awk -v n="$name" -v p="$p" -v t="$t" -v sp="$sync_prose" -v st="$sync_tech" -v b="$bytes" -v r="$red" \
-        'BEGIN { printf "| %s | %.4f | %+.2f%% | %.4f | %+.2f%% | %.3g | %.0fx |\n", n, p, 100*(p-sp)/sp, t, 100*(t-st)/st, b, r }'
+
+table() { # table SUITE — every run of the suite against its own sync run
+    local suite=$OUT/$1 sp st
+    sp=$(last_bpb "$suite/sync/metrics.jsonl" prose)
+    st=$(last_bpb "$suite/sync/metrics.jsonl" tech)
+    echo
+    echo "### $1"
+    echo
+    echo "| run | prose bpb | vs sync | tech bpb | vs sync | inter-site bytes | fewer bytes than sync | most learners one exchange waited on |"
+    echo "|---|---|---|---|---|---|---|---|"
+    for d in "$suite"/*/; do
+        local name m p t s bytes red peers
+        name=$(basename "$d")
+        m="$d/metrics.jsonl"
+        [ -f "$m" ] || continue
+        p=$(last_bpb "$m" prose)
+        t=$(last_bpb "$m" tech)
+        s=$(grep '"summary":"traffic"' "$m" | tail -1)
+        bytes=$(field "$s" inter_site_bytes)
+        red=$(field "$s" reduction)
+        peers=$(field "$s" max_peer_learners)
+        awk -v n="$name" -v p="$p" -v t="$t" -v sp="$sp" -v st="$st" -v b="$bytes" -v r="$red" -v w="${peers:--}" \
+            'BEGIN { printf "| %s | %.4f | %+.2f%% | %.4f | %+.2f%% | %.3g | %.0fx | %s |\n", n, p, 100*(p-sp)/sp, t, 100*(t-st)/st, b, r, w }'
+    done
+}
+
+for suite in $SUITES; do
+    case $suite in
+    learners4)
+        L="--set train.micro_batch=4 --set site.a.ranks=2 --set site.a.learner_ranks=1
+           --set site.b.ranks=2 --set site.b.learner_ranks=1"
+        run $suite sync 4 $L
+        run $suite diloco_h50 4 $L --set outer.mode=diloco --set outer.inner_steps=50
+        run $suite diloco_h100 4 $L --set outer.mode=diloco --set outer.inner_steps=100
+        run $suite diloco_h50_fp4 4 $L --set outer.mode=diloco --set outer.inner_steps=50 --set outer.codec=fp4
+        run $suite diloco_h100_fp4 4 $L --set outer.mode=diloco --set outer.inner_steps=100 --set outer.codec=fp4
+        for codec in none bf16 int8 fp4; do
+            run $suite "streaming_h50_$codec" 4 $L --set outer.mode=streaming --set outer.inner_steps=50 \
+                --set outer.codec=$codec
+        done
+        ;;
+    learners2)
+        L="--set train.micro_batch=4 --set site.a.ranks=2 --set site.a.learner_ranks=2
+           --set site.b.ranks=2 --set site.b.learner_ranks=2"
+        run $suite sync 4 $L
+        run $suite diloco_h64_fp4 4 $L --set outer.mode=diloco --set outer.inner_steps=64 --set outer.codec=fp4
+        run $suite streaming_h64_fp4 4 $L --set outer.mode=streaming --set outer.inner_steps=64 \
+            --set outer.codec=fp4
+        ;;
+    learners8)
+        L="--set train.micro_batch=2 --set site.a.ranks=4 --set site.a.learner_ranks=1
+           --set site.b.ranks=4 --set site.b.learner_ranks=1"
+        run $suite sync 8 $L
+        run $suite diloco_h50 8 $L --set outer.mode=diloco --set outer.inner_steps=50
+        run $suite butterfly_r10 8 $L --set outer.mode=butterfly --set outer.inner_steps=10
+        run $suite butterfly_r10_nesterov 8 $L --set outer.mode=butterfly --set outer.inner_steps=10 \
+            --set outer.lr=0.7 --set outer.momentum=0.9
+        run $suite butterfly_r10_int8 8 $L --set outer.mode=butterfly --set outer.inner_steps=10 \
+            --set outer.codec=int8
+        run $suite butterfly_r10_fp4 8 $L --set outer.mode=butterfly --set outer.inner_steps=10 \
+            --set outer.codec=fp4
+        ;;
+    *)
+        echo "results.sh: unknown suite '$suite' (learners4, learners2, learners8)" >&2
+        exit 2
+        ;;
+    esac
+    table "$suite"
 done

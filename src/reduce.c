@@ -503,6 +503,9 @@ int reduce_finish(Reducer *r, int f, float *buf, ReduceReport *rep)
     fp->in_flight = 0;
 
     if (t->n_learners == 1) return ISTH_OK; /* one learner: buf already holds the result */
+    /* the site sum waits on the site's learners, the link on every other
+     * site's payload, which waited on all of that site's learners */
+    if (t->n_learners - 1 > r->max_peer_learners) r->max_peer_learners = t->n_learners - 1;
     float *total = fp->staging + (size_t)t->site * fp->size; /* my site's sum, then the total */
     if (t->n_sites > 1) {
         unsigned char ok[CONFIG_MAX_SITES];
@@ -796,6 +799,7 @@ int mix_finish(Reducer *r, int f, float *buf, ReduceReport *rep, double *pair_di
     rep->n_sites = 2;
     int rc = wait_peers(r, pp->peers, pp->n_peers, 0, "butterfly exchange");
     pp->in_flight = 0;
+    if (r->max_peer_learners < 1) r->max_peer_learners = 1; /* the partner, nobody else */
     CHECK(rc);
     unsigned char ok = 1;
     const char *why = NULL;

@@ -124,6 +124,7 @@ typedef struct {
     Link link;
     double *site_weight;       /* token share of each site */
     uint64_t exchanges;
+    int max_peer_learners;     /* most other learners one finished exchange of mine waited on */
     int dense_G[16], *dense_owner[16], n_dense_cache;
 } Reducer;
 

@@ -262,17 +262,20 @@ static int traffic_summary(Trainer *tr)
 {
     double bytes = tr->red.link.bytes_sent + tr->red.link.bytes_recv;
     CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &bytes, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD));
+    int peers = tr->red.max_peer_learners;
+    CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &peers, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD));
     const int S = tr->topo.n_sites;
     if (S < 2 || !tr->log) return ISTH_OK;
     /* sync: every step each site sends its summed gradient (float32, all
      * canonical parameters) to every other site; sent + received */
     const double sync_bytes = (double)tr->step * 2.0 * S * (S - 1) * 4.0 * (double)reduce_canonical_params(&tr->red);
     printf("inter-site traffic: %.0f bytes in %ld steps (sent + received, all ranks); sync would move %.0f: "
-           "%.1fx less\n", bytes, tr->step, sync_bytes, bytes > 0 ? sync_bytes / bytes : 0.0);
+           "%.1fx less; an exchange waited on at most %d other learner(s)\n", bytes, tr->step, sync_bytes,
+           bytes > 0 ? sync_bytes / bytes : 0.0, peers);
     if (tr->metrics.f) {
         fprintf(tr->metrics.f, "{\"summary\":\"traffic\",\"steps\":%ld,\"inter_site_bytes\":%.0f,"
-                "\"sync_equivalent_bytes\":%.0f,\"reduction\":%.3f}\n",
-                tr->step, bytes, sync_bytes, bytes > 0 ? sync_bytes / bytes : 0.0);
+                "\"sync_equivalent_bytes\":%.0f,\"reduction\":%.3f,\"max_peer_learners\":%d}\n",
+                tr->step, bytes, sync_bytes, bytes > 0 ? sync_bytes / bytes : 0.0, peers);
         fflush(tr->metrics.f);
     }
     return ISTH_OK;

@@ -27,6 +27,8 @@ maxd=$(grep '^{"mix"' "$M" | sed 's/.*"pair_distance":\([^,]*\),.*/\1/' | sort -
 awk -v d="$maxd" 'BEGIN {exit !(d > 0 && d < 0.3)}' && pass "pair distance bounded over the run (max $maxd)" || fail "pair distance $maxd"
 grep -q "replicas identical at step 24: 8 learner(s)" "$WORK/eight.log" && pass "8 learners end on the same (exact mean) model" || fail "final replicas"
 [ -f "$WORK/eight/model.h5" ] && pass "model written" || fail "no model"
+grep -q '"summary":"traffic".*"max_peer_learners":1}' "$M" && pass "no exchange waited on more than its one partner" ||
+    fail "peers waited on: $(grep '"summary":"traffic"' "$M")"
 
 # different expert-parallel degrees: 2 learners of 2 ranks + 2 learners of 1
 run 6 mixed --set site.a.ranks=4 --set site.a.learner_ranks=2 --set site.b.ranks=2 --set site.b.learner_ranks=1 \

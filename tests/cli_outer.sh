@@ -61,6 +61,8 @@ awk -v b="$bytes" -v s="$syncb" -v o="$outer" 'BEGIN { p = s / 8 / 16; per = b /
     exit !(per >= 16 * p && per <= 16 * p + 65536) }' &&
     pass "diloco over 3 learners: one payload per site per outer step ($bytes bytes in $outer outer steps)" ||
     fail "hierarchical traffic: $bytes bytes, $outer outer steps, sync $syncb"
+echo "$s" | grep -q '"max_peer_learners":2}' && pass "a diloco outer step waits on every other learner (2 of 3)" ||
+    fail "peers waited on: $s"
 
 # 3. a corrupted payload from site b in exchange 2: rejected by all, training continues
 ISTHMUS_LINK_CORRUPT=b:2 train 2 corrupt $TWO $STREAM --set outer.codec=int8

@@ -28,46 +28,10 @@
 #include "coll.h"
 #include "model.h"
 #include "rng.h"
+#include "testmodel.h"
 #include "transformer.h"
 
 static Coll world, self;
-
-static ModelConfig cfg_base(void)
-{
-    ModelConfig c = {0};
-    c.layers = 2;
-    c.dim = 8;
-    c.heads = 2;
-    c.experts = 4;
-    c.top_k = 2;
-    c.ffn = 6;
-    c.context = 5;
-    c.vocab = 256;
-    c.capacity_factor = 0.75;
-    c.aux_loss = 0.05;
-    c.z_loss = 0.01;
-    c.init_seed = 3;
-    return c;
-}
-
-static void randomize(Model *m, uint64_t seed, int zero_router)
-{
-    /* canonical element values, so every shard agrees with the full model */
-    for (int i = 0; i < N_TENSORS; i++) {
-        const Tensor *t = &m->tensors[i];
-        float *p = m->params + t->offset;
-        size_t inner = 1;
-        for (int d = 2; d < t->ndim; d++) inner *= t->shape[d];
-        const size_t per_local = t->numel / t->local[0], per_canon = tensor_canonical_numel(t) / t->shape[0];
-        for (size_t j = 0; j < t->numel; j++) {
-            size_t canon = (j / per_local) * per_canon + j % per_local +
-                           ((t->flags & PARAM_EXPERT) ? (size_t)m->expert_begin * inner : 0);
-            double r = rng_normal(seed, (uint64_t)i, canon);
-            p[j] = t->init_std == 0 ? (float)(1.0 + 0.2 * r) : (float)(0.5 * r);
-            if (zero_router && i == T_ROUTER) p[j] = 0.0f;
-        }
-    }
-}
 
 static double max_abs(const float *v, size_t n)
 {
@@ -85,8 +49,8 @@ static double compare(const ModelConfig *c, int B, uint64_t seed, int zero_route
     Activations ra, ea;
     assert_int_equal(model_create(&ref, c, 0, c->experts), 0);
     assert_int_equal(model_create(&ep, c, me * El, El), 0);
-    randomize(&ref, seed, zero_router);
-    randomize(&ep, seed, zero_router);
+    test_randomize(&ref, seed, zero_router);
+    test_randomize(&ep, seed, zero_router);
     assert_int_equal(acts_create(&ra, c, NB, T, &self), 0);
     assert_int_equal(acts_create(&ea, c, B, T, &world), 0);
     int *tok = malloc(sizeof(int) * NB * T), *tgt = malloc(sizeof(int) * NB * T);
@@ -145,7 +109,7 @@ static double compare(const ModelConfig *c, int B, uint64_t seed, int zero_route
 static void test_random_routing_with_overflow(void **state)
 {
     (void)state;
-    ModelConfig c = cfg_base();
+    ModelConfig c = test_model_config(5, 3);
     long dropped;
     double err = compare(&c, 2, 5, 0, &dropped);
     assert_true(dropped > 0);
@@ -155,7 +119,7 @@ static void test_random_routing_with_overflow(void **state)
 static void test_zero_router_everything_to_rank0(void **state)
 {
     (void)state;
-    ModelConfig c = cfg_base();
+    ModelConfig c = test_model_config(5, 3);
     c.capacity_factor = 1.0;
     long dropped;
     double err = compare(&c, 2, 6, 1, &dropped);
@@ -169,7 +133,7 @@ static void test_zero_router_everything_to_rank0(void **state)
 static void test_idle_experts_no_capacity_limit(void **state)
 {
     (void)state;
-    ModelConfig c = cfg_base();
+    ModelConfig c = test_model_config(5, 3);
     c.experts = 8;
     c.top_k = 1;
     c.capacity_factor = 16.0;

@@ -31,41 +31,10 @@
 #include "moe.h"
 #include "refmodel.h"
 #include "rng.h"
+#include "testmodel.h"
 #include "transformer.h"
 
 static Coll self; /* a learner of one rank */
-
-static ModelConfig tiny_cfg(void)
-{
-    ModelConfig c = {0};
-    c.layers = 2;
-    c.dim = 8;
-    c.heads = 2;
-    c.experts = 4;
-    c.top_k = 2;
-    c.ffn = 6;
-    c.context = 6;
-    c.vocab = 256;
-    c.capacity_factor = 0.75; /* forces drops */
-    c.aux_loss = 0.05;        /* larger than default so its gradient matters */
-    c.z_loss = 0.01;
-    c.init_seed = 7;
-    return c;
-}
-
-/* Random parameters with O(1) activations (the N(0,0.02) init would make
- * most terms vanish and hide mistakes). */
-static void randomize(Model *m, uint64_t seed)
-{
-    for (int i = 0; i < N_TENSORS; i++) {
-        const Tensor *t = &m->tensors[i];
-        float *p = m->params + t->offset;
-        for (size_t j = 0; j < t->numel; j++) {
-            double r = rng_normal(seed, (uint64_t)i, j);
-            p[j] = t->init_std == 0 ? (float)(1.0 + 0.2 * r) : (float)(0.5 * r);
-        }
-    }
-}
 
 static void make_batch(int *tokens, int *targets, int N, uint64_t seed)
 {
@@ -87,7 +56,7 @@ static void gradient_check(const ModelConfig *cfg, int B, int T, uint64_t seed, 
     Activations a;
     assert_int_equal(model_create(&m, cfg, 0, cfg->experts), 0);
     assert_int_equal(acts_create(&a, cfg, B, T, &self), 0);
-    randomize(&m, seed);
+    test_randomize(&m, seed, 0);
     const int N = B * T;
     int *tokens = malloc(sizeof(int) * N), *targets = malloc(sizeof(int) * N);
     make_batch(tokens, targets, N, seed);
@@ -159,7 +128,7 @@ static void gradient_check(const ModelConfig *cfg, int B, int T, uint64_t seed, 
 static void test_gradients_with_capacity_drops(void **state)
 {
     (void)state;
-    ModelConfig c = tiny_cfg();
+    ModelConfig c = test_model_config(6, 7);
     GradReport r;
     gradient_check(&c, 2, 6, 11, &r);
     assert_true(r.dropped > 0); /* the capacity path was exercised */
@@ -168,7 +137,7 @@ static void test_gradients_with_capacity_drops(void **state)
 static void test_gradients_without_drops(void **state)
 {
     (void)state;
-    ModelConfig c = tiny_cfg();
+    ModelConfig c = test_model_config(6, 7);
     c.capacity_factor = 4.0;
     c.top_k = 1;
     GradReport r;
@@ -181,7 +150,7 @@ static void test_gradients_without_drops(void **state)
 static void test_expert_without_tokens(void **state)
 {
     (void)state;
-    ModelConfig c = tiny_cfg();
+    ModelConfig c = test_model_config(6, 7);
     c.experts = 8;
     c.top_k = 1;
     c.layers = 1;
@@ -193,7 +162,7 @@ static void test_expert_without_tokens(void **state)
     Activations a;
     assert_int_equal(model_create(&m, &c, 0, c.experts), 0);
     assert_int_equal(acts_create(&a, &c, 1, 3, &self), 0);
-    randomize(&m, 13);
+    test_randomize(&m, 13, 0);
     int tokens[3], targets[3];
     make_batch(tokens, targets, 3, 13);
     ForwardStats st;
@@ -220,13 +189,13 @@ static void test_expert_without_tokens(void **state)
 static void test_eval_forward_matches_reference(void **state)
 {
     (void)state;
-    ModelConfig c = tiny_cfg();
+    ModelConfig c = test_model_config(6, 7);
     Model m;
     Activations a;
     const int B = 2, T = 6, N = B * T;
     assert_int_equal(model_create(&m, &c, 0, c.experts), 0);
     assert_int_equal(acts_create(&a, &c, B, T, &self), 0);
-    randomize(&m, 21);
+    test_randomize(&m, 21, 0);
     int tokens[12], targets[12];
     make_batch(tokens, targets, N, 21);
     targets[3] = -1; /* unscored position */
@@ -248,7 +217,7 @@ static void test_eval_forward_matches_reference(void **state)
 static void test_zero_embedding_is_uniform(void **state)
 {
     (void)state;
-    ModelConfig c = tiny_cfg();
+    ModelConfig c = test_model_config(6, 7);
     Model m;
     Activations a;
     assert_int_equal(model_create(&m, &c, 0, c.experts), 0);
