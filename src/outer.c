@@ -52,6 +52,7 @@ void outer_destroy(Outer *o)
     free(o->last_sync);
     free(o->sent);
     free(o->weights);
+    spread_destroy(&o->spread);
     memset(o, 0, sizeof *o);
 }
 
@@ -104,8 +105,11 @@ int outer_set_butterfly(Outer *o, Reducer *r, int learner, int n_learners, const
     o->weights = malloc(sizeof(double) * (size_t)n_learners);
     CHECK_ALLOC(o->weights);
     memcpy(o->weights, weights, sizeof(double) * (size_t)n_learners);
+    CHECK(spread_create(&o->spread, r->topo, r->model, r->world));
     return reduce_enable_mixing(r);
 }
+
+int outer_drain_probes(Outer *o, Metrics *mt) { return o->butterfly ? spread_finish(&o->spread, mt) : ISTH_OK; }
 
 /* Tokens behind learner i's value before the round on dimension d of a
  * cycle: its subcube of learners agreeing on bits >= d. */
@@ -172,12 +176,13 @@ static int butterfly_after_step(Outer *o, Reducer *r, Model *m, long step, Metri
     if (step % o->H == 0) {
         const long round = step / o->H - 1;
         const int f = butterfly_fragment(round, o->k, o->P);
+        CHECK(spread_round(&o->spread, round, step, m->params, mt));
         CHECK(mix_begin(o, r, m, f, round, step, 1));
         o->round = round + 1;
         if (o->tau == 0) CHECK(mix_end(o, r, m, f, round, step, 1, mt, log));
     }
     reduce_poll(r);
-    return ISTH_OK;
+    return spread_poll(&o->spread, mt);
 }
 
 int outer_after_step(Outer *o, Reducer *r, Model *m, long step, Metrics *mt, int log)
@@ -208,7 +213,9 @@ int outer_finish(Outer *o, Reducer *r, Model *m, long step, Metrics *mt, int log
                 CHECK(mix_end(o, r, m, f, d, step, 0, mt, log));
             }
         memcpy(o->anchor, m->params, sizeof(float) * m->n_params);
-        return ISTH_OK;
+        /* every learner got through the final rounds (each under the link's
+         * deadline), so every sample was sent: this wait ends */
+        return spread_finish(&o->spread, mt);
     }
     for (int p = 0; p < o->P; p++)
         if (o->started[p] >= 0) CHECK(finish_fragment(o, r, m, p, step, o->alpha, mt, log));

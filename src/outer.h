@@ -33,6 +33,7 @@
 #include "metrics.h"
 #include "model.h"
 #include "reduce.h"
+#include "spread.h"
 
 typedef struct {
     int streaming, butterfly;
@@ -41,6 +42,7 @@ typedef struct {
     float *sent;               /* butterfly: theta when the fragment was sent */
     int outer_step;            /* butterfly: apply Nesterov to the mixed change (lr != 1 or momentum != 0) */
     long round;                /* butterfly rounds started */
+    Spread spread;             /* butterfly: the learners' spread, sampled at every round */
     int H, P, tau;
     double lr, momentum, alpha;
     double learner_weight;     /* this learner's share of a step's tokens */
@@ -57,6 +59,8 @@ int outer_fragment_due(long step, int p, int H, int P);
 int outer_create(Outer *o, const OuterConfig *cfg, const Model *m, double learner_weight);
 /* Butterfly: learner id, every learner's token share (N = power of two). */
 int outer_set_butterfly(Outer *o, Reducer *r, int learner, int n_learners, const double *weights);
+/* Butterfly: log spread samples still open (before a stop; outer_finish does it too). */
+int outer_drain_probes(Outer *o, Metrics *mt);
 /* Butterfly partner of `learner` in round r, and the round's fragment. */
 int butterfly_partner(int learner, long round, int k);
 int butterfly_fragment(long round, int k, int P);

@@ -260,7 +260,7 @@ static int check_replicas(Trainer *tr)
 /* Total inter-site bytes of the run, and what `sync` would have moved. */
 static int traffic_summary(Trainer *tr)
 {
-    double bytes = tr->red.link.bytes_sent + tr->red.link.bytes_recv;
+    double bytes = tr->red.link.bytes_sent + tr->red.link.bytes_recv + tr->outer.spread.inter_site_bytes;
     CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &bytes, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD));
     int peers = tr->red.max_peer_learners;
     CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &peers, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD));
@@ -354,7 +354,8 @@ int train_run(const Config *cfg, const char *resume)
         stopping |= stop_vote(&vote, stop_signal != 0 || tr.step == stop_at);
         if (cfg->checkpoint.every > 0 && tr.step % cfg->checkpoint.every == 0) ckpt_due = 1;
         if ((ckpt_due || stopping) && !in_flight(&tr) && tr.step < tc->steps) {
-            rc = ckpt_write(&tr);
+            if (stopping && tr.outer_mode) rc = outer_drain_probes(&tr.outer, &tr.metrics);
+            if (rc == ISTH_OK) rc = ckpt_write(&tr);
             ckpt_due = 0;
             if (rc != ISTH_OK) break;
             if (stopping) {

@@ -2,7 +2,7 @@
 # cli_butterfly.sh — butterfly mixing through mpirun: 8 learners over two
 # sites (4 + 4, the reference setup) train, each round pairs every learner
 # with exactly one partner (i XOR 2^(r mod 3)), some rounds cross the sites,
-# the pairs' distance stays bounded, every learner ends on the exact mean;
+# the pairs' distance and the learners' spread stay bounded, every learner ends on the exact mean;
 # learners of different expert-parallel degrees mix through canonical plans;
 # a learner count that is not a power of two exits 2; restart is bit-exact.
 . "$TOP_SRCDIR/tests/lib.sh"
@@ -25,6 +25,10 @@ grep '^{"mix"' "$M" | head -3 | grep -q '"partner":4,"crossed_sites":1' && grep 
     pass "rounds inside a site and across the link" || fail "crossed_sites flags"
 maxd=$(grep '^{"mix"' "$M" | sed 's/.*"pair_distance":\([^,]*\),.*/\1/' | sort -g | tail -1)
 awk -v d="$maxd" 'BEGIN {exit !(d > 0 && d < 0.3)}' && pass "pair distance bounded over the run (max $maxd)" || fail "pair distance $maxd"
+n=$(grep -c '^{"spread"' "$M")
+maxs=$(grep '^{"spread"' "$M" | sed 's/.*"max_rel_dist_to_mean":\([^}]*\)}/\1/' | sort -g | tail -1)
+[ "$n" = 12 ] && awk -v d="$maxs" 'BEGIN {exit !(d > 0 && d < 0.3)}' &&
+    pass "spread (max distance to the 8 learners' mean) logged for all 12 rounds, bounded (max $maxs)" || fail "spread: $n lines, max '$maxs'"
 grep -q "replicas identical at step 24: 8 learner(s)" "$WORK/eight.log" && pass "8 learners end on the same (exact mean) model" || fail "final replicas"
 [ -f "$WORK/eight/model.h5" ] && pass "model written" || fail "no model"
 grep -q '"summary":"traffic".*"max_peer_learners":1}' "$M" && pass "no exchange waited on more than its one partner" ||

@@ -12,7 +12,7 @@ done
 BF=$(dirname "$ISTHMUS")/tests/test_butterfly
 for np in 2 4 8; do
     if mpi "$np" "$BF" > "$WORK/bf$np.log" 2>&1; then
-        pass "butterfly with $np learners: pairing, exact mean after k rounds, partner-only waits ($(grep -c '^ok' "$WORK/bf$np.log") CMocka checks)"
+        pass "butterfly with $np learners: pairing, exact mean after k rounds, partner-only waits, spread probe ($(grep -c '^ok' "$WORK/bf$np.log") CMocka checks)"
     else
         fail "test_butterfly with $np ranks: $(grep -E 'not ok|ERROR|error' "$WORK/bf$np.log" | head -5)"
     fi

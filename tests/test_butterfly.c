@@ -6,7 +6,11 @@
  *    hold bit-identical values;
  *  - a round between learners 0 and 1 completes while every other learner
  *    stays away: the exchange waits on the partner only (no collective
- *    across learners).
+ *    across learners);
+ *  - the spread probe: rank 0 records its sample without waiting for the
+ *    others, and once they arrive logs max_i |x_i - mean| / |mean| =
+ *    (N-1)/(N+1) for learners holding the constants 1..N (and the formula
+ *    itself on hand-computed rows).
  * Tolerance: float32 averaging of k terms, |x - mean| <= 1e-6 * max|x|.
  */
 #include <math.h>
@@ -26,6 +30,7 @@
 #include "outer.h"
 #include "reduce.h"
 #include "rng.h"
+#include "spread.h"
 #include "topology.h"
 
 static int N, me;
@@ -142,6 +147,31 @@ static void test_round_waits_on_partner_only(void **state)
     teardown(&w);
 }
 
+static void test_spread_probe(void **state)
+{
+    (void)state;
+    const float rows[] = {0, 0, 2, 0, 1, 3}; /* mean (1,1): distances sqrt2, 1, 2; |mean| sqrt2 */
+    assert_true(fabs(spread_max_rel_distance(rows, 3, 2) - sqrt(2.0)) < 1e-12);
+    World w;
+    setup(&w, 1);
+    Spread s;
+    assert_int_equal(spread_create(&s, &w.topo, &w.m, MPI_COMM_WORLD), 0);
+    for (size_t i = 0; i < w.m.n_params; i++) w.m.params[i] = (float)(me + 1);
+    if (me == 0) { /* first: nobody else has sent; this must not wait */
+        assert_int_equal(spread_round(&s, 0, 10, w.m.params, NULL), 0);
+        assert_int_equal(s.last_round, N > 1 ? -1 : 0);
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (me != 0) assert_int_equal(spread_round(&s, 0, 10, w.m.params, NULL), 0);
+    assert_int_equal(spread_finish(&s, NULL), 0);
+    if (me == 0) {
+        assert_int_equal(s.last_round, 0);
+        assert_true(fabs(s.last_value - (double)(N - 1) / (N + 1)) < 1e-12);
+    }
+    spread_destroy(&s);
+    teardown(&w);
+}
+
 int main(int argc, char **argv)
 {
     MPI_Init(&argc, &argv);
@@ -152,6 +182,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_pairing),
         cmocka_unit_test(test_exact_mean_after_k_rounds),
         cmocka_unit_test(test_round_waits_on_partner_only),
+        cmocka_unit_test(test_spread_probe),
     };
     int failed = cmocka_run_group_tests(tests, NULL, NULL);
     MPI_Finalize();

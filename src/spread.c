@@ -1,0 +1,148 @@
+/* spread.c — see spread.h. */
+#include "spread.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "status.h"
+
+double spread_max_rel_distance(const float *rows, int n, int len)
+{
+    double *mean = calloc((size_t)len, sizeof(double)), worst = 0.0, norm2 = 0.0;
+    if (!mean) return NAN;
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < len; j++) mean[j] += rows[(size_t)i * len + j];
+    for (int j = 0; j < len; j++) {
+        mean[j] /= n;
+        norm2 += mean[j] * mean[j];
+    }
+    for (int i = 0; i < n; i++) {
+        double d2 = 0.0;
+        for (int j = 0; j < len; j++) {
+            const double d = rows[(size_t)i * len + j] - mean[j];
+            d2 += d * d;
+        }
+        if (d2 > worst) worst = d2;
+    }
+    free(mean);
+    return norm2 > 0 ? sqrt(worst / norm2) : 0.0;
+}
+
+int spread_create(Spread *s, const Topology *t, const Model *m, MPI_Comm world)
+{
+    memset(s, 0, sizeof *s);
+    s->topo = t;
+    s->comm = world;
+    s->active = t->world_rank == 0 || t->learner_rank == 0;
+    s->last_round = -1;
+    if (!s->active) return ISTH_OK;
+    s->samples = m->dense_end < SPREAD_SAMPLES ? (int)m->dense_end : SPREAD_SAMPLES;
+    s->pos = malloc(sizeof(size_t) * (size_t)s->samples);
+    CHECK_ALLOC(s->pos);
+    for (int i = 0; i < s->samples; i++) s->pos[i] = (size_t)i * m->dense_end / (size_t)s->samples;
+    const int rows = t->world_rank == 0 ? t->n_learners : 1;
+    for (int k = 0; k < SPREAD_QUEUE; k++) {
+        s->q[k].values = malloc(sizeof(float) * (size_t)rows * (size_t)s->samples);
+        s->q[k].req = malloc(sizeof(MPI_Request) * (size_t)rows);
+        CHECK_ALLOC(s->q[k].values);
+        CHECK_ALLOC(s->q[k].req);
+        for (int i = 0; i < rows; i++) s->q[k].req[i] = MPI_REQUEST_NULL;
+    }
+    return ISTH_OK;
+}
+
+void spread_destroy(Spread *s)
+{
+    for (int k = 0; k < SPREAD_QUEUE; k++) {
+        free(s->q[k].values);
+        free(s->q[k].req);
+    }
+    free(s->pos);
+    memset(s, 0, sizeof *s);
+}
+
+static int learner_first_rank(const Topology *t, int learner)
+{
+    int first, size;
+    topology_learner_ranks(t, learner, &first, &size);
+    return first;
+}
+
+static void log_round(Spread *s, SpreadRound *q, Metrics *mt)
+{
+    const double v = spread_max_rel_distance(q->values, s->topo->n_learners, s->samples);
+    s->last_round = q->round;
+    s->last_value = v;
+    printf("spread after step %ld (round %ld): max relative distance to the learners' mean %.5f (%d samples)\n",
+           q->step, q->round, v, s->samples);
+    fflush(stdout);
+    if (mt && mt->f) {
+        fprintf(mt->f, "{\"spread\":%ld,\"step\":%ld,\"learners\":%d,\"samples\":%d,\"max_rel_dist_to_mean\":%.6g}\n",
+                q->round, q->step, s->topo->n_learners, s->samples, v);
+        fflush(mt->f);
+    }
+}
+
+/* Complete (rank 0: and log) the oldest open round; `wait`: block for it. */
+static int retire_oldest(Spread *s, Metrics *mt, int wait, int *done)
+{
+    SpreadRound *q = &s->q[s->head];
+    const int n = s->topo->world_rank == 0 ? s->topo->n_learners : 1;
+    int flag = 1;
+    if (wait) CHECK_MPI(MPI_Waitall(n, q->req, MPI_STATUSES_IGNORE));
+    else CHECK_MPI(MPI_Testall(n, q->req, &flag, MPI_STATUSES_IGNORE));
+    *done = flag;
+    if (!flag) return ISTH_OK;
+    if (s->topo->world_rank == 0) log_round(s, q, mt);
+    q->used = 0;
+    s->head = (s->head + 1) % SPREAD_QUEUE;
+    s->count--;
+    return ISTH_OK;
+}
+
+int spread_round(Spread *s, long round, long step, const float *params, Metrics *mt)
+{
+    if (!s->active) return ISTH_OK;
+    const Topology *t = s->topo;
+    int done;
+    if (s->count == SPREAD_QUEUE) CHECK(retire_oldest(s, mt, 1, &done));
+    SpreadRound *q = &s->q[(s->head + s->count) % SPREAD_QUEUE];
+    q->round = round;
+    q->step = step;
+    q->used = 1;
+    s->count++;
+    const size_t bytes = sizeof(float) * (size_t)s->samples;
+    if (t->world_rank == 0) {
+        for (int l = 0; l < t->n_learners; l++) {
+            if (l == t->learner) {
+                for (int i = 0; i < s->samples; i++) q->values[(size_t)l * s->samples + i] = params[s->pos[i]];
+                q->req[l] = MPI_REQUEST_NULL;
+                continue;
+            }
+            const int src = learner_first_rank(t, l);
+            CHECK_MPI(MPI_Irecv(q->values + (size_t)l * s->samples, s->samples, MPI_FLOAT, src, SPREAD_TAG, s->comm,
+                                &q->req[l]));
+            if (topology_site_of(t, src) != t->site) s->inter_site_bytes += (double)bytes;
+        }
+    } else {
+        for (int i = 0; i < s->samples; i++) q->values[i] = params[s->pos[i]];
+        CHECK_MPI(MPI_Isend(q->values, s->samples, MPI_FLOAT, 0, SPREAD_TAG, s->comm, &q->req[0]));
+        if (topology_site_of(t, 0) != t->site) s->inter_site_bytes += (double)bytes;
+    }
+    return spread_poll(s, mt);
+}
+
+int spread_poll(Spread *s, Metrics *mt)
+{
+    int done = 1;
+    while (s->active && s->count > 0 && done) CHECK(retire_oldest(s, mt, 0, &done));
+    return ISTH_OK;
+}
+
+int spread_finish(Spread *s, Metrics *mt)
+{
+    int done;
+    while (s->active && s->count > 0) CHECK(retire_oldest(s, mt, 1, &done));
+    return ISTH_OK;
+}

@@ -1,0 +1,60 @@
+/* spread.h — how far apart the butterfly learners are: at the start of
+ * every mixing round, the largest relative distance of a learner's
+ * parameters to the learners' mean, ‖x_i − x̄‖ / ‖x̄‖, on a fixed sample of
+ * the dense (replicated, identically laid out) parameters.
+ *
+ * Owns: the sample positions, one small point-to-point message per round
+ * from the first rank of every learner to world rank 0, and rank 0's queue
+ * of rounds still waiting for samples. Rank 0 only tests for arrivals
+ * (never waits during training), so the probe adds no wait to any learner
+ * and no collective across learners; it waits only in spread_finish, at the
+ * end of the run. The bytes that cross sites are counted (inter_site_bytes).
+ * Must not: change parameters, or take part in the mixing itself.
+ */
+#ifndef ISTHMUS_SPREAD_H
+#define ISTHMUS_SPREAD_H
+
+#include <mpi.h>
+#include <stddef.h>
+
+#include "metrics.h"
+#include "model.h"
+#include "topology.h"
+
+#define SPREAD_TAG 9000           /* above every LINK_TAG */
+#define SPREAD_SAMPLES 1024
+#define SPREAD_QUEUE 64           /* rounds rank 0 may hold open (or a sender may have in flight) */
+
+typedef struct {
+    long round, step;
+    float *values;                /* (learners, samples): row i = learner i */
+    MPI_Request *req;             /* (learners) rank 0: receives; a sender: req[0] */
+    int used;
+} SpreadRound;
+
+typedef struct {
+    const Topology *topo;
+    MPI_Comm comm;
+    size_t *pos;                  /* (samples) offsets into [0, dense_end) */
+    int samples, active;          /* active: rank 0, or the first rank of a learner */
+    SpreadRound q[SPREAD_QUEUE];  /* ring */
+    int head, count;
+    double inter_site_bytes;      /* this rank, sent + received */
+    long last_round;              /* rank 0: the latest round logged (-1: none), and its spread */
+    double last_value;
+} Spread;
+
+int spread_create(Spread *s, const Topology *t, const Model *m, MPI_Comm world);
+void spread_destroy(Spread *s);
+/* Round r starts after inner step `step`: send (or, on rank 0, keep) this
+ * learner's sample of `params`. */
+int spread_round(Spread *s, long round, long step, const float *params, Metrics *mt);
+/* Rank 0: log every completed round, oldest first, without waiting. */
+int spread_poll(Spread *s, Metrics *mt);
+/* Complete everything still open (the end of the run). */
+int spread_finish(Spread *s, Metrics *mt);
+
+/* max_i ‖x_i − mean‖ / ‖mean‖ over n rows of length len (double sums). */
+double spread_max_rel_distance(const float *rows, int n, int len);
+
+#endif
