@@ -7,14 +7,17 @@
 
 #include "status.h"
 
-double spread_max_rel_distance(const float *rows, int n, int len)
+double spread_max_rel_distance(const float *rows, const double *w, int n, int len)
 {
-    double *mean = calloc((size_t)len, sizeof(double)), worst = 0.0, norm2 = 0.0;
+    double *mean = calloc((size_t)len, sizeof(double)), worst = 0.0, norm2 = 0.0, wsum = 0.0;
     if (!mean) return NAN;
-    for (int i = 0; i < n; i++)
-        for (int j = 0; j < len; j++) mean[j] += rows[(size_t)i * len + j];
+    for (int i = 0; i < n; i++) {
+        const double wi = w ? w[i] : 1.0;
+        wsum += wi;
+        for (int j = 0; j < len; j++) mean[j] += wi * rows[(size_t)i * len + j];
+    }
     for (int j = 0; j < len; j++) {
-        mean[j] /= n;
+        mean[j] /= wsum;
         norm2 += mean[j] * mean[j];
     }
     for (int i = 0; i < n; i++) {
@@ -29,7 +32,7 @@ double spread_max_rel_distance(const float *rows, int n, int len)
     return norm2 > 0 ? sqrt(worst / norm2) : 0.0;
 }
 
-int spread_create(Spread *s, const Topology *t, const Model *m, MPI_Comm world)
+int spread_create(Spread *s, const Topology *t, const Model *m, MPI_Comm world, const double *weights)
 {
     memset(s, 0, sizeof *s);
     s->topo = t;
@@ -42,6 +45,11 @@ int spread_create(Spread *s, const Topology *t, const Model *m, MPI_Comm world)
     CHECK_ALLOC(s->pos);
     for (int i = 0; i < s->samples; i++) s->pos[i] = (size_t)i * m->dense_end / (size_t)s->samples;
     const int rows = t->world_rank == 0 ? t->n_learners : 1;
+    if (t->world_rank == 0 && weights) {
+        s->weights = malloc(sizeof(double) * (size_t)t->n_learners);
+        CHECK_ALLOC(s->weights);
+        memcpy(s->weights, weights, sizeof(double) * (size_t)t->n_learners);
+    }
     for (int k = 0; k < SPREAD_QUEUE; k++) {
         s->q[k].values = malloc(sizeof(float) * (size_t)rows * (size_t)s->samples);
         s->q[k].req = malloc(sizeof(MPI_Request) * (size_t)rows);
@@ -59,6 +67,7 @@ void spread_destroy(Spread *s)
         free(s->q[k].req);
     }
     free(s->pos);
+    free(s->weights);
     memset(s, 0, sizeof *s);
 }
 
@@ -71,7 +80,7 @@ static int learner_first_rank(const Topology *t, int learner)
 
 static void log_round(Spread *s, SpreadRound *q, Metrics *mt)
 {
-    const double v = spread_max_rel_distance(q->values, s->topo->n_learners, s->samples);
+    const double v = spread_max_rel_distance(q->values, s->weights, s->topo->n_learners, s->samples);
     s->last_round = q->round;
     s->last_value = v;
     printf("spread after step %ld (round %ld): max relative distance to the learners' mean %.5f (%d samples)\n",

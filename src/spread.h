@@ -36,6 +36,7 @@ typedef struct {
     const Topology *topo;
     MPI_Comm comm;
     size_t *pos;                  /* (samples) offsets into [0, dense_end) */
+    double *weights;              /* rank 0: (learners) token shares, the mean's weights */
     int samples, active;          /* active: rank 0, or the first rank of a learner */
     SpreadRound q[SPREAD_QUEUE];  /* ring */
     int head, count;
@@ -44,7 +45,8 @@ typedef struct {
     double last_value;
 } Spread;
 
-int spread_create(Spread *s, const Topology *t, const Model *m, MPI_Comm world);
+/* weights: every learner's token share (NULL: equal). */
+int spread_create(Spread *s, const Topology *t, const Model *m, MPI_Comm world, const double *weights);
 void spread_destroy(Spread *s);
 /* Round r starts after inner step `step`: send (or, on rank 0, keep) this
  * learner's sample of `params`. */
@@ -54,7 +56,8 @@ int spread_poll(Spread *s, Metrics *mt);
 /* Complete everything still open (the end of the run). */
 int spread_finish(Spread *s, Metrics *mt);
 
-/* max_i ‖x_i − mean‖ / ‖mean‖ over n rows of length len (double sums). */
-double spread_max_rel_distance(const float *rows, int n, int len);
+/* max_i ‖x_i − mean‖ / ‖mean‖ over n rows of length len, the mean weighted
+ * by w (NULL: equal weights); double sums. */
+double spread_max_rel_distance(const float *rows, const double *w, int n, int len);
 
 #endif

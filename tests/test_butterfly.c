@@ -10,7 +10,7 @@
  *  - the spread probe: rank 0 records its sample without waiting for the
  *    others, and once they arrive logs max_i |x_i - mean| / |mean| =
  *    (N-1)/(N+1) for learners holding the constants 1..N (and the formula
- *    itself on hand-computed rows).
+ *    itself on hand-computed rows, equal and unequal weights).
  * Tolerance: float32 averaging of k terms, |x - mean| <= 1e-6 * max|x|.
  */
 #include <math.h>
@@ -151,11 +151,13 @@ static void test_spread_probe(void **state)
 {
     (void)state;
     const float rows[] = {0, 0, 2, 0, 1, 3}; /* mean (1,1): distances sqrt2, 1, 2; |mean| sqrt2 */
-    assert_true(fabs(spread_max_rel_distance(rows, 3, 2) - sqrt(2.0)) < 1e-12);
+    assert_true(fabs(spread_max_rel_distance(rows, NULL, 3, 2) - sqrt(2.0)) < 1e-12);
+    const double wt[] = {1, 2, 1}; /* mean (1.25, 0.75): row 3 is farthest, |(-.25, 2.25)| / |(1.25, .75)| */
+    assert_true(fabs(spread_max_rel_distance(rows, wt, 3, 2) - sqrt(5.125 / 2.125)) < 1e-12);
     World w;
     setup(&w, 1);
     Spread s;
-    assert_int_equal(spread_create(&s, &w.topo, &w.m, MPI_COMM_WORLD), 0);
+    assert_int_equal(spread_create(&s, &w.topo, &w.m, MPI_COMM_WORLD, NULL), 0);
     for (size_t i = 0; i < w.m.n_params; i++) w.m.params[i] = (float)(me + 1);
     if (me == 0) { /* first: nobody else has sent; this must not wait */
         assert_int_equal(spread_round(&s, 0, 10, w.m.params, NULL), 0);
