@@ -87,13 +87,17 @@ for suite in $SUITES; do
             --set outer.lr=1 --set outer.momentum=0
         # the noise floor: sync again with another data order (train.seed)
         run $suite sync_seed43 4 $L --set train.seed=43
+        # averaging with a constant extrapolation (outer lr 1.3, no momentum)
+        run $suite diloco_h64_fp4_lr1.3 4 $L --set outer.mode=diloco --set outer.inner_steps=64 --set outer.codec=fp4 \
+            --set outer.lr=1.3 --set outer.momentum=0
         ;;
     learners8)
         L="--set train.micro_batch=2 --set site.a.ranks=4 --set site.a.learner_ranks=1
            --set site.b.ranks=4 --set site.b.learner_ranks=1"
         run $suite sync 8 $L
         run $suite butterfly_r10 8 $L --set outer.mode=butterfly --set outer.inner_steps=10
-        run $suite diloco_h50 8 $L --set outer.mode=diloco --set outer.inner_steps=50
+        run $suite diloco_h50_avg 8 $L --set outer.mode=diloco --set outer.inner_steps=50 --set outer.lr=1 \
+            --set outer.momentum=0
         run $suite butterfly_r10_nesterov 8 $L --set outer.mode=butterfly --set outer.inner_steps=10 \
             --set outer.lr=0.7 --set outer.momentum=0.9
         run $suite butterfly_r10_fp4 8 $L --set outer.mode=butterfly --set outer.inner_steps=10 \
