@@ -206,11 +206,13 @@ int outer_finish(Outer *o, Reducer *r, Model *m, long step, Metrics *mt, int log
     if (o->butterfly) {
         for (int f = 0; f < o->P; f++)
             if (o->started[f] >= 0) CHECK(mix_end(o, r, m, f, o->round - 1, step, 1, mt, log));
-        /* k rounds of every fragment without local updates: the exact mean */
+        /* k rounds of every fragment without local updates: the exact mean;
+         * logged as rounds numbered on from the last regular one */
+        long label = o->round;
         for (int f = 0; f < o->P; f++)
             for (int d = 0; d < o->k; d++) {
                 CHECK(mix_begin(o, r, m, f, d, step, 0));
-                CHECK(mix_end(o, r, m, f, d, step, 0, mt, log));
+                CHECK(mix_end(o, r, m, f, label++, step, 0, mt, log));
             }
         memcpy(o->anchor, m->params, sizeof(float) * m->n_params);
         /* every learner got through the final rounds (each under the link's
