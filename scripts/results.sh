@@ -23,10 +23,10 @@ COMMON="--set train.steps=$STEPS --set train.warmup=20 --set train.threads=1
  --set train.log_every=50 --set train.eval_every=0 --set data.eval_bytes=262144"
 
 run() { # run SUITE NAME NP [--set ...]
-    local dir=$OUT/$1/$2 np=$3
+    local dir=$OUT/$1/$2 name=$2 np=$3
     shift 3
     [ -f "$dir/model.h5" ] && return 0
-    [ -n "${RUNS:-}" ] && case " $RUNS " in *" $2 "*) ;; *) return 0 ;; esac
+    [ -n "${RUNS:-}" ] && case " $RUNS " in *" $name "*) ;; *) return 0 ;; esac
     mkdir -p "$dir"
     echo "== $dir" >&2
     # shellcheck disable=SC2086
