@@ -91,7 +91,6 @@ static int wants_help(int argc, char **argv)
     return 0;
 }
 
-/* Collect --set options; positional arguments into *pos. */
 /* A command's own option: `--name VALUE`, `--name=VALUE`, or a flag. */
 typedef struct {
     const char *name;
@@ -99,6 +98,8 @@ typedef struct {
     const char **value; /* set to the value, or "1" for a flag */
 } Option;
 
+/* Collect --set options and the command's own options; positional
+ * arguments into *pos. */
 static int parse_common(int argc, char **argv, const char **overrides, int *n_overrides,
                         const char **pos, int max_pos, int *n_pos, const Option *opts, int n_opts)
 {

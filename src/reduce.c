@@ -425,22 +425,25 @@ void reduce_poll(Reducer *r)
     }
 }
 
-/* Complete the value (or verdict) messages of n peers against the deadline. */
+/* The value (or verdict) messages of n <= 256 peers, for the link calls. */
+static void peer_msgs(Peer *peers, int n, int verdict, LinkMsg **msgs)
+{
+    for (int i = 0; i < n; i++) msgs[i] = verdict ? &peers[i].verdict : &peers[i].msg;
+}
+
+/* Complete them against the deadline. */
 static int wait_peers(Reducer *r, Peer *peers, int n, int verdict, const char *what)
 {
     LinkMsg *msgs[256];
-    for (int i = 0; i < n; i++) msgs[i] = verdict ? &peers[i].verdict : &peers[i].msg;
+    peer_msgs(peers, n, verdict, msgs);
     return link_wait(&r->link, msgs, n, what);
 }
 
 static int peers_arrived(Reducer *r, Peer *peers, int n)
 {
-    int all = 1;
-    for (int i = 0; i < n; i++) {
-        LinkMsg *m = &peers[i].msg;
-        if (!link_test(&r->link, &m, 1)) all = 0;
-    }
-    return all;
+    LinkMsg *msgs[256];
+    peer_msgs(peers, n, 0, msgs);
+    return link_test(&r->link, msgs, n);
 }
 
 static void append_reason(char *buf, size_t cap, const char *site, const char *why)

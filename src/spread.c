@@ -104,7 +104,6 @@ static int retire_oldest(Spread *s, Metrics *mt, int wait, int *done)
     *done = flag;
     if (!flag) return ISTH_OK;
     if (s->topo->world_rank == 0) log_round(s, q, mt);
-    q->used = 0;
     s->head = (s->head + 1) % SPREAD_QUEUE;
     s->count--;
     return ISTH_OK;
@@ -119,7 +118,6 @@ int spread_round(Spread *s, long round, long step, const float *params, Metrics 
     SpreadRound *q = &s->q[(s->head + s->count) % SPREAD_QUEUE];
     q->round = round;
     q->step = step;
-    q->used = 1;
     s->count++;
     const size_t bytes = sizeof(float) * (size_t)s->samples;
     if (t->world_rank == 0) {

@@ -29,7 +29,6 @@ typedef struct {
     long round, step;
     float *values;                /* (learners, samples): row i = learner i */
     MPI_Request *req;             /* (learners) rank 0: receives; a sender: req[0] */
-    int used;
 } SpreadRound;
 
 typedef struct {

@@ -1,4 +1,5 @@
-/* refmodel.c — see refmodel.h. Deliberately simple and slow. */
+/* refmodel.c — see refmodel.h. Deliberately simple and slow. A helper, not a
+ * test: test_layers.c and test_model.c assert against what it computes. */
 #include "refmodel.h"
 
 #include <math.h>

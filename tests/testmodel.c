@@ -1,4 +1,5 @@
-/* testmodel.c — see testmodel.h. */
+/* testmodel.c — see testmodel.h. A helper, not a test: test_model.c and
+ * test_expert_parallel.c assert on models built with it. */
 #include "testmodel.h"
 
 #include "rng.h"
