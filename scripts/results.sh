@@ -6,8 +6,9 @@
 #   RUNS="name ..." limits the runs made to those names (tables show every run present)
 # Suites (default: all):
 #   learners4   two sites x 2 learners of 1 rank (4 ranks): sync, DiLoCo, Streaming, codecs
-#   learners2   two sites x 1 learner of 2 ranks (experts sharded 2-way): sync, DiLoCo and
-#               Streaming with fp4 at H=64 (>= 400x fewer bytes)
+#   learners2   two sites x 1 learner of 2 ranks (experts sharded 2-way): sync (two data
+#               orders), DiLoCo and Streaming with fp4 at H=64 (>= 400x fewer bytes), with
+#               the published outer settings and with plain averaging
 #   learners8   two sites x 4 learners of 1 rank (8 ranks): sync, DiLoCo, butterfly with
 #               and without outer Nesterov, butterfly codecs
 set -eu
