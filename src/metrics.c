@@ -97,16 +97,17 @@ void metrics_mix(Metrics *mt, long round, int fragment, int partner, int crosses
 {
     const ReduceReport *r = report;
     printf("mix %5ld | fragment %d | partner learner %d%s | started after step %ld, applied after step %ld | "
-           "payload %.0f B | codec rel err %.4f | pair distance %.5f%s%s\n",
+           "payload %.0f B %s | codec rel err %.4f | pair distance %.5f%s%s\n",
            round, fragment, partner, crosses ? " (other site)" : "", started, step, r->payload_bytes,
-           r->codec_rel_error, pair_distance, r->rejected[0] ? " | rejected: " : "", r->rejected);
+           codec_name(r->codec), r->codec_rel_error, pair_distance, r->rejected[0] ? " | rejected: " : "", r->rejected);
     fflush(stdout);
     if (!mt || !mt->f) return;
     fprintf(mt->f,
             "{\"mix\":%ld,\"fragment\":%d,\"partner\":%d,\"crossed_sites\":%d,\"started_step\":%ld,\"step\":%ld,"
-            "\"payload_bytes\":%.0f,\"codec_rel_error\":%.6g,\"pair_distance\":%.6g,"
+            "\"payload_bytes\":%.0f,\"codec\":\"%s\",\"codec_rel_error\":%.6g,\"pair_distance\":%.6g,"
             "\"accepted\":%d,\"rejected\":\"%s\"}\n",
-            round, fragment, partner, crosses, started, step, r->payload_bytes, r->codec_rel_error, pair_distance,
+            round, fragment, partner, crosses, started, step, r->payload_bytes, codec_name(r->codec),
+            r->codec_rel_error, pair_distance,
             r->accepted_sites == 2, r->rejected);
     fflush(mt->f);
 }

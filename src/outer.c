@@ -121,7 +121,8 @@ static double group_weight(const Outer *o, int i, int d)
     return w;
 }
 
-static int mix_begin(Outer *o, Reducer *r, const Model *m, int f, long round, long step, int feedback)
+/* exact: the final averaging, uncompressed (see mix_start) */
+static int mix_begin(Outer *o, Reducer *r, const Model *m, int f, long round, long step, int exact)
 {
     const int d = (int)(round % o->k), partner = o->learner ^ (1 << d);
     const size_t *off, *len;
@@ -133,7 +134,7 @@ static int mix_begin(Outer *o, Reducer *r, const Model *m, int f, long round, lo
     }
     o->started[f] = step;
     o->last_sync[f] = step;
-    return mix_start(r, f, partner, o->delta, group_weight(o, o->learner, d), group_weight(o, partner, d), feedback);
+    return mix_start(r, f, partner, o->delta, group_weight(o, o->learner, d), group_weight(o, partner, d), exact);
 }
 
 /* keep_local: add the progress made since the fragment was sent */
@@ -177,7 +178,7 @@ static int butterfly_after_step(Outer *o, Reducer *r, Model *m, long step, Metri
         const long round = step / o->H - 1;
         const int f = butterfly_fragment(round, o->k, o->P);
         CHECK(spread_round(&o->spread, round, step, m->params, mt));
-        CHECK(mix_begin(o, r, m, f, round, step, 1));
+        CHECK(mix_begin(o, r, m, f, round, step, 0));
         o->round = round + 1;
         if (o->tau == 0) CHECK(mix_end(o, r, m, f, round, step, 1, mt, log));
     }
@@ -206,12 +207,13 @@ int outer_finish(Outer *o, Reducer *r, Model *m, long step, Metrics *mt, int log
     if (o->butterfly) {
         for (int f = 0; f < o->P; f++)
             if (o->started[f] >= 0) CHECK(mix_end(o, r, m, f, o->round - 1, step, 1, mt, log));
-        /* k rounds of every fragment without local updates: the exact mean;
-         * logged as rounds numbered on from the last regular one */
+        /* k rounds of every fragment without local updates, uncompressed:
+         * the exact mean; logged as rounds numbered on from the last
+         * regular one */
         long label = o->round;
         for (int f = 0; f < o->P; f++)
             for (int d = 0; d < o->k; d++) {
-                CHECK(mix_begin(o, r, m, f, d, step, 0));
+                CHECK(mix_begin(o, r, m, f, d, step, 1));
                 CHECK(mix_end(o, r, m, f, label++, step, 0, mt, log));
             }
         memcpy(o->anchor, m->params, sizeof(float) * m->n_params);

@@ -104,7 +104,7 @@ static int holds(const Reducer *r, int c)
  * the message buffers. Returns 1 (a peer), 0 (nothing in common) or -1 (out
  * of memory); on 0 the peer is left empty. */
 static int build_peer(Reducer *r, const FragPlan *fp, Peer *p, int G, int j, int world, int site, int f,
-                      uint8_t values_kind, size_t verdict_bytes, int local)
+                      Codec codec, uint8_t values_kind, size_t verdict_bytes, int local)
 {
     p->chunks = malloc(sizeof(int) * (size_t)(fp->n_owned + 1));
     if (!p->chunks) return -1;
@@ -114,7 +114,7 @@ static int build_peer(Reducer *r, const FragPlan *fp, Peer *p, int G, int j, int
         if (owner != j) continue;
         p->chunks[p->n++] = k;
         p->values += r->chunks[fp->owned[k]].size;
-        p->enc_bytes += codec_encoded_size(r->codec, r->chunks[fp->owned[k]].size, r->block);
+        p->enc_bytes += codec_encoded_size(codec, r->chunks[fp->owned[k]].size, r->block);
     }
     if (!p->n) {
         free(p->chunks);
@@ -202,7 +202,7 @@ static int build_fragment(Reducer *r, int f)
         const SiteInfo *o = &t->sites[s];
         for (int j = 0; j < o->learner_ranks; j++) {
             const int got = build_peer(r, fp, &fp->peers[fp->n_peers], o->learner_ranks, j, o->first_rank + j, s, f,
-                                       LINK_SITE_VALUES, (size_t)t->n_sites, 0);
+                                       r->codec, LINK_SITE_VALUES, (size_t)t->n_sites, 0);
             if (got < 0) return isth_fail(ISTH_ERUNTIME, "reduce: out of memory for exchange plans");
             fp->n_peers += got;
         }
@@ -252,7 +252,7 @@ void reducer_destroy(Reducer *r)
                         fp->peers, fp->staging, fp->gather, fp->residual, fp->scratch, fp->enc, fp->dense_buf};
         for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) free(bufs[i]);
     }
-    for (size_t i = 0; r->pairs && i < (size_t)r->fragments * 32; i++) {
+    for (size_t i = 0; r->pairs && i < (size_t)r->fragments * 64; i++) {
         PairPlan *pp = &r->pairs[i];
         for (int j = 0; j < pp->n_peers; j++) {
             free(pp->peers[j].chunks);
@@ -262,6 +262,7 @@ void reducer_destroy(Reducer *r)
             free(pp->peers[j].verdict.recv);
         }
         free(pp->peers);
+        free(pp->raw_off);
         free(pp->mine);
         free(pp->theirs);
     }
@@ -312,9 +313,16 @@ static int learner_sum_dense(Reducer *r, FragPlan *fp, float *local)
     return ISTH_OK;
 }
 
+/* A fragment's owned chunks, encoded: chunk k at bytes + off[k]. */
+typedef struct {
+    Codec codec;
+    const unsigned char *bytes;
+    const size_t *off;
+} Encoded;
+
 /* Frame the encoded chunks each peer owns and post the exchange. */
-static void post_payloads(Reducer *r, FragPlan *fp, Peer *peers, int n, uint8_t kind, int f, uint32_t from,
-                          uint64_t exchange, int send_now)
+static void post_payloads(Reducer *r, FragPlan *fp, Encoded enc, Peer *peers, int n, uint8_t kind, int f,
+                          uint32_t from, uint64_t exchange, int send_now)
 {
     const int corrupt = r->link.corrupt_exchange && (uint64_t)r->link.corrupt_exchange == exchange;
     for (int i = 0; i < n; i++) {
@@ -322,11 +330,11 @@ static void post_payloads(Reducer *r, FragPlan *fp, Peer *peers, int n, uint8_t 
         unsigned char *payload = p->msg.send + sizeof(LinkHeader);
         for (int j = 0; j < p->n; j++) {
             const int k = p->chunks[j];
-            const size_t bytes = codec_encoded_size(r->codec, r->chunks[fp->owned[k]].size, r->block);
-            memcpy(payload, fp->enc + fp->enc_off[k], bytes);
+            const size_t bytes = codec_encoded_size(enc.codec, r->chunks[fp->owned[k]].size, r->block);
+            memcpy(payload, enc.bytes + enc.off[k], bytes);
             payload += bytes;
         }
-        link_frame(p->msg.send, (uint8_t)r->codec, kind, (uint32_t)f, from, exchange, p->values, p->enc_bytes);
+        link_frame(p->msg.send, (uint8_t)enc.codec, kind, (uint32_t)f, from, exchange, p->values, p->enc_bytes);
         if (corrupt) link_corrupt(p->msg.send, p->msg.send_bytes);
         p->msg.send_posted = 0;
         link_post_recv(&r->link, &p->msg);
@@ -336,7 +344,8 @@ static void post_payloads(Reducer *r, FragPlan *fp, Peer *peers, int n, uint8_t 
 
 /* Check a peer's frame and decode its chunks into dst (packed owned layout).
  * Returns NULL or the reason for rejecting it. */
-static const char *take_payload(Reducer *r, FragPlan *fp, Peer *p, uint8_t kind, int f, uint64_t exchange, float *dst)
+static const char *take_payload(Reducer *r, FragPlan *fp, Codec codec, Peer *p, uint8_t kind, int f, uint64_t exchange,
+                                float *dst)
 {
     const char *bad = link_check(p->msg.recv, p->msg.recv_bytes, kind, (uint32_t)f, exchange, p->values, p->enc_bytes);
     const unsigned char *src = p->msg.recv + sizeof(LinkHeader);
@@ -344,8 +353,8 @@ static const char *take_payload(Reducer *r, FragPlan *fp, Peer *p, uint8_t kind,
         const int k = p->chunks[j];
         const size_t n = r->chunks[fp->owned[k]].size;
         float *d = dst + fp->packed_off[k];
-        codec_decode(r->codec, src, n, r->block, d);
-        src += codec_encoded_size(r->codec, n, r->block);
+        codec_decode(codec, src, n, r->block, d);
+        src += codec_encoded_size(codec, n, r->block);
         for (size_t e = 0; e < n; e++)
             if (!isfinite(d[e])) return "NaN or Inf in payload";
     }
@@ -400,7 +409,7 @@ int reduce_start(Reducer *r, int f, float *buf, int kind)
         fp->err2 += e2;
         fp->norm2 += n2;
     }
-    post_payloads(r, fp, fp->peers, fp->n_peers, LINK_SITE_VALUES, f, (uint32_t)t->site, fp->exchange, !r->link.delay_polls);
+    post_payloads(r, fp, (Encoded){r->codec, fp->enc, fp->enc_off}, fp->peers, fp->n_peers, LINK_SITE_VALUES, f, (uint32_t)t->site, fp->exchange, !r->link.delay_polls);
     fp->sends_deferred = r->link.delay_polls > 0;
     fp->sent_poll = 0;
     return ISTH_OK;
@@ -517,7 +526,7 @@ int reduce_finish(Reducer *r, int f, float *buf, ReduceReport *rep)
             CHECK(wait_peers(r, fp->peers, fp->n_peers, 0, "payload exchange"));
             for (int i = 0; i < fp->n_peers; i++) {
                 Peer *p = &fp->peers[i];
-                const char *bad = take_payload(r, fp, p, LINK_SITE_VALUES, f, fp->exchange, fp->staging + (size_t)p->site * fp->size);
+                const char *bad = take_payload(r, fp, r->codec, p, LINK_SITE_VALUES, f, fp->exchange, fp->staging + (size_t)p->site * fp->size);
                 if (bad) {
                     ok[p->site] = 0;
                     append_reason(rep->rejected, sizeof rep->rejected, t->sites[p->site].name, bad);
@@ -697,7 +706,7 @@ void reduce_residual_import(Reducer *r, const float *buf)
 
 int reduce_enable_mixing(Reducer *r)
 {
-    r->pairs = calloc((size_t)r->fragments * 32, sizeof(PairPlan));
+    r->pairs = calloc((size_t)r->fragments * 64, sizeof(PairPlan));
     r->mix_residual = calloc((size_t)r->fragments, sizeof(float *));
     CHECK_ALLOC(r->pairs);
     CHECK_ALLOC(r->mix_residual);
@@ -708,14 +717,15 @@ int reduce_enable_mixing(Reducer *r)
     return ISTH_OK;
 }
 
-static PairPlan *pair_plan(Reducer *r, int f, int partner)
+/* Plans are kept per (fragment, partner bit, exact): 64 per fragment. */
+static PairPlan *pair_plan(Reducer *r, int f, int partner, int exact)
 {
     const Topology *t = r->topo;
     if (!r->pairs) return NULL;
     int d = 0;
     while (d < 31 && (t->learner ^ (1 << d)) != partner) d++;
     if (d == 31) return NULL;
-    PairPlan *pp = &r->pairs[(size_t)f * 32 + d];
+    PairPlan *pp = &r->pairs[((size_t)f * 32 + d) * 2 + (exact != 0)];
     if (pp->peers) return pp;
     FragPlan *fp = &r->frag[f];
     int first, G;
@@ -723,14 +733,21 @@ static PairPlan *pair_plan(Reducer *r, int f, int partner)
     pp->partner = partner;
     pp->fragment = f;
     pp->crosses = topology_site_of_learner(t, partner) != t->site;
+    pp->codec = exact ? CODEC_NONE : r->codec;
     pp->peers = calloc((size_t)G, sizeof(Peer));
     const size_t sz = fp->size ? fp->size : 1;
     pp->mine = malloc(sizeof(float) * sz);
     pp->theirs = malloc(sizeof(float) * sz);
     if (!pp->peers || !pp->mine || !pp->theirs) return NULL;
+    if (pp->codec != r->codec) { /* uncompressed: the payload is `mine` itself */
+        pp->raw_off = malloc(sizeof(size_t) * (size_t)(fp->n_owned + 1));
+        if (!pp->raw_off) return NULL;
+        for (int k = 0; k < fp->n_owned; k++) pp->raw_off[k] = fp->packed_off[k] * sizeof(float);
+    }
     for (int j = 0; j < G; j++) {
         const int got = build_peer(r, fp, &pp->peers[pp->n_peers], G, j, first + j,
-                                   topology_site_of_learner(t, partner), f, LINK_PAIR_VALUES, 1, !pp->crosses);
+                                   topology_site_of_learner(t, partner), f, pp->codec, LINK_PAIR_VALUES, 1,
+                                   !pp->crosses);
         if (got < 0) return NULL;
         pp->n_peers += got;
     }
@@ -741,18 +758,18 @@ static PairPlan *pair_plan(Reducer *r, int f, int partner)
 static PairPlan *pair_in_flight(const Reducer *r, int f)
 {
     if (!r->pairs) return NULL;
-    for (int d = 0; d < 32; d++)
-        if (r->pairs[(size_t)f * 32 + d].in_flight) return &r->pairs[(size_t)f * 32 + d];
+    for (int i = 0; i < 64; i++)
+        if (r->pairs[(size_t)f * 64 + i].in_flight) return &r->pairs[(size_t)f * 64 + i];
     return NULL;
 }
 
 int mix_in_flight(const Reducer *r, int f) { return pair_in_flight(r, f) != NULL; }
 
-int mix_start(Reducer *r, int f, int partner, float *buf, double w_me, double w_partner, int feedback)
+int mix_start(Reducer *r, int f, int partner, float *buf, double w_me, double w_partner, int exact)
 {
     const Topology *t = r->topo;
     FragPlan *fp = &r->frag[f];
-    PairPlan *pp = pair_plan(r, f, partner);
+    PairPlan *pp = pair_plan(r, f, partner, exact);
     if (!pp) return isth_fail(ISTH_ERUNTIME, "butterfly: cannot plan fragment %d with learner %d", f, partner);
     if (pair_in_flight(r, f)) return isth_fail(ISTH_ERUNTIME, "butterfly: fragment %d mixed twice at once", f);
     pp->in_flight = 1;
@@ -762,18 +779,30 @@ int mix_start(Reducer *r, int f, int partner, float *buf, double w_me, double w_
     pp->w_them = w_partner;
     pp->err2 = pp->norm2 = 0.0;
     pp->exchange = ++r->exchanges;
-    /* without feedback, learners holding equal values send equal payloads */
-    float *res = feedback && r->mix_residual ? r->mix_residual[f] : NULL;
-    for (int k = 0; k < fp->n_owned; k++) {
-        const size_t n = r->chunks[fp->owned[k]].size;
-        double e2, n2;
-        codec_encode_ef(r->codec, buf + chunk_offset(r, fp->owned[k]), res ? res + fp->packed_off[k] : NULL, n,
-                        r->block, fp->enc + fp->enc_off[k], pp->mine + fp->packed_off[k], &e2, &n2);
-        pp->err2 += e2;
-        pp->norm2 += n2;
+    Encoded enc = {pp->codec, fp->enc, fp->enc_off};
+    if (pp->raw_off) { /* exact: the values as they are, no error feedback */
+        for (int k = 0; k < fp->n_owned; k++) {
+            const size_t n = r->chunks[fp->owned[k]].size;
+            float *v = pp->mine + fp->packed_off[k];
+            memcpy(v, buf + chunk_offset(r, fp->owned[k]), n * sizeof(float));
+            for (size_t e = 0; e < n; e++) pp->norm2 += (double)v[e] * v[e];
+        }
+        enc = (Encoded){CODEC_NONE, (const unsigned char *)pp->mine, pp->raw_off};
+    } else {
+        /* with codec none there is no residual; exact plans never use one, so
+         * learners holding equal values send equal payloads */
+        float *res = !exact && r->mix_residual ? r->mix_residual[f] : NULL;
+        for (int k = 0; k < fp->n_owned; k++) {
+            const size_t n = r->chunks[fp->owned[k]].size;
+            double e2, n2;
+            codec_encode_ef(r->codec, buf + chunk_offset(r, fp->owned[k]), res ? res + fp->packed_off[k] : NULL, n,
+                            r->block, fp->enc + fp->enc_off[k], pp->mine + fp->packed_off[k], &e2, &n2);
+            pp->err2 += e2;
+            pp->norm2 += n2;
+        }
     }
     /* both partners number their exchanges alike: learner rounds are in step */
-    post_payloads(r, fp, pp->peers, pp->n_peers, LINK_PAIR_VALUES, f, (uint32_t)t->learner, pp->exchange, 1);
+    post_payloads(r, fp, enc, pp->peers, pp->n_peers, LINK_PAIR_VALUES, f, (uint32_t)t->learner, pp->exchange, 1);
     return ISTH_OK;
 }
 
@@ -799,6 +828,7 @@ int mix_finish(Reducer *r, int f, float *buf, ReduceReport *rep, double *pair_di
     rep->arrived_poll = pp->arrived_poll;
     rep->partner = pp->partner;
     rep->crosses = pp->crosses;
+    rep->codec = pp->codec;
     rep->n_sites = 2;
     int rc = wait_peers(r, pp->peers, pp->n_peers, 0, "butterfly exchange");
     pp->in_flight = 0;
@@ -807,7 +837,7 @@ int mix_finish(Reducer *r, int f, float *buf, ReduceReport *rep, double *pair_di
     unsigned char ok = 1;
     const char *why = NULL;
     for (int i = 0; i < pp->n_peers; i++) {
-        const char *bad = take_payload(r, fp, &pp->peers[i], LINK_PAIR_VALUES, f, pp->exchange, pp->theirs);
+        const char *bad = take_payload(r, fp, pp->codec, &pp->peers[i], LINK_PAIR_VALUES, f, pp->exchange, pp->theirs);
         if (bad) {
             ok = 0;
             why = bad;

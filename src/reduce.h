@@ -91,6 +91,7 @@ typedef struct {
     char rejected[512];        /* "site: reason; ..." */
     int arrived_poll;          /* polls (inner steps) until everything had arrived; -1: at finish */
     int partner, crosses;      /* butterfly: partner learner, in another site */
+    Codec codec;               /* butterfly: the payloads' codec (none in the final exact rounds) */
     int sent_poll;             /* polls before this rank posted its sends (0: at start; test hook) */
 } ReduceReport;
 
@@ -99,6 +100,8 @@ enum { REDUCE_GRADS, REDUCE_REPLICATED };
 /* A butterfly exchange of one fragment with one partner learner. */
 typedef struct {
     int partner, fragment, crosses;  /* partner learner id; in another site? */
+    Codec codec;                     /* the reducer's, or none for exact averaging */
+    size_t *raw_off;                 /* codec none (exact plans): byte offsets of owned chunks in `mine` */
     Peer *peers;                     /* the partner's ranks whose chunks overlap mine */
     int n_peers;
     float *mine, *theirs;            /* (fragment owned size) decoded values */
@@ -111,7 +114,8 @@ typedef struct {
 typedef struct {
     const Topology *topo;
     const Model *model;
-    PairPlan *pairs;           /* (fragments x 32) butterfly plans, built on first use */
+    PairPlan *pairs;           /* (fragments x 32 partner bits x 2) butterfly plans (lossy, exact),
+                                * built on first use */
     float **mix_residual;      /* (fragments) error feedback of butterfly payloads */
     Chunk *chunks;
     int n_chunks;
@@ -171,12 +175,14 @@ int reduce_has_residual(const Reducer *r);
  * values; finish writes the pair's weighted average
  *   (w_lo*v_lo + w_hi*v_hi) / (w_lo + w_hi)   (lower learner id first)
  * of the decoded values into buf, identically on both learners, or leaves
- * buf unchanged on both when either side rejected a payload. `feedback`:
- * use error feedback (off for the final exact averaging, where learners
- * with equal values must send equal payloads). */
+ * buf unchanged on both when either side rejected a payload. `exact`:
+ * send the values uncompressed and without error feedback (the final
+ * exact averaging: learners holding equal values send equal payloads and
+ * the result is the mean of the values themselves, not of a codec's
+ * rendering); otherwise the reducer's codec with error feedback. */
 /* Prepare butterfly plans and error-feedback state (before any mix_start). */
 int reduce_enable_mixing(Reducer *r);
-int mix_start(Reducer *r, int f, int partner, float *buf, double w_me, double w_partner, int feedback);
+int mix_start(Reducer *r, int f, int partner, float *buf, double w_me, double w_partner, int exact);
 int mix_finish(Reducer *r, int f, float *buf, ReduceReport *rep, double *pair_distance);
 int mix_in_flight(const Reducer *r, int f);
 

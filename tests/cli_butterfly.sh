@@ -2,7 +2,8 @@
 # cli_butterfly.sh — butterfly mixing through mpirun: 8 learners over two
 # sites (4 + 4, the reference setup) train, each round pairs every learner
 # with exactly one partner (i XOR 2^(r mod 3)), some rounds cross the sites,
-# the pairs' distance and the learners' spread stay bounded, every learner ends on the exact mean;
+# the pairs' distance and the learners' spread stay bounded, every learner ends on the exact mean
+# (the final averaging rounds go uncompressed whatever the codec);
 # learners of different expert-parallel degrees mix through canonical plans;
 # a learner count that is not a power of two exits 2; restart is bit-exact.
 . "$TOP_SRCDIR/tests/lib.sh"
@@ -38,6 +39,9 @@ grep -q '"summary":"traffic".*"max_peer_learners":1}' "$M" && pass "no exchange 
 run 6 mixed --set site.a.ranks=4 --set site.a.learner_ranks=2 --set site.b.ranks=2 --set site.b.learner_ranks=1 \
     --set site.b.micro_batch=4 --set outer.codec=int8 --set train.steps=12 --set train.check_replicas=12
 grep -q "replicas identical at step 12: 4 learner(s)" "$WORK/mixed.log" && pass "learners of 2 and 1 ranks mix (int8) and end equal" || fail "mixed layouts"
+# the final exact rounds (k = 2, one fragment) go uncompressed, the regular ones through int8
+codecs=$(grep '^{"mix"' "$WORK/mixed/metrics.jsonl" | sed 's/.*"codec":"\([a-z0-9]*\)".*/\1/' | uniq -c | awk '{print $2 "x" $1}' | tr '\n' ' ')
+[ "$codecs" = "int8x6 nonex2 " ] && pass "final averaging rounds uncompressed (mix codecs: $codecs)" || fail "mix codecs: $codecs"
 
 expect_exit 2 "butterfly needs a power-of-two number of learners .* give 3" -- \
     mpirun -q --oversubscribe -np 3 "$ISTHMUS" train "$T" --set train.out_dir="$WORK/three" --set outer.mode=butterfly \
