@@ -98,6 +98,10 @@ for suite in $SUITES; do
         # averaging with a constant extrapolation (outer lr 1.3, no momentum)
         run $suite diloco_h64_fp4_lr1.3 4 $L --set outer.mode=diloco --set outer.inner_steps=64 --set outer.codec=fp4 \
             --set outer.lr=1.3 --set outer.momentum=0
+        # inner lr x sqrt(2): Adam's square-root rule for the learners' half batch; sync with it too
+        run $suite diloco_h64_fp4_avg_lr2.8e-3 4 $L --set outer.mode=diloco --set outer.inner_steps=64 \
+            --set outer.codec=fp4 --set outer.lr=1 --set outer.momentum=0 --set train.lr=0.0028 --set train.min_lr=0.00028
+        run $suite sync_lr2.8e-3 4 $L --set train.lr=0.0028 --set train.min_lr=0.00028
         ;;
     learners8)
         L="--set train.micro_batch=2 --set site.a.ranks=4 --set site.a.learner_ranks=1
