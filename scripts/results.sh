@@ -118,6 +118,9 @@ for suite in $SUITES; do
             --set outer.codec=int8
         # mixing every 2 steps: how close pairwise mixing alone gets
         run $suite butterfly_r2 8 $L --set outer.mode=butterfly --set outer.inner_steps=2
+        # inner lr x sqrt(8): Adam's square-root rule for the learners' eighth of the batch
+        run $suite butterfly_r10_lr5.7e-3 8 $L --set outer.mode=butterfly --set outer.inner_steps=10 \
+            --set train.lr=0.0057 --set train.min_lr=0.00057
         ;;
     *)
         echo "results.sh: unknown suite '$suite' (learners4, learners2, learners8)" >&2
