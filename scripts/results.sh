@@ -8,9 +8,11 @@
 #   learners4   two sites x 2 learners of 1 rank (4 ranks): sync, DiLoCo, Streaming, codecs
 #   learners2   two sites x 1 learner of 2 ranks (experts sharded 2-way): sync (two data
 #               orders), DiLoCo and Streaming with fp4 at H=64 (>= 400x fewer bytes), with
-#               the published outer settings and with plain averaging
+#               the published outer settings and with plain averaging, and with the inner
+#               lr scaled by sqrt(2) (Adam's square-root rule for the half batch)
 #   learners8   two sites x 4 learners of 1 rank (8 ranks): sync, DiLoCo, butterfly with
-#               and without outer Nesterov, butterfly codecs
+#               and without outer Nesterov, butterfly codecs, mixing every 2 steps, and
+#               with the inner lr scaled by sqrt(8)
 set -eu
 cd "$(dirname "$0")/.."
 OUT=${1:-runs/results}
