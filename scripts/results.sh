@@ -9,10 +9,9 @@
 #   learners2   two sites x 1 learner of 2 ranks (experts sharded 2-way): sync (two data
 #               orders), DiLoCo and Streaming with fp4 at H=64 (>= 400x fewer bytes), with
 #               the published outer settings and with plain averaging, and with the inner
-#               lr scaled by sqrt(2) (Adam's square-root rule for the half batch)
+#               lr scaled by sqrt(2) (Adam's square-root rule for the half batch) and 1/sqrt(2)
 #   learners8   two sites x 4 learners of 1 rank (8 ranks): sync, DiLoCo, butterfly with
-#               and without outer Nesterov, butterfly codecs, mixing every 2 steps, and
-#               with the inner lr scaled by sqrt(8)
+#               and without outer Nesterov, butterfly codecs, mixing every 2 steps
 set -eu
 cd "$(dirname "$0")/.."
 OUT=${1:-runs/results}
@@ -104,6 +103,10 @@ for suite in $SUITES; do
         run $suite diloco_h64_fp4_avg_lr2.8e-3 4 $L --set outer.mode=diloco --set outer.inner_steps=64 \
             --set outer.codec=fp4 --set outer.lr=1 --set outer.momentum=0 --set train.lr=0.0028 --set train.min_lr=0.00028
         run $suite sync_lr2.8e-3 4 $L --set train.lr=0.0028 --set train.min_lr=0.00028
+        # and divided by sqrt(2): less drift between outer steps
+        run $suite diloco_h64_fp4_avg_lr1.4e-3 4 $L --set outer.mode=diloco --set outer.inner_steps=64 \
+            --set outer.codec=fp4 --set outer.lr=1 --set outer.momentum=0 --set train.lr=0.0014 --set train.min_lr=0.00014
+        run $suite sync_lr1.4e-3 4 $L --set train.lr=0.0014 --set train.min_lr=0.00014
         ;;
     learners8)
         L="--set train.micro_batch=2 --set site.a.ranks=4 --set site.a.learner_ranks=1
@@ -120,9 +123,6 @@ for suite in $SUITES; do
             --set outer.codec=int8
         # mixing every 2 steps: how close pairwise mixing alone gets
         run $suite butterfly_r2 8 $L --set outer.mode=butterfly --set outer.inner_steps=2
-        # inner lr x sqrt(8): Adam's square-root rule for the learners' eighth of the batch
-        run $suite butterfly_r10_lr5.7e-3 8 $L --set outer.mode=butterfly --set outer.inner_steps=10 \
-            --set train.lr=0.0057 --set train.min_lr=0.00057
         ;;
     *)
         echo "results.sh: unknown suite '$suite' (learners4, learners2, learners8)" >&2
