@@ -9,7 +9,7 @@
 #   learners2   two sites x 1 learner of 2 ranks (experts sharded 2-way): sync (two data
 #               orders), DiLoCo and Streaming with fp4 at H=64 (>= 400x fewer bytes), with
 #               the published outer settings and with plain averaging, and with the inner
-#               lr scaled by sqrt(2) (Adam's square-root rule for the half batch) and 1/sqrt(2)
+#               lr scaled by sqrt(2) (Adam's square-root rule for the half batch), 1/sqrt(2) and 1/2
 #   learners8   two sites x 4 learners of 1 rank (8 ranks): sync, DiLoCo, butterfly with
 #               and without outer Nesterov, butterfly codecs, mixing every 2 steps
 set -eu
@@ -107,6 +107,9 @@ for suite in $SUITES; do
         run $suite diloco_h64_fp4_avg_lr1.4e-3 4 $L --set outer.mode=diloco --set outer.inner_steps=64 \
             --set outer.codec=fp4 --set outer.lr=1 --set outer.momentum=0 --set train.lr=0.0014 --set train.min_lr=0.00014
         run $suite sync_lr1.4e-3 4 $L --set train.lr=0.0014 --set train.min_lr=0.00014
+        run $suite diloco_h64_fp4_avg_lr1e-3 4 $L --set outer.mode=diloco --set outer.inner_steps=64 \
+            --set outer.codec=fp4 --set outer.lr=1 --set outer.momentum=0 --set train.lr=0.001 --set train.min_lr=0.0001
+        run $suite sync_lr1e-3 4 $L --set train.lr=0.001 --set train.min_lr=0.0001
         ;;
     learners8)
         L="--set train.micro_batch=2 --set site.a.ranks=4 --set site.a.learner_ranks=1
