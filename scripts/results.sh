@@ -11,7 +11,8 @@
 #               the published outer settings and with plain averaging, and with the inner
 #               lr scaled by sqrt(2) (Adam's square-root rule for the half batch), 1/sqrt(2) and 1/2
 #   learners8   two sites x 4 learners of 1 rank (8 ranks): sync, DiLoCo, butterfly with
-#               and without outer Nesterov, butterfly codecs, mixing every 2 steps
+#               and without outer Nesterov, butterfly codecs, mixing every 2 steps, a
+#               lower inner lr
 set -eu
 cd "$(dirname "$0")/.."
 OUT=${1:-runs/results}
@@ -126,6 +127,9 @@ for suite in $SUITES; do
             --set outer.codec=int8
         # mixing every 2 steps: how close pairwise mixing alone gets
         run $suite butterfly_r2 8 $L --set outer.mode=butterfly --set outer.inner_steps=2
+        # a lower inner lr (less drift between mixes; DiLoCo gains from it in learners2)
+        run $suite butterfly_r10_lr1.4e-3 8 $L --set outer.mode=butterfly --set outer.inner_steps=10 \
+            --set train.lr=0.0014 --set train.min_lr=0.00014
         ;;
     *)
         echo "results.sh: unknown suite '$suite' (learners4, learners2, learners8)" >&2
