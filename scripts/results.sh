@@ -130,6 +130,7 @@ for suite in $SUITES; do
         # a lower inner lr (less drift between mixes; DiLoCo gains from it in learners2)
         run $suite butterfly_r10_lr1.4e-3 8 $L --set outer.mode=butterfly --set outer.inner_steps=10 \
             --set train.lr=0.0014 --set train.min_lr=0.00014
+        run $suite sync_lr1.4e-3 8 $L --set train.lr=0.0014 --set train.min_lr=0.00014
         ;;
     *)
         echo "results.sh: unknown suite '$suite' (learners4, learners2, learners8)" >&2
