@@ -409,7 +409,8 @@ int reduce_start(Reducer *r, int f, float *buf, int kind)
         fp->err2 += e2;
         fp->norm2 += n2;
     }
-    post_payloads(r, fp, (Encoded){r->codec, fp->enc, fp->enc_off}, fp->peers, fp->n_peers, LINK_SITE_VALUES, f, (uint32_t)t->site, fp->exchange, !r->link.delay_polls);
+    post_payloads(r, fp, (Encoded){r->codec, fp->enc, fp->enc_off}, fp->peers, fp->n_peers, LINK_SITE_VALUES, f,
+                  (uint32_t)t->site, fp->exchange, !r->link.delay_polls);
     fp->sends_deferred = r->link.delay_polls > 0;
     fp->sent_poll = 0;
     return ISTH_OK;
@@ -526,7 +527,8 @@ int reduce_finish(Reducer *r, int f, float *buf, ReduceReport *rep)
             CHECK(wait_peers(r, fp->peers, fp->n_peers, 0, "payload exchange"));
             for (int i = 0; i < fp->n_peers; i++) {
                 Peer *p = &fp->peers[i];
-                const char *bad = take_payload(r, fp, r->codec, p, LINK_SITE_VALUES, f, fp->exchange, fp->staging + (size_t)p->site * fp->size);
+                const char *bad = take_payload(r, fp, r->codec, p, LINK_SITE_VALUES, f, fp->exchange,
+                                               fp->staging + (size_t)p->site * fp->size);
                 if (bad) {
                     ok[p->site] = 0;
                     append_reason(rep->rejected, sizeof rep->rejected, t->sites[p->site].name, bad);
