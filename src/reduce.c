@@ -791,8 +791,8 @@ int mix_start(Reducer *r, int f, int partner, float *buf, double w_me, double w_
         }
         enc = (Encoded){CODEC_NONE, (const unsigned char *)pp->mine, pp->raw_off};
     } else {
-        /* with codec none there is no residual; exact plans never use one, so
-         * learners holding equal values send equal payloads */
+        /* the codec with error feedback (codec none keeps no residual, so an
+         * exact round here sends the values as they are) */
         float *res = !exact && r->mix_residual ? r->mix_residual[f] : NULL;
         for (int k = 0; k < fp->n_owned; k++) {
             const size_t n = r->chunks[fp->owned[k]].size;
