@@ -1,5 +1,6 @@
 /* bench.c — see bench.h. */
 #include "bench.h"
+#include "alloc.h"
 
 #include <cblas.h>
 #include <mpi.h>
@@ -28,8 +29,8 @@ double model_flops_per_token(const ModelConfig *mc)
 static double sgemm_gflops(void)
 {
     const int M = 2048, K = 1024, N = 1024;
-    float *a = malloc((size_t)M * K * sizeof(float)), *b = malloc((size_t)K * N * sizeof(float)),
-          *c = malloc((size_t)M * N * sizeof(float));
+    float *a = isth_malloc((size_t)M * K * sizeof(float)), *b = isth_malloc((size_t)K * N * sizeof(float)),
+          *c = isth_malloc((size_t)M * N * sizeof(float));
     if (!a || !b || !c) {
         free(a);
         free(b);

@@ -1,5 +1,6 @@
 /* ckpt.c — see ckpt.h. */
 #include "ckpt.h"
+#include "alloc.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -111,14 +112,26 @@ static int write_state(Trainer *tr, H5File *f)
     CHECK(h5_attr_write_long(f, "/", "data_step", (long long)tr->cursor.step));
 
     Sel first_sel = {m, first, t->learner_rank == 0};
+    const int P = tr->cfg.outer.fragments;
+    int in_flight = 0;
+    for (int p = 0; tr->outer_mode && p < P; p++) in_flight |= tr->outer.started[p] >= 0;
     if (!tr->outer_mode) {
         CHECK(h5_write_tensors(f, "/model", m, m->params, sel_model, &first_sel));
         CHECK(h5_write_tensors(f, "/inner/m", m, tr->opt.m, sel_model, &first_sel));
         CHECK(h5_write_tensors(f, "/inner/v", m, tr->opt.v, sel_model, &first_sel));
+        if (reduce_any_residual(&tr->red)) { /* sync with a lossy codec: error feedback of the gradient sums */
+            float *res = isth_malloc(sizeof(float) * m->n_params);
+            CHECK_ALLOC(res);
+            reduce_residual_export(&tr->red, res);
+            RSel rs = {&tr->red, first && reduce_has_residual(&tr->red)};
+            const int rc = h5_write_tensors(f, "/outer/residual", m, res, sel_owned, &rs);
+            free(res);
+            CHECK(rc);
+        }
     } else {
         const int bf = tr->outer.butterfly; /* butterfly: outer state per learner */
         CHECK(h5_write_tensors(f, "/model", m, bf ? m->params : tr->outer.anchor, sel_model, &first_sel));
-        float *res = malloc(sizeof(float) * m->n_params);
+        float *res = isth_malloc(sizeof(float) * m->n_params);
         CHECK_ALLOC(res);
         reduce_residual_export(&tr->red, res);
         int rc = ISTH_OK;
@@ -138,7 +151,15 @@ static int write_state(Trainer *tr, H5File *f)
             if (rc == ISTH_OK) rc = h5_write_tensors(f, g, m, tr->outer.mom, sel_model, &mine);
             snprintf(g, sizeof g, "/learner_%d/outer/residual", id);
             if (rc == ISTH_OK) rc = h5_write_tensors(f, g, m, res, sel_owned, &rs);
+            /* a round in flight (drained): the mixed values and what was sent */
+            snprintf(g, sizeof g, "/learner_%d/outer/pending", id);
+            if (rc == ISTH_OK && in_flight) rc = h5_write_tensors(f, g, m, tr->outer.delta, sel_model, &mine);
+            snprintf(g, sizeof g, "/learner_%d/outer/sent", id);
+            if (rc == ISTH_OK && in_flight) rc = h5_write_tensors(f, g, m, tr->outer.sent, sel_model, &mine);
         }
+        /* fragments in flight (drained): their reduced pseudo-gradients, equal on every learner */
+        if (!bf && rc == ISTH_OK && in_flight)
+            rc = h5_write_tensors(f, "/outer/pending", m, tr->outer.delta, sel_model, &first_sel);
         free(res);
         CHECK(rc);
         for (int k = 0; k < site->learners; k++) {
@@ -153,12 +174,19 @@ static int write_state(Trainer *tr, H5File *f)
             CHECK(h5_write_tensors(f, g, m, tr->opt.v, sel_model, &mine));
         }
     }
-    const int P = tr->cfg.outer.fragments;
-    double frag[64] = {0};
-    for (int p = 0; p < P && p < 64 && tr->outer_mode; p++) frag[p] = (double)tr->outer.last_sync[p];
+    /* per fragment: last outer start, and the start of the exchange in flight (-1: none) */
+    double *frag = isth_calloc((size_t)2 * P + 1, sizeof(double));
+    CHECK_ALLOC(frag);
+    for (int p = 0; p < P; p++) {
+        frag[p] = tr->outer_mode ? (double)tr->outer.last_sync[p] : 0.0;
+        frag[P + p] = tr->outer_mode ? (double)tr->outer.started[p] : -1.0;
+    }
     hid_t g = H5Gcreate2(f->file, "/state", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
     if (g >= 0) H5Gclose(g);
-    return h5_write_doubles(f, "/state/fragments", frag, P < 64 ? P : 64);
+    int rc = h5_write_doubles(f, "/state/fragments", frag, P);
+    if (rc == ISTH_OK) rc = h5_write_doubles(f, "/state/started", frag + P, P);
+    free(frag);
+    return rc;
 }
 
 static void prune(const char *dir, int keep)
@@ -180,7 +208,7 @@ int ckpt_write(Trainer *tr)
     site_dir(tr, dir, sizeof dir);
     int rc = make_dirs(dir);
     int ok = rc == ISTH_OK;
-    MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_LAND, t->site_comm);
+    CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_LAND, t->site_comm));
     if (!ok) return rc ? rc : ISTH_ERUNTIME;
     ckpt_path(dir, tr->step, path, sizeof path);
     H5File f;
@@ -191,10 +219,20 @@ int ckpt_write(Trainer *tr)
         return rc;
     }
     CHECK(h5_commit(&f));
+    /* every site's file is complete before anyone prunes or goes on: the
+     * sites' first ranks confirm the step to each other through the link */
+    long mine = tr->step, *all = isth_malloc(sizeof(long) * (size_t)t->n_sites);
+    CHECK_ALLOC(all);
+    rc = trainer_control(tr, &mine, sizeof mine, all, "checkpoint completion");
+    for (int s = 0; rc == ISTH_OK && s < t->n_sites; s++)
+        if (all[s] != tr->step)
+            rc = isth_fail(ISTH_ERUNTIME, "checkpoint: site %s completed step %ld, site %s step %ld",
+                           t->sites[s].name, all[s], t->sites[t->site].name, tr->step);
+    free(all);
+    CHECK(rc);
     int site_rank;
-    MPI_Comm_rank(t->site_comm, &site_rank);
+    CHECK_MPI(MPI_Comm_rank(t->site_comm, &site_rank));
     if (site_rank == 0) prune(dir, tr->cfg.checkpoint.keep);
-    MPI_Barrier(MPI_COMM_WORLD); /* every site's file is complete before anyone goes on */
     const double dt = now_s() - t0;
     if (tr->log) {
         struct stat st;
@@ -230,7 +268,7 @@ static herr_t visit_read(hid_t obj, const char *name, const H5O_info_t *info, vo
     hid_t space = H5Dget_space(d), type = H5Dget_type(d);
     hssize_t n = H5Sget_simple_extent_npoints(space);
     size_t sz = H5Tget_size(type);
-    void *buf = malloc((size_t)(n > 0 ? n : 1) * (sz ? sz : 1));
+    void *buf = isth_malloc((size_t)(n > 0 ? n : 1) * (sz ? sz : 1));
     herr_t err = buf ? H5Dread(d, type, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf) : -1;
     free(buf);
     H5Tclose(type);
@@ -297,23 +335,27 @@ int ckpt_find(Trainer *tr, const char *arg, char *path, size_t cap)
 {
     const Topology *t = &tr->topo;
     int site_rank;
-    MPI_Comm_rank(t->site_comm, &site_rank);
+    CHECK_MPI(MPI_Comm_rank(t->site_comm, &site_rank));
     char dir[1100];
     site_dir(tr, dir, sizeof dir);
     long valid[CKPT_MAX_LIST];
     for (int i = 0; i < CKPT_MAX_LIST; i++) valid[i] = -1;
     int rc = ISTH_OK;
     long want = -1;
+    long *all = isth_malloc(sizeof(long) * CKPT_MAX_LIST * (size_t)t->n_sites);
+    CHECK_ALLOC(all);
     if (strcmp(arg, "auto")) { /* an explicit file: its step, every site's file of that step */
         char reason[512];
-        long step = -1;
-        if (t->world_rank == 0 && ckpt_validate(arg, reason, sizeof reason, &step) != ISTH_OK)
-            rc = isth_fail(ISTH_EINPUT, "checkpoint %s: invalid: %s", arg, reason);
-        MPI_Bcast(&rc, 1, MPI_INT, 0, MPI_COMM_WORLD);
-        MPI_Bcast(&step, 1, MPI_LONG, 0, MPI_COMM_WORLD);
+        long mine[2] = {ISTH_OK, -1}; /* (status, step) of world rank 0's check; the others' are not read */
+        if (t->world_rank == 0 && ckpt_validate(arg, reason, sizeof reason, &mine[1]) != ISTH_OK)
+            mine[0] = isth_fail(ISTH_EINPUT, "checkpoint %s: invalid: %s", arg, reason);
+        rc = trainer_control(tr, mine, sizeof mine, all, "resume file");
+        if (rc == ISTH_OK) rc = (int)all[0];
+        want = all[1];
+        if (rc != ISTH_OK) free(all);
         CHECK(rc);
-        want = step;
         if (t->n_sites == 1) {
+            free(all);
             snprintf(path, cap, "%s", arg);
             return ISTH_OK;
         }
@@ -333,18 +375,19 @@ int ckpt_find(Trainer *tr, const char *arg, char *path, size_t cap)
             }
         }
     }
-    /* the sites agree on the newest step every one of them has */
-    long *all = malloc(sizeof(long) * CKPT_MAX_LIST * (size_t)t->world_size);
-    CHECK_ALLOC(all);
-    MPI_Allgather(valid, CKPT_MAX_LIST, MPI_LONG, all, CKPT_MAX_LIST, MPI_LONG, MPI_COMM_WORLD);
+    /* the sites agree on the newest step every one of them has: each site's
+     * first rank sends its list through the link */
+    rc = trainer_control(tr, valid, sizeof valid, all, "resume step");
+    if (rc != ISTH_OK) free(all);
+    CHECK(rc);
     long best = -1;
     for (int i = 0; i < CKPT_MAX_LIST; i++) {
-        long s = all[(size_t)t->sites[0].first_rank * CKPT_MAX_LIST + i];
+        long s = all[i];
         if (s < 0) continue;
         int everywhere = 1;
         for (int site = 1; site < t->n_sites && everywhere; site++) {
             int found = 0;
-            for (int j = 0; j < CKPT_MAX_LIST; j++) found |= all[(size_t)t->sites[site].first_rank * CKPT_MAX_LIST + j] == s;
+            for (int j = 0; j < CKPT_MAX_LIST; j++) found |= all[(size_t)site * CKPT_MAX_LIST + j] == s;
             everywhere = found;
         }
         if (everywhere && s > best) best = s;
@@ -384,7 +427,7 @@ static int compare_configs(Trainer *tr, const char *saved_text, const char *path
                          saved.outer.fragments, tr->cfg.outer.fragments);
     if (tr->log) { /* allowed changes: list them */
         char *now = config_to_text(&tr->cfg), *was = config_to_text(&saved);
-        const char *p = now;
+        const char *p = now && was ? now : NULL; /* out of memory: list nothing */
         while (p && *p) {
             const char *nl = strchr(p, '\n');
             size_t len = nl ? (size_t)(nl - p) : strlen(p);
@@ -427,10 +470,24 @@ int ckpt_load(Trainer *tr, const char *path)
                        "checkpoint keeps one state per learner; change ranks per learner, not the learner count)",
                        path, site->name, first, first + learners - 1, site->first_learner,
                        site->first_learner + site->learners - 1);
+    const int P = tr->cfg.outer.fragments;
+    double *frag = isth_calloc((size_t)2 * P + 1, sizeof(double));
+    if (!frag) rc = isth_fail(ISTH_ERUNTIME, "out of memory reading %s", path);
+    if (rc == ISTH_OK) rc = h5_read_doubles(&f, "/state/fragments", frag, P);
+    if (rc == ISTH_OK) rc = h5_read_doubles(&f, "/state/started", frag + P, P);
+    int in_flight = 0;
+    for (int p = 0; rc == ISTH_OK && tr->outer_mode && p < P; p++) in_flight |= frag[P + p] >= 0;
     if (rc == ISTH_OK && !tr->outer_mode) {
         rc = h5_read_tensors(&f, "/model", m, m->params, select_held, m);
         if (rc == ISTH_OK) rc = h5_read_tensors(&f, "/inner/m", m, tr->opt.m, select_held, m);
         if (rc == ISTH_OK) rc = h5_read_tensors(&f, "/inner/v", m, tr->opt.v, select_held, m);
+        if (rc == ISTH_OK && reduce_any_residual(&tr->red)) {
+            float *res = isth_calloc(m->n_params, sizeof(float));
+            RSel rs = {&tr->red, reduce_has_residual(&tr->red)};
+            rc = res ? h5_read_tensors(&f, "/outer/residual", m, res, sel_owned, &rs) : ISTH_ERUNTIME;
+            if (rc == ISTH_OK) reduce_residual_import(&tr->red, res);
+            free(res);
+        }
     } else if (rc == ISTH_OK) {
         char g[64], ga[64], gm[64], gr[64];
         const int bf = tr->outer.butterfly;
@@ -440,7 +497,7 @@ int ckpt_load(Trainer *tr, const char *path)
         rc = h5_read_tensors(&f, bf ? ga : "/model", m, tr->outer.anchor, select_held, m);
         if (rc == ISTH_OK) rc = h5_read_tensors(&f, bf ? gm : "/outer/momentum", m, tr->outer.mom, select_held, m);
         if (rc == ISTH_OK) {
-            float *res = calloc(m->n_params, sizeof(float));
+            float *res = isth_calloc(m->n_params, sizeof(float));
             RSel rs = {&tr->red, reduce_has_residual(&tr->red)};
             rc = res ? h5_read_tensors(&f, bf ? gr : "/outer/residual", m, res, sel_owned, &rs) : ISTH_ERUNTIME;
             if (rc == ISTH_OK) reduce_residual_import(&tr->red, res);
@@ -452,19 +509,42 @@ int ckpt_load(Trainer *tr, const char *path)
         if (rc == ISTH_OK) rc = h5_read_tensors(&f, g, m, tr->opt.m, select_held, m);
         snprintf(g, sizeof g, "/learner_%d/inner/v", t->learner);
         if (rc == ISTH_OK) rc = h5_read_tensors(&f, g, m, tr->opt.v, select_held, m);
-        double frag[64];
-        const int P = tr->cfg.outer.fragments < 64 ? tr->cfg.outer.fragments : 64;
-        if (rc == ISTH_OK) rc = h5_read_doubles(&f, "/state/fragments", frag, P);
-        for (int p = 0; rc == ISTH_OK && p < P; p++) tr->outer.last_sync[p] = (long)frag[p];
+        /* exchanges that were in flight (drained before the checkpoint) */
+        snprintf(g, sizeof g, "/learner_%d/outer/pending", t->learner);
+        if (rc == ISTH_OK && in_flight)
+            rc = h5_read_tensors(&f, bf ? g : "/outer/pending", m, tr->outer.delta, select_held, m);
+        snprintf(g, sizeof g, "/learner_%d/outer/sent", t->learner);
+        if (rc == ISTH_OK && in_flight && bf) rc = h5_read_tensors(&f, g, m, tr->outer.sent, select_held, m);
+        for (int p = 0; rc == ISTH_OK && p < P; p++) {
+            tr->outer.last_sync[p] = (long)frag[p];
+            tr->outer.started[p] = (long)frag[P + p];
+            tr->outer.reduced[p] = tr->outer.started[p] >= 0;
+            memset(&tr->outer.pending[p], 0, sizeof tr->outer.pending[p]);
+            tr->outer.pending[p].fragment = p;
+            tr->outer.pending[p].n_sites = tr->outer.pending[p].accepted_sites = t->n_sites;
+            tr->outer.pending[p].arrived_poll = -1;
+        }
+        if (bf) tr->outer.round = (long)(step / tr->outer.H); /* rounds started by this step */
     }
+    free(frag);
     h5_close(&f);
-    /* every site must resume the same step */
-    long steps[2] = {rc == ISTH_OK ? (long)step : -1, rc == ISTH_OK ? -(long)step : 1};
-    MPI_Allreduce(MPI_IN_PLACE, steps, 2, MPI_LONG, MPI_MAX, MPI_COMM_WORLD);
-    int any_fail = rc != ISTH_OK;
-    MPI_Allreduce(MPI_IN_PLACE, &any_fail, 1, MPI_INT, MPI_LOR, MPI_COMM_WORLD);
+    /* every site must resume the same step: the site agrees on its outcome,
+     * then the sites' first ranks compare through the link */
+    int fail = rc != ISTH_OK;
+    int agreed = MPI_Allreduce(MPI_IN_PLACE, &fail, 1, MPI_INT, MPI_LOR, t->site_comm);
+    if (agreed != MPI_SUCCESS) return isth_fail(ISTH_ERUNTIME, "resume: MPI_Allreduce failed");
+    long mine[2] = {fail ? -1 : (long)step, fail}, *all = isth_malloc(sizeof mine * (size_t)t->n_sites);
+    CHECK_ALLOC(all);
+    int crc = trainer_control(tr, mine, sizeof mine, all, "resume agreement");
+    int any_fail = 0, same = 1;
+    for (int s2 = 0; crc == ISTH_OK && s2 < t->n_sites; s2++) {
+        any_fail |= all[2 * s2 + 1] != 0;
+        same &= all[2 * s2] == all[0];
+    }
+    free(all);
+    CHECK(crc);
     if (any_fail) return rc != ISTH_OK ? rc : ISTH_EINPUT;
-    if (steps[0] != -steps[1]) return isth_fail(ISTH_EINPUT, "resume: the sites' checkpoints are of different steps");
+    if (!same) return isth_fail(ISTH_EINPUT, "resume: the sites' checkpoints are of different steps");
     tr->step = (long)step;
     tr->cursor.step = (uint64_t)data_step;
     tr->tokens_seen = tokens;
@@ -515,7 +595,7 @@ int ckpt_inspect(const char *path)
             hid_t type = H5Aget_type(a);
             if (H5Tget_class(type) == H5T_STRING) {
                 size_t n = H5Tget_size(type);
-                char *s = calloc(n + 1, 1);
+                char *s = isth_calloc(n + 1, 1);
                 if (s && H5Aread(a, type, s) >= 0) printf("%-15s %s\n", names[i], s);
                 free(s);
             } else if (H5Tget_class(type) == H5T_FLOAT) {

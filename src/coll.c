@@ -1,5 +1,6 @@
 /* coll.c — see coll.h. MPI implementation (CPU backend). */
 #include "coll.h"
+#include "alloc.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -23,7 +24,7 @@ static int alltoallv_typed(Coll *c, const void *send, const int *send_counts, vo
         if (send_counts[0] && send != recv) memcpy(recv, send, (size_t)send_counts[0] * row_bytes);
         return ISTH_OK;
     }
-    int *sd = malloc(sizeof(int) * (size_t)c->size * 2), *rd = sd + c->size;
+    int *sd = isth_malloc(sizeof(int) * (size_t)c->size * 2), *rd = sd + c->size;
     CHECK_ALLOC(sd);
     int s = 0, r = 0;
     for (int i = 0; i < c->size; i++) {
@@ -38,8 +39,8 @@ static int alltoallv_typed(Coll *c, const void *send, const int *send_counts, vo
     }
     /* counts are in rows: a row type keeps them far from INT_MAX */
     MPI_Datatype row;
-    MPI_Type_contiguous(width, base, &row);
-    MPI_Type_commit(&row);
+    CHECK_MPI(MPI_Type_contiguous(width, base, &row));
+    CHECK_MPI(MPI_Type_commit(&row));
     int rc = MPI_Alltoallv(send, send_counts, sd, row, recv, recv_counts, rd, row, c->comm);
     MPI_Type_free(&row);
     free(sd);
@@ -71,16 +72,64 @@ int coll_alltoall_int(Coll *c, const int *send, int *recv)
     return ISTH_OK;
 }
 
-int coll_allreduce_sum_int(Coll *c, int *v, int n)
+int coll_allreduce_sum_int(Coll *c, int *v, size_t n)
 {
     if (c->size == 1) return ISTH_OK;
-    CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, v, n, MPI_INT, MPI_SUM, c->comm));
+    return coll_allreduce_comm(c->comm, v, n, MPI_INT, sizeof(int), MPI_SUM);
+}
+
+int coll_allreduce_sum_double(Coll *c, double *v, size_t n)
+{
+    if (c->size == 1) return ISTH_OK;
+    return coll_allreduce_comm(c->comm, v, n, MPI_DOUBLE, sizeof(double), MPI_SUM);
+}
+
+static size_t max_message = (size_t)1 << 30;
+
+void coll_set_max_message(size_t bytes) { max_message = bytes < 1024 ? 1024 : bytes; }
+size_t coll_max_message(void) { return max_message; }
+
+/* elements of `elem` bytes per piece (at least one) */
+static size_t piece_elems(size_t elem)
+{
+    const size_t n = max_message / elem;
+    return n ? n : 1;
+}
+
+int coll_allreduce_comm(MPI_Comm comm, void *buf, size_t n, MPI_Datatype type, size_t elem, MPI_Op op)
+{
+    const size_t per = piece_elems(elem);
+    for (size_t off = 0; off < n; off += per) {
+        const size_t len = n - off < per ? n - off : per;
+        CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, (char *)buf + off * elem, (int)len, type, op, comm));
+    }
     return ISTH_OK;
 }
 
-int coll_allreduce_sum_double(Coll *c, double *v, int n)
+int coll_bcast_bytes(MPI_Comm comm, void *buf, size_t bytes, int root)
 {
-    if (c->size == 1) return ISTH_OK;
-    CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, v, n, MPI_DOUBLE, MPI_SUM, c->comm));
+    const size_t per = piece_elems(1);
+    for (size_t off = 0; off < bytes; off += per) {
+        const size_t len = bytes - off < per ? bytes - off : per;
+        CHECK_MPI(MPI_Bcast((char *)buf + off, (int)len, MPI_BYTE, root, comm));
+    }
+    return ISTH_OK;
+}
+
+int coll_allgather_floats(MPI_Comm comm, const float *mine, size_t n, float *all)
+{
+    const size_t per = piece_elems(sizeof(float));
+    for (size_t off = 0; off < n; off += per) {
+        const size_t len = n - off < per ? n - off : per;
+        /* a piece of every rank's block: `len` floats, placed n floats apart */
+        MPI_Datatype piece, spaced;
+        CHECK_MPI(MPI_Type_contiguous((int)len, MPI_FLOAT, &piece));
+        CHECK_MPI(MPI_Type_create_resized(piece, 0, (MPI_Aint)(n * sizeof(float)), &spaced));
+        CHECK_MPI(MPI_Type_commit(&spaced));
+        const int rc = MPI_Allgather(mine + off, (int)len, MPI_FLOAT, all + off, 1, spaced, comm);
+        MPI_Type_free(&spaced);
+        MPI_Type_free(&piece);
+        if (rc != MPI_SUCCESS) return isth_fail(ISTH_ERUNTIME, "coll: MPI_Allgather failed (MPI error %d)", rc);
+    }
     return ISTH_OK;
 }

@@ -3,8 +3,12 @@
  * backend will implement it with NCCL.
  *
  * Owns: moving rows of floats between the ranks of one communicator
- * (variable all-to-all), small sum-reductions, and counting the bytes this
- * rank sent and received through it.
+ * (variable all-to-all), sum-reductions, and counting the bytes this rank
+ * sent and received through it; and the largest single MPI transfer
+ * ([train] mpi_piece_bytes): every transfer here and in link.c goes in
+ * pieces of at most that many bytes, so no MPI count overflows an int
+ * however large the model. The *_comm helpers serve the reducer's site and
+ * learner communicators with the same rule.
  * Must not: know what the rows mean; cross sites (learners never span sites).
  */
 #ifndef ISTHMUS_COLL_H
@@ -31,7 +35,18 @@ int coll_alltoallv_int_rows(Coll *c, const int *send, const int *send_counts, in
 /* recv[s] = what rank s put in send[me]: one int per rank. */
 int coll_alltoall_int(Coll *c, const int *send, int *recv);
 /* In-place sums over the communicator. */
-int coll_allreduce_sum_int(Coll *c, int *v, int n);
-int coll_allreduce_sum_double(Coll *c, double *v, int n);
+int coll_allreduce_sum_int(Coll *c, int *v, size_t n);
+int coll_allreduce_sum_double(Coll *c, double *v, size_t n);
+
+/* The piece size (bytes, >= 1 KiB; default 1 GiB), process-wide. */
+void coll_set_max_message(size_t bytes);
+size_t coll_max_message(void);
+
+/* Piecewise collectives on any communicator; results are identical to one
+ * call (element-wise operations, pieces in order). */
+int coll_allreduce_comm(MPI_Comm comm, void *buf, size_t n, MPI_Datatype type, size_t elem, MPI_Op op);
+int coll_bcast_bytes(MPI_Comm comm, void *buf, size_t bytes, int root);
+/* all[r * n + i] = rank r's mine[i] */
+int coll_allgather_floats(MPI_Comm comm, const float *mine, size_t n, float *all);
 
 #endif

@@ -1,5 +1,6 @@
 /* config.c — see config.h. */
 #include "config.h"
+#include "alloc.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -67,6 +68,7 @@ static const KeySpec schema[] = {
     {"train", "eval_every", KEY_INT, TR(eval_every), 0, 0, INT_MAX, 0, NULL, "0"},
     {"train", "log_every", KEY_INT, TR(log_every), 0, 1, INT_MAX, 0, NULL, "1"},
     {"train", "check_replicas", KEY_INT, TR(check_replicas), 0, 0, INT_MAX, 0, NULL, "0"},
+    {"train", "mpi_piece_bytes", KEY_LONG, TR(mpi_piece_bytes), 0, 1024, INT_MAX, 0, NULL, "1073741824"},
     {"train", "out_dir", KEY_STR, TR(out_dir), STRSZ(train.out_dir), 0, 0, 0, NULL, "run"},
 
     {"data", "dir", KEY_STR, DA(dir), STRSZ(data.dir), 0, 0, 0, NULL, ISTHMUS_DATADIR},
@@ -153,7 +155,7 @@ static int entries_put(EntryList *l, const char *section, const char *key, const
     }
     if (l->n == l->cap) {
         int cap = l->cap ? 2 * l->cap : 32;
-        Entry *v = realloc(l->v, (size_t)cap * sizeof *v);
+        Entry *v = isth_realloc(l->v, (size_t)cap * sizeof *v);
         CHECK_ALLOC(v);
         l->v = v;
         l->cap = cap;
@@ -528,7 +530,7 @@ int config_load(Config *cfg, const char *path, const char *const *overrides, int
         fclose(f);
         return isth_fail(ISTH_EINPUT, "config %s: not a regular file or larger than 16 MiB", path);
     }
-    char *text = malloc((size_t)size + 1);
+    char *text = isth_malloc((size_t)size + 1);
     if (!text) {
         fclose(f);
         return isth_fail(ISTH_ERUNTIME, "out of memory reading %s", path);
@@ -558,7 +560,7 @@ static void append(char **buf, size_t *len, size_t *cap, const char *fmt, ...)
             return;
         }
         size_t cap2 = (*cap ? *cap * 2 : 1024) + (size_t)n;
-        char *b = realloc(*buf, cap2);
+        char *b = isth_realloc(*buf, cap2);
         if (!b) return;
         *buf = b;
         *cap = cap2;

@@ -44,6 +44,7 @@ typedef struct {
     int eval_every;
     int log_every;
     int check_replicas;  /* every N steps: verify all learners hold identical models (0 = off) */
+    long mpi_piece_bytes; /* largest single MPI transfer; larger ones go in pieces */
     char out_dir[CONFIG_PATH_MAX];
 } TrainConfig;
 

@@ -1,5 +1,6 @@
 /* eval.c — see eval.h. */
 #include "eval.h"
+#include "alloc.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -24,13 +25,13 @@ int eval_corpus(const Model *m, Activations *a, const Corpus *c, size_t max_byte
     const size_t windows = (predicted + (size_t)T - 1) / (size_t)T;
     const size_t per_call = (size_t)B * G; /* windows per forward over the learner */
     const size_t calls = (windows + per_call - 1) / per_call;
-    int *tokens = malloc((size_t)B * T * sizeof(int));
-    int *targets = malloc((size_t)B * T * sizeof(int));
+    int *tokens = isth_malloc((size_t)B * T * sizeof(int));
+    int *targets = isth_malloc((size_t)B * T * sizeof(int));
     /* per-window sums: each window is scored by exactly one rank, so the
      * learner-wide sum of this array is exact and the total, added in window
      * order, does not depend on the number of ranks */
-    double *window_ce = calloc(windows + 1, sizeof(double));
-    size_t *window_n = calloc(windows + 1, sizeof(size_t));
+    double *window_ce = isth_calloc(windows + 1, sizeof(double));
+    size_t *window_n = isth_calloc(windows + 1, sizeof(size_t));
     if (!tokens || !targets || !window_ce || !window_n) {
         free(tokens);
         free(targets);

@@ -1,5 +1,6 @@
 /* h5io.c — see h5io.h. */
 #include "h5io.h"
+#include "alloc.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -167,7 +168,7 @@ int h5_attr_read_string(H5File *f, const char *obj, const char *name, char **val
     if (attr < 0) return isth_fail(ISTH_EINPUT, "file %s: missing attribute %s", f->path, name);
     hid_t type = H5Aget_type(attr);
     size_t size = H5Tget_size(type);
-    char *text = calloc(size + 1, 1);
+    char *text = isth_calloc(size + 1, 1);
     herr_t err = text ? H5Aread(attr, type, text) : -1;
     H5Tclose(type);
     H5Aclose(attr);
@@ -250,7 +251,7 @@ int h5_write_tensors(H5File *f, const char *group, const Model *m, const float *
         f->failed = 1;
         return isth_fail(ISTH_ERUNTIME, "file %s: cannot create group %s", f->tmp, group);
     }
-    float *tmp = malloc(sizeof(float) * (m->n_params + 1));
+    float *tmp = isth_malloc(sizeof(float) * (m->n_params + 1));
     int rc = tmp ? ISTH_OK : isth_fail(ISTH_ERUNTIME, "out of memory writing %s", group);
     if (!agree(f->comm, rc == ISTH_OK)) rc = ISTH_ERUNTIME;
     for (int i = 0; i < N_TENSORS && rc == ISTH_OK; i++) {
@@ -286,7 +287,7 @@ int h5_write_tensors(H5File *f, const char *group, const Model *m, const float *
 int h5_read_tensors(H5File *f, const char *group, const Model *m, float *buf, ChunkSelect sel,
                     const void *ctx)
 {
-    float *tmp = malloc(sizeof(float) * (m->n_params + 1));
+    float *tmp = isth_malloc(sizeof(float) * (m->n_params + 1));
     int rc = tmp ? ISTH_OK : isth_fail(ISTH_ERUNTIME, "out of memory reading %s", group);
     if (!agree(f->comm, rc == ISTH_OK)) rc = ISTH_ERUNTIME;
     for (int i = 0; i < N_TENSORS && rc == ISTH_OK; i++) {

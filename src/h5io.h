@@ -20,7 +20,7 @@
 
 #include "model.h"
 
-#define H5IO_FORMAT_VERSION 2
+#define H5IO_FORMAT_VERSION 3
 
 /* Does this rank transfer chunk (tensor, layer, expert)? expert = -1 for a
  * dense chunk (layer = 0 for embed and final_norm). */

@@ -1,5 +1,7 @@
 /* layers.c — see layers.h. */
 #include "layers.h"
+#include "alloc.h"
+#include "status.h"
 
 #include <cblas.h>
 #include <math.h>
@@ -46,11 +48,12 @@ void rmsnorm_forward(float *out, float *rstd, const float *inp, const float *wei
     }
 }
 
-void rmsnorm_backward(float *dinp, float *dweight, const float *dout, const float *inp,
-                      const float *weight, const float *rstd, size_t N, int D)
+int rmsnorm_backward(float *dinp, float *dweight, const float *dout, const float *inp,
+                     const float *weight, const float *rstd, size_t N, int D)
 {
     /* dweight partials over REDUCE_CHUNKS fixed token ranges, summed in order */
-    float *partial = calloc((size_t)REDUCE_CHUNKS * D, sizeof(float));
+    float *partial = isth_calloc((size_t)REDUCE_CHUNKS * D, sizeof(float));
+    CHECK_ALLOC(partial);
 #pragma omp parallel for schedule(static)
     for (int c = 0; c < REDUCE_CHUNKS; c++) {
         size_t t0 = N * (size_t)c / REDUCE_CHUNKS, t1 = N * (size_t)(c + 1) / REDUCE_CHUNKS;
@@ -71,6 +74,7 @@ void rmsnorm_backward(float *dinp, float *dweight, const float *dout, const floa
     for (int c = 0; c < REDUCE_CHUNKS; c++)
         for (int i = 0; i < D; i++) dweight[i] += partial[(size_t)c * D + i];
     free(partial);
+    return ISTH_OK;
 }
 
 void matmul_forward(float *out, const float *inp, const float *weight, size_t N, int C, int OC)

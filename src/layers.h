@@ -22,8 +22,9 @@ void encoder_backward(float *dembed, const float *dout, const int *tokens, size_
 
 /* out (N,D) = inp / sqrt(mean(inp^2) + 1e-5) * weight ; rstd (N) saved */
 void rmsnorm_forward(float *out, float *rstd, const float *inp, const float *weight, size_t N, int D);
-void rmsnorm_backward(float *dinp, float *dweight, const float *dout, const float *inp,
-                      const float *weight, const float *rstd, size_t N, int D);
+/* Returns ISTH_OK, or ISTH_ERUNTIME when its scratch cannot be allocated. */
+int rmsnorm_backward(float *dinp, float *dweight, const float *dout, const float *inp,
+                     const float *weight, const float *rstd, size_t N, int D);
 
 /* out (N,OC) = inp (N,C) . weight (C,OC)   [weights stored (in, out)] */
 void matmul_forward(float *out, const float *inp, const float *weight, size_t N, int C, int OC);

@@ -6,7 +6,10 @@
 #include <string.h>
 #include <time.h>
 
+#include "alloc.h"
 #include "codec.h"
+#include "coll.h"
+#include "fault.h"
 #include "status.h"
 
 static double now_s(void)
@@ -16,23 +19,63 @@ static double now_s(void)
     return ts.tv_sec + 1e-9 * ts.tv_nsec;
 }
 
-static int hook_value(const char *var, const char *site)
-{
-    const char *v = getenv(var);
-    if (!v || !site) return 0;
-    const char *colon = strrchr(v, ':');
-    if (!colon || (size_t)(colon - v) != strlen(site) || strncmp(v, site, strlen(site))) return 0;
-    return atoi(colon + 1);
-}
-
 void link_init(Link *l, MPI_Comm comm, double timeout_s, const char *site_name)
 {
     memset(l, 0, sizeof *l);
     l->comm = comm;
     l->timeout_s = timeout_s;
-    l->corrupt_exchange = hook_value("ISTHMUS_LINK_CORRUPT", site_name);
-    l->delay_polls = hook_value("ISTHMUS_LINK_DELAY", site_name);
-    l->mute = hook_value("ISTHMUS_LINK_MUTE", site_name);
+    l->corrupt_exchange = (int)fault_hook_for("ISTHMUS_LINK_CORRUPT", site_name);
+    l->delay_polls = (int)fault_hook_for("ISTHMUS_LINK_DELAY", site_name);
+    l->mute = (int)fault_hook_for("ISTHMUS_LINK_MUTE", site_name);
+}
+
+int link_msg_alloc(LinkMsg *m, int peer, int tag, size_t send_bytes, size_t recv_bytes, int local)
+{
+    memset(m, 0, sizeof *m);
+    m->peer = peer;
+    m->tag = tag;
+    m->send_bytes = send_bytes;
+    m->recv_bytes = recv_bytes;
+    m->local = local;
+    m->send = isth_malloc(send_bytes ? send_bytes : 1);
+    m->recv = isth_malloc(recv_bytes ? recv_bytes : 1);
+    CHECK_ALLOC(m->send);
+    CHECK_ALLOC(m->recv);
+    return ISTH_OK;
+}
+
+/* Cancel and retire n requests within a short grace period; 1 when all are
+ * retired (their buffers may be freed). */
+static int retire(MPI_Request *req, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (req[i] != MPI_REQUEST_NULL) MPI_Cancel(&req[i]);
+    const double t0 = now_s();
+    int done = 0;
+    while (!done && now_s() - t0 < 1.0) {
+        if (MPI_Testall(n, req, &done, MPI_STATUSES_IGNORE) != MPI_SUCCESS) return 0;
+        if (!done) {
+            struct timespec ts = {0, 1000000};
+            nanosleep(&ts, NULL);
+        }
+    }
+    return done;
+}
+
+void link_msg_free(LinkMsg *m)
+{
+    int free_recv = 1, free_send = 1;
+    if (m->recv_posted && !m->recv_done) free_recv = retire(m->rr, m->recv_pieces);
+    if (m->send_posted == 1) free_send = retire(m->rs, m->send_pieces);
+    if (free_recv) {
+        free(m->recv);
+        free(m->rr);
+    }
+    if (free_send) {
+        free(m->send);
+        free(m->rs);
+    }
+    memset(m, 0, sizeof *m);
 }
 
 void link_frame(unsigned char *buf, uint8_t codec, uint8_t kind, uint32_t fragment,
@@ -48,55 +91,84 @@ void link_corrupt(unsigned char *buf, size_t bytes)
     if (bytes > sizeof(LinkHeader)) buf[sizeof(LinkHeader) + (bytes - sizeof(LinkHeader)) / 2] ^= 0x5a;
 }
 
-void link_post_recv(Link *l, LinkMsg *m)
+/* Post `bytes` of buf in pieces of at most coll_max_message() bytes, in
+ * order: MPI's non-overtaking rule matches the pieces of a send with the
+ * pieces of the receive posted in the same order. */
+static int post_pieces(Link *l, unsigned char *buf, size_t bytes, int peer, int tag, int is_send,
+                       MPI_Request **req, int *pieces)
 {
-    m->recv_done = 0;
-    MPI_Irecv(m->recv, (int)m->recv_bytes, MPI_BYTE, m->peer, m->tag, l->comm, &m->rr);
+    const size_t piece = coll_max_message();
+    const int n = bytes ? (int)((bytes + piece - 1) / piece) : 1;
+    if (n > *pieces || !*req) {
+        MPI_Request *r = isth_realloc(*req, sizeof(MPI_Request) * (size_t)n);
+        CHECK_ALLOC(r);
+        *req = r;
+    }
+    *pieces = n;
+    for (int i = 0; i < n; i++) (*req)[i] = MPI_REQUEST_NULL;
+    for (int i = 0; i < n; i++) {
+        const size_t off = (size_t)i * piece, len = bytes - off < piece ? bytes - off : piece;
+        if (is_send)
+            CHECK_MPI(MPI_Isend(buf + off, (int)len, MPI_BYTE, peer, tag, l->comm, &(*req)[i]));
+        else
+            CHECK_MPI(MPI_Irecv(buf + off, (int)len, MPI_BYTE, peer, tag, l->comm, &(*req)[i]));
+    }
+    return ISTH_OK;
 }
 
-void link_post_send(Link *l, LinkMsg *m)
+int link_post_recv(Link *l, LinkMsg *m)
+{
+    m->recv_done = 0;
+    m->recv_posted = 1;
+    return post_pieces(l, m->recv, m->recv_bytes, m->peer, m->tag, 0, &m->rr, &m->recv_pieces);
+}
+
+int link_post_send(Link *l, LinkMsg *m)
 {
     LinkHeader h;
     memcpy(&h, m->send, sizeof h);
     if (l->mute && (h.kind == LINK_SITE_VALUES || h.kind == LINK_PAIR_VALUES)) { /* test hook: values never leave */
         m->send_posted = 2;
-        return;
+        return ISTH_OK;
     }
-    MPI_Isend(m->send, (int)m->send_bytes, MPI_BYTE, m->peer, m->tag, l->comm, &m->rs);
     m->send_posted = 1;
     *(m->local ? &l->intra_sent : &l->bytes_sent) += (double)m->send_bytes;
+    return post_pieces(l, m->send, m->send_bytes, m->peer, m->tag, 1, &m->rs, &m->send_pieces);
 }
 
-int link_test(Link *l, LinkMsg *const *msgs, int n)
+int link_test(Link *l, LinkMsg *const *msgs, int n, int *all)
 {
-    int all = 1;
+    *all = 1;
     for (int i = 0; i < n; i++) {
         LinkMsg *m = msgs[i];
         if (!m->recv_done) {
             int flag = 0;
-            MPI_Test(&m->rr, &flag, MPI_STATUS_IGNORE);
+            if (m->recv_posted) CHECK_MPI(MPI_Testall(m->recv_pieces, m->rr, &flag, MPI_STATUSES_IGNORE));
             if (flag) {
                 m->recv_done = 1;
                 *(m->local ? &l->intra_recv : &l->bytes_recv) += (double)m->recv_bytes;
             }
         }
-        if (!m->recv_done) all = 0;
+        if (!m->recv_done) *all = 0;
         if (m->send_posted == 1) {
             int flag = 0;
-            MPI_Test(&m->rs, &flag, MPI_STATUS_IGNORE);
+            CHECK_MPI(MPI_Testall(m->send_pieces, m->rs, &flag, MPI_STATUSES_IGNORE));
             if (flag) m->send_posted = 2;
-            else all = 0;
+            else *all = 0;
         }
     }
-    return all;
+    return ISTH_OK;
 }
 
 int link_wait(Link *l, LinkMsg *const *msgs, int n, const char *what)
 {
     for (int i = 0; i < n; i++)
-        if (!msgs[i]->send_posted) link_post_send(l, msgs[i]);
+        if (!msgs[i]->send_posted) CHECK(link_post_send(l, msgs[i]));
     const double t0 = now_s();
-    while (!link_test(l, msgs, n)) {
+    for (;;) {
+        int all;
+        CHECK(link_test(l, msgs, n, &all));
+        if (all) break;
         if (now_s() - t0 > l->timeout_s) {
             int peer = -1;
             for (int i = 0; i < n && peer < 0; i++)
@@ -125,4 +197,50 @@ const char *link_check(const unsigned char *buf, size_t bytes, uint8_t kind, uin
         return "wrong payload size";
     if (checksum64(buf + sizeof h, payload_bytes) != h.checksum) return "bad checksum";
     return NULL;
+}
+
+int link_control(Link *l, const void *mine, size_t bytes, void *all, const int *site_leaders, int n_sites,
+                 int my_site, MPI_Comm site_comm, const char *what)
+{
+    const uint64_t seq = ++l->control_seq;
+    int site_rank;
+    CHECK_MPI(MPI_Comm_rank(site_comm, &site_rank));
+    unsigned char *out = all;
+    memcpy(out + (size_t)my_site * bytes, mine, bytes);
+    int rc = ISTH_OK;
+    if (site_rank == 0 && n_sites > 1) {
+        const size_t frame = sizeof(LinkHeader) + bytes;
+        LinkMsg *msgs = isth_calloc((size_t)n_sites, sizeof(LinkMsg));
+        LinkMsg **ptrs = isth_calloc((size_t)n_sites, sizeof(LinkMsg *));
+        int n = 0;
+        if (!msgs || !ptrs) rc = isth_fail(ISTH_ERUNTIME, "link: out of memory for the %s control exchange", what);
+        for (int s = 0; s < n_sites && rc == ISTH_OK; s++) {
+            if (s == my_site) continue;
+            LinkMsg *m = &msgs[n];
+            rc = link_msg_alloc(m, site_leaders[s], LINK_TAG_CONTROL, frame, frame, 0);
+            if (rc != ISTH_OK) break;
+            ptrs[n++] = m;
+            memcpy(m->send + sizeof(LinkHeader), mine, bytes);
+            link_frame(m->send, 0, LINK_CONTROL, 0, (uint32_t)my_site, seq, bytes, bytes);
+            rc = link_post_recv(l, m);
+            if (rc == ISTH_OK) rc = link_post_send(l, m);
+            l->control_calls += 2;
+        }
+        if (rc == ISTH_OK) rc = link_wait(l, ptrs, n, what);
+        for (int i = 0, s = 0; rc == ISTH_OK && i < n; i++, s++) {
+            if (s == my_site) s++;
+            const char *bad = link_check(ptrs[i]->recv, ptrs[i]->recv_bytes, LINK_CONTROL, 0, seq, bytes, bytes);
+            LinkHeader h;
+            memcpy(&h, ptrs[i]->recv, sizeof h);
+            if (!bad && h.from_site != (uint32_t)s) bad = "from the wrong site";
+            if (bad) rc = isth_fail(ISTH_ERUNTIME, "link: %s: control frame from world rank %d rejected: %s", what,
+                                    ptrs[i]->peer, bad);
+            else memcpy(out + (size_t)s * bytes, ptrs[i]->recv + sizeof(LinkHeader), bytes);
+        }
+        for (int i = 0; i < n; i++) link_msg_free(ptrs[i]);
+        free(msgs);
+        free(ptrs);
+    }
+    CHECK(rc);
+    return coll_bcast_bytes(site_comm, all, (size_t)n_sites * bytes, 0);
 }

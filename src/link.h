@@ -2,16 +2,13 @@
  * through here.
  *
  * Owns: payload framing (a fixed header, then the encoded values), the
- * checksum check, posting non-blocking sends and receives, completing them
- * against a deadline, and the byte and wait-time accounting. It also holds
- * two test hooks, read from the environment once:
- *   ISTHMUS_LINK_CORRUPT=SITE:N   ranks of site SITE flip a byte in every
- *                                 payload of their N-th exchange (after the
- *                                 checksum is computed)
- *   ISTHMUS_LINK_DELAY=SITE:S     ranks of site SITE post their sends S
- *                                 polls (inner steps) after an exchange starts
- *   ISTHMUS_LINK_MUTE=SITE:1      ranks of site SITE never send payloads (a
- *                                 cut link; peers must hit their deadline)
+ * checksum check, posting non-blocking sends and receives in pieces of at
+ * most coll_max_message() bytes (so no MPI count overflows an int), completing
+ * them against a deadline, cancelling what a failed exchange left posted,
+ * the small blocking control exchanges between the sites' first ranks
+ * (checkpoint outcomes, the resume step, step statistics, replica checks),
+ * the byte and wait-time accounting, and the MPI tags of every message that
+ * crosses sites. Test hooks (fault.h): ISTHMUS_LINK_CORRUPT, _DELAY, _MUTE.
  * Must not: know what the values mean (see reduce.c); assume that another
  * site's ranks are in MPI_COMM_WORLD beyond the communicator it is given.
  */
@@ -26,10 +23,20 @@
 #define LINK_VERSION 1
 
 /* Header `kind`: what a frame carries (a verdict is its values kind + 1). */
-enum { LINK_SITE_VALUES = 0, LINK_SITE_VERDICT = 1, LINK_PAIR_VALUES = 2, LINK_PAIR_VERDICT = 3 };
+enum {
+    LINK_SITE_VALUES = 0,
+    LINK_SITE_VERDICT = 1,
+    LINK_PAIR_VALUES = 2,
+    LINK_PAIR_VERDICT = 3,
+    LINK_CONTROL = 4,
+};
 
-/* MPI tags: one exchange per fragment and kind is in flight at a time. */
-#define LINK_TAG(kind, fragment) (1000 + 2048 * (kind) + (fragment)) /* fragments <= layers <= 1024 */
+/* MPI tags: one exchange per fragment and kind is in flight at a time;
+ * fragments <= [model] layers <= 1024 keep the kinds' ranges apart. */
+#define LINK_MAX_FRAGMENTS 1024
+#define LINK_TAG(kind, fragment) (1000 + 2048 * (kind) + (fragment))
+#define LINK_TAG_CONTROL LINK_TAG(LINK_CONTROL, 0)
+#define LINK_TAG_SPREAD LINK_TAG(LINK_CONTROL + 1, 0) /* the butterfly spread probe */
 
 typedef struct {
     uint32_t magic;
@@ -44,13 +51,19 @@ typedef struct {
     uint64_t checksum;     /* checksum64 of the payload */
 } LinkHeader;
 
+/* One framed message each way with one peer. The pieces' requests live in
+ * rs/rr (n_pieces of each); the buffers belong to the owner of the message
+ * and are released with link_msg_free, which never frees a buffer MPI may
+ * still write. */
 typedef struct {
     int peer;              /* rank in the link communicator */
     int tag;
     unsigned char *send, *recv; /* header + payload */
     size_t send_bytes, recv_bytes;
-    MPI_Request rs, rr;
-    int send_posted, recv_done;
+    MPI_Request *rs, *rr;  /* (pieces) */
+    int send_pieces, recv_pieces;
+    int send_posted;       /* 0 not yet, 1 in flight, 2 complete (or muted) */
+    int recv_posted, recv_done;
     int local;             /* both ends in the same site: counted as intra-site */
 } LinkMsg;
 
@@ -60,6 +73,8 @@ typedef struct {
     double bytes_sent, bytes_recv; /* cumulative, this rank, between sites */
     double intra_sent, intra_recv; /* messages whose peer is in this rank's site (butterfly) */
     double wait_s;                 /* cumulative time blocked completing */
+    uint64_t control_seq;          /* control exchanges done (equal on every rank) */
+    double control_calls;          /* messages posted by control exchanges (a counter for tests) */
     int corrupt_exchange;          /* test hook: 0 = off */
     int delay_polls;               /* test hook: 0 = off */
     int mute;                      /* test hook: never send values */
@@ -68,16 +83,22 @@ typedef struct {
 /* Hooks apply when `site_name` matches the variable's SITE. */
 void link_init(Link *l, MPI_Comm comm, double timeout_s, const char *site_name);
 
+/* Allocate a message's buffers (header + payload bytes each way). */
+int link_msg_alloc(LinkMsg *m, int peer, int tag, size_t send_bytes, size_t recv_bytes, int local);
+/* Cancel what is still posted, then free the buffers (leaked instead when a
+ * request cannot be retired: MPI might still write them). */
+void link_msg_free(LinkMsg *m);
+
 /* Fill a header + checksum in front of payload (already in buf + sizeof header). */
 void link_frame(unsigned char *buf, uint8_t codec, uint8_t kind, uint32_t fragment,
                 uint32_t from_site, uint64_t exchange, uint64_t values, uint64_t payload_bytes);
 /* Test hook: corrupt one payload byte of a framed message. */
 void link_corrupt(unsigned char *buf, size_t bytes);
 
-void link_post_recv(Link *l, LinkMsg *m);
-void link_post_send(Link *l, LinkMsg *m);
-/* Make progress; returns 1 when every receive (and posted send) completed. */
-int link_test(Link *l, LinkMsg *const *msgs, int n);
+int link_post_recv(Link *l, LinkMsg *m);
+int link_post_send(Link *l, LinkMsg *m);
+/* Make progress; *all = 1 when every receive (and posted send) completed. */
+int link_test(Link *l, LinkMsg *const *msgs, int n, int *all);
 /* Complete all messages before the deadline; ISTH_ERUNTIME naming the peer
  * when it passes. Posts sends still deferred. */
 int link_wait(Link *l, LinkMsg *const *msgs, int n, const char *what);
@@ -85,5 +106,14 @@ int link_wait(Link *l, LinkMsg *const *msgs, int n, const char *what);
 /* Check a received frame. Returns NULL when valid, else the reason. */
 const char *link_check(const unsigned char *buf, size_t bytes, uint8_t kind, uint32_t fragment,
                        uint64_t exchange, uint64_t values, uint64_t payload_bytes);
+
+/* A blocking control exchange of `bytes` per site, collective over every
+ * rank of every site: each site's first rank (site_leaders[s], ranks in the
+ * link communicator) sends `mine` to the other sites' first ranks and
+ * receives theirs, framed and checked, within the deadline; then it
+ * broadcasts the gathered all[n_sites * bytes] (site order) over site_comm.
+ * Every rank passes its site's value in `mine` (the leader's is sent). */
+int link_control(Link *l, const void *mine, size_t bytes, void *all, const int *site_leaders, int n_sites,
+                 int my_site, MPI_Comm site_comm, const char *what);
 
 #endif

@@ -17,6 +17,7 @@
 #include "coll.h"
 #include "config.h"
 #include "eval.h"
+#include "fault.h"
 #include "h5io.h"
 #include "metrics.h"
 #include "status.h"
@@ -303,9 +304,10 @@ int main(int argc, char **argv)
     int world_size;
     MPI_Comm_size(MPI_COMM_WORLD, &world_size);
     status_set_quiet(rank != 0);
-    if (world_size > 1 && rank > 0) status_set_rank(rank);
-    int rc;
-    if (argc < 2) {
+    status_set_rank(rank, world_size);
+    int rc = fault_mpi_errors_return(MPI_COMM_WORLD);
+    if (rc != ISTH_OK) {
+    } else if (argc < 2) {
         fputs(usage_main, stderr);
         rc = ISTH_EINPUT;
     } else if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
@@ -324,6 +326,8 @@ int main(int argc, char **argv)
     } else {
         rc = isth_fail(ISTH_EINPUT, "unknown command '%s' (try isthmus --help)", argv[1]);
     }
+    /* a runtime failure on one rank must not leave the others waiting */
+    rc = fault_end_job(rc);
     MPI_Finalize();
     return rc;
 }

@@ -1,5 +1,6 @@
 /* model.c — see model.h. */
 #include "model.h"
+#include "alloc.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -55,8 +56,8 @@ int model_create(Model *m, const ModelConfig *cfg, int expert_begin, int experts
         offset += (t[i].numel + 15) & ~(size_t)15;
     }
     m->n_params = offset;
-    m->params = aligned_alloc(64, m->n_params * sizeof(float));
-    m->grads = aligned_alloc(64, m->n_params * sizeof(float));
+    m->params = isth_aligned_alloc(64, m->n_params * sizeof(float));
+    m->grads = isth_aligned_alloc(64, m->n_params * sizeof(float));
     if (!m->params || !m->grads) {
         model_destroy(m);
         return isth_fail(ISTH_ERUNTIME, "out of memory for %zu parameters", m->n_params);

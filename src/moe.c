@@ -84,25 +84,24 @@ void moe_send_order(int *send_copy, int *copy_slot, int *send_counts, const int 
 int moe_plan(const int *experts, int n, int El, int capacity, int *row_of, int *row_src,
              int *expert_start, int *dropped)
 {
-    int *count = calloc((size_t)El, sizeof(int));
+    /* expert_start[e + 1] counts expert e's rows, then becomes the prefix sum */
+    for (int e = 0; e <= El; e++) expert_start[e] = 0;
     *dropped = 0;
     for (int i = 0; i < n; i++) { /* arrival order = (source, position) */
-        int e = experts[i];
-        if (capacity >= 0 && count[e] >= capacity) {
+        int *count = &expert_start[experts[i] + 1];
+        if (capacity >= 0 && *count >= capacity) {
             row_of[i] = -1;
             (*dropped)++;
         } else {
-            row_of[i] = count[e]++; /* index within the expert for now */
+            row_of[i] = (*count)++; /* index within the expert for now */
         }
     }
-    expert_start[0] = 0;
-    for (int e = 0; e < El; e++) expert_start[e + 1] = expert_start[e] + count[e];
+    for (int e = 0; e < El; e++) expert_start[e + 1] += expert_start[e];
     for (int i = 0; i < n; i++) {
         if (row_of[i] < 0) continue;
         row_of[i] += expert_start[experts[i]];
         row_src[row_of[i]] = i;
     }
-    free(count);
     return expert_start[El];
 }
 
@@ -123,12 +122,9 @@ double moe_z_loss(const float *lse, size_t N, double coef)
 void moe_balance_backward(float *dprobs, const double *frac, size_t N, int E, double coef, float scale)
 {
     /* d/dp_{t,e} [coef E sum_e f_e (1/N) sum_t p_{t,e}] = coef E f_e / N */
-    float *g = malloc((size_t)E * sizeof(float));
-    for (int e = 0; e < E; e++) g[e] = (float)(scale * coef * E * frac[e] / (double)N);
 #pragma omp parallel for schedule(static)
     for (size_t t = 0; t < N; t++)
-        for (int e = 0; e < E; e++) dprobs[t * E + e] += g[e];
-    free(g);
+        for (int e = 0; e < E; e++) dprobs[t * E + e] += (float)(scale * coef * E * frac[e] / (double)N);
 }
 
 void router_softmax_backward(float *dlogits, const float *dprobs, const float *probs,

@@ -1,5 +1,6 @@
 /* optim.c — see optim.h. */
 #include "optim.h"
+#include "alloc.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -11,8 +12,8 @@ int adamw_create(AdamW *opt, size_t n)
 {
     opt->n = n;
     opt->t = 0;
-    opt->m = calloc(n, sizeof(float));
-    opt->v = calloc(n, sizeof(float));
+    opt->m = isth_calloc(n, sizeof(float));
+    opt->v = isth_calloc(n, sizeof(float));
     if (!opt->m || !opt->v) {
         adamw_destroy(opt);
         return isth_fail(ISTH_ERUNTIME, "out of memory for optimizer state (%zu params)", n);

@@ -1,5 +1,6 @@
 /* outer.c — see outer.h. */
 #include "outer.h"
+#include "alloc.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,13 +29,17 @@ int outer_create(Outer *o, const OuterConfig *cfg, const Model *m, double learne
     o->momentum = cfg->momentum;
     o->alpha = o->streaming ? cfg->merge_alpha : 0.0;
     o->learner_weight = learner_weight;
-    o->anchor = malloc(sizeof(float) * m->n_params);
-    o->mom = calloc(m->n_params, sizeof(float));
-    o->delta = calloc(m->n_params, sizeof(float));
-    o->started = malloc(sizeof(long) * (size_t)o->P);
-    o->sent = calloc(m->n_params, sizeof(float));
-    o->last_sync = calloc((size_t)o->P, sizeof(long));
-    if (!o->anchor || !o->mom || !o->delta || !o->started || !o->last_sync || !o->sent) {
+    o->anchor = isth_malloc(sizeof(float) * m->n_params);
+    o->mom = isth_calloc(m->n_params, sizeof(float));
+    o->delta = isth_calloc(m->n_params, sizeof(float));
+    o->started = isth_malloc(sizeof(long) * (size_t)o->P);
+    o->sent = isth_calloc(m->n_params, sizeof(float));
+    o->last_sync = isth_calloc((size_t)o->P, sizeof(long));
+    o->reduced = isth_calloc((size_t)o->P, sizeof(int));
+    o->pending = isth_calloc((size_t)o->P, sizeof(ReduceReport));
+    o->pending_dist = isth_calloc((size_t)o->P, sizeof(double));
+    if (!o->anchor || !o->mom || !o->delta || !o->started || !o->last_sync || !o->sent || !o->reduced || !o->pending ||
+        !o->pending_dist) {
         outer_destroy(o);
         return isth_fail(ISTH_ERUNTIME, "out of memory for the outer state");
     }
@@ -50,6 +55,9 @@ void outer_destroy(Outer *o)
     free(o->delta);
     free(o->started);
     free(o->last_sync);
+    free(o->reduced);
+    free(o->pending);
+    free(o->pending_dist);
     free(o->sent);
     free(o->weights);
     spread_destroy(&o->spread);
@@ -76,7 +84,9 @@ static int start_fragment(Outer *o, Reducer *r, const Model *m, int p, long step
 static int finish_fragment(Outer *o, Reducer *r, Model *m, int p, long step, double alpha, Metrics *mt, int log)
 {
     ReduceReport rep;
-    CHECK(reduce_finish(r, p, o->delta, &rep));
+    if (o->reduced[p]) rep = o->pending[p]; /* completed early by outer_drain */
+    else CHECK(reduce_finish(r, p, o->delta, &rep));
+    o->reduced[p] = 0;
     const size_t *off, *len;
     int n;
     reduce_fragment_runs(r, p, &off, &len, &n);
@@ -102,7 +112,7 @@ int outer_set_butterfly(Outer *o, Reducer *r, int learner, int n_learners, const
     o->n_learners = n_learners;
     o->k = 0;
     while ((1 << o->k) < n_learners) o->k++;
-    o->weights = malloc(sizeof(double) * (size_t)n_learners);
+    o->weights = isth_malloc(sizeof(double) * (size_t)n_learners);
     CHECK_ALLOC(o->weights);
     memcpy(o->weights, weights, sizeof(double) * (size_t)n_learners);
     CHECK(spread_create(&o->spread, r->topo, r->model, r->world, weights));
@@ -138,11 +148,29 @@ static int mix_begin(Outer *o, Reducer *r, const Model *m, int f, long round, lo
 }
 
 /* keep_local: add the progress made since the fragment was sent */
+/* Complete round `round`'s exchange of fragment f (the network part); the
+ * stop vote rides on its verdicts. */
+static int mix_complete(Outer *o, Reducer *r, int f, long round, ReduceReport *rep, double *dist)
+{
+    if (r->stop_request && r->stop_round < 0) r->stop_round = round; /* raised in this round */
+    CHECK(mix_finish(r, f, o->delta, rep, dist));
+    /* a stop raised in round m has reached every learner after round
+     * m + k - 1 (one round per bit): all decide then, at the same step */
+    if (r->stop_round >= 0 && round >= r->stop_round + o->k - 1) r->stop_agreed = 1;
+    return ISTH_OK;
+}
+
 static int mix_end(Outer *o, Reducer *r, Model *m, int f, long round, long step, int keep_local, Metrics *mt, int log)
 {
     ReduceReport rep;
     double dist = 0.0;
-    CHECK(mix_finish(r, f, o->delta, &rep, &dist));
+    if (o->reduced[f]) { /* completed early by outer_drain */
+        rep = o->pending[f];
+        dist = o->pending_dist[f];
+    } else {
+        CHECK(mix_complete(o, r, f, round, &rep, &dist));
+    }
+    o->reduced[f] = 0;
     const size_t *off, *len;
     int n;
     reduce_fragment_runs(r, f, &off, &len, &n);
@@ -182,7 +210,7 @@ static int butterfly_after_step(Outer *o, Reducer *r, Model *m, long step, Metri
         o->round = round + 1;
         if (o->tau == 0) CHECK(mix_end(o, r, m, f, round, step, 1, mt, log));
     }
-    reduce_poll(r);
+    CHECK(reduce_poll(r));
     return spread_poll(&o->spread, mt);
 }
 
@@ -198,7 +226,18 @@ int outer_after_step(Outer *o, Reducer *r, Model *m, long step, Metrics *mt, int
             if (o->tau == 0) CHECK(finish_fragment(o, r, m, p, step, o->alpha, mt, log));
         }
     }
-    reduce_poll(r);
+    return reduce_poll(r);
+}
+
+int outer_drain(Outer *o, Reducer *r, Model *m)
+{
+    (void)m;
+    for (int p = 0; p < o->P; p++) {
+        if (o->started[p] < 0 || o->reduced[p]) continue;
+        if (o->butterfly) CHECK(mix_complete(o, r, p, o->round - 1, &o->pending[p], &o->pending_dist[p]));
+        else CHECK(reduce_finish(r, p, o->delta, &o->pending[p]));
+        o->reduced[p] = 1;
+    }
     return ISTH_OK;
 }
 

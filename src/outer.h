@@ -49,6 +49,10 @@ typedef struct {
     float *anchor, *mom, *delta; /* (n_params) */
     long *started;             /* per fragment: inner step its exchange started, -1 if idle */
     long *last_sync;           /* per fragment: inner step of its last start */
+    int *reduced;              /* per fragment: its exchange completed early (outer_drain); the
+                                * result waits in delta until the fragment's own finishing step */
+    ReduceReport *pending;     /* per fragment: the report of that exchange */
+    double *pending_dist;      /* butterfly: its pair distance */
     long outer_steps;          /* outer updates applied (all fragments) */
 } Outer;
 
@@ -69,6 +73,12 @@ void outer_destroy(Outer *o);
 /* After inner step `step` (1-based): finish exchanges due, start the ones
  * scheduled. Outer events are logged through `mt` when `log`. */
 int outer_after_step(Outer *o, Reducer *r, Model *m, long step, Metrics *mt, int log);
+
+/* Before a checkpoint: complete every exchange in flight now (its result is
+ * kept in delta and applied at its scheduled step, as without a
+ * checkpoint), so that the state is a set of buffers: a checkpoint at any
+ * step, and a restart that continues bit for bit. */
+int outer_drain(Outer *o, Reducer *r, Model *m);
 
 /* End of training: finish what is in flight, one last outer step for every
  * fragment with local progress, theta = anchor everywhere. */

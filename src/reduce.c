@@ -2,12 +2,19 @@
 #include "reduce.h"
 
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "alloc.h"
+#include "coll.h"
 #include "optim.h"
 #include "status.h"
+
+/* A site verdict: one byte per site (its payload accepted), then one byte
+ * "go on" (0: this site asks every site to stop). */
+static size_t site_verdict_bytes(const Topology *t) { return (size_t)t->n_sites + 1; }
 
 int fragment_of(int tensor, int layer, int layers, int fragments)
 {
@@ -29,7 +36,7 @@ static int build_chunks(Reducer *r)
         int layers = (x->flags & PARAM_LAYERED) ? L : 1;
         n += (x->flags & PARAM_EXPERT) ? layers * E : layers;
     }
-    r->chunks = malloc(sizeof(Chunk) * (size_t)n);
+    r->chunks = isth_malloc(sizeof(Chunk) * (size_t)n);
     CHECK_ALLOC(r->chunks);
     r->n_chunks = n;
     n = 0;
@@ -56,9 +63,9 @@ static int chunk_owner(Reducer *r, int c, int G)
     if (ch->expert >= 0) return ch->expert / (r->model->cfg.experts / G);
     for (int i = 0; i < r->n_dense_cache; i++)
         if (r->dense_G[i] == G) return r->dense_owner[i][c];
-    if (r->n_dense_cache == 16) return -1;
-    int *owner = malloc(sizeof(int) * (size_t)r->n_chunks);
-    double *load = calloc((size_t)G, sizeof(double));
+    if (r->n_dense_cache == REDUCE_MAX_LEARNER_SIZES) return -1; /* cannot happen: one size per site */
+    int *owner = isth_malloc(sizeof(int) * (size_t)r->n_chunks);
+    double *load = isth_calloc((size_t)G, sizeof(double));
     if (!owner || !load) {
         free(owner);
         free(load);
@@ -106,7 +113,7 @@ static int holds(const Reducer *r, int c)
 static int build_peer(Reducer *r, const FragPlan *fp, Peer *p, int G, int j, int world, int site, int f,
                       Codec codec, uint8_t values_kind, size_t verdict_bytes, int local)
 {
-    p->chunks = malloc(sizeof(int) * (size_t)(fp->n_owned + 1));
+    p->chunks = isth_malloc(sizeof(int) * (size_t)(fp->n_owned + 1));
     if (!p->chunks) return -1;
     for (int k = 0; k < fp->n_owned; k++) {
         const int owner = chunk_owner(r, fp->owned[k], G);
@@ -124,15 +131,9 @@ static int build_peer(Reducer *r, const FragPlan *fp, Peer *p, int G, int j, int
     p->world_rank = world;
     p->site = site;
     const size_t bytes = sizeof(LinkHeader) + p->enc_bytes, vbytes = sizeof(LinkHeader) + verdict_bytes;
-    p->msg = (LinkMsg){.peer = world, .tag = LINK_TAG(values_kind, f), .send_bytes = bytes, .recv_bytes = bytes,
-                       .local = local};
-    p->verdict = (LinkMsg){.peer = world, .tag = LINK_TAG(values_kind + 1, f), .send_bytes = vbytes,
-                           .recv_bytes = vbytes, .local = local};
-    p->msg.send = malloc(bytes);
-    p->msg.recv = malloc(bytes);
-    p->verdict.send = malloc(vbytes);
-    p->verdict.recv = malloc(vbytes);
-    return p->msg.send && p->msg.recv && p->verdict.send && p->verdict.recv ? 1 : -1;
+    if (link_msg_alloc(&p->msg, world, LINK_TAG(values_kind, f), bytes, bytes, local) != ISTH_OK) return -1;
+    if (link_msg_alloc(&p->verdict, world, LINK_TAG(values_kind + 1, f), vbytes, vbytes, local) != ISTH_OK) return -1;
+    return 1;
 }
 
 static int build_fragment(Reducer *r, int f)
@@ -140,12 +141,12 @@ static int build_fragment(Reducer *r, int f)
     const Topology *t = r->topo;
     FragPlan *fp = &r->frag[f];
     const int G = t->learner_size;
-    fp->owned = malloc(sizeof(int) * (size_t)r->n_chunks);
-    fp->packed_off = malloc(sizeof(size_t) * (size_t)r->n_chunks);
-    fp->enc_off = malloc(sizeof(size_t) * (size_t)r->n_chunks);
-    fp->held_off = malloc(sizeof(size_t) * (size_t)r->n_chunks);
-    fp->held_len = malloc(sizeof(size_t) * (size_t)r->n_chunks);
-    fp->dense_chunks = malloc(sizeof(int) * (size_t)r->n_chunks);
+    fp->owned = isth_malloc(sizeof(int) * (size_t)r->n_chunks);
+    fp->packed_off = isth_malloc(sizeof(size_t) * (size_t)r->n_chunks);
+    fp->enc_off = isth_malloc(sizeof(size_t) * (size_t)r->n_chunks);
+    fp->held_off = isth_malloc(sizeof(size_t) * (size_t)r->n_chunks);
+    fp->held_len = isth_malloc(sizeof(size_t) * (size_t)r->n_chunks);
+    fp->dense_chunks = isth_malloc(sizeof(int) * (size_t)r->n_chunks);
     CHECK_ALLOC(fp->owned);
     CHECK_ALLOC(fp->packed_off);
     CHECK_ALLOC(fp->enc_off);
@@ -176,11 +177,11 @@ static int build_fragment(Reducer *r, int f)
     }
     const SiteInfo *site = &t->sites[t->site];
     const size_t sz = fp->size ? fp->size : 1;
-    fp->staging = malloc(sizeof(float) * sz * (size_t)t->n_sites);
-    fp->gather = site->learners > 1 ? malloc(sizeof(float) * sz * (size_t)site->learners) : NULL;
-    fp->scratch = malloc(sizeof(float) * max_chunk);
-    fp->enc = malloc(fp->enc_size + 1);
-    fp->dense_buf = malloc(sizeof(float) * (fp->dense_size + 1));
+    fp->staging = isth_malloc(sizeof(float) * sz * (size_t)t->n_sites);
+    fp->gather = site->learners > 1 ? isth_malloc(sizeof(float) * sz * (size_t)site->learners) : NULL;
+    fp->scratch = isth_malloc(sizeof(float) * max_chunk);
+    fp->enc = isth_malloc(fp->enc_size + 1);
+    fp->dense_buf = isth_malloc(sizeof(float) * (fp->dense_size + 1));
     CHECK_ALLOC(fp->staging);
     CHECK_ALLOC(fp->scratch);
     CHECK_ALLOC(fp->enc);
@@ -189,25 +190,24 @@ static int build_fragment(Reducer *r, int f)
     if (!r->leader || t->n_sites == 1) return ISTH_OK;
 
     if (r->error_feedback) {
-        fp->residual = calloc(sz, sizeof(float));
+        fp->residual = isth_calloc(sz, sizeof(float));
         CHECK_ALLOC(fp->residual);
     }
     int max_peers = 0;
     for (int s = 0; s < t->n_sites; s++)
         if (s != t->site) max_peers += t->sites[s].learner_ranks;
-    fp->peers = calloc((size_t)max_peers + 1, sizeof(Peer));
+    fp->peers = isth_calloc((size_t)max_peers + 1, sizeof(Peer));
     CHECK_ALLOC(fp->peers);
     for (int s = 0; s < t->n_sites; s++) {
         if (s == t->site) continue;
         const SiteInfo *o = &t->sites[s];
         for (int j = 0; j < o->learner_ranks; j++) {
             const int got = build_peer(r, fp, &fp->peers[fp->n_peers], o->learner_ranks, j, o->first_rank + j, s, f,
-                                       r->codec, LINK_SITE_VALUES, (size_t)t->n_sites, 0);
+                                       r->codec, LINK_SITE_VALUES, site_verdict_bytes(t), 0);
             if (got < 0) return isth_fail(ISTH_ERUNTIME, "reduce: out of memory for exchange plans");
             fp->n_peers += got;
         }
     }
-    if (fp->n_peers > 256) return isth_fail(ISTH_EINPUT, "layout: more than 256 peer ranks per exchange are not supported");
     return ISTH_OK;
 }
 
@@ -223,44 +223,42 @@ int reducer_create(Reducer *r, const Topology *t, const Model *m, int fragments,
     r->error_feedback = error_feedback && codec != CODEC_NONE;
     r->world = world;
     r->site_peers = MPI_COMM_NULL;
+    r->stop_round = -1;
     r->leader = t->learner == t->sites[t->site].first_learner;
     link_init(&r->link, world, timeout_s, t->sites[t->site].name);
-    CHECK_MPI(MPI_Comm_split(world, t->site * 65536 + t->learner_rank, t->learner, &r->site_peers));
-    r->site_weight = malloc(sizeof(double) * (size_t)t->n_sites);
+    CHECK_MPI(MPI_Comm_split(world, t->site * t->world_size + t->learner_rank, t->learner, &r->site_peers));
+    r->site_weight = isth_malloc(sizeof(double) * (size_t)t->n_sites);
     CHECK_ALLOC(r->site_weight);
     for (int s = 0; s < t->n_sites; s++)
         r->site_weight[s] = t->sites[s].tokens_per_step * t->sites[s].learners / t->total_tokens_per_step;
     CHECK(build_chunks(r));
-    r->frag = calloc((size_t)fragments, sizeof(FragPlan));
+    r->frag = isth_calloc((size_t)fragments, sizeof(FragPlan));
     CHECK_ALLOC(r->frag);
     for (int f = 0; f < fragments; f++) CHECK(build_fragment(r, f));
     return ISTH_OK;
+}
+
+/* Messages still posted (a failed exchange) are cancelled before their
+ * buffers go (link_msg_free). */
+static void free_peer(Peer *p)
+{
+    free(p->chunks);
+    link_msg_free(&p->msg);
+    link_msg_free(&p->verdict);
 }
 
 void reducer_destroy(Reducer *r)
 {
     for (int f = 0; r->frag && f < r->fragments; f++) {
         FragPlan *fp = &r->frag[f];
-        for (int i = 0; i < fp->n_peers; i++) {
-            free(fp->peers[i].chunks);
-            free(fp->peers[i].msg.send);
-            free(fp->peers[i].msg.recv);
-            free(fp->peers[i].verdict.send);
-            free(fp->peers[i].verdict.recv);
-        }
+        for (int i = 0; i < fp->n_peers; i++) free_peer(&fp->peers[i]);
         void *bufs[] = {fp->owned, fp->packed_off, fp->enc_off, fp->held_off, fp->held_len, fp->dense_chunks,
                         fp->peers, fp->staging, fp->gather, fp->residual, fp->scratch, fp->enc, fp->dense_buf};
         for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) free(bufs[i]);
     }
     for (size_t i = 0; r->pairs && i < (size_t)r->fragments * 64; i++) {
         PairPlan *pp = &r->pairs[i];
-        for (int j = 0; j < pp->n_peers; j++) {
-            free(pp->peers[j].chunks);
-            free(pp->peers[j].msg.send);
-            free(pp->peers[j].msg.recv);
-            free(pp->peers[j].verdict.send);
-            free(pp->peers[j].verdict.recv);
-        }
+        for (int j = 0; j < pp->n_peers; j++) free_peer(&pp->peers[j]);
         free(pp->peers);
         free(pp->raw_off);
         free(pp->mine);
@@ -302,8 +300,8 @@ static int learner_sum_dense(Reducer *r, FragPlan *fp, float *local)
         memcpy(fp->dense_buf + k, local + chunk_offset(r, c), r->chunks[c].size * sizeof(float));
         k += r->chunks[c].size;
     }
-    CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, fp->dense_buf, (int)fp->dense_size, MPI_FLOAT, MPI_SUM,
-                            r->topo->learner_comm));
+    CHECK(coll_allreduce_comm(r->topo->learner_comm, fp->dense_buf, fp->dense_size, MPI_FLOAT, sizeof(float),
+                              MPI_SUM));
     k = 0;
     for (int i = 0; i < fp->n_dense; i++) {
         const int c = fp->dense_chunks[i];
@@ -321,8 +319,8 @@ typedef struct {
 } Encoded;
 
 /* Frame the encoded chunks each peer owns and post the exchange. */
-static void post_payloads(Reducer *r, FragPlan *fp, Encoded enc, Peer *peers, int n, uint8_t kind, int f,
-                          uint32_t from, uint64_t exchange, int send_now)
+static int post_payloads(Reducer *r, FragPlan *fp, Encoded enc, Peer *peers, int n, uint8_t kind, int f,
+                         uint32_t from, uint64_t exchange, int send_now)
 {
     const int corrupt = r->link.corrupt_exchange && (uint64_t)r->link.corrupt_exchange == exchange;
     for (int i = 0; i < n; i++) {
@@ -337,9 +335,10 @@ static void post_payloads(Reducer *r, FragPlan *fp, Encoded enc, Peer *peers, in
         link_frame(p->msg.send, (uint8_t)enc.codec, kind, (uint32_t)f, from, exchange, p->values, p->enc_bytes);
         if (corrupt) link_corrupt(p->msg.send, p->msg.send_bytes);
         p->msg.send_posted = 0;
-        link_post_recv(&r->link, &p->msg);
-        if (send_now) link_post_send(&r->link, &p->msg);
+        CHECK(link_post_recv(&r->link, &p->msg));
+        if (send_now) CHECK(link_post_send(&r->link, &p->msg));
     }
+    return ISTH_OK;
 }
 
 /* Check a peer's frame and decode its chunks into dst (packed owned layout).
@@ -388,8 +387,7 @@ int reduce_start(Reducer *r, int f, float *buf, int kind)
         memcpy(mine + fp->packed_off[k], buf + chunk_offset(r, fp->owned[k]),
                r->chunks[fp->owned[k]].size * sizeof(float));
     if (site->learners > 1) {
-        CHECK_MPI(MPI_Allgather(mine, (int)fp->size, MPI_FLOAT, fp->gather, (int)fp->size, MPI_FLOAT,
-                                r->site_peers));
+        CHECK(coll_allgather_floats(r->site_peers, mine, fp->size, fp->gather));
         for (size_t i = 0; i < fp->size; i++) {
             float s = 0.0f;
             for (int l = 0; l < site->learners; l++) s += fp->gather[(size_t)l * fp->size + i];
@@ -409,51 +407,61 @@ int reduce_start(Reducer *r, int f, float *buf, int kind)
         fp->err2 += e2;
         fp->norm2 += n2;
     }
-    post_payloads(r, fp, (Encoded){r->codec, fp->enc, fp->enc_off}, fp->peers, fp->n_peers, LINK_SITE_VALUES, f,
-                  (uint32_t)t->site, fp->exchange, !r->link.delay_polls);
+    CHECK(post_payloads(r, fp, (Encoded){r->codec, fp->enc, fp->enc_off}, fp->peers, fp->n_peers, LINK_SITE_VALUES,
+                        f, (uint32_t)t->site, fp->exchange, !r->link.delay_polls));
     fp->sends_deferred = r->link.delay_polls > 0;
     fp->sent_poll = 0;
     return ISTH_OK;
 }
 
-void mix_poll(Reducer *r);
-static int peers_arrived(Reducer *r, Peer *peers, int n);
+static int mix_poll(Reducer *r);
+static int peers_arrived(Reducer *r, Peer *peers, int n, int *arrived);
 
-void reduce_poll(Reducer *r)
+int reduce_poll(Reducer *r)
 {
-    mix_poll(r);
+    CHECK(mix_poll(r));
     for (int f = 0; f < r->fragments; f++) {
         FragPlan *fp = &r->frag[f];
         if (!fp->in_flight || !fp->n_peers) continue;
         fp->polls++;
         if (fp->sends_deferred && fp->polls >= r->link.delay_polls) {
-            for (int i = 0; i < fp->n_peers; i++) link_post_send(&r->link, &fp->peers[i].msg);
+            for (int i = 0; i < fp->n_peers; i++) CHECK(link_post_send(&r->link, &fp->peers[i].msg));
             fp->sends_deferred = 0;
             fp->sent_poll = fp->polls;
         }
-        if (fp->arrived_poll < 0 && peers_arrived(r, fp->peers, fp->n_peers)) fp->arrived_poll = fp->polls;
+        int arrived = 0;
+        if (fp->arrived_poll < 0) CHECK(peers_arrived(r, fp->peers, fp->n_peers, &arrived));
+        if (arrived) fp->arrived_poll = fp->polls;
     }
+    return ISTH_OK;
 }
 
-/* The value (or verdict) messages of n <= 256 peers, for the link calls. */
-static void peer_msgs(Peer *peers, int n, int verdict, LinkMsg **msgs)
+/* The value (or verdict) messages of n peers, for the link calls
+ * (the caller frees the array). */
+static LinkMsg **peer_msgs(Peer *peers, int n, int verdict)
 {
-    for (int i = 0; i < n; i++) msgs[i] = verdict ? &peers[i].verdict : &peers[i].msg;
+    LinkMsg **msgs = isth_malloc(sizeof(LinkMsg *) * (size_t)(n + 1));
+    for (int i = 0; msgs && i < n; i++) msgs[i] = verdict ? &peers[i].verdict : &peers[i].msg;
+    return msgs;
 }
 
 /* Complete them against the deadline. */
 static int wait_peers(Reducer *r, Peer *peers, int n, int verdict, const char *what)
 {
-    LinkMsg *msgs[256];
-    peer_msgs(peers, n, verdict, msgs);
-    return link_wait(&r->link, msgs, n, what);
+    LinkMsg **msgs = peer_msgs(peers, n, verdict);
+    CHECK_ALLOC(msgs);
+    const int rc = link_wait(&r->link, msgs, n, what);
+    free(msgs);
+    return rc;
 }
 
-static int peers_arrived(Reducer *r, Peer *peers, int n)
+static int peers_arrived(Reducer *r, Peer *peers, int n, int *arrived)
 {
-    LinkMsg *msgs[256];
-    peer_msgs(peers, n, 0, msgs);
-    return link_test(&r->link, msgs, n);
+    LinkMsg **msgs = peer_msgs(peers, n, 0);
+    CHECK_ALLOC(msgs);
+    const int rc = link_test(&r->link, msgs, n, arrived);
+    free(msgs);
+    return rc;
 }
 
 static void append_reason(char *buf, size_t cap, const char *site, const char *why)
@@ -463,35 +471,38 @@ static void append_reason(char *buf, size_t cap, const char *site, const char *w
     snprintf(buf + n, cap - n, "%s%s: %s", n ? "; " : "", site, why);
 }
 
-/* (4) verdicts: which sites' payloads every site accepted */
+/* (4) verdicts: which sites' payloads every site accepted; the stop vote
+ * rides along (ok[n_sites] = 0 when a site asks to stop). */
 static int agree(Reducer *r, FragPlan *fp, int f, unsigned char *ok)
 {
     const Topology *t = r->topo;
-    CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, ok, t->n_sites, MPI_UNSIGNED_CHAR, MPI_MIN, t->site_comm));
+    const size_t nv = site_verdict_bytes(t);
+    ok[t->n_sites] = !r->stop_request;
+    CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, ok, (int)nv, MPI_UNSIGNED_CHAR, MPI_MIN, t->site_comm));
     if (r->leader && fp->n_peers) {
         for (int i = 0; i < fp->n_peers; i++) {
             Peer *p = &fp->peers[i];
-            memcpy(p->verdict.send + sizeof(LinkHeader), ok, (size_t)t->n_sites);
-            link_frame(p->verdict.send, 0, LINK_SITE_VERDICT, (uint32_t)f, (uint32_t)t->site, fp->exchange, (uint64_t)t->n_sites,
-                       (uint64_t)t->n_sites);
+            memcpy(p->verdict.send + sizeof(LinkHeader), ok, nv);
+            link_frame(p->verdict.send, 0, LINK_SITE_VERDICT, (uint32_t)f, (uint32_t)t->site, fp->exchange, nv, nv);
             p->verdict.send_posted = 0;
-            link_post_recv(&r->link, &p->verdict);
-            link_post_send(&r->link, &p->verdict);
+            CHECK(link_post_recv(&r->link, &p->verdict));
+            CHECK(link_post_send(&r->link, &p->verdict));
         }
         CHECK(wait_peers(r, fp->peers, fp->n_peers, 1, "verdict exchange"));
         for (int i = 0; i < fp->n_peers; i++) {
             const unsigned char *v = fp->peers[i].verdict.recv;
             const char *bad = link_check(v, fp->peers[i].verdict.recv_bytes, LINK_SITE_VERDICT, (uint32_t)f, fp->exchange,
-                                         (uint64_t)t->n_sites, (uint64_t)t->n_sites);
+                                         nv, nv);
             if (bad) { /* a verdict we cannot read: trust nobody's payload but our own */
                 for (int s = 0; s < t->n_sites; s++)
                     if (s != t->site) ok[s] = 0;
                 continue;
             }
-            for (int s = 0; s < t->n_sites; s++) ok[s] &= v[sizeof(LinkHeader) + s];
+            for (size_t s = 0; s < nv; s++) ok[s] &= v[sizeof(LinkHeader) + s];
         }
     }
-    CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, ok, t->n_sites, MPI_UNSIGNED_CHAR, MPI_MIN, t->site_comm));
+    CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, ok, (int)nv, MPI_UNSIGNED_CHAR, MPI_MIN, t->site_comm));
+    if (!ok[t->n_sites]) r->stop_agreed = 1;
     return ISTH_OK;
 }
 
@@ -521,7 +532,7 @@ int reduce_finish(Reducer *r, int f, float *buf, ReduceReport *rep)
     if (t->n_learners - 1 > r->max_peer_learners) r->max_peer_learners = t->n_learners - 1;
     float *total = fp->staging + (size_t)t->site * fp->size; /* my site's sum, then the total */
     if (t->n_sites > 1) {
-        unsigned char ok[CONFIG_MAX_SITES];
+        unsigned char ok[CONFIG_MAX_SITES + 1];
         memset(ok, 1, sizeof ok);
         if (r->leader && fp->n_peers) {
             CHECK(wait_peers(r, fp->peers, fp->n_peers, 0, "payload exchange"));
@@ -563,7 +574,7 @@ int reduce_finish(Reducer *r, int f, float *buf, ReduceReport *rep)
         rep->payload_bytes = stats[0];
         rep->codec_rel_error = stats[2] > 0 ? sqrt(stats[1] / stats[2]) : 0.0;
         /* the first learner's total to the site's other learners */
-        if (site->learners > 1) CHECK_MPI(MPI_Bcast(total, (int)fp->size, MPI_FLOAT, 0, r->site_peers));
+        if (site->learners > 1) CHECK(coll_bcast_bytes(r->site_peers, total, fp->size * sizeof(float), 0));
     }
     /* write back: my owned chunks, then dense chunks shared inside the learner */
     for (int k = 0; k < fp->n_owned; k++)
@@ -589,8 +600,8 @@ static int share_dense(Reducer *r, FragPlan *fp, float *buf)
             k += r->chunks[c].size;
         }
         /* one non-zero term per element: the sum is exact */
-        CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, fp->dense_buf, (int)fp->dense_size, MPI_FLOAT, MPI_SUM,
-                                t->learner_comm));
+        CHECK(coll_allreduce_comm(t->learner_comm, fp->dense_buf, fp->dense_size, MPI_FLOAT, sizeof(float),
+                                  MPI_SUM));
         k = 0;
         for (int i = 0; i < fp->n_dense; i++) {
             const int c = fp->dense_chunks[i];
@@ -607,7 +618,7 @@ int grad_norm_sq_learner(const Model *m, MPI_Comm learner_comm, double *out)
     double dense = grad_sumsq(m, PARAM_EXPERT, 0);
     const int L = m->cfg.layers, E = m->cfg.experts;
     const size_t per = (size_t)m->cfg.dim * m->cfg.ffn, nblocks = (size_t)3 * L * E;
-    double *blocks = calloc(nblocks, sizeof(double));
+    double *blocks = isth_calloc(nblocks, sizeof(double));
     CHECK_ALLOC(blocks);
     for (int t = T_W_GATE; t <= T_W_DOWN; t++)
         for (int l = 0; l < L; l++)
@@ -638,7 +649,7 @@ int model_fingerprint(const Model *m, const float *buf, MPI_Comm learner_comm, u
 {
     const int L = m->cfg.layers, E = m->cfg.experts;
     const size_t per = (size_t)m->cfg.dim * m->cfg.ffn, nblocks = (size_t)3 * L * E;
-    uint64_t *blocks = calloc(nblocks, sizeof(uint64_t));
+    uint64_t *blocks = isth_calloc(nblocks, sizeof(uint64_t));
     CHECK_ALLOC(blocks);
     for (int t = T_W_GATE; t <= T_W_DOWN; t++)
         for (int l = 0; l < L; l++)
@@ -679,6 +690,11 @@ static float *residual_of(const Reducer *r, int f)
 
 int reduce_has_residual(const Reducer *r) { return r->frag && residual_of(r, 0) != NULL; }
 
+int reduce_any_residual(const Reducer *r)
+{
+    return r->error_feedback && r->topo->n_sites > 1;
+}
+
 void reduce_residual_export(const Reducer *r, float *buf)
 {
     memset(buf, 0, sizeof(float) * r->model->n_params);
@@ -708,16 +724,20 @@ void reduce_residual_import(Reducer *r, const float *buf)
 
 int reduce_enable_mixing(Reducer *r)
 {
-    r->pairs = calloc((size_t)r->fragments * 64, sizeof(PairPlan));
-    r->mix_residual = calloc((size_t)r->fragments, sizeof(float *));
+    r->pairs = isth_calloc((size_t)r->fragments * 64, sizeof(PairPlan));
+    r->mix_residual = isth_calloc((size_t)r->fragments, sizeof(float *));
     CHECK_ALLOC(r->pairs);
     CHECK_ALLOC(r->mix_residual);
     for (int f = 0; r->error_feedback && f < r->fragments; f++) {
-        r->mix_residual[f] = calloc(r->frag[f].size ? r->frag[f].size : 1, sizeof(float));
+        r->mix_residual[f] = isth_calloc(r->frag[f].size ? r->frag[f].size : 1, sizeof(float));
         CHECK_ALLOC(r->mix_residual[f]);
     }
     return ISTH_OK;
 }
+
+/* A pair verdict: one byte "accepted", then the earliest round in which a
+ * learner asked to stop (int64, INT64_MAX: none). */
+#define PAIR_VERDICT_BYTES (1 + sizeof(int64_t))
 
 /* Plans are kept per (fragment, partner bit, exact): 64 per fragment. */
 static PairPlan *pair_plan(Reducer *r, int f, int partner, int exact)
@@ -736,24 +756,23 @@ static PairPlan *pair_plan(Reducer *r, int f, int partner, int exact)
     pp->fragment = f;
     pp->crosses = topology_site_of_learner(t, partner) != t->site;
     pp->codec = exact ? CODEC_NONE : r->codec;
-    pp->peers = calloc((size_t)G, sizeof(Peer));
+    pp->peers = isth_calloc((size_t)G, sizeof(Peer));
     const size_t sz = fp->size ? fp->size : 1;
-    pp->mine = malloc(sizeof(float) * sz);
-    pp->theirs = malloc(sizeof(float) * sz);
+    pp->mine = isth_malloc(sizeof(float) * sz);
+    pp->theirs = isth_malloc(sizeof(float) * sz);
     if (!pp->peers || !pp->mine || !pp->theirs) return NULL;
     if (pp->codec != r->codec) { /* uncompressed: the payload is `mine` itself */
-        pp->raw_off = malloc(sizeof(size_t) * (size_t)(fp->n_owned + 1));
+        pp->raw_off = isth_malloc(sizeof(size_t) * (size_t)(fp->n_owned + 1));
         if (!pp->raw_off) return NULL;
         for (int k = 0; k < fp->n_owned; k++) pp->raw_off[k] = fp->packed_off[k] * sizeof(float);
     }
     for (int j = 0; j < G; j++) {
         const int got = build_peer(r, fp, &pp->peers[pp->n_peers], G, j, first + j,
-                                   topology_site_of_learner(t, partner), f, pp->codec, LINK_PAIR_VALUES, 1,
-                                   !pp->crosses);
+                                   topology_site_of_learner(t, partner), f, pp->codec, LINK_PAIR_VALUES,
+                                   PAIR_VERDICT_BYTES, !pp->crosses);
         if (got < 0) return NULL;
         pp->n_peers += got;
     }
-    if (pp->n_peers > 256) return NULL;
     return pp;
 }
 
@@ -804,18 +823,21 @@ int mix_start(Reducer *r, int f, int partner, float *buf, double w_me, double w_
         }
     }
     /* both partners number their exchanges alike: learner rounds are in step */
-    post_payloads(r, fp, enc, pp->peers, pp->n_peers, LINK_PAIR_VALUES, f, (uint32_t)t->learner, pp->exchange, 1);
-    return ISTH_OK;
+    return post_payloads(r, fp, enc, pp->peers, pp->n_peers, LINK_PAIR_VALUES, f, (uint32_t)t->learner, pp->exchange,
+                         1);
 }
 
-void mix_poll(Reducer *r)
+static int mix_poll(Reducer *r)
 {
     for (int f = 0; f < r->fragments; f++) {
         PairPlan *pp = pair_in_flight(r, f);
         if (!pp) continue;
         pp->polls++;
-        if (pp->arrived_poll < 0 && peers_arrived(r, pp->peers, pp->n_peers)) pp->arrived_poll = pp->polls;
+        int arrived = 0;
+        if (pp->arrived_poll < 0) CHECK(peers_arrived(r, pp->peers, pp->n_peers, &arrived));
+        if (arrived) pp->arrived_poll = pp->polls;
     }
+    return ISTH_OK;
 }
 
 int mix_finish(Reducer *r, int f, float *buf, ReduceReport *rep, double *pair_distance)
@@ -845,23 +867,34 @@ int mix_finish(Reducer *r, int f, float *buf, ReduceReport *rep, double *pair_di
             why = bad;
         }
     }
-    /* agree inside my learner, then with the partner learner, then again */
+    /* agree inside my learner, then with the partner learner, then again;
+     * the earliest stop round either side knows of rides along */
     CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_UNSIGNED_CHAR, MPI_MIN, t->learner_comm));
+    int64_t stop = r->stop_round < 0 ? INT64_MAX : (int64_t)r->stop_round;
     for (int i = 0; i < pp->n_peers; i++) {
         Peer *p = &pp->peers[i];
         p->verdict.send[sizeof(LinkHeader)] = ok;
-        link_frame(p->verdict.send, 0, LINK_PAIR_VERDICT, (uint32_t)f, (uint32_t)t->learner, pp->exchange, 1, 1);
+        memcpy(p->verdict.send + sizeof(LinkHeader) + 1, &stop, sizeof stop);
+        link_frame(p->verdict.send, 0, LINK_PAIR_VERDICT, (uint32_t)f, (uint32_t)t->learner, pp->exchange,
+                   PAIR_VERDICT_BYTES, PAIR_VERDICT_BYTES);
         p->verdict.send_posted = 0;
-        link_post_recv(&r->link, &p->verdict);
-        link_post_send(&r->link, &p->verdict);
+        CHECK(link_post_recv(&r->link, &p->verdict));
+        CHECK(link_post_send(&r->link, &p->verdict));
     }
     CHECK(wait_peers(r, pp->peers, pp->n_peers, 1, "butterfly verdict"));
     for (int i = 0; i < pp->n_peers; i++) {
         const LinkMsg *v = &pp->peers[i].verdict;
-        const char *bad = link_check(v->recv, v->recv_bytes, LINK_PAIR_VERDICT, (uint32_t)f, pp->exchange, 1, 1);
+        const char *bad = link_check(v->recv, v->recv_bytes, LINK_PAIR_VERDICT, (uint32_t)f, pp->exchange,
+                                     PAIR_VERDICT_BYTES, PAIR_VERDICT_BYTES);
         if (bad || !v->recv[sizeof(LinkHeader)]) ok = 0;
+        if (bad) continue;
+        int64_t theirs;
+        memcpy(&theirs, v->recv + sizeof(LinkHeader) + 1, sizeof theirs);
+        if (theirs < stop) stop = theirs;
     }
     CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_UNSIGNED_CHAR, MPI_MIN, t->learner_comm));
+    CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &stop, 1, MPI_INT64_T, MPI_MIN, t->learner_comm));
+    r->stop_round = stop == INT64_MAX ? -1 : (long)stop;
     rep->accepted_sites = ok ? 2 : 1;
     if (!ok) snprintf(rep->rejected, sizeof rep->rejected, "learner %d: %s", why ? t->learner : pp->partner,
                       why ? why : "rejected by the partner");

@@ -111,6 +111,8 @@ typedef struct {
     double err2, norm2;
 } PairPlan;
 
+#define REDUCE_MAX_LEARNER_SIZES CONFIG_MAX_SITES
+
 typedef struct {
     const Topology *topo;
     const Model *model;
@@ -129,7 +131,13 @@ typedef struct {
     double *site_weight;       /* token share of each site */
     uint64_t exchanges;
     int max_peer_learners;     /* most other learners one finished exchange of mine waited on */
-    int dense_G[16], *dense_owner[16], n_dense_cache;
+    /* owners of dense chunks per learner size G (at most one size per site) */
+    int dense_G[REDUCE_MAX_LEARNER_SIZES], *dense_owner[REDUCE_MAX_LEARNER_SIZES], n_dense_cache;
+    /* the stop vote between sites rides on the verdicts (train.c sets the
+     * request, the same on every rank of a site; see docs/architecture.md) */
+    int stop_request;          /* this site asks to stop */
+    int stop_agreed;           /* a finished site exchange carried a stop request */
+    long stop_round;           /* butterfly: earliest round in which a learner asked to stop, -1 none */
 } Reducer;
 
 int reducer_create(Reducer *r, const Topology *t, const Model *m, int fragments, Codec codec,
@@ -150,7 +158,7 @@ int reduce_start(Reducer *r, int f, float *buf, int kind);
  * over the learner's ranks (the outer modes train each learner alone). */
 int reduce_learner_sum(Reducer *r, float *grads);
 /* Progress every exchange in flight (call once per inner step). */
-void reduce_poll(Reducer *r);
+int reduce_poll(Reducer *r);
 /* Finish fragment f: the reduced values of every chunk of f this rank holds
  * are written into buf. */
 int reduce_finish(Reducer *r, int f, float *buf, ReduceReport *rep);
@@ -168,6 +176,9 @@ void reduce_residual_export(const Reducer *r, float *buf);
 void reduce_residual_import(Reducer *r, const float *buf);
 /* Has this rank error-feedback state (first learner of a site, codec on)? */
 int reduce_has_residual(const Reducer *r);
+/* Does any rank of this run keep outer-mode / sync error feedback (a lossy
+ * codec between several sites)? The same answer on every rank. */
+int reduce_any_residual(const Reducer *r);
 
 /* Butterfly mixing of fragment f with learner `partner` (point-to-point
  * between the two learners' ranks on canonical chunk plans, codec and error

@@ -1,5 +1,6 @@
 /* spread.c — see spread.h. */
 #include "spread.h"
+#include "alloc.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -9,7 +10,7 @@
 
 double spread_max_rel_distance(const float *rows, const double *w, int n, int len)
 {
-    double *mean = calloc((size_t)len, sizeof(double)), worst = 0.0, norm2 = 0.0, wsum = 0.0;
+    double *mean = isth_calloc((size_t)len, sizeof(double)), worst = 0.0, norm2 = 0.0, wsum = 0.0;
     if (!mean) return NAN;
     for (int i = 0; i < n; i++) {
         const double wi = w ? w[i] : 1.0;
@@ -41,18 +42,18 @@ int spread_create(Spread *s, const Topology *t, const Model *m, MPI_Comm world, 
     s->last_round = -1;
     if (!s->active) return ISTH_OK;
     s->samples = m->dense_end < SPREAD_SAMPLES ? (int)m->dense_end : SPREAD_SAMPLES;
-    s->pos = malloc(sizeof(size_t) * (size_t)s->samples);
+    s->pos = isth_malloc(sizeof(size_t) * (size_t)s->samples);
     CHECK_ALLOC(s->pos);
     for (int i = 0; i < s->samples; i++) s->pos[i] = (size_t)i * m->dense_end / (size_t)s->samples;
     const int rows = t->world_rank == 0 ? t->n_learners : 1;
     if (t->world_rank == 0 && weights) {
-        s->weights = malloc(sizeof(double) * (size_t)t->n_learners);
+        s->weights = isth_malloc(sizeof(double) * (size_t)t->n_learners);
         CHECK_ALLOC(s->weights);
         memcpy(s->weights, weights, sizeof(double) * (size_t)t->n_learners);
     }
     for (int k = 0; k < SPREAD_QUEUE; k++) {
-        s->q[k].values = malloc(sizeof(float) * (size_t)rows * (size_t)s->samples);
-        s->q[k].req = malloc(sizeof(MPI_Request) * (size_t)rows);
+        s->q[k].values = isth_malloc(sizeof(float) * (size_t)rows * (size_t)s->samples);
+        s->q[k].req = isth_malloc(sizeof(MPI_Request) * (size_t)rows);
         CHECK_ALLOC(s->q[k].values);
         CHECK_ALLOC(s->q[k].req);
         for (int i = 0; i < rows; i++) s->q[k].req[i] = MPI_REQUEST_NULL;

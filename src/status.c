@@ -3,19 +3,31 @@
 
 #include <stdarg.h>
 
-static int quiet_errors, rank_prefix;
+static int quiet_errors, my_rank, multi_rank;
+static const char *my_site = "";
+static int printed_error;
+
+int status_printed_error(void) { return printed_error; }
 
 void status_set_quiet(int quiet) { quiet_errors = quiet; }
-void status_set_rank(int rank) { rank_prefix = rank; }
+void status_set_rank(int rank, int world_size)
+{
+    my_rank = rank;
+    multi_rank = world_size > 1;
+}
+void status_set_site(const char *site) { my_site = site ? site : ""; }
 
 int isth_fail(int code, const char *fmt, ...)
 {
     /* bad input is detected alike by every rank: one line is enough */
     if (quiet_errors && code == ISTH_EINPUT) return code;
+    printed_error = 1;
     va_list ap;
     va_start(ap, fmt);
-    if (rank_prefix > 0)
-        fprintf(stderr, "isthmus: error: rank %d: ", rank_prefix);
+    if (multi_rank && code != ISTH_EINPUT && my_site[0])
+        fprintf(stderr, "isthmus: error: rank %d (site %s): ", my_rank, my_site);
+    else if (multi_rank && code != ISTH_EINPUT)
+        fprintf(stderr, "isthmus: error: rank %d: ", my_rank);
     else
         fputs("isthmus: error: ", stderr);
     vfprintf(stderr, fmt, ap);

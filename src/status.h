@@ -23,8 +23,13 @@ enum {
  * detects identically (config validation), so the user reads one line. */
 void status_set_quiet(int quiet);
 /* In a multi-rank job, runtime errors (which may be rank-specific) are
- * printed by the rank that hits them, prefixed with its number (>= 1). */
-void status_set_rank(int rank);
+ * printed by the rank that hits them, prefixed with its world rank and site:
+ * "isthmus: error: rank 3 (site b): ...". Bad-input errors keep no prefix. */
+void status_set_rank(int rank, int world_size);
+void status_set_site(const char *site);
+
+/* Has this process printed an error line? */
+int status_printed_error(void);
 
 /* Print "isthmus: error: <message>" and return `code`. */
 int isth_fail(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

@@ -1,5 +1,6 @@
 /* train.c — see train.h. */
 #include "train.h"
+#include "alloc.h"
 
 #include <cblas.h>
 #include <math.h>
@@ -12,6 +13,7 @@
 
 #include "ckpt.h"
 #include "eval.h"
+#include "fault.h"
 #include "h5io.h"
 #include "status.h"
 
@@ -45,6 +47,7 @@ int trainer_create(Trainer *tr, const Config *cfg, int log)
     CHECK(topology_create(&tr->topo, cfg, MPI_COMM_WORLD));
     tr->created = 1;
     const Topology *t = &tr->topo;
+    fault_set_site(t->sites[t->site].name);
     const SiteInfo *site = &t->sites[t->site];
     tr->micro_batch = site->micro_batch;
     tr->grad_accum = site->grad_accum;
@@ -53,12 +56,15 @@ int trainer_create(Trainer *tr, const Config *cfg, int log)
      * learner averages its own */
     tr->loss_weight = tr->outer_mode ? 1.0 / site->learner_ranks
                                      : site->tokens_per_step / site->learner_ranks / t->total_tokens_per_step;
-    tr->stats_comm = tr->outer_mode ? t->site_comm : MPI_COMM_WORLD;
     for (int l = 0; l < t->learner; l++) {
         const SiteInfo *s = &t->sites[topology_site_of_learner(t, l)];
         tr->learner_first_window += (uint64_t)s->micro_batch * s->learner_ranks * s->grad_accum;
     }
     CHECK(coll_init(&tr->ep, t->learner_comm));
+    coll_set_max_message((size_t)tc->mpi_piece_bytes);
+    tr->site_leaders = isth_malloc(sizeof(int) * (size_t)t->n_sites);
+    CHECK_ALLOC(tr->site_leaders);
+    for (int s = 0; s < t->n_sites; s++) tr->site_leaders[s] = t->sites[s].first_rank;
 
     CHECK(corpus_open(&tr->train, cfg->data.dir, "train.txt"));
     CHECK(corpus_open(&tr->eval_prose, cfg->data.dir, "eval_prose.txt"));
@@ -83,15 +89,17 @@ int trainer_create(Trainer *tr, const Config *cfg, int log)
             return isth_fail(ISTH_EINPUT,
                              "layout: [outer] mode = butterfly needs a power-of-two number of learners (2, 4, 8, ...); "
                              "the [site.*] sections give %d", N);
-        double w[1024];
-        if (N > 1024) return isth_fail(ISTH_EINPUT, "layout: butterfly supports at most 1024 learners");
+        double *w = isth_malloc(sizeof(double) * (size_t)N);
+        CHECK_ALLOC(w);
         for (int l = 0; l < N; l++)
             w[l] = t->sites[topology_site_of_learner(t, l)].tokens_per_step / t->total_tokens_per_step;
-        CHECK(outer_set_butterfly(&tr->outer, &tr->red, t->learner, N, w));
+        const int rc = outer_set_butterfly(&tr->outer, &tr->red, t->learner, N, w);
+        free(w);
+        CHECK(rc);
     }
     const size_t n = (size_t)tr->micro_batch * mc->context;
-    tr->tokens = malloc(n * sizeof(int));
-    tr->targets = malloc(n * sizeof(int));
+    tr->tokens = isth_malloc(n * sizeof(int));
+    tr->targets = isth_malloc(n * sizeof(int));
     CHECK_ALLOC(tr->tokens);
     CHECK_ALLOC(tr->targets);
     if (tr->log) CHECK(metrics_open(&tr->metrics, tc->out_dir));
@@ -115,8 +123,42 @@ void trainer_destroy(Trainer *tr)
     corpus_close(&tr->eval_prose);
     corpus_close(&tr->eval_tech);
     free(tr->config_text);
+    free(tr->site_leaders);
     tr->config_text = NULL;
+    tr->site_leaders = NULL;
     tr->created = 0;
+}
+
+int trainer_control(Trainer *tr, const void *mine, size_t bytes, void *all, const char *what)
+{
+    const Topology *t = &tr->topo;
+    return link_control(&tr->red.link, mine, bytes, all, tr->site_leaders, t->n_sites, t->site, t->site_comm, what);
+}
+
+/* Step statistics: sums over this site, then (sync: every site's, added in
+ * site order through the link) over the sites; `wait` is a maximum. */
+static int step_stats(Trainer *tr, double *sums, int n, double *wait)
+{
+    const Topology *t = &tr->topo;
+    CHECK(coll_allreduce_comm(t->site_comm, sums, (size_t)n, MPI_DOUBLE, sizeof(double), MPI_SUM));
+    CHECK(coll_allreduce_comm(t->site_comm, wait, 1, MPI_DOUBLE, sizeof(double), MPI_MAX));
+    if (tr->outer_mode || t->n_sites == 1) return ISTH_OK; /* outer modes: rank 0's site */
+    double mine[STEP_SUMS + 1], *all = isth_malloc(sizeof mine * (size_t)t->n_sites);
+    CHECK_ALLOC(all);
+    memcpy(mine, sums, sizeof(double) * (size_t)n);
+    mine[n] = *wait;
+    int rc = trainer_control(tr, mine, sizeof(double) * (size_t)(n + 1), all, "step statistics");
+    for (int i = 0; rc == ISTH_OK && i <= n; i++) {
+        double v = i < n ? 0.0 : *wait;
+        for (int s = 0; s < t->n_sites; s++) {
+            const double x = all[(size_t)s * (size_t)(n + 1) + (size_t)i];
+            v = i < n ? v + x : (x > v ? x : v);
+        }
+        if (i < n) sums[i] = v;
+        else *wait = v;
+    }
+    free(all);
+    return rc;
 }
 
 int trainer_step(Trainer *tr, StepLog *out)
@@ -125,6 +167,7 @@ int trainer_step(Trainer *tr, StepLog *out)
     const ModelConfig *mc = &tr->cfg.model;
     const Topology *t = &tr->topo;
     const double t0 = now_s();
+    fault_set_step(tr->step + 1);
     const int B = tr->micro_batch, T = mc->context, M = tr->grad_accum, G = t->learner_size;
     memset(tr->model.grads, 0, tr->model.n_params * sizeof(float));
     const double a2a0 = tr->ep.bytes_sent + tr->ep.bytes_recv;
@@ -132,7 +175,7 @@ int trainer_step(Trainer *tr, StepLog *out)
     /* [ce_sum, scored, aux, z, dropped, a2a bytes, inter-site bytes] summed
      * over the world (sync) or this site (outer modes: no per-step traffic
      * between sites) */
-    double sums[7] = {0};
+    double sums[STEP_SUMS] = {0};
     for (int micro = 0; micro < M; micro++) {
         const uint64_t first = tr->learner_first_window + (uint64_t)micro * B * G +
                                (uint64_t)t->learner_rank * B;
@@ -173,12 +216,16 @@ int trainer_step(Trainer *tr, StepLog *out)
     tr->tokens_seen += t->total_tokens_per_step;
     if (tr->outer_mode) CHECK(outer_after_step(&tr->outer, &tr->red, &tr->model, tr->step, &tr->metrics, tr->log));
     sums[6] = tr->red.link.bytes_sent + tr->red.link.bytes_recv - link0;
+    if (fault_nan_now()) sums[0] = NAN; /* test hook: this site diverges */
     double wait = tr->red.link.wait_s - wait0;
-    CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, sums, 7, MPI_DOUBLE, MPI_SUM, tr->stats_comm));
-    CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &wait, 1, MPI_DOUBLE, MPI_MAX, tr->stats_comm));
+    CHECK(step_stats(tr, sums, STEP_SUMS, &wait));
     const double loss = sums[0] / sums[1];
-    if (!isfinite(loss))
+    if (!isfinite(loss)) { /* every rank of the site sees it: its first rank says so */
+        int site_rank;
+        CHECK_MPI(MPI_Comm_rank(t->site_comm, &site_rank));
+        if (site_rank != 0) return ISTH_ERUNTIME;
         return isth_fail(ISTH_ERUNTIME, "step %ld: loss is %g (diverged); lower [train] lr", tr->step, loss);
+    }
 
     const double dt = now_s() - t0;
     memset(out, 0, sizeof *out);
@@ -238,19 +285,34 @@ static int check_replicas(Trainer *tr)
     /* outer modes: learners differ between outer steps; the anchor (global
      * model) must agree */
     const float *buf = tr->outer_mode ? tr->outer.anchor : tr->model.params;
-    CHECK(model_fingerprint(&tr->model, buf, tr->topo.learner_comm, &fp));
-    uint64_t *all = malloc(sizeof(uint64_t) * (size_t)tr->topo.world_size);
+    const Topology *t = &tr->topo;
+    CHECK(model_fingerprint(&tr->model, buf, t->learner_comm, &fp));
+    /* inside the site first, then the sites' first ranks through the link */
+    int site_size, site_rank;
+    CHECK_MPI(MPI_Comm_size(t->site_comm, &site_size));
+    CHECK_MPI(MPI_Comm_rank(t->site_comm, &site_rank));
+    const size_t n = (size_t)(site_size > t->n_sites ? site_size : t->n_sites);
+    uint64_t *all = isth_malloc(sizeof(uint64_t) * n);
     CHECK_ALLOC(all);
-    int rc = MPI_Allgather(&fp, 1, MPI_UINT64_T, all, 1, MPI_UINT64_T, MPI_COMM_WORLD);
-    for (int r = 0; rc == MPI_SUCCESS && r < tr->topo.world_size; r++)
-        if (all[r] != all[0]) {
-            rc = isth_fail(ISTH_ERUNTIME, "step %ld: replicas diverged: rank %d fingerprint %016llx, rank 0 %016llx",
-                           tr->step, r, (unsigned long long)all[r], (unsigned long long)all[0]);
-            free(all);
-            return rc;
+    int rc = ISTH_OK;
+    if (MPI_Allgather(&fp, 1, MPI_UINT64_T, all, 1, MPI_UINT64_T, t->site_comm) != MPI_SUCCESS)
+        rc = isth_fail(ISTH_ERUNTIME, "replica check: MPI_Allgather failed");
+    for (int r = 0; rc == ISTH_OK && r < site_size; r++)
+        if (all[r] != all[0])
+            rc = isth_fail(ISTH_ERUNTIME, "step %ld: replicas diverged: rank %d fingerprint %016llx, rank %d %016llx",
+                           tr->step, t->sites[t->site].first_rank + r, (unsigned long long)all[r],
+                           t->sites[t->site].first_rank, (unsigned long long)all[0]);
+    if (rc == ISTH_OK) rc = trainer_control(tr, &fp, sizeof fp, all, "replica check");
+    for (int s = 0; rc == ISTH_OK && s < t->n_sites; s++)
+        if (all[s] != all[0]) {
+            rc = site_rank == 0 && t->site == 0
+                     ? isth_fail(ISTH_ERUNTIME, "step %ld: replicas diverged: site %s fingerprint %016llx, site %s %016llx",
+                                 tr->step, t->sites[s].name, (unsigned long long)all[s], t->sites[0].name,
+                                 (unsigned long long)all[0])
+                     : ISTH_ERUNTIME;
         }
     free(all);
-    if (rc != MPI_SUCCESS) return isth_fail(ISTH_ERUNTIME, "replica check: MPI_Allgather failed");
+    CHECK(rc);
     if (tr->log)
         printf("replicas identical at step %ld: %d learner(s), fingerprint %016llx\n", tr->step,
                tr->topo.n_learners, (unsigned long long)fp);
@@ -260,11 +322,23 @@ static int check_replicas(Trainer *tr)
 /* Total inter-site bytes of the run, and what `sync` would have moved. */
 static int traffic_summary(Trainer *tr)
 {
-    double bytes = tr->red.link.bytes_sent + tr->red.link.bytes_recv + tr->outer.spread.inter_site_bytes;
-    CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &bytes, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD));
-    int peers = tr->red.max_peer_learners;
-    CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &peers, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD));
-    const int S = tr->topo.n_sites;
+    const Topology *t = &tr->topo;
+    const int S = t->n_sites;
+    double v[2] = {tr->red.link.bytes_sent + tr->red.link.bytes_recv + tr->outer.spread.inter_site_bytes,
+                   (double)tr->red.max_peer_learners};
+    CHECK(coll_allreduce_comm(t->site_comm, &v[0], 1, MPI_DOUBLE, sizeof(double), MPI_SUM));
+    CHECK(coll_allreduce_comm(t->site_comm, &v[1], 1, MPI_DOUBLE, sizeof(double), MPI_MAX));
+    double *all = isth_malloc(sizeof v * (size_t)S);
+    CHECK_ALLOC(all);
+    const int rc = trainer_control(tr, v, sizeof v, all, "traffic summary");
+    double bytes = 0.0;
+    int peers = 0;
+    for (int s = 0; s < S; s++) {
+        bytes += all[2 * s];
+        if (all[2 * s + 1] > peers) peers = (int)all[2 * s + 1];
+    }
+    free(all);
+    CHECK(rc);
     if (S < 2 || !tr->log) return ISTH_OK;
     /* sync: every step each site sends its summed gradient (float32, all
      * canonical parameters) to every other site; sent + received */
@@ -287,33 +361,38 @@ static int traffic_summary(Trainer *tr)
 static volatile sig_atomic_t stop_signal;
 static void on_stop_signal(int sig) { stop_signal = sig; }
 
-/* Every rank must stop after the same step. The flags are combined with a
- * non-blocking all-reduce started after step t and completed after step t+1,
- * so the vote costs no wait on a slow link; the decision lags one step. */
+/* Every rank must stop after the same step. Inside a site the flags are
+ * combined with a non-blocking all-reduce on the site communicator, started
+ * after step t and completed after step t+1 (the site's decision lags one
+ * step). Between sites the site's decision rides on the verdicts of the next
+ * exchange that finishes (reduce.c), so the vote adds no message and no wait
+ * on the link; every site learns it when that exchange finishes, at the same
+ * step. The bound on the lag is in docs/architecture.md. */
 typedef struct {
     MPI_Request req;
     int send, recv, pending;
 } StopVote;
 
-static int stop_vote(StopVote *v, int local)
+static int stop_vote(StopVote *v, MPI_Comm site_comm, int local, int *site_agreed)
 {
-    int agreed = 0;
+    *site_agreed = 0;
     if (v->pending) {
-        MPI_Wait(&v->req, MPI_STATUS_IGNORE);
-        agreed = v->recv;
+        CHECK_MPI(MPI_Wait(&v->req, MPI_STATUS_IGNORE));
+        *site_agreed = v->recv;
+        v->pending = 0;
     }
     v->send = local;
-    MPI_Iallreduce(&v->send, &v->recv, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD, &v->req);
+    CHECK_MPI(MPI_Iallreduce(&v->send, &v->recv, 1, MPI_INT, MPI_MAX, site_comm, &v->req));
     v->pending = 1;
-    return agreed;
+    return ISTH_OK;
 }
 
-static int in_flight(const Trainer *tr)
+/* Has every site agreed to stop after this step? */
+static int stop_decided(Trainer *tr, int site_agreed)
 {
-    if (!tr->outer_mode) return 0;
-    for (int p = 0; p < tr->cfg.outer.fragments; p++)
-        if (tr->outer.started[p] >= 0) return 1;
-    return 0; /* butterfly rounds also mark started[] */
+    if (tr->topo.n_sites == 1) return site_agreed;
+    if (site_agreed) tr->red.stop_request = 1; /* goes out with the next verdicts */
+    return tr->red.stop_agreed;
 }
 
 int train_run(const Config *cfg, const char *resume)
@@ -339,8 +418,12 @@ int train_run(const Config *cfg, const char *resume)
     const long stop_at = hook ? atol(hook) : -1;
     signal(SIGTERM, on_stop_signal);
     signal(SIGUSR1, on_stop_signal);
-    StopVote vote = {0};
+    /* static: an all-reduce still posted when an error ends the job must
+     * not write into a stack frame that is gone */
+    static StopVote vote;
+    memset(&vote, 0, sizeof vote);
     int stopping = 0, ckpt_due = 0;
+    fault_set_step(tr.step);
     if (rc == ISTH_OK && tc->eval_every > 0 && tr.step == 0) rc = trainer_eval(&tr, NULL, NULL);
     while (rc == ISTH_OK && tr.step < tc->steps) {
         StepLog s;
@@ -351,10 +434,16 @@ int train_run(const Config *cfg, const char *resume)
         if (tc->check_replicas > 0 && !tr.outer.butterfly && (tr.step % tc->check_replicas == 0 || tr.step == tc->steps))
             rc = check_replicas(&tr);
         if (rc != ISTH_OK) break;
-        stopping |= stop_vote(&vote, stop_signal != 0 || tr.step == stop_at);
+        int site_stop;
+        rc = stop_vote(&vote, tr.topo.site_comm, stop_signal != 0 || tr.step == stop_at, &site_stop);
+        if (rc != ISTH_OK) break;
+        stopping |= stop_decided(&tr, site_stop);
         if (cfg->checkpoint.every > 0 && tr.step % cfg->checkpoint.every == 0) ckpt_due = 1;
-        if ((ckpt_due || stopping) && !in_flight(&tr) && tr.step < tc->steps) {
-            if (stopping && tr.outer_mode) rc = outer_drain_probes(&tr.outer, &tr.metrics);
+        if ((ckpt_due || stopping) && tr.step < tc->steps) {
+            /* exchanges in flight complete now; their results are applied at
+             * their own step, after a restart too (saved in the checkpoint) */
+            if (tr.outer_mode) rc = outer_drain(&tr.outer, &tr.red, &tr.model);
+            if (rc == ISTH_OK && stopping && tr.outer_mode) rc = outer_drain_probes(&tr.outer, &tr.metrics);
             if (rc == ISTH_OK) rc = ckpt_write(&tr);
             ckpt_due = 0;
             if (rc != ISTH_OK) break;
@@ -366,7 +455,8 @@ int train_run(const Config *cfg, const char *resume)
         if (tc->eval_every > 0 && tr.step % tc->eval_every == 0 && tr.step < tc->steps)
             rc = trainer_eval(&tr, NULL, NULL);
     }
-    if (vote.pending) MPI_Wait(&vote.req, MPI_STATUS_IGNORE);
+    /* on an error the job ends (fault_end_job); waiting here could hang */
+    if (vote.pending && rc == ISTH_OK) rc = MPI_Wait(&vote.req, MPI_STATUS_IGNORE) == MPI_SUCCESS ? ISTH_OK : ISTH_ERUNTIME;
     const int finished = rc == ISTH_OK && tr.step >= tc->steps;
     if (finished && tr.outer_mode)
         rc = outer_finish(&tr.outer, &tr.red, &tr.model, tr.step, &tr.metrics, tr.log);

@@ -30,7 +30,7 @@ typedef struct {
     Reducer red;         /* reductions over all learners (sync and outer modes) */
     Outer outer;         /* diloco / streaming state */
     int outer_mode;      /* 0 sync, 1 diloco or streaming */
-    MPI_Comm stats_comm; /* where per-step statistics are summed: world (sync) or site */
+    int *site_leaders;   /* world rank of each site's first rank: the ends of control exchanges */
     Model model;
     AdamW opt;
     Activations acts;
@@ -54,6 +54,13 @@ void set_threads(int threads);
 /* Build everything a run needs. `log`: write metrics and print lines. */
 int trainer_create(Trainer *tr, const Config *cfg, int log);
 void trainer_destroy(Trainer *tr);
+
+/* [ce_sum, scored, aux, z, dropped, a2a bytes, inter-site bytes] of a step */
+#define STEP_SUMS 7
+
+/* A blocking control exchange between the sites through the link
+ * (link_control): all[s * bytes] = site s's `mine`, on every rank. */
+int trainer_control(Trainer *tr, const void *mine, size_t bytes, void *all, const char *what);
 
 /* One optimiser step (grad_accum micro-batches). Fills *out. */
 int trainer_step(Trainer *tr, StepLog *out);

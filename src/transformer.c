@@ -1,5 +1,6 @@
 /* transformer.c — see transformer.h. */
 #include "transformer.h"
+#include "alloc.h"
 
 #include <cblas.h>
 #include <omp.h>
@@ -45,10 +46,10 @@ int acts_create(Activations *a, const ModelConfig *c, int B, int T, Coll *ep)
     const int n_plan = (int)(sizeof plan / sizeof plan[0]);
     size_t total = 0;
     for (int i = 0; i < n_plan; i++) total += (plan[i].n + 15) & ~(size_t)15;
-    a->block = aligned_alloc(64, total * sizeof(float));
-    a->route = calloc(L, sizeof(MoeRouting));
-    a->send_expert = malloc(N * K * sizeof(int));
-    a->counts = malloc(E * sizeof(int));
+    a->block = isth_aligned_alloc(64, total * sizeof(float));
+    a->route = isth_calloc(L, sizeof(MoeRouting));
+    a->send_expert = isth_malloc(N * K * sizeof(int));
+    a->counts = isth_malloc(E * sizeof(int));
     if (!a->block || !a->route || !a->send_expert || !a->counts) {
         acts_destroy(a);
         return isth_fail(ISTH_ERUNTIME, "out of memory for activations (%zu MiB)",
@@ -62,17 +63,17 @@ int acts_create(Activations *a, const ModelConfig *c, int B, int T, Coll *ep)
     const size_t G = (size_t)a->G;
     for (size_t l = 0; l < L; l++) {
         MoeRouting *r = &a->route[l];
-        r->probs = malloc(N * E * sizeof(float));
-        r->lse = malloc(N * sizeof(float));
-        r->choice = malloc(N * K * sizeof(int));
-        r->frac = malloc(E * sizeof(double));
-        r->mean_prob = malloc(E * sizeof(double));
-        r->send_copy = malloc(N * K * sizeof(int));
-        r->copy_slot = malloc(N * K * sizeof(int));
-        r->send_counts = malloc(G * sizeof(int));
-        r->recv_counts = malloc(G * sizeof(int));
-        r->y_back = malloc(N * K * D * sizeof(float));
-        r->expert_start = malloc(((size_t)a->El + 1) * sizeof(int));
+        r->probs = isth_malloc(N * E * sizeof(float));
+        r->lse = isth_malloc(N * sizeof(float));
+        r->choice = isth_malloc(N * K * sizeof(int));
+        r->frac = isth_malloc(E * sizeof(double));
+        r->mean_prob = isth_malloc(E * sizeof(double));
+        r->send_copy = isth_malloc(N * K * sizeof(int));
+        r->copy_slot = isth_malloc(N * K * sizeof(int));
+        r->send_counts = isth_malloc(G * sizeof(int));
+        r->recv_counts = isth_malloc(G * sizeof(int));
+        r->y_back = isth_malloc(N * K * D * sizeof(float));
+        r->expert_start = isth_malloc(((size_t)a->El + 1) * sizeof(int));
         if (!r->probs || !r->lse || !r->choice || !r->frac || !r->mean_prob || !r->send_copy ||
             !r->copy_slot || !r->send_counts || !r->recv_counts || !r->y_back || !r->expert_start) {
             acts_destroy(a);
@@ -112,7 +113,7 @@ static int grow(void **p, size_t *cap, size_t n, size_t size)
     if (n <= *cap && *p) return ISTH_OK;
     size_t want = n + n / 4 + 64;
     free(*p);
-    *p = malloc(want * size);
+    *p = isth_malloc(want * size);
     if (!*p) {
         *cap = 0;
         return isth_fail(ISTH_ERUNTIME, "out of memory for %zu expert rows", n);
@@ -134,13 +135,13 @@ static int ensure_owner(Activations *a, MoeRouting *r, int n_recv)
         free(r->arows);
         free(r->urows);
         free(r->hrows);
-        r->recv_expert = malloc(want * sizeof(int));
-        r->recv_row = malloc(want * sizeof(int));
-        r->row_src = malloc(want * sizeof(int));
-        r->xrows = malloc(want * D * sizeof(float));
-        r->arows = malloc(want * F * sizeof(float));
-        r->urows = malloc(want * F * sizeof(float));
-        r->hrows = malloc(want * F * sizeof(float));
+        r->recv_expert = isth_malloc(want * sizeof(int));
+        r->recv_row = isth_malloc(want * sizeof(int));
+        r->row_src = isth_malloc(want * sizeof(int));
+        r->xrows = isth_malloc(want * D * sizeof(float));
+        r->arows = isth_malloc(want * F * sizeof(float));
+        r->urows = isth_malloc(want * F * sizeof(float));
+        r->hrows = isth_malloc(want * F * sizeof(float));
         r->recv_cap = (int)want;
         if (!r->recv_expert || !r->recv_row || !r->row_src || !r->xrows || !r->arows ||
             !r->urows || !r->hrows)
@@ -342,8 +343,8 @@ int transformer_backward(Model *m, Activations *a, const int *tokens, const int 
     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, V, D, (int)N, 1.0f, a->dlogits, V, a->xf, D,
                 1.0f, model_grad(m, T_EMBED, 0), D);
     memset(a->dx, 0, nbytes);
-    rmsnorm_backward(a->dx, model_grad(m, T_FINAL_NORM, 0), a->dxn, SLICE(a->x, L, ND),
-                     model_param(m, T_FINAL_NORM, 0), a->rstdf, N, D);
+    CHECK(rmsnorm_backward(a->dx, model_grad(m, T_FINAL_NORM, 0), a->dxn, SLICE(a->x, L, ND),
+                           model_param(m, T_FINAL_NORM, 0), a->rstdf, N, D));
 
     for (int l = L - 1; l >= 0; l--) {
         const float *x = SLICE(a->x, l, ND), *xn1 = SLICE(a->xn1, l, ND), *q = SLICE(a->q, l, ND),
@@ -353,8 +354,8 @@ int transformer_backward(Model *m, Activations *a, const int *tokens, const int 
         memcpy(a->dh, a->dx, nbytes);
         memset(a->dxn, 0, nbytes);
         CHECK(moe_backward(a->dxn, m, a, l, a->dx, loss_scale));
-        rmsnorm_backward(a->dh, model_grad(m, T_MOE_NORM, l), a->dxn, h,
-                         model_param(m, T_MOE_NORM, l), SLICE(a->rstd2, l, NmaxT), N, D);
+        CHECK(rmsnorm_backward(a->dh, model_grad(m, T_MOE_NORM, l), a->dxn, h,
+                               model_param(m, T_MOE_NORM, l), SLICE(a->rstd2, l, NmaxT), N, D));
         /* h = x + Attn(RMSNorm(x)) */
         memcpy(a->dx, a->dh, nbytes);
         memset(a->dao, 0, nbytes);
@@ -369,8 +370,8 @@ int transformer_backward(Model *m, Activations *a, const int *tokens, const int 
         matmul_backward(a->dxn, model_grad(m, T_WQ, l), a->dq, xn1, model_param(m, T_WQ, l), N, D, D);
         matmul_backward(a->dxn, model_grad(m, T_WK, l), a->dk, xn1, model_param(m, T_WK, l), N, D, D);
         matmul_backward(a->dxn, model_grad(m, T_WV, l), a->dv, xn1, model_param(m, T_WV, l), N, D, D);
-        rmsnorm_backward(a->dx, model_grad(m, T_ATTN_NORM, l), a->dxn, x,
-                         model_param(m, T_ATTN_NORM, l), SLICE(a->rstd1, l, NmaxT), N, D);
+        CHECK(rmsnorm_backward(a->dx, model_grad(m, T_ATTN_NORM, l), a->dxn, x,
+                               model_param(m, T_ATTN_NORM, l), SLICE(a->rstd1, l, NmaxT), N, D));
     }
     encoder_backward(model_grad(m, T_EMBED, 0), a->dx, tokens, N, D);
     return ISTH_OK;

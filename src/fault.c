@@ -1,0 +1,86 @@
+/* fault.c — see fault.h. */
+#include "fault.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "status.h"
+
+/* seconds a rank that printed nothing waits before aborting */
+#define FAULT_QUIET_ABORT_DELAY_S 2
+
+static char site_name[64];
+static long current_step;
+static int alloc_failed;
+
+int fault_mpi_errors_return(MPI_Comm comm)
+{
+    CHECK_MPI(MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN));
+    return ISTH_OK;
+}
+
+long fault_hook_for(const char *var, const char *name)
+{
+    const char *v = getenv(var);
+    if (!v || !name) return 0;
+    const char *colon = strrchr(v, ':');
+    if (!colon || (size_t)(colon - v) != strlen(name) || strncmp(v, name, strlen(name))) return 0;
+    return atol(colon + 1);
+}
+
+void fault_set_site(const char *name)
+{
+    snprintf(site_name, sizeof site_name, "%s", name ? name : "");
+    status_set_site(site_name);
+}
+
+const char *fault_site(void) { return site_name; }
+
+void fault_set_step(long step) { current_step = step; }
+
+int fault_nan_now(void)
+{
+    static long at = -1;
+    if (at < 0) at = fault_hook_for("ISTHMUS_NAN_AT", site_name);
+    return at > 0 && current_step == at;
+}
+
+int fault_alloc_fails(void)
+{
+    const char *v = getenv("ISTHMUS_FAIL_ALLOC");
+    if (!v || alloc_failed) return 0;
+    int rank = 0, init = 0;
+    MPI_Initialized(&init);
+    if (init) MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    char me[16];
+    snprintf(me, sizeof me, "%d", rank);
+    const char *colon = strchr(v, ':');
+    if (!colon || (size_t)(colon - v) != strlen(me) || strncmp(v, me, strlen(me))) return 0;
+    if (current_step != atol(colon + 1)) return 0;
+    alloc_failed = 1;
+    return 1;
+}
+
+int fault_end_job(int rc)
+{
+    int init = 0, fin = 0, size = 1;
+    MPI_Initialized(&init);
+    MPI_Finalized(&fin);
+    if (init && !fin) MPI_Comm_size(MPI_COMM_WORLD, &size);
+    if (rc == ISTH_ERUNTIME && size > 1) {
+        /* the others may be waiting for this rank in a collective: a clean
+         * return would leave them there. A rank that only learned of the
+         * failure (an agreement) gives the rank that found it a moment to
+         * print its line and abort first. */
+        fflush(stdout);
+        fflush(stderr);
+        if (!status_printed_error()) {
+            struct timespec ts = {FAULT_QUIET_ABORT_DELAY_S, 0};
+            nanosleep(&ts, NULL);
+        }
+        MPI_Abort(MPI_COMM_WORLD, rc);
+    }
+    return rc;
+}

@@ -1,0 +1,46 @@
+/* fault.h — the job's failure policy and the test hooks that inject faults.
+ *
+ * Owns: how an MPI error reaches the code (MPI_ERRORS_RETURN on the
+ * communicators isthmus owns, so every CHECK_MPI is live), how a runtime
+ * failure ends a multi-rank job (MPI_Abort after the one-line message, so no
+ * rank waits for one that gave up), and every test hook that makes a fault
+ * happen on purpose. The hooks, read from the environment once:
+ *   ISTHMUS_LINK_CORRUPT=SITE:N   (link.c) flip a byte in exchange N's payloads
+ *   ISTHMUS_LINK_DELAY=SITE:S     (link.c) post sends S polls late
+ *   ISTHMUS_LINK_MUTE=SITE:1      (link.c) never send payloads (a cut link)
+ *   ISTHMUS_NAN_AT=SITE:STEP      the ranks of SITE see a NaN loss at STEP
+ *   ISTHMUS_FAIL_ALLOC=RANK:STEP  world rank RANK's first allocation during
+ *                                 step STEP (0: during set-up) fails
+ *   ISTHMUS_STOP_AT_STEP=N        every rank behaves as if signalled after N
+ * Must not: decide what a failure means for training (callers do), or exit
+ * on its own except through fault_end_job.
+ */
+#ifndef ISTHMUS_FAULT_H
+#define ISTHMUS_FAULT_H
+
+#include <mpi.h>
+
+/* After MPI_Init: errors on MPI_COMM_WORLD (and the communicators split
+ * from it, which inherit the handler) are returned, not fatal. */
+int fault_mpi_errors_return(MPI_Comm comm);
+
+/* The value N of a hook "SITE:N" whose SITE equals `name`, else 0. */
+long fault_hook_for(const char *var, const char *name);
+
+/* Which site this rank belongs to, for messages and site hooks. */
+void fault_set_site(const char *site_name);
+const char *fault_site(void);
+
+/* The trainer's step in progress (0 before the first), for step hooks. */
+void fault_set_step(long step);
+/* ISTHMUS_NAN_AT: does this rank's site see a NaN loss at this step? */
+int fault_nan_now(void);
+/* ISTHMUS_FAIL_ALLOC: should this allocation fail (once)? */
+int fault_alloc_fails(void);
+
+/* End the job for status `rc`: in a multi-rank job a runtime failure aborts
+ * every rank (the failing rank has printed its line); otherwise returns rc
+ * for main() to exit with. */
+int fault_end_job(int rc);
+
+#endif
