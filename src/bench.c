@@ -80,10 +80,10 @@ int bench_run(const Config *cfg, const int *threads, int n_threads, int steps)
         }
         StepLog s;
         rc = trainer_step(&tr, &s); /* warm-up: page faults, BLAS buffers */
-        MPI_Barrier(MPI_COMM_WORLD);
+        if (rc == ISTH_OK && MPI_Barrier(MPI_COMM_WORLD) != MPI_SUCCESS) rc = ISTH_ERUNTIME;
         double t0 = now_s();
         for (int k = 0; k < steps && rc == ISTH_OK; k++) rc = trainer_step(&tr, &s);
-        MPI_Barrier(MPI_COMM_WORLD);
+        if (rc == ISTH_OK && MPI_Barrier(MPI_COMM_WORLD) != MPI_SUCCESS) rc = ISTH_ERUNTIME;
         double dt = (now_s() - t0) / steps;
         const double tokens = tr.topo.total_tokens_per_step;
         trainer_destroy(&tr);

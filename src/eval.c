@@ -77,8 +77,8 @@ int eval_corpus(const Model *m, Activations *a, const Corpus *c, size_t max_byte
     free(window_ce);
     CHECK(rc);
     unsigned long long n_all = counted;
-    if (G > 1) MPI_Allreduce(MPI_IN_PLACE, &n_all, 1, MPI_UNSIGNED_LONG_LONG, MPI_SUM, a->ep->comm);
     free(window_n);
+    if (G > 1) CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &n_all, 1, MPI_UNSIGNED_LONG_LONG, MPI_SUM, a->ep->comm));
     if (n_all != predicted)
         return isth_fail(ISTH_ERUNTIME, "eval %s: scored %llu bytes, expected %zu", c->path, n_all,
                          predicted);

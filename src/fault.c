@@ -15,6 +15,14 @@ static char site_name[64];
 static long current_step;
 static int alloc_failed;
 
+int isth_fail_mpi(const char *file, int line, const char *call, int mpi_rc)
+{
+    char text[MPI_MAX_ERROR_STRING] = "";
+    int len = 0;
+    if (MPI_Error_string(mpi_rc, text, &len) != MPI_SUCCESS) snprintf(text, sizeof text, "MPI error %d", mpi_rc);
+    return isth_fail(ISTH_ERUNTIME, "%s:%d: %s failed: %s", file, line, call, text);
+}
+
 int fault_mpi_errors_return(MPI_Comm comm)
 {
     CHECK_MPI(MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN));

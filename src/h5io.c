@@ -36,7 +36,7 @@ static hid_t fapl_for(MPI_Comm comm)
 static int agree(MPI_Comm comm, int ok)
 {
     int all = ok;
-    MPI_Allreduce(MPI_IN_PLACE, &all, 1, MPI_INT, MPI_LAND, comm);
+    if (MPI_Allreduce(MPI_IN_PLACE, &all, 1, MPI_INT, MPI_LAND, comm) != MPI_SUCCESS) return 0;
     return all;
 }
 
@@ -70,7 +70,7 @@ int h5_commit(H5File *f)
     int rc = ISTH_OK;
     if (f->rank == 0 && rename(f->tmp, f->path) != 0)
         rc = isth_fail(ISTH_ERUNTIME, "file %s: rename from %s failed: %s", f->path, f->tmp, strerror(errno));
-    MPI_Bcast(&rc, 1, MPI_INT, 0, f->comm);
+    CHECK_MPI(MPI_Bcast(&rc, 1, MPI_INT, 0, f->comm));
     return rc;
 }
 

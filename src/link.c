@@ -44,9 +44,7 @@ int link_msg_alloc(LinkMsg *m, int peer, int tag, size_t send_bytes, size_t recv
     return ISTH_OK;
 }
 
-/* Cancel and retire n requests within a short grace period; 1 when all are
- * retired (their buffers may be freed). */
-static int retire(MPI_Request *req, int n)
+int link_retire(MPI_Request *req, int n)
 {
     for (int i = 0; i < n; i++)
         if (req[i] != MPI_REQUEST_NULL) MPI_Cancel(&req[i]);
@@ -65,8 +63,8 @@ static int retire(MPI_Request *req, int n)
 void link_msg_free(LinkMsg *m)
 {
     int free_recv = 1, free_send = 1;
-    if (m->recv_posted && !m->recv_done) free_recv = retire(m->rr, m->recv_pieces);
-    if (m->send_posted == 1) free_send = retire(m->rs, m->send_pieces);
+    if (m->recv_posted && !m->recv_done) free_recv = link_retire(m->rr, m->recv_pieces);
+    if (m->send_posted == 1) free_send = link_retire(m->rs, m->send_pieces);
     if (free_recv) {
         free(m->recv);
         free(m->rr);

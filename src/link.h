@@ -89,6 +89,10 @@ int link_msg_alloc(LinkMsg *m, int peer, int tag, size_t send_bytes, size_t recv
  * request cannot be retired: MPI might still write them). */
 void link_msg_free(LinkMsg *m);
 
+/* Cancel and retire n requests (MPI_REQUEST_NULL ones are skipped) within a
+ * short grace period; 1 when all are retired and their buffers may go. */
+int link_retire(MPI_Request *req, int n);
+
 /* Fill a header + checksum in front of payload (already in buf + sizeof header). */
 void link_frame(unsigned char *buf, uint8_t codec, uint8_t kind, uint32_t fragment,
                 uint32_t from_site, uint64_t exchange, uint64_t values, uint64_t payload_bytes);

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "link.h"
 #include "status.h"
 
 double spread_max_rel_distance(const float *rows, const double *w, int n, int len)
@@ -63,7 +64,10 @@ int spread_create(Spread *s, const Topology *t, const Model *m, MPI_Comm world, 
 
 void spread_destroy(Spread *s)
 {
+    const int n = s->topo && s->topo->world_rank == 0 ? s->topo->n_learners : 1;
     for (int k = 0; k < SPREAD_QUEUE; k++) {
+        /* a probe still posted (a failed run): retired first, else leaked */
+        if (s->q[k].req && !link_retire(s->q[k].req, n)) continue;
         free(s->q[k].values);
         free(s->q[k].req);
     }
@@ -129,13 +133,13 @@ int spread_round(Spread *s, long round, long step, const float *params, Metrics 
                 continue;
             }
             const int src = learner_first_rank(t, l);
-            CHECK_MPI(MPI_Irecv(q->values + (size_t)l * s->samples, s->samples, MPI_FLOAT, src, SPREAD_TAG, s->comm,
+            CHECK_MPI(MPI_Irecv(q->values + (size_t)l * s->samples, s->samples, MPI_FLOAT, src, LINK_TAG_SPREAD, s->comm,
                                 &q->req[l]));
             if (topology_site_of(t, src) != t->site) s->inter_site_bytes += (double)bytes;
         }
     } else {
         for (int i = 0; i < s->samples; i++) q->values[i] = params[s->pos[i]];
-        CHECK_MPI(MPI_Isend(q->values, s->samples, MPI_FLOAT, 0, SPREAD_TAG, s->comm, &q->req[0]));
+        CHECK_MPI(MPI_Isend(q->values, s->samples, MPI_FLOAT, 0, LINK_TAG_SPREAD, s->comm, &q->req[0]));
         if (topology_site_of(t, 0) != t->site) s->inter_site_bytes += (double)bytes;
     }
     return spread_poll(s, mt);

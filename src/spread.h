@@ -21,7 +21,6 @@
 #include "model.h"
 #include "topology.h"
 
-#define SPREAD_TAG 9000           /* above every LINK_TAG */
 #define SPREAD_SAMPLES 1024
 #define SPREAD_QUEUE 64           /* rounds rank 0 may hold open (or a sender may have in flight) */
 

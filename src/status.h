@@ -41,14 +41,17 @@ int isth_fail(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3
         if (check_rc_ != ISTH_OK) return check_rc_;                          \
     } while (0)
 
-/* An MPI call that must succeed; MPI's own message names the failure. */
+/* An MPI call that must succeed; MPI's own message names the failure.
+ * Live because the communicators return errors (fault_mpi_errors_return). */
 #define CHECK_MPI(call)                                                      \
     do {                                                                     \
         int check_rc_ = (call);                                              \
-        if (check_rc_ != MPI_SUCCESS)                                        \
-            return isth_fail(ISTH_ERUNTIME, "%s:%d: %s failed (MPI error %d)", \
-                             __FILE__, __LINE__, #call, check_rc_);          \
+        if (check_rc_ != 0 /* MPI_SUCCESS */)                                \
+            return isth_fail_mpi(__FILE__, __LINE__, #call, check_rc_);      \
     } while (0)
+
+/* "file:line: call failed: <MPI's error string>", ISTH_ERUNTIME (fault.c). */
+int isth_fail_mpi(const char *file, int line, const char *call, int mpi_rc);
 
 /* Allocation that must succeed. */
 #define CHECK_ALLOC(ptr)                                                     \

@@ -19,19 +19,6 @@ run() { # run NP NAME [args...]
     mpi "$np" "$ISTHMUS" train "$T" --set train.out_dir="$WORK/$name" --set train.log_every=1 \
         --set data.eval_bytes=4096 "$@" >> "$WORK/$name.log" 2>&1
 }
-losses() { grep '^{"step"' "$1/metrics.jsonl" | sed 's/.*"step":\([0-9]*\),"loss":\([^,]*\),.*/\1 \2/' | sort -n | uniq; }
-exact() { # exact NAME_A NAME_B: same loss at every step and identical weights
-    if [ -n "$(losses "$WORK/$1")" ] && [ "$(losses "$WORK/$1")" = "$(losses "$WORK/$2")" ]; then
-        pass "$2: losses bit-identical to the uninterrupted run ($(losses "$WORK/$1" | wc -l) steps)"
-    else
-        fail "$2: losses differ: $(diff <(losses "$WORK/$1") <(losses "$WORK/$2") | head -4)"
-    fi
-    if h5diff "$WORK/$1/model.h5" "$WORK/$2/model.h5" /model /model > /dev/null 2>&1; then
-        pass "$2: final weights bit-identical"
-    else
-        fail "$2: final weights differ"
-    fi
-}
 resume_case() { # resume_case NP NAME STOP [args...]
     local np=$1 name=$2 stop=$3
     shift 3

@@ -53,3 +53,18 @@ step_field() { # step_field FILE STEP FIELD
 
 # |a-b| <= tol * |b|
 close_to() { awk -v a="$1" -v b="$2" -v t="$3" 'BEGIN { d = a - b; if (d < 0) d = -d; m = b < 0 ? -b : b; exit !(d <= t * m) }'; }
+
+# losses of a run directory, one "step loss" line per step
+losses() { grep '^{"step"' "$1/metrics.jsonl" | sed 's/.*"step":\([0-9]*\),"loss":\([^,]*\),.*/\1 \2/' | sort -n | uniq; }
+exact() { # exact NAME_A NAME_B: same loss at every step and identical weights
+    if [ -n "$(losses "$WORK/$1")" ] && [ "$(losses "$WORK/$1")" = "$(losses "$WORK/$2")" ]; then
+        pass "$2: losses bit-identical to the uninterrupted run ($(losses "$WORK/$1" | wc -l) steps)"
+    else
+        fail "$2: losses differ: $(diff <(losses "$WORK/$1") <(losses "$WORK/$2") | head -4)"
+    fi
+    if h5diff "$WORK/$1/model.h5" "$WORK/$2/model.h5" /model /model > /dev/null 2>&1; then
+        pass "$2: final weights bit-identical"
+    else
+        fail "$2: final weights differ"
+    fi
+}

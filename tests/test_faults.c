@@ -1,0 +1,136 @@
+/* test_faults.c — the failure policy's building blocks, on one rank:
+ *  - MPI errors are returned, not fatal: a send to a rank that does not
+ *    exist, a broadcast from a root that does not exist become ISTH_ERUNTIME
+ *    through CHECK_MPI (with the default handler the process would abort);
+ *  - a receive nobody answers ends at the link deadline, and freeing its
+ *    message cancels the request first;
+ *  - messages and collectives in pieces of 1 KiB deliver exactly what one
+ *    piece would;
+ *  - the test hooks parse as documented (SITE:N, RANK:STEP, one failure).
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <cmocka.h>
+#include <mpi.h>
+
+#include "alloc.h"
+#include "coll.h"
+#include "fault.h"
+#include "link.h"
+#include "status.h"
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + 1e-9 * ts.tv_nsec;
+}
+
+static void mpi_errors_are_returned(void **state)
+{
+    (void)state;
+    Link l;
+    link_init(&l, MPI_COMM_WORLD, 1.0, "a");
+    LinkMsg m;
+    assert_int_equal(link_msg_alloc(&m, 7, LINK_TAG_CONTROL, 64, 64, 0), ISTH_OK); /* rank 7 of a 1-rank world */
+    memset(m.send, 0, 64);
+    assert_int_equal(link_post_send(&l, &m), ISTH_ERUNTIME);
+    link_msg_free(&m);
+    char buf[16] = {0};
+    assert_int_equal(coll_bcast_bytes(MPI_COMM_WORLD, buf, sizeof buf, 3), ISTH_ERUNTIME);
+}
+
+static void unanswered_receive_hits_deadline(void **state)
+{
+    (void)state;
+    Link l;
+    link_init(&l, MPI_COMM_WORLD, 0.2, "a");
+    LinkMsg m;
+    assert_int_equal(link_msg_alloc(&m, 0, LINK_TAG(LINK_SITE_VALUES, 3), 128, 128, 0), ISTH_OK);
+    assert_int_equal(link_post_recv(&l, &m), ISTH_OK);
+    m.send_posted = 2; /* nothing to send: only the receive is waited on */
+    LinkMsg *msgs[1] = {&m};
+    const double t0 = now_s();
+    assert_int_equal(link_wait(&l, msgs, 1, "test"), ISTH_ERUNTIME);
+    const double dt = now_s() - t0;
+    assert_true(dt >= 0.2 && dt < 5.0);
+    link_msg_free(&m); /* cancels the receive, then frees */
+    /* nothing left posted under that tag: a later self-message is received normally */
+    int flag = 0;
+    MPI_Iprobe(0, LINK_TAG(LINK_SITE_VALUES, 3), MPI_COMM_WORLD, &flag, MPI_STATUS_IGNORE);
+    assert_int_equal(flag, 0);
+}
+
+static void pieces_deliver_the_same_bytes(void **state)
+{
+    (void)state;
+    coll_set_max_message(1024);
+    Link l;
+    link_init(&l, MPI_COMM_WORLD, 10.0, "a");
+    const size_t n = 10000 + sizeof(LinkHeader); /* 10 pieces, the last partial */
+    LinkMsg m;
+    assert_int_equal(link_msg_alloc(&m, 0, LINK_TAG(LINK_SITE_VALUES, 5), n, n, 0), ISTH_OK);
+    for (size_t i = 0; i < n; i++) m.send[i] = (unsigned char)(i * 7 + 3);
+    link_frame(m.send, 0, LINK_SITE_VALUES, 5, 0, 1, 10000, 10000);
+    assert_int_equal(link_post_recv(&l, &m), ISTH_OK);
+    assert_int_equal(m.recv_pieces, 10);
+    LinkMsg *msgs[1] = {&m};
+    assert_int_equal(link_wait(&l, msgs, 1, "pieces"), ISTH_OK);
+    assert_memory_equal(m.send, m.recv, n);
+    assert_null(link_check(m.recv, n, LINK_SITE_VALUES, 5, 1, 10000, 10000));
+    link_msg_free(&m);
+    /* collectives in pieces: a sum and a gather of 1000 floats in 250-float pieces */
+    float v[1000], all[1000];
+    for (int i = 0; i < 1000; i++) v[i] = (float)i * 0.5f;
+    assert_int_equal(coll_allgather_floats(MPI_COMM_WORLD, v, 1000, all), ISTH_OK);
+    assert_memory_equal(v, all, sizeof v);
+    assert_int_equal(coll_allreduce_comm(MPI_COMM_WORLD, v, 1000, MPI_FLOAT, sizeof(float), MPI_SUM), ISTH_OK);
+    assert_memory_equal(v, all, sizeof v);
+    coll_set_max_message((size_t)1 << 30);
+}
+
+static void hooks_parse_as_documented(void **state)
+{
+    (void)state;
+    setenv("ISTHMUS_TEST_HOOK", "b:7", 1);
+    assert_int_equal(fault_hook_for("ISTHMUS_TEST_HOOK", "b"), 7);
+    assert_int_equal(fault_hook_for("ISTHMUS_TEST_HOOK", "bb"), 0);
+    assert_int_equal(fault_hook_for("ISTHMUS_TEST_HOOK", "a"), 0);
+    unsetenv("ISTHMUS_TEST_HOOK");
+    assert_int_equal(fault_hook_for("ISTHMUS_TEST_HOOK", "b"), 0);
+    /* rank 0's first allocation during step 4 fails, once */
+    setenv("ISTHMUS_FAIL_ALLOC", "0:4", 1);
+    fault_set_step(3);
+    void *p = isth_malloc(16);
+    assert_non_null(p);
+    free(p);
+    fault_set_step(4);
+    assert_null(isth_malloc(16));
+    p = isth_calloc(4, 4);
+    assert_non_null(p);
+    free(p);
+    unsetenv("ISTHMUS_FAIL_ALLOC");
+    fault_set_step(0);
+}
+
+int main(int argc, char **argv)
+{
+    MPI_Init(&argc, &argv);
+    status_set_quiet(1);
+    if (fault_mpi_errors_return(MPI_COMM_WORLD) != ISTH_OK) return 1;
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(mpi_errors_are_returned),
+        cmocka_unit_test(unanswered_receive_hits_deadline),
+        cmocka_unit_test(pieces_deliver_the_same_bytes),
+        cmocka_unit_test(hooks_parse_as_documented),
+    };
+    int failed = cmocka_run_group_tests(tests, NULL, NULL);
+    MPI_Finalize();
+    return failed ? 1 : 0;
+}
