@@ -38,19 +38,30 @@ static void ckpt_path(const char *dir, long step, char *out, size_t cap)
     snprintf(out, cap, "%s/ckpt-%08ld.h5", dir, step);
 }
 
-/* Steps of the complete checkpoint files in dir, newest first. */
+/* Steps of the complete checkpoint files in dir, newest first: at most cap
+ * of them in steps[]; returns how many there are in all (-1: out of memory). */
 static int list_steps(const char *dir, long *steps, int cap)
 {
     DIR *d = opendir(dir);
     if (!d) return 0;
-    int n = 0;
+    int n = 0, room = 0;
+    long *all = NULL;
     struct dirent *e;
-    long all[4096];
-    while ((e = readdir(d)) && n < 4096) {
+    while ((e = readdir(d))) {
         long step;
         char tail[8];
-        if (sscanf(e->d_name, "ckpt-%ld.h%7s", &step, tail) == 2 && !strcmp(tail, "5") && step >= 0)
-            all[n++] = step;
+        if (sscanf(e->d_name, "ckpt-%ld.h%7s", &step, tail) != 2 || strcmp(tail, "5") || step < 0) continue;
+        if (n == room) {
+            room = room ? 2 * room : 64;
+            long *grown = isth_realloc(all, sizeof(long) * (size_t)room);
+            if (!grown) {
+                free(all);
+                closedir(d);
+                return -1;
+            }
+            all = grown;
+        }
+        all[n++] = step;
     }
     closedir(d);
     for (int i = 0; i < n; i++) /* sort descending */
@@ -60,9 +71,9 @@ static int list_steps(const char *dir, long *steps, int cap)
                 all[i] = all[j];
                 all[j] = t;
             }
-    int m = n < cap ? n : cap;
-    memcpy(steps, all, sizeof(long) * (size_t)m);
-    return m;
+    if (steps && cap > 0) memcpy(steps, all, sizeof(long) * (size_t)(n < cap ? n : cap));
+    free(all);
+    return n;
 }
 
 typedef struct {
@@ -191,8 +202,12 @@ static int write_state(Trainer *tr, H5File *f)
 
 static void prune(const char *dir, int keep)
 {
-    long steps[4096];
-    int n = list_steps(dir, steps, 4096);
+    int n = list_steps(dir, NULL, 0);
+    long *steps = n > 0 ? isth_malloc(sizeof(long) * (size_t)n) : NULL;
+    if (!steps) return; /* nothing to prune, or no memory: keep every file */
+    const int listed = n;
+    n = list_steps(dir, steps, listed);
+    if (n > listed) n = listed;
     for (int i = keep; i < n; i++) {
         char path[1200];
         ckpt_path(dir, steps[i], path, sizeof path);
@@ -363,6 +378,7 @@ int ckpt_find(Trainer *tr, const char *arg, char *path, size_t cap)
     if (site_rank == 0) {
         long steps[CKPT_MAX_LIST * 4];
         int n = list_steps(dir, steps, CKPT_MAX_LIST * 4), k = 0;
+        if (n > CKPT_MAX_LIST * 4) n = CKPT_MAX_LIST * 4; /* the newest ones */
         for (int i = 0; i < n && k < CKPT_MAX_LIST; i++) {
             if (want >= 0 && steps[i] != want) continue;
             char p[1200], reason[512];

@@ -116,6 +116,7 @@ int outer_set_butterfly(Outer *o, Reducer *r, int learner, int n_learners, const
     CHECK_ALLOC(o->weights);
     memcpy(o->weights, weights, sizeof(double) * (size_t)n_learners);
     CHECK(spread_create(&o->spread, r->topo, r->model, r->world, weights));
+    o->spread.timeout_s = r->link.timeout_s;
     return reduce_enable_mixing(r);
 }
 

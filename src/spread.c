@@ -5,6 +5,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "link.h"
 #include "status.h"
@@ -41,6 +42,7 @@ int spread_create(Spread *s, const Topology *t, const Model *m, MPI_Comm world, 
     s->comm = world;
     s->active = t->world_rank == 0 || t->learner_rank == 0;
     s->last_round = -1;
+    s->timeout_s = 600.0;
     if (!s->active) return ISTH_OK;
     s->samples = m->dense_end < SPREAD_SAMPLES ? (int)m->dense_end : SPREAD_SAMPLES;
     s->pos = isth_malloc(sizeof(size_t) * (size_t)s->samples);
@@ -103,9 +105,17 @@ static int retire_oldest(Spread *s, Metrics *mt, int wait, int *done)
 {
     SpreadRound *q = &s->q[s->head];
     const int n = s->topo->world_rank == 0 ? s->topo->n_learners : 1;
-    int flag = 1;
-    if (wait) CHECK_MPI(MPI_Waitall(n, q->req, MPI_STATUSES_IGNORE));
-    else CHECK_MPI(MPI_Testall(n, q->req, &flag, MPI_STATUSES_IGNORE));
+    int flag = 0;
+    const double t0 = MPI_Wtime();
+    for (;;) {
+        CHECK_MPI(MPI_Testall(n, q->req, &flag, MPI_STATUSES_IGNORE));
+        if (flag || !wait) break;
+        if (MPI_Wtime() - t0 > s->timeout_s)
+            return isth_fail(ISTH_ERUNTIME, "spread probe of round %ld: samples missing after [outer] timeout = %g s",
+                             q->round, s->timeout_s);
+        struct timespec ts = {0, 50000};
+        nanosleep(&ts, NULL);
+    }
     *done = flag;
     if (!flag) return ISTH_OK;
     if (s->topo->world_rank == 0) log_round(s, q, mt);

@@ -8,7 +8,7 @@
  * of rounds still waiting for samples. Rank 0 only tests for arrivals
  * (never waits during training), so the probe adds no wait to any learner
  * and no collective across learners; it waits only in spread_finish, at the
- * end of the run. The bytes that cross sites are counted (inter_site_bytes).
+ * end of the run, and then against the link's deadline. The bytes that cross sites are counted (inter_site_bytes).
  * Must not: change parameters, or take part in the mixing itself.
  */
 #ifndef ISTHMUS_SPREAD_H
@@ -39,6 +39,7 @@ typedef struct {
     SpreadRound q[SPREAD_QUEUE];  /* ring */
     int head, count;
     double inter_site_bytes;      /* this rank, sent + received */
+    double timeout_s;             /* deadline of a wait ([outer] timeout; 600 s unless set) */
     long last_round;              /* rank 0: the latest round logged (-1: none), and its spread */
     double last_value;
 } Spread;
