@@ -65,7 +65,7 @@ int eval_corpus(const Model *m, Activations *a, const Corpus *c, size_t max_byte
                 }
         }
     }
-    if (rc == ISTH_OK) rc = coll_allreduce_sum_double(a->ep, window_ce, (int)windows);
+    if (rc == ISTH_OK) rc = coll_allreduce_sum_double(a->ep, window_ce, windows);
     double ce = 0.0;
     size_t counted = 0;
     for (size_t w = 0; w < windows; w++) {
