@@ -301,8 +301,9 @@ int ckpt_validate(const char *path, char *reason, size_t cap, long *step)
 {
     H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
     reason[0] = '\0';
-    if (access(path, R_OK) != 0) {
-        snprintf(reason, cap, "cannot open: %s", strerror(errno));
+    const char *why = h5_not_readable(path);
+    if (why) {
+        snprintf(reason, cap, "%s", why);
         return ISTH_EINPUT;
     }
     hid_t file = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
@@ -601,7 +602,7 @@ int ckpt_inspect(const char *path)
 {
     H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
     printf("file: %s\n", path);
-    hid_t file = access(path, R_OK) == 0 ? H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT) : -1;
+    hid_t file = !h5_not_readable(path) ? H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT) : -1;
     if (file >= 0) {
         static const char *const names[] = {"format_version", "step", "outer_steps", "tokens", "written", "site",
                                             "mode", "first_learner", "learners", "exchanges", "adam_t"};

@@ -4,12 +4,15 @@
 
 #include <ctype.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "status.h"
 
@@ -521,15 +524,25 @@ int config_load_text(Config *cfg, const char *text, const char *origin,
 int config_load(Config *cfg, const char *path, const char *const *overrides, int n_overrides)
 {
     if (!path) return config_load_text(cfg, NULL, "(defaults)", overrides, n_overrides);
-    FILE *f = fopen(path, "rb");
-    if (!f) return isth_fail(ISTH_EINPUT, "config %s: cannot open: %s", path, strerror(errno));
-    fseek(f, 0, SEEK_END);
-    long size = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    if (size < 0 || size > (1 << 24)) {
-        fclose(f);
-        return isth_fail(ISTH_EINPUT, "config %s: not a regular file or larger than 16 MiB", path);
+    /* O_NONBLOCK: a FIFO must not block the open; only regular files are read */
+    int fd = open(path, O_RDONLY | O_NONBLOCK);
+    if (fd < 0) return isth_fail(ISTH_EINPUT, "config %s: cannot open: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        close(fd);
+        return isth_fail(ISTH_EINPUT, "config %s: not a regular file", path);
     }
+    if (st.st_size > (1 << 24)) {
+        close(fd);
+        return isth_fail(ISTH_EINPUT, "config %s: %lld bytes, larger than 16 MiB (not a config file)", path,
+                         (long long)st.st_size);
+    }
+    FILE *f = fdopen(fd, "rb");
+    if (!f) {
+        close(fd);
+        return isth_fail(ISTH_EINPUT, "config %s: cannot open: %s", path, strerror(errno));
+    }
+    const long size = (long)st.st_size;
     char *text = isth_malloc((size_t)size + 1);
     if (!text) {
         fclose(f);

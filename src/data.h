@@ -1,6 +1,8 @@
 /* data.h — the byte corpus and the deterministic training windows.
  *
- * Owns: memory-mapping corpus files, and which training windows each rank
+ * Owns: reading corpus files (pread of each window: a file that shrinks
+ * under a running job is a one-line error, never a SIGBUS as with a memory
+ * map), and which training windows each rank
  * reads. Every optimiser step has one global batch of windows, numbered
  * 0, 1, 2, ... in (learner, micro-step, rank, sequence) order; window i of
  * step s starts at a position that is a pure function of (seed, s, i),
@@ -19,8 +21,8 @@
 #include <stdint.h>
 
 typedef struct {
-    const unsigned char *bytes;
-    size_t size;
+    int fd, is_open;
+    size_t size;       /* at open; a shorter read later is an error */
     char path[1024];
 } Corpus;
 
@@ -29,17 +31,22 @@ typedef struct {
     uint64_t step; /* optimiser steps whose windows were drawn */
 } DataCursor;
 
-/* Map `dir/name`; a missing, unreadable or empty file is ISTH_EINPUT with
- * a message naming the path. */
+/* Open `dir/name`; a missing, unreadable, non-regular (a FIFO: checked
+ * without blocking) or too short file is ISTH_EINPUT with a message naming
+ * the path. */
 int corpus_open(Corpus *c, const char *dir, const char *name);
 void corpus_close(Corpus *c);
+
+/* Bytes [off, off + n) of the file; ISTH_ERUNTIME naming the file when it
+ * no longer has them (truncated or failing during the run). */
+int corpus_read(const Corpus *c, size_t off, unsigned char *buf, size_t n);
 
 /* Check that the file holds at least one window of T+1 bytes. */
 int data_check_windows(const Corpus *c, int T);
 
 /* Fill tokens/targets (B,T) with windows first_index .. first_index+B-1 of
  * step cur->step. */
-void data_fill(const DataCursor *cur, const Corpus *c, uint64_t first_index, int *tokens,
-               int *targets, int B, int T);
+int data_fill(const DataCursor *cur, const Corpus *c, uint64_t first_index, int *tokens,
+              int *targets, int B, int T);
 
 #endif

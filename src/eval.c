@@ -27,12 +27,14 @@ int eval_corpus(const Model *m, Activations *a, const Corpus *c, size_t max_byte
     const size_t calls = (windows + per_call - 1) / per_call;
     int *tokens = isth_malloc((size_t)B * T * sizeof(int));
     int *targets = isth_malloc((size_t)B * T * sizeof(int));
+    unsigned char *bytes = isth_malloc((size_t)T + 1); /* one window and the byte after it */
     /* per-window sums: each window is scored by exactly one rank, so the
      * learner-wide sum of this array is exact and the total, added in window
      * order, does not depend on the number of ranks */
     double *window_ce = isth_calloc(windows + 1, sizeof(double));
     size_t *window_n = isth_calloc(windows + 1, sizeof(size_t));
-    if (!tokens || !targets || !window_ce || !window_n) {
+    if (!tokens || !targets || !window_ce || !window_n || !bytes) {
+        free(bytes);
         free(tokens);
         free(targets);
         free(window_ce);
@@ -42,17 +44,19 @@ int eval_corpus(const Model *m, Activations *a, const Corpus *c, size_t max_byte
     int rc = ISTH_OK;
     for (size_t call = 0; call < calls && rc == ISTH_OK; call++) {
         const size_t w0 = call * per_call + (size_t)me * B; /* this rank's first window */
-        for (int b = 0; b < B; b++) {
+        for (int b = 0; b < B && rc == ISTH_OK; b++) {
             const size_t w = w0 + (size_t)b, start = w * (size_t)T;
+            const size_t have = w < windows ? (size - start < (size_t)T + 1 ? size - start : (size_t)T + 1) : 0;
+            if (have) rc = corpus_read(c, start, bytes, have);
             for (int t = 0; t < T; t++) {
-                size_t i = start + (size_t)t;
-                int valid = w < windows && i + 1 < size;
                 /* padding: token 0, not scored; causal attention and
                  * capacity-free routing keep it from affecting real bytes */
-                tokens[(size_t)b * T + t] = valid ? c->bytes[i] : 0;
-                targets[(size_t)b * T + t] = valid ? c->bytes[i + 1] : -1;
+                const int valid = (size_t)t + 1 < have;
+                tokens[(size_t)b * T + t] = valid ? bytes[t] : 0;
+                targets[(size_t)b * T + t] = valid ? bytes[t + 1] : -1;
             }
         }
+        if (rc != ISTH_OK) break;
         ForwardStats st;
         rc = transformer_forward(m, a, tokens, targets, B, T, 0, &st);
         for (int b = 0; b < B && rc == ISTH_OK; b++) {
@@ -72,9 +76,11 @@ int eval_corpus(const Model *m, Activations *a, const Corpus *c, size_t max_byte
         ce += window_ce[w];
         counted += window_n[w];
     }
+    free(bytes);
     free(tokens);
     free(targets);
     free(window_ce);
+    if (rc != ISTH_OK) free(window_n);
     CHECK(rc);
     unsigned long long n_all = counted;
     free(window_n);

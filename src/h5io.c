@@ -3,9 +3,11 @@
 #include "alloc.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "status.h"
@@ -38,6 +40,21 @@ static int agree(MPI_Comm comm, int ok)
     int all = ok;
     if (MPI_Allreduce(MPI_IN_PLACE, &all, 1, MPI_INT, MPI_LAND, comm) != MPI_SUCCESS) return 0;
     return all;
+}
+
+const char *h5_not_readable(const char *path)
+{
+    static __thread char why[256];
+    /* O_NONBLOCK: a FIFO must not block; HDF5 reads only regular files */
+    int fd = open(path, O_RDONLY | O_NONBLOCK);
+    if (fd < 0) {
+        snprintf(why, sizeof why, "cannot open: %s", strerror(errno));
+        return why;
+    }
+    struct stat st;
+    const int regular = fstat(fd, &st) == 0 && S_ISREG(st.st_mode);
+    close(fd);
+    return regular ? NULL : "not a regular file";
 }
 
 int h5_create(H5File *f, const char *path, MPI_Comm comm)
@@ -88,8 +105,8 @@ int h5_open(H5File *f, const char *path, MPI_Comm comm)
     f->comm = comm;
     MPI_Comm_rank(comm, &f->rank);
     snprintf(f->path, sizeof f->path, "%s", path);
-    if (access(path, R_OK) != 0)
-        return isth_fail(ISTH_EINPUT, "file %s: cannot open: %s", path, strerror(errno));
+    const char *why = h5_not_readable(path);
+    if (why) return isth_fail(ISTH_EINPUT, "file %s: %s", path, why);
     hid_t fapl = fapl_for(comm);
     f->file = H5Fopen(path, H5F_ACC_RDONLY, fapl);
     H5Pclose(fapl);

@@ -38,6 +38,10 @@ typedef struct {
     int failed;
 } H5File;
 
+/* NULL when path is a regular file this process can open, else why not
+ * (checked without blocking: a FIFO is refused, not waited on). */
+const char *h5_not_readable(const char *path);
+
 /* Create "<path>.tmp" collectively. */
 int h5_create(H5File *f, const char *path, MPI_Comm comm);
 /* Close; when every rank succeeded, rank 0 renames to the final path. */

@@ -179,7 +179,7 @@ int trainer_step(Trainer *tr, StepLog *out)
     for (int micro = 0; micro < M; micro++) {
         const uint64_t first = tr->learner_first_window + (uint64_t)micro * B * G +
                                (uint64_t)t->learner_rank * B;
-        data_fill(&tr->cursor, &tr->train, first, tr->tokens, tr->targets, B, T);
+        CHECK(data_fill(&tr->cursor, &tr->train, first, tr->tokens, tr->targets, B, T));
         ForwardStats st;
         CHECK(transformer_forward(&tr->model, &tr->acts, tr->tokens, tr->targets, B, T, 1, &st));
         CHECK(transformer_backward(&tr->model, &tr->acts, tr->tokens, tr->targets,
