@@ -5,6 +5,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <hdf5.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -282,16 +283,30 @@ static herr_t visit_read(hid_t obj, const char *name, const H5O_info_t *info, vo
     }
     hid_t space = H5Dget_space(d), type = H5Dget_type(d);
     hssize_t n = H5Sget_simple_extent_npoints(space);
-    size_t sz = H5Tget_size(type);
-    void *buf = isth_malloc((size_t)(n > 0 ? n : 1) * (sz ? sz : 1));
-    herr_t err = buf ? H5Dread(d, type, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf) : -1;
+    const size_t sz = H5Tget_size(type);
+    /* every isthmus dataset is float32 (tensors) or float64 (state) */
+    const int is_float = H5Tget_class(type) == H5T_FLOAT && (sz == 4 || sz == 8);
+    void *buf = is_float ? isth_malloc((size_t)(n > 0 ? n : 1) * sz) : NULL;
+    herr_t err = buf ? H5Dread(d, sz == 4 ? H5T_NATIVE_FLOAT : H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf)
+                     : -1;
+    int finite = 1;
+    for (hssize_t i = 0; err >= 0 && buf && i < n && finite; i++)
+        finite = sz == 4 ? isfinite(((float *)buf)[i]) : isfinite(((double *)buf)[i]);
     free(buf);
     H5Tclose(type);
     H5Sclose(space);
     H5Dclose(d);
     v->datasets++;
+    if (!is_float) {
+        snprintf(v->reason, v->cap, "dataset /%s: not floating point (the format stores float32/float64)", name);
+        return 1;
+    }
     if (err < 0) {
         snprintf(v->reason, v->cap, "dataset /%s: checksum mismatch or truncated data", name);
+        return 1;
+    }
+    if (!finite) {
+        snprintf(v->reason, v->cap, "dataset /%s holds NaN or Inf", name);
         return 1;
     }
     return 0;

@@ -427,6 +427,9 @@ static int validate_outer(Config *cfg, EntryList *l)
                              origin_of(l, "outer", "momentum"), o->momentum);
         o->momentum = butterfly ? 0.0 : 0.9; /* butterfly: plain pairwise averaging unless asked */
     }
+    if (cfg->data.eval_bytes == 1)
+        return isth_fail(ISTH_EINPUT, "config %s: [data] eval_bytes = 1 leaves no byte to predict; use 0 (whole "
+                         "files) or at least 2", origin_of(l, "data", "eval_bytes"));
     if (o->fragments == 0) o->fragments = streaming ? cfg->model.layers : 1;
     if (!streaming && !butterfly && o->fragments != 1)
         return isth_fail(ISTH_EINPUT, "config %s: [outer] fragments = %d needs mode = streaming or butterfly (mode is %s)",

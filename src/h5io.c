@@ -3,6 +3,7 @@
 #include "alloc.h"
 
 #include <errno.h>
+#include <math.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -333,6 +334,16 @@ int h5_read_tensors(H5File *f, const char *group, const Model *m, float *buf, Ch
                            f->path, name);
             break;
         }
+        /* the dtype is part of the format: float32, nothing converted */
+        hid_t type = H5Dget_type(dset);
+        const int f32 = type >= 0 && H5Tget_class(type) == H5T_FLOAT && H5Tget_size(type) == 4;
+        if (type >= 0) H5Tclose(type);
+        if (!agree(f->comm, f32)) {
+            H5Sclose(fspace);
+            H5Dclose(dset);
+            rc = isth_fail(ISTH_EINPUT, "file %s: dataset %s is not float32", f->path, name);
+            break;
+        }
         size_t n = select_chunks(m, t, fspace, sel, ctx, buf, tmp, 0);
         hsize_t mdim = n ? n : 1;
         hid_t mspace = H5Screate_simple(1, &mdim, NULL);
@@ -345,6 +356,14 @@ int h5_read_tensors(H5File *f, const char *group, const Model *m, float *buf, Ch
         if (!ok) isth_fail(ISTH_EINPUT, "file %s: reading %s failed (checksum mismatch or truncated data)", f->path, name);
         if (!agree(f->comm, ok)) {
             rc = ISTH_EINPUT;
+            break;
+        }
+        size_t bad = 0;
+        while (bad < n && isfinite(tmp[bad])) bad++;
+        if (!agree(f->comm, bad == n)) { /* each rank names what it read */
+            rc = bad < n ? isth_fail(ISTH_EINPUT, "file %s: dataset %s holds NaN or Inf (a diverged or damaged model)",
+                                     f->path, name)
+                         : ISTH_EINPUT;
             break;
         }
         /* unpack in the same canonical order */

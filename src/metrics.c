@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
 
@@ -45,6 +46,19 @@ void metrics_close(Metrics *mt)
     mt->f = NULL;
 }
 
+/* A JSON number, or null for NaN/Inf (which JSON cannot hold). */
+typedef struct {
+    char text[40];
+} JsonNum;
+
+static JsonNum jnum(const char *fmt, double v)
+{
+    JsonNum n;
+    if (isfinite(v)) snprintf(n.text, sizeof n.text, fmt, v);
+    else snprintf(n.text, sizeof n.text, "null");
+    return n;
+}
+
 void metrics_step(Metrics *mt, const StepLog *s)
 {
     const double bpb = s->loss / M_LN2;
@@ -55,11 +69,13 @@ void metrics_step(Metrics *mt, const StepLog *s)
     fflush(stdout);
     if (!mt->f) return;
     fprintf(mt->f,
-            "{\"step\":%ld,\"loss\":%.17g,\"bpb\":%.6f,\"aux_loss\":%.6g,\"z_loss\":%.6g,\"lr\":%.6g,"
-            "\"grad_norm\":%.6g,\"tokens_per_s\":%.1f,\"ms_per_step\":%.3f,\"tokens\":%.0f,"
-            "\"dropped_frac\":%.6f,\"a2a_bytes\":%.0f,\"inter_site_bytes\":%.0f,\"link_wait_s\":%.6f}\n",
-            s->step, s->loss, bpb, s->aux_loss, s->z_loss, s->lr, s->grad_norm, s->tokens_per_s,
-            s->ms_per_step, s->tokens, s->dropped_frac, s->a2a_bytes, s->inter_site_bytes, s->link_wait_s);
+            "{\"step\":%ld,\"loss\":%s,\"bpb\":%s,\"aux_loss\":%s,\"z_loss\":%s,\"lr\":%.6g,"
+            "\"grad_norm\":%s,\"tokens_per_s\":%.1f,\"ms_per_step\":%.3f,\"tokens\":%.0f,"
+            "\"dropped_frac\":%s,\"a2a_bytes\":%.0f,\"inter_site_bytes\":%.0f,\"link_wait_s\":%.6f}\n",
+            s->step, jnum("%.17g", s->loss).text, jnum("%.6f", bpb).text, jnum("%.6g", s->aux_loss).text,
+            jnum("%.6g", s->z_loss).text, s->lr, jnum("%.6g", s->grad_norm).text, s->tokens_per_s,
+            s->ms_per_step, s->tokens, jnum("%.6f", s->dropped_frac).text, s->a2a_bytes, s->inter_site_bytes,
+            s->link_wait_s);
     fflush(mt->f);
 }
 
@@ -68,8 +84,8 @@ void metrics_eval(Metrics *mt, const char *set, long step, double bpb, size_t by
     printf("eval %-5s step %6ld | bpb %.4f | %zu bytes | %.1f s\n", set, step, bpb, bytes, seconds);
     fflush(stdout);
     if (!mt || !mt->f) return;
-    fprintf(mt->f, "{\"eval\":\"%s\",\"step\":%ld,\"bpb\":%.6f,\"bytes\":%zu,\"seconds\":%.3f}\n", set,
-            step, bpb, bytes, seconds);
+    fprintf(mt->f, "{\"eval\":\"%s\",\"step\":%ld,\"bpb\":%s,\"bytes\":%zu,\"seconds\":%.3f}\n", set,
+            step, jnum("%.6f", bpb).text, bytes, seconds);
     fflush(mt->f);
 }
 
@@ -85,10 +101,10 @@ void metrics_outer(Metrics *mt, long outer_step, int fragment, long started, lon
     if (!mt || !mt->f) return;
     fprintf(mt->f,
             "{\"outer\":%ld,\"fragment\":%d,\"started_step\":%ld,\"step\":%ld,\"payload_bytes\":%.0f,"
-            "\"codec_rel_error\":%.6g,\"accepted_sites\":%d,\"sites\":%d,\"sent_after_polls\":%d,\"arrived_after_polls\":%d,"
+            "\"codec_rel_error\":%s,\"accepted_sites\":%d,\"sites\":%d,\"sent_after_polls\":%d,\"arrived_after_polls\":%d,"
             "\"rejected\":\"%s\"}\n",
-            outer_step, fragment, started, step, r->payload_bytes, r->codec_rel_error, r->accepted_sites,
-            r->n_sites, r->sent_poll, r->arrived_poll, r->rejected);
+            outer_step, fragment, started, step, r->payload_bytes, jnum("%.6g", r->codec_rel_error).text,
+            r->accepted_sites, r->n_sites, r->sent_poll, r->arrived_poll, r->rejected);
     fflush(mt->f);
 }
 
@@ -104,10 +120,10 @@ void metrics_mix(Metrics *mt, long round, int fragment, int partner, int crosses
     if (!mt || !mt->f) return;
     fprintf(mt->f,
             "{\"mix\":%ld,\"fragment\":%d,\"partner\":%d,\"crossed_sites\":%d,\"started_step\":%ld,\"step\":%ld,"
-            "\"payload_bytes\":%.0f,\"codec\":\"%s\",\"codec_rel_error\":%.6g,\"pair_distance\":%.6g,"
+            "\"payload_bytes\":%.0f,\"codec\":\"%s\",\"codec_rel_error\":%s,\"pair_distance\":%s,"
             "\"accepted\":%d,\"rejected\":\"%s\"}\n",
             round, fragment, partner, crosses, started, step, r->payload_bytes, codec_name(r->codec),
-            r->codec_rel_error, pair_distance,
+            jnum("%.6g", r->codec_rel_error).text, jnum("%.6g", pair_distance).text,
             r->accepted_sites == 2, r->rejected);
     fflush(mt->f);
 }

@@ -1,9 +1,12 @@
 /* h5tamper.c — damages an HDF5 file on purpose, for the checkpoint tests:
  *   h5tamper FILE delete DATASET        remove one dataset
  *   h5tamper FILE version N            set the format_version attribute
+ *   h5tamper FILE nan DATASET           set the first element of a float dataset to NaN
+ *   h5tamper FILE int DATASET           replace a dataset by an int32 one of the same shape
  * (Truncation and flipped bytes need no HDF5: the tests use head and dd.)
  */
 #include <hdf5.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,7 +14,7 @@
 int main(int argc, char **argv)
 {
     if (argc != 4) {
-        fprintf(stderr, "usage: h5tamper FILE delete DATASET | FILE version N\n");
+        fprintf(stderr, "usage: h5tamper FILE delete|nan|int DATASET | FILE version N\n");
         return 2;
     }
     hid_t f = H5Fopen(argv[1], H5F_ACC_RDWR, H5P_DEFAULT);
@@ -24,6 +27,26 @@ int main(int argc, char **argv)
         hid_t a = H5Aopen(f, "format_version", H5P_DEFAULT);
         rc = a < 0 || H5Awrite(a, H5T_NATIVE_LLONG, &v) < 0;
         if (a >= 0) H5Aclose(a);
+    } else if (!strcmp(argv[2], "nan")) {
+        hid_t d = H5Dopen2(f, argv[3], H5P_DEFAULT);
+        hid_t space = d >= 0 ? H5Dget_space(d) : -1;
+        hsize_t start[8] = {0}, one[8] = {1, 1, 1, 1, 1, 1, 1, 1}, m = 1;
+        float v = NAN;
+        rc = space < 0 || H5Sselect_hyperslab(space, H5S_SELECT_SET, start, NULL, one, NULL) < 0;
+        hid_t ms = H5Screate_simple(1, &m, NULL);
+        if (!rc) rc = H5Dwrite(d, H5T_NATIVE_FLOAT, ms, space, H5P_DEFAULT, &v) < 0;
+        H5Sclose(ms);
+        if (space >= 0) H5Sclose(space);
+        if (d >= 0) H5Dclose(d);
+    } else if (!strcmp(argv[2], "int")) {
+        hid_t d = H5Dopen2(f, argv[3], H5P_DEFAULT);
+        hid_t space = d >= 0 ? H5Dget_space(d) : -1;
+        if (d >= 0) H5Dclose(d);
+        rc = space < 0 || H5Ldelete(f, argv[3], H5P_DEFAULT) < 0;
+        hid_t n = rc ? -1 : H5Dcreate2(f, argv[3], H5T_STD_I32LE, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+        rc = rc || n < 0;
+        if (n >= 0) H5Dclose(n);
+        if (space >= 0) H5Sclose(space);
     } else {
         rc = 2;
     }

@@ -1,0 +1,65 @@
+#!/bin/sh
+# cli_badinput.sh — bad input and damaged files: exit 2 (or 1 for what
+# happens during a run) with one line naming the culprit; never a crash, a
+# hang or a NaN with exit 0; earlier outputs left intact:
+#  - FIFOs as config, data file, --resume, eval --model and inspect FILE are
+#    refused without blocking;
+#  - a data file truncated during a run: exit 1 naming it (no SIGBUS);
+#  - data.eval_bytes = 1 (no byte to predict) is refused;
+#  - a model file with a NaN weight, or with an integer-typed dataset: eval
+#    and inspect say so (exit 2) and the file is not converted silently;
+#  - metrics.jsonl stays valid JSON (no nan/inf tokens).
+. "$TOP_SRCDIR/tests/lib.sh"
+
+T="$CONFIGS/tiny.ini"
+TAMPER=$(dirname "$ISTHMUS")/tests/h5tamper
+mkfifo "$WORK/fifo"
+expect_exit 2 "config $WORK/fifo: not a regular file" -- "$ISTHMUS" train "$WORK/fifo"
+expect_exit 2 "file $WORK/fifo: not a regular file" -- "$ISTHMUS" eval --model "$WORK/fifo"
+expect_exit 2 "$WORK/fifo: invalid: not a regular file" -- "$ISTHMUS" inspect "$WORK/fifo"
+expect_exit 2 "checkpoint $WORK/fifo: invalid: not a regular file" -- "$ISTHMUS" train "$T" \
+    --set train.out_dir="$WORK/r" --set train.steps=1 --resume "$WORK/fifo"
+mkdir "$WORK/data"
+cp "$DATA_DIR"/eval_prose.txt "$DATA_DIR"/eval_tech.txt "$WORK/data/"
+mkfifo "$WORK/data/train.txt"
+expect_exit 2 "data file $WORK/data/train.txt: not a regular file" -- "$ISTHMUS" train "$T" \
+    --set data.dir="$WORK/data" --set train.out_dir="$WORK/r" --set train.steps=1
+expect_exit 2 "eval_bytes = 1 leaves no byte to predict" -- "$ISTHMUS" train "$T" --set data.eval_bytes=1 \
+    --set train.out_dir="$WORK/r"
+
+# a training file that shrinks under the run
+rm "$WORK/data/train.txt"
+cp "$DATA_DIR/train.txt" "$WORK/data/train.txt"
+rc=0
+( for _ in $(seq 600); do grep -q '^step' "$WORK/trunc.out" 2>/dev/null && break; sleep 0.1; done
+  truncate -s 100 "$WORK/data/train.txt" ) &
+timeout 120 "$ISTHMUS" train "$T" --set data.dir="$WORK/data" --set train.out_dir="$WORK/trunc" \
+    --set train.steps=100000 --set train.log_every=1 > "$WORK/trunc.out" 2> "$WORK/trunc.err" || rc=$?
+wait
+if [ "$rc" = 1 ] && [ "$(grep -c . "$WORK/trunc.err")" = 1 ] &&
+    grep -q "data file $WORK/data/train.txt: now 100 bytes, was .* (truncated during the run" "$WORK/trunc.err"; then
+    pass "data file truncated during the run: exit 1, one line naming it"
+else
+    fail "truncated data file: exit $rc: $(head -c 300 "$WORK/trunc.err")"
+fi
+
+# damaged model files: a NaN weight, an int32 dataset
+timeout 120 "$ISTHMUS" train "$T" --set train.out_dir="$WORK/m" --set train.steps=2 --set data.eval_bytes=4096 \
+    > "$WORK/m.log" 2>&1 || fail "training the model to damage failed"
+cp "$WORK/m/model.h5" "$WORK/nan.h5"
+cp "$WORK/m/model.h5" "$WORK/int.h5"
+"$TAMPER" "$WORK/nan.h5" nan /model/wq && "$TAMPER" "$WORK/int.h5" int /model/wo || fail "h5tamper failed"
+expect_exit 2 "nan.h5: dataset /model/wq holds NaN or Inf" -- "$ISTHMUS" eval --model "$WORK/nan.h5" \
+    --set data.eval_bytes=4096 --set train.out_dir="$WORK/e"
+expect_exit 2 "nan.h5: invalid: dataset /model/wq holds NaN or Inf" -- "$ISTHMUS" inspect "$WORK/nan.h5"
+expect_exit 2 "int.h5: dataset /model/wo is not float32" -- "$ISTHMUS" eval --model "$WORK/int.h5" \
+    --set data.eval_bytes=4096 --set train.out_dir="$WORK/e"
+expect_exit 2 "int.h5: invalid: dataset /model/wo: not floating point" -- "$ISTHMUS" inspect "$WORK/int.h5"
+"$ISTHMUS" inspect "$WORK/m/model.h5" > /dev/null 2>&1 && pass "the undamaged model is still valid" ||
+    fail "the original model.h5 is no longer valid"
+if grep -Eqi '(:|,)[-+]?(nan|inf)' "$WORK/m/metrics.jsonl" "$WORK"/e/metrics.jsonl 2>/dev/null; then
+    fail "metrics.jsonl holds nan/inf: $(grep -Ei 'nan|inf' "$WORK/m/metrics.jsonl" | head -2)"
+else
+    pass "metrics.jsonl holds no nan/inf token"
+fi
+finish || exit 1
