@@ -258,10 +258,9 @@ int ckpt_write(Trainer *tr)
         if (tr->metrics.f) {
             fprintf(tr->metrics.f, "{\"checkpoint\":\"%s\",\"step\":%ld,\"mb\":%.3f,\"seconds\":%.3f}\n", path,
                     tr->step, mb, dt);
-            fflush(tr->metrics.f);
         }
     }
-    return ISTH_OK;
+    return tr->log ? metrics_flush(&tr->metrics) : ISTH_OK;
 }
 
 /* ---- validation ----------------------------------------------------------- */

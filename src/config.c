@@ -382,6 +382,12 @@ static SiteConfig *site_get(Config *cfg, const char *name, const char *origin, i
                         origin, name, CONFIG_NAME_MAX - 1);
         return NULL;
     }
+    /* a site name becomes a directory name (checkpoints): no '/', '.', '..' */
+    if (strspn(name, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-") != strlen(name)) {
+        *rc = isth_fail(ISTH_EINPUT, "config %s: site name '%s' may only hold letters, digits, '_' and '-'", origin,
+                        name);
+        return NULL;
+    }
     if (cfg->n_sites == CONFIG_MAX_SITES) {
         *rc = isth_fail(ISTH_EINPUT, "config %s: more than %d [site.*] sections", origin, CONFIG_MAX_SITES);
         return NULL;

@@ -217,9 +217,10 @@ static int cmd_eval(int argc, char **argv)
     for (int i = 0; i < 2 && rc == ISTH_OK; i++) {
         EvalResult r;
         rc = eval_corpus(&m, &a, sets[i], (size_t)cfg.data.eval_bytes, &r);
-        if (rc == ISTH_OK && rank == 0) metrics_eval(&mt, names[i], meta.step, r.bpb, r.predicted, r.seconds);
+        if (rc == ISTH_OK && rank == 0) rc = metrics_eval(&mt, names[i], meta.step, r.bpb, r.predicted, r.seconds);
     }
-    metrics_close(&mt);
+    const int closed = metrics_close(&mt);
+    if (rc == ISTH_OK) rc = closed;
     acts_destroy(&a);
     corpus_close(&prose);
     corpus_close(&tech);
@@ -254,6 +255,8 @@ static int cmd_bench(int argc, char **argv)
                              (int)(sizeof threads / sizeof *threads));
         threads[n_threads++] = (int)t;
     }
+    if (n_threads == 0)
+        return isth_fail(ISTH_EINPUT, "bench: --threads '%s': expected a list like 1,2 of counts 1..1024", values[0]);
     char *end;
     long steps = strtol(values[1], &end, 10);
     if (*end || steps < 1 || steps > 100000)

@@ -40,10 +40,21 @@ int metrics_open(Metrics *mt, const char *out_dir)
     return ISTH_OK;
 }
 
-void metrics_close(Metrics *mt)
+int metrics_close(Metrics *mt)
 {
-    if (mt->f) fclose(mt->f);
+    int rc = ISTH_OK;
+    if (mt->f && fclose(mt->f) != 0)
+        rc = isth_fail(ISTH_ERUNTIME, "metrics %s: closing failed: %s (disk full?)", mt->path, strerror(errno));
     mt->f = NULL;
+    return rc;
+}
+
+int metrics_flush(Metrics *mt)
+{
+    if (!mt || !mt->f) return ISTH_OK;
+    if (fflush(mt->f) != 0 || ferror(mt->f))
+        return isth_fail(ISTH_ERUNTIME, "metrics %s: write failed: %s (disk full?)", mt->path, strerror(errno));
+    return ISTH_OK;
 }
 
 /* A JSON number, or null for NaN/Inf (which JSON cannot hold). */
@@ -59,7 +70,7 @@ static JsonNum jnum(const char *fmt, double v)
     return n;
 }
 
-void metrics_step(Metrics *mt, const StepLog *s)
+int metrics_step(Metrics *mt, const StepLog *s)
 {
     const double bpb = s->loss / M_LN2;
     printf("step %6ld/%ld | loss %.4f | bpb %.4f | lr %.3e | gnorm %.3f | %8.0f tok/s | %7.1f ms"
@@ -67,7 +78,7 @@ void metrics_step(Metrics *mt, const StepLog *s)
            s->step, s->steps, s->loss, bpb, s->lr, s->grad_norm, s->tokens_per_s, s->ms_per_step,
            s->aux_loss, s->z_loss, 100.0 * s->dropped_frac, s->inter_site_bytes, s->link_wait_s);
     fflush(stdout);
-    if (!mt->f) return;
+    if (!mt->f) return ISTH_OK;
     fprintf(mt->f,
             "{\"step\":%ld,\"loss\":%s,\"bpb\":%s,\"aux_loss\":%s,\"z_loss\":%s,\"lr\":%.6g,"
             "\"grad_norm\":%s,\"tokens_per_s\":%.1f,\"ms_per_step\":%.3f,\"tokens\":%.0f,"
@@ -76,20 +87,20 @@ void metrics_step(Metrics *mt, const StepLog *s)
             jnum("%.6g", s->z_loss).text, s->lr, jnum("%.6g", s->grad_norm).text, s->tokens_per_s,
             s->ms_per_step, s->tokens, jnum("%.6f", s->dropped_frac).text, s->a2a_bytes, s->inter_site_bytes,
             s->link_wait_s);
-    fflush(mt->f);
+    return metrics_flush(mt);
 }
 
-void metrics_eval(Metrics *mt, const char *set, long step, double bpb, size_t bytes, double seconds)
+int metrics_eval(Metrics *mt, const char *set, long step, double bpb, size_t bytes, double seconds)
 {
     printf("eval %-5s step %6ld | bpb %.4f | %zu bytes | %.1f s\n", set, step, bpb, bytes, seconds);
     fflush(stdout);
-    if (!mt || !mt->f) return;
+    if (!mt || !mt->f) return ISTH_OK;
     fprintf(mt->f, "{\"eval\":\"%s\",\"step\":%ld,\"bpb\":%s,\"bytes\":%zu,\"seconds\":%.3f}\n", set,
             step, jnum("%.6f", bpb).text, bytes, seconds);
-    fflush(mt->f);
+    return metrics_flush(mt);
 }
 
-void metrics_outer(Metrics *mt, long outer_step, int fragment, long started, long step, const void *report)
+int metrics_outer(Metrics *mt, long outer_step, int fragment, long started, long step, const void *report)
 {
     const ReduceReport *r = report;
     printf("outer %5ld | fragment %d | started after step %ld, applied after step %ld | payload %.0f B | "
@@ -98,17 +109,17 @@ void metrics_outer(Metrics *mt, long outer_step, int fragment, long started, lon
            r->n_sites, r->rejected[0] ? " | rejected: " : "", r->rejected, r->sent_poll,
            r->arrived_poll >= 0 ? "while training" : "at completion");
     fflush(stdout);
-    if (!mt || !mt->f) return;
+    if (!mt || !mt->f) return ISTH_OK;
     fprintf(mt->f,
             "{\"outer\":%ld,\"fragment\":%d,\"started_step\":%ld,\"step\":%ld,\"payload_bytes\":%.0f,"
             "\"codec_rel_error\":%s,\"accepted_sites\":%d,\"sites\":%d,\"sent_after_polls\":%d,\"arrived_after_polls\":%d,"
             "\"rejected\":\"%s\"}\n",
             outer_step, fragment, started, step, r->payload_bytes, jnum("%.6g", r->codec_rel_error).text,
             r->accepted_sites, r->n_sites, r->sent_poll, r->arrived_poll, r->rejected);
-    fflush(mt->f);
+    return metrics_flush(mt);
 }
 
-void metrics_mix(Metrics *mt, long round, int fragment, int partner, int crosses, long started, long step,
+int metrics_mix(Metrics *mt, long round, int fragment, int partner, int crosses, long started, long step,
                  const void *report, double pair_distance)
 {
     const ReduceReport *r = report;
@@ -117,7 +128,7 @@ void metrics_mix(Metrics *mt, long round, int fragment, int partner, int crosses
            round, fragment, partner, crosses ? " (other site)" : "", started, step, r->payload_bytes,
            codec_name(r->codec), r->codec_rel_error, pair_distance, r->rejected[0] ? " | rejected: " : "", r->rejected);
     fflush(stdout);
-    if (!mt || !mt->f) return;
+    if (!mt || !mt->f) return ISTH_OK;
     fprintf(mt->f,
             "{\"mix\":%ld,\"fragment\":%d,\"partner\":%d,\"crossed_sites\":%d,\"started_step\":%ld,\"step\":%ld,"
             "\"payload_bytes\":%.0f,\"codec\":\"%s\",\"codec_rel_error\":%s,\"pair_distance\":%s,"
@@ -125,5 +136,5 @@ void metrics_mix(Metrics *mt, long round, int fragment, int partner, int crosses
             round, fragment, partner, crosses, started, step, r->payload_bytes, codec_name(r->codec),
             jnum("%.6g", r->codec_rel_error).text, jnum("%.6g", pair_distance).text,
             r->accepted_sites == 2, r->rejected);
-    fflush(mt->f);
+    return metrics_flush(mt);
 }

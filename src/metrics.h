@@ -29,19 +29,23 @@ typedef struct {
 
 /* Open <out_dir>/metrics.jsonl for appending (creates out_dir). */
 int metrics_open(Metrics *mt, const char *out_dir);
-void metrics_close(Metrics *mt);
+/* Close; a failed final write is ISTH_ERUNTIME naming the file. */
+int metrics_close(Metrics *mt);
+/* Flush what was appended; ISTH_ERUNTIME naming the file when the write
+ * failed (a full disk): no line is ever lost silently. */
+int metrics_flush(Metrics *mt);
 
-/* Print the human line to stdout and append the JSON object. */
-void metrics_step(Metrics *mt, const StepLog *s);
-void metrics_eval(Metrics *mt, const char *set, long step, double bpb, size_t bytes, double seconds);
+/* Print the human line to stdout and append the JSON object (checked). */
+int metrics_step(Metrics *mt, const StepLog *s);
+int metrics_eval(Metrics *mt, const char *set, long step, double bpb, size_t bytes, double seconds);
 
 /* One outer step of one fragment: started after inner step `started`,
  * applied after `step`. */
-void metrics_outer(Metrics *mt, long outer_step, int fragment, long started, long step,
+int metrics_outer(Metrics *mt, long outer_step, int fragment, long started, long step,
                    const void *report /* ReduceReport */);
 
 /* One butterfly round of this learner. */
-void metrics_mix(Metrics *mt, long round, int fragment, int partner, int crosses, long started, long step,
+int metrics_mix(Metrics *mt, long round, int fragment, int partner, int crosses, long started, long step,
                  const void *report, double pair_distance);
 
 /* mkdir -p */

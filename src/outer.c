@@ -101,7 +101,7 @@ static int finish_fragment(Outer *o, Reducer *r, Model *m, int p, long step, dou
         }
     }
     o->outer_steps++;
-    if (log) metrics_outer(mt, o->outer_steps, p, o->started[p], step, &rep);
+    if (log) CHECK(metrics_outer(mt, o->outer_steps, p, o->started[p], step, &rep));
     o->started[p] = -1;
     return ISTH_OK;
 }
@@ -193,7 +193,7 @@ static int mix_end(Outer *o, Reducer *r, Model *m, int f, long round, long step,
         }
     }
     o->outer_steps++;
-    if (log) metrics_mix(mt, round, f, rep.partner, rep.crosses, o->started[f], step, &rep, dist);
+    if (log) CHECK(metrics_mix(mt, round, f, rep.partner, rep.crosses, o->started[f], step, &rep, dist));
     o->started[f] = -1;
     return ISTH_OK;
 }

@@ -96,7 +96,7 @@ static void log_round(Spread *s, SpreadRound *q, Metrics *mt)
     if (mt && mt->f) {
         fprintf(mt->f, "{\"spread\":%ld,\"step\":%ld,\"learners\":%d,\"samples\":%d,\"max_rel_dist_to_mean\":%.6g}\n",
                 q->round, q->step, s->topo->n_learners, s->samples, v);
-        fflush(mt->f);
+        metrics_flush(mt); /* a failed write is reported by the next checked line */
     }
 }
 

@@ -262,7 +262,7 @@ int trainer_eval(Trainer *tr, double *bpb_prose, double *bpb_tech)
         EvalResult r;
         rc = eval_corpus(&tr->model, &tr->acts, sets[i], (size_t)tr->cfg.data.eval_bytes, &r);
         if (rc != ISTH_OK) break;
-        if (tr->log) metrics_eval(&tr->metrics, names[i], tr->step, r.bpb, r.predicted, r.seconds);
+        if (tr->log) rc = metrics_eval(&tr->metrics, names[i], tr->step, r.bpb, r.predicted, r.seconds);
         if (outs[i]) *outs[i] = r.bpb;
     }
     tr->model.params = own;
@@ -350,9 +350,8 @@ static int traffic_summary(Trainer *tr)
         fprintf(tr->metrics.f, "{\"summary\":\"traffic\",\"steps\":%ld,\"inter_site_bytes\":%.0f,"
                 "\"sync_equivalent_bytes\":%.0f,\"reduction\":%.3f,\"max_peer_learners\":%d}\n",
                 tr->step, bytes, sync_bytes, bytes > 0 ? sync_bytes / bytes : 0.0, peers);
-        fflush(tr->metrics.f);
     }
-    return ISTH_OK;
+    return metrics_flush(&tr->metrics);
 }
 
 /* SIGTERM / SIGUSR1 (what Slurm sends before the time limit): finish the
@@ -429,7 +428,8 @@ int train_run(const Config *cfg, const char *resume)
         StepLog s;
         rc = trainer_step(&tr, &s);
         if (rc != ISTH_OK) break;
-        if (tr.log && (s.step % tc->log_every == 0 || s.step == tc->steps)) metrics_step(&tr.metrics, &s);
+        if (tr.log && (s.step % tc->log_every == 0 || s.step == tc->steps)) rc = metrics_step(&tr.metrics, &s);
+        if (rc != ISTH_OK) break;
         /* butterfly learners agree only at the end */
         if (tc->check_replicas > 0 && !tr.outer.butterfly && (tr.step % tc->check_replicas == 0 || tr.step == tc->steps))
             rc = check_replicas(&tr);
@@ -470,6 +470,8 @@ int train_run(const Config *cfg, const char *resume)
         rc = trainer_write_model(&tr, path);
         if (rc == ISTH_OK && tr.rank == 0) printf("wrote %s (step %ld)\n", path, tr.step);
     }
+    const int closed = metrics_close(&tr.metrics);
+    if (rc == ISTH_OK) rc = closed;
     trainer_destroy(&tr);
     return rc;
 }

@@ -62,4 +62,19 @@ if grep -Eqi '(:|,)[-+]?(nan|inf)' "$WORK/m/metrics.jsonl" "$WORK"/e/metrics.jso
 else
     pass "metrics.jsonl holds no nan/inf token"
 fi
+# a site name is a directory name: '..' or '/' would leave the checkpoint directory
+printf '[site...]\nranks = 1\n' | cat "$T" - > "$WORK/dotdot.ini"
+expect_exit 2 "site name '\.\.' may only hold letters, digits" -- "$ISTHMUS" config "$WORK/dotdot.ini"
+expect_exit 2 "bench: --threads '': expected a list like 1,2" -- "$ISTHMUS" bench "$T" --threads ''
+
+# a full disk under metrics.jsonl: eval must not exit 0 with its lines lost
+mkdir -p "$WORK/full"
+if mount -t tmpfs -o size=64k tmpfs "$WORK/full" 2> /dev/null; then
+    dd if=/dev/zero of="$WORK/full/filler" bs=4k count=64 2> /dev/null
+    expect_exit 1 "metrics $WORK/full/e/metrics.jsonl: .*failed: No space left on device" -- "$ISTHMUS" eval \
+        --model "$WORK/m/model.h5" --set data.eval_bytes=4096 --set train.out_dir="$WORK/full/e"
+    umount "$WORK/full"
+else
+    pass "# SKIP full-disk case: cannot mount a tmpfs here"
+fi
 finish || exit 1
