@@ -201,6 +201,18 @@ static int write_state(Trainer *tr, H5File *f)
     return rc;
 }
 
+/* How many model-shaped groups write_state writes into this site's file. */
+static int checkpoint_groups(const Trainer *tr)
+{
+    const int learners = tr->topo.sites[tr->topo.site].learners, residual = reduce_any_residual(&tr->red);
+    int in_flight = 0;
+    for (int p = 0; tr->outer_mode && p < tr->cfg.outer.fragments; p++) in_flight |= tr->outer.started[p] >= 0;
+    if (!tr->outer_mode) return 3 + residual;             /* model, inner m and v (+ residual) */
+    if (tr->outer.butterfly)                              /* model; per learner anchor, momentum, residual, */
+        return 1 + learners * (6 + 2 * in_flight);        /* pending, sent, model, m, v */
+    return 3 + in_flight + 3 * learners;                  /* anchor, momentum, residual, pending; per learner 3 */
+}
+
 static void prune(const char *dir, int keep)
 {
     int n = list_steps(dir, NULL, 0);
@@ -228,7 +240,8 @@ int ckpt_write(Trainer *tr)
     if (!ok) return rc ? rc : ISTH_ERUNTIME;
     ckpt_path(dir, tr->step, path, sizeof path);
     H5File f;
-    CHECK(h5_create(&f, path, t->site_comm));
+    CHECK(h5_create(&f, path, H5IO_FILE_BYTES(model_total_params(&tr->cfg.model), checkpoint_groups(tr)),
+                    t->site_comm));
     rc = write_state(tr, &f);
     if (rc != ISTH_OK) {
         h5_abandon(&f);

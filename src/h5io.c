@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include "status.h"
@@ -58,13 +59,34 @@ const char *h5_not_readable(const char *path)
     return regular ? NULL : "not a regular file";
 }
 
-int h5_create(H5File *f, const char *path, MPI_Comm comm)
+/* Free bytes on the file system holding `path`'s directory (-1: unknown). */
+static double free_bytes(const char *path)
+{
+    char dir[1100];
+    snprintf(dir, sizeof dir, "%s", path);
+    char *slash = strrchr(dir, '/');
+    if (slash) *slash = '\0';
+    struct statvfs vs;
+    if (statvfs(slash ? (dir[0] ? dir : "/") : ".", &vs) != 0) return -1.0;
+    return (double)vs.f_bavail * (double)vs.f_frsize;
+}
+
+int h5_create(H5File *f, const char *path, double expect_bytes, MPI_Comm comm)
 {
     memset(f, 0, sizeof *f);
     f->comm = comm;
-    MPI_Comm_rank(comm, &f->rank);
+    CHECK_MPI(MPI_Comm_rank(comm, &f->rank));
     snprintf(f->path, sizeof f->path, "%s", path);
     snprintf(f->tmp, sizeof f->tmp, "%s.tmp", path);
+    int space_rc = ISTH_OK;
+    if (f->rank == 0) {
+        const double avail = free_bytes(path);
+        if (avail >= 0 && avail < expect_bytes)
+            space_rc = isth_fail(ISTH_ERUNTIME, "file %s: needs about %.1f MB, only %.1f MB free there (disk full?); "
+                                 "nothing written", path, expect_bytes / 1e6, avail / 1e6);
+    }
+    CHECK_MPI(MPI_Bcast(&space_rc, 1, MPI_INT, 0, comm));
+    if (space_rc != ISTH_OK) return space_rc;
     hid_t fapl = fapl_for(comm);
     f->file = H5Fcreate(f->tmp, H5F_ACC_TRUNC, H5P_DEFAULT, fapl);
     H5Pclose(fapl);
@@ -79,8 +101,18 @@ int h5_create(H5File *f, const char *path, MPI_Comm comm)
 
 int h5_commit(H5File *f)
 {
+    /* flush first: a flush that fails (a full disk) leaves a file that can
+     * still be abandoned cleanly, a close that fails does not */
+    const int flushed = !f->failed && H5Fflush(f->file, H5F_SCOPE_LOCAL) >= 0;
+    if (!agree(f->comm, flushed)) {
+        const int reported = f->failed; /* the failed write printed its line */
+        h5_abandon(f);
+        return reported ? ISTH_ERUNTIME
+                        : isth_fail(ISTH_ERUNTIME, "file %s: write failed (disk full?); the temporary file is removed",
+                                    f->tmp);
+    }
     H5Pclose(f->xfer);
-    int ok = H5Fclose(f->file) >= 0 && !f->failed;
+    int ok = H5Fclose(f->file) >= 0;
     if (!agree(f->comm, ok)) {
         if (f->rank == 0) unlink(f->tmp);
         return isth_fail(ISTH_ERUNTIME, "file %s: write failed (disk full?)", f->tmp);
@@ -94,7 +126,16 @@ int h5_commit(H5File *f)
 
 void h5_abandon(H5File *f)
 {
+    /* A write failed, typically on a full disk. Closing flushes metadata;
+     * if that fails too, HDF5 keeps the file registered and crashes when it
+     * closes it again inside MPI_Finalize. So the space goes first: the
+     * temporary file is truncated (its data is worthless now), and the close
+     * then only needs the few kilobytes of metadata. */
     H5Pclose(f->xfer);
+    MPI_Barrier(f->comm); /* nobody is writing any more */
+    if (f->rank == 0 && truncate(f->tmp, 0) != 0) { /* nothing more to free */
+    }
+    MPI_Barrier(f->comm);
     H5Fclose(f->file);
     MPI_Barrier(f->comm);
     if (f->rank == 0) unlink(f->tmp);
@@ -430,7 +471,7 @@ int h5model_write(const char *path, const Model *m, const char *config_text, con
                   MPI_Comm comm, int writes_replicated)
 {
     H5File f;
-    CHECK(h5_create(&f, path, comm));
+    CHECK(h5_create(&f, path, H5IO_FILE_BYTES(model_total_params(&m->cfg), 1), comm));
     ModelSel sel = {m, writes_replicated};
     int rc = h5_attr_write_long(&f, "/", "format_version", H5IO_FORMAT_VERSION);
     if (rc == ISTH_OK) rc = h5_attr_write_string(&f, "/", "config", config_text);

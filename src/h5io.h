@@ -22,6 +22,11 @@
 
 #define H5IO_FORMAT_VERSION 3
 
+/* About how many bytes a file of `groups` model-shaped groups of `params`
+ * float32 values takes: the values, fletcher32 and chunk indexes (~2%), and
+ * 256 kB of attributes and metadata. */
+#define H5IO_FILE_BYTES(params, groups) ((double)(params) * 4.0 * (groups) * 1.02 + 256e3)
+
 /* Does this rank transfer chunk (tensor, layer, expert)? expert = -1 for a
  * dense chunk (layer = 0 for embed and final_norm). */
 typedef int (*ChunkSelect)(const void *ctx, int tensor, int layer, int expert);
@@ -42,8 +47,11 @@ typedef struct {
  * (checked without blocking: a FIFO is refused, not waited on). */
 const char *h5_not_readable(const char *path);
 
-/* Create "<path>.tmp" collectively. */
-int h5_create(H5File *f, const char *path, MPI_Comm comm);
+/* Create "<path>.tmp" collectively. `expect_bytes`: about how large the
+ * file will be; when the disk has less free space than that, nothing is
+ * created and the error names both (a write that runs out of space inside
+ * parallel HDF5 cannot be recovered from on every rank). */
+int h5_create(H5File *f, const char *path, double expect_bytes, MPI_Comm comm);
 /* Close; when every rank succeeded, rank 0 renames to the final path. */
 int h5_commit(H5File *f);
 /* Close without renaming and remove the temporary file. */

@@ -74,6 +74,27 @@ if mount -t tmpfs -o size=64k tmpfs "$WORK/full" 2> /dev/null; then
     expect_exit 1 "metrics $WORK/full/e/metrics.jsonl: .*failed: No space left on device" -- "$ISTHMUS" eval \
         --model "$WORK/m/model.h5" --set data.eval_bytes=4096 --set train.out_dir="$WORK/full/e"
     umount "$WORK/full"
+    # checkpoints on a disk with room for one: the second fails cleanly, the
+    # first stays byte-identical and valid, no temporary file is left; the
+    # same for model.h5 (1 and 2 ranks: no rank waits for one that gave up)
+    for np in 1 2; do
+        mount -t tmpfs -o size=4m tmpfs "$WORK/full"
+        expect_exit 1 "file $WORK/full/r/checkpoints/default/ckpt-00000004.h5: needs about .* MB free there" -- \
+            mpirun -q --oversubscribe -np "$np" "$ISTHMUS" train "$T" --set train.out_dir="$WORK/full/r" \
+            --set train.steps=6 --set checkpoint.every=2 --set data.eval_bytes=4096
+        cp "$WORK/full/r/checkpoints/default/ckpt-00000002.h5" "$WORK/first.h5"
+        ls "$WORK/full/r/checkpoints/default" | grep -q tmp && fail "np $np: a temporary file was left" ||
+            pass "np $np: no temporary file left"
+        "$ISTHMUS" inspect "$WORK/full/r/checkpoints/default/ckpt-00000002.h5" > /dev/null 2>&1 &&
+            cmp -s "$WORK/first.h5" "$WORK/full/r/checkpoints/default/ckpt-00000002.h5" &&
+            pass "np $np: the earlier checkpoint is intact and valid" || fail "np $np: the earlier checkpoint was damaged"
+        umount "$WORK/full"
+        mount -t tmpfs -o size=600k tmpfs "$WORK/full"
+        expect_exit 1 "file $WORK/full/o/model.h5: needs about .* MB free there" -- \
+            mpirun -q --oversubscribe -np "$np" "$ISTHMUS" train "$T" --set train.out_dir="$WORK/full/o" \
+            --set checkpoint.dir="$WORK/ck$np" --set train.steps=2 --set data.eval_bytes=4096
+        umount "$WORK/full"
+    done
 else
     pass "# SKIP full-disk case: cannot mount a tmpfs here"
 fi
