@@ -4,6 +4,7 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <hdf5.h>
 #include <math.h>
 #include <stdio.h>
@@ -276,6 +277,54 @@ int ckpt_write(Trainer *tr)
     return tr->log ? metrics_flush(&tr->metrics) : ISTH_OK;
 }
 
+/* Can files be created, written and renamed in dir? ISTH_EINPUT naming it. */
+static int probe_dir(const char *what, const char *dir)
+{
+    CHECK(make_dirs(dir));
+    char probe[1200], moved[1220];
+    snprintf(probe, sizeof probe, "%s/.isthmus-probe-%ld", dir, (long)getpid());
+    snprintf(moved, sizeof moved, "%s.renamed", probe);
+    int fd = open(probe, O_CREAT | O_WRONLY | O_EXCL, 0644);
+    const char *step = "create a file";
+    int ok = fd >= 0;
+    if (ok) {
+        step = "write";
+        ok = write(fd, "x", 1) == 1;
+        ok = close(fd) == 0 && ok;
+    }
+    if (ok) {
+        step = "rename a file";
+        ok = rename(probe, moved) == 0;
+    }
+    const int err = errno;
+    unlink(ok ? moved : probe);
+    if (!ok)
+        return isth_fail(ISTH_EINPUT, "%s %s: cannot %s there: %s (checked before training)", what, dir, step,
+                         strerror(err));
+    return ISTH_OK;
+}
+
+int ckpt_check_outputs(Trainer *tr)
+{
+    const Topology *t = &tr->topo;
+    int site_rank;
+    CHECK_MPI(MPI_Comm_rank(t->site_comm, &site_rank));
+    int mine = ISTH_OK;
+    if (site_rank == 0) {
+        char dir[1100];
+        site_dir(tr, dir, sizeof dir);
+        mine = probe_dir("[train] out_dir", tr->cfg.train.out_dir);
+        if (mine == ISTH_OK) mine = probe_dir(tr->cfg.checkpoint.dir[0] ? "[checkpoint] dir" : "checkpoint directory", dir);
+    }
+    int *all = isth_malloc(sizeof(int) * (size_t)t->n_sites);
+    CHECK_ALLOC(all);
+    int rc = trainer_control(tr, &mine, sizeof mine, all, "output check");
+    for (int s = 0; rc == ISTH_OK && s < t->n_sites; s++)
+        if (all[s] != ISTH_OK) rc = all[s]; /* the site's first rank printed why */
+    free(all);
+    return rc;
+}
+
 /* ---- validation ----------------------------------------------------------- */
 
 typedef struct {
@@ -486,6 +535,35 @@ static int compare_configs(Trainer *tr, const char *saved_text, const char *path
     return ISTH_OK;
 }
 
+/* The counters and names a checkpoint's attributes hold must agree with its
+ * config, the layout and each other: a tampered or mixed-up file is bad
+ * input, not a run that silently continues differently. */
+static int check_attributes(Trainer *tr, H5File *f, const char *path, long long step, long long adam_t,
+                            long long data_step, const char *saved_optimizer)
+{
+    const SiteInfo *site = &tr->topo.sites[tr->topo.site];
+    char *mode = NULL, *name = NULL;
+    int rc = h5_attr_read_string(f, "/", "mode", &mode);
+    if (rc == ISTH_OK) rc = h5_attr_read_string(f, "/", "site", &name);
+    if (rc == ISTH_OK && strcmp(mode, tr->cfg.outer.mode))
+        rc = isth_fail(ISTH_EINPUT, "checkpoint %s: attribute mode = '%s', the config has [outer] mode = %s", path, mode,
+                       tr->cfg.outer.mode);
+    if (rc == ISTH_OK && strcmp(name, site->name))
+        rc = isth_fail(ISTH_EINPUT, "checkpoint %s: attribute site = '%s', but this is site %s's file", path, name,
+                       site->name);
+    free(mode);
+    free(name);
+    /* AdamW counts one step per optimiser step; plain SGD none */
+    const long long want_t = !strcmp(saved_optimizer, "sgd") ? 0 : step;
+    if (rc == ISTH_OK && adam_t != want_t)
+        rc = isth_fail(ISTH_EINPUT, "checkpoint %s: attribute adam_t = %lld, expected %lld for step %lld", path, adam_t,
+                       want_t, step);
+    if (rc == ISTH_OK && data_step != step)
+        rc = isth_fail(ISTH_EINPUT, "checkpoint %s: attribute data_step = %lld, expected the step, %lld", path,
+                       data_step, step);
+    return rc;
+}
+
 int ckpt_load(Trainer *tr, const char *path)
 {
     const double t0 = now_s();
@@ -499,6 +577,10 @@ int ckpt_load(Trainer *tr, const char *path)
     double tokens = 0;
     int rc = h5_attr_read_string(&f, "/", "config", &text);
     if (rc == ISTH_OK) rc = compare_configs(tr, text, path);
+    char saved_optimizer[16] = "";
+    Config saved;
+    if (rc == ISTH_OK && config_load_text(&saved, text, path, NULL, 0) == ISTH_OK)
+        snprintf(saved_optimizer, sizeof saved_optimizer, "%s", saved.train.optimizer);
     free(text);
     if (rc == ISTH_OK) rc = h5_attr_read_long(&f, "/", "step", &step);
     if (rc == ISTH_OK) rc = h5_attr_read_long(&f, "/", "outer_steps", &outer_steps);
@@ -508,6 +590,7 @@ int ckpt_load(Trainer *tr, const char *path)
     if (rc == ISTH_OK) rc = h5_attr_read_long(&f, "/", "learners", &learners);
     if (rc == ISTH_OK) rc = h5_attr_read_long(&f, "/", "data_step", &data_step);
     if (rc == ISTH_OK) rc = h5_attr_read_double(&f, "/", "tokens", &tokens);
+    if (rc == ISTH_OK) rc = check_attributes(tr, &f, path, step, adam_t, data_step, saved_optimizer);
     if (rc == ISTH_OK && tr->outer_mode && (first != site->first_learner || learners != site->learners))
         rc = isth_fail(ISTH_EINPUT,
                        "checkpoint %s: site %s had learners %lld..%lld, the layout gives %d..%d (an outer-mode "

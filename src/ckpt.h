@@ -24,6 +24,11 @@
 
 #include "train.h"
 
+/* Before training: every site's first rank checks that it can create,
+ * write and rename files in [train] out_dir and its checkpoint directory;
+ * ISTH_EINPUT on every rank when any cannot (collective). */
+int ckpt_check_outputs(Trainer *tr);
+
 /* Write a checkpoint of the current state (collective over the world). */
 int ckpt_write(Trainer *tr);
 

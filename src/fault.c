@@ -77,7 +77,7 @@ int fault_end_job(int rc)
     MPI_Initialized(&init);
     MPI_Finalized(&fin);
     if (init && !fin) MPI_Comm_size(MPI_COMM_WORLD, &size);
-    if (rc == ISTH_ERUNTIME && size > 1) {
+    if (rc != ISTH_OK && size > 1) {
         /* the others may be waiting for this rank in a collective: a clean
          * return would leave them there. A rank that only learned of the
          * failure (an agreement) gives the rank that found it a moment to

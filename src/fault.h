@@ -38,9 +38,10 @@ int fault_nan_now(void);
 /* ISTHMUS_FAIL_ALLOC: should this allocation fail (once)? */
 int fault_alloc_fails(void);
 
-/* End the job for status `rc`: in a multi-rank job a runtime failure aborts
- * every rank (the failing rank has printed its line); otherwise returns rc
- * for main() to exit with. */
+/* End the job for status `rc`: in a multi-rank job any failure aborts every
+ * rank with that exit code (the rank that found it has printed its line; a
+ * bad input that only one rank saw must not leave the others waiting);
+ * otherwise returns rc for main() to exit with. */
 int fault_end_job(int rc);
 
 #endif

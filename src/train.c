@@ -406,6 +406,7 @@ int train_run(const Config *cfg, const char *resume)
                omp_get_max_threads());
         fflush(stdout);
     }
+    if (rc == ISTH_OK) rc = ckpt_check_outputs(&tr);
     if (rc == ISTH_OK && resume) {
         char path[1200];
         rc = ckpt_find(&tr, resume, path, sizeof path);

@@ -62,6 +62,37 @@ if grep -Eqi '(:|,)[-+]?(nan|inf)' "$WORK/m/metrics.jsonl" "$WORK"/e/metrics.jso
 else
     pass "metrics.jsonl holds no nan/inf token"
 fi
+# tampered checkpoint attributes are refused on resume, naming them; the
+# original checkpoint is untouched
+timeout 120 "$ISTHMUS" train "$T" --set train.out_dir="$WORK/c" --set train.steps=4 --set checkpoint.every=2 \
+    --set data.eval_bytes=4096 > "$WORK/c.log" 2>&1 || fail "checkpointed run failed"
+ORIG="$WORK/c/checkpoints/default/ckpt-00000002.h5"
+cp "$ORIG" "$WORK/orig.h5"
+for a in "mode xyz:attribute mode = 'xyz'" "site other:attribute site = 'other'" "adam_t 0:attribute adam_t = 0, expected 2" \
+         "data_step 1:attribute data_step = 1"; do
+    cp "$ORIG" "$WORK/tam.h5"
+    "$TAMPER" "$WORK/tam.h5" attr ${a%%:*} || fail "h5tamper attr ${a%%:*} failed"
+    expect_exit 2 "checkpoint $WORK/tam.h5: ${a#*:}" -- "$ISTHMUS" train "$T" --set train.out_dir="$WORK/t" \
+        --set train.steps=4 --set data.eval_bytes=4096 --resume "$WORK/tam.h5"
+done
+cmp -s "$ORIG" "$WORK/orig.h5" && "$ISTHMUS" inspect "$ORIG" > /dev/null 2>&1 &&
+    pass "the original checkpoint is byte-identical and valid" || fail "the original checkpoint changed"
+
+# outputs are checked before training: a read-only checkpoint directory or
+# out_dir, a file where a directory should be
+touch "$WORK/afile"
+expect_exit 2 "cannot create directory $WORK/afile/default: Not a directory" -- "$ISTHMUS" train "$T" \
+    --set checkpoint.dir="$WORK/afile" --set train.out_dir="$WORK/o1" --set train.steps=1
+mkdir -p "$WORK/ro"
+if mount -t tmpfs -o ro,size=64k tmpfs "$WORK/ro" 2> /dev/null; then
+    expect_exit 2 "cannot create directory $WORK/ro/default: Read-only file system" -- mpirun -q --oversubscribe -np 2 \
+        "$ISTHMUS" train "$T" --set checkpoint.dir="$WORK/ro" --set train.out_dir="$WORK/o2" --set train.steps=1
+    [ ! -e "$WORK/o2/model.h5" ] && pass "no training before the check" || fail "trained despite the bad checkpoint dir"
+    umount "$WORK/ro"
+else
+    pass "# SKIP read-only directory case: cannot mount a tmpfs here"
+fi
+
 # a site name is a directory name: '..' or '/' would leave the checkpoint directory
 printf '[site...]\nranks = 1\n' | cat "$T" - > "$WORK/dotdot.ini"
 expect_exit 2 "site name '\.\.' may only hold letters, digits" -- "$ISTHMUS" config "$WORK/dotdot.ini"

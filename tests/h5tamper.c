@@ -3,6 +3,7 @@
  *   h5tamper FILE version N            set the format_version attribute
  *   h5tamper FILE nan DATASET           set the first element of a float dataset to NaN
  *   h5tamper FILE int DATASET           replace a dataset by an int32 one of the same shape
+ *   h5tamper FILE attr NAME VALUE       rewrite a root attribute (string or integer, as it is)
  * (Truncation and flipped bytes need no HDF5: the tests use head and dd.)
  */
 #include <hdf5.h>
@@ -13,8 +14,29 @@
 
 int main(int argc, char **argv)
 {
+    if (argc == 5 && !strcmp(argv[2], "attr")) {
+        hid_t f = H5Fopen(argv[1], H5F_ACC_RDWR, H5P_DEFAULT);
+        hid_t a = f >= 0 ? H5Aopen(f, argv[3], H5P_DEFAULT) : -1;
+        hid_t type = a >= 0 ? H5Aget_type(a) : -1;
+        int rc = type < 0;
+        if (!rc && H5Tget_class(type) == H5T_STRING) {
+            /* same type and size as stored: pad or cut the value */
+            size_t n = H5Tget_size(type);
+            char *v = calloc(n + 1, 1);
+            strncpy(v, argv[4], n);
+            rc = H5Awrite(a, type, v) < 0;
+            free(v);
+        } else if (!rc) {
+            long long v = atoll(argv[4]);
+            rc = H5Awrite(a, H5T_NATIVE_LLONG, &v) < 0;
+        }
+        if (type >= 0) H5Tclose(type);
+        if (a >= 0) H5Aclose(a);
+        if (f >= 0) H5Fclose(f);
+        return rc;
+    }
     if (argc != 4) {
-        fprintf(stderr, "usage: h5tamper FILE delete|nan|int DATASET | FILE version N\n");
+        fprintf(stderr, "usage: h5tamper FILE delete|nan|int DATASET | FILE version N | FILE attr NAME VALUE\n");
         return 2;
     }
     hid_t f = H5Fopen(argv[1], H5F_ACC_RDWR, H5P_DEFAULT);
