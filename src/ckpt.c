@@ -373,6 +373,140 @@ static herr_t visit_read(hid_t obj, const char *name, const H5O_info_t *info, vo
     return 0;
 }
 
+static int read_string_attr(hid_t file, const char *name, char **out)
+{
+    *out = NULL;
+    hid_t a = H5Aexists(file, name) > 0 ? H5Aopen(file, name, H5P_DEFAULT) : -1;
+    if (a < 0) return -1;
+    hid_t type = H5Aget_type(a);
+    const size_t n = H5Tget_class(type) == H5T_STRING ? H5Tget_size(type) : 0;
+    char *s = n ? isth_calloc(n + 1, 1) : NULL;
+    const int ok = s && H5Aread(a, type, s) >= 0;
+    H5Tclose(type);
+    H5Aclose(a);
+    if (!ok) {
+        free(s);
+        return -1;
+    }
+    *out = s;
+    return 0;
+}
+
+/* One model-shaped group: every tensor of the stored config, with its
+ * canonical shape and the fletcher32 filter (what the readers require). */
+static int check_group(hid_t file, const Model *m, const char *group, char *reason, size_t cap)
+{
+    for (int i = 0; i < N_TENSORS; i++) {
+        const Tensor *t = &m->tensors[i];
+        char name[300];
+        snprintf(name, sizeof name, "%s/%s", group, t->name);
+        if (H5Lexists(file, group, H5P_DEFAULT) <= 0 || H5Lexists(file, name, H5P_DEFAULT) <= 0) {
+            snprintf(reason, cap, "missing dataset %s", name);
+            return ISTH_EINPUT;
+        }
+        hid_t d = H5Dopen2(file, name, H5P_DEFAULT);
+        if (d < 0) {
+            snprintf(reason, cap, "dataset %s cannot be opened", name);
+            return ISTH_EINPUT;
+        }
+        hid_t type = H5Dget_type(d);
+        const int f32 = type >= 0 && H5Tget_class(type) == H5T_FLOAT && H5Tget_size(type) == 4;
+        if (type >= 0) H5Tclose(type);
+        if (!f32) {
+            H5Dclose(d);
+            snprintf(reason, cap, "dataset %s is not float32", name);
+            return ISTH_EINPUT;
+        }
+        hid_t space = H5Dget_space(d), dcpl = H5Dget_create_plist(d);
+        hsize_t dims[8] = {0};
+        const int nd = H5Sget_simple_extent_dims(space, dims, NULL);
+        int shape_ok = nd == t->ndim;
+        for (int k = 0; shape_ok && k < nd; k++) shape_ok = dims[k] == t->shape[k];
+        unsigned flags = 0, cd[4];
+        size_t ncd = 4;
+        const int filtered = dcpl >= 0 && H5Pget_filter_by_id2(dcpl, H5Z_FILTER_FLETCHER32, &flags, &ncd, cd, 0, NULL,
+                                                              NULL) >= 0;
+        if (dcpl >= 0) H5Pclose(dcpl);
+        H5Sclose(space);
+        H5Dclose(d);
+        if (!shape_ok) {
+            snprintf(reason, cap, "dataset %s has a shape other than its config's model gives", name);
+            return ISTH_EINPUT;
+        }
+        if (!filtered) {
+            snprintf(reason, cap, "dataset %s has no fletcher32 checksum (damage could not be detected)", name);
+            return ISTH_EINPUT;
+        }
+    }
+    return ISTH_OK;
+}
+
+/* What the readers need: the stored config parses; /model has every tensor
+ * of that model; a checkpoint (it has a `mode` attribute) also has every
+ * group its mode restores, and its per-fragment state. */
+static int check_structure(hid_t file, char *reason, size_t cap)
+{
+    char *text = NULL, *mode = NULL;
+    if (read_string_attr(file, "config", &text) != 0) {
+        snprintf(reason, cap, "attribute config unreadable");
+        return ISTH_EINPUT;
+    }
+    Config cfg;
+    const int was_quiet = status_set_quiet(1); /* the caller reports the reason, in one line */
+    int rc = config_load_text(&cfg, text, "stored config", NULL, 0);
+    status_set_quiet(was_quiet);
+    free(text);
+    if (rc != ISTH_OK) {
+        snprintf(reason, cap, "the stored config is not valid");
+        return ISTH_EINPUT;
+    }
+    Model m;
+    model_describe(&m, &cfg.model, 0, cfg.model.experts);
+    rc = check_group(file, &m, "/model", reason, cap);
+    if (rc != ISTH_OK || read_string_attr(file, "mode", &mode) != 0) return rc; /* a model file */
+    long long first = 0, learners = 0;
+    hid_t a;
+    if ((a = H5Aexists(file, "first_learner") > 0 ? H5Aopen(file, "first_learner", H5P_DEFAULT) : -1) >= 0) {
+        H5Aread(a, H5T_NATIVE_LLONG, &first);
+        H5Aclose(a);
+    }
+    if ((a = H5Aexists(file, "learners") > 0 ? H5Aopen(file, "learners", H5P_DEFAULT) : -1) >= 0) {
+        H5Aread(a, H5T_NATIVE_LLONG, &learners);
+        H5Aclose(a);
+    }
+    const int sync = !strcmp(mode, "sync"), bf = !strcmp(mode, "butterfly");
+    if (strcmp(mode, cfg.outer.mode)) {
+        snprintf(reason, cap, "attribute mode = '%.20s', its stored config has [outer] mode = %s", mode,
+                 cfg.outer.mode);
+        free(mode);
+        return ISTH_EINPUT;
+    }
+    free(mode);
+    if (sync) {
+        rc = check_group(file, &m, "/inner/m", reason, cap);
+        if (rc == ISTH_OK) rc = check_group(file, &m, "/inner/v", reason, cap);
+    } else {
+        if (!bf) rc = check_group(file, &m, "/outer/momentum", reason, cap);
+        if (rc == ISTH_OK && !bf) rc = check_group(file, &m, "/outer/residual", reason, cap);
+        for (long long k = first; rc == ISTH_OK && k < first + learners; k++) {
+            static const char *const per_learner[] = {"model", "inner/m", "inner/v", "outer/anchor", "outer/momentum",
+                                                      "outer/residual"};
+            for (int g = 0; rc == ISTH_OK && g < (bf ? 6 : 3); g++) {
+                char group[96];
+                snprintf(group, sizeof group, "/learner_%lld/%s", k, per_learner[g]);
+                rc = check_group(file, &m, group, reason, cap);
+            }
+        }
+    }
+    if (rc == ISTH_OK && (H5Lexists(file, "/state", H5P_DEFAULT) <= 0 ||
+                          H5Lexists(file, "/state/fragments", H5P_DEFAULT) <= 0 ||
+                          H5Lexists(file, "/state/started", H5P_DEFAULT) <= 0)) {
+        snprintf(reason, cap, "missing dataset /state/fragments or /state/started");
+        rc = ISTH_EINPUT;
+    }
+    return rc;
+}
+
 int ckpt_validate(const char *path, char *reason, size_t cap, long *step)
 {
     H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
@@ -407,12 +541,7 @@ int ckpt_validate(const char *path, char *reason, size_t cap, long *step)
         snprintf(reason, cap, "missing attributes (step, config)");
         rc = ISTH_EINPUT;
     } else {
-        static const char *const required[] = {"/model/embed", "/model/w_gate", "/model/final_norm"};
-        for (size_t i = 0; i < 3 && rc == ISTH_OK; i++)
-            if (H5Lexists(file, "/model", H5P_DEFAULT) <= 0 || H5Lexists(file, required[i], H5P_DEFAULT) <= 0) {
-                snprintf(reason, cap, "missing dataset %s", required[i]);
-                rc = ISTH_EINPUT;
-            }
+        rc = check_structure(file, reason, cap);
         VisitCtx v = {reason, cap, 0};
         if (rc == ISTH_OK && H5Ovisit(file, H5_INDEX_NAME, H5_ITER_NATIVE, visit_read, &v) != 0)
             rc = ISTH_EINPUT;

@@ -177,6 +177,17 @@ static int cmd_eval(int argc, char **argv)
             return isth_fail(ISTH_EINPUT, "eval: --set %s: only [data] dir/eval_bytes and [train] "
                              "micro_batch/threads/out_dir can change for evaluation", overrides[i]);
     }
+    /* the same validation as inspect and --resume: one verdict per file */
+    int rank0_rc = ISTH_OK;
+    int me;
+    MPI_Comm_rank(MPI_COMM_WORLD, &me);
+    if (me == 0) {
+        char reason[512];
+        if (ckpt_validate(model_path, reason, sizeof reason, NULL) != ISTH_OK)
+            rank0_rc = isth_fail(ISTH_EINPUT, "model %s: invalid: %s", model_path, reason);
+    }
+    CHECK_MPI(MPI_Bcast(&rank0_rc, 1, MPI_INT, 0, MPI_COMM_WORLD));
+    CHECK(rank0_rc);
     char *text = NULL;
     CHECK(h5model_read_config(model_path, &text, MPI_COMM_WORLD));
     Config cfg;

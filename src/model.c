@@ -20,7 +20,7 @@ static void set_shape(Tensor *t, const char *name, unsigned flags, double std, i
     for (int i = 0; i < TENSOR_MAX_DIMS; i++) t->shape[i] = t->local[i] = i < ndim ? dims[i] : 1;
 }
 
-int model_create(Model *m, const ModelConfig *cfg, int expert_begin, int experts_local)
+void model_describe(Model *m, const ModelConfig *cfg, int expert_begin, int experts_local)
 {
     memset(m, 0, sizeof *m);
     m->cfg = *cfg;
@@ -56,6 +56,11 @@ int model_create(Model *m, const ModelConfig *cfg, int expert_begin, int experts
         offset += (t[i].numel + 15) & ~(size_t)15;
     }
     m->n_params = offset;
+}
+
+int model_create(Model *m, const ModelConfig *cfg, int expert_begin, int experts_local)
+{
+    model_describe(m, cfg, expert_begin, experts_local);
     m->params = isth_aligned_alloc(64, m->n_params * sizeof(float));
     m->grads = isth_aligned_alloc(64, m->n_params * sizeof(float));
     if (!m->params || !m->grads) {

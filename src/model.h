@@ -57,6 +57,8 @@ typedef struct {
 /* Build the table for a rank owning `experts_local` experts starting at
  * `expert_begin`, allocate params and grads (grads zeroed). */
 int model_create(Model *m, const ModelConfig *cfg, int expert_begin, int experts_local);
+/* The table alone (names, shapes, offsets), no buffers: for checking files. */
+void model_describe(Model *m, const ModelConfig *cfg, int expert_begin, int experts_local);
 void model_destroy(Model *m);
 
 /* N(0, std) with std from the table; norm gains 1. Values depend only on

@@ -9,7 +9,12 @@ static int printed_error;
 
 int status_printed_error(void) { return printed_error; }
 
-void status_set_quiet(int quiet) { quiet_errors = quiet; }
+int status_set_quiet(int quiet)
+{
+    const int was = quiet_errors;
+    quiet_errors = quiet;
+    return was;
+}
 void status_set_rank(int rank, int world_size)
 {
     my_rank = rank;

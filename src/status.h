@@ -21,7 +21,7 @@ enum {
 /* Which messages reach stderr: by default every rank prints its errors;
  * status_set_quiet(1) on ranks other than 0 silences errors that every rank
  * detects identically (config validation), so the user reads one line. */
-void status_set_quiet(int quiet);
+int status_set_quiet(int quiet); /* returns the previous setting */
 /* In a multi-rank job, runtime errors (which may be rank-specific) are
  * printed by the rank that hits them, prefixed with its world rank and site:
  * "isthmus: error: rank 3 (site b): ...". Bad-input errors keep no prefix. */

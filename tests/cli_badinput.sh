@@ -15,7 +15,7 @@ T="$CONFIGS/tiny.ini"
 TAMPER=$(dirname "$ISTHMUS")/tests/h5tamper
 mkfifo "$WORK/fifo"
 expect_exit 2 "config $WORK/fifo: not a regular file" -- "$ISTHMUS" train "$WORK/fifo"
-expect_exit 2 "file $WORK/fifo: not a regular file" -- "$ISTHMUS" eval --model "$WORK/fifo"
+expect_exit 2 "model $WORK/fifo: invalid: not a regular file" -- "$ISTHMUS" eval --model "$WORK/fifo"
 expect_exit 2 "$WORK/fifo: invalid: not a regular file" -- "$ISTHMUS" inspect "$WORK/fifo"
 expect_exit 2 "checkpoint $WORK/fifo: invalid: not a regular file" -- "$ISTHMUS" train "$T" \
     --set train.out_dir="$WORK/r" --set train.steps=1 --resume "$WORK/fifo"
@@ -49,12 +49,12 @@ timeout 120 "$ISTHMUS" train "$T" --set train.out_dir="$WORK/m" --set train.step
 cp "$WORK/m/model.h5" "$WORK/nan.h5"
 cp "$WORK/m/model.h5" "$WORK/int.h5"
 "$TAMPER" "$WORK/nan.h5" nan /model/wq && "$TAMPER" "$WORK/int.h5" int /model/wo || fail "h5tamper failed"
-expect_exit 2 "nan.h5: dataset /model/wq holds NaN or Inf" -- "$ISTHMUS" eval --model "$WORK/nan.h5" \
+expect_exit 2 "nan.h5: invalid: dataset /model/wq holds NaN or Inf" -- "$ISTHMUS" eval --model "$WORK/nan.h5" \
     --set data.eval_bytes=4096 --set train.out_dir="$WORK/e"
 expect_exit 2 "nan.h5: invalid: dataset /model/wq holds NaN or Inf" -- "$ISTHMUS" inspect "$WORK/nan.h5"
-expect_exit 2 "int.h5: dataset /model/wo is not float32" -- "$ISTHMUS" eval --model "$WORK/int.h5" \
+expect_exit 2 "int.h5: invalid: dataset /model/wo is not float32" -- "$ISTHMUS" eval --model "$WORK/int.h5" \
     --set data.eval_bytes=4096 --set train.out_dir="$WORK/e"
-expect_exit 2 "int.h5: invalid: dataset /model/wo: not floating point" -- "$ISTHMUS" inspect "$WORK/int.h5"
+expect_exit 2 "int.h5: invalid: dataset /model/wo is not float32" -- "$ISTHMUS" inspect "$WORK/int.h5"
 "$ISTHMUS" inspect "$WORK/m/model.h5" > /dev/null 2>&1 && pass "the undamaged model is still valid" ||
     fail "the original model.h5 is no longer valid"
 if grep -Eqi '(:|,)[-+]?(nan|inf)' "$WORK/m/metrics.jsonl" "$WORK"/e/metrics.jsonl 2>/dev/null; then
@@ -68,13 +68,28 @@ timeout 120 "$ISTHMUS" train "$T" --set train.out_dir="$WORK/c" --set train.step
     --set data.eval_bytes=4096 > "$WORK/c.log" 2>&1 || fail "checkpointed run failed"
 ORIG="$WORK/c/checkpoints/default/ckpt-00000002.h5"
 cp "$ORIG" "$WORK/orig.h5"
-for a in "mode xyz:attribute mode = 'xyz'" "site other:attribute site = 'other'" "adam_t 0:attribute adam_t = 0, expected 2" \
+for a in "mode xyz:invalid: attribute mode = 'xyz', its stored config has \\[outer\\] mode = sync" "site other:attribute site = 'other'" "adam_t 0:attribute adam_t = 0, expected 2" \
          "data_step 1:attribute data_step = 1"; do
     cp "$ORIG" "$WORK/tam.h5"
     "$TAMPER" "$WORK/tam.h5" attr ${a%%:*} || fail "h5tamper attr ${a%%:*} failed"
     expect_exit 2 "checkpoint $WORK/tam.h5: ${a#*:}" -- "$ISTHMUS" train "$T" --set train.out_dir="$WORK/t" \
         --set train.steps=4 --set data.eval_bytes=4096 --resume "$WORK/tam.h5"
 done
+# one verdict for inspect, eval and --resume: what the readers would refuse,
+# inspect calls invalid
+for d in "delete /model/wq:missing dataset /model/wq" "delete /inner/v/wq:missing dataset /inner/v/wq" \
+         "shape /model/wk:dataset /model/wk has a shape other than its config's model gives" \
+         "nofilter /inner/m/wv:dataset /inner/m/wv has no fletcher32 checksum"; do
+    cp "$ORIG" "$WORK/bad.h5"
+    "$TAMPER" "$WORK/bad.h5" ${d%%:*} || fail "h5tamper ${d%%:*} failed"
+    expect_exit 2 "bad.h5: invalid: ${d#*:}" -- "$ISTHMUS" inspect "$WORK/bad.h5"
+    expect_exit 2 "bad.h5: invalid: ${d#*:}" -- "$ISTHMUS" train "$T" --set train.out_dir="$WORK/t" \
+        --set train.steps=4 --set data.eval_bytes=4096 --resume "$WORK/bad.h5"
+done
+cp "$WORK/m/model.h5" "$WORK/badmodel.h5"
+"$TAMPER" "$WORK/badmodel.h5" delete /model/wq
+expect_exit 2 "badmodel.h5: invalid: missing dataset /model/wq" -- "$ISTHMUS" inspect "$WORK/badmodel.h5"
+expect_exit 2 "badmodel.h5: invalid: missing dataset /model/wq" -- "$ISTHMUS" eval --model "$WORK/badmodel.h5"
 cmp -s "$ORIG" "$WORK/orig.h5" && "$ISTHMUS" inspect "$ORIG" > /dev/null 2>&1 &&
     pass "the original checkpoint is byte-identical and valid" || fail "the original checkpoint changed"
 

@@ -34,9 +34,9 @@ expect_exit 2 "short/train.txt: 3 bytes, less than one window" -- "$ISTHMUS" tra
 expect_exit 2 "unknown command 'trian'" -- "$ISTHMUS" trian "$T"
 expect_exit 2 "unknown option '--sett'" -- "$ISTHMUS" train "$T" --sett model.layers=2
 expect_exit 2 "train: missing CONFIG.ini" -- "$ISTHMUS" train
-expect_exit 2 "file /nonexistent.h5: cannot open" -- "$ISTHMUS" eval --model /nonexistent.h5
+expect_exit 2 "model /nonexistent.h5: invalid: cannot open" -- "$ISTHMUS" eval --model /nonexistent.h5
 printf 'not hdf5 at all' > "$WORK/junk.h5"
-expect_exit 2 "file .*junk.h5: not a readable HDF5 file" -- "$ISTHMUS" eval --model "$WORK/junk.h5"
+expect_exit 2 "model .*junk.h5: invalid: not a readable HDF5 file" -- "$ISTHMUS" eval --model "$WORK/junk.h5"
 
 for cmd in train eval bench config inspect; do
     if "$ISTHMUS" "$cmd" --help | grep -q "^usage: isthmus $cmd"; then pass "$cmd --help"; else fail "$cmd --help"; fi

@@ -59,10 +59,10 @@ done
 # damaged model files
 size=$(stat -c %s "$WORK/a/model.h5")
 head -c $((size / 2)) "$WORK/a/model.h5" > "$WORK/truncated.h5"
-expect_exit 2 "file .*truncated.h5: " -- "$ISTHMUS" eval --model "$WORK/truncated.h5"
+expect_exit 2 "model .*truncated.h5: invalid: " -- "$ISTHMUS" eval --model "$WORK/truncated.h5"
 cp "$WORK/a/model.h5" "$WORK/flipped.h5"
 # overwrite 64 bytes inside the raw data of the last quarter of the file
 printf '%064d' 0 | dd of="$WORK/flipped.h5" bs=1 seek=$((size * 3 / 4)) conv=notrunc 2>/dev/null
-expect_exit 2 "file .*flipped.h5: reading /model/.* failed \(checksum" -- "$ISTHMUS" eval --model "$WORK/flipped.h5"
+expect_exit 2 "model .*flipped.h5: invalid: dataset /model/.*: checksum mismatch" -- "$ISTHMUS" eval --model "$WORK/flipped.h5"
 expect_exit 2 "eval: --set model.dim=32: only" -- "$ISTHMUS" eval --model "$WORK/a/model.h5" --set model.dim=32
 finish || exit 1

@@ -4,6 +4,8 @@
  *   h5tamper FILE nan DATASET           set the first element of a float dataset to NaN
  *   h5tamper FILE int DATASET           replace a dataset by an int32 one of the same shape
  *   h5tamper FILE attr NAME VALUE       rewrite a root attribute (string or integer, as it is)
+ *   h5tamper FILE nofilter DATASET      rewrite a float dataset without the fletcher32 filter
+ *   h5tamper FILE shape DATASET         replace a dataset by a float one with one more row
  * (Truncation and flipped bytes need no HDF5: the tests use head and dd.)
  */
 #include <hdf5.h>
@@ -36,7 +38,7 @@ int main(int argc, char **argv)
         return rc;
     }
     if (argc != 4) {
-        fprintf(stderr, "usage: h5tamper FILE delete|nan|int DATASET | FILE version N | FILE attr NAME VALUE\n");
+        fprintf(stderr, "usage: h5tamper FILE delete|nan|int|nofilter|shape DATASET | FILE version N | FILE attr NAME VALUE\n");
         return 2;
     }
     hid_t f = H5Fopen(argv[1], H5F_ACC_RDWR, H5P_DEFAULT);
@@ -60,6 +62,26 @@ int main(int argc, char **argv)
         H5Sclose(ms);
         if (space >= 0) H5Sclose(space);
         if (d >= 0) H5Dclose(d);
+    } else if (!strcmp(argv[2], "nofilter") || !strcmp(argv[2], "shape")) {
+        const int grow = !strcmp(argv[2], "shape");
+        hid_t d = H5Dopen2(f, argv[3], H5P_DEFAULT);
+        hid_t space = d >= 0 ? H5Dget_space(d) : -1;
+        hssize_t n = space >= 0 ? H5Sget_simple_extent_npoints(space) : 0;
+        float *v = calloc((size_t)(n > 0 ? n : 1) * 2, sizeof(float));
+        rc = d < 0 || H5Dread(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, v) < 0;
+        hsize_t dims[8];
+        const int nd = space >= 0 ? H5Sget_simple_extent_dims(space, dims, NULL) : 0;
+        if (d >= 0) H5Dclose(d);
+        if (grow && nd > 0) dims[0]++;
+        hid_t s2 = H5Screate_simple(nd, dims, NULL);
+        if (!rc) rc = H5Ldelete(f, argv[3], H5P_DEFAULT) < 0;
+        hid_t d2 = rc ? -1 : H5Dcreate2(f, argv[3], H5T_IEEE_F32LE, s2, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+        if (!grow && d2 >= 0) rc = H5Dwrite(d2, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, v) < 0;
+        rc = rc || d2 < 0;
+        if (d2 >= 0) H5Dclose(d2);
+        H5Sclose(s2);
+        if (space >= 0) H5Sclose(space);
+        free(v);
     } else if (!strcmp(argv[2], "int")) {
         hid_t d = H5Dopen2(f, argv[3], H5P_DEFAULT);
         hid_t space = d >= 0 ? H5Dget_space(d) : -1;
