@@ -185,6 +185,7 @@ static int parse_ini(EntryList *l, const char *text, const char *name)
     char section[256] = "";
     int lineno = 0;
     const char *p = text;
+    if (!strncmp(p, "\xEF\xBB\xBF", 3)) p += 3; /* a UTF-8 byte-order mark, as some editors write */
     while (*p) {
         const char *nl = strchr(p, '\n');
         size_t len = nl ? (size_t)(nl - p) : strlen(p);
@@ -263,6 +264,30 @@ static int section_known(const char *section)
     return 0;
 }
 
+/* A range bound as the user would write it (LONG_MAX exactly, not rounded). */
+static const char *bound_text(char *buf, size_t cap, double v, int integer)
+{
+    if (integer && v >= (double)LONG_MAX) snprintf(buf, cap, "%ld", LONG_MAX);
+    else if (integer) snprintf(buf, cap, "%.0f", v);
+    else snprintf(buf, cap, "%g", v);
+    return buf;
+}
+
+/* "is out of range [lo, hi]" — or, for keys whose -1 means "unset" (the
+ * mode decides), the rule without the sentinel */
+static int out_of_range(const KeySpec *s, const char *section, const char *where, const char *value)
+{
+    char lo[32], hi[32];
+    const int integer = s->type != KEY_REAL;
+    bound_text(lo, sizeof lo, s->min, integer);
+    bound_text(hi, sizeof hi, s->max, integer);
+    if (s->dflt && !strcmp(s->dflt, "-1") && s->min == -1)
+        return isth_fail(ISTH_EINPUT, "config %s: [%s] %s = %s is out of range: at most %s, and not negative "
+                         "(leave the key out for the mode's default)", where, section, s->key, value, hi);
+    return isth_fail(ISTH_EINPUT, "config %s: [%s] %s = %s is out of range %s%s, %s]", where, section, s->key,
+                     value, s->min_exclusive ? "(" : "[", lo, hi);
+}
+
 /* Parse one value into the struct at `base` according to its spec; `where`
  * names the origin and `section` the section as the user wrote it. */
 static int apply_value_in(void *base, const KeySpec *s, const char *section, const char *value,
@@ -275,24 +300,22 @@ static int apply_value_in(void *base, const KeySpec *s, const char *section, con
     case KEY_INT:
     case KEY_LONG: {
         long v = strtol(value, &end, 10);
-        if (!*value || *end || errno)
+        if (!*value || *end || (errno && errno != ERANGE))
             return isth_fail(ISTH_EINPUT, "config %s: [%s] %s = '%s' is not an integer", where,
                              section, s->key, value);
-        if (v < s->min || v > s->max)
-            return isth_fail(ISTH_EINPUT, "config %s: [%s] %s = %ld is out of range [%.0f, %.0f]",
-                             where, section, s->key, v, s->min, s->max);
+        if (errno == ERANGE || v < s->min || v > s->max) return out_of_range(s, section, where, value);
         if (s->type == KEY_LONG) *(long *)field = v;
         else *(int *)field = (int)v;
         break;
     }
     case KEY_REAL: {
         double v = strtod(value, &end);
-        if (!*value || *end || errno || !isfinite(v))
-            return isth_fail(ISTH_EINPUT, "config %s: [%s] %s = '%s' is not a finite number", where,
+        if (errno == ERANGE && fabs(v) < 1.0) errno = 0; /* underflow: a tiny number is still a number */
+        if (!*value || *end || (errno && errno != ERANGE) || isnan(v))
+            return isth_fail(ISTH_EINPUT, "config %s: [%s] %s = '%s' is not a number", where,
                              section, s->key, value);
-        if ((s->min_exclusive ? v <= s->min : v < s->min) || v > s->max)
-            return isth_fail(ISTH_EINPUT, "config %s: [%s] %s = %g is out of range %s%g, %g]", where,
-                             section, s->key, v, s->min_exclusive ? "(" : "[", s->min, s->max);
+        if (errno == ERANGE || !isfinite(v) || (s->min_exclusive ? v <= s->min : v < s->min) || v > s->max)
+            return out_of_range(s, section, where, value);
         *(double *)field = v;
         break;
     }
@@ -301,6 +324,9 @@ static int apply_value_in(void *base, const KeySpec *s, const char *section, con
             return isth_fail(ISTH_EINPUT, "config %s: [%s] %s = '%s' must be a non-negative integer",
                              where, section, s->key, value);
         unsigned long long v = strtoull(value, &end, 10);
+        if (errno == ERANGE)
+            return isth_fail(ISTH_EINPUT, "config %s: [%s] %s = %s is out of range [0, %llu]", where, section, s->key,
+                             value, (unsigned long long)UINT64_MAX);
         if (!*value || *end || errno)
             return isth_fail(ISTH_EINPUT, "config %s: [%s] %s = '%s' is not an unsigned integer",
                              where, section, s->key, value);

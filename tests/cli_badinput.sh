@@ -67,6 +67,7 @@ fi
 timeout 120 "$ISTHMUS" train "$T" --set train.out_dir="$WORK/c" --set train.steps=4 --set checkpoint.every=2 \
     --set data.eval_bytes=4096 > "$WORK/c.log" 2>&1 || fail "checkpointed run failed"
 ORIG="$WORK/c/checkpoints/default/ckpt-00000002.h5"
+SUMS=$(cat "$WORK/m/model.h5" "$WORK/c/checkpoints/default/"*.h5 | md5sum)
 cp "$ORIG" "$WORK/orig.h5"
 for a in "mode xyz:invalid: attribute mode = 'xyz', its stored config has \\[outer\\] mode = sync" "site other:attribute site = 'other'" "adam_t 0:attribute adam_t = 0, expected 2" \
          "data_step 1:attribute data_step = 1"; do
@@ -108,6 +109,24 @@ else
     pass "# SKIP read-only directory case: cannot mount a tmpfs here"
 fi
 
+# messages state the real rule and the value they got
+expect_exit 2 "\\[outer\\] lr = 1e30 is out of range: at most 100, and not negative" -- "$ISTHMUS" config "$T" --set outer.lr=1e30
+expect_exit 2 "eval_bytes = 9223372036854775808 is out of range \\[0, 9223372036854775807\\]" -- "$ISTHMUS" config "$T" \
+    --set data.eval_bytes=9223372036854775808
+expect_exit 2 "layers = 9223372036854775808 is out of range \\[1, 1024\\]" -- "$ISTHMUS" config "$T" \
+    --set model.layers=9223372036854775808
+expect_exit 2 "min_lr = 0.0003 exceeds lr" -- "$ISTHMUS" config "$T" --set train.lr=1e-320
+expect_exit 2 "bench: --threads '100000': expected a list like 1,2 of counts 1..1024" -- "$ISTHMUS" bench "$T" --threads 100000
+expect_exit 2 "config /dev/zero: not a regular file" -- "$ISTHMUS" config /dev/zero
+printf '\357\273\277[model]\nlayers = 3\n' > "$WORK/bom.ini"
+"$ISTHMUS" config "$WORK/bom.ini" 2> "$WORK/bom.err" | grep -q '^layers = 3$' && pass "a UTF-8 byte-order mark is skipped" ||
+    fail "BOM: $(cat "$WORK/bom.err")"
+mkdir "$WORK/one"
+printf 'x' > "$WORK/one/train.txt"
+cp "$DATA_DIR"/eval_prose.txt "$DATA_DIR"/eval_tech.txt "$WORK/one/"
+expect_exit 2 "data file $WORK/one/train.txt: 1 byte\\(s\\); a corpus needs at least 2" -- "$ISTHMUS" train "$T" \
+    --set data.dir="$WORK/one" --set train.out_dir="$WORK/r"
+
 # a site name is a directory name: '..' or '/' would leave the checkpoint directory
 printf '[site...]\nranks = 1\n' | cat "$T" - > "$WORK/dotdot.ini"
 expect_exit 2 "site name '\.\.' may only hold letters, digits" -- "$ISTHMUS" config "$WORK/dotdot.ini"
@@ -144,4 +163,9 @@ if mount -t tmpfs -o size=64k tmpfs "$WORK/full" 2> /dev/null; then
 else
     pass "# SKIP full-disk case: cannot mount a tmpfs here"
 fi
+# everything that failed above left the earlier outputs alone
+sums_now=$(cat "$WORK/m/model.h5" "$WORK/c/checkpoints/default/"*.h5 | md5sum)
+[ "$sums_now" = "$SUMS" ] && "$ISTHMUS" inspect "$WORK/m/model.h5" > /dev/null 2>&1 &&
+    pass "model.h5 and the checkpoints written before the bad inputs are byte-identical and valid" ||
+    fail "an earlier output changed"
 finish || exit 1

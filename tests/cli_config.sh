@@ -9,7 +9,7 @@ cfg() { printf '%b' "$1" > "$WORK/bad.ini"; echo "$WORK/bad.ini"; }
 expect_exit 2 "unknown key 'bogus' in \[model\]" -- "$ISTHMUS" train "$(cfg '[model]\nbogus = 1\n')"
 expect_exit 2 "unknown section \[nosuch\]" -- "$ISTHMUS" train "$(cfg '[nosuch]\nx = 1\n')"
 expect_exit 2 "bad.ini:2: \[model\] layers = 'two' is not an integer" -- "$ISTHMUS" train "$(cfg '[model]\nlayers = two\n')"
-expect_exit 2 "\[train\] lr = 'fast' is not a finite number" -- "$ISTHMUS" train "$T" --set train.lr=fast
+expect_exit 2 "\[train\] lr = 'fast' is not a number" -- "$ISTHMUS" train "$T" --set train.lr=fast
 expect_exit 2 "\[model\] layers = 0 is out of range" -- "$ISTHMUS" train "$T" --set model.layers=0
 expect_exit 2 "\[model\] capacity_factor = 0 is out of range \(0" -- "$ISTHMUS" train "$T" --set model.capacity_factor=0
 expect_exit 2 "\[model\] capacity_factor = -1 is out of range" -- "$ISTHMUS" train "$T" --set model.capacity_factor=-1
