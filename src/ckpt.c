@@ -101,7 +101,36 @@ static int sel_owned(const void *ctx, int t, int l, int e)
     return s->active && reduce_owns(s->r, t, l, e);
 }
 
-static int write_state(Trainer *tr, H5File *f)
+/* Scratch buffers of a checkpoint write or load, allocated before the file
+ * is opened and agreed over the site: a rank that lacks memory must not
+ * leave the others inside an HDF5 collective. */
+typedef struct {
+    float *res;    /* (n_params) error-feedback residuals laid out like params */
+    double *frag;  /* (2P) per-fragment last start and start in flight */
+} CkptScratch;
+
+static int scratch_alloc(const Trainer *tr, CkptScratch *sc)
+{
+    sc->res = isth_calloc(tr->model.n_params, sizeof(float));
+    sc->frag = isth_calloc((size_t)2 * tr->cfg.outer.fragments + 1, sizeof(double));
+    int ok = sc->res && sc->frag;
+    if (!ok) isth_fail(ISTH_ERUNTIME, "checkpoint: out of memory for %zu values of scratch", tr->model.n_params);
+    CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_LAND, tr->topo.site_comm));
+    if (!ok) {
+        free(sc->res);
+        free(sc->frag);
+        return ISTH_ERUNTIME;
+    }
+    return ISTH_OK;
+}
+
+static void scratch_free(CkptScratch *sc)
+{
+    free(sc->res);
+    free(sc->frag);
+}
+
+static int write_state(Trainer *tr, H5File *f, CkptScratch *sc)
 {
     const Topology *t = &tr->topo;
     const SiteInfo *site = &t->sites[t->site];
@@ -133,19 +162,14 @@ static int write_state(Trainer *tr, H5File *f)
         CHECK(h5_write_tensors(f, "/inner/m", m, tr->opt.m, sel_model, &first_sel));
         CHECK(h5_write_tensors(f, "/inner/v", m, tr->opt.v, sel_model, &first_sel));
         if (reduce_any_residual(&tr->red)) { /* sync with a lossy codec: error feedback of the gradient sums */
-            float *res = isth_malloc(sizeof(float) * m->n_params);
-            CHECK_ALLOC(res);
-            reduce_residual_export(&tr->red, res);
+            reduce_residual_export(&tr->red, sc->res);
             RSel rs = {&tr->red, first && reduce_has_residual(&tr->red)};
-            const int rc = h5_write_tensors(f, "/outer/residual", m, res, sel_owned, &rs);
-            free(res);
-            CHECK(rc);
+            CHECK(h5_write_tensors(f, "/outer/residual", m, sc->res, sel_owned, &rs));
         }
     } else {
         const int bf = tr->outer.butterfly; /* butterfly: outer state per learner */
         CHECK(h5_write_tensors(f, "/model", m, bf ? m->params : tr->outer.anchor, sel_model, &first_sel));
-        float *res = isth_malloc(sizeof(float) * m->n_params);
-        CHECK_ALLOC(res);
+        float *res = sc->res;
         reduce_residual_export(&tr->red, res);
         int rc = ISTH_OK;
         if (!bf) {
@@ -173,7 +197,6 @@ static int write_state(Trainer *tr, H5File *f)
         /* fragments in flight (drained): their reduced pseudo-gradients, equal on every learner */
         if (!bf && rc == ISTH_OK && in_flight)
             rc = h5_write_tensors(f, "/outer/pending", m, tr->outer.delta, sel_model, &first_sel);
-        free(res);
         CHECK(rc);
         for (int k = 0; k < site->learners; k++) {
             const int id = site->first_learner + k;
@@ -188,8 +211,7 @@ static int write_state(Trainer *tr, H5File *f)
         }
     }
     /* per fragment: last outer start, and the start of the exchange in flight (-1: none) */
-    double *frag = isth_calloc((size_t)2 * P + 1, sizeof(double));
-    CHECK_ALLOC(frag);
+    double *frag = sc->frag;
     for (int p = 0; p < P; p++) {
         frag[p] = tr->outer_mode ? (double)tr->outer.last_sync[p] : 0.0;
         frag[P + p] = tr->outer_mode ? (double)tr->outer.started[p] : -1.0;
@@ -198,7 +220,6 @@ static int write_state(Trainer *tr, H5File *f)
     if (g >= 0) H5Gclose(g);
     int rc = h5_write_doubles(f, "/state/fragments", frag, P);
     if (rc == ISTH_OK) rc = h5_write_doubles(f, "/state/started", frag + P, P);
-    free(frag);
     return rc;
 }
 
@@ -240,10 +261,16 @@ int ckpt_write(Trainer *tr)
     CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_LAND, t->site_comm));
     if (!ok) return rc ? rc : ISTH_ERUNTIME;
     ckpt_path(dir, tr->step, path, sizeof path);
+    CkptScratch sc;
+    CHECK(scratch_alloc(tr, &sc));
     H5File f;
-    CHECK(h5_create(&f, path, H5IO_FILE_BYTES(model_total_params(&tr->cfg.model), checkpoint_groups(tr)),
-                    t->site_comm));
-    rc = write_state(tr, &f);
+    rc = h5_create(&f, path, H5IO_FILE_BYTES(model_total_params(&tr->cfg.model), checkpoint_groups(tr)), t->site_comm);
+    if (rc != ISTH_OK) {
+        scratch_free(&sc);
+        return rc;
+    }
+    rc = write_state(tr, &f, &sc);
+    scratch_free(&sc);
     if (rc != ISTH_OK) {
         h5_abandon(&f);
         return rc;
@@ -699,12 +726,17 @@ int ckpt_load(Trainer *tr, const char *path)
     const Topology *t = &tr->topo;
     const SiteInfo *site = &t->sites[t->site];
     Model *m = &tr->model;
+    CkptScratch sc;
+    CHECK(scratch_alloc(tr, &sc));
+    /* a file this site cannot open still goes to the agreement below, so
+     * the other sites hear of it instead of waiting for a deadline */
     H5File f;
-    CHECK(h5_open(&f, path, t->site_comm));
+    int rc = h5_open(&f, path, t->site_comm);
+    const int opened = rc == ISTH_OK;
     char *text = NULL;
     long long step = 0, outer_steps = 0, exchanges = 0, adam_t = 0, first = 0, learners = 0, data_step = 0;
     double tokens = 0;
-    int rc = h5_attr_read_string(&f, "/", "config", &text);
+    if (rc == ISTH_OK) rc = h5_attr_read_string(&f, "/", "config", &text);
     if (rc == ISTH_OK) rc = compare_configs(tr, text, path);
     char saved_optimizer[16] = "";
     Config saved;
@@ -727,8 +759,7 @@ int ckpt_load(Trainer *tr, const char *path)
                        path, site->name, first, first + learners - 1, site->first_learner,
                        site->first_learner + site->learners - 1);
     const int P = tr->cfg.outer.fragments;
-    double *frag = isth_calloc((size_t)2 * P + 1, sizeof(double));
-    if (!frag) rc = isth_fail(ISTH_ERUNTIME, "out of memory reading %s", path);
+    double *frag = sc.frag;
     if (rc == ISTH_OK) rc = h5_read_doubles(&f, "/state/fragments", frag, P);
     if (rc == ISTH_OK) rc = h5_read_doubles(&f, "/state/started", frag + P, P);
     int in_flight = 0;
@@ -737,12 +768,17 @@ int ckpt_load(Trainer *tr, const char *path)
         rc = h5_read_tensors(&f, "/model", m, m->params, select_held, m);
         if (rc == ISTH_OK) rc = h5_read_tensors(&f, "/inner/m", m, tr->opt.m, select_held, m);
         if (rc == ISTH_OK) rc = h5_read_tensors(&f, "/inner/v", m, tr->opt.v, select_held, m);
-        if (rc == ISTH_OK && reduce_any_residual(&tr->red)) {
-            float *res = isth_calloc(m->n_params, sizeof(float));
+        /* error feedback of a lossy codec; a checkpoint written with codec
+         * none has none, and the residuals start at zero */
+        const int has_residual = H5Lexists(f.file, "/outer", H5P_DEFAULT) > 0 &&
+                                 H5Lexists(f.file, "/outer/residual", H5P_DEFAULT) > 0;
+        if (rc == ISTH_OK && reduce_any_residual(&tr->red) && has_residual) {
             RSel rs = {&tr->red, reduce_has_residual(&tr->red)};
-            rc = res ? h5_read_tensors(&f, "/outer/residual", m, res, sel_owned, &rs) : ISTH_ERUNTIME;
-            if (rc == ISTH_OK) reduce_residual_import(&tr->red, res);
-            free(res);
+            rc = h5_read_tensors(&f, "/outer/residual", m, sc.res, sel_owned, &rs);
+            if (rc == ISTH_OK) reduce_residual_import(&tr->red, sc.res);
+        } else if (rc == ISTH_OK && reduce_any_residual(&tr->red) && tr->log) {
+            printf("resume: %s has no error-feedback residuals (written without a lossy codec); they start at 0\n",
+                   path);
         }
     } else if (rc == ISTH_OK) {
         char g[64], ga[64], gm[64], gr[64];
@@ -753,11 +789,9 @@ int ckpt_load(Trainer *tr, const char *path)
         rc = h5_read_tensors(&f, bf ? ga : "/model", m, tr->outer.anchor, select_held, m);
         if (rc == ISTH_OK) rc = h5_read_tensors(&f, bf ? gm : "/outer/momentum", m, tr->outer.mom, select_held, m);
         if (rc == ISTH_OK) {
-            float *res = isth_calloc(m->n_params, sizeof(float));
             RSel rs = {&tr->red, reduce_has_residual(&tr->red)};
-            rc = res ? h5_read_tensors(&f, bf ? gr : "/outer/residual", m, res, sel_owned, &rs) : ISTH_ERUNTIME;
-            if (rc == ISTH_OK) reduce_residual_import(&tr->red, res);
-            free(res);
+            rc = h5_read_tensors(&f, bf ? gr : "/outer/residual", m, sc.res, sel_owned, &rs);
+            if (rc == ISTH_OK) reduce_residual_import(&tr->red, sc.res);
         }
         snprintf(g, sizeof g, "/learner_%d/model", t->learner);
         if (rc == ISTH_OK) rc = h5_read_tensors(&f, g, m, m->params, select_held, m);
@@ -782,8 +816,8 @@ int ckpt_load(Trainer *tr, const char *path)
         }
         if (bf) tr->outer.round = (long)(step / tr->outer.H); /* rounds started by this step */
     }
-    free(frag);
-    h5_close(&f);
+    scratch_free(&sc);
+    if (opened) h5_close(&f);
     /* every site must resume the same step: the site agrees on its outcome,
      * then the sites' first ranks compare through the link */
     int fail = rc != ISTH_OK;

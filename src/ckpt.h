@@ -29,14 +29,15 @@
  * ISTH_EINPUT on every rank when any cannot (collective). */
 int ckpt_check_outputs(Trainer *tr);
 
-/* Write a checkpoint of the current state (collective over the world). */
+/* Write a checkpoint of the current state (collective over every rank of
+ * every site; the sites confirm completion through the link). */
 int ckpt_write(Trainer *tr);
 
 /* Resolve `--resume` (a file or "auto") to this site's file: with "auto"
  * each site validates its newest files (falling back past invalid ones,
  * reported by name and reason) and the sites agree on the newest step they
  * all have. Sets *path to "" when "auto" finds nothing (fresh start).
- * Collective over the world. */
+ * Collective over every rank; the sites agree through the link. */
 int ckpt_find(Trainer *tr, const char *arg, char *path, size_t cap);
 
 /* Load the state of `path` into a created trainer (collective). Exit-2

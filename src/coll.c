@@ -24,8 +24,9 @@ static int alltoallv_typed(Coll *c, const void *send, const int *send_counts, vo
         if (send_counts[0] && send != recv) memcpy(recv, send, (size_t)send_counts[0] * row_bytes);
         return ISTH_OK;
     }
-    int *sd = isth_malloc(sizeof(int) * (size_t)c->size * 2), *rd = sd + c->size;
+    int *sd = isth_malloc(sizeof(int) * (size_t)c->size * 2);
     CHECK_ALLOC(sd);
+    int *rd = sd + c->size;
     int s = 0, r = 0;
     for (int i = 0; i < c->size; i++) {
         sd[i] = s;
@@ -124,11 +125,12 @@ int coll_allgather_floats(MPI_Comm comm, const float *mine, size_t n, float *all
         /* a piece of every rank's block: `len` floats, placed n floats apart */
         MPI_Datatype piece, spaced;
         CHECK_MPI(MPI_Type_contiguous((int)len, MPI_FLOAT, &piece));
-        CHECK_MPI(MPI_Type_create_resized(piece, 0, (MPI_Aint)(n * sizeof(float)), &spaced));
+        int rc = MPI_Type_create_resized(piece, 0, (MPI_Aint)(n * sizeof(float)), &spaced);
+        MPI_Type_free(&piece); /* the resized type keeps what it needs */
+        if (rc != MPI_SUCCESS) return isth_fail_mpi(__FILE__, __LINE__, "MPI_Type_create_resized", rc);
         CHECK_MPI(MPI_Type_commit(&spaced));
-        const int rc = MPI_Allgather(mine + off, (int)len, MPI_FLOAT, all + off, 1, spaced, comm);
+        rc = MPI_Allgather(mine + off, (int)len, MPI_FLOAT, all + off, 1, spaced, comm);
         MPI_Type_free(&spaced);
-        MPI_Type_free(&piece);
         if (rc != MPI_SUCCESS) return isth_fail(ISTH_ERUNTIME, "coll: MPI_Allgather failed (MPI error %d)", rc);
     }
     return ISTH_OK;

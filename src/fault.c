@@ -1,6 +1,8 @@
 /* fault.c — see fault.h. */
 #include "fault.h"
 
+#include <errno.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,6 +12,8 @@
 
 /* seconds a rank that printed nothing waits before aborting */
 #define FAULT_QUIET_ABORT_DELAY_S 2
+/* seconds a rank that held back a bad-input line waits for rank 0's abort */
+#define FAULT_SUPPRESSED_DELAY_S 10
 
 static char site_name[64];
 static long current_step;
@@ -85,8 +89,16 @@ int fault_end_job(int rc)
         fflush(stdout);
         fflush(stderr);
         if (!status_printed_error()) {
-            struct timespec ts = {FAULT_QUIET_ABORT_DELAY_S, 0};
-            nanosleep(&ts, NULL);
+            /* a held-back bad-input line is printed only if rank 0 (which
+             * reports what every rank sees) has not ended the job by then */
+            /* the job's end arrives as SIGTERM from mpirun: let it end us
+             * (training installs a handler that only raises a flag) */
+            signal(SIGTERM, SIG_DFL);
+            signal(SIGUSR1, SIG_DFL);
+            struct timespec ts = {status_has_suppressed() ? FAULT_SUPPRESSED_DELAY_S : FAULT_QUIET_ABORT_DELAY_S, 0};
+            while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+            }
+            status_print_suppressed();
         }
         MPI_Abort(MPI_COMM_WORLD, rc);
     }

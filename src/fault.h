@@ -4,7 +4,8 @@
  * communicators isthmus owns, so every CHECK_MPI is live), how a runtime
  * failure ends a multi-rank job (MPI_Abort after the one-line message, so no
  * rank waits for one that gave up), and every test hook that makes a fault
- * happen on purpose. The hooks, read from the environment once:
+ * happen on purpose. The hooks, read from the environment (the site hooks
+ * once; ISTHMUS_FAIL_ALLOC at each allocation, so tests can set it late):
  *   ISTHMUS_LINK_CORRUPT=SITE:N   (link.c) flip a byte in exchange N's payloads
  *   ISTHMUS_LINK_DELAY=SITE:S     (link.c) post sends S polls late
  *   ISTHMUS_LINK_MUTE=SITE:1      (link.c) never send payloads (a cut link)

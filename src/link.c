@@ -39,8 +39,12 @@ int link_msg_alloc(LinkMsg *m, int peer, int tag, size_t send_bytes, size_t recv
     m->local = local;
     m->send = isth_malloc(send_bytes ? send_bytes : 1);
     m->recv = isth_malloc(recv_bytes ? recv_bytes : 1);
-    CHECK_ALLOC(m->send);
-    CHECK_ALLOC(m->recv);
+    if (!m->send || !m->recv) {
+        free(m->send);
+        free(m->recv);
+        m->send = m->recv = NULL;
+        return isth_fail(ISTH_ERUNTIME, "link: out of memory for a %zu-byte message", send_bytes + recv_bytes);
+    }
     return ISTH_OK;
 }
 

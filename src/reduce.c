@@ -493,11 +493,11 @@ static int agree(Reducer *r, FragPlan *fp, int f, unsigned char *ok)
             const unsigned char *v = fp->peers[i].verdict.recv;
             const char *bad = link_check(v, fp->peers[i].verdict.recv_bytes, LINK_SITE_VERDICT, (uint32_t)f, fp->exchange,
                                          nv, nv);
-            if (bad) { /* a verdict we cannot read: trust nobody's payload but our own */
-                for (int s = 0; s < t->n_sites; s++)
-                    if (s != t->site) ok[s] = 0;
-                continue;
-            }
+            /* a verdict we cannot read would leave the sites with different
+             * sets of contributions (and stop votes): the run cannot go on */
+            if (bad)
+                return isth_fail(ISTH_ERUNTIME, "link: verdict from world rank %d for fragment %d unreadable: %s",
+                                 fp->peers[i].world_rank, f, bad);
             for (size_t s = 0; s < nv; s++) ok[s] &= v[sizeof(LinkHeader) + s];
         }
     }
@@ -886,8 +886,10 @@ int mix_finish(Reducer *r, int f, float *buf, ReduceReport *rep, double *pair_di
         const LinkMsg *v = &pp->peers[i].verdict;
         const char *bad = link_check(v->recv, v->recv_bytes, LINK_PAIR_VERDICT, (uint32_t)f, pp->exchange,
                                      PAIR_VERDICT_BYTES, PAIR_VERDICT_BYTES);
-        if (bad || !v->recv[sizeof(LinkHeader)]) ok = 0;
-        if (bad) continue;
+        if (bad) /* the partners would disagree on the result: the run cannot go on */
+            return isth_fail(ISTH_ERUNTIME, "link: butterfly verdict from world rank %d unreadable: %s",
+                             pp->peers[i].world_rank, bad);
+        if (!v->recv[sizeof(LinkHeader)]) ok = 0;
         int64_t theirs;
         memcpy(&theirs, v->recv + sizeof(LinkHeader) + 1, sizeof theirs);
         if (theirs < stop) stop = theirs;

@@ -7,7 +7,20 @@ static int quiet_errors, my_rank, multi_rank;
 static const char *my_site = "";
 static int printed_error;
 
+static char suppressed[1024];
+
 int status_printed_error(void) { return printed_error; }
+
+int status_has_suppressed(void) { return suppressed[0] != 0; }
+
+void status_print_suppressed(void)
+{
+    if (!suppressed[0] || printed_error) return;
+    fprintf(stderr, "isthmus: error: rank %d%s%s%s: %s\n", my_rank, my_site[0] ? " (site " : "", my_site,
+            my_site[0] ? ")" : "", suppressed);
+    fflush(stderr);
+    printed_error = 1;
+}
 
 int status_set_quiet(int quiet)
 {
@@ -25,9 +38,14 @@ void status_set_site(const char *site) { my_site = site ? site : ""; }
 int isth_fail(int code, const char *fmt, ...)
 {
     /* bad input is detected alike by every rank: one line is enough */
-    if (quiet_errors && code == ISTH_EINPUT) return code;
-    printed_error = 1;
     va_list ap;
+    if (quiet_errors && code == ISTH_EINPUT) { /* kept, in case rank 0 did not see it (fault_end_job) */
+        va_start(ap, fmt);
+        vsnprintf(suppressed, sizeof suppressed, fmt, ap);
+        va_end(ap);
+        return code;
+    }
+    printed_error = 1;
     va_start(ap, fmt);
     if (multi_rank && code != ISTH_EINPUT && my_site[0])
         fprintf(stderr, "isthmus: error: rank %d (site %s): ", my_rank, my_site);

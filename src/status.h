@@ -30,6 +30,10 @@ void status_set_site(const char *site);
 
 /* Has this process printed an error line? */
 int status_printed_error(void);
+/* Print the last bad-input error that quiet mode held back (with rank and
+ * site): for an input only this rank saw. */
+void status_print_suppressed(void);
+int status_has_suppressed(void);
 
 /* Print "isthmus: error: <message>" and return `code`. */
 int isth_fail(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

@@ -473,6 +473,9 @@ int train_run(const Config *cfg, const char *resume)
     }
     const int closed = metrics_close(&tr.metrics);
     if (rc == ISTH_OK) rc = closed;
+    /* a failed multi-rank run ends in MPI_Abort (fault_end_job): tearing
+     * down first would only wait on requests a dead peer never completes */
+    if (rc != ISTH_OK && tr.topo.world_size > 1) return rc;
     trainer_destroy(&tr);
     return rc;
 }
