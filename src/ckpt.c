@@ -14,6 +14,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "fault.h"
 #include "h5io.h"
 #include "status.h"
 
@@ -250,7 +251,21 @@ static void prune(const char *dir, int keep)
     }
 }
 
+static int write_checkpoint(Trainer *tr);
+
 int ckpt_write(Trainer *tr)
+{
+    char what[64];
+    snprintf(what, sizeof what, "checkpoint of step %ld", tr->step);
+    fault_watchdog_arm(tr->cfg.checkpoint.timeout, what);
+    const long stall = fault_hook_for("ISTHMUS_CKPT_STALL", tr->topo.sites[tr->topo.site].name);
+    if (stall > 0) sleep((unsigned)stall); /* test hook: a write that hangs */
+    const int rc = write_checkpoint(tr);
+    fault_watchdog_disarm();
+    return rc;
+}
+
+static int write_checkpoint(Trainer *tr)
 {
     const double t0 = now_s();
     const Topology *t = &tr->topo;
@@ -720,7 +735,17 @@ static int check_attributes(Trainer *tr, H5File *f, const char *path, long long 
     return rc;
 }
 
+static int load_checkpoint(Trainer *tr, const char *path);
+
 int ckpt_load(Trainer *tr, const char *path)
+{
+    fault_watchdog_arm(tr->cfg.checkpoint.timeout, "loading the checkpoint");
+    const int rc = load_checkpoint(tr, path);
+    fault_watchdog_disarm();
+    return rc;
+}
+
+static int load_checkpoint(Trainer *tr, const char *path)
 {
     const double t0 = now_s();
     const Topology *t = &tr->topo;

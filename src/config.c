@@ -92,6 +92,7 @@ static const KeySpec schema[] = {
     {"checkpoint", "dir", KEY_STR, CK(dir), STRSZ(checkpoint.dir), 0, 0, 0, NULL, ""},
     {"checkpoint", "every", KEY_INT, CK(every), 0, 0, INT_MAX, 0, NULL, "0"},
     {"checkpoint", "keep", KEY_INT, CK(keep), 0, 1, 1000000, 0, NULL, "3"},
+    {"checkpoint", "timeout", KEY_REAL, CK(timeout), 0, 0, 1e7, 1, NULL, "3600"},
 };
 #define N_KEYS (sizeof schema / sizeof schema[0])
 

@@ -85,6 +85,7 @@ typedef struct {
     char dir[CONFIG_PATH_MAX]; /* "" = <out_dir>/checkpoints; one subdirectory per site */
     int every;          /* steps between checkpoints (0 = only at the end and on a signal) */
     int keep;           /* newest checkpoints kept per site */
+    double timeout;     /* seconds a checkpoint (or model) write or load may take; then the job ends */
 } CheckpointConfig;
 
 typedef struct {

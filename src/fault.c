@@ -2,11 +2,13 @@
 #include "fault.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "status.h"
 
@@ -73,6 +75,57 @@ int fault_alloc_fails(void)
     if (current_step != atol(colon + 1)) return 0;
     alloc_failed = 1;
     return 1;
+}
+
+static pthread_mutex_t dog_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t dog_cond = PTHREAD_COND_INITIALIZER;
+static pthread_t dog_thread;
+static int dog_armed, dog_started;
+static struct timespec dog_deadline;
+static char dog_what[256];
+static double dog_seconds;
+
+static void *watchdog(void *arg)
+{
+    (void)arg;
+    pthread_mutex_lock(&dog_lock);
+    for (;;) {
+        while (!dog_armed) pthread_cond_wait(&dog_cond, &dog_lock);
+        const int rc = pthread_cond_timedwait(&dog_cond, &dog_lock, &dog_deadline);
+        if (rc == ETIMEDOUT && dog_armed) {
+            isth_fail(ISTH_ERUNTIME, "%s did not finish within %g s (a rank stuck in parallel I/O?); ending the job",
+                      dog_what, dog_seconds);
+            fflush(stdout);
+            _exit(ISTH_ERUNTIME); /* mpirun ends the other ranks */
+        }
+    }
+    return NULL;
+}
+
+void fault_watchdog_arm(double seconds, const char *what)
+{
+    pthread_mutex_lock(&dog_lock);
+    if (!dog_started) dog_started = pthread_create(&dog_thread, NULL, watchdog, NULL) == 0;
+    clock_gettime(CLOCK_REALTIME, &dog_deadline);
+    dog_deadline.tv_sec += (time_t)seconds;
+    dog_deadline.tv_nsec += (long)((seconds - (double)(time_t)seconds) * 1e9);
+    if (dog_deadline.tv_nsec >= 1000000000L) {
+        dog_deadline.tv_sec++;
+        dog_deadline.tv_nsec -= 1000000000L;
+    }
+    snprintf(dog_what, sizeof dog_what, "%s", what);
+    dog_seconds = seconds;
+    dog_armed = dog_started;
+    pthread_cond_broadcast(&dog_cond);
+    pthread_mutex_unlock(&dog_lock);
+}
+
+void fault_watchdog_disarm(void)
+{
+    pthread_mutex_lock(&dog_lock);
+    dog_armed = 0;
+    pthread_cond_broadcast(&dog_cond);
+    pthread_mutex_unlock(&dog_lock);
 }
 
 int fault_end_job(int rc)

@@ -13,6 +13,8 @@
  *   ISTHMUS_FAIL_ALLOC=RANK:STEP  world rank RANK's first allocation during
  *                                 step STEP (0: during set-up) fails
  *   ISTHMUS_STOP_AT_STEP=N        every rank behaves as if signalled after N
+ *   ISTHMUS_CKPT_STALL=S          a checkpoint write sleeps S seconds (to test
+ *                                 the watchdog)
  * Must not: decide what a failure means for training (callers do), or exit
  * on its own except through fault_end_job.
  */
@@ -38,6 +40,14 @@ void fault_set_step(long step);
 int fault_nan_now(void);
 /* ISTHMUS_FAIL_ALLOC: should this allocation fail (once)? */
 int fault_alloc_fails(void);
+
+/* A deadline for work that waits inside a site without one of its own (a
+ * checkpoint's parallel HDF5 collectives: a rank that fails inside one
+ * leaves the others there). When `seconds` pass before the disarm, a
+ * watchdog thread prints one line naming `what` and ends the process with
+ * exit 1; mpirun then ends the rest of the job. One armed at a time. */
+void fault_watchdog_arm(double seconds, const char *what);
+void fault_watchdog_disarm(void);
 
 /* End the job for status `rc`: in a multi-rank job any failure aborts every
  * rank with that exit code (the rank that found it has printed its line; a

@@ -2,6 +2,7 @@
 #include "status.h"
 
 #include <stdarg.h>
+#include <string.h>
 
 static int quiet_errors, my_rank, multi_rank;
 static const char *my_site = "";
@@ -46,16 +47,26 @@ int isth_fail(int code, const char *fmt, ...)
         return code;
     }
     printed_error = 1;
-    va_start(ap, fmt);
+    /* the whole line in one write: lines of several ranks must not mix */
+    char line[2048];
+    int n;
     if (multi_rank && code != ISTH_EINPUT && my_site[0])
-        fprintf(stderr, "isthmus: error: rank %d (site %s): ", my_rank, my_site);
+        n = snprintf(line, sizeof line, "isthmus: error: rank %d (site %s): ", my_rank, my_site);
     else if (multi_rank && code != ISTH_EINPUT)
-        fprintf(stderr, "isthmus: error: rank %d: ", my_rank);
+        n = snprintf(line, sizeof line, "isthmus: error: rank %d: ", my_rank);
     else
-        fputs("isthmus: error: ", stderr);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
+        n = snprintf(line, sizeof line, "isthmus: error: ");
+    va_start(ap, fmt);
+    if (n >= 0 && (size_t)n < sizeof line) vsnprintf(line + n, sizeof line - (size_t)n, fmt, ap);
     va_end(ap);
+    const size_t len = strlen(line);
+    if (len + 1 < sizeof line) {
+        line[len] = '\n';
+        line[len + 1] = '\0';
+    } else {
+        line[sizeof line - 2] = '\n';
+    }
+    fputs(line, stderr);
     fflush(stderr);
     return code;
 }

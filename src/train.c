@@ -273,8 +273,11 @@ int trainer_write_model(Trainer *tr, const char *path)
 {
     if (tr->topo.learner != 0) return ISTH_OK;
     H5Meta meta = {tr->step, tr->tokens_seen};
-    return h5model_write(path, &tr->model, tr->config_text, &meta, tr->topo.learner_comm,
-                         tr->topo.learner_rank == 0);
+    fault_watchdog_arm(tr->cfg.checkpoint.timeout, "writing the model file");
+    const int rc = h5model_write(path, &tr->model, tr->config_text, &meta, tr->topo.learner_comm,
+                                 tr->topo.learner_rank == 0);
+    fault_watchdog_disarm();
+    return rc;
 }
 
 /* In sync mode every learner must hold the same model; a mismatch means a

@@ -6,6 +6,7 @@
 #    allocation failure on one rank during training and during set-up;
 #  - a two-site diloco run makes no inter-site MPI call between outer steps
 #    (a PMPI shim counts them: as many for 8 inner steps as for 16);
+#  - a checkpoint write that hangs is ended by the [checkpoint] timeout watchdog;
 #  - the default build carries no instructions beyond the baseline ISA.
 . "$TOP_SRCDIR/tests/lib.sh"
 
@@ -49,6 +50,11 @@ fails nan_site_b "error: rank 2 \(site b\): step 3: loss is nan" ISTHMUS_NAN_AT=
 fails nan_sync "error: rank 0 \(site a\): step 2: loss is nan" ISTHMUS_NAN_AT=a:2 -- --set train.steps=6
 fails alloc_step "error: rank 3 \(site b\): .*out of memory" ISTHMUS_FAIL_ALLOC=3:5 -- $DILOCO
 fails alloc_setup "error: rank 1: .*out of memory" ISTHMUS_FAIL_ALLOC=1:0 -- $DILOCO
+
+# a checkpoint write that hangs (a rank stuck in parallel I/O): the watchdog
+# of [checkpoint] timeout ends the job
+fails ckpt_stall "error: rank [0-3] \(site b\): checkpoint of step 2 did not finish within 1 s" \
+    ISTHMUS_CKPT_STALL=b:60 -- $DILOCO --set checkpoint.every=2 --set checkpoint.timeout=1
 
 # inter-site MPI calls counted by a PMPI shim: the same for 2 outer steps of
 # 4 inner steps and 2 outer steps of 8 (so none between outer steps)
