@@ -323,6 +323,7 @@ int h5_write_tensors(H5File *f, const char *group, const Model *m, const float *
         hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
         H5Pset_chunk(dcpl, t->ndim, chunk);
         H5Pset_fletcher32(dcpl);
+        H5Pset_fill_time(dcpl, H5D_FILL_TIME_NEVER); /* every chunk is written: no fill pass */
         hid_t dset = H5Dcreate2(g, t->name, H5T_NATIVE_FLOAT, fspace, H5P_DEFAULT, dcpl, H5P_DEFAULT);
         H5Pclose(dcpl);
         size_t n = select_chunks(m, t, fspace, sel, ctx, (float *)buf, tmp, 1);
