@@ -13,8 +13,10 @@
  *   ISTHMUS_FAIL_ALLOC=RANK:STEP  world rank RANK's first allocation during
  *                                 step STEP (0: during set-up) fails
  *   ISTHMUS_STOP_AT_STEP=N        every rank behaves as if signalled after N
- *   ISTHMUS_CKPT_STALL=S          a checkpoint write sleeps S seconds (to test
- *                                 the watchdog)
+ *   ISTHMUS_CKPT_STALL=SITE:S     a checkpoint write of SITE sleeps S seconds
+ *                                 (to test the watchdog)
+ *   ISTHMUS_NO_SPACE_CHECK=1      (h5io.c) skip the free-space check, so a
+ *                                 write runs out of space part-way
  * Must not: decide what a failure means for training (callers do), or exit
  * on its own except through fault_end_job.
  */

@@ -315,6 +315,9 @@ static int cmd_config(int argc, char **argv)
 int main(int argc, char **argv)
 {
     blas_select_reexec(argv);
+    /* MPI-IO through ROMIO unless the user chose: OMPIO prints its own lines
+     * on a failed write (a full disk), ROMIO returns the error to HDF5 */
+    setenv("OMPI_MCA_io", "romio321", 0);
     MPI_Init(&argc, &argv);
     int rank;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);

@@ -154,6 +154,17 @@ if mount -t tmpfs -o size=64k tmpfs "$WORK/full" 2> /dev/null; then
             cmp -s "$WORK/first.h5" "$WORK/full/r/checkpoints/default/ckpt-00000002.h5" &&
             pass "np $np: the earlier checkpoint is intact and valid" || fail "np $np: the earlier checkpoint was damaged"
         umount "$WORK/full"
+        # the disk fills during the write (the space check skipped): the
+        # ranks agree on the failed write, one line, the temporary file goes
+        mount -t tmpfs -o size=4m tmpfs "$WORK/full"
+        expect_exit 1 "file $WORK/full/w/checkpoints/default/ckpt-00000004.h5.tmp: writing .* failed \\(disk full\\?\\)" -- \
+            mpirun -q --oversubscribe -np "$np" -x ISTHMUS_NO_SPACE_CHECK=1 "$ISTHMUS" train "$T" \
+            --set train.out_dir="$WORK/full/w" --set train.steps=6 --set checkpoint.every=2 --set data.eval_bytes=4096
+        ls "$WORK/full/w/checkpoints/default" | grep -q tmp && fail "np $np: a temporary file was left mid-write" ||
+            pass "np $np: a write that ran out of space left no temporary file"
+        "$ISTHMUS" inspect "$WORK/full/w/checkpoints/default/ckpt-00000002.h5" > /dev/null 2>&1 &&
+            pass "np $np: the checkpoint before it is valid" || fail "np $np: the checkpoint before it is damaged"
+        umount "$WORK/full"
         mount -t tmpfs -o size=600k tmpfs "$WORK/full"
         expect_exit 1 "file $WORK/full/o/model.h5: needs about .* MB free there" -- \
             mpirun -q --oversubscribe -np "$np" "$ISTHMUS" train "$T" --set train.out_dir="$WORK/full/o" \

@@ -51,6 +51,24 @@ fails nan_sync "error: rank 0 \(site a\): step 2: loss is nan" ISTHMUS_NAN_AT=a:
 fails alloc_step "error: rank 3 \(site b\): .*out of memory" ISTHMUS_FAIL_ALLOC=3:5 -- $DILOCO
 fails alloc_setup "error: rank 1: .*out of memory" ISTHMUS_FAIL_ALLOC=1:0 -- $DILOCO
 
+# a deadline that fires at once (two sites of one rank): exit 1, every line
+# the deadline's, no crash — in every mode and codec
+for mode in sync diloco streaming butterfly; do
+    for codec in none bf16 int8 fp4; do
+        rc=0
+        timeout 60 mpirun -q --oversubscribe -np 2 "$ISTHMUS" train "$T" --set train.out_dir="$WORK/d_$mode$codec" \
+            --set site.a.ranks=1 --set site.b.ranks=1 --set outer.mode=$mode --set outer.codec=$codec \
+            --set outer.inner_steps=2 --set train.steps=6 --set outer.timeout=1e-6 --set data.eval_bytes=4096 \
+            > /dev/null 2> "$WORK/d.err" || rc=$?
+        others=$(grep -vc "within \[outer\] timeout = 1e-06 s" "$WORK/d.err")
+        if [ "$rc" = 1 ] && [ "$others" = 0 ] && [ -s "$WORK/d.err" ]; then
+            pass "deadline 1e-6 s, $mode/$codec: exit 1, only deadline lines ($(grep -c . "$WORK/d.err"))"
+        else
+            fail "deadline 1e-6 s, $mode/$codec: exit $rc: $(head -c 300 "$WORK/d.err")"
+        fi
+    done
+done
+
 # a checkpoint write that hangs (a rank stuck in parallel I/O): the watchdog
 # of [checkpoint] timeout ends the job
 fails ckpt_stall "error: rank [0-3] \(site b\): checkpoint of step 2 did not finish within 1 s" \
