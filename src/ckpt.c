@@ -516,6 +516,34 @@ static int check_structure(hid_t file, char *reason, size_t cap)
         H5Aread(a, H5T_NATIVE_LLONG, &learners);
         H5Aclose(a);
     }
+    /* the site's learners, as the stored config lays them out */
+    char *site_name = NULL;
+    long long want_first = 0, want_learners = 1;
+    if (read_string_attr(file, "site", &site_name) == 0 && cfg.n_sites > 0) {
+        want_learners = -1;
+        for (int s = 0, l = 0; s < cfg.n_sites; s++) {
+            const SiteConfig *sc = &cfg.sites[s];
+            const int n = sc->ranks / (sc->learner_ranks > 0 ? sc->learner_ranks : sc->ranks);
+            if (!strcmp(sc->name, site_name)) {
+                want_first = l;
+                want_learners = n;
+            }
+            l += n;
+        }
+    }
+    if (want_learners < 0) {
+        snprintf(reason, cap, "attribute site = '%.64s' is not a site of its stored config", site_name);
+        free(site_name);
+        free(mode);
+        return ISTH_EINPUT;
+    }
+    free(site_name);
+    if (first != want_first || learners != want_learners) {
+        snprintf(reason, cap, "attributes first_learner = %lld, learners = %lld; its stored config gives %lld, %lld",
+                 first, learners, want_first, want_learners);
+        free(mode);
+        return ISTH_EINPUT;
+    }
     const int sync = !strcmp(mode, "sync"), bf = !strcmp(mode, "butterfly");
     if (strcmp(mode, cfg.outer.mode)) {
         snprintf(reason, cap, "attribute mode = '%.20s', its stored config has [outer] mode = %s", mode,

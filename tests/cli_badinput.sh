@@ -70,7 +70,8 @@ ORIG="$WORK/c/checkpoints/default/ckpt-00000002.h5"
 SUMS=$(cat "$WORK/m/model.h5" "$WORK/c/checkpoints/default/"*.h5 | md5sum)
 cp "$ORIG" "$WORK/orig.h5"
 for a in "mode xyz:invalid: attribute mode = 'xyz', its stored config has \\[outer\\] mode = sync" "site other:attribute site = 'other'" "adam_t 0:attribute adam_t = 0, expected 2" \
-         "data_step 1:attribute data_step = 1"; do
+         "data_step 1:attribute data_step = 1" \
+         "learners 5:invalid: attributes first_learner = 0, learners = 5; its stored config gives 0, 1"; do
     cp "$ORIG" "$WORK/tam.h5"
     "$TAMPER" "$WORK/tam.h5" attr ${a%%:*} || fail "h5tamper attr ${a%%:*} failed"
     expect_exit 2 "checkpoint $WORK/tam.h5: ${a#*:}" -- "$ISTHMUS" train "$T" --set train.out_dir="$WORK/t" \
