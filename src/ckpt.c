@@ -271,10 +271,16 @@ static int write_checkpoint(Trainer *tr)
     const Topology *t = &tr->topo;
     char dir[1100], path[1200];
     site_dir(tr, dir, sizeof dir);
+    /* the directory was probed before training: failing now is a runtime
+     * failure (a full disk), reported by the site's first rank */
+    int site_rank0 = 0;
+    CHECK_MPI(MPI_Comm_rank(t->site_comm, &site_rank0));
+    const int was = status_set_quiet(site_rank0 != 0);
     int rc = make_dirs(dir);
+    status_set_quiet(was);
     int ok = rc == ISTH_OK;
     CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_LAND, t->site_comm));
-    if (!ok) return rc ? rc : ISTH_ERUNTIME;
+    if (!ok) return ISTH_ERUNTIME;
     ckpt_path(dir, tr->step, path, sizeof path);
     CkptScratch sc;
     CHECK(scratch_alloc(tr, &sc));
@@ -353,10 +359,13 @@ int ckpt_check_outputs(Trainer *tr)
     CHECK_MPI(MPI_Comm_rank(t->site_comm, &site_rank));
     int mine = ISTH_OK;
     if (site_rank == 0) {
+        /* only this site's first rank sees it: it prints, quiet or not */
+        const int was = status_set_quiet(0);
         char dir[1100];
         site_dir(tr, dir, sizeof dir);
         mine = probe_dir("[train] out_dir", tr->cfg.train.out_dir);
         if (mine == ISTH_OK) mine = probe_dir(tr->cfg.checkpoint.dir[0] ? "[checkpoint] dir" : "checkpoint directory", dir);
+        status_set_quiet(was);
     }
     int *all = isth_malloc(sizeof(int) * (size_t)t->n_sites);
     CHECK_ALLOC(all);
@@ -460,7 +469,7 @@ static int check_group(hid_t file, const Model *m, const char *group, char *reas
             return ISTH_EINPUT;
         }
         hid_t space = H5Dget_space(d), dcpl = H5Dget_create_plist(d);
-        hsize_t dims[8] = {0};
+        hsize_t dims[H5S_MAX_RANK] = {0};
         const int nd = H5Sget_simple_extent_dims(space, dims, NULL);
         int shape_ok = nd == t->ndim;
         for (int k = 0; shape_ok && k < nd; k++) shape_ok = dims[k] == t->shape[k];
@@ -497,6 +506,7 @@ static int check_structure(hid_t file, char *reason, size_t cap)
     const int was_quiet = status_set_quiet(1); /* the caller reports the reason, in one line */
     int rc = config_load_text(&cfg, text, "stored config", NULL, 0);
     status_set_quiet(was_quiet);
+    status_discard_suppressed(); /* a verdict here, not an error to report later */
     free(text);
     if (rc != ISTH_OK) {
         snprintf(reason, cap, "the stored config is not valid");
@@ -768,7 +778,12 @@ static int load_checkpoint(Trainer *tr, const char *path);
 int ckpt_load(Trainer *tr, const char *path)
 {
     fault_watchdog_arm(tr->cfg.checkpoint.timeout, "loading the checkpoint");
+    int site_rank = 0;
+    MPI_Comm_rank(tr->topo.site_comm, &site_rank);
+    /* what is wrong with this site's file only its ranks see: its first rank prints */
+    const int was = status_set_quiet(site_rank != 0);
     const int rc = load_checkpoint(tr, path);
+    status_set_quiet(was);
     fault_watchdog_disarm();
     return rc;
 }
@@ -914,7 +929,7 @@ static herr_t visit_print(hid_t obj, const char *name, const H5O_info_t *info, v
     hid_t d = H5Dopen2(obj, name, H5P_DEFAULT);
     if (d < 0) return 0;
     hid_t space = H5Dget_space(d);
-    hsize_t dims[8];
+    hsize_t dims[H5S_MAX_RANK];
     int nd = H5Sget_simple_extent_dims(space, dims, NULL);
     printf("  /%s [", name);
     for (int i = 0; i < nd; i++) printf("%s%llu", i ? ", " : "", (unsigned long long)dims[i]);

@@ -78,7 +78,7 @@ int fault_alloc_fails(void)
 }
 
 static pthread_mutex_t dog_lock = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t dog_cond = PTHREAD_COND_INITIALIZER;
+static pthread_cond_t dog_cond; /* on CLOCK_MONOTONIC: a clock change must not fire it */
 static pthread_t dog_thread;
 static int dog_armed, dog_started;
 static struct timespec dog_deadline;
@@ -105,8 +105,16 @@ static void *watchdog(void *arg)
 void fault_watchdog_arm(double seconds, const char *what)
 {
     pthread_mutex_lock(&dog_lock);
-    if (!dog_started) dog_started = pthread_create(&dog_thread, NULL, watchdog, NULL) == 0;
-    clock_gettime(CLOCK_REALTIME, &dog_deadline);
+    if (!dog_started) {
+        pthread_condattr_t attr;
+        pthread_condattr_init(&attr);
+        pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+        pthread_cond_init(&dog_cond, &attr);
+        pthread_condattr_destroy(&attr);
+        dog_started = pthread_create(&dog_thread, NULL, watchdog, NULL) == 0;
+        if (!dog_started) fprintf(stderr, "isthmus: warning: no watchdog thread: I/O runs without a deadline\n");
+    }
+    clock_gettime(CLOCK_MONOTONIC, &dog_deadline);
     dog_deadline.tv_sec += (time_t)seconds;
     dog_deadline.tv_nsec += (long)((seconds - (double)(time_t)seconds) * 1e9);
     if (dog_deadline.tv_nsec >= 1000000000L) {
@@ -123,6 +131,10 @@ void fault_watchdog_arm(double seconds, const char *what)
 void fault_watchdog_disarm(void)
 {
     pthread_mutex_lock(&dog_lock);
+    if (!dog_started) {
+        pthread_mutex_unlock(&dog_lock);
+        return;
+    }
     dog_armed = 0;
     pthread_cond_broadcast(&dog_cond);
     pthread_mutex_unlock(&dog_lock);

@@ -92,7 +92,9 @@ int h5_create(H5File *f, const char *path, double expect_bytes, MPI_Comm comm)
     H5Pclose(fapl);
     if (!agree(comm, f->file >= 0)) {
         if (f->file >= 0) H5Fclose(f->file);
-        return isth_fail(ISTH_ERUNTIME, "file %s: cannot create (directory missing or not writable?)", f->tmp);
+        return f->rank == 0 ? isth_fail(ISTH_ERUNTIME, "file %s: cannot create (directory missing or not writable?)",
+                                        f->tmp)
+                            : ISTH_ERUNTIME;
     }
     f->xfer = H5Pcreate(H5P_DATASET_XFER);
     H5Pset_dxpl_mpio(f->xfer, H5FD_MPIO_COLLECTIVE); /* filtered datasets need collective I/O */
@@ -107,15 +109,15 @@ int h5_commit(H5File *f)
     if (!agree(f->comm, flushed)) {
         const int reported = f->failed; /* the failed write printed its line */
         h5_abandon(f);
-        return reported ? ISTH_ERUNTIME
-                        : isth_fail(ISTH_ERUNTIME, "file %s: write failed (disk full?); the temporary file is removed",
-                                    f->tmp);
+        return reported || f->rank != 0
+                   ? ISTH_ERUNTIME
+                   : isth_fail(ISTH_ERUNTIME, "file %s: write failed (disk full?); the temporary file is removed", f->tmp);
     }
     H5Pclose(f->xfer);
     int ok = H5Fclose(f->file) >= 0;
     if (!agree(f->comm, ok)) {
         if (f->rank == 0) unlink(f->tmp);
-        return isth_fail(ISTH_ERUNTIME, "file %s: write failed (disk full?)", f->tmp);
+        return f->rank == 0 ? isth_fail(ISTH_ERUNTIME, "file %s: write failed (disk full?)", f->tmp) : ISTH_ERUNTIME;
     }
     int rc = ISTH_OK;
     if (f->rank == 0 && rename(f->tmp, f->path) != 0)
@@ -148,7 +150,8 @@ int h5_open(H5File *f, const char *path, MPI_Comm comm)
     MPI_Comm_rank(comm, &f->rank);
     snprintf(f->path, sizeof f->path, "%s", path);
     const char *why = h5_not_readable(path);
-    if (why) return isth_fail(ISTH_EINPUT, "file %s: %s", path, why);
+    if (!agree(comm, why == NULL)) /* agreed before the collective open */
+        return why ? isth_fail(ISTH_EINPUT, "file %s: %s", path, why) : ISTH_EINPUT;
     hid_t fapl = fapl_for(comm);
     f->file = H5Fopen(path, H5F_ACC_RDONLY, fapl);
     H5Pclose(fapl);
@@ -175,9 +178,10 @@ static int write_attr(H5File *f, const char *obj, const char *name, hid_t type, 
     herr_t err = attr < 0 ? -1 : H5Awrite(attr, type, value);
     if (attr >= 0) H5Aclose(attr);
     H5Sclose(space);
-    if (err < 0) {
+    if (!agree(f->comm, err >= 0)) { /* agreed: no rank goes on into the next collective alone */
         f->failed = 1;
-        return isth_fail(ISTH_ERUNTIME, "file %s: cannot write attribute %s of %s", f->tmp, name, obj);
+        return f->rank == 0 ? isth_fail(ISTH_ERUNTIME, "file %s: cannot write attribute %s of %s", f->tmp, name, obj)
+                            : ISTH_ERUNTIME;
     }
     return ISTH_OK;
 }
@@ -308,7 +312,8 @@ int h5_write_tensors(H5File *f, const char *group, const Model *m, const float *
     H5Pclose(lcpl);
     if (!agree(f->comm, g >= 0)) {
         f->failed = 1;
-        return isth_fail(ISTH_ERUNTIME, "file %s: cannot create group %s", f->tmp, group);
+        if (g >= 0) H5Gclose(g);
+        return f->rank == 0 ? isth_fail(ISTH_ERUNTIME, "file %s: cannot create group %s", f->tmp, group) : ISTH_ERUNTIME;
     }
     float *tmp = isth_malloc(sizeof(float) * (m->n_params + 1));
     int rc = tmp ? ISTH_OK : isth_fail(ISTH_ERUNTIME, "out of memory writing %s", group);
@@ -326,6 +331,15 @@ int h5_write_tensors(H5File *f, const char *group, const Model *m, const float *
         H5Pset_fill_time(dcpl, H5D_FILL_TIME_NEVER); /* every chunk is written: no fill pass */
         hid_t dset = H5Dcreate2(g, t->name, H5T_NATIVE_FLOAT, fspace, H5P_DEFAULT, dcpl, H5P_DEFAULT);
         H5Pclose(dcpl);
+        if (!agree(f->comm, dset >= 0)) { /* nobody enters the collective write alone */
+            if (dset >= 0) H5Dclose(dset);
+            H5Sclose(fspace);
+            f->failed = 1;
+            rc = f->rank == 0 ? isth_fail(ISTH_ERUNTIME, "file %s: cannot create %s/%s (disk full?)", f->tmp, group,
+                                          t->name)
+                              : ISTH_ERUNTIME;
+            break;
+        }
         size_t n = select_chunks(m, t, fspace, sel, ctx, (float *)buf, tmp, 1);
         hsize_t mdim = n ? n : 1;
         hid_t mspace = H5Screate_simple(1, &mdim, NULL);
@@ -365,7 +379,7 @@ int h5_read_tensors(H5File *f, const char *group, const Model *m, float *buf, Ch
             break;
         }
         hid_t fspace = H5Dget_space(dset);
-        hsize_t dims[8];
+        hsize_t dims[H5S_MAX_RANK];
         int nd = H5Sget_simple_extent_ndims(fspace), match = nd == t->ndim;
         if (match) {
             H5Sget_simple_extent_dims(fspace, dims, NULL);
@@ -435,7 +449,7 @@ int h5_write_doubles(H5File *f, const char *name, const double *v, int n)
     if (dset >= 0) H5Dclose(dset);
     if (!agree(f->comm, err >= 0)) {
         f->failed = 1;
-        return isth_fail(ISTH_ERUNTIME, "file %s: writing %s failed", f->tmp, name);
+        return f->rank == 0 ? isth_fail(ISTH_ERUNTIME, "file %s: writing %s failed", f->tmp, name) : ISTH_ERUNTIME;
     }
     return ISTH_OK;
 }

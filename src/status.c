@@ -14,6 +14,8 @@ int status_printed_error(void) { return printed_error; }
 
 int status_has_suppressed(void) { return suppressed[0] != 0; }
 
+void status_discard_suppressed(void) { suppressed[0] = '\0'; }
+
 void status_print_suppressed(void)
 {
     if (!suppressed[0] || printed_error) return;

@@ -34,6 +34,8 @@ int status_printed_error(void);
  * site): for an input only this rank saw. */
 void status_print_suppressed(void);
 int status_has_suppressed(void);
+/* Forget it (a check that only asked whether something is valid). */
+void status_discard_suppressed(void);
 
 /* Print "isthmus: error: <message>" and return `code`. */
 int isth_fail(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
