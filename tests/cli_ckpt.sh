@@ -13,12 +13,6 @@
 
 T="$CONFIGS/tiny.ini"
 TAMPER=$(dirname "$ISTHMUS")/tests/h5tamper
-run() { # run NP NAME [args...]
-    local np=$1 name=$2
-    shift 2
-    mpi "$np" "$ISTHMUS" train "$T" --set train.out_dir="$WORK/$name" --set train.log_every=1 \
-        --set data.eval_bytes=4096 "$@" >> "$WORK/$name.log" 2>&1
-}
 resume_case() { # resume_case NP NAME STOP [args...]
     local np=$1 name=$2 stop=$3
     shift 3

@@ -15,12 +15,6 @@
 
 T="$CONFIGS/tiny.ini"
 TWO="--set site.a.ranks=1 --set site.b.ranks=1"
-run() { # run NP NAME [args...]
-    local np=$1 name=$2
-    shift 2
-    mpi "$np" "$ISTHMUS" train "$T" --set train.out_dir="$WORK/$name" --set train.log_every=1 \
-        --set data.eval_bytes=4096 "$@" >> "$WORK/$name.log" 2>&1
-}
 ckpt_steps() { ls "$WORK/$1/checkpoints/a" 2>/dev/null | sed -n 's/ckpt-0*\([0-9][0-9]*\)\.h5/\1/p' | sort -n | tr '\n' ' '; }
 
 # stop_case NAME STOP BOUND EVERY MID [args...]: a straight run; one with a

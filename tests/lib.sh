@@ -68,3 +68,12 @@ exact() { # exact NAME_A NAME_B: same loss at every step and identical weights
         fail "$2: final weights differ"
     fi
 }
+
+# run NP NAME [args...]: train $T (the caller's config) into $WORK/NAME,
+# logging every step, appending its output to $WORK/NAME.log
+run() {
+    local np=$1 name=$2
+    shift 2
+    mpi "$np" "$ISTHMUS" train "$T" --set train.out_dir="$WORK/$name" --set train.log_every=1 \
+        --set data.eval_bytes=4096 "$@" >> "$WORK/$name.log" 2>&1
+}
