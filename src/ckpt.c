@@ -131,6 +131,14 @@ static void scratch_free(CkptScratch *sc)
     free(sc->frag);
 }
 
+/* Is an outer exchange in flight (drained, waiting for its step)? */
+static int exchanges_in_flight(const Trainer *tr)
+{
+    for (int p = 0; tr->outer_mode && p < tr->cfg.outer.fragments; p++)
+        if (tr->outer.started[p] >= 0) return 1;
+    return 0;
+}
+
 static int write_state(Trainer *tr, H5File *f, CkptScratch *sc)
 {
     const Topology *t = &tr->topo;
@@ -155,9 +163,7 @@ static int write_state(Trainer *tr, H5File *f, CkptScratch *sc)
     CHECK(h5_attr_write_long(f, "/", "data_step", (long long)tr->cursor.step));
 
     Sel first_sel = {m, first, t->learner_rank == 0};
-    const int P = tr->cfg.outer.fragments;
-    int in_flight = 0;
-    for (int p = 0; tr->outer_mode && p < P; p++) in_flight |= tr->outer.started[p] >= 0;
+    const int P = tr->cfg.outer.fragments, in_flight = exchanges_in_flight(tr);
     if (!tr->outer_mode) {
         CHECK(h5_write_tensors(f, "/model", m, m->params, sel_model, &first_sel));
         CHECK(h5_write_tensors(f, "/inner/m", m, tr->opt.m, sel_model, &first_sel));
@@ -228,8 +234,7 @@ static int write_state(Trainer *tr, H5File *f, CkptScratch *sc)
 static int checkpoint_groups(const Trainer *tr)
 {
     const int learners = tr->topo.sites[tr->topo.site].learners, residual = reduce_any_residual(&tr->red);
-    int in_flight = 0;
-    for (int p = 0; tr->outer_mode && p < tr->cfg.outer.fragments; p++) in_flight |= tr->outer.started[p] >= 0;
+    const int in_flight = exchanges_in_flight(tr);
     if (!tr->outer_mode) return 3 + residual;             /* model, inner m and v (+ residual) */
     if (tr->outer.butterfly)                              /* model; per learner anchor, momentum, residual, */
         return 1 + learners * (6 + 2 * in_flight);        /* pending, sent, model, m, v */
@@ -706,12 +711,12 @@ int ckpt_find(Trainer *tr, const char *arg, char *path, size_t cap)
 
 /* ---- loading ----------------------------------------------------------------- */
 
-static int compare_configs(Trainer *tr, const char *saved_text, const char *path)
+/* The checkpoint's stored config (into *saved) against the run's. */
+static int compare_configs(Trainer *tr, const char *saved_text, const char *path, Config *saved)
 {
-    Config saved;
-    int rc = config_load_text(&saved, saved_text, path, NULL, 0);
+    int rc = config_load_text(saved, saved_text, path, NULL, 0);
     if (rc != ISTH_OK) return isth_fail(ISTH_EINPUT, "checkpoint %s: stored config unreadable", path);
-    const ModelConfig *a = &saved.model, *b = &tr->cfg.model;
+    const ModelConfig *a = &saved->model, *b = &tr->cfg.model;
     struct { const char *key; double was, now; } fields[] = {
         {"layers", a->layers, b->layers}, {"dim", a->dim, b->dim}, {"heads", a->heads, b->heads},
         {"experts", a->experts, b->experts}, {"top_k", a->top_k, b->top_k}, {"ffn", a->ffn, b->ffn},
@@ -721,14 +726,14 @@ static int compare_configs(Trainer *tr, const char *saved_text, const char *path
         if (fields[i].was != fields[i].now)
             return isth_fail(ISTH_EINPUT, "checkpoint %s: [model] %s = %g in the checkpoint, %g in the config (a different model)",
                              path, fields[i].key, fields[i].was, fields[i].now);
-    if (strcmp(saved.outer.mode, tr->cfg.outer.mode))
+    if (strcmp(saved->outer.mode, tr->cfg.outer.mode))
         return isth_fail(ISTH_EINPUT, "checkpoint %s: [outer] mode = %s in the checkpoint, %s in the config", path,
-                         saved.outer.mode, tr->cfg.outer.mode);
-    if (tr->outer_mode && saved.outer.fragments != tr->cfg.outer.fragments)
+                         saved->outer.mode, tr->cfg.outer.mode);
+    if (tr->outer_mode && saved->outer.fragments != tr->cfg.outer.fragments)
         return isth_fail(ISTH_EINPUT, "checkpoint %s: [outer] fragments = %d in the checkpoint, %d in the config", path,
-                         saved.outer.fragments, tr->cfg.outer.fragments);
+                         saved->outer.fragments, tr->cfg.outer.fragments);
     if (tr->log) { /* allowed changes: list them */
-        char *now = config_to_text(&tr->cfg), *was = config_to_text(&saved);
+        char *now = config_to_text(&tr->cfg), *was = config_to_text(saved);
         const char *p = now && was ? now : NULL; /* out of memory: list nothing */
         while (p && *p) {
             const char *nl = strchr(p, '\n');
@@ -805,12 +810,10 @@ static int load_checkpoint(Trainer *tr, const char *path)
     long long step = 0, outer_steps = 0, exchanges = 0, adam_t = 0, first = 0, learners = 0, data_step = 0;
     double tokens = 0;
     if (rc == ISTH_OK) rc = h5_attr_read_string(&f, "/", "config", &text);
-    if (rc == ISTH_OK) rc = compare_configs(tr, text, path);
-    char saved_optimizer[16] = "";
     Config saved;
-    if (rc == ISTH_OK && config_load_text(&saved, text, path, NULL, 0) == ISTH_OK)
-        snprintf(saved_optimizer, sizeof saved_optimizer, "%s", saved.train.optimizer);
+    if (rc == ISTH_OK) rc = compare_configs(tr, text, path, &saved);
     free(text);
+    const char *saved_optimizer = rc == ISTH_OK ? saved.train.optimizer : "";
     if (rc == ISTH_OK) rc = h5_attr_read_long(&f, "/", "step", &step);
     if (rc == ISTH_OK) rc = h5_attr_read_long(&f, "/", "outer_steps", &outer_steps);
     if (rc == ISTH_OK) rc = h5_attr_read_long(&f, "/", "exchanges", &exchanges);

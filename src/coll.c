@@ -131,7 +131,7 @@ int coll_allgather_floats(MPI_Comm comm, const float *mine, size_t n, float *all
         CHECK_MPI(MPI_Type_commit(&spaced));
         rc = MPI_Allgather(mine + off, (int)len, MPI_FLOAT, all + off, 1, spaced, comm);
         MPI_Type_free(&spaced);
-        if (rc != MPI_SUCCESS) return isth_fail(ISTH_ERUNTIME, "coll: MPI_Allgather failed (MPI error %d)", rc);
+        if (rc != MPI_SUCCESS) return isth_fail_mpi(__FILE__, __LINE__, "MPI_Allgather", rc);
     }
     return ISTH_OK;
 }

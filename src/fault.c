@@ -35,13 +35,21 @@ int fault_mpi_errors_return(MPI_Comm comm)
     return ISTH_OK;
 }
 
-long fault_hook_for(const char *var, const char *name)
+/* Is hook `var` set to "NAME:N" for this name? Then *value = N. */
+static int hook_match(const char *var, const char *name, long *value)
 {
     const char *v = getenv(var);
     if (!v || !name) return 0;
     const char *colon = strrchr(v, ':');
     if (!colon || (size_t)(colon - v) != strlen(name) || strncmp(v, name, strlen(name))) return 0;
-    return atol(colon + 1);
+    *value = atol(colon + 1);
+    return 1;
+}
+
+long fault_hook_for(const char *var, const char *name)
+{
+    long value = 0;
+    return hook_match(var, name, &value) ? value : 0;
 }
 
 void fault_set_site(const char *name)
@@ -49,8 +57,6 @@ void fault_set_site(const char *name)
     snprintf(site_name, sizeof site_name, "%s", name ? name : "");
     status_set_site(site_name);
 }
-
-const char *fault_site(void) { return site_name; }
 
 void fault_set_step(long step) { current_step = step; }
 
@@ -63,16 +69,14 @@ int fault_nan_now(void)
 
 int fault_alloc_fails(void)
 {
-    const char *v = getenv("ISTHMUS_FAIL_ALLOC");
-    if (!v || alloc_failed) return 0;
+    if (alloc_failed || !getenv("ISTHMUS_FAIL_ALLOC")) return 0; /* the usual case: one getenv */
     int rank = 0, init = 0;
     MPI_Initialized(&init);
     if (init) MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     char me[16];
     snprintf(me, sizeof me, "%d", rank);
-    const char *colon = strchr(v, ':');
-    if (!colon || (size_t)(colon - v) != strlen(me) || strncmp(v, me, strlen(me))) return 0;
-    if (current_step != atol(colon + 1)) return 0;
+    long step;
+    if (!hook_match("ISTHMUS_FAIL_ALLOC", me, &step) || step != current_step) return 0;
     alloc_failed = 1;
     return 1;
 }

@@ -34,7 +34,6 @@ long fault_hook_for(const char *var, const char *name);
 
 /* Which site this rank belongs to, for messages and site hooks. */
 void fault_set_site(const char *site_name);
-const char *fault_site(void);
 
 /* The trainer's step in progress (0 before the first), for step hooks. */
 void fault_set_step(long step);

@@ -177,11 +177,12 @@ static int cmd_eval(int argc, char **argv)
             return isth_fail(ISTH_EINPUT, "eval: --set %s: only [data] dir/eval_bytes and [train] "
                              "micro_batch/threads/out_dir can change for evaluation", overrides[i]);
     }
+    int rank, size;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
     /* the same validation as inspect and --resume: one verdict per file */
     int rank0_rc = ISTH_OK;
-    int me;
-    MPI_Comm_rank(MPI_COMM_WORLD, &me);
-    if (me == 0) {
+    if (rank == 0) {
         char reason[512];
         if (ckpt_validate(model_path, reason, sizeof reason, NULL) != ISTH_OK)
             rank0_rc = isth_fail(ISTH_EINPUT, "model %s: invalid: %s", model_path, reason);
@@ -200,9 +201,6 @@ static int cmd_eval(int argc, char **argv)
 
     /* evaluation ignores the training layout: all ranks of this job form one
      * learner, experts sharded over them */
-    int rank, size;
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    MPI_Comm_size(MPI_COMM_WORLD, &size);
     if (cfg.model.experts % size)
         return isth_fail(ISTH_EINPUT, "eval: %d ranks cannot share %d experts evenly; use a rank count that divides it",
                          size, cfg.model.experts);

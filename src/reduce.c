@@ -136,6 +136,18 @@ static int build_peer(Reducer *r, const FragPlan *fp, Peer *p, int G, int j, int
     return 1;
 }
 
+/* The peers' messages as the link calls take them: payloads, then verdicts
+ * (built once per plan; the polls of every step only read it). */
+static LinkMsg **index_links(Peer *peers, int n)
+{
+    LinkMsg **links = isth_malloc(sizeof(LinkMsg *) * (size_t)(2 * n + 1));
+    for (int i = 0; links && i < n; i++) {
+        links[i] = &peers[i].msg;
+        links[n + i] = &peers[i].verdict;
+    }
+    return links;
+}
+
 static int build_fragment(Reducer *r, int f)
 {
     const Topology *t = r->topo;
@@ -208,6 +220,8 @@ static int build_fragment(Reducer *r, int f)
             fp->n_peers += got;
         }
     }
+    fp->links = index_links(fp->peers, fp->n_peers);
+    CHECK_ALLOC(fp->links);
     return ISTH_OK;
 }
 
@@ -253,13 +267,14 @@ void reducer_destroy(Reducer *r)
         FragPlan *fp = &r->frag[f];
         for (int i = 0; i < fp->n_peers; i++) free_peer(&fp->peers[i]);
         void *bufs[] = {fp->owned, fp->packed_off, fp->enc_off, fp->held_off, fp->held_len, fp->dense_chunks,
-                        fp->peers, fp->staging, fp->gather, fp->residual, fp->scratch, fp->enc, fp->dense_buf};
+                        fp->peers, fp->links, fp->staging, fp->gather, fp->residual, fp->scratch, fp->enc, fp->dense_buf};
         for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) free(bufs[i]);
     }
     for (size_t i = 0; r->pairs && i < (size_t)r->fragments * 64; i++) {
         PairPlan *pp = &r->pairs[i];
         for (int j = 0; j < pp->n_peers; j++) free_peer(&pp->peers[j]);
         free(pp->peers);
+        free(pp->links);
         free(pp->raw_off);
         free(pp->mine);
         free(pp->theirs);
@@ -415,7 +430,7 @@ int reduce_start(Reducer *r, int f, float *buf, int kind)
 }
 
 static int mix_poll(Reducer *r);
-static int peers_arrived(Reducer *r, Peer *peers, int n, int *arrived);
+static int peers_arrived(Reducer *r, LinkMsg **links, int n, int *arrived);
 
 int reduce_poll(Reducer *r)
 {
@@ -430,38 +445,22 @@ int reduce_poll(Reducer *r)
             fp->sent_poll = fp->polls;
         }
         int arrived = 0;
-        if (fp->arrived_poll < 0) CHECK(peers_arrived(r, fp->peers, fp->n_peers, &arrived));
+        if (fp->arrived_poll < 0) CHECK(peers_arrived(r, fp->links, fp->n_peers, &arrived));
         if (arrived) fp->arrived_poll = fp->polls;
     }
     return ISTH_OK;
 }
 
-/* The value (or verdict) messages of n peers, for the link calls
- * (the caller frees the array). */
-static LinkMsg **peer_msgs(Peer *peers, int n, int verdict)
+/* Complete n peers' payloads (or verdicts) against the deadline. */
+static int wait_peers(Reducer *r, LinkMsg **links, int n, int verdict, const char *what)
 {
-    LinkMsg **msgs = isth_malloc(sizeof(LinkMsg *) * (size_t)(n + 1));
-    for (int i = 0; msgs && i < n; i++) msgs[i] = verdict ? &peers[i].verdict : &peers[i].msg;
-    return msgs;
+    return n ? link_wait(&r->link, links + (verdict ? n : 0), n, what) : ISTH_OK;
 }
 
-/* Complete them against the deadline. */
-static int wait_peers(Reducer *r, Peer *peers, int n, int verdict, const char *what)
+static int peers_arrived(Reducer *r, LinkMsg **links, int n, int *arrived)
 {
-    LinkMsg **msgs = peer_msgs(peers, n, verdict);
-    CHECK_ALLOC(msgs);
-    const int rc = link_wait(&r->link, msgs, n, what);
-    free(msgs);
-    return rc;
-}
-
-static int peers_arrived(Reducer *r, Peer *peers, int n, int *arrived)
-{
-    LinkMsg **msgs = peer_msgs(peers, n, 0);
-    CHECK_ALLOC(msgs);
-    const int rc = link_test(&r->link, msgs, n, arrived);
-    free(msgs);
-    return rc;
+    *arrived = 1;
+    return n ? link_test(&r->link, links, n, arrived) : ISTH_OK;
 }
 
 static void append_reason(char *buf, size_t cap, const char *site, const char *why)
@@ -488,7 +487,7 @@ static int agree(Reducer *r, FragPlan *fp, int f, unsigned char *ok)
             CHECK(link_post_recv(&r->link, &p->verdict));
             CHECK(link_post_send(&r->link, &p->verdict));
         }
-        CHECK(wait_peers(r, fp->peers, fp->n_peers, 1, "verdict exchange"));
+        CHECK(wait_peers(r, fp->links, fp->n_peers, 1, "verdict exchange"));
         for (int i = 0; i < fp->n_peers; i++) {
             const unsigned char *v = fp->peers[i].verdict.recv;
             const char *bad = link_check(v, fp->peers[i].verdict.recv_bytes, LINK_SITE_VERDICT, (uint32_t)f, fp->exchange,
@@ -535,7 +534,7 @@ int reduce_finish(Reducer *r, int f, float *buf, ReduceReport *rep)
         unsigned char ok[CONFIG_MAX_SITES + 1];
         memset(ok, 1, sizeof ok);
         if (r->leader && fp->n_peers) {
-            CHECK(wait_peers(r, fp->peers, fp->n_peers, 0, "payload exchange"));
+            CHECK(wait_peers(r, fp->links, fp->n_peers, 0, "payload exchange"));
             for (int i = 0; i < fp->n_peers; i++) {
                 Peer *p = &fp->peers[i];
                 const char *bad = take_payload(r, fp, r->codec, p, LINK_SITE_VALUES, f, fp->exchange,
@@ -773,7 +772,8 @@ static PairPlan *pair_plan(Reducer *r, int f, int partner, int exact)
         if (got < 0) return NULL;
         pp->n_peers += got;
     }
-    return pp;
+    pp->links = index_links(pp->peers, pp->n_peers);
+    return pp->links ? pp : NULL;
 }
 
 static PairPlan *pair_in_flight(const Reducer *r, int f)
@@ -834,7 +834,7 @@ static int mix_poll(Reducer *r)
         if (!pp) continue;
         pp->polls++;
         int arrived = 0;
-        if (pp->arrived_poll < 0) CHECK(peers_arrived(r, pp->peers, pp->n_peers, &arrived));
+        if (pp->arrived_poll < 0) CHECK(peers_arrived(r, pp->links, pp->n_peers, &arrived));
         if (arrived) pp->arrived_poll = pp->polls;
     }
     return ISTH_OK;
@@ -854,7 +854,7 @@ int mix_finish(Reducer *r, int f, float *buf, ReduceReport *rep, double *pair_di
     rep->crosses = pp->crosses;
     rep->codec = pp->codec;
     rep->n_sites = 2;
-    int rc = wait_peers(r, pp->peers, pp->n_peers, 0, "butterfly exchange");
+    int rc = wait_peers(r, pp->links, pp->n_peers, 0, "butterfly exchange");
     pp->in_flight = 0;
     if (r->max_peer_learners < 1) r->max_peer_learners = 1; /* the partner, nobody else */
     CHECK(rc);
@@ -881,7 +881,7 @@ int mix_finish(Reducer *r, int f, float *buf, ReduceReport *rep, double *pair_di
         CHECK(link_post_recv(&r->link, &p->verdict));
         CHECK(link_post_send(&r->link, &p->verdict));
     }
-    CHECK(wait_peers(r, pp->peers, pp->n_peers, 1, "butterfly verdict"));
+    CHECK(wait_peers(r, pp->links, pp->n_peers, 1, "butterfly verdict"));
     for (int i = 0; i < pp->n_peers; i++) {
         const LinkMsg *v = &pp->peers[i].verdict;
         const char *bad = link_check(v->recv, v->recv_bytes, LINK_PAIR_VERDICT, (uint32_t)f, pp->exchange,

@@ -69,6 +69,7 @@ typedef struct {
     size_t dense_size;
     Peer *peers;
     int n_peers;
+    LinkMsg **links;           /* (2 n_peers) the peers' payload messages, then their verdicts */
     float *staging;            /* (n_sites, size) per-site sums of my owned chunks */
     float *gather;             /* (site learners, size) */
     float *residual;           /* (size) error feedback, first learner of a site only */
@@ -104,6 +105,7 @@ typedef struct {
     size_t *raw_off;                 /* codec none (exact plans): byte offsets of owned chunks in `mine` */
     Peer *peers;                     /* the partner's ranks whose chunks overlap mine */
     int n_peers;
+    LinkMsg **links;                 /* (2 n_peers) payload messages, then verdicts */
     float *mine, *theirs;            /* (fragment owned size) decoded values */
     double w_me, w_them;
     int in_flight, polls, arrived_poll;

@@ -16,11 +16,20 @@ int status_has_suppressed(void) { return suppressed[0] != 0; }
 
 void status_discard_suppressed(void) { suppressed[0] = '\0'; }
 
+/* "isthmus: error: " and, when `with_rank`, "rank R (site S): " */
+static int line_prefix(char *buf, size_t cap, int with_rank)
+{
+    if (!with_rank) return snprintf(buf, cap, "isthmus: error: ");
+    if (my_site[0]) return snprintf(buf, cap, "isthmus: error: rank %d (site %s): ", my_rank, my_site);
+    return snprintf(buf, cap, "isthmus: error: rank %d: ", my_rank);
+}
+
 void status_print_suppressed(void)
 {
     if (!suppressed[0] || printed_error) return;
-    fprintf(stderr, "isthmus: error: rank %d%s%s%s: %s\n", my_rank, my_site[0] ? " (site " : "", my_site,
-            my_site[0] ? ")" : "", suppressed);
+    char prefix[160];
+    line_prefix(prefix, sizeof prefix, 1);
+    fprintf(stderr, "%s%s\n", prefix, suppressed);
     fflush(stderr);
     printed_error = 1;
 }
@@ -51,13 +60,7 @@ int isth_fail(int code, const char *fmt, ...)
     printed_error = 1;
     /* the whole line in one write: lines of several ranks must not mix */
     char line[2048];
-    int n;
-    if (multi_rank && code != ISTH_EINPUT && my_site[0])
-        n = snprintf(line, sizeof line, "isthmus: error: rank %d (site %s): ", my_rank, my_site);
-    else if (multi_rank && code != ISTH_EINPUT)
-        n = snprintf(line, sizeof line, "isthmus: error: rank %d: ", my_rank);
-    else
-        n = snprintf(line, sizeof line, "isthmus: error: ");
+    const int n = line_prefix(line, sizeof line, multi_rank && code != ISTH_EINPUT);
     va_start(ap, fmt);
     if (n >= 0 && (size_t)n < sizeof line) vsnprintf(line + n, sizeof line - (size_t)n, fmt, ap);
     va_end(ap);

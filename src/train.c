@@ -137,8 +137,9 @@ int trainer_control(Trainer *tr, const void *mine, size_t bytes, void *all, cons
 
 /* Step statistics: sums over this site, then (sync: every site's, added in
  * site order through the link) over the sites; `wait` is a maximum. */
-static int step_stats(Trainer *tr, double *sums, int n, double *wait)
+static int step_stats(Trainer *tr, double *sums, double *wait)
 {
+    const int n = STEP_SUMS;
     const Topology *t = &tr->topo;
     CHECK(coll_allreduce_comm(t->site_comm, sums, (size_t)n, MPI_DOUBLE, sizeof(double), MPI_SUM));
     CHECK(coll_allreduce_comm(t->site_comm, wait, 1, MPI_DOUBLE, sizeof(double), MPI_MAX));
@@ -147,15 +148,14 @@ static int step_stats(Trainer *tr, double *sums, int n, double *wait)
     CHECK_ALLOC(all);
     memcpy(mine, sums, sizeof(double) * (size_t)n);
     mine[n] = *wait;
-    int rc = trainer_control(tr, mine, sizeof(double) * (size_t)(n + 1), all, "step statistics");
-    for (int i = 0; rc == ISTH_OK && i <= n; i++) {
-        double v = i < n ? 0.0 : *wait;
-        for (int s = 0; s < t->n_sites; s++) {
-            const double x = all[(size_t)s * (size_t)(n + 1) + (size_t)i];
-            v = i < n ? v + x : (x > v ? x : v);
+    const int rc = trainer_control(tr, mine, sizeof mine, all, "step statistics");
+    if (rc == ISTH_OK) {
+        for (int i = 0; i < n; i++) sums[i] = 0.0;
+        for (int s = 0; s < t->n_sites; s++) { /* site order: the same sum on every site */
+            const double *site = all + (size_t)s * (STEP_SUMS + 1);
+            for (int i = 0; i < n; i++) sums[i] += site[i];
+            if (site[n] > *wait) *wait = site[n];
         }
-        if (i < n) sums[i] = v;
-        else *wait = v;
     }
     free(all);
     return rc;
@@ -173,8 +173,8 @@ int trainer_step(Trainer *tr, StepLog *out)
     const double a2a0 = tr->ep.bytes_sent + tr->ep.bytes_recv;
     const double link0 = tr->red.link.bytes_sent + tr->red.link.bytes_recv, wait0 = tr->red.link.wait_s;
     /* [ce_sum, scored, aux, z, dropped, a2a bytes, inter-site bytes] summed
-     * over the world (sync) or this site (outer modes: no per-step traffic
-     * between sites) */
+     * over every site (sync) or this site (outer modes: no per-step traffic
+     * between sites), see step_stats */
     double sums[STEP_SUMS] = {0};
     for (int micro = 0; micro < M; micro++) {
         const uint64_t first = tr->learner_first_window + (uint64_t)micro * B * G +
@@ -218,7 +218,7 @@ int trainer_step(Trainer *tr, StepLog *out)
     sums[6] = tr->red.link.bytes_sent + tr->red.link.bytes_recv - link0;
     if (fault_nan_now()) sums[0] = NAN; /* test hook: this site diverges */
     double wait = tr->red.link.wait_s - wait0;
-    CHECK(step_stats(tr, sums, STEP_SUMS, &wait));
+    CHECK(step_stats(tr, sums, &wait));
     const double loss = sums[0] / sums[1];
     if (!isfinite(loss)) { /* every rank of the site sees it: its first rank says so */
         int site_rank;
