@@ -32,9 +32,9 @@ static double sgemm_gflops(void)
     float *a = isth_malloc((size_t)M * K * sizeof(float)), *b = isth_malloc((size_t)K * N * sizeof(float)),
           *c = isth_malloc((size_t)M * N * sizeof(float));
     if (!a || !b || !c) {
-        free(a);
-        free(b);
-        free(c);
+        isth_free(a);
+        isth_free(b);
+        isth_free(c);
         return 0;
     }
     for (size_t i = 0; i < (size_t)M * K; i++) a[i] = (float)(i % 7) * 0.1f;
@@ -45,9 +45,9 @@ static double sgemm_gflops(void)
     for (int r = 0; r < reps; r++)
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, N, K, 1, a, K, b, N, 0, c, N);
     double dt = now_s() - t0;
-    free(a);
-    free(b);
-    free(c);
+    isth_free(a);
+    isth_free(b);
+    isth_free(c);
     return 2.0 * M * N * K * reps / dt / 1e9;
 }
 

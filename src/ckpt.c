@@ -58,7 +58,7 @@ static int list_steps(const char *dir, long *steps, int cap)
             room = room ? 2 * room : 64;
             long *grown = isth_realloc(all, sizeof(long) * (size_t)room);
             if (!grown) {
-                free(all);
+                isth_free(all);
                 closedir(d);
                 return -1;
             }
@@ -75,61 +75,101 @@ static int list_steps(const char *dir, long *steps, int cap)
                 all[j] = t;
             }
     if (steps && cap > 0) memcpy(steps, all, sizeof(long) * (size_t)(n < cap ? n : cap));
-    free(all);
+    isth_free(all);
     return n;
 }
 
-typedef struct {
-    const Model *m;
-    int active, dense;
-} Sel;
+/* Views of the training state for h5_write_chunks / h5_read_chunks. A
+ * state is written by the ranks that own each chunk (every rank its share
+ * of the dense chunks and its experts), by the learner(s) `active` says. */
+typedef enum { VIEW_PARAMS, VIEW_OUTER, VIEW_RESIDUAL } ViewKind;
 
-static int sel_model(const void *ctx, int t, int l, int e)
+typedef struct {
+    const Trainer *tr;
+    ViewKind kind;
+    float *buf;         /* VIEW_PARAMS: a params-shaped buffer */
+    OuterState which;   /* VIEW_OUTER */
+    int active;         /* this rank takes part */
+    int reading;        /* a load: idle fragments' pending values are not read */
+} StateView;
+
+static float *state_at(const void *ctx, int t, int l, int e)
 {
-    const Sel *s = ctx;
-    if (!s->active) return 0;
-    return e >= 0 ? select_held(s->m, t, l, e) : s->dense;
+    const StateView *v = ctx;
+    if (!v->active) return NULL;
+    const Reducer *r = &v->tr->red;
+    const int c = chunk_index(&r->table, t, l, e < 0 ? 0 : e);
+    switch (v->kind) {
+    case VIEW_PARAMS: return r->owned_pos[c] != SIZE_MAX ? v->buf + chunk_offset(&r->table, c) : NULL;
+    case VIEW_OUTER:
+        if (v->reading && v->which == OUTER_PENDING && !reduce_result(r, r->table.chunks[c].fragment)) return NULL;
+        return outer_view(&v->tr->outer, r, v->which, t, l, e);
+    case VIEW_RESIDUAL: return reduce_residual_at(r, t, l, e);
+    }
+    return NULL;
 }
 
-typedef struct {
-    const Reducer *r;
-    int active;
-} RSel;
-
-static int sel_owned(const void *ctx, int t, int l, int e)
+static int write_params(H5File *f, const Trainer *tr, const char *group, float *buf, int active)
 {
-    const RSel *s = ctx;
-    return s->active && reduce_owns(s->r, t, l, e);
+    StateView v = {tr, VIEW_PARAMS, buf, OUTER_ANCHOR, active, 0};
+    return h5_write_chunks(f, group, &tr->model, state_at, &v);
 }
 
-/* Scratch buffers of a checkpoint write or load, allocated before the file
- * is opened and agreed over the site: a rank that lacks memory must not
- * leave the others inside an HDF5 collective. */
+static int write_outer(H5File *f, const Trainer *tr, const char *group, OuterState which, int active)
+{
+    StateView v = {tr, VIEW_OUTER, NULL, which, active, 0};
+    return h5_write_chunks(f, group, &tr->model, state_at, &v);
+}
+
+static int write_residual(H5File *f, const Trainer *tr, const char *group, int active)
+{
+    StateView v = {tr, VIEW_RESIDUAL, NULL, OUTER_ANCHOR, active && reduce_has_residual(&tr->red), 0};
+    return h5_write_chunks(f, group, &tr->model, state_at, &v);
+}
+
+/* A params-shaped state: each rank reads the chunks it owns, then the dense
+ * ones are shared inside the learner (the file is read once per site). */
+static int read_params(H5File *f, Trainer *tr, const char *group, float *buf)
+{
+    StateView v = {tr, VIEW_PARAMS, buf, OUTER_ANCHOR, 1, 1};
+    CHECK(h5_read_chunks(f, group, &tr->model, state_at, &v));
+    for (int p = 0; p < tr->red.fragments; p++) CHECK(reduce_share_dense(&tr->red, p, buf));
+    return ISTH_OK;
+}
+
+static int read_outer(H5File *f, Trainer *tr, const char *group, OuterState which)
+{
+    StateView v = {tr, VIEW_OUTER, NULL, which, 1, 1};
+    return h5_read_chunks(f, group, &tr->model, state_at, &v);
+}
+
+static int read_residual(H5File *f, Trainer *tr, const char *group)
+{
+    StateView v = {tr, VIEW_RESIDUAL, NULL, OUTER_ANCHOR, reduce_has_residual(&tr->red), 1};
+    return h5_read_chunks(f, group, &tr->model, state_at, &v);
+}
+
+/* Scratch of a checkpoint write or load, allocated before the file is
+ * opened and agreed over the site: a rank that lacks memory must not leave
+ * the others inside an HDF5 collective. */
 typedef struct {
-    float *res;    /* (n_params) error-feedback residuals laid out like params */
     double *frag;  /* (2P) per-fragment last start and start in flight */
 } CkptScratch;
 
 static int scratch_alloc(const Trainer *tr, CkptScratch *sc)
 {
-    sc->res = isth_calloc(tr->model.n_params, sizeof(float));
     sc->frag = isth_calloc((size_t)2 * tr->cfg.outer.fragments + 1, sizeof(double));
-    int ok = sc->res && sc->frag;
-    if (!ok) isth_fail(ISTH_ERUNTIME, "checkpoint: out of memory for %zu values of scratch", tr->model.n_params);
+    int ok = sc->frag != NULL;
+    if (!ok) isth_fail(ISTH_ERUNTIME, "checkpoint: out of memory for the fragment table");
     CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_LAND, tr->topo.site_comm));
     if (!ok) {
-        free(sc->res);
-        free(sc->frag);
+        isth_free(sc->frag);
         return ISTH_ERUNTIME;
     }
     return ISTH_OK;
 }
 
-static void scratch_free(CkptScratch *sc)
-{
-    free(sc->res);
-    free(sc->frag);
-}
+static void scratch_free(CkptScratch *sc) { isth_free(sc->frag); }
 
 /* Is an outer exchange in flight (drained, waiting for its step)? */
 static int exchanges_in_flight(const Trainer *tr)
@@ -162,59 +202,45 @@ static int write_state(Trainer *tr, H5File *f, CkptScratch *sc)
     CHECK(h5_attr_write_long(f, "/", "adam_t", tr->opt.t));
     CHECK(h5_attr_write_long(f, "/", "data_step", (long long)tr->cursor.step));
 
-    Sel first_sel = {m, first, t->learner_rank == 0};
     const int P = tr->cfg.outer.fragments, in_flight = exchanges_in_flight(tr);
     if (!tr->outer_mode) {
-        CHECK(h5_write_tensors(f, "/model", m, m->params, sel_model, &first_sel));
-        CHECK(h5_write_tensors(f, "/inner/m", m, tr->opt.m, sel_model, &first_sel));
-        CHECK(h5_write_tensors(f, "/inner/v", m, tr->opt.v, sel_model, &first_sel));
-        if (reduce_any_residual(&tr->red)) { /* sync with a lossy codec: error feedback of the gradient sums */
-            reduce_residual_export(&tr->red, sc->res);
-            RSel rs = {&tr->red, first && reduce_has_residual(&tr->red)};
-            CHECK(h5_write_tensors(f, "/outer/residual", m, sc->res, sel_owned, &rs));
-        }
+        CHECK(write_params(f, tr, "/model", m->params, first));
+        CHECK(write_params(f, tr, "/inner/m", tr->opt.m, first));
+        CHECK(write_params(f, tr, "/inner/v", tr->opt.v, first));
+        /* sync with a lossy codec: error feedback of the gradient sums */
+        if (reduce_any_residual(&tr->red)) CHECK(write_residual(f, tr, "/outer/residual", first));
     } else {
         const int bf = tr->outer.butterfly; /* butterfly: outer state per learner */
-        CHECK(h5_write_tensors(f, "/model", m, bf ? m->params : tr->outer.anchor, sel_model, &first_sel));
-        float *res = sc->res;
-        reduce_residual_export(&tr->red, res);
-        int rc = ISTH_OK;
+        if (bf) CHECK(write_params(f, tr, "/model", m->params, first));
+        else CHECK(write_outer(f, tr, "/model", OUTER_ANCHOR, first));
         if (!bf) {
-            rc = h5_write_tensors(f, "/outer/momentum", m, tr->outer.mom, sel_model, &first_sel);
-            RSel rs = {&tr->red, first && reduce_has_residual(&tr->red)};
-            if (rc == ISTH_OK) rc = h5_write_tensors(f, "/outer/residual", m, res, sel_owned, &rs);
+            CHECK(write_outer(f, tr, "/outer/momentum", OUTER_MOMENTUM, first));
+            CHECK(write_residual(f, tr, "/outer/residual", first));
+            /* fragments in flight (drained): their reduced pseudo-gradients, equal on every learner */
+            if (in_flight) CHECK(write_outer(f, tr, "/outer/pending", OUTER_PENDING, first));
         }
-        for (int k = 0; bf && rc == ISTH_OK && k < site->learners; k++) {
-            const int id = site->first_learner + k;
-            Sel mine = {m, t->learner == id, t->learner_rank == 0};
-            RSel rs = {&tr->red, t->learner == id && reduce_has_residual(&tr->red)};
-            char g[64];
-            snprintf(g, sizeof g, "/learner_%d/outer/anchor", id);
-            rc = h5_write_tensors(f, g, m, tr->outer.anchor, sel_model, &mine);
-            snprintf(g, sizeof g, "/learner_%d/outer/momentum", id);
-            if (rc == ISTH_OK) rc = h5_write_tensors(f, g, m, tr->outer.mom, sel_model, &mine);
-            snprintf(g, sizeof g, "/learner_%d/outer/residual", id);
-            if (rc == ISTH_OK) rc = h5_write_tensors(f, g, m, res, sel_owned, &rs);
-            /* a round in flight (drained): the mixed values and what was sent */
-            snprintf(g, sizeof g, "/learner_%d/outer/pending", id);
-            if (rc == ISTH_OK && in_flight) rc = h5_write_tensors(f, g, m, tr->outer.delta, sel_model, &mine);
-            snprintf(g, sizeof g, "/learner_%d/outer/sent", id);
-            if (rc == ISTH_OK && in_flight) rc = h5_write_tensors(f, g, m, tr->outer.sent, sel_model, &mine);
-        }
-        /* fragments in flight (drained): their reduced pseudo-gradients, equal on every learner */
-        if (!bf && rc == ISTH_OK && in_flight)
-            rc = h5_write_tensors(f, "/outer/pending", m, tr->outer.delta, sel_model, &first_sel);
-        CHECK(rc);
         for (int k = 0; k < site->learners; k++) {
-            const int id = site->first_learner + k;
-            Sel mine = {m, t->learner == id, t->learner_rank == 0};
+            const int id = site->first_learner + k, mine = t->learner == id;
             char g[64];
+            if (bf) {
+                snprintf(g, sizeof g, "/learner_%d/outer/anchor", id);
+                CHECK(write_outer(f, tr, g, OUTER_ANCHOR, mine));
+                snprintf(g, sizeof g, "/learner_%d/outer/momentum", id);
+                CHECK(write_outer(f, tr, g, OUTER_MOMENTUM, mine));
+                snprintf(g, sizeof g, "/learner_%d/outer/residual", id);
+                CHECK(write_residual(f, tr, g, mine));
+                /* a round in flight (drained): the mixed values and what was sent */
+                snprintf(g, sizeof g, "/learner_%d/outer/pending", id);
+                if (in_flight) CHECK(write_outer(f, tr, g, OUTER_PENDING, mine));
+                snprintf(g, sizeof g, "/learner_%d/outer/sent", id);
+                if (in_flight) CHECK(write_outer(f, tr, g, OUTER_SENT, mine));
+            }
             snprintf(g, sizeof g, "/learner_%d/model", id);
-            CHECK(h5_write_tensors(f, g, m, m->params, sel_model, &mine));
+            CHECK(write_params(f, tr, g, m->params, mine));
             snprintf(g, sizeof g, "/learner_%d/inner/m", id);
-            CHECK(h5_write_tensors(f, g, m, tr->opt.m, sel_model, &mine));
+            CHECK(write_params(f, tr, g, tr->opt.m, mine));
             snprintf(g, sizeof g, "/learner_%d/inner/v", id);
-            CHECK(h5_write_tensors(f, g, m, tr->opt.v, sel_model, &mine));
+            CHECK(write_params(f, tr, g, tr->opt.v, mine));
         }
     }
     /* per fragment: last outer start, and the start of the exchange in flight (-1: none) */
@@ -311,7 +337,7 @@ static int write_checkpoint(Trainer *tr)
         if (all[s] != tr->step)
             rc = isth_fail(ISTH_ERUNTIME, "checkpoint: site %s completed step %ld, site %s step %ld",
                            t->sites[s].name, all[s], t->sites[t->site].name, tr->step);
-    free(all);
+    isth_free(all);
     CHECK(rc);
     int site_rank;
     CHECK_MPI(MPI_Comm_rank(t->site_comm, &site_rank));
@@ -377,7 +403,7 @@ int ckpt_check_outputs(Trainer *tr)
     int rc = trainer_control(tr, &mine, sizeof mine, all, "output check");
     for (int s = 0; rc == ISTH_OK && s < t->n_sites; s++)
         if (all[s] != ISTH_OK) rc = all[s]; /* the site's first rank printed why */
-    free(all);
+    isth_free(all);
     return rc;
 }
 
@@ -409,7 +435,7 @@ static herr_t visit_read(hid_t obj, const char *name, const H5O_info_t *info, vo
     int finite = 1;
     for (hssize_t i = 0; err >= 0 && buf && i < n && finite; i++)
         finite = sz == 4 ? isfinite(((float *)buf)[i]) : isfinite(((double *)buf)[i]);
-    free(buf);
+    isth_free(buf);
     H5Tclose(type);
     H5Sclose(space);
     H5Dclose(d);
@@ -441,7 +467,7 @@ static int read_string_attr(hid_t file, const char *name, char **out)
     H5Tclose(type);
     H5Aclose(a);
     if (!ok) {
-        free(s);
+        isth_free(s);
         return -1;
     }
     *out = s;
@@ -512,7 +538,7 @@ static int check_structure(hid_t file, char *reason, size_t cap)
     int rc = config_load_text(&cfg, text, "stored config", NULL, 0);
     status_set_quiet(was_quiet);
     status_discard_suppressed(); /* a verdict here, not an error to report later */
-    free(text);
+    isth_free(text);
     if (rc != ISTH_OK) {
         snprintf(reason, cap, "the stored config is not valid");
         return ISTH_EINPUT;
@@ -548,25 +574,25 @@ static int check_structure(hid_t file, char *reason, size_t cap)
     }
     if (want_learners < 0) {
         snprintf(reason, cap, "attribute site = '%.64s' is not a site of its stored config", site_name);
-        free(site_name);
-        free(mode);
+        isth_free(site_name);
+        isth_free(mode);
         return ISTH_EINPUT;
     }
-    free(site_name);
+    isth_free(site_name);
     if (first != want_first || learners != want_learners) {
         snprintf(reason, cap, "attributes first_learner = %lld, learners = %lld; its stored config gives %lld, %lld",
                  first, learners, want_first, want_learners);
-        free(mode);
+        isth_free(mode);
         return ISTH_EINPUT;
     }
     const int sync = !strcmp(mode, "sync"), bf = !strcmp(mode, "butterfly");
     if (strcmp(mode, cfg.outer.mode)) {
         snprintf(reason, cap, "attribute mode = '%.20s', its stored config has [outer] mode = %s", mode,
                  cfg.outer.mode);
-        free(mode);
+        isth_free(mode);
         return ISTH_EINPUT;
     }
-    free(mode);
+    isth_free(mode);
     if (sync) {
         rc = check_group(file, &m, "/inner/m", reason, cap);
         if (rc == ISTH_OK) rc = check_group(file, &m, "/inner/v", reason, cap);
@@ -658,10 +684,10 @@ int ckpt_find(Trainer *tr, const char *arg, char *path, size_t cap)
         rc = trainer_control(tr, mine, sizeof mine, all, "resume file");
         if (rc == ISTH_OK) rc = (int)all[0];
         want = all[1];
-        if (rc != ISTH_OK) free(all);
+        if (rc != ISTH_OK) isth_free(all);
         CHECK(rc);
         if (t->n_sites == 1) {
-            free(all);
+            isth_free(all);
             snprintf(path, cap, "%s", arg);
             return ISTH_OK;
         }
@@ -685,7 +711,7 @@ int ckpt_find(Trainer *tr, const char *arg, char *path, size_t cap)
     /* the sites agree on the newest step every one of them has: each site's
      * first rank sends its list through the link */
     rc = trainer_control(tr, valid, sizeof valid, all, "resume step");
-    if (rc != ISTH_OK) free(all);
+    if (rc != ISTH_OK) isth_free(all);
     CHECK(rc);
     long best = -1;
     for (int i = 0; i < CKPT_MAX_LIST; i++) {
@@ -699,7 +725,7 @@ int ckpt_find(Trainer *tr, const char *arg, char *path, size_t cap)
         }
         if (everywhere && s > best) best = s;
     }
-    free(all);
+    isth_free(all);
     if (best < 0) {
         if (want >= 0) return isth_fail(ISTH_EINPUT, "checkpoint step %ld: not valid at every site", want);
         path[0] = '\0';
@@ -743,8 +769,8 @@ static int compare_configs(Trainer *tr, const char *saved_text, const char *path
             if (line[0] && line[0] != '[' && !strstr(was, line)) printf("resume: changed: %s\n", line);
             p = nl ? nl + 1 : NULL;
         }
-        free(now);
-        free(was);
+        isth_free(now);
+        isth_free(was);
     }
     return ISTH_OK;
 }
@@ -765,8 +791,8 @@ static int check_attributes(Trainer *tr, H5File *f, const char *path, long long 
     if (rc == ISTH_OK && strcmp(name, site->name))
         rc = isth_fail(ISTH_EINPUT, "checkpoint %s: attribute site = '%s', but this is site %s's file", path, name,
                        site->name);
-    free(mode);
-    free(name);
+    isth_free(mode);
+    isth_free(name);
     /* AdamW counts one step per optimiser step; plain SGD none */
     const long long want_t = !strcmp(saved_optimizer, "sgd") ? 0 : step;
     if (rc == ISTH_OK && adam_t != want_t)
@@ -812,7 +838,7 @@ static int load_checkpoint(Trainer *tr, const char *path)
     if (rc == ISTH_OK) rc = h5_attr_read_string(&f, "/", "config", &text);
     Config saved;
     if (rc == ISTH_OK) rc = compare_configs(tr, text, path, &saved);
-    free(text);
+    isth_free(text);
     const char *saved_optimizer = rc == ISTH_OK ? saved.train.optimizer : "";
     if (rc == ISTH_OK) rc = h5_attr_read_long(&f, "/", "step", &step);
     if (rc == ISTH_OK) rc = h5_attr_read_long(&f, "/", "outer_steps", &outer_steps);
@@ -836,17 +862,15 @@ static int load_checkpoint(Trainer *tr, const char *path)
     int in_flight = 0;
     for (int p = 0; rc == ISTH_OK && tr->outer_mode && p < P; p++) in_flight |= frag[P + p] >= 0;
     if (rc == ISTH_OK && !tr->outer_mode) {
-        rc = h5_read_tensors(&f, "/model", m, m->params, select_held, m);
-        if (rc == ISTH_OK) rc = h5_read_tensors(&f, "/inner/m", m, tr->opt.m, select_held, m);
-        if (rc == ISTH_OK) rc = h5_read_tensors(&f, "/inner/v", m, tr->opt.v, select_held, m);
+        rc = read_params(&f, tr, "/model", m->params);
+        if (rc == ISTH_OK) rc = read_params(&f, tr, "/inner/m", tr->opt.m);
+        if (rc == ISTH_OK) rc = read_params(&f, tr, "/inner/v", tr->opt.v);
         /* error feedback of a lossy codec; a checkpoint written with codec
          * none has none, and the residuals start at zero */
         const int has_residual = H5Lexists(f.file, "/outer", H5P_DEFAULT) > 0 &&
                                  H5Lexists(f.file, "/outer/residual", H5P_DEFAULT) > 0;
         if (rc == ISTH_OK && reduce_any_residual(&tr->red) && has_residual) {
-            RSel rs = {&tr->red, reduce_has_residual(&tr->red)};
-            rc = h5_read_tensors(&f, "/outer/residual", m, sc.res, sel_owned, &rs);
-            if (rc == ISTH_OK) reduce_residual_import(&tr->red, sc.res);
+            rc = read_residual(&f, tr, "/outer/residual");
         } else if (rc == ISTH_OK && reduce_any_residual(&tr->red) && tr->log) {
             printf("resume: %s has no error-feedback residuals (written without a lossy codec); they start at 0\n",
                    path);
@@ -857,25 +881,23 @@ static int load_checkpoint(Trainer *tr, const char *path)
         snprintf(ga, sizeof ga, "/learner_%d/outer/anchor", t->learner);
         snprintf(gm, sizeof gm, "/learner_%d/outer/momentum", t->learner);
         snprintf(gr, sizeof gr, "/learner_%d/outer/residual", t->learner);
-        rc = h5_read_tensors(&f, bf ? ga : "/model", m, tr->outer.anchor, select_held, m);
-        if (rc == ISTH_OK) rc = h5_read_tensors(&f, bf ? gm : "/outer/momentum", m, tr->outer.mom, select_held, m);
-        if (rc == ISTH_OK) {
-            RSel rs = {&tr->red, reduce_has_residual(&tr->red)};
-            rc = h5_read_tensors(&f, bf ? gr : "/outer/residual", m, sc.res, sel_owned, &rs);
-            if (rc == ISTH_OK) reduce_residual_import(&tr->red, sc.res);
-        }
+        rc = read_outer(&f, tr, bf ? ga : "/model", OUTER_ANCHOR);
+        if (rc == ISTH_OK) rc = read_outer(&f, tr, bf ? gm : "/outer/momentum", OUTER_MOMENTUM);
+        if (rc == ISTH_OK) rc = read_residual(&f, tr, bf ? gr : "/outer/residual");
         snprintf(g, sizeof g, "/learner_%d/model", t->learner);
-        if (rc == ISTH_OK) rc = h5_read_tensors(&f, g, m, m->params, select_held, m);
+        if (rc == ISTH_OK) rc = read_params(&f, tr, g, m->params);
         snprintf(g, sizeof g, "/learner_%d/inner/m", t->learner);
-        if (rc == ISTH_OK) rc = h5_read_tensors(&f, g, m, tr->opt.m, select_held, m);
+        if (rc == ISTH_OK) rc = read_params(&f, tr, g, tr->opt.m);
         snprintf(g, sizeof g, "/learner_%d/inner/v", t->learner);
-        if (rc == ISTH_OK) rc = h5_read_tensors(&f, g, m, tr->opt.v, select_held, m);
-        /* exchanges that were in flight (drained before the checkpoint) */
+        if (rc == ISTH_OK) rc = read_params(&f, tr, g, tr->opt.v);
+        /* exchanges that were in flight (drained before the checkpoint):
+         * their results wait in staging slots until their steps */
+        for (int p = 0; rc == ISTH_OK && p < P; p++)
+            if (frag[P + p] >= 0 && !outer_hold_pending(&tr->outer, &tr->red, p)) rc = ISTH_ERUNTIME;
         snprintf(g, sizeof g, "/learner_%d/outer/pending", t->learner);
-        if (rc == ISTH_OK && in_flight)
-            rc = h5_read_tensors(&f, bf ? g : "/outer/pending", m, tr->outer.delta, select_held, m);
+        if (rc == ISTH_OK && in_flight) rc = read_outer(&f, tr, bf ? g : "/outer/pending", OUTER_PENDING);
         snprintf(g, sizeof g, "/learner_%d/outer/sent", t->learner);
-        if (rc == ISTH_OK && in_flight && bf) rc = h5_read_tensors(&f, g, m, tr->outer.sent, select_held, m);
+        if (rc == ISTH_OK && in_flight && bf) rc = read_outer(&f, tr, g, OUTER_SENT);
         for (int p = 0; rc == ISTH_OK && p < P; p++) {
             tr->outer.last_sync[p] = (long)frag[p];
             tr->outer.started[p] = (long)frag[P + p];
@@ -902,7 +924,7 @@ static int load_checkpoint(Trainer *tr, const char *path)
         any_fail |= all[2 * s2 + 1] != 0;
         same &= all[2 * s2] == all[0];
     }
-    free(all);
+    isth_free(all);
     CHECK(crc);
     if (any_fail) return rc != ISTH_OK ? rc : ISTH_EINPUT;
     if (!same) return isth_fail(ISTH_EINPUT, "resume: the sites' checkpoints are of different steps");
@@ -958,7 +980,7 @@ int ckpt_inspect(const char *path)
                 size_t n = H5Tget_size(type);
                 char *s = isth_calloc(n + 1, 1);
                 if (s && H5Aread(a, type, s) >= 0) printf("%-15s %s\n", names[i], s);
-                free(s);
+                isth_free(s);
             } else if (H5Tget_class(type) == H5T_FLOAT) {
                 double v = 0;
                 H5Aread(a, H5T_NATIVE_DOUBLE, &v);

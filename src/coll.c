@@ -44,7 +44,7 @@ static int alltoallv_typed(Coll *c, const void *send, const int *send_counts, vo
     CHECK_MPI(MPI_Type_commit(&row));
     int rc = MPI_Alltoallv(send, send_counts, sd, row, recv, recv_counts, rd, row, c->comm);
     MPI_Type_free(&row);
-    free(sd);
+    isth_free(sd);
     if (rc != MPI_SUCCESS) return isth_fail(ISTH_ERUNTIME, "coll: MPI_Alltoallv failed (%d)", rc);
     return ISTH_OK;
 }

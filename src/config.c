@@ -122,11 +122,11 @@ typedef struct {
 static void entries_free(EntryList *l)
 {
     for (int i = 0; i < l->n; i++) {
-        free(l->v[i].section);
-        free(l->v[i].key);
-        free(l->v[i].value);
+        isth_free(l->v[i].section);
+        isth_free(l->v[i].key);
+        isth_free(l->v[i].value);
     }
-    free(l->v);
+    isth_free(l->v);
 }
 
 static char *trim(char *s)
@@ -152,7 +152,7 @@ static int entries_put(EntryList *l, const char *section, const char *key, const
         if (!allow_replace)
             return isth_fail(ISTH_EINPUT, "config %s: [%s] %s is set twice (first at %s)", origin,
                              section, key, e->origin);
-        free(e->value);
+        isth_free(e->value);
         e->value = strdup(value);
         snprintf(e->origin, sizeof e->origin, "%s", origin);
         return e->value ? ISTH_OK : isth_fail(ISTH_ERUNTIME, "out of memory");
@@ -588,11 +588,11 @@ int config_load(Config *cfg, const char *path, const char *const *overrides, int
     fclose(f);
     text[got] = '\0';
     if (memchr(text, '\0', got)) {
-        free(text);
+        isth_free(text);
         return isth_fail(ISTH_EINPUT, "config %s: contains a NUL byte (not an INI text file)", path);
     }
     int rc = config_load_text(cfg, text, path, overrides, n_overrides);
-    free(text);
+    isth_free(text);
     return rc;
 }
 

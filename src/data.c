@@ -95,7 +95,7 @@ int data_fill(const DataCursor *cur, const Corpus *c, uint64_t first_index, int 
         uint64_t r = rng_bits(cur->seed, 0x5eed000000000000ull ^ cur->step, first_index + (uint64_t)b);
         const int rc = corpus_read(c, (size_t)(r % positions), w, (size_t)T + 1);
         if (rc != ISTH_OK) {
-            free(w);
+            isth_free(w);
             return rc;
         }
         for (int t = 0; t < T; t++) {
@@ -103,6 +103,6 @@ int data_fill(const DataCursor *cur, const Corpus *c, uint64_t first_index, int 
             targets[(size_t)b * T + t] = w[t + 1];
         }
     }
-    free(w);
+    isth_free(w);
     return ISTH_OK;
 }

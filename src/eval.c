@@ -34,11 +34,11 @@ int eval_corpus(const Model *m, Activations *a, const Corpus *c, size_t max_byte
     double *window_ce = isth_calloc(windows + 1, sizeof(double));
     size_t *window_n = isth_calloc(windows + 1, sizeof(size_t));
     if (!tokens || !targets || !window_ce || !window_n || !bytes) {
-        free(bytes);
-        free(tokens);
-        free(targets);
-        free(window_ce);
-        free(window_n);
+        isth_free(bytes);
+        isth_free(tokens);
+        isth_free(targets);
+        isth_free(window_ce);
+        isth_free(window_n);
         return isth_fail(ISTH_ERUNTIME, "out of memory for evaluation");
     }
     int rc = ISTH_OK;
@@ -76,14 +76,14 @@ int eval_corpus(const Model *m, Activations *a, const Corpus *c, size_t max_byte
         ce += window_ce[w];
         counted += window_n[w];
     }
-    free(bytes);
-    free(tokens);
-    free(targets);
-    free(window_ce);
-    if (rc != ISTH_OK) free(window_n);
+    isth_free(bytes);
+    isth_free(tokens);
+    isth_free(targets);
+    isth_free(window_ce);
+    if (rc != ISTH_OK) isth_free(window_n);
     CHECK(rc);
     unsigned long long n_all = counted;
-    free(window_n);
+    isth_free(window_n);
     if (G > 1) CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &n_all, 1, MPI_UNSIGNED_LONG_LONG, MPI_SUM, a->ep->comm));
     if (n_all != predicted)
         return isth_fail(ISTH_ERUNTIME, "eval %s: scored %llu bytes, expected %zu", c->path, n_all,

@@ -238,7 +238,7 @@ int h5_attr_read_string(H5File *f, const char *obj, const char *name, char **val
     H5Tclose(type);
     H5Aclose(attr);
     if (err < 0) {
-        free(text);
+        isth_free(text);
         return isth_fail(ISTH_EINPUT, "file %s: unreadable attribute %s", f->path, name);
     }
     *value = text;
@@ -281,32 +281,86 @@ static size_t chunk_local(const Model *m, const Tensor *t, int layer, int expert
     return t->offset + ((t->flags & PARAM_LAYERED) ? (size_t)layer * per : 0);
 }
 
-/* Build the file selection of tensor t for this rank; returns the number of
- * selected elements. pack: copy the chunks between buf and tmp (dir > 0:
- * buf -> tmp, dir < 0: tmp -> buf, 0: none). */
-static size_t select_chunks(const Model *m, const Tensor *t, hid_t fspace, ChunkSelect sel, const void *ctx,
-                            float *buf, float *tmp, int dir)
+/* A params-shaped buffer and a selection, as a view. */
+typedef struct {
+    const Model *m;
+    float *buf;
+    ChunkSelect sel;
+    const void *ctx;
+} BufView;
+
+static float *buf_view(const void *ctx, int tensor, int layer, int expert)
+{
+    const BufView *v = ctx;
+    if (!v->sel(v->ctx, tensor, layer, expert)) return NULL;
+    return v->buf + chunk_local(v->m, &v->m->tensors[tensor], layer, expert);
+}
+
+/* The chunks of layer `layer` of tensor t this rank transfers: the file
+ * selection, and where the values are in memory. When the chunks lie one
+ * after the other in memory (params-shaped and packed buffers alike) they
+ * are transferred in place; otherwise through *tmp (grown as needed).
+ * Returns the number of elements (0: none), or (size_t)-1 out of memory. */
+static size_t select_layer(const Model *m, const Tensor *t, int layer, hid_t fspace, ChunkAt at, const void *ctx,
+                           float ***ptrs, float **mem, float **tmp, size_t *tmp_cap)
 {
     H5Sselect_none(fspace);
     const int experts = (t->flags & PARAM_EXPERT) ? m->cfg.experts : 0;
     const size_t per = chunk_elems(t);
-    size_t n = 0;
     const int tid = (int)(t - m->tensors);
-    for (int l = 0; l < n_layers(m, t); l++)
-        for (int e = experts ? 0 : -1; e < (experts ? experts : 0); e++) {
-            if (!sel(ctx, tid, l, e)) continue;
-            hsize_t start[TENSOR_MAX_DIMS], count[TENSOR_MAX_DIMS];
-            chunk_slab(t, l, e, start, count);
-            H5Sselect_hyperslab(fspace, H5S_SELECT_OR, start, NULL, count, NULL);
-            if (dir > 0) memcpy(tmp + n, buf + chunk_local(m, t, l, e), per * sizeof(float));
-            if (dir < 0) memcpy(buf + chunk_local(m, t, l, e), tmp + n, per * sizeof(float));
-            n += per;
-        }
+    size_t n = 0;
+    int k = 0, contiguous = 1;
+    float **p = *ptrs;
+    for (int e = experts ? 0 : -1; e < (experts ? experts : 0); e++) {
+        float *where = at(ctx, tid, layer, e);
+        if (!where) continue;
+        hsize_t start[TENSOR_MAX_DIMS], count[TENSOR_MAX_DIMS];
+        chunk_slab(t, layer, e, start, count);
+        H5Sselect_hyperslab(fspace, H5S_SELECT_OR, start, NULL, count, NULL);
+        if (k && where != p[k - 1] + per) contiguous = 0;
+        p[k++] = where;
+        n += per;
+    }
+    if (!n) return 0;
+    if (contiguous) {
+        *mem = p[0];
+        return n;
+    }
+    if (n > *tmp_cap) {
+        float *grown = isth_realloc(*tmp, sizeof(float) * n);
+        if (!grown) return (size_t)-1;
+        *tmp = grown;
+        *tmp_cap = n;
+    }
+    *mem = *tmp;
     return n;
+}
+
+/* Copy between the chunks and tmp (dir > 0: chunks -> tmp). */
+static void pack_layer(float **ptrs, size_t n, size_t per, float *mem, int dir)
+{
+    if (mem == ptrs[0]) return; /* in place */
+    for (size_t i = 0; i * per < n; i++) {
+        if (dir > 0) memcpy(mem + i * per, ptrs[i], per * sizeof(float));
+        else memcpy(ptrs[i], mem + i * per, per * sizeof(float));
+    }
 }
 
 int h5_write_tensors(H5File *f, const char *group, const Model *m, const float *buf, ChunkSelect sel,
                      const void *ctx)
+{
+    BufView v = {m, (float *)buf, sel, ctx};
+    return h5_write_chunks(f, group, m, buf_view, &v);
+}
+
+int h5_read_tensors(H5File *f, const char *group, const Model *m, float *buf, ChunkSelect sel,
+                    const void *ctx)
+{
+    BufView v = {m, buf, sel, ctx};
+    return h5_read_chunks(f, group, m, buf_view, &v);
+}
+
+int h5_write_chunks(H5File *f, const char *group, const Model *m, ChunkAt at, const void *ctx)
 {
     hid_t lcpl = H5Pcreate(H5P_LINK_CREATE);
     H5Pset_create_intermediate_group(lcpl, 1);
@@ -317,8 +371,9 @@ int h5_write_tensors(H5File *f, const char *group, const Model *m, const float *
         if (g >= 0) H5Gclose(g);
         return f->rank == 0 ? isth_fail(ISTH_ERUNTIME, "file %s: cannot create group %s", f->tmp, group) : ISTH_ERUNTIME;
     }
-    float *tmp = isth_malloc(sizeof(float) * (m->n_params + 1));
-    int rc = tmp ? ISTH_OK : isth_fail(ISTH_ERUNTIME, "out of memory writing %s", group);
+    float **ptrs = isth_malloc(sizeof(float *) * (size_t)(m->cfg.experts + 1)), *tmp = NULL;
+    size_t tmp_cap = 0;
+    int rc = ptrs ? ISTH_OK : isth_fail(ISTH_ERUNTIME, "out of memory writing %s", group);
     if (!agree(f->comm, rc == ISTH_OK)) rc = ISTH_ERUNTIME;
     for (int i = 0; i < N_TENSORS && rc == ISTH_OK; i++) {
         const Tensor *t = &m->tensors[i];
@@ -342,31 +397,43 @@ int h5_write_tensors(H5File *f, const char *group, const Model *m, const float *
                               : ISTH_ERUNTIME;
             break;
         }
-        size_t n = select_chunks(m, t, fspace, sel, ctx, (float *)buf, tmp, 1);
-        hsize_t mdim = n ? n : 1;
-        hid_t mspace = H5Screate_simple(1, &mdim, NULL);
-        if (!n) H5Sselect_none(mspace);
-        herr_t err = dset < 0 ? -1 : H5Dwrite(dset, H5T_NATIVE_FLOAT, mspace, fspace, f->xfer, tmp);
-        H5Sclose(mspace);
-        H5Sclose(fspace);
-        if (dset >= 0) H5Dclose(dset);
-        if (!agree(f->comm, err >= 0)) { /* agreed: the file's first rank says so */
-            f->failed = 1;
-            rc = f->rank == 0 ? isth_fail(ISTH_ERUNTIME, "file %s: writing %s/%s failed (disk full?); the temporary "
-                                          "file is removed", f->tmp, group, t->name)
-                              : ISTH_ERUNTIME;
+        /* one collective write per layer: staging stays one layer's chunks */
+        for (int l = 0; l < n_layers(m, t) && rc == ISTH_OK; l++) {
+            float *mem = NULL;
+            size_t n = select_layer(m, t, l, fspace, at, ctx, &ptrs, &mem, &tmp, &tmp_cap);
+            const int ok = n != (size_t)-1;
+            if (!agree(f->comm, ok)) {
+                rc = ok ? ISTH_ERUNTIME : isth_fail(ISTH_ERUNTIME, "out of memory writing %s", group);
+                break;
+            }
+            if (n) pack_layer(ptrs, n, chunk_elems(t), mem, 1);
+            hsize_t mdim = n ? n : 1;
+            hid_t mspace = H5Screate_simple(1, &mdim, NULL);
+            if (!n) H5Sselect_none(mspace);
+            float dummy = 0.0f;
+            herr_t err = H5Dwrite(dset, H5T_NATIVE_FLOAT, mspace, fspace, f->xfer, n ? mem : &dummy);
+            H5Sclose(mspace);
+            if (!agree(f->comm, err >= 0)) { /* agreed: the file's first rank says so */
+                f->failed = 1;
+                rc = f->rank == 0 ? isth_fail(ISTH_ERUNTIME, "file %s: writing %s/%s failed (disk full?); the "
+                                              "temporary file is removed", f->tmp, group, t->name)
+                                  : ISTH_ERUNTIME;
+            }
         }
+        H5Sclose(fspace);
+        H5Dclose(dset);
     }
-    free(tmp);
+    isth_free(tmp);
+    isth_free(ptrs);
     H5Gclose(g);
     return rc;
 }
 
-int h5_read_tensors(H5File *f, const char *group, const Model *m, float *buf, ChunkSelect sel,
-                    const void *ctx)
+int h5_read_chunks(H5File *f, const char *group, const Model *m, ChunkAt at, const void *ctx)
 {
-    float *tmp = isth_malloc(sizeof(float) * (m->n_params + 1));
-    int rc = tmp ? ISTH_OK : isth_fail(ISTH_ERUNTIME, "out of memory reading %s", group);
+    float **ptrs = isth_malloc(sizeof(float *) * (size_t)(m->cfg.experts + 1)), *tmp = NULL;
+    size_t tmp_cap = 0;
+    int rc = ptrs ? ISTH_OK : isth_fail(ISTH_ERUNTIME, "out of memory reading %s", group);
     if (!agree(f->comm, rc == ISTH_OK)) rc = ISTH_ERUNTIME;
     for (int i = 0; i < N_TENSORS && rc == ISTH_OK; i++) {
         const Tensor *t = &m->tensors[i];
@@ -404,34 +471,42 @@ int h5_read_tensors(H5File *f, const char *group, const Model *m, float *buf, Ch
             rc = isth_fail(ISTH_EINPUT, "file %s: dataset %s is not float32", f->path, name);
             break;
         }
-        size_t n = select_chunks(m, t, fspace, sel, ctx, buf, tmp, 0);
-        hsize_t mdim = n ? n : 1;
-        hid_t mspace = H5Screate_simple(1, &mdim, NULL);
-        if (!n) H5Sselect_none(mspace);
-        herr_t err = H5Dread(dset, H5T_NATIVE_FLOAT, mspace, fspace, f->xfer, tmp);
-        H5Sclose(mspace);
+        for (int l = 0; l < n_layers(m, t) && rc == ISTH_OK; l++) {
+            float *mem = NULL;
+            size_t n = select_layer(m, t, l, fspace, at, ctx, &ptrs, &mem, &tmp, &tmp_cap);
+            const int got = n != (size_t)-1;
+            if (!agree(f->comm, got)) {
+                rc = got ? ISTH_ERUNTIME : isth_fail(ISTH_ERUNTIME, "out of memory reading %s", group);
+                break;
+            }
+            hsize_t mdim = n ? n : 1;
+            hid_t mspace = H5Screate_simple(1, &mdim, NULL);
+            if (!n) H5Sselect_none(mspace);
+            float dummy;
+            herr_t err = H5Dread(dset, H5T_NATIVE_FLOAT, mspace, fspace, f->xfer, n ? mem : &dummy);
+            H5Sclose(mspace);
+            int ok = err >= 0;
+            if (!ok) isth_fail(ISTH_EINPUT, "file %s: reading %s failed (checksum mismatch or truncated data)", f->path,
+                               name);
+            if (!agree(f->comm, ok)) {
+                rc = ISTH_EINPUT;
+                break;
+            }
+            size_t bad = 0;
+            while (bad < n && isfinite(mem[bad])) bad++;
+            if (!agree(f->comm, bad == n)) { /* each rank names what it read */
+                rc = bad < n ? isth_fail(ISTH_EINPUT, "file %s: dataset %s holds NaN or Inf (a diverged or damaged "
+                                         "model)", f->path, name)
+                             : ISTH_EINPUT;
+                break;
+            }
+            if (n) pack_layer(ptrs, n, chunk_elems(t), mem, -1);
+        }
         H5Sclose(fspace);
         H5Dclose(dset);
-        int ok = err >= 0;
-        if (!ok) isth_fail(ISTH_EINPUT, "file %s: reading %s failed (checksum mismatch or truncated data)", f->path, name);
-        if (!agree(f->comm, ok)) {
-            rc = ISTH_EINPUT;
-            break;
-        }
-        size_t bad = 0;
-        while (bad < n && isfinite(tmp[bad])) bad++;
-        if (!agree(f->comm, bad == n)) { /* each rank names what it read */
-            rc = bad < n ? isth_fail(ISTH_EINPUT, "file %s: dataset %s holds NaN or Inf (a diverged or damaged model)",
-                                     f->path, name)
-                         : ISTH_EINPUT;
-            break;
-        }
-        /* unpack in the same canonical order */
-        hid_t scratch = H5Screate_simple(t->ndim, (hsize_t[]){t->shape[0], t->shape[1], t->shape[2], t->shape[3]}, NULL);
-        select_chunks(m, t, scratch, sel, ctx, buf, tmp, -1);
-        H5Sclose(scratch);
     }
-    free(tmp);
+    isth_free(tmp);
+    isth_free(ptrs);
     return rc;
 }
 

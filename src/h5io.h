@@ -83,6 +83,14 @@ int h5_read_tensors(H5File *f, const char *group, const Model *m, float *buf, Ch
 int h5_write_doubles(H5File *f, const char *name, const double *v, int n);
 int h5_read_doubles(H5File *f, const char *name, double *v, int n);
 
+/* The same through a view: where chunk (tensor, layer, expert) is on this
+ * rank, NULL when another rank transfers it (any layout: params-shaped,
+ * packed owned chunks, staging). Staging is one layer's chunks at most,
+ * none when a layer's chunks lie one after the other. */
+typedef float *(*ChunkAt)(const void *ctx, int tensor, int layer, int expert);
+int h5_write_chunks(H5File *f, const char *group, const Model *m, ChunkAt at, const void *ctx);
+int h5_read_chunks(H5File *f, const char *group, const Model *m, ChunkAt at, const void *ctx);
+
 /* --- the model file of `isthmus train` (/model + config) ------------------ */
 typedef struct {
     long step;

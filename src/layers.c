@@ -73,7 +73,7 @@ int rmsnorm_backward(float *dinp, float *dweight, const float *dout, const float
     }
     for (int c = 0; c < REDUCE_CHUNKS; c++)
         for (int i = 0; i < D; i++) dweight[i] += partial[(size_t)c * D + i];
-    free(partial);
+    isth_free(partial);
     return ISTH_OK;
 }
 

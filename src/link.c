@@ -40,8 +40,8 @@ int link_msg_alloc(LinkMsg *m, int peer, int tag, size_t send_bytes, size_t recv
     m->send = isth_malloc(send_bytes ? send_bytes : 1);
     m->recv = isth_malloc(recv_bytes ? recv_bytes : 1);
     if (!m->send || !m->recv) {
-        free(m->send);
-        free(m->recv);
+        isth_free(m->send);
+        isth_free(m->recv);
         m->send = m->recv = NULL;
         return isth_fail(ISTH_ERUNTIME, "link: out of memory for a %zu-byte message", send_bytes + recv_bytes);
     }
@@ -64,20 +64,32 @@ int link_retire(MPI_Request *req, int n)
     return done;
 }
 
-void link_msg_free(LinkMsg *m)
+void link_msg_init_borrowed(LinkMsg *m, int peer, int tag, size_t send_bytes, size_t recv_bytes, int local)
+{
+    memset(m, 0, sizeof *m);
+    m->peer = peer;
+    m->tag = tag;
+    m->send_bytes = send_bytes;
+    m->recv_bytes = recv_bytes;
+    m->local = local;
+    m->borrowed = 1;
+}
+
+int link_msg_free(LinkMsg *m)
 {
     int free_recv = 1, free_send = 1;
     if (m->recv_posted && !m->recv_done) free_recv = link_retire(m->rr, m->recv_pieces);
     if (m->send_posted == 1) free_send = link_retire(m->rs, m->send_pieces);
     if (free_recv) {
-        free(m->recv);
-        free(m->rr);
+        if (!m->borrowed) isth_free(m->recv);
+        isth_free(m->rr);
     }
     if (free_send) {
-        free(m->send);
-        free(m->rs);
+        if (!m->borrowed) isth_free(m->send);
+        isth_free(m->rs);
     }
     memset(m, 0, sizeof *m);
+    return free_recv && free_send;
 }
 
 void link_frame(unsigned char *buf, uint8_t codec, uint8_t kind, uint32_t fragment,
@@ -240,8 +252,8 @@ int link_control(Link *l, const void *mine, size_t bytes, void *all, const int *
             else memcpy(out + (size_t)s * bytes, ptrs[i]->recv + sizeof(LinkHeader), bytes);
         }
         for (int i = 0; i < n; i++) link_msg_free(ptrs[i]);
-        free(msgs);
-        free(ptrs);
+        isth_free(msgs);
+        isth_free(ptrs);
     }
     CHECK(rc);
     return coll_bcast_bytes(site_comm, all, (size_t)n_sites * bytes, 0);

@@ -65,6 +65,7 @@ typedef struct {
     int send_posted;       /* 0 not yet, 1 in flight, 2 complete (or muted) */
     int recv_posted, recv_done;
     int local;             /* both ends in the same site: counted as intra-site */
+    int borrowed;          /* send/recv point into the owner's staging: not freed here */
 } LinkMsg;
 
 typedef struct {
@@ -85,9 +86,13 @@ void link_init(Link *l, MPI_Comm comm, double timeout_s, const char *site_name);
 
 /* Allocate a message's buffers (header + payload bytes each way). */
 int link_msg_alloc(LinkMsg *m, int peer, int tag, size_t send_bytes, size_t recv_bytes, int local);
+/* A message whose buffers the owner points into its own staging (send and
+ * recv set before each post; sizes fixed here). */
+void link_msg_init_borrowed(LinkMsg *m, int peer, int tag, size_t send_bytes, size_t recv_bytes, int local);
 /* Cancel what is still posted, then free the buffers (leaked instead when a
- * request cannot be retired: MPI might still write them). */
-void link_msg_free(LinkMsg *m);
+ * request cannot be retired: MPI might still write them). Returns 1 when
+ * nothing is left posted (borrowed buffers may then go too). */
+int link_msg_free(LinkMsg *m);
 
 /* Cancel and retire n requests (MPI_REQUEST_NULL ones are skipped) within a
  * short grace period; 1 when all are retired and their buffers may go. */

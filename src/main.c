@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "alloc.h"
 #include "bench.h"
 #include "blas_select.h"
 #include "ckpt.h"
@@ -195,7 +196,7 @@ static int cmd_eval(int argc, char **argv)
     char origin[1200];
     snprintf(origin, sizeof origin, "%s:/config", model_path);
     int rc = config_load_text(&cfg, text, origin, overrides, n_over);
-    free(text);
+    isth_free(text);
     CHECK(rc);
     set_threads(cfg.train.threads);
 
@@ -306,7 +307,7 @@ static int cmd_config(int argc, char **argv)
     char *text = config_to_text(&cfg);
     CHECK_ALLOC(text);
     fputs(text, stdout);
-    free(text);
+    isth_free(text);
     return ISTH_OK;
 }
 

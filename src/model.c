@@ -61,8 +61,11 @@ void model_describe(Model *m, const ModelConfig *cfg, int expert_begin, int expe
 int model_create(Model *m, const ModelConfig *cfg, int expert_begin, int experts_local)
 {
     model_describe(m, cfg, expert_begin, experts_local);
+    const AllocCategory was = alloc_category(ALLOC_WEIGHTS);
     m->params = isth_aligned_alloc(64, m->n_params * sizeof(float));
+    alloc_category(ALLOC_GRADS);
     m->grads = isth_aligned_alloc(64, m->n_params * sizeof(float));
+    alloc_category(was);
     if (!m->params || !m->grads) {
         model_destroy(m);
         return isth_fail(ISTH_ERUNTIME, "out of memory for %zu parameters", m->n_params);
@@ -74,8 +77,8 @@ int model_create(Model *m, const ModelConfig *cfg, int expert_begin, int experts
 
 void model_destroy(Model *m)
 {
-    free(m->params);
-    free(m->grads);
+    isth_free(m->params);
+    isth_free(m->grads);
     m->params = m->grads = NULL;
 }
 

@@ -23,8 +23,8 @@ int adamw_create(AdamW *opt, size_t n)
 
 void adamw_destroy(AdamW *opt)
 {
-    free(opt->m);
-    free(opt->v);
+    isth_free(opt->m);
+    isth_free(opt->v);
     opt->m = opt->v = NULL;
 }
 

@@ -1,11 +1,12 @@
 /* outer.c — see outer.h. */
 #include "outer.h"
-#include "alloc.h"
 
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "alloc.h"
 #include "status.h"
 
 int butterfly_partner(int learner, long round, int k) { return learner ^ (1 << (int)(round % k)); }
@@ -16,7 +17,25 @@ int outer_fragment_due(long step, int p, int H, int P)
     return step >= 1 && step % H == (long)p * H / P;
 }
 
-int outer_create(Outer *o, const OuterConfig *cfg, const Model *m, double learner_weight)
+int outer_max_in_flight(const OuterConfig *cfg)
+{
+    const int H = cfg->inner_steps, P = cfg->fragments;
+    const int streaming = !strcmp(cfg->mode, "streaming"), butterfly = !strcmp(cfg->mode, "butterfly");
+    if (!streaming) return 1; /* diloco finishes at once; a butterfly round finishes before the next starts */
+    (void)butterfly;
+    const int tau = cfg->overlap;
+    /* the schedule repeats every H steps: count the starts of the last tau+1 steps at its worst */
+    int most = 1;
+    for (long t = H; t < 2L * H; t++) {
+        int n = 0;
+        for (long s = t - tau + (tau > 0 ? 1 : 0); s <= t; s++)
+            for (int p = 0; p < P; p++) n += outer_fragment_due(s, p, H, P);
+        if (n > most) most = n;
+    }
+    return most < P ? most : P;
+}
+
+int outer_create(Outer *o, const OuterConfig *cfg, Reducer *r, const Model *m, double learner_weight)
 {
     memset(o, 0, sizeof *o);
     o->streaming = !strcmp(cfg->mode, "streaming");
@@ -29,77 +48,130 @@ int outer_create(Outer *o, const OuterConfig *cfg, const Model *m, double learne
     o->momentum = cfg->momentum;
     o->alpha = o->streaming ? cfg->merge_alpha : 0.0;
     o->learner_weight = learner_weight;
-    o->anchor = isth_malloc(sizeof(float) * m->n_params);
-    o->mom = isth_calloc(m->n_params, sizeof(float));
-    o->delta = isth_calloc(m->n_params, sizeof(float));
+    const ChunkTable *ct = &r->table;
+    o->off = isth_malloc(sizeof(size_t) * (size_t)o->P);
+    o->pos = isth_malloc(sizeof(size_t) * (size_t)ct->n_chunks);
+    CHECK_ALLOC(o->off);
+    CHECK_ALLOC(o->pos);
+    for (int c = 0; c < ct->n_chunks; c++) o->pos[c] = SIZE_MAX;
+    for (int f = 0; f < o->P; f++) {
+        const Owned *own = reduce_owned(r, f);
+        o->off[f] = o->owned;
+        for (int k = 0; k < own->n; k++) o->pos[own->chunk[k]] = o->owned + own->off[k];
+        o->owned += own->size;
+    }
+    const AllocCategory was = alloc_category(ALLOC_OUTER);
+    o->anchor = isth_malloc(sizeof(float) * (o->owned + 1));
+    o->mom = isth_calloc(o->owned + 1, sizeof(float));
+    o->sent = o->butterfly ? isth_calloc(o->owned + 1, sizeof(float)) : NULL;
+    alloc_category(was);
     o->started = isth_malloc(sizeof(long) * (size_t)o->P);
-    o->sent = isth_calloc(m->n_params, sizeof(float));
     o->last_sync = isth_calloc((size_t)o->P, sizeof(long));
     o->reduced = isth_calloc((size_t)o->P, sizeof(int));
     o->pending = isth_calloc((size_t)o->P, sizeof(ReduceReport));
     o->pending_dist = isth_calloc((size_t)o->P, sizeof(double));
-    if (!o->anchor || !o->mom || !o->delta || !o->started || !o->last_sync || !o->sent || !o->reduced || !o->pending ||
-        !o->pending_dist) {
+    if (!o->anchor || !o->mom || (o->butterfly && !o->sent) || !o->started || !o->last_sync || !o->reduced ||
+        !o->pending || !o->pending_dist) {
         outer_destroy(o);
         return isth_fail(ISTH_ERUNTIME, "out of memory for the outer state");
     }
-    memcpy(o->anchor, m->params, sizeof(float) * m->n_params);
+    for (int f = 0; f < o->P; f++) owned_pack(ct, reduce_owned(r, f), m->params, o->anchor + o->off[f]);
     for (int p = 0; p < o->P; p++) o->started[p] = -1;
+    reduce_set_slots(r, outer_max_in_flight(cfg));
     return ISTH_OK;
 }
 
 void outer_destroy(Outer *o)
 {
-    free(o->anchor);
-    free(o->mom);
-    free(o->delta);
-    free(o->started);
-    free(o->last_sync);
-    free(o->reduced);
-    free(o->pending);
-    free(o->pending_dist);
-    free(o->sent);
-    free(o->weights);
+    void *bufs[] = {o->anchor, o->mom, o->sent, o->off, o->pos, o->started, o->last_sync,
+                    o->reduced, o->pending, o->pending_dist, o->weights};
+    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) isth_free(bufs[i]);
     spread_destroy(&o->spread);
     memset(o, 0, sizeof *o);
 }
 
+float *outer_view(const Outer *o, const Reducer *r, OuterState which, int tensor, int layer, int expert)
+{
+    const ChunkTable *ct = &r->table;
+    const int c = chunk_index(ct, tensor, layer, expert < 0 ? 0 : expert);
+    const size_t at = o->pos[c];
+    if (at == SIZE_MAX) return NULL;
+    const int f = ct->chunks[c].fragment;
+    switch (which) {
+    case OUTER_ANCHOR: return o->anchor + at;
+    case OUTER_MOMENTUM: return o->mom + at;
+    case OUTER_SENT: return o->sent ? o->sent + at : o->anchor + at;
+    case OUTER_PENDING: {
+        float *res = reduce_result(r, f);
+        return res ? res + (at - o->off[f]) : o->anchor + at;
+    }
+    }
+    return NULL;
+}
+
+float *outer_hold_pending(Outer *o, Reducer *r, int f)
+{
+    (void)o;
+    return reduce_hold(r, f);
+}
+
+int outer_view_anchor(Outer *o, Reducer *r, Model *m)
+{
+    memcpy(m->grads, m->params, sizeof(float) * m->n_params);
+    for (int f = 0; f < o->P; f++) owned_unpack(&r->table, reduce_owned(r, f), o->anchor + o->off[f], m->params);
+    for (int f = 0; f < o->P; f++) CHECK(reduce_share_dense(r, f, m->params));
+    return ISTH_OK;
+}
+
+void outer_view_end(Model *m) { memcpy(m->params, m->grads, sizeof(float) * m->n_params); }
+
 static int start_fragment(Outer *o, Reducer *r, const Model *m, int p, long step)
 {
-    const size_t *off, *len;
-    int n;
-    reduce_fragment_runs(r, p, &off, &len, &n);
+    const ChunkTable *ct = &r->table;
+    const Owned *own = reduce_owned(r, p);
+    float *d = reduce_stage(r, p);
+    if (!d) return ISTH_ERUNTIME;
     const float w = (float)o->learner_weight;
-    for (int i = 0; i < n; i++) {
-        const float *a = o->anchor + off[i], *th = m->params + off[i];
-        float *d = o->delta + off[i];
-        for (size_t j = 0; j < len[i]; j++) d[j] = (a[j] - th[j]) * w;
+    for (int k = 0; k < own->n; k++) {
+        const float *a = o->anchor + o->off[p] + own->off[k], *th = m->params + chunk_offset(ct, own->chunk[k]);
+        float *dk = d + own->off[k];
+        const size_t n = ct->chunks[own->chunk[k]].size;
+        for (size_t j = 0; j < n; j++) dk[j] = (a[j] - th[j]) * w;
     }
     o->started[p] = step;
     o->last_sync[p] = step;
-    return reduce_start(r, p, o->delta, REDUCE_REPLICATED);
+    return reduce_start_staged(r, p);
 }
 
-/* Finish fragment p, Nesterov step on the anchor, merge into theta. */
+/* Finish fragment p, Nesterov step on the anchor, merge into theta: each
+ * rank updates the chunks it owns, then the dense ones are shared inside
+ * the learner. */
 static int finish_fragment(Outer *o, Reducer *r, Model *m, int p, long step, double alpha, Metrics *mt, int log)
 {
     ReduceReport rep;
-    if (o->reduced[p]) rep = o->pending[p]; /* completed early by outer_drain */
-    else CHECK(reduce_finish(r, p, o->delta, &rep));
+    float *d;
+    if (o->reduced[p]) { /* completed early by outer_drain */
+        rep = o->pending[p];
+        d = reduce_result(r, p);
+    } else {
+        CHECK(reduce_finish_staged(r, p, &rep, &d));
+    }
     o->reduced[p] = 0;
-    const size_t *off, *len;
-    int n;
-    reduce_fragment_runs(r, p, &off, &len, &n);
+    const ChunkTable *ct = &r->table;
+    const Owned *own = reduce_owned(r, p);
     const float lr = (float)o->lr, mu = (float)o->momentum, a = (float)alpha;
-    for (int i = 0; i < n; i++) {
-        float *an = o->anchor + off[i], *mo = o->mom + off[i], *th = m->params + off[i];
-        const float *d = o->delta + off[i];
-        for (size_t j = 0; j < len[i]; j++) {
-            mo[j] = mu * mo[j] + d[j];
-            an[j] -= lr * (d[j] + mu * mo[j]);
+    for (int k = 0; k < own->n; k++) {
+        const size_t at = o->off[p] + own->off[k], n = ct->chunks[own->chunk[k]].size;
+        float *an = o->anchor + at, *mo = o->mom + at, *th = m->params + chunk_offset(ct, own->chunk[k]);
+        const float *dk = d + own->off[k];
+        for (size_t j = 0; j < n; j++) {
+            mo[j] = mu * mo[j] + dk[j];
+            an[j] -= lr * (dk[j] + mu * mo[j]);
             th[j] = a == 0.0f ? an[j] : a * th[j] + (1.0f - a) * an[j];
         }
     }
+    reduce_release(r, p);
+    CHECK(reduce_share_dense(r, p, m->params));
     o->outer_steps++;
     if (log) CHECK(metrics_outer(mt, o->outer_steps, p, o->started[p], step, &rep));
     o->started[p] = -1;
@@ -136,31 +208,29 @@ static double group_weight(const Outer *o, int i, int d)
 static int mix_begin(Outer *o, Reducer *r, const Model *m, int f, long round, long step, int exact)
 {
     const int d = (int)(round % o->k), partner = o->learner ^ (1 << d);
-    const size_t *off, *len;
-    int n;
-    reduce_fragment_runs(r, f, &off, &len, &n);
-    for (int i = 0; i < n; i++) {
-        memcpy(o->sent + off[i], m->params + off[i], len[i] * sizeof(float));
-        memcpy(o->delta + off[i], m->params + off[i], len[i] * sizeof(float));
-    }
+    owned_pack(&r->table, reduce_owned(r, f), m->params, o->sent + o->off[f]);
     o->started[f] = step;
     o->last_sync[f] = step;
-    return mix_start(r, f, partner, o->delta, group_weight(o, o->learner, d), group_weight(o, partner, d), exact);
+    return mix_start(r, f, partner, m->params, group_weight(o, o->learner, d), group_weight(o, partner, d), exact);
 }
 
-/* keep_local: add the progress made since the fragment was sent */
 /* Complete round `round`'s exchange of fragment f (the network part); the
- * stop vote rides on its verdicts. */
+ * stop vote rides on its verdicts. A rejected exchange leaves every
+ * learner its own values: the result is what was sent. */
 static int mix_complete(Outer *o, Reducer *r, int f, long round, ReduceReport *rep, double *dist)
 {
     if (r->stop_request && r->stop_round < 0) r->stop_round = round; /* raised in this round */
-    CHECK(mix_finish(r, f, o->delta, rep, dist));
+    float *mixed;
+    int accepted;
+    CHECK(mix_finish_staged(r, f, rep, dist, &mixed, &accepted));
+    if (!accepted) memcpy(mixed, o->sent + o->off[f], sizeof(float) * reduce_owned(r, f)->size);
     /* a stop raised in round m has reached every learner after round
      * m + k - 1 (one round per bit): all decide then, at the same step */
     if (r->stop_round >= 0 && round >= r->stop_round + o->k - 1) r->stop_agreed = 1;
     return ISTH_OK;
 }
 
+/* keep_local: add the progress made since the fragment was sent */
 static int mix_end(Outer *o, Reducer *r, Model *m, int f, long round, long step, int keep_local, Metrics *mt, int log)
 {
     ReduceReport rep;
@@ -172,26 +242,29 @@ static int mix_end(Outer *o, Reducer *r, Model *m, int f, long round, long step,
         CHECK(mix_complete(o, r, f, round, &rep, &dist));
     }
     o->reduced[f] = 0;
-    const size_t *off, *len;
-    int n;
-    reduce_fragment_runs(r, f, &off, &len, &n);
+    const float *mixed = reduce_result(r, f);
+    const ChunkTable *ct = &r->table;
+    const Owned *own = reduce_owned(r, f);
     const float lr = (float)o->lr, mu = (float)o->momentum;
-    for (int i = 0; i < n; i++) {
-        float *an = o->anchor + off[i], *mo = o->mom + off[i], *th = m->params + off[i];
-        const float *mixed = o->delta + off[i], *sent = o->sent + off[i];
-        for (size_t j = 0; j < len[i]; j++) {
-            float target = mixed[j];
+    for (int k = 0; k < own->n; k++) {
+        const size_t at = o->off[f] + own->off[k], n = ct->chunks[own->chunk[k]].size;
+        float *an = o->anchor + at, *mo = o->mom + at, *th = m->params + chunk_offset(ct, own->chunk[k]);
+        const float *mx = mixed + own->off[k], *sent = o->sent + at;
+        for (size_t j = 0; j < n; j++) {
+            float target = mx[j];
             if (o->outer_step && keep_local) { /* Nesterov on the change since the previous mix */
-                const float d = an[j] - mixed[j];
+                const float d = an[j] - mx[j];
                 mo[j] = mu * mo[j] + d;
                 an[j] -= lr * (d + mu * mo[j]);
                 target = an[j];
             } else {
-                an[j] = mixed[j];
+                an[j] = mx[j];
             }
             th[j] = keep_local ? target + (th[j] - sent[j]) : target;
         }
     }
+    reduce_release(r, f);
+    CHECK(reduce_share_dense(r, f, m->params));
     o->outer_steps++;
     if (log) CHECK(metrics_mix(mt, round, f, rep.partner, rep.crosses, o->started[f], step, &rep, dist));
     o->started[f] = -1;
@@ -235,8 +308,12 @@ int outer_drain(Outer *o, Reducer *r, Model *m)
     (void)m;
     for (int p = 0; p < o->P; p++) {
         if (o->started[p] < 0 || o->reduced[p]) continue;
-        if (o->butterfly) CHECK(mix_complete(o, r, p, o->round - 1, &o->pending[p], &o->pending_dist[p]));
-        else CHECK(reduce_finish(r, p, o->delta, &o->pending[p]));
+        if (o->butterfly) {
+            CHECK(mix_complete(o, r, p, o->round - 1, &o->pending[p], &o->pending_dist[p]));
+        } else {
+            float *d;
+            CHECK(reduce_finish_staged(r, p, &o->pending[p], &d));
+        }
         o->reduced[p] = 1;
     }
     return ISTH_OK;
@@ -244,6 +321,7 @@ int outer_drain(Outer *o, Reducer *r, Model *m)
 
 int outer_finish(Outer *o, Reducer *r, Model *m, long step, Metrics *mt, int log)
 {
+    const ChunkTable *ct = &r->table;
     if (o->butterfly) {
         for (int f = 0; f < o->P; f++)
             if (o->started[f] >= 0) CHECK(mix_end(o, r, m, f, o->round - 1, step, 1, mt, log));
@@ -256,7 +334,7 @@ int outer_finish(Outer *o, Reducer *r, Model *m, long step, Metrics *mt, int log
                 CHECK(mix_begin(o, r, m, f, d, step, 1));
                 CHECK(mix_end(o, r, m, f, label++, step, 0, mt, log));
             }
-        memcpy(o->anchor, m->params, sizeof(float) * m->n_params);
+        for (int f = 0; f < o->P; f++) owned_pack(ct, reduce_owned(r, f), m->params, o->anchor + o->off[f]);
         /* every learner got through the final rounds (each under the link's
          * deadline), so every sample was sent: this wait ends */
         return spread_finish(&o->spread, mt);
@@ -268,6 +346,8 @@ int outer_finish(Outer *o, Reducer *r, Model *m, long step, Metrics *mt, int log
             CHECK(start_fragment(o, r, m, p, step));
             CHECK(finish_fragment(o, r, m, p, step, 0.0, mt, log));
         }
-    memcpy(m->params, o->anchor, sizeof(float) * m->n_params);
+    /* theta = anchor: already so for every fragment just finished with alpha 0 */
+    for (int f = 0; f < o->P; f++) owned_unpack(ct, reduce_owned(r, f), o->anchor + o->off[f], m->params);
+    for (int f = 0; f < o->P; f++) CHECK(reduce_share_dense(r, f, m->params));
     return ISTH_OK;
 }

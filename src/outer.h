@@ -39,28 +39,49 @@ typedef struct {
     int streaming, butterfly;
     int learner, n_learners, k; /* butterfly: my id, N = 2^k */
     double *weights;           /* butterfly: token share of every learner */
-    float *sent;               /* butterfly: theta when the fragment was sent */
     int outer_step;            /* butterfly: apply Nesterov to the mixed change (lr != 1 or momentum != 0) */
     long round;                /* butterfly rounds started */
     Spread spread;             /* butterfly: the learners' spread, sampled at every round */
     int H, P, tau;
     double lr, momentum, alpha;
     double learner_weight;     /* this learner's share of a step's tokens */
-    float *anchor, *mom, *delta; /* (n_params) */
+    /* outer state of the chunks this rank owns, packed: fragment f's chunk
+     * k at off[f] + reduce_owned(f)->off[k]; pos[c]: chunk c's position,
+     * SIZE_MAX when another rank of the learner owns it */
+    float *anchor, *mom;       /* the global model (butterfly: the learner's last mix), Nesterov momentum */
+    float *sent;               /* butterfly: theta when the fragment was sent */
+    size_t *off, *pos, owned;
     long *started;             /* per fragment: inner step its exchange started, -1 if idle */
     long *last_sync;           /* per fragment: inner step of its last start */
     int *reduced;              /* per fragment: its exchange completed early (outer_drain); the
-                                * result waits in delta until the fragment's own finishing step */
+                                * result waits in its staging slot until the fragment's own finishing step */
     ReduceReport *pending;     /* per fragment: the report of that exchange */
     double *pending_dist;      /* butterfly: its pair distance */
     long outer_steps;          /* outer updates applied (all fragments) */
 } Outer;
 
+/* Model-shaped outer state, for checkpoints and checks. */
+typedef enum { OUTER_ANCHOR, OUTER_MOMENTUM, OUTER_SENT, OUTER_PENDING } OuterState;
+
 /* The schedule: fragment p of P starts an outer step after inner step t
  * (t >= 1) when t mod H == floor(p*H/P). */
 int outer_fragment_due(long step, int p, int H, int P);
 
-int outer_create(Outer *o, const OuterConfig *cfg, const Model *m, double learner_weight);
+int outer_create(Outer *o, const OuterConfig *cfg, Reducer *r, const Model *m, double learner_weight);
+/* Exchanges in flight at once under this schedule (sizes the staging). */
+int outer_max_in_flight(const OuterConfig *cfg);
+/* Where chunk (tensor, layer, expert) of state `which` lives on this rank,
+ * or NULL when another rank of the learner owns it. OUTER_PENDING: the
+ * drained result of the chunk's fragment (the anchor's values when the
+ * fragment is idle: written, never read back). */
+float *outer_view(const Outer *o, const Reducer *r, OuterState which, int tensor, int layer, int expert);
+/* Resume: fragment f's drained result goes here (a staging slot is taken). */
+float *outer_hold_pending(Outer *o, Reducer *r, int f);
+/* Evaluation of the anchor: the params hold the anchor (theta is kept in
+ * the grads buffer, unused between steps) until outer_view_end. Learner
+ * collective. */
+int outer_view_anchor(Outer *o, Reducer *r, Model *m);
+void outer_view_end(Model *m);
 /* Butterfly: learner id, every learner's token share (N = power of two). */
 int outer_set_butterfly(Outer *o, Reducer *r, int learner, int n_learners, const double *weights);
 /* Butterfly: log spread samples still open (before a stop; outer_finish does it too). */

@@ -41,44 +41,22 @@
 #include "codec.h"
 #include "link.h"
 #include "model.h"
+#include "plan.h"
 #include "topology.h"
 
+/* One fragment: my owned chunks, the site exchange's peers, and the
+ * exchange in flight. */
 typedef struct {
-    int tensor, layer, expert; /* expert -1: a dense chunk */
-    size_t size;
-    int fragment;
-} Chunk;
-
-typedef struct {
-    int world_rank, site;
-    int *chunks;               /* indices into the fragment's owned list */
-    int n;
-    size_t values, enc_bytes;
-    LinkMsg msg, verdict;
-} Peer;
-
-typedef struct {
-    int *owned;                /* chunk ids this rank owns in the fragment, canonical order */
-    size_t *packed_off, *enc_off;
-    int n_owned;
-    size_t size, enc_size;     /* packed values, encoded bytes */
+    Owned own;
     size_t *held_off, *held_len; /* local runs of every chunk of the fragment this rank holds */
     int n_held;
-    int *dense_chunks;         /* every dense chunk of the fragment */
+    int *dense;                /* every dense chunk of the fragment */
     int n_dense;
-    size_t dense_size;
-    Peer *peers;
-    int n_peers;
-    LinkMsg **links;           /* (2 n_peers) the peers' payload messages, then their verdicts */
-    float *staging;            /* (n_sites, size) per-site sums of my owned chunks */
-    float *gather;             /* (site learners, size) */
-    float *residual;           /* (size) error feedback, first learner of a site only */
-    float *scratch;            /* (max chunk) */
-    unsigned char *enc;        /* (enc_size) */
-    float *dense_buf;          /* (dense_size) */
-    unsigned char *verdict_out, *verdict_in; /* per peer frames */
-    /* the exchange in flight */
-    int in_flight, kind, polls, arrived_poll, sends_deferred, sent_poll;
+    size_t *raw_off;           /* byte offsets of owned chunks as raw float32 (uncompressed payloads) */
+    PeerSet site;              /* ranks of the other sites' first learners (first learner of a site) */
+    float *residual;           /* (own.size) error feedback of the site sums, first learner of a site */
+    Slot *slot;                /* staging while in flight or holding a result */
+    int in_flight, has_result, polls, arrived_poll, sends_deferred, sent_poll;
     uint64_t exchange;
     double err2, norm2;
 } FragPlan;
@@ -102,29 +80,28 @@ enum { REDUCE_GRADS, REDUCE_REPLICATED };
 typedef struct {
     int partner, fragment, crosses;  /* partner learner id; in another site? */
     Codec codec;                     /* the reducer's, or none for exact averaging */
-    size_t *raw_off;                 /* codec none (exact plans): byte offsets of owned chunks in `mine` */
-    Peer *peers;                     /* the partner's ranks whose chunks overlap mine */
-    int n_peers;
-    LinkMsg **links;                 /* (2 n_peers) payload messages, then verdicts */
-    float *mine, *theirs;            /* (fragment owned size) decoded values */
+    PeerSet peers;                   /* the partner's ranks whose chunks overlap mine */
     double w_me, w_them;
     int in_flight, polls, arrived_poll;
     uint64_t exchange;
     double err2, norm2;
 } PairPlan;
 
-#define REDUCE_MAX_LEARNER_SIZES CONFIG_MAX_SITES
-
 typedef struct {
     const Topology *topo;
     const Model *model;
-    PairPlan *pairs;           /* (fragments x 32 partner bits x 2) butterfly plans (lossy, exact),
-                                * built on first use */
-    float **mix_residual;      /* (fragments) error feedback of butterfly payloads */
-    Chunk *chunks;
-    int n_chunks;
+    ChunkTable table;
+    size_t *owned_pos;         /* (n_chunks) offset of an owned chunk in its fragment's packed layout, else SIZE_MAX */
     int fragments;
     FragPlan *frag;
+    PairPlan *pairs;           /* butterfly: (fragments, pair_bits, 2) plans (lossy, exact) */
+    int pair_bits;             /* k: learners = 2^k */
+    float **mix_residual;      /* (fragments) error feedback of butterfly payloads */
+    StagePool pool;            /* staging of the exchanges in flight */
+    int slots;                 /* exchanges in flight at once (reduce_set_slots) */
+    float *dense_buf;          /* (dense_cap) staging of the learner's dense sums */
+    size_t dense_cap;
+    float *scratch;            /* (largest owned chunk) decoded values while encoding */
     Codec codec;
     int block, error_feedback;
     int leader;                /* my learner is the first of its site */
@@ -133,8 +110,6 @@ typedef struct {
     double *site_weight;       /* token share of each site */
     uint64_t exchanges;
     int max_peer_learners;     /* most other learners one finished exchange of mine waited on */
-    /* owners of dense chunks per learner size G (at most one size per site) */
-    int dense_G[REDUCE_MAX_LEARNER_SIZES], *dense_owner[REDUCE_MAX_LEARNER_SIZES], n_dense_cache;
     /* the stop vote between sites rides on the verdicts (train.c sets the
      * request, the same on every rank of a site; see docs/architecture.md) */
     int stop_request;          /* this site asks to stop */
@@ -142,13 +117,19 @@ typedef struct {
     long stop_round;           /* butterfly: earliest round in which a learner asked to stop, -1 none */
 } Reducer;
 
+/* The largest dense batch summed inside a learner at once, in floats (64
+ * MiB); larger chunks are summed in place. */
+#define REDUCE_DENSE_STAGE ((size_t)16 << 20)
+
 int reducer_create(Reducer *r, const Topology *t, const Model *m, int fragments, Codec codec,
                    int block, int error_feedback, double timeout_s, MPI_Comm world);
 void reducer_destroy(Reducer *r);
+/* How many exchanges may be in flight at once (default 1); the staging pool
+ * is allocated for that many at the first exchange. */
+void reduce_set_slots(Reducer *r, int slots);
 
-/* Fragment of (tensor, layer): layer mod fragments; embed -> 0;
- * final_norm -> the last layer's. */
-int fragment_of(int tensor, int layer, int layers, int fragments);
+/* My owned chunks of fragment f (packed layout of outer state). */
+const Owned *reduce_owned(const Reducer *r, int f);
 
 /* Begin reducing fragment f of `buf` (laid out like model params), in
  * place. REDUCE_GRADS sums dense chunks inside the learner first;
@@ -156,6 +137,11 @@ int fragment_of(int tensor, int layer, int layers, int fragments);
  * the same dense values). The caller must not change f's chunks of buf
  * until reduce_finish. */
 int reduce_start(Reducer *r, int f, float *buf, int kind);
+/* The same from packed values: reduce_stage takes a staging slot and
+ * returns where to put my owned chunks of f (reduce_owned layout);
+ * reduce_start_staged begins the exchange. */
+float *reduce_stage(Reducer *r, int f);
+int reduce_start_staged(Reducer *r, int f);
 /* Only the learner part of a gradient reduction: dense gradients summed
  * over the learner's ranks (the outer modes train each learner alone). */
 int reduce_learner_sum(Reducer *r, float *grads);
@@ -164,6 +150,20 @@ int reduce_poll(Reducer *r);
 /* Finish fragment f: the reduced values of every chunk of f this rank holds
  * are written into buf. */
 int reduce_finish(Reducer *r, int f, float *buf, ReduceReport *rep);
+/* Finish fragment f keeping the result (my owned chunks, packed) in its
+ * slot until reduce_release; *result points at it. */
+int reduce_finish_staged(Reducer *r, int f, ReduceReport *rep, float **result);
+/* The result a finished fragment still holds (NULL: none). */
+float *reduce_result(const Reducer *r, int f);
+/* Resume: take a slot for fragment f as if it had finished; returns where
+ * its result goes. */
+float *reduce_hold(Reducer *r, int f);
+void reduce_release(Reducer *r, int f);
+/* Internal to reduce.c and mix.c: a free staging slot for fragment f. */
+Slot *reduce_take_slot(Reducer *r, int f);
+/* Dense chunks of fragment f of buf copied from their owners to every rank
+ * of the learner (after the owners updated them). */
+int reduce_share_dense(Reducer *r, int f, float *buf);
 
 /* Local runs (offset, length) of fragment f's chunks on this rank. */
 void reduce_fragment_runs(const Reducer *r, int f, const size_t **off, const size_t **len, int *n);
@@ -172,10 +172,12 @@ size_t reduce_canonical_params(const Reducer *r);
 
 /* Does this rank own chunk (tensor, layer, expert) inside its learner? */
 int reduce_owns(const void *reducer, int tensor, int layer, int expert);
-/* Error-feedback residuals <-> a buffer laid out like model params (only
- * owned chunks; zeros elsewhere on export). No-ops without feedback state. */
-void reduce_residual_export(const Reducer *r, float *buf);
-void reduce_residual_import(Reducer *r, const float *buf);
+/* Error-feedback residuals of fragment f (packed, reduce_owned layout), or
+ * NULL: the butterfly's (every learner) or the site sums' (first learner of
+ * a site). */
+float *reduce_residual(const Reducer *r, int f);
+/* Chunk (tensor, layer, expert) of the residuals, NULL when not mine. */
+float *reduce_residual_at(const Reducer *r, int tensor, int layer, int expert);
 /* Has this rank error-feedback state (first learner of a site, codec on)? */
 int reduce_has_residual(const Reducer *r);
 /* Does any rank of this run keep outer-mode / sync error feedback (a lossy
@@ -195,15 +197,24 @@ int reduce_any_residual(const Reducer *r);
  * rendering); otherwise the reducer's codec with error feedback. */
 /* Prepare butterfly plans and error-feedback state (before any mix_start). */
 int reduce_enable_mixing(Reducer *r);
-int mix_start(Reducer *r, int f, int partner, float *buf, double w_me, double w_partner, int exact);
+int mix_start(Reducer *r, int f, int partner, const float *buf, double w_me, double w_partner, int exact);
 int mix_finish(Reducer *r, int f, float *buf, ReduceReport *rep, double *pair_distance);
+/* The same keeping the result: *mixed (packed, reduce_owned layout) holds
+ * the pair's average, or my own values when a payload was rejected
+ * (*accepted 0), until reduce_release. */
+int mix_finish_staged(Reducer *r, int f, ReduceReport *rep, double *pair_distance, float **mixed, int *accepted);
 int mix_in_flight(const Reducer *r, int f);
+/* Progress the butterfly exchanges in flight (reduce_poll calls it). */
+int mix_poll(Reducer *r);
 
 /* Squared L2 norm of the learner's full gradient, the same number on every
  * rank of every learner whatever the sharding. */
 int grad_norm_sq_learner(const Model *m, MPI_Comm learner_comm, double *out);
-/* 64-bit hash of the learner's canonical parameters in `buf` (laid out like
- * m->params); equal on learners holding identical models. */
-int model_fingerprint(const Model *m, const float *buf, MPI_Comm learner_comm, uint64_t *out);
+/* Where chunk (tensor, layer, expert) of a model-shaped state lives on this
+ * rank, or NULL when another rank of the learner is responsible for it. */
+typedef const float *(*ChunkView)(const void *ctx, int tensor, int layer, int expert);
+/* 64-bit hash of a learner's canonical state, each chunk taken from the one
+ * rank `view` names; equal on learners holding identical values. */
+int model_fingerprint(Reducer *r, ChunkView view, const void *ctx, MPI_Comm learner_comm, uint64_t *out);
 
 #endif

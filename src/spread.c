@@ -31,7 +31,7 @@ double spread_max_rel_distance(const float *rows, const double *w, int n, int le
         }
         if (d2 > worst) worst = d2;
     }
-    free(mean);
+    isth_free(mean);
     return norm2 > 0 ? sqrt(worst / norm2) : 0.0;
 }
 
@@ -70,11 +70,11 @@ void spread_destroy(Spread *s)
     for (int k = 0; k < SPREAD_QUEUE; k++) {
         /* a probe still posted (a failed run): retired first, else leaked */
         if (s->q[k].req && !link_retire(s->q[k].req, n)) continue;
-        free(s->q[k].values);
-        free(s->q[k].req);
+        isth_free(s->q[k].values);
+        isth_free(s->q[k].req);
     }
-    free(s->pos);
-    free(s->weights);
+    isth_free(s->pos);
+    isth_free(s->weights);
     memset(s, 0, sizeof *s);
 }
 

@@ -9,6 +9,7 @@
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
+#include <stdint.h>
 #include <time.h>
 
 #include "ckpt.h"
@@ -75,13 +76,17 @@ int trainer_create(Trainer *tr, const Config *cfg, int log)
 
     CHECK(model_create(&tr->model, mc, t->expert_begin, t->experts_local));
     model_init(&tr->model);
-    CHECK(adamw_create(&tr->opt, tr->model.n_params));
-    CHECK(acts_create(&tr->acts, mc, tr->micro_batch, mc->context, &tr->ep));
+    AllocCategory was = alloc_category(ALLOC_OPTIMIZER);
+    int rc = adamw_create(&tr->opt, tr->model.n_params);
+    alloc_category(ALLOC_ACTIVATIONS);
+    if (rc == ISTH_OK) rc = acts_create(&tr->acts, mc, tr->micro_batch, mc->context, &tr->ep);
+    alloc_category(was);
+    CHECK(rc);
     CHECK(reducer_create(&tr->red, t, &tr->model, cfg->outer.fragments, (Codec)codec_from_name(cfg->outer.codec),
                          cfg->outer.codec_block, !strcmp(cfg->outer.error_feedback, "on"), cfg->outer.timeout,
                          MPI_COMM_WORLD));
     if (tr->outer_mode)
-        CHECK(outer_create(&tr->outer, &cfg->outer, &tr->model,
+        CHECK(outer_create(&tr->outer, &cfg->outer, &tr->red, &tr->model,
                            site->tokens_per_step / t->total_tokens_per_step));
     if (tr->outer_mode && tr->outer.butterfly) {
         const int N = t->n_learners;
@@ -94,7 +99,7 @@ int trainer_create(Trainer *tr, const Config *cfg, int log)
         for (int l = 0; l < N; l++)
             w[l] = t->sites[topology_site_of_learner(t, l)].tokens_per_step / t->total_tokens_per_step;
         const int rc = outer_set_butterfly(&tr->outer, &tr->red, t->learner, N, w);
-        free(w);
+        isth_free(w);
         CHECK(rc);
     }
     const size_t n = (size_t)tr->micro_batch * mc->context;
@@ -109,8 +114,8 @@ int trainer_create(Trainer *tr, const Config *cfg, int log)
 void trainer_destroy(Trainer *tr)
 {
     metrics_close(&tr->metrics);
-    free(tr->tokens);
-    free(tr->targets);
+    isth_free(tr->tokens);
+    isth_free(tr->targets);
     acts_destroy(&tr->acts);
     adamw_destroy(&tr->opt);
     model_destroy(&tr->model);
@@ -122,8 +127,8 @@ void trainer_destroy(Trainer *tr)
     corpus_close(&tr->train);
     corpus_close(&tr->eval_prose);
     corpus_close(&tr->eval_tech);
-    free(tr->config_text);
-    free(tr->site_leaders);
+    isth_free(tr->config_text);
+    isth_free(tr->site_leaders);
     tr->config_text = NULL;
     tr->site_leaders = NULL;
     tr->created = 0;
@@ -157,7 +162,7 @@ static int step_stats(Trainer *tr, double *sums, double *wait)
             if (site[n] > *wait) *wait = site[n];
         }
     }
-    free(all);
+    isth_free(all);
     return rc;
 }
 
@@ -252,8 +257,8 @@ int trainer_eval(Trainer *tr, double *bpb_prose, double *bpb_tech)
      * modes): learner 0 evaluates, its ranks splitting the windows; the
      * others go on to their next step */
     if (tr->topo.learner != 0) return ISTH_OK;
-    float *own = tr->model.params;
-    if (tr->outer_mode && !tr->outer.butterfly) tr->model.params = tr->outer.anchor; /* butterfly: learner 0's own */
+    const int anchor = tr->outer_mode && !tr->outer.butterfly; /* butterfly: learner 0's own */
+    if (anchor) CHECK(outer_view_anchor(&tr->outer, &tr->red, &tr->model));
     const Corpus *sets[2] = {&tr->eval_prose, &tr->eval_tech};
     const char *names[2] = {"prose", "tech"};
     double *outs[2] = {bpb_prose, bpb_tech};
@@ -265,7 +270,7 @@ int trainer_eval(Trainer *tr, double *bpb_prose, double *bpb_tech)
         if (tr->log) rc = metrics_eval(&tr->metrics, names[i], tr->step, r.bpb, r.predicted, r.seconds);
         if (outs[i]) *outs[i] = r.bpb;
     }
-    tr->model.params = own;
+    if (anchor) outer_view_end(&tr->model);
     return rc;
 }
 
@@ -280,6 +285,15 @@ int trainer_write_model(Trainer *tr, const char *path)
     return rc;
 }
 
+/* The state replicas must agree on: each chunk from its owner. */
+static const float *replica_view(const void *ctx, int t, int l, int e)
+{
+    const Trainer *tr = ctx;
+    if (tr->outer_mode) return outer_view(&tr->outer, &tr->red, OUTER_ANCHOR, t, l, e);
+    const int c = chunk_index(&tr->red.table, t, l, e < 0 ? 0 : e);
+    return tr->red.owned_pos[c] != SIZE_MAX ? tr->model.params + chunk_offset(&tr->red.table, c) : NULL;
+}
+
 /* In sync mode every learner must hold the same model; a mismatch means a
  * bug or a hardware fault, and training on would silently mix models. */
 static int check_replicas(Trainer *tr)
@@ -287,9 +301,8 @@ static int check_replicas(Trainer *tr)
     uint64_t fp;
     /* outer modes: learners differ between outer steps; the anchor (global
      * model) must agree */
-    const float *buf = tr->outer_mode ? tr->outer.anchor : tr->model.params;
     const Topology *t = &tr->topo;
-    CHECK(model_fingerprint(&tr->model, buf, t->learner_comm, &fp));
+    CHECK(model_fingerprint(&tr->red, replica_view, tr, t->learner_comm, &fp));
     /* inside the site first, then the sites' first ranks through the link */
     int site_size, site_rank;
     CHECK_MPI(MPI_Comm_size(t->site_comm, &site_size));
@@ -314,7 +327,7 @@ static int check_replicas(Trainer *tr)
                                  (unsigned long long)all[0])
                      : ISTH_ERUNTIME;
         }
-    free(all);
+    isth_free(all);
     CHECK(rc);
     if (tr->log)
         printf("replicas identical at step %ld: %d learner(s), fingerprint %016llx\n", tr->step,
@@ -340,7 +353,7 @@ static int traffic_summary(Trainer *tr)
         bytes += all[2 * s];
         if (all[2 * s + 1] > peers) peers = (int)all[2 * s + 1];
     }
-    free(all);
+    isth_free(all);
     CHECK(rc);
     if (S < 2 || !tr->log) return ISTH_OK;
     /* sync: every step each site sends its summed gradient (float32, all

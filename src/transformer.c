@@ -93,17 +93,17 @@ void acts_destroy(Activations *a)
                             r->copy_slot, r->send_counts, r->recv_counts, r->y_back,
                             r->expert_start, r->recv_expert, r->recv_row, r->row_src, r->xrows,
                             r->arows, r->urows, r->hrows};
-            for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) free(bufs[i]);
+            for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) isth_free(bufs[i]);
         }
-    free(a->route);
-    free(a->block);
-    free(a->send_expert);
-    free(a->counts);
-    free(a->recv_rows);
-    free(a->recv_rows2);
-    free(a->row_tmp);
-    free(a->row_tmp2);
-    free(a->ffn_scratch);
+    isth_free(a->route);
+    isth_free(a->block);
+    isth_free(a->send_expert);
+    isth_free(a->counts);
+    isth_free(a->recv_rows);
+    isth_free(a->recv_rows2);
+    isth_free(a->row_tmp);
+    isth_free(a->row_tmp2);
+    isth_free(a->ffn_scratch);
     memset(a, 0, sizeof *a);
 }
 
@@ -112,7 +112,7 @@ static int grow(void **p, size_t *cap, size_t n, size_t size)
 {
     if (n <= *cap && *p) return ISTH_OK;
     size_t want = n + n / 4 + 64;
-    free(*p);
+    isth_free(*p);
     *p = isth_malloc(want * size);
     if (!*p) {
         *cap = 0;
@@ -128,13 +128,13 @@ static int ensure_owner(Activations *a, MoeRouting *r, int n_recv)
     const size_t n = (size_t)n_recv, D = (size_t)a->D, F = (size_t)a->F;
     if (n > (size_t)r->recv_cap || !r->recv_expert) {
         size_t want = n + n / 4 + 64;
-        free(r->recv_expert);
-        free(r->recv_row);
-        free(r->row_src);
-        free(r->xrows);
-        free(r->arows);
-        free(r->urows);
-        free(r->hrows);
+        isth_free(r->recv_expert);
+        isth_free(r->recv_row);
+        isth_free(r->row_src);
+        isth_free(r->xrows);
+        isth_free(r->arows);
+        isth_free(r->urows);
+        isth_free(r->hrows);
         r->recv_expert = isth_malloc(want * sizeof(int));
         r->recv_row = isth_malloc(want * sizeof(int));
         r->row_src = isth_malloc(want * sizeof(int));
