@@ -10,7 +10,7 @@
 #include "fault.h"
 
 const char *const alloc_category_name[ALLOC_CATEGORIES] = {
-    "other", "weights", "grads", "optimizer", "outer", "codec residuals", "staging", "activations"};
+    "other", "weights", "grads", "optimizer", "outer", "residuals", "staging", "activations", "expert_rows"};
 
 /* Live allocations: open addressing on the pointer, linear probing. A slot
  * is empty (ptr NULL, tomb 0), a tombstone (ptr NULL, tomb 1) or live. */

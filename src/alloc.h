@@ -28,7 +28,8 @@ typedef enum {
     ALLOC_OUTER,       /* outer-mode state: anchor, momentum, butterfly's sent values */
     ALLOC_RESIDUAL,    /* codec error-feedback residuals */
     ALLOC_STAGING,     /* exchange staging: packed values, encodings, messages */
-    ALLOC_ACTIVATIONS, /* forward/backward buffers of one micro-batch */
+    ALLOC_ACTIVATIONS, /* forward/backward buffers of one micro-batch (fixed at start) */
+    ALLOC_EXPERT_ROWS, /* rows routed to this rank's experts (grown with the routing) */
     ALLOC_CATEGORIES
 } AllocCategory;
 

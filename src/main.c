@@ -20,6 +20,7 @@
 #include "eval.h"
 #include "fault.h"
 #include "h5io.h"
+#include "memory.h"
 #include "metrics.h"
 #include "status.h"
 #include "train.h"
@@ -74,9 +75,13 @@ static const char *const usage_bench =
 
 static const char *const usage_config =
     "usage: isthmus config [CONFIG.ini] [--set section.key=value]... [--keys]\n"
+    "                      [--memory [--ranks N] [--rank R]]\n"
     "\n"
     "Validates and prints the resolved configuration (every key, defaults filled in).\n"
-    "--keys lists every configuration key instead.\n";
+    "--keys lists every configuration key instead.\n"
+    "--memory prints what world rank R (default 0) of an N-rank job (default: the\n"
+    "[site.*] ranks) allocates, by category, computed from the layout without\n"
+    "allocating the model; `isthmus train` prints the measured peak of rank 0.\n";
 
 static const char *const usage_inspect =
     "usage: isthmus inspect FILE\n"
@@ -294,16 +299,31 @@ static int cmd_config(int argc, char **argv)
         return ISTH_OK;
     }
     const char *overrides[MAX_OVERRIDES], *pos[1];
-    const char *keys = NULL;
-    const Option opts[] = {{"--keys", 0, &keys}};
+    const char *keys = NULL, *memory = NULL, *ranks = NULL, *rank = NULL;
+    const Option opts[] = {{"--keys", 0, &keys}, {"--memory", 0, &memory}, {"--ranks", 1, &ranks}, {"--rank", 1, &rank}};
     int n_over, n_pos;
-    CHECK(parse_common(argc, argv, overrides, &n_over, pos, 1, &n_pos, opts, 1));
+    CHECK(parse_common(argc, argv, overrides, &n_over, pos, 1, &n_pos, opts, 4));
     if (keys) {
         config_print_keys();
         return ISTH_OK;
     }
     Config cfg;
     CHECK(config_load(&cfg, n_pos ? pos[0] : NULL, overrides, n_over));
+    if ((ranks || rank) && !memory) return isth_fail(ISTH_EINPUT, "--ranks and --rank go with --memory");
+    if (memory) {
+        char *end;
+        const long n = ranks ? strtol(ranks, &end, 10) : 0;
+        if (ranks && (*end || n < 1 || n > 1 << 24)) return isth_fail(ISTH_EINPUT, "--ranks %s: expected 1..16777216", ranks);
+        const long r = rank ? strtol(rank, &end, 10) : 0;
+        if (rank && (*end || r < 0)) return isth_fail(ISTH_EINPUT, "--rank %s: expected a rank number", rank);
+        MemoryPlan plan;
+        CHECK(memory_plan(&cfg, (int)n, (int)r, &plan));
+        int world = (int)n;
+        if (!world)
+            for (int s = 0; s < cfg.n_sites; s++) world += cfg.sites[s].ranks;
+        memory_print(&plan, world ? world : 1, (int)r);
+        return ISTH_OK;
+    }
     char *text = config_to_text(&cfg);
     CHECK_ALLOC(text);
     fputs(text, stdout);

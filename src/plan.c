@@ -378,3 +378,19 @@ int dense_sum(ChunkTable *ct, MPI_Comm learner_comm, int G, int me, const int *d
     }
     return ISTH_OK;
 }
+
+size_t peers_frame_bytes(ChunkTable *ct, const Owned *own, int G, Codec codec, int block)
+{
+    size_t total = 0;
+    for (int j = 0; j < G; j++) {
+        size_t enc = 0;
+        int n = 0;
+        for (int k = 0; k < own->n; k++)
+            if (chunk_owner(ct, own->chunk[k], G) == j) {
+                enc += codec_encoded_size(codec, ct->chunks[own->chunk[k]].size, block);
+                n++;
+            }
+        if (n) total += sizeof(LinkHeader) + enc; /* as peers_add frames them */
+    }
+    return total;
+}

@@ -101,6 +101,8 @@ typedef struct {
  * `first`, at site `site`) for my owned chunks `own` of fragment f. */
 int peers_add(PeerSet *ps, ChunkTable *ct, const Owned *own, int G, int first, int site, int f, Codec codec,
               int block, uint8_t values_kind, size_t verdict_bytes, int local);
+/* The frame bytes peers_add would stage for those G ranks (planning). */
+size_t peers_frame_bytes(ChunkTable *ct, const Owned *own, int G, Codec codec, int block);
 /* Build the link list once every peer is in. */
 int peers_index(PeerSet *ps);
 /* Returns 1 when every message was retired (borrowed buffers may go). */

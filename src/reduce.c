@@ -245,6 +245,12 @@ int reduce_start(Reducer *r, int f, float *buf, int kind)
         CHECK(dense_sum(&r->table, t->learner_comm, t->learner_size, t->learner_rank, fp->dense, fp->n_dense, buf,
                         r->dense_buf, r->dense_cap, 0));
     }
+    if (r->topo->n_learners == 1) { /* nothing to combine: buf is the result, no staging */
+        if (fp->in_flight) return isth_fail(ISTH_ERUNTIME, "reduce: fragment %d started twice", f);
+        fp->in_flight = 1;
+        fp->exchange = ++r->exchanges;
+        return ISTH_OK;
+    }
     float *mine = reduce_stage(r, f);
     if (!mine) return ISTH_ERUNTIME;
     owned_pack(&r->table, &fp->own, buf, mine);
@@ -436,6 +442,17 @@ int reduce_finish_staged(Reducer *r, int f, ReduceReport *rep, float **result)
 
 int reduce_finish(Reducer *r, int f, float *buf, ReduceReport *rep)
 {
+    FragPlan *fp = &r->frag[f];
+    if (r->topo->n_learners == 1) { /* see reduce_start */
+        memset(rep, 0, sizeof *rep);
+        rep->fragment = f;
+        rep->exchange = fp->exchange;
+        rep->n_sites = rep->accepted_sites = r->topo->n_sites;
+        rep->arrived_poll = -1;
+        if (!fp->in_flight) return isth_fail(ISTH_ERUNTIME, "reduce: fragment %d finished but not started", f);
+        fp->in_flight = 0;
+        return ISTH_OK;
+    }
     float *total;
     CHECK(reduce_finish_staged(r, f, rep, &total));
     if (r->topo->n_learners > 1) owned_unpack(&r->table, &r->frag[f].own, total, buf);

@@ -6,12 +6,12 @@
 
 #include "status.h"
 
-int topology_create(Topology *t, const Config *cfg, MPI_Comm world)
+int topology_layout(Topology *t, const Config *cfg, int world_size, int world_rank)
 {
     memset(t, 0, sizeof *t);
     t->site_comm = t->learner_comm = MPI_COMM_NULL;
-    MPI_Comm_rank(world, &t->world_rank);
-    MPI_Comm_size(world, &t->world_size);
+    t->world_rank = world_rank;
+    t->world_size = world_size;
     const int T = cfg->model.context;
 
     if (cfg->n_sites == 0) { /* one implicit site, one learner of every rank */
@@ -68,7 +68,15 @@ int topology_create(Topology *t, const Config *cfg, MPI_Comm world)
     t->learner_rank = within % me->learner_ranks;
     t->experts_local = cfg->model.experts / t->learner_size;
     t->expert_begin = t->learner_rank * t->experts_local;
+    return ISTH_OK;
+}
 
+int topology_create(Topology *t, const Config *cfg, MPI_Comm world)
+{
+    int rank, size;
+    MPI_Comm_rank(world, &rank);
+    MPI_Comm_size(world, &size);
+    CHECK(topology_layout(t, cfg, size, rank));
     CHECK_MPI(MPI_Comm_split(world, t->site, t->world_rank, &t->site_comm));
     CHECK_MPI(MPI_Comm_split(world, t->learner, t->world_rank, &t->learner_comm));
     return ISTH_OK;

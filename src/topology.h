@@ -42,6 +42,9 @@ typedef struct {
  * same message is printed once (rank 0). Returns ISTH_EINPUT on an
  * inconsistent layout (world size, divisibility). */
 int topology_create(Topology *t, const Config *cfg, MPI_Comm world);
+/* The same layout for world rank `world_rank` of `world_size`, without
+ * communicators (for planning: no MPI call). */
+int topology_layout(Topology *t, const Config *cfg, int world_size, int world_rank);
 void topology_destroy(Topology *t);
 
 /* Site and learner-rank of a world rank. */

@@ -16,6 +16,7 @@
 #include "eval.h"
 #include "fault.h"
 #include "h5io.h"
+#include "memory.h"
 #include "status.h"
 
 static double now_s(void)
@@ -475,6 +476,7 @@ int train_run(const Config *cfg, const char *resume)
     /* on an error the job ends (fault_end_job); waiting here could hang */
     if (vote.pending && rc == ISTH_OK) rc = MPI_Wait(&vote.req, MPI_STATUS_IGNORE) == MPI_SUCCESS ? ISTH_OK : ISTH_ERUNTIME;
     const int finished = rc == ISTH_OK && tr.step >= tc->steps;
+    if (rc == ISTH_OK && tr.rank == 0) memory_print_measured(0); /* `isthmus config --memory` predicts it */
     if (finished && tr.outer_mode)
         rc = outer_finish(&tr.outer, &tr.red, &tr.model, tr.step, &tr.metrics, tr.log);
     if (finished && rc == ISTH_OK && tc->check_replicas > 0) rc = check_replicas(&tr);

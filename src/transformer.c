@@ -3,6 +3,7 @@
 #include "alloc.h"
 
 #include <cblas.h>
+#include <math.h>
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,7 +11,8 @@
 #include "layers.h"
 #include "status.h"
 
-int acts_create(Activations *a, const ModelConfig *c, int B, int T, Coll *ep)
+/* The dimensions of a (no buffers). */
+static void acts_dims(Activations *a, const ModelConfig *c, int B, int T, int G)
 {
     memset(a, 0, sizeof *a);
     a->B = B;
@@ -22,30 +24,69 @@ int acts_create(Activations *a, const ModelConfig *c, int B, int T, Coll *ep)
     a->K = c->top_k;
     a->F = c->ffn;
     a->V = c->vocab;
-    a->ep = ep;
-    a->G = ep->size;
-    a->El = c->experts / ep->size;
-    const size_t L = (size_t)a->L, D = (size_t)a->D, E = (size_t)a->E, K = (size_t)a->K,
-                 V = (size_t)a->V, N = (size_t)B * T;
-    const size_t Dh2 = D / (size_t)a->H / 2;
-    const size_t threads = (size_t)omp_get_max_threads();
-    const size_t VE = V > E ? V : E;
+    a->G = G;
+    a->El = c->experts / G;
+}
 
-    struct { float **p; size_t n; } plan[] = {
+/* The buffers carved out of a->block: (where, floats). */
+typedef struct {
+    float **p;
+    size_t n;
+} Carve;
+
+#define ACTS_CARVES 31
+
+static size_t block_plan(Activations *a, int threads, Carve *plan)
+{
+    const size_t L = (size_t)a->L, D = (size_t)a->D, E = (size_t)a->E, K = (size_t)a->K,
+                 V = (size_t)a->V, B = (size_t)a->B, T = (size_t)a->T, N = B * T;
+    const size_t Dh2 = D / (size_t)a->H / 2;
+    const size_t VE = V > E ? V : E;
+    const Carve p[ACTS_CARVES] = {
         {&a->x, (L + 1) * N * D}, {&a->xn1, L * N * D}, {&a->rstd1, L * N},
         {&a->q, L * N * D}, {&a->k, L * N * D}, {&a->v, L * N * D}, {&a->ao, L * N * D},
-        {&a->att, L * (size_t)B * a->H * T * T},
+        {&a->att, L * B * (size_t)a->H * T * T},
         {&a->h, L * N * D}, {&a->xn2, L * N * D}, {&a->rstd2, L * N},
         {&a->xf, N * D}, {&a->rstdf, N}, {&a->probs, N * V}, {&a->losses, N},
-        {&a->rope_cos, (size_t)T * Dh2}, {&a->rope_sin, (size_t)T * Dh2},
+        {&a->rope_cos, T * Dh2}, {&a->rope_sin, T * Dh2},
         {&a->dx, N * D}, {&a->dh, N * D}, {&a->dxn, N * D}, {&a->dq, N * D}, {&a->dk, N * D},
         {&a->dv, N * D}, {&a->dao, N * D}, {&a->dtmp, N * D}, {&a->dlogits, N * VE},
         {&a->dprobs, N * E}, {&a->send_rows, N * K * D}, {&a->back_rows, N * K * D},
-        {&a->att_scratch, threads * (size_t)T * T}, {&a->router_logits, N * E},
+        {&a->att_scratch, (size_t)threads * T * T}, {&a->router_logits, N * E},
     };
-    const int n_plan = (int)(sizeof plan / sizeof plan[0]);
     size_t total = 0;
-    for (int i = 0; i < n_plan; i++) total += (plan[i].n + 15) & ~(size_t)15;
+    for (int i = 0; i < ACTS_CARVES; i++) {
+        plan[i] = p[i];
+        total += (p[i].n + 15) & ~(size_t)15; /* 64-byte aligned */
+    }
+    return total;
+}
+
+/* Bytes of one layer's routing tables (allocated in acts_create). */
+static double route_bytes(const Activations *a)
+{
+    const double N = (double)a->B * a->T, E = a->E, K = a->K, D = a->D, G = a->G;
+    return N * E * 4 + N * 4 + N * K * 4 + E * 8 + E * 8 + N * K * 4 + N * K * 4 + G * 4 + G * 4 + N * K * D * 4 +
+           (a->El + 1.0) * 4;
+}
+
+double acts_bytes(const ModelConfig *c, int B, int T, int G, int threads)
+{
+    Activations a;
+    Carve plan[ACTS_CARVES];
+    acts_dims(&a, c, B, T, G);
+    const double block = (double)block_plan(&a, threads, plan) * sizeof(float);
+    return block + a.L * (route_bytes(&a) + (double)sizeof(MoeRouting)) + (double)B * T * a.K * sizeof(int) +
+           (double)a.E * sizeof(int);
+}
+
+int acts_create(Activations *a, const ModelConfig *c, int B, int T, Coll *ep)
+{
+    acts_dims(a, c, B, T, ep->size);
+    a->ep = ep;
+    const size_t L = (size_t)a->L, D = (size_t)a->D, E = (size_t)a->E, K = (size_t)a->K, N = (size_t)B * T;
+    Carve plan[ACTS_CARVES];
+    const size_t total = block_plan(a, omp_get_max_threads(), plan);
     a->block = isth_aligned_alloc(64, total * sizeof(float));
     a->route = isth_calloc(L, sizeof(MoeRouting));
     a->send_expert = isth_malloc(N * K * sizeof(int));
@@ -56,12 +97,12 @@ int acts_create(Activations *a, const ModelConfig *c, int B, int T, Coll *ep)
                          total * sizeof(float) >> 20);
     }
     size_t off = 0;
-    for (int i = 0; i < n_plan; i++) {
+    for (int i = 0; i < ACTS_CARVES; i++) {
         *plan[i].p = a->block + off;
         off += (plan[i].n + 15) & ~(size_t)15;
     }
     const size_t G = (size_t)a->G;
-    for (size_t l = 0; l < L; l++) {
+    for (size_t l = 0; l < L; l++) { /* route_bytes counts these */
         MoeRouting *r = &a->route[l];
         r->probs = isth_malloc(N * E * sizeof(float));
         r->lse = isth_malloc(N * sizeof(float));
@@ -82,6 +123,16 @@ int acts_create(Activations *a, const ModelConfig *c, int B, int T, Coll *ep)
     }
     rope_tables(a->rope_cos, a->rope_sin, T, a->D / a->H);
     return ISTH_OK;
+}
+
+/* Expert-row buffers (per layer, and shared) for n arrivals per layer, as
+ * ensure_owner grows them. */
+double acts_expert_row_bytes(const ModelConfig *c, double n)
+{
+    const double D = c->dim, F = c->ffn, rows = n + floor(n / 4) + 64;
+    const double per_layer = rows * (3 * sizeof(int) + D * 4 + 3 * F * 4);
+    const double shared = 4 * (n * D + floor(n * D / 4) + 64) * 4 + (3 * n * F + floor(3 * n * F / 4) + 64) * 4;
+    return c->layers * per_layer + shared;
 }
 
 void acts_destroy(Activations *a)
@@ -123,7 +174,16 @@ static int grow(void **p, size_t *cap, size_t n, size_t size)
 }
 
 /* Owner-side buffers of layer route r for n_recv arrivals and up to n_recv rows. */
+static int ensure_owner_rows(Activations *a, MoeRouting *r, int n_recv);
 static int ensure_owner(Activations *a, MoeRouting *r, int n_recv)
+{
+    const AllocCategory was = alloc_category(ALLOC_EXPERT_ROWS);
+    const int rc = ensure_owner_rows(a, r, n_recv);
+    alloc_category(was);
+    return rc;
+}
+
+static int ensure_owner_rows(Activations *a, MoeRouting *r, int n_recv)
 {
     const size_t n = (size_t)n_recv, D = (size_t)a->D, F = (size_t)a->F;
     if (n > (size_t)r->recv_cap || !r->recv_expert) {

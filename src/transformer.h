@@ -64,6 +64,11 @@ typedef struct {
  * learner's expert-parallel group (its size shards the experts). */
 int acts_create(Activations *a, const ModelConfig *cfg, int B, int T, Coll *ep);
 void acts_destroy(Activations *a);
+/* Bytes acts_create allocates for that shape with G ranks per learner and
+ * `threads` OpenMP threads (the memory report). */
+double acts_bytes(const ModelConfig *cfg, int B, int T, int G, int threads);
+/* Bytes of the expert-row buffers once a layer has received n routed rows. */
+double acts_expert_row_bytes(const ModelConfig *cfg, double n);
 
 /* Forward B sequences of length T (T <= context). targets < 0 are not scored.
  * training != 0: capacity limits and auxiliary losses apply. */

@@ -1,0 +1,154 @@
+/* memory.c — see memory.h. Every figure mirrors an allocation: model.c
+ * (weights, grads), optim.c (AdamW), outer.c (packed outer state), reduce.c
+ * and plan.c (residuals, dense staging, the staging pool), transformer.c
+ * (activations, expert rows). The memory test keeps them in step. */
+#include "memory.h"
+
+#include <omp.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "codec.h"
+#include "model.h"
+#include "outer.h"
+#include "plan.h"
+#include "reduce.h"
+#include "status.h"
+#include "topology.h"
+#include "transformer.h"
+
+static double floats(size_t n) { return (double)n * sizeof(float); }
+static double aligned64(double bytes) { return (double)(((size_t)bytes + 63) / 64 * 64); }
+
+/* Staging, residual and outer-state bytes of the reducer and outer state. */
+static int plan_exchanges(const Config *cfg, const Topology *t, const Model *m, MemoryPlan *out)
+{
+    const OuterConfig *oc = &cfg->outer;
+    const int butterfly = !strcmp(oc->mode, "butterfly"), outer_mode = strcmp(oc->mode, "sync") != 0;
+    const Codec codec = (Codec)codec_from_name(oc->codec);
+    const int block = oc->codec_block, ef = !strcmp(oc->error_feedback, "on") && codec != CODEC_NONE;
+    const SiteInfo *site = &t->sites[t->site];
+    const int leader = t->learner == site->first_learner, G = t->learner_size;
+    int k = 0;
+    while ((1 << k) < t->n_learners) k++;
+    ChunkTable ct;
+    CHECK(chunk_table_create(&ct, m, oc->fragments));
+    size_t owned = 0, max_size = 0, max_enc = 0, max_chunk = 1, max_dense = 1, send = 0, recv = 0;
+    double residual = 0.0;
+    int rc = ISTH_OK;
+    for (int f = 0; f < oc->fragments && rc == ISTH_OK; f++) {
+        Owned own;
+        rc = owned_build(&own, &ct, f, G, t->learner_rank, codec, block);
+        if (rc != ISTH_OK) break;
+        owned += own.size;
+        if (own.size > max_size) max_size = own.size;
+        if (own.enc_size > max_enc) max_enc = own.enc_size;
+        if (own.max_chunk > max_chunk) max_chunk = own.max_chunk;
+        size_t dense = 0;
+        for (int c = 0; c < ct.n_chunks; c++)
+            if (ct.chunks[c].fragment == f && ct.chunks[c].expert < 0) dense += ct.chunks[c].size;
+        if (dense > max_dense) max_dense = dense;
+        if (butterfly) {
+            if (ef) residual += floats(own.size + 1);
+            for (int d = 0; d < k; d++) { /* the partner's ranks, lossy and exact plans */
+                int first, Gp;
+                topology_learner_ranks(t, t->learner ^ (1 << d), &first, &Gp);
+                const size_t lossy = peers_frame_bytes(&ct, &own, Gp, codec, block);
+                const size_t exact = peers_frame_bytes(&ct, &own, Gp, CODEC_NONE, block);
+                const size_t most = lossy > exact ? lossy : exact;
+                if (most > send) send = recv = most;
+            }
+        } else if (leader && t->n_sites > 1) {
+            if (ef) residual += floats(own.size + 1);
+            size_t frames = 0;
+            for (int s = 0; s < t->n_sites; s++)
+                if (s != t->site) frames += peers_frame_bytes(&ct, &own, t->sites[s].learner_ranks, codec, block);
+            if (frames > send) send = recv = frames;
+        }
+        owned_free(&own);
+    }
+    chunk_table_destroy(&ct);
+    CHECK(rc);
+    out->bytes[ALLOC_RESIDUAL] = residual;
+    if (outer_mode) out->bytes[ALLOC_OUTER] = floats(owned + 1) * (butterfly ? 3 : 2);
+    /* staging: the learner's dense sums, the encoder's scratch, the pool */
+    double staging = 0.0;
+    if (G > 1) staging += floats(max_dense < REDUCE_DENSE_STAGE ? max_dense : REDUCE_DENSE_STAGE);
+    if (t->n_sites > 1 || t->n_learners > 1) staging += floats(max_chunk);
+    if (t->n_learners > 1 || outer_mode) { /* sync with one learner stages nothing */
+        const int slots = outer_mode ? outer_max_in_flight(oc) : 1;
+        const size_t rows = butterfly ? 2 : (size_t)t->n_sites;
+        const size_t gather = !butterfly && site->learners > 1 ? (size_t)site->learners : 0;
+        double slot = floats(max_size * rows + 1) + (double)(max_enc + 1) + (double)(send + 1) + (double)(recv + 1);
+        if (gather) slot += floats(max_size * gather + 1);
+        staging += slots * slot;
+    }
+    out->bytes[ALLOC_STAGING] = staging;
+    return ISTH_OK;
+}
+
+int memory_plan(const Config *cfg, int world_size, int rank, MemoryPlan *out)
+{
+    memset(out, 0, sizeof *out);
+    if (world_size <= 0) {
+        world_size = 0;
+        for (int s = 0; s < cfg->n_sites; s++) world_size += cfg->sites[s].ranks;
+        if (!world_size) world_size = 1;
+    }
+    if (rank < 0 || rank >= world_size)
+        return isth_fail(ISTH_EINPUT, "memory: rank %d is not in a job of %d ranks", rank, world_size);
+    Topology t;
+    CHECK(topology_layout(&t, cfg, world_size, rank));
+    Model m;
+    model_describe(&m, &cfg->model, t.expert_begin, t.experts_local);
+    const double params = floats(m.n_params);
+    out->bytes[ALLOC_WEIGHTS] = aligned64(params);
+    out->bytes[ALLOC_GRADS] = aligned64(params);
+    out->bytes[ALLOC_OPTIMIZER] = 2 * params;
+    CHECK(plan_exchanges(cfg, &t, &m, out));
+    const SiteInfo *site = &t.sites[t.site];
+    const int threads = cfg->train.threads > 0 ? cfg->train.threads : omp_get_max_threads();
+    out->bytes[ALLOC_ACTIVATIONS] = acts_bytes(&cfg->model, site->micro_batch, cfg->model.context, t.learner_size,
+                                               threads);
+    /* balanced routing: each of my experts receives its share of the learner's copies */
+    const double copies = (double)site->micro_batch * cfg->model.context * t.learner_size * cfg->model.top_k;
+    out->bytes[ALLOC_EXPERT_ROWS] = acts_expert_row_bytes(&cfg->model, copies * t.experts_local / cfg->model.experts);
+    out->owned_state = out->bytes[ALLOC_WEIGHTS] + out->bytes[ALLOC_GRADS] + out->bytes[ALLOC_OPTIMIZER];
+    out->site = t.site;
+    out->learner = t.learner;
+    out->learner_rank = t.learner_rank;
+    out->learner_size = t.learner_size;
+    out->experts_local = t.experts_local;
+    return ISTH_OK;
+}
+
+static void print_row(const char *name, double bytes, double total)
+{
+    printf("  %-16s %14.0f B %10.3f GiB %6.1f%%\n", name, bytes, bytes / 1073741824.0,
+           total > 0 ? 100.0 * bytes / total : 0.0);
+}
+
+void memory_print(const MemoryPlan *p, int world_size, int rank)
+{
+    double total = 0.0;
+    for (int c = 1; c < ALLOC_CATEGORIES; c++) total += p->bytes[c];
+    printf("memory of world rank %d of %d (learner %d, rank %d of %d, %d expert(s)), predicted:\n", rank, world_size,
+           p->learner, p->learner_rank, p->learner_size, p->experts_local);
+    for (int c = 1; c < ALLOC_CATEGORIES; c++) print_row(alloc_category_name[c], p->bytes[c], total);
+    print_row("total", total, total);
+    const double model_state = p->owned_state, rest = total - p->bytes[ALLOC_ACTIVATIONS] - p->bytes[ALLOC_EXPERT_ROWS];
+    printf("  without activations: %.3f GiB = %.3f x (weights + grads + optimizer, %.3f GiB)\n", rest / 1073741824.0,
+           model_state > 0 ? rest / model_state : 0.0, model_state / 1073741824.0);
+    printf("  (expert rows at balanced routing; they grow with imbalance. Tables, plans and I/O buffers are not "
+           "predicted: 'other' in a run's measured line)\n");
+}
+
+void memory_print_measured(int rank)
+{
+    AllocStats s;
+    alloc_stats(&s);
+    printf("memory of world rank %d, measured peak bytes:", rank);
+    for (int c = 0; c < ALLOC_CATEGORIES; c++) printf(" %s=%.0f", alloc_category_name[c], s.peak[c]);
+    printf(" total=%.0f\n", s.peak_total);
+    fflush(stdout);
+}

@@ -1,0 +1,35 @@
+/* memory.h — what one rank of a run holds, by category, from the config
+ * and the layout alone: no buffer allocated, no MPI call.
+ *
+ * Owns: the arithmetic of `isthmus config CONFIG --memory`: for a world
+ * rank of the config's layout, the bytes the trainer allocates for weights,
+ * grads, optimiser state, outer state, codec residuals, staging and
+ * activations (the same categories as alloc.h's counters, which a test
+ * compares it with), and the expert rows at balanced routing (they grow
+ * with the routing's imbalance, up to every routed row of the learner).
+ * Must not: allocate the model or talk to other ranks; its sizes come from
+ * the modules that allocate (model, plan, outer, transformer).
+ */
+#ifndef ISTHMUS_MEMORY_H
+#define ISTHMUS_MEMORY_H
+
+#include "alloc.h"
+#include "config.h"
+
+typedef struct {
+    double bytes[ALLOC_CATEGORIES]; /* ALLOC_OTHER: not predicted (tables, plans, I/O) */
+    double owned_state;             /* weights + grads + AdamW of what the rank holds */
+    int site, learner, learner_rank, learner_size, experts_local;
+} MemoryPlan;
+
+/* World rank `rank` of a job of `world_size` ranks (0: the config's). */
+int memory_plan(const Config *cfg, int world_size, int rank, MemoryPlan *out);
+
+/* The table: one line per category, then the total and the ratio to the
+ * owned state. */
+void memory_print(const MemoryPlan *p, int world_size, int rank);
+
+/* This process's counters in the same format (measured). */
+void memory_print_measured(int rank);
+
+#endif

@@ -1,0 +1,80 @@
+#!/bin/sh
+# cli_memory.sh — `isthmus config CONFIG --memory` against what a run really
+# allocated (alloc.h's counters, printed as rank 0's measured peaks at the
+# end of training), for tiny and small layouts in every mode:
+#  - every predicted category (weights, grads, optimizer, outer, residuals,
+#    staging, activations) within 5% + 16 KiB of the measured peak (malloc's
+#    usable size exceeds a request by at most a page per large block and a
+#    few bytes per small one; 16 KiB covers four pages), and their total
+#    within 5%;
+#  - expert rows (grown with the routing) between 0.5x and 2x the balanced
+#    estimate: the estimate is the routing's mean, not a bound;
+#  - outer state, residuals and staging only where the mode uses them.
+. "$TOP_SRCDIR/tests/lib.sh"
+
+PREDICTED="weights grads optimizer outer residuals staging activations"
+field() { # field FILE NAME: predicted bytes of a category
+    awk -v n="$2" '$1 == n && $3 == "B" { print $2 }' "$1"
+}
+measured() { # measured FILE NAME
+    sed -n "s/.*measured peak bytes:.* $2=\([0-9]*\).*/\1/p" "$1" | head -1
+}
+
+check() { # check NAME NP CONFIG [args...]
+    local name=$1 np=$2 cfg=$3
+    shift 3
+    "$ISTHMUS" config "$cfg" "$@" --memory --ranks "$np" > "$WORK/$name.plan" 2>&1 || { fail "$name: config --memory failed: $(cat "$WORK/$name.plan")"; return; }
+    mpi "$np" "$ISTHMUS" train "$cfg" --set train.out_dir="$WORK/$name" --set train.eval_every=0 \
+        --set train.check_replicas=0 "$@" > "$WORK/$name.log" 2>&1 || { fail "$name: training failed: $(tail -3 "$WORK/$name.log")"; return; }
+    local ok=1 p m sum_p=0 sum_m=0 c
+    for c in $PREDICTED; do
+        p=$(field "$WORK/$name.plan" "$c")
+        m=$(measured "$WORK/$name.log" "$c")
+        if [ -z "$p" ] || [ -z "$m" ]; then
+            fail "$name: no $c figure (plan '$p', measured '$m')"
+            return
+        fi
+        sum_p=$((sum_p + p))
+        sum_m=$((sum_m + m))
+        if ! awk -v p="$p" -v m="$m" 'BEGIN { d = m - p; if (d < 0) d = -d; exit !(d <= 0.05 * p + 16384) }'; then
+            fail "$name: $c predicted $p, measured $m"
+            ok=0
+        fi
+    done
+    if awk -v p="$sum_p" -v m="$sum_m" 'BEGIN { d = m - p; if (d < 0) d = -d; exit !(d <= 0.05 * p) }'; then
+        [ $ok = 1 ] && pass "$name: every category and the total ($sum_p predicted, $sum_m measured) within 5%"
+    else
+        fail "$name: total predicted $sum_p, measured $sum_m"
+    fi
+    p=$(field "$WORK/$name.plan" expert_rows)
+    m=$(measured "$WORK/$name.log" expert_rows)
+    if awk -v p="$p" -v m="$m" 'BEGIN { exit !(m >= 0.5 * p && m <= 2 * p) }'; then
+        pass "$name: expert rows $m within 0.5x..2x of the balanced $p"
+    else
+        fail "$name: expert rows measured $m, balanced estimate $p"
+    fi
+}
+
+T="$CONFIGS/tiny.ini"
+S="$CONFIGS/small.ini"
+SHORT="--set train.steps=9 --set train.log_every=9"
+TWO="--set site.east.ranks=2 --set site.west.ranks=2 --set site.east.learner_ranks=2 --set site.west.learner_ranks=1 \
+--set site.east.micro_batch=4 --set site.west.micro_batch=2 --set site.west.grad_accum=2 --set outer.inner_steps=4"
+
+check tiny_1rank 1 "$T" $SHORT
+check tiny_learner2 2 "$T" $SHORT
+check tiny_sync_int8 4 "$T" $SHORT $TWO --set outer.mode=sync --set outer.codec=int8
+check tiny_diloco_fp4 4 "$T" $SHORT $TWO --set outer.mode=diloco --set outer.codec=fp4
+check tiny_streaming 4 "$T" $SHORT $TWO --set outer.mode=streaming --set outer.fragments=2 --set outer.overlap=2 \
+    --set outer.codec=fp4
+check tiny_butterfly 4 "$T" $SHORT $TWO --set site.east.learner_ranks=1 --set outer.mode=butterfly --set outer.overlap=1 \
+    --set outer.codec=int8
+check small_1rank 1 "$S" --set train.steps=2 --set train.log_every=2 --set train.threads=1
+
+# what a mode does not use is not allocated
+for c in outer residuals staging; do
+    [ "$(field "$WORK/tiny_1rank.plan" $c)" = 0 ] && [ "$(measured "$WORK/tiny_1rank.log" $c)" = 0 ] \
+        && pass "sync on one rank: no $c" || fail "sync on one rank allocates $c"
+done
+[ "$(measured "$WORK/tiny_sync_int8.log" outer)" = 0 ] && pass "sync: no outer state" || fail "sync allocates outer state"
+finish || exit 1
