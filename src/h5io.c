@@ -101,6 +101,26 @@ int h5_create(H5File *f, const char *path, double expect_bytes, MPI_Comm comm)
     return ISTH_OK;
 }
 
+/* fsync a file, or (dir) the directory holding it; 0 on success. */
+static int sync_path(const char *path, int dir)
+{
+    char parent[1200];
+    if (dir) {
+        snprintf(parent, sizeof parent, "%s", path);
+        char *slash = strrchr(parent, '/');
+        if (slash) *(slash == parent ? slash + 1 : slash) = '\0';
+        else snprintf(parent, sizeof parent, ".");
+        path = parent;
+    }
+    const int fd = open(path, dir ? O_RDONLY | O_DIRECTORY : O_RDONLY);
+    if (fd < 0) return -1;
+    const int rc = fsync(fd);
+    const int saved = errno;
+    close(fd);
+    errno = saved;
+    return rc;
+}
+
 int h5_commit(H5File *f)
 {
     /* flush first: a flush that fails (a full disk) leaves a file that can
@@ -119,9 +139,15 @@ int h5_commit(H5File *f)
         if (f->rank == 0) unlink(f->tmp);
         return f->rank == 0 ? isth_fail(ISTH_ERUNTIME, "file %s: write failed (disk full?)", f->tmp) : ISTH_ERUNTIME;
     }
+    /* durable before it is named: the data on disk (fsync), then the
+     * rename, then the directory entry (fsync of the directory) */
     int rc = ISTH_OK;
-    if (f->rank == 0 && rename(f->tmp, f->path) != 0)
+    if (f->rank == 0 && sync_path(f->tmp, 0) != 0)
+        rc = isth_fail(ISTH_ERUNTIME, "file %s: fsync failed: %s", f->tmp, strerror(errno));
+    if (f->rank == 0 && rc == ISTH_OK && rename(f->tmp, f->path) != 0)
         rc = isth_fail(ISTH_ERUNTIME, "file %s: rename from %s failed: %s", f->path, f->tmp, strerror(errno));
+    if (f->rank == 0 && rc == ISTH_OK && sync_path(f->path, 1) != 0)
+        rc = isth_fail(ISTH_ERUNTIME, "file %s: fsync of its directory failed: %s", f->path, strerror(errno));
     CHECK_MPI(MPI_Bcast(&rc, 1, MPI_INT, 0, f->comm));
     return rc;
 }
@@ -302,26 +328,44 @@ static float *buf_view(const void *ctx, int tensor, int layer, int expert)
  * are transferred in place; otherwise through *tmp (grown as needed).
  * Returns the number of elements (0: none), or (size_t)-1 out of memory. */
 static size_t select_layer(const Model *m, const Tensor *t, int layer, hid_t fspace, ChunkAt at, const void *ctx,
-                           float ***ptrs, float **mem, float **tmp, size_t *tmp_cap)
+                           float ***ptrs, float **mem, float **tmp, size_t *tmp_cap, hid_t *mspace)
 {
     H5Sselect_none(fspace);
     const int experts = (t->flags & PARAM_EXPERT) ? m->cfg.experts : 0;
     const size_t per = chunk_elems(t);
     const int tid = (int)(t - m->tensors);
     size_t n = 0;
-    int k = 0, contiguous = 1;
+    int k = 0, contiguous = 1, first = -1, last = -2, gaps = 0;
     float **p = *ptrs;
     for (int e = experts ? 0 : -1; e < (experts ? experts : 0); e++) {
         float *where = at(ctx, tid, layer, e);
         if (!where) continue;
-        hsize_t start[TENSOR_MAX_DIMS], count[TENSOR_MAX_DIMS];
-        chunk_slab(t, layer, e, start, count);
-        H5Sselect_hyperslab(fspace, H5S_SELECT_OR, start, NULL, count, NULL);
+        if (first < 0) first = e;
+        else if (e != last + 1) gaps = 1;
+        last = e;
         if (k && where != p[k - 1] + per) contiguous = 0;
         p[k++] = where;
         n += per;
     }
     if (!n) return 0;
+    hsize_t start[TENSOR_MAX_DIMS], count[TENSOR_MAX_DIMS];
+    if (!gaps) {
+        /* one hyperslab, and a memory space of the same shape: HDF5 then
+         * maps whole chunks instead of iterating element by element */
+        chunk_slab(t, layer, first, start, count);
+        if (experts) count[1] = (hsize_t)(last - first + 1);
+        H5Sselect_hyperslab(fspace, H5S_SELECT_SET, start, NULL, count, NULL);
+        *mspace = H5Screate_simple(t->ndim, count, NULL);
+    } else {
+        for (int i = 0, e = 0; i < k; e++) {
+            if (!at(ctx, tid, layer, e)) continue;
+            chunk_slab(t, layer, e, start, count);
+            H5Sselect_hyperslab(fspace, H5S_SELECT_OR, start, NULL, count, NULL);
+            i++;
+        }
+        hsize_t flat = n;
+        *mspace = H5Screate_simple(1, &flat, NULL);
+    }
     if (contiguous) {
         *mem = p[0];
         return n;
@@ -400,16 +444,20 @@ int h5_write_chunks(H5File *f, const char *group, const Model *m, ChunkAt at, co
         /* one collective write per layer: staging stays one layer's chunks */
         for (int l = 0; l < n_layers(m, t) && rc == ISTH_OK; l++) {
             float *mem = NULL;
-            size_t n = select_layer(m, t, l, fspace, at, ctx, &ptrs, &mem, &tmp, &tmp_cap);
+            hid_t mspace = -1;
+            size_t n = select_layer(m, t, l, fspace, at, ctx, &ptrs, &mem, &tmp, &tmp_cap, &mspace);
             const int ok = n != (size_t)-1;
             if (!agree(f->comm, ok)) {
+                if (mspace >= 0) H5Sclose(mspace);
                 rc = ok ? ISTH_ERUNTIME : isth_fail(ISTH_ERUNTIME, "out of memory writing %s", group);
                 break;
             }
             if (n) pack_layer(ptrs, n, chunk_elems(t), mem, 1);
-            hsize_t mdim = n ? n : 1;
-            hid_t mspace = H5Screate_simple(1, &mdim, NULL);
-            if (!n) H5Sselect_none(mspace);
+            if (!n) {
+                hsize_t one = 1;
+                mspace = H5Screate_simple(1, &one, NULL);
+                H5Sselect_none(mspace);
+            }
             float dummy = 0.0f;
             herr_t err = H5Dwrite(dset, H5T_NATIVE_FLOAT, mspace, fspace, f->xfer, n ? mem : &dummy);
             H5Sclose(mspace);
@@ -473,15 +521,19 @@ int h5_read_chunks(H5File *f, const char *group, const Model *m, ChunkAt at, con
         }
         for (int l = 0; l < n_layers(m, t) && rc == ISTH_OK; l++) {
             float *mem = NULL;
-            size_t n = select_layer(m, t, l, fspace, at, ctx, &ptrs, &mem, &tmp, &tmp_cap);
+            hid_t mspace = -1;
+            size_t n = select_layer(m, t, l, fspace, at, ctx, &ptrs, &mem, &tmp, &tmp_cap, &mspace);
             const int got = n != (size_t)-1;
             if (!agree(f->comm, got)) {
+                if (mspace >= 0) H5Sclose(mspace);
                 rc = got ? ISTH_ERUNTIME : isth_fail(ISTH_ERUNTIME, "out of memory reading %s", group);
                 break;
             }
-            hsize_t mdim = n ? n : 1;
-            hid_t mspace = H5Screate_simple(1, &mdim, NULL);
-            if (!n) H5Sselect_none(mspace);
+            if (!n) {
+                hsize_t one = 1;
+                mspace = H5Screate_simple(1, &one, NULL);
+                H5Sselect_none(mspace);
+            }
             float dummy;
             herr_t err = H5Dread(dset, H5T_NATIVE_FLOAT, mspace, fspace, f->xfer, n ? mem : &dummy);
             H5Sclose(mspace);

@@ -5,6 +5,7 @@
  * 2 bad input).
  * Must not: contain training, evaluation or file-format logic.
  */
+#include <malloc.h>
 #include <mpi.h>
 #include <omp.h>
 #include <stdio.h>
@@ -333,6 +334,12 @@ static int cmd_config(int argc, char **argv)
 
 int main(int argc, char **argv)
 {
+    /* Blocks under 256 MiB come from the heap and are reused: HDF5 allocates
+     * and frees a buffer per chunk it filters, and fresh mappings would be
+     * faulted in again for every chunk (checkpoint writes ran at half the
+     * speed). The model's own buffers are larger and still mapped. */
+    mallopt(M_MMAP_THRESHOLD, 256 << 20);
+    mallopt(M_TRIM_THRESHOLD, 1 << 30);
     blas_select_reexec(argv);
     /* MPI-IO through ROMIO unless the user chose: OMPIO prints its own lines
      * on a failed write (a full disk), ROMIO returns the error to HDF5 */

@@ -1,0 +1,36 @@
+#!/bin/bash
+# bench_ckpt.sh — checkpoint write rate against the disk's sequential write
+# rate, measured in the same run, in the same directory, alternately:
+#   scripts/bench_ckpt.sh [CONFIG] [RANKS] [REPEATS]    (needs a built ./isthmus)
+# Each repeat trains CONFIG for one step on RANKS ranks (one learner, its
+# checkpoint written by every rank for its share) and times the checkpoint
+# (the log's line: create, write, fsync, rename), then writes a file of the
+# same size with `dd bs=1M conv=fdatasync`. Prints both per repeat and the
+# medians; the ratio is what docs/benchmarks.md records.
+set -eu
+cd "$(dirname "$0")/.."
+CONFIG=${1:-share/configs/small.ini}
+RANKS=${2:-2}
+REPEATS=${3:-5}
+OUT=${OUT:-runs/bench-ckpt}
+export OMPI_MCA_rmaps_base_oversubscribe=1
+[ "$(id -u)" = 0 ] && export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+mkdir -p "$OUT"
+ours=() theirs=()
+for i in $(seq "$REPEATS"); do
+    rm -rf "$OUT/run" "$OUT/dd"
+    line=$(mpirun -q -np "$RANKS" ./isthmus train "$CONFIG" --set train.steps=1 --set train.eval_every=0 \
+        --set data.eval_bytes=1024 --set train.threads=1 --set train.out_dir="$OUT/run" | grep '^checkpoint:')
+    mb=$(echo "$line" | sed 's/.*(\([0-9.]*\) MB).*/\1/')
+    rate=$(echo "$line" | sed 's/.* \([0-9.]*\) MB\/s.*/\1/')
+    dd_rate=$(dd if=/dev/zero of="$OUT/dd" bs=1M count="$(awk -v m="$mb" 'BEGIN { printf "%d", m * 1e6 / 1048576 + 1 }')" \
+        conv=fdatasync 2>&1 | awk '/copied/ { r = $(NF-1); u = $NF; if (u == "GB/s") r *= 1000; if (u == "kB/s") r /= 1000; print r }')
+    echo "repeat $i: checkpoint $mb MB at $rate MB/s; dd $dd_rate MB/s"
+    ours+=("$rate")
+    theirs+=("$dd_rate")
+done
+rm -rf "$OUT/run" "$OUT/dd"
+median() { printf '%s\n' "$@" | sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+m_ours=$(median "${ours[@]}")
+m_dd=$(median "${theirs[@]}")
+echo "median: checkpoint $m_ours MB/s, dd $m_dd MB/s, ratio $(awk -v a="$m_ours" -v b="$m_dd" 'BEGIN { printf "%.2f", a / b }')"
