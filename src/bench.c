@@ -8,16 +8,10 @@
 #include <stdlib.h>
 #include <time.h>
 
-#include "blas_select.h"
+#include "cpu/blas_select.h"
+#include "clock.h"
 #include "status.h"
 #include "train.h"
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + 1e-9 * ts.tv_nsec;
-}
 
 double model_flops_per_token(const ModelConfig *mc)
 {

@@ -16,16 +16,10 @@
 
 #include "fault.h"
 #include "h5io.h"
+#include "clock.h"
 #include "status.h"
 
 #define CKPT_MAX_LIST 16
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + 1e-9 * ts.tv_nsec;
-}
 
 static void site_dir(const Trainer *tr, char *out, size_t cap)
 {
@@ -184,7 +178,10 @@ static int write_state(Trainer *tr, H5File *f, CkptScratch *sc)
     const Topology *t = &tr->topo;
     const SiteInfo *site = &t->sites[t->site];
     const int first = t->learner == site->first_learner;
-    Model *m = &tr->model;
+    Backend *be = tr->be;
+    float *params = backend_state(be, STATE_PARAMS), *adam_m = backend_state(be, STATE_ADAM_M),
+          *adam_v = backend_state(be, STATE_ADAM_V);
+    be->ops->to_host(be);
     char stamp[64];
     time_t now = time(NULL);
     strftime(stamp, sizeof stamp, "%Y-%m-%dT%H:%M:%SZ", gmtime(&now));
@@ -199,19 +196,19 @@ static int write_state(Trainer *tr, H5File *f, CkptScratch *sc)
     CHECK(h5_attr_write_long(f, "/", "first_learner", site->first_learner));
     CHECK(h5_attr_write_long(f, "/", "learners", site->learners));
     CHECK(h5_attr_write_long(f, "/", "exchanges", (long long)tr->red.exchanges));
-    CHECK(h5_attr_write_long(f, "/", "adam_t", tr->opt.t));
+    CHECK(h5_attr_write_long(f, "/", "adam_t", be->optimizer_t));
     CHECK(h5_attr_write_long(f, "/", "data_step", (long long)tr->cursor.step));
 
     const int P = tr->cfg.outer.fragments, in_flight = exchanges_in_flight(tr);
     if (!tr->outer_mode) {
-        CHECK(write_params(f, tr, "/model", m->params, first));
-        CHECK(write_params(f, tr, "/inner/m", tr->opt.m, first));
-        CHECK(write_params(f, tr, "/inner/v", tr->opt.v, first));
+        CHECK(write_params(f, tr, "/model", params, first));
+        CHECK(write_params(f, tr, "/inner/m", adam_m, first));
+        CHECK(write_params(f, tr, "/inner/v", adam_v, first));
         /* sync with a lossy codec: error feedback of the gradient sums */
         if (reduce_any_residual(&tr->red)) CHECK(write_residual(f, tr, "/outer/residual", first));
     } else {
         const int bf = tr->outer.butterfly; /* butterfly: outer state per learner */
-        if (bf) CHECK(write_params(f, tr, "/model", m->params, first));
+        if (bf) CHECK(write_params(f, tr, "/model", params, first));
         else CHECK(write_outer(f, tr, "/model", OUTER_ANCHOR, first));
         if (!bf) {
             CHECK(write_outer(f, tr, "/outer/momentum", OUTER_MOMENTUM, first));
@@ -236,11 +233,11 @@ static int write_state(Trainer *tr, H5File *f, CkptScratch *sc)
                 if (in_flight) CHECK(write_outer(f, tr, g, OUTER_SENT, mine));
             }
             snprintf(g, sizeof g, "/learner_%d/model", id);
-            CHECK(write_params(f, tr, g, m->params, mine));
+            CHECK(write_params(f, tr, g, params, mine));
             snprintf(g, sizeof g, "/learner_%d/inner/m", id);
-            CHECK(write_params(f, tr, g, tr->opt.m, mine));
+            CHECK(write_params(f, tr, g, adam_m, mine));
             snprintf(g, sizeof g, "/learner_%d/inner/v", id);
-            CHECK(write_params(f, tr, g, tr->opt.v, mine));
+            CHECK(write_params(f, tr, g, adam_v, mine));
         }
     }
     /* per fragment: last outer start, and the start of the exchange in flight (-1: none) */
@@ -824,7 +821,9 @@ static int load_checkpoint(Trainer *tr, const char *path)
     const double t0 = now_s();
     const Topology *t = &tr->topo;
     const SiteInfo *site = &t->sites[t->site];
-    Model *m = &tr->model;
+    Backend *be = tr->be;
+    float *params = backend_state(be, STATE_PARAMS), *adam_m = backend_state(be, STATE_ADAM_M),
+          *adam_v = backend_state(be, STATE_ADAM_V);
     CkptScratch sc;
     CHECK(scratch_alloc(tr, &sc));
     /* a file this site cannot open still goes to the agreement below, so
@@ -862,9 +861,9 @@ static int load_checkpoint(Trainer *tr, const char *path)
     int in_flight = 0;
     for (int p = 0; rc == ISTH_OK && tr->outer_mode && p < P; p++) in_flight |= frag[P + p] >= 0;
     if (rc == ISTH_OK && !tr->outer_mode) {
-        rc = read_params(&f, tr, "/model", m->params);
-        if (rc == ISTH_OK) rc = read_params(&f, tr, "/inner/m", tr->opt.m);
-        if (rc == ISTH_OK) rc = read_params(&f, tr, "/inner/v", tr->opt.v);
+        rc = read_params(&f, tr, "/model", params);
+        if (rc == ISTH_OK) rc = read_params(&f, tr, "/inner/m", adam_m);
+        if (rc == ISTH_OK) rc = read_params(&f, tr, "/inner/v", adam_v);
         /* error feedback of a lossy codec; a checkpoint written with codec
          * none has none, and the residuals start at zero */
         const int has_residual = H5Lexists(f.file, "/outer", H5P_DEFAULT) > 0 &&
@@ -885,11 +884,11 @@ static int load_checkpoint(Trainer *tr, const char *path)
         if (rc == ISTH_OK) rc = read_outer(&f, tr, bf ? gm : "/outer/momentum", OUTER_MOMENTUM);
         if (rc == ISTH_OK) rc = read_residual(&f, tr, bf ? gr : "/outer/residual");
         snprintf(g, sizeof g, "/learner_%d/model", t->learner);
-        if (rc == ISTH_OK) rc = read_params(&f, tr, g, m->params);
+        if (rc == ISTH_OK) rc = read_params(&f, tr, g, params);
         snprintf(g, sizeof g, "/learner_%d/inner/m", t->learner);
-        if (rc == ISTH_OK) rc = read_params(&f, tr, g, tr->opt.m);
+        if (rc == ISTH_OK) rc = read_params(&f, tr, g, adam_m);
         snprintf(g, sizeof g, "/learner_%d/inner/v", t->learner);
-        if (rc == ISTH_OK) rc = read_params(&f, tr, g, tr->opt.v);
+        if (rc == ISTH_OK) rc = read_params(&f, tr, g, adam_v);
         /* exchanges that were in flight (drained before the checkpoint):
          * their results wait in staging slots until their steps */
         for (int p = 0; rc == ISTH_OK && p < P; p++)
@@ -931,7 +930,8 @@ static int load_checkpoint(Trainer *tr, const char *path)
     tr->step = (long)step;
     tr->cursor.step = (uint64_t)data_step;
     tr->tokens_seen = tokens;
-    tr->opt.t = (long)adam_t;
+    be->optimizer_t = (long)adam_t;
+    be->ops->from_host(be);
     tr->outer.outer_steps = (long)outer_steps;
     tr->red.exchanges = (uint64_t)exchanges;
     if (tr->log) {

@@ -7,19 +7,13 @@
 #include <mpi.h>
 #include <time.h>
 
+#include "clock.h"
 #include "status.h"
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + 1e-9 * ts.tv_nsec;
-}
-
-int eval_corpus(const Model *m, Activations *a, const Corpus *c, size_t max_bytes, EvalResult *out)
+int eval_corpus(Backend *be, Coll *ep, int B, int T, const Corpus *c, size_t max_bytes, EvalResult *out)
 {
     const double t0 = now_s();
-    const int B = a->B, T = a->T, G = a->ep->size, me = a->ep->rank;
+    const int G = ep->size, me = ep->rank;
     const size_t size = max_bytes && max_bytes < c->size ? max_bytes : c->size;
     const size_t predicted = size - 1;
     const size_t windows = (predicted + (size_t)T - 1) / (size_t)T;
@@ -28,12 +22,14 @@ int eval_corpus(const Model *m, Activations *a, const Corpus *c, size_t max_byte
     int *tokens = isth_malloc((size_t)B * T * sizeof(int));
     int *targets = isth_malloc((size_t)B * T * sizeof(int));
     unsigned char *bytes = isth_malloc((size_t)T + 1); /* one window and the byte after it */
+    float *losses = isth_malloc((size_t)B * T * sizeof(float));
     /* per-window sums: each window is scored by exactly one rank, so the
      * learner-wide sum of this array is exact and the total, added in window
      * order, does not depend on the number of ranks */
     double *window_ce = isth_calloc(windows + 1, sizeof(double));
     size_t *window_n = isth_calloc(windows + 1, sizeof(size_t));
-    if (!tokens || !targets || !window_ce || !window_n || !bytes) {
+    if (!tokens || !targets || !window_ce || !window_n || !bytes || !losses) {
+        isth_free(losses);
         isth_free(bytes);
         isth_free(tokens);
         isth_free(targets);
@@ -57,25 +53,25 @@ int eval_corpus(const Model *m, Activations *a, const Corpus *c, size_t max_byte
             }
         }
         if (rc != ISTH_OK) break;
-        ForwardStats st;
-        rc = transformer_forward(m, a, tokens, targets, B, T, 0, &st);
+        rc = be->ops->score(be, tokens, targets, B, T, losses);
         for (int b = 0; b < B && rc == ISTH_OK; b++) {
             const size_t w = w0 + (size_t)b;
             if (w >= windows) break;
             for (int t = 0; t < T; t++)
                 if (targets[(size_t)b * T + t] >= 0) {
-                    window_ce[w] += a->losses[(size_t)b * T + t];
+                    window_ce[w] += losses[(size_t)b * T + t];
                     window_n[w]++;
                 }
         }
     }
-    if (rc == ISTH_OK) rc = coll_allreduce_sum_double(a->ep, window_ce, windows);
+    if (rc == ISTH_OK) rc = coll_allreduce_sum_double(ep, window_ce, windows);
     double ce = 0.0;
     size_t counted = 0;
     for (size_t w = 0; w < windows; w++) {
         ce += window_ce[w];
         counted += window_n[w];
     }
+    isth_free(losses);
     isth_free(bytes);
     isth_free(tokens);
     isth_free(targets);
@@ -84,7 +80,7 @@ int eval_corpus(const Model *m, Activations *a, const Corpus *c, size_t max_byte
     CHECK(rc);
     unsigned long long n_all = counted;
     isth_free(window_n);
-    if (G > 1) CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &n_all, 1, MPI_UNSIGNED_LONG_LONG, MPI_SUM, a->ep->comm));
+    if (G > 1) CHECK(coll_allreduce_comm(ep->comm, &n_all, 1, MPI_UNSIGNED_LONG_LONG, sizeof n_all, MPI_SUM));
     if (n_all != predicted)
         return isth_fail(ISTH_ERUNTIME, "eval %s: scored %llu bytes, expected %zu", c->path, n_all,
                          predicted);

@@ -15,7 +15,8 @@
 
 #include "data.h"
 #include "model.h"
-#include "transformer.h"
+#include "backend.h"
+#include "coll.h"
 
 typedef struct {
     double bpb;
@@ -26,6 +27,8 @@ typedef struct {
 
 /* Evaluate the first `max_bytes` bytes of `c` (0 = all) with windows of
  * the activations' T, a->B windows per forward pass. */
-int eval_corpus(const Model *m, Activations *a, const Corpus *c, size_t max_bytes, EvalResult *out);
+/* B sequences of T bytes per rank and forward (the learner's ranks split
+ * the windows); learner collective over ep. */
+int eval_corpus(Backend *be, Coll *ep, int B, int T, const Corpus *c, size_t max_bytes, EvalResult *out);
 
 #endif

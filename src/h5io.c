@@ -613,8 +613,8 @@ static int select_model_write(const void *ctx, int tensor, int layer, int expert
     return expert >= 0 ? select_held(s->m, tensor, layer, expert) : s->writes_dense;
 }
 
-int h5model_write(const char *path, const Model *m, const char *config_text, const H5Meta *meta,
-                  MPI_Comm comm, int writes_replicated)
+int h5model_write(const char *path, const Model *m, const float *params, const char *config_text,
+                  const H5Meta *meta, MPI_Comm comm, int writes_replicated)
 {
     H5File f;
     CHECK(h5_create(&f, path, H5IO_FILE_BYTES(model_total_params(&m->cfg), 1), comm));
@@ -623,7 +623,7 @@ int h5model_write(const char *path, const Model *m, const char *config_text, con
     if (rc == ISTH_OK) rc = h5_attr_write_string(&f, "/", "config", config_text);
     if (rc == ISTH_OK) rc = h5_attr_write_long(&f, "/", "step", meta->step);
     if (rc == ISTH_OK) rc = h5_attr_write_double(&f, "/", "tokens", meta->tokens);
-    if (rc == ISTH_OK) rc = h5_write_tensors(&f, "/model", m, m->params, select_model_write, &sel);
+    if (rc == ISTH_OK) rc = h5_write_tensors(&f, "/model", m, params, select_model_write, &sel);
     if (rc != ISTH_OK) f.failed = 1;
     int crc = h5_commit(&f);
     return rc != ISTH_OK ? rc : crc;
@@ -649,7 +649,7 @@ int h5model_read_config(const char *path, char **config_text, MPI_Comm comm)
     return rc;
 }
 
-int h5model_read(const char *path, Model *m, H5Meta *meta, MPI_Comm comm)
+int h5model_read(const char *path, const Model *m, float *params, H5Meta *meta, MPI_Comm comm)
 {
     H5File f;
     CHECK(h5_open(&f, path, comm));
@@ -659,7 +659,7 @@ int h5model_read(const char *path, Model *m, H5Meta *meta, MPI_Comm comm)
     meta->step = (long)step;
     meta->tokens = 0;
     if (rc == ISTH_OK) rc = h5_attr_read_double(&f, "/", "tokens", &meta->tokens);
-    if (rc == ISTH_OK) rc = h5_read_tensors(&f, "/model", m, m->params, select_held, m);
+    if (rc == ISTH_OK) rc = h5_read_tensors(&f, "/model", m, params, select_held, m);
     h5_close(&f);
     return rc;
 }

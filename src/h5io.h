@@ -97,11 +97,12 @@ typedef struct {
     double tokens;
 } H5Meta;
 
-int h5model_write(const char *path, const Model *m, const char *config_text, const H5Meta *meta,
-                  MPI_Comm comm, int writes_replicated);
+/* params: a host view laid out like the table m (backend.h). */
+int h5model_write(const char *path, const Model *m, const float *params, const char *config_text,
+                  const H5Meta *meta, MPI_Comm comm, int writes_replicated);
 /* The resolved config text stored in a model or checkpoint file. */
 int h5model_read_config(const char *path, char **config_text, MPI_Comm comm);
-/* /model into m (each rank: every dense tensor and its experts). */
-int h5model_read(const char *path, Model *m, H5Meta *meta, MPI_Comm comm);
+/* /model into params laid out like m (each rank: every dense tensor and its experts). */
+int h5model_read(const char *path, const Model *m, float *params, H5Meta *meta, MPI_Comm comm);
 
 #endif

@@ -10,14 +10,8 @@
 #include "codec.h"
 #include "coll.h"
 #include "fault.h"
+#include "clock.h"
 #include "status.h"
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + 1e-9 * ts.tv_nsec;
-}
 
 void link_init(Link *l, MPI_Comm comm, double timeout_s, const char *site_name)
 {

@@ -14,7 +14,8 @@
 
 #include "alloc.h"
 #include "bench.h"
-#include "blas_select.h"
+#include "backend.h"
+#include "cpu/blas_select.h"
 #include "ckpt.h"
 #include "coll.h"
 #include "config.h"
@@ -204,8 +205,6 @@ static int cmd_eval(int argc, char **argv)
     int rc = config_load_text(&cfg, text, origin, overrides, n_over);
     isth_free(text);
     CHECK(rc);
-    set_threads(cfg.train.threads);
-
     /* evaluation ignores the training layout: all ranks of this job form one
      * learner, experts sharded over them */
     if (cfg.model.experts % size)
@@ -213,18 +212,16 @@ static int cmd_eval(int argc, char **argv)
                          size, cfg.model.experts);
     Coll ep;
     CHECK(coll_init(&ep, MPI_COMM_WORLD));
-    Model m;
-    Activations a;
+    Backend *be = NULL;
     Corpus prose = {0}, tech = {0};
     Metrics mt = {0};
-    memset(&a, 0, sizeof a);
     const int El = cfg.model.experts / size;
-    CHECK(model_create(&m, &cfg.model, rank * El, El));
+    CHECK(backend_create(&be, "cpu", &cfg, cfg.train.micro_batch, rank * El, El, &ep));
     H5Meta meta;
-    rc = h5model_read(model_path, &m, &meta, MPI_COMM_WORLD);
+    rc = h5model_read(model_path, &be->table, backend_state(be, STATE_PARAMS), &meta, MPI_COMM_WORLD);
+    be->ops->from_host(be);
     if (rc == ISTH_OK) rc = corpus_open(&prose, cfg.data.dir, "eval_prose.txt");
     if (rc == ISTH_OK) rc = corpus_open(&tech, cfg.data.dir, "eval_tech.txt");
-    if (rc == ISTH_OK) rc = acts_create(&a, &cfg.model, cfg.train.micro_batch, cfg.model.context, &ep);
     if (rc == ISTH_OK && rank == 0) rc = metrics_open(&mt, cfg.train.out_dir);
     if (rc == ISTH_OK && rank == 0)
         printf("isthmus eval: %s (step %ld, %.0f tokens trained)\n", model_path, meta.step, meta.tokens);
@@ -232,15 +229,14 @@ static int cmd_eval(int argc, char **argv)
     const char *names[2] = {"prose", "tech"};
     for (int i = 0; i < 2 && rc == ISTH_OK; i++) {
         EvalResult r;
-        rc = eval_corpus(&m, &a, sets[i], (size_t)cfg.data.eval_bytes, &r);
+        rc = eval_corpus(be, &ep, cfg.train.micro_batch, cfg.model.context, sets[i], (size_t)cfg.data.eval_bytes, &r);
         if (rc == ISTH_OK && rank == 0) rc = metrics_eval(&mt, names[i], meta.step, r.bpb, r.predicted, r.seconds);
     }
     const int closed = metrics_close(&mt);
     if (rc == ISTH_OK) rc = closed;
-    acts_destroy(&a);
+    backend_destroy(be);
     corpus_close(&prose);
     corpus_close(&tech);
-    model_destroy(&m);
     return rc;
 }
 

@@ -15,7 +15,7 @@
 #include "reduce.h"
 #include "status.h"
 #include "topology.h"
-#include "transformer.h"
+#include "cpu/transformer.h" /* the CPU backend's activations */
 
 static double floats(size_t n) { return (double)n * sizeof(float); }
 static double aligned64(double bytes) { return (double)(((size_t)bytes + 63) / 64 * 64); }

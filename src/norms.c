@@ -9,37 +9,50 @@
 
 #include "alloc.h"
 #include "coll.h"
-#include "optim.h"
 #include "status.h"
 
-int grad_norm_sq_learner(const Model *m, MPI_Comm learner_comm, double *out)
+int grad_norm_sq_learner(Backend *be, MPI_Comm learner_comm, double *out)
 {
+    const Model *m = &be->table;
     /* dense: every rank holds the whole dense gradient */
-    double dense = grad_sumsq(m, PARAM_EXPERT, 0);
-    const int L = m->cfg.layers, E = m->cfg.experts;
+    const double dense = be->ops->sumsq(be, STATE_GRADS, PARAM_EXPERT, 0);
+    const int L = m->cfg.layers, E = m->cfg.experts, El = m->experts_local;
     int n_expert_tensors = 0;
     for (int t = 0; t < N_TENSORS; t++) n_expert_tensors += (m->tensors[t].flags & PARAM_EXPERT) != 0;
     const size_t per = (size_t)m->cfg.dim * m->cfg.ffn, nblocks = (size_t)n_expert_tensors * L * E;
-    double *blocks = isth_calloc(nblocks, sizeof(double));
-    CHECK_ALLOC(blocks);
-    /* one block per (expert tensor, layer, expert), in table order */
-    size_t base = 0;
-    for (int t = 0; t < N_TENSORS; t++) {
-        if (!(m->tensors[t].flags & PARAM_EXPERT)) continue;
-        for (int l = 0; l < L; l++)
-            for (int e = 0; e < m->experts_local; e++) {
-                const float *g = model_grad(m, (TensorId)t, l) + (size_t)e * per;
-                double s = 0.0;
-                for (size_t i = 0; i < per; i++) s += (double)g[i] * g[i];
-                blocks[(base + (size_t)l) * E + m->expert_begin + e] = s;
-            }
-        base += (size_t)L;
+    const size_t mine = (size_t)n_expert_tensors * L * El;
+    double *blocks = isth_calloc(nblocks, sizeof(double)), *sums = isth_malloc(sizeof(double) * (mine + 1));
+    size_t *off = isth_malloc(sizeof(size_t) * (mine + 1)), *len = isth_malloc(sizeof(size_t) * (mine + 1));
+    int rc = blocks && sums && off && len ? ISTH_OK : isth_fail(ISTH_ERUNTIME, "out of memory for the gradient norm");
+    if (rc == ISTH_OK) {
+        /* one block per (expert tensor, layer, expert), in table order */
+        size_t k = 0;
+        for (int t = 0; t < N_TENSORS; t++) {
+            const Tensor *x = &m->tensors[t];
+            if (!(x->flags & PARAM_EXPERT)) continue;
+            for (int l = 0; l < L; l++)
+                for (int e = 0; e < El; e++, k++) {
+                    off[k] = x->offset + ((size_t)l * El + (size_t)e) * per;
+                    len[k] = per;
+                }
+        }
+        be->ops->run_sumsq(be, STATE_GRADS, off, len, (int)mine, sums);
+        k = 0;
+        for (int t = 0, base = 0; t < N_TENSORS; t++) {
+            if (!(m->tensors[t].flags & PARAM_EXPERT)) continue;
+            for (int l = 0; l < L; l++)
+                for (int e = 0; e < El; e++) blocks[((size_t)base + (size_t)l) * E + m->expert_begin + e] = sums[k++];
+            base += L;
+        }
+        /* one non-zero per block: the sum is exact whatever the reduction order */
+        rc = coll_allreduce_comm(learner_comm, blocks, nblocks, MPI_DOUBLE, sizeof(double), MPI_SUM);
     }
-    /* one non-zero per block: the sum is exact whatever the reduction order */
-    int rc = coll_allreduce_comm(learner_comm, blocks, nblocks, MPI_DOUBLE, sizeof(double), MPI_SUM);
     double total = dense;
-    for (size_t i = 0; i < nblocks; i++) total += blocks[i];
+    for (size_t i = 0; rc == ISTH_OK && i < nblocks; i++) total += blocks[i];
     isth_free(blocks);
+    isth_free(sums);
+    isth_free(off);
+    isth_free(len);
     CHECK(rc);
     *out = total;
     return ISTH_OK;

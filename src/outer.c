@@ -35,7 +35,7 @@ int outer_max_in_flight(const OuterConfig *cfg)
     return most < P ? most : P;
 }
 
-int outer_create(Outer *o, const OuterConfig *cfg, Reducer *r, const Model *m, double learner_weight)
+int outer_create(Outer *o, const OuterConfig *cfg, Reducer *r, const float *theta, double learner_weight)
 {
     memset(o, 0, sizeof *o);
     o->streaming = !strcmp(cfg->mode, "streaming");
@@ -75,7 +75,7 @@ int outer_create(Outer *o, const OuterConfig *cfg, Reducer *r, const Model *m, d
         outer_destroy(o);
         return isth_fail(ISTH_ERUNTIME, "out of memory for the outer state");
     }
-    for (int f = 0; f < o->P; f++) owned_pack(ct, reduce_owned(r, f), m->params, o->anchor + o->off[f]);
+    for (int f = 0; f < o->P; f++) owned_pack(ct, reduce_owned(r, f), theta, o->anchor + o->off[f]);
     for (int p = 0; p < o->P; p++) o->started[p] = -1;
     reduce_set_slots(r, outer_max_in_flight(cfg));
     return ISTH_OK;
@@ -115,17 +115,17 @@ float *outer_hold_pending(Outer *o, Reducer *r, int f)
     return reduce_hold(r, f);
 }
 
-int outer_view_anchor(Outer *o, Reducer *r, Model *m)
+int outer_view_anchor(Outer *o, Reducer *r, float *theta, float *spare, size_t n)
 {
-    memcpy(m->grads, m->params, sizeof(float) * m->n_params);
-    for (int f = 0; f < o->P; f++) owned_unpack(&r->table, reduce_owned(r, f), o->anchor + o->off[f], m->params);
-    for (int f = 0; f < o->P; f++) CHECK(reduce_share_dense(r, f, m->params));
+    memcpy(spare, theta, sizeof(float) * n);
+    for (int f = 0; f < o->P; f++) owned_unpack(&r->table, reduce_owned(r, f), o->anchor + o->off[f], theta);
+    for (int f = 0; f < o->P; f++) CHECK(reduce_share_dense(r, f, theta));
     return ISTH_OK;
 }
 
-void outer_view_end(Model *m) { memcpy(m->params, m->grads, sizeof(float) * m->n_params); }
+void outer_view_end(float *theta, const float *spare, size_t n) { memcpy(theta, spare, sizeof(float) * n); }
 
-static int start_fragment(Outer *o, Reducer *r, const Model *m, int p, long step)
+static int start_fragment(Outer *o, Reducer *r, const float *theta, int p, long step)
 {
     const ChunkTable *ct = &r->table;
     const Owned *own = reduce_owned(r, p);
@@ -133,7 +133,7 @@ static int start_fragment(Outer *o, Reducer *r, const Model *m, int p, long step
     if (!d) return ISTH_ERUNTIME;
     const float w = (float)o->learner_weight;
     for (int k = 0; k < own->n; k++) {
-        const float *a = o->anchor + o->off[p] + own->off[k], *th = m->params + chunk_offset(ct, own->chunk[k]);
+        const float *a = o->anchor + o->off[p] + own->off[k], *th = theta + chunk_offset(ct, own->chunk[k]);
         float *dk = d + own->off[k];
         const size_t n = ct->chunks[own->chunk[k]].size;
         for (size_t j = 0; j < n; j++) dk[j] = (a[j] - th[j]) * w;
@@ -146,7 +146,7 @@ static int start_fragment(Outer *o, Reducer *r, const Model *m, int p, long step
 /* Finish fragment p, Nesterov step on the anchor, merge into theta: each
  * rank updates the chunks it owns, then the dense ones are shared inside
  * the learner. */
-static int finish_fragment(Outer *o, Reducer *r, Model *m, int p, long step, double alpha, Metrics *mt, int log)
+static int finish_fragment(Outer *o, Reducer *r, float *theta, int p, long step, double alpha, Metrics *mt, int log)
 {
     ReduceReport rep;
     float *d;
@@ -162,7 +162,7 @@ static int finish_fragment(Outer *o, Reducer *r, Model *m, int p, long step, dou
     const float lr = (float)o->lr, mu = (float)o->momentum, a = (float)alpha;
     for (int k = 0; k < own->n; k++) {
         const size_t at = o->off[p] + own->off[k], n = ct->chunks[own->chunk[k]].size;
-        float *an = o->anchor + at, *mo = o->mom + at, *th = m->params + chunk_offset(ct, own->chunk[k]);
+        float *an = o->anchor + at, *mo = o->mom + at, *th = theta + chunk_offset(ct, own->chunk[k]);
         const float *dk = d + own->off[k];
         for (size_t j = 0; j < n; j++) {
             mo[j] = mu * mo[j] + dk[j];
@@ -171,7 +171,7 @@ static int finish_fragment(Outer *o, Reducer *r, Model *m, int p, long step, dou
         }
     }
     reduce_release(r, p);
-    CHECK(reduce_share_dense(r, p, m->params));
+    CHECK(reduce_share_dense(r, p, theta));
     o->outer_steps++;
     if (log) CHECK(metrics_outer(mt, o->outer_steps, p, o->started[p], step, &rep));
     o->started[p] = -1;
@@ -205,13 +205,13 @@ static double group_weight(const Outer *o, int i, int d)
 }
 
 /* exact: the final averaging, uncompressed (see mix_start) */
-static int mix_begin(Outer *o, Reducer *r, const Model *m, int f, long round, long step, int exact)
+static int mix_begin(Outer *o, Reducer *r, const float *theta, int f, long round, long step, int exact)
 {
     const int d = (int)(round % o->k), partner = o->learner ^ (1 << d);
-    owned_pack(&r->table, reduce_owned(r, f), m->params, o->sent + o->off[f]);
+    owned_pack(&r->table, reduce_owned(r, f), theta, o->sent + o->off[f]);
     o->started[f] = step;
     o->last_sync[f] = step;
-    return mix_start(r, f, partner, m->params, group_weight(o, o->learner, d), group_weight(o, partner, d), exact);
+    return mix_start(r, f, partner, theta, group_weight(o, o->learner, d), group_weight(o, partner, d), exact);
 }
 
 /* Complete round `round`'s exchange of fragment f (the network part); the
@@ -231,7 +231,8 @@ static int mix_complete(Outer *o, Reducer *r, int f, long round, ReduceReport *r
 }
 
 /* keep_local: add the progress made since the fragment was sent */
-static int mix_end(Outer *o, Reducer *r, Model *m, int f, long round, long step, int keep_local, Metrics *mt, int log)
+static int mix_end(Outer *o, Reducer *r, float *theta, int f, long round, long step, int keep_local, Metrics *mt,
+                   int log)
 {
     ReduceReport rep;
     double dist = 0.0;
@@ -248,7 +249,7 @@ static int mix_end(Outer *o, Reducer *r, Model *m, int f, long round, long step,
     const float lr = (float)o->lr, mu = (float)o->momentum;
     for (int k = 0; k < own->n; k++) {
         const size_t at = o->off[f] + own->off[k], n = ct->chunks[own->chunk[k]].size;
-        float *an = o->anchor + at, *mo = o->mom + at, *th = m->params + chunk_offset(ct, own->chunk[k]);
+        float *an = o->anchor + at, *mo = o->mom + at, *th = theta + chunk_offset(ct, own->chunk[k]);
         const float *mx = mixed + own->off[k], *sent = o->sent + at;
         for (size_t j = 0; j < n; j++) {
             float target = mx[j];
@@ -264,48 +265,47 @@ static int mix_end(Outer *o, Reducer *r, Model *m, int f, long round, long step,
         }
     }
     reduce_release(r, f);
-    CHECK(reduce_share_dense(r, f, m->params));
+    CHECK(reduce_share_dense(r, f, theta));
     o->outer_steps++;
     if (log) CHECK(metrics_mix(mt, round, f, rep.partner, rep.crosses, o->started[f], step, &rep, dist));
     o->started[f] = -1;
     return ISTH_OK;
 }
 
-static int butterfly_after_step(Outer *o, Reducer *r, Model *m, long step, Metrics *mt, int log)
+static int butterfly_after_step(Outer *o, Reducer *r, float *theta, long step, Metrics *mt, int log)
 {
     for (int f = 0; f < o->P; f++)
         if (o->started[f] >= 0 && step - o->started[f] >= o->tau)
-            CHECK(mix_end(o, r, m, f, o->round - 1, step, 1, mt, log));
+            CHECK(mix_end(o, r, theta, f, o->round - 1, step, 1, mt, log));
     if (step % o->H == 0) {
         const long round = step / o->H - 1;
         const int f = butterfly_fragment(round, o->k, o->P);
-        CHECK(spread_round(&o->spread, round, step, m->params, mt));
-        CHECK(mix_begin(o, r, m, f, round, step, 0));
+        CHECK(spread_round(&o->spread, round, step, theta, mt));
+        CHECK(mix_begin(o, r, theta, f, round, step, 0));
         o->round = round + 1;
-        if (o->tau == 0) CHECK(mix_end(o, r, m, f, round, step, 1, mt, log));
+        if (o->tau == 0) CHECK(mix_end(o, r, theta, f, round, step, 1, mt, log));
     }
     CHECK(reduce_poll(r));
     return spread_poll(&o->spread, mt);
 }
 
-int outer_after_step(Outer *o, Reducer *r, Model *m, long step, Metrics *mt, int log)
+int outer_after_step(Outer *o, Reducer *r, float *theta, long step, Metrics *mt, int log)
 {
-    if (o->butterfly) return butterfly_after_step(o, r, m, step, mt, log);
+    if (o->butterfly) return butterfly_after_step(o, r, theta, step, mt, log);
     for (int p = 0; p < o->P; p++)
         if (o->started[p] >= 0 && step - o->started[p] >= o->tau)
-            CHECK(finish_fragment(o, r, m, p, step, o->alpha, mt, log));
+            CHECK(finish_fragment(o, r, theta, p, step, o->alpha, mt, log));
     for (int p = 0; p < o->P; p++) {
         if (o->started[p] < 0 && outer_fragment_due(step, p, o->H, o->P)) {
-            CHECK(start_fragment(o, r, m, p, step));
-            if (o->tau == 0) CHECK(finish_fragment(o, r, m, p, step, o->alpha, mt, log));
+            CHECK(start_fragment(o, r, theta, p, step));
+            if (o->tau == 0) CHECK(finish_fragment(o, r, theta, p, step, o->alpha, mt, log));
         }
     }
     return reduce_poll(r);
 }
 
-int outer_drain(Outer *o, Reducer *r, Model *m)
+int outer_drain(Outer *o, Reducer *r)
 {
-    (void)m;
     for (int p = 0; p < o->P; p++) {
         if (o->started[p] < 0 || o->reduced[p]) continue;
         if (o->butterfly) {
@@ -319,35 +319,35 @@ int outer_drain(Outer *o, Reducer *r, Model *m)
     return ISTH_OK;
 }
 
-int outer_finish(Outer *o, Reducer *r, Model *m, long step, Metrics *mt, int log)
+int outer_finish(Outer *o, Reducer *r, float *theta, long step, Metrics *mt, int log)
 {
     const ChunkTable *ct = &r->table;
     if (o->butterfly) {
         for (int f = 0; f < o->P; f++)
-            if (o->started[f] >= 0) CHECK(mix_end(o, r, m, f, o->round - 1, step, 1, mt, log));
+            if (o->started[f] >= 0) CHECK(mix_end(o, r, theta, f, o->round - 1, step, 1, mt, log));
         /* k rounds of every fragment without local updates, uncompressed:
          * the exact mean; logged as rounds numbered on from the last
          * regular one */
         long label = o->round;
         for (int f = 0; f < o->P; f++)
             for (int d = 0; d < o->k; d++) {
-                CHECK(mix_begin(o, r, m, f, d, step, 1));
-                CHECK(mix_end(o, r, m, f, label++, step, 0, mt, log));
+                CHECK(mix_begin(o, r, theta, f, d, step, 1));
+                CHECK(mix_end(o, r, theta, f, label++, step, 0, mt, log));
             }
-        for (int f = 0; f < o->P; f++) owned_pack(ct, reduce_owned(r, f), m->params, o->anchor + o->off[f]);
+        for (int f = 0; f < o->P; f++) owned_pack(ct, reduce_owned(r, f), theta, o->anchor + o->off[f]);
         /* every learner got through the final rounds (each under the link's
          * deadline), so every sample was sent: this wait ends */
         return spread_finish(&o->spread, mt);
     }
     for (int p = 0; p < o->P; p++)
-        if (o->started[p] >= 0) CHECK(finish_fragment(o, r, m, p, step, o->alpha, mt, log));
+        if (o->started[p] >= 0) CHECK(finish_fragment(o, r, theta, p, step, o->alpha, mt, log));
     for (int p = 0; p < o->P; p++)
         if (o->last_sync[p] < step) {
-            CHECK(start_fragment(o, r, m, p, step));
-            CHECK(finish_fragment(o, r, m, p, step, 0.0, mt, log));
+            CHECK(start_fragment(o, r, theta, p, step));
+            CHECK(finish_fragment(o, r, theta, p, step, 0.0, mt, log));
         }
     /* theta = anchor: already so for every fragment just finished with alpha 0 */
-    for (int f = 0; f < o->P; f++) owned_unpack(ct, reduce_owned(r, f), o->anchor + o->off[f], m->params);
-    for (int f = 0; f < o->P; f++) CHECK(reduce_share_dense(r, f, m->params));
+    for (int f = 0; f < o->P; f++) owned_unpack(ct, reduce_owned(r, f), o->anchor + o->off[f], theta);
+    for (int f = 0; f < o->P; f++) CHECK(reduce_share_dense(r, f, theta));
     return ISTH_OK;
 }

@@ -24,7 +24,8 @@
  * Inner optimiser state is never exchanged. At the end of training every
  * fragment with local progress takes one more outer step and every learner
  * ends on the anchor, so the run's final model is the global model.
- * Must not: compute gradients or the inner update.
+ * Must not: compute gradients or the inner update, or touch backend memory
+ * (it works on the host view of the weights it is handed).
  */
 #ifndef ISTHMUS_OUTER_H
 #define ISTHMUS_OUTER_H
@@ -67,7 +68,9 @@ typedef enum { OUTER_ANCHOR, OUTER_MOMENTUM, OUTER_SENT, OUTER_PENDING } OuterSt
  * (t >= 1) when t mod H == floor(p*H/P). */
 int outer_fragment_due(long step, int p, int H, int P);
 
-int outer_create(Outer *o, const OuterConfig *cfg, Reducer *r, const Model *m, double learner_weight);
+/* theta: the host view of the learner's weights (backend.h), laid out
+ * like the model table; the outer state starts as its copy. */
+int outer_create(Outer *o, const OuterConfig *cfg, Reducer *r, const float *theta, double learner_weight);
 /* Exchanges in flight at once under this schedule (sizes the staging). */
 int outer_max_in_flight(const OuterConfig *cfg);
 /* Where chunk (tensor, layer, expert) of state `which` lives on this rank,
@@ -77,11 +80,11 @@ int outer_max_in_flight(const OuterConfig *cfg);
 float *outer_view(const Outer *o, const Reducer *r, OuterState which, int tensor, int layer, int expert);
 /* Resume: fragment f's drained result goes here (a staging slot is taken). */
 float *outer_hold_pending(Outer *o, Reducer *r, int f);
-/* Evaluation of the anchor: the params hold the anchor (theta is kept in
- * the grads buffer, unused between steps) until outer_view_end. Learner
- * collective. */
-int outer_view_anchor(Outer *o, Reducer *r, Model *m);
-void outer_view_end(Model *m);
+/* Evaluation of the anchor: theta holds the anchor until outer_view_end;
+ * its own values wait in `spare` (the grads, unused between steps), both n
+ * values. Learner collective. */
+int outer_view_anchor(Outer *o, Reducer *r, float *theta, float *spare, size_t n);
+void outer_view_end(float *theta, const float *spare, size_t n);
 /* Butterfly: learner id, every learner's token share (N = power of two). */
 int outer_set_butterfly(Outer *o, Reducer *r, int learner, int n_learners, const double *weights);
 /* Butterfly: log spread samples still open (before a stop; outer_finish does it too). */
@@ -93,16 +96,16 @@ void outer_destroy(Outer *o);
 
 /* After inner step `step` (1-based): finish exchanges due, start the ones
  * scheduled. Outer events are logged through `mt` when `log`. */
-int outer_after_step(Outer *o, Reducer *r, Model *m, long step, Metrics *mt, int log);
+int outer_after_step(Outer *o, Reducer *r, float *theta, long step, Metrics *mt, int log);
 
 /* Before a checkpoint: complete every exchange in flight now (its result is
  * kept in delta and applied at its scheduled step, as without a
  * checkpoint), so that the state is a set of buffers: a checkpoint at any
  * step, and a restart that continues bit for bit. */
-int outer_drain(Outer *o, Reducer *r, Model *m);
+int outer_drain(Outer *o, Reducer *r);
 
 /* End of training: finish what is in flight, one last outer step for every
  * fragment with local progress, theta = anchor everywhere. */
-int outer_finish(Outer *o, Reducer *r, Model *m, long step, Metrics *mt, int log);
+int outer_finish(Outer *o, Reducer *r, float *theta, long step, Metrics *mt, int log);
 
 #endif

@@ -38,6 +38,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "backend.h"
 #include "codec.h"
 #include "link.h"
 #include "model.h"
@@ -209,7 +210,7 @@ int mix_poll(Reducer *r);
 
 /* Squared L2 norm of the learner's full gradient, the same number on every
  * rank of every learner whatever the sharding. */
-int grad_norm_sq_learner(const Model *m, MPI_Comm learner_comm, double *out);
+int grad_norm_sq_learner(Backend *be, MPI_Comm learner_comm, double *out);
 /* Where chunk (tensor, layer, expert) of a model-shaped state lives on this
  * rank, or NULL when another rank of the learner is responsible for it. */
 typedef const float *(*ChunkView)(const void *ctx, int tensor, int layer, int expert);

@@ -2,11 +2,9 @@
 #include "train.h"
 #include "alloc.h"
 
-#include <cblas.h>
 #include <math.h>
 #include <signal.h>
 #include <mpi.h>
-#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 #include <stdint.h>
@@ -17,20 +15,17 @@
 #include "fault.h"
 #include "h5io.h"
 #include "memory.h"
+#include "clock.h"
 #include "status.h"
 
-static double now_s(void)
+double lr_at(const TrainConfig *tc, long step)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + 1e-9 * ts.tv_nsec;
-}
-
-void set_threads(int threads)
-{
-    if (threads <= 0) return;
-    omp_set_num_threads(threads);
-    openblas_set_num_threads(threads);
+    if (tc->warmup > 0 && step < tc->warmup) return tc->lr * (double)(step + 1) / tc->warmup;
+    long decay_steps = tc->steps - tc->warmup;
+    if (decay_steps <= 0) return tc->lr;
+    double progress = (double)(step - tc->warmup) / (double)decay_steps;
+    if (progress > 1.0) progress = 1.0;
+    return tc->min_lr + 0.5 * (tc->lr - tc->min_lr) * (1.0 + cos(M_PI * progress));
 }
 
 int trainer_create(Trainer *tr, const Config *cfg, int log)
@@ -40,7 +35,6 @@ int trainer_create(Trainer *tr, const Config *cfg, int log)
     tr->cfg = *cfg;
     MPI_Comm_rank(MPI_COMM_WORLD, &tr->rank);
     tr->log = log && tr->rank == 0;
-    set_threads(cfg->train.threads);
     const ModelConfig *mc = &cfg->model;
     const TrainConfig *tc = &cfg->train;
 
@@ -75,19 +69,13 @@ int trainer_create(Trainer *tr, const Config *cfg, int log)
     tr->cursor.seed = tc->seed;
     tr->cursor.step = 0;
 
-    CHECK(model_create(&tr->model, mc, t->expert_begin, t->experts_local));
-    model_init(&tr->model);
-    AllocCategory was = alloc_category(ALLOC_OPTIMIZER);
-    int rc = adamw_create(&tr->opt, tr->model.n_params);
-    alloc_category(ALLOC_ACTIVATIONS);
-    if (rc == ISTH_OK) rc = acts_create(&tr->acts, mc, tr->micro_batch, mc->context, &tr->ep);
-    alloc_category(was);
-    CHECK(rc);
+    CHECK(backend_create(&tr->be, "cpu", cfg, tr->micro_batch, t->expert_begin, t->experts_local, &tr->ep));
+    tr->model = tr->be->table;
     CHECK(reducer_create(&tr->red, t, &tr->model, cfg->outer.fragments, (Codec)codec_from_name(cfg->outer.codec),
                          cfg->outer.codec_block, !strcmp(cfg->outer.error_feedback, "on"), cfg->outer.timeout,
                          MPI_COMM_WORLD));
     if (tr->outer_mode)
-        CHECK(outer_create(&tr->outer, &cfg->outer, &tr->red, &tr->model,
+        CHECK(outer_create(&tr->outer, &cfg->outer, &tr->red, backend_state(tr->be, STATE_PARAMS),
                            site->tokens_per_step / t->total_tokens_per_step));
     if (tr->outer_mode && tr->outer.butterfly) {
         const int N = t->n_learners;
@@ -117,9 +105,8 @@ void trainer_destroy(Trainer *tr)
     metrics_close(&tr->metrics);
     isth_free(tr->tokens);
     isth_free(tr->targets);
-    acts_destroy(&tr->acts);
-    adamw_destroy(&tr->opt);
-    model_destroy(&tr->model);
+    backend_destroy(tr->be);
+    tr->be = NULL;
     if (tr->created) {
         outer_destroy(&tr->outer);
         reducer_destroy(&tr->red);
@@ -141,11 +128,23 @@ int trainer_control(Trainer *tr, const void *mine, size_t bytes, void *all, cons
     return link_control(&tr->red.link, mine, bytes, all, tr->site_leaders, t->n_sites, t->site, t->site_comm, what);
 }
 
+/* What a step adds up over ranks (doubles only: reduced as an array). */
+typedef struct {
+    double ce_sum, scored;       /* cross-entropy (nats) and targets scored */
+    double aux, z;               /* this rank's share of its learner's aux and z losses */
+    double dropped;              /* routed copies dropped for capacity */
+    double a2a_bytes;            /* expert all-to-all inside the learner */
+    double inter_site_bytes;     /* through the link */
+} StepSums;
+
+#define STEP_SUMS (sizeof(StepSums) / sizeof(double))
+
 /* Step statistics: sums over this site, then (sync: every site's, added in
  * site order through the link) over the sites; `wait` is a maximum. */
-static int step_stats(Trainer *tr, double *sums, double *wait)
+static int step_stats(Trainer *tr, StepSums *step, double *wait)
 {
-    const int n = STEP_SUMS;
+    const int n = (int)STEP_SUMS;
+    double *sums = (double *)step;
     const Topology *t = &tr->topo;
     CHECK(coll_allreduce_comm(t->site_comm, sums, (size_t)n, MPI_DOUBLE, sizeof(double), MPI_SUM));
     CHECK(coll_allreduce_comm(t->site_comm, wait, 1, MPI_DOUBLE, sizeof(double), MPI_MAX));
@@ -172,60 +171,65 @@ int trainer_step(Trainer *tr, StepLog *out)
     const TrainConfig *tc = &tr->cfg.train;
     const ModelConfig *mc = &tr->cfg.model;
     const Topology *t = &tr->topo;
+    Backend *be = tr->be;
     const double t0 = now_s();
     fault_set_step(tr->step + 1);
     const int B = tr->micro_batch, T = mc->context, M = tr->grad_accum, G = t->learner_size;
-    memset(tr->model.grads, 0, tr->model.n_params * sizeof(float));
+    be->ops->zero_grads(be);
     const double a2a0 = tr->ep.bytes_sent + tr->ep.bytes_recv;
     const double link0 = tr->red.link.bytes_sent + tr->red.link.bytes_recv, wait0 = tr->red.link.wait_s;
-    /* [ce_sum, scored, aux, z, dropped, a2a bytes, inter-site bytes] summed
-     * over every site (sync) or this site (outer modes: no per-step traffic
-     * between sites), see step_stats */
-    double sums[STEP_SUMS] = {0};
+    /* summed over every site (sync) or this site (outer modes: no per-step
+     * traffic between sites), see step_stats */
+    StepSums sums = {0};
     for (int micro = 0; micro < M; micro++) {
         const uint64_t first = tr->learner_first_window + (uint64_t)micro * B * G +
                                (uint64_t)t->learner_rank * B;
         CHECK(data_fill(&tr->cursor, &tr->train, first, tr->tokens, tr->targets, B, T));
         ForwardStats st;
-        CHECK(transformer_forward(&tr->model, &tr->acts, tr->tokens, tr->targets, B, T, 1, &st));
-        CHECK(transformer_backward(&tr->model, &tr->acts, tr->tokens, tr->targets,
-                                   (float)(tr->loss_weight / M)));
-        sums[0] += st.ce_sum;
-        sums[1] += (double)st.n_targets;
-        sums[2] += st.aux_loss / M; /* this rank's share of its learner's value */
-        sums[3] += st.z_loss / M;
-        sums[4] += (double)st.dropped;
+        CHECK(be->ops->train_micro(be, tr->tokens, tr->targets, B, T, (float)(tr->loss_weight / M), &st));
+        sums.ce_sum += st.ce_sum;
+        sums.scored += (double)st.n_targets;
+        sums.aux += st.aux_loss / M; /* this rank's share of its learner's value */
+        sums.z += st.z_loss / M;
+        sums.dropped += (double)st.dropped;
     }
     tr->cursor.step++;
+    float *grads = backend_state(be, STATE_GRADS);
+    be->ops->to_host(be);
     if (tr->outer_mode) {
-        CHECK(reduce_learner_sum(&tr->red, tr->model.grads));
+        CHECK(reduce_learner_sum(&tr->red, grads));
     } else {
         ReduceReport rep;
-        CHECK(reduce_start(&tr->red, 0, tr->model.grads, REDUCE_GRADS));
-        CHECK(reduce_finish(&tr->red, 0, tr->model.grads, &rep));
+        CHECK(reduce_start(&tr->red, 0, grads, REDUCE_GRADS));
+        CHECK(reduce_finish(&tr->red, 0, grads, &rep));
     }
-    sums[5] = tr->ep.bytes_sent + tr->ep.bytes_recv - a2a0;
+    be->ops->from_host(be);
+    sums.a2a_bytes = tr->ep.bytes_sent + tr->ep.bytes_recv - a2a0;
     /* learner means of aux and z: divide each rank's share by its G; learners
      * are weighted equally in the reported value */
     const int stat_learners = tr->outer_mode ? t->sites[t->site].learners : t->n_learners;
-    sums[2] /= (double)G * stat_learners;
-    sums[3] /= (double)G * stat_learners;
+    sums.aux /= (double)G * stat_learners;
+    sums.z /= (double)G * stat_learners;
 
     double norm2;
-    CHECK(grad_norm_sq_learner(&tr->model, t->learner_comm, &norm2));
+    CHECK(grad_norm_sq_learner(be, t->learner_comm, &norm2));
     const double norm = sqrt(norm2);
-    if (tc->clip > 0 && norm > tc->clip) grad_scale(&tr->model, (float)(tc->clip / norm));
+    if (tc->clip > 0 && norm > tc->clip) be->ops->scale_grads(be, (float)(tc->clip / norm));
     const double lr = lr_at(tc, tr->step);
-    if (!strcmp(tc->optimizer, "sgd")) sgd_step(&tr->model, lr, tc->weight_decay);
-    else adamw_step(&tr->opt, &tr->model, lr, tc->weight_decay);
+    be->ops->optimizer_step(be, lr);
     tr->step++;
     tr->tokens_seen += t->total_tokens_per_step;
-    if (tr->outer_mode) CHECK(outer_after_step(&tr->outer, &tr->red, &tr->model, tr->step, &tr->metrics, tr->log));
-    sums[6] = tr->red.link.bytes_sent + tr->red.link.bytes_recv - link0;
-    if (fault_nan_now()) sums[0] = NAN; /* test hook: this site diverges */
+    if (tr->outer_mode) {
+        be->ops->to_host(be);
+        CHECK(outer_after_step(&tr->outer, &tr->red, backend_state(be, STATE_PARAMS), tr->step, &tr->metrics,
+                               tr->log));
+        be->ops->from_host(be);
+    }
+    sums.inter_site_bytes = tr->red.link.bytes_sent + tr->red.link.bytes_recv - link0;
+    if (fault_nan_now()) sums.ce_sum = NAN; /* test hook: this site diverges */
     double wait = tr->red.link.wait_s - wait0;
-    CHECK(step_stats(tr, sums, &wait));
-    const double loss = sums[0] / sums[1];
+    CHECK(step_stats(tr, &sums, &wait));
+    const double loss = sums.ce_sum / sums.scored;
     if (!isfinite(loss)) { /* every rank of the site sees it: its first rank says so */
         int site_rank;
         CHECK_MPI(MPI_Comm_rank(t->site_comm, &site_rank));
@@ -238,16 +242,16 @@ int trainer_step(Trainer *tr, StepLog *out)
     out->step = tr->step;
     out->steps = tc->steps;
     out->loss = loss;
-    out->aux_loss = sums[2];
-    out->z_loss = sums[3];
+    out->aux_loss = sums.aux;
+    out->z_loss = sums.z;
     out->lr = lr;
     out->grad_norm = norm;
     out->ms_per_step = 1e3 * dt;
     out->tokens_per_s = t->total_tokens_per_step / dt;
     out->tokens = tr->tokens_seen;
-    out->dropped_frac = sums[4] / (sums[1] * mc->top_k * mc->layers);
-    out->a2a_bytes = sums[5];
-    out->inter_site_bytes = sums[6];
+    out->dropped_frac = sums.dropped / (sums.scored * mc->top_k * mc->layers);
+    out->a2a_bytes = sums.a2a_bytes;
+    out->inter_site_bytes = sums.inter_site_bytes;
     out->link_wait_s = wait;
     return ISTH_OK;
 }
@@ -259,19 +263,30 @@ int trainer_eval(Trainer *tr, double *bpb_prose, double *bpb_tech)
      * others go on to their next step */
     if (tr->topo.learner != 0) return ISTH_OK;
     const int anchor = tr->outer_mode && !tr->outer.butterfly; /* butterfly: learner 0's own */
-    if (anchor) CHECK(outer_view_anchor(&tr->outer, &tr->red, &tr->model));
+    Backend *be = tr->be;
+    if (anchor) {
+        be->ops->to_host(be);
+        CHECK(outer_view_anchor(&tr->outer, &tr->red, backend_state(be, STATE_PARAMS), backend_state(be, STATE_GRADS),
+                                tr->model.n_params));
+        be->ops->from_host(be);
+    }
     const Corpus *sets[2] = {&tr->eval_prose, &tr->eval_tech};
     const char *names[2] = {"prose", "tech"};
     double *outs[2] = {bpb_prose, bpb_tech};
     int rc = ISTH_OK;
     for (int i = 0; i < 2 && rc == ISTH_OK; i++) {
         EvalResult r;
-        rc = eval_corpus(&tr->model, &tr->acts, sets[i], (size_t)tr->cfg.data.eval_bytes, &r);
+        rc = eval_corpus(be, &tr->ep, tr->micro_batch, tr->cfg.model.context, sets[i], (size_t)tr->cfg.data.eval_bytes,
+                         &r);
         if (rc != ISTH_OK) break;
         if (tr->log) rc = metrics_eval(&tr->metrics, names[i], tr->step, r.bpb, r.predicted, r.seconds);
         if (outs[i]) *outs[i] = r.bpb;
     }
-    if (anchor) outer_view_end(&tr->model);
+    if (anchor) {
+        be->ops->to_host(be);
+        outer_view_end(backend_state(be, STATE_PARAMS), backend_state(be, STATE_GRADS), tr->model.n_params);
+        be->ops->from_host(be);
+    }
     return rc;
 }
 
@@ -280,8 +295,9 @@ int trainer_write_model(Trainer *tr, const char *path)
     if (tr->topo.learner != 0) return ISTH_OK;
     H5Meta meta = {tr->step, tr->tokens_seen};
     fault_watchdog_arm(tr->cfg.checkpoint.timeout, "writing the model file");
-    const int rc = h5model_write(path, &tr->model, tr->config_text, &meta, tr->topo.learner_comm,
-                                 tr->topo.learner_rank == 0);
+    tr->be->ops->to_host(tr->be);
+    const int rc = h5model_write(path, &tr->model, backend_state(tr->be, STATE_PARAMS), tr->config_text, &meta,
+                                 tr->topo.learner_comm, tr->topo.learner_rank == 0);
     fault_watchdog_disarm();
     return rc;
 }
@@ -292,7 +308,8 @@ static const float *replica_view(const void *ctx, int t, int l, int e)
     const Trainer *tr = ctx;
     if (tr->outer_mode) return outer_view(&tr->outer, &tr->red, OUTER_ANCHOR, t, l, e);
     const int c = chunk_index(&tr->red.table, t, l, e < 0 ? 0 : e);
-    return tr->red.owned_pos[c] != SIZE_MAX ? tr->model.params + chunk_offset(&tr->red.table, c) : NULL;
+    return tr->red.owned_pos[c] != SIZE_MAX ? backend_state(tr->be, STATE_PARAMS) + chunk_offset(&tr->red.table, c)
+                                            : NULL;
 }
 
 /* In sync mode every learner must hold the same model; a mismatch means a
@@ -303,6 +320,7 @@ static int check_replicas(Trainer *tr)
     /* outer modes: learners differ between outer steps; the anchor (global
      * model) must agree */
     const Topology *t = &tr->topo;
+    tr->be->ops->to_host(tr->be);
     CHECK(model_fingerprint(&tr->red, replica_view, tr, t->learner_comm, &fp));
     /* inside the site first, then the sites' first ranks through the link */
     int site_size, site_rank;
@@ -420,7 +438,7 @@ int train_run(const Config *cfg, const char *resume)
         topology_print(&tr.topo, cfg);
         printf("model: %.3fM parameters, %.3fM active matrix parameters per token; %d threads per rank\n",
                model_total_params(&cfg->model) / 1e6, model_active_matrix_params(&cfg->model) / 1e6,
-               omp_get_max_threads());
+               tr.be ? tr.be->threads : 0);
         fflush(stdout);
     }
     if (rc == ISTH_OK) rc = ckpt_check_outputs(&tr);
@@ -460,7 +478,7 @@ int train_run(const Config *cfg, const char *resume)
         if ((ckpt_due || stopping) && tr.step < tc->steps) {
             /* exchanges in flight complete now; their results are applied at
              * their own step, after a restart too (saved in the checkpoint) */
-            if (tr.outer_mode) rc = outer_drain(&tr.outer, &tr.red, &tr.model);
+            if (tr.outer_mode) rc = outer_drain(&tr.outer, &tr.red);
             if (rc == ISTH_OK && stopping && tr.outer_mode) rc = outer_drain_probes(&tr.outer, &tr.metrics);
             if (rc == ISTH_OK) rc = ckpt_write(&tr);
             ckpt_due = 0;
@@ -478,7 +496,7 @@ int train_run(const Config *cfg, const char *resume)
     const int finished = rc == ISTH_OK && tr.step >= tc->steps;
     if (rc == ISTH_OK && tr.rank == 0) memory_print_measured(0); /* `isthmus config --memory` predicts it */
     if (finished && tr.outer_mode)
-        rc = outer_finish(&tr.outer, &tr.red, &tr.model, tr.step, &tr.metrics, tr.log);
+        rc = outer_finish(&tr.outer, &tr.red, backend_state(tr.be, STATE_PARAMS), tr.step, &tr.metrics, tr.log);
     if (finished && rc == ISTH_OK && tc->check_replicas > 0) rc = check_replicas(&tr);
     if (finished && rc == ISTH_OK) rc = traffic_summary(&tr);
     if (finished && rc == ISTH_OK) rc = ckpt_write(&tr);

@@ -1,26 +1,25 @@
 /* train.h — the training loop.
  *
- * Owns: one run's state (model, optimiser, data cursor, activations, corpus
- * maps, metrics file) and the order of a training step: micro-batches
+ * Owns: one run's state (a backend handle, the data cursor, corpus maps,
+ * metrics file) and the order of a training step: micro-batches
  * forward/backward with gradient accumulation, global-norm clipping,
  * learning-rate schedule, optimiser update, logging, periodic evaluation,
  * and writing the final model.
- * Must not: parse command lines or know which backend computes the layers
- * beyond the transformer.h interface.
+ * Must not: parse command lines, or know which backend computes: it calls
+ * the verbs of backend.h and hands host views to reduce, outer and ckpt.
  */
 #ifndef ISTHMUS_TRAIN_H
 #define ISTHMUS_TRAIN_H
 
+#include "backend.h"
 #include "coll.h"
 #include "config.h"
 #include "data.h"
 #include "metrics.h"
 #include "model.h"
-#include "optim.h"
 #include "outer.h"
 #include "reduce.h"
 #include "topology.h"
-#include "transformer.h"
 
 typedef struct {
     Config cfg;
@@ -29,11 +28,10 @@ typedef struct {
     Coll ep;             /* the learner: expert-parallel group */
     Reducer red;         /* reductions over all learners (sync and outer modes) */
     Outer outer;         /* diloco / streaming state */
-    int outer_mode;      /* 0 sync, 1 diloco or streaming */
+    int outer_mode;      /* 0 sync, 1 diloco, streaming or butterfly */
     int *site_leaders;   /* world rank of each site's first rank: the ends of control exchanges */
-    Model model;
-    AdamW opt;
-    Activations acts;
+    Backend *be;         /* computes; owns the weights, grads, optimiser state and activations */
+    Model model;         /* the table of this rank's tensors (shapes, offsets; no buffers) */
     Corpus train, eval_prose, eval_tech;
     DataCursor cursor;
     int micro_batch, grad_accum; /* this rank's site's */
@@ -48,15 +46,13 @@ typedef struct {
     int created;         /* topology and communicators exist */
 } Trainer;
 
-/* Set OpenMP and OpenBLAS thread counts (0 = leave the defaults). */
-void set_threads(int threads);
+/* Linear warmup over `warmup` steps to lr, then cosine decay to min_lr at
+ * `steps`. step counts from 0. */
+double lr_at(const TrainConfig *tc, long step);
 
 /* Build everything a run needs. `log`: write metrics and print lines. */
 int trainer_create(Trainer *tr, const Config *cfg, int log);
 void trainer_destroy(Trainer *tr);
-
-/* [ce_sum, scored, aux, z, dropped, a2a bytes, inter-site bytes] of a step */
-#define STEP_SUMS 7
 
 /* A blocking control exchange between the sites through the link
  * (link_control): all[s * bytes] = site s's `mine`, on every rank. */

@@ -24,7 +24,7 @@ check() { # check NAME NP CONFIG [args...]
     local name=$1 np=$2 cfg=$3
     shift 3
     "$ISTHMUS" config "$cfg" "$@" --memory --ranks "$np" > "$WORK/$name.plan" 2>&1 || { fail "$name: config --memory failed: $(cat "$WORK/$name.plan")"; return; }
-    mpi "$np" "$ISTHMUS" train "$cfg" --set train.out_dir="$WORK/$name" --set train.eval_every=0 \
+    mpi "$np" "$ISTHMUS" train "$cfg" --set train.out_dir="$WORK/$name" --set train.eval_every=0 --set data.eval_bytes=4096 \
         --set train.check_replicas=0 "$@" > "$WORK/$name.log" 2>&1 || { fail "$name: training failed: $(tail -3 "$WORK/$name.log")"; return; }
     local ok=1 p m sum_p=0 sum_m=0 c
     for c in $PREDICTED; do
@@ -69,7 +69,7 @@ check tiny_streaming 4 "$T" $SHORT $TWO --set outer.mode=streaming --set outer.f
     --set outer.codec=fp4
 check tiny_butterfly 4 "$T" $SHORT $TWO --set site.east.learner_ranks=1 --set outer.mode=butterfly --set outer.overlap=1 \
     --set outer.codec=int8
-check small_1rank 1 "$S" --set train.steps=2 --set train.log_every=2 --set train.threads=1
+check small_1rank 1 "$S" --set train.steps=2 --set train.log_every=2 --set train.threads=1 --set data.eval_bytes=4096
 
 # what a mode does not use is not allocated
 for c in outer residuals staging; do

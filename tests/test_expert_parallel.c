@@ -24,12 +24,12 @@
 #include <cmocka.h>
 #include <mpi.h>
 
-#include "blas_select.h"
+#include "cpu/blas_select.h"
 #include "coll.h"
 #include "model.h"
 #include "rng.h"
 #include "testmodel.h"
-#include "transformer.h"
+#include "cpu/transformer.h"
 
 static Coll world, self;
 

@@ -18,9 +18,9 @@
 
 #include <cmocka.h>
 
-#include "blas_select.h"
-#include "layers.h"
-#include "moe.h"
+#include "cpu/blas_select.h"
+#include "cpu/layers.h"
+#include "cpu/moe.h"
 #include "refmodel.h"
 #include "rng.h"
 

@@ -25,14 +25,14 @@
 #include <cmocka.h>
 #include <mpi.h>
 
-#include "blas_select.h"
+#include "cpu/blas_select.h"
 #include "coll.h"
 #include "model.h"
-#include "moe.h"
+#include "cpu/moe.h"
 #include "refmodel.h"
 #include "rng.h"
 #include "testmodel.h"
-#include "transformer.h"
+#include "cpu/transformer.h"
 
 static Coll self; /* a learner of one rank */
 

@@ -1,4 +1,4 @@
-/* transformer.h — the CPU backend: whole-model forward and backward.
+/* transformer.h — the CPU backend's whole-model forward and backward.
  *
  * Owns: the activation buffers of one micro-batch and the order in which the
  * layers of layers.c and moe.c are applied (DESIGN.md "Model"):
@@ -12,17 +12,10 @@
 
 #include <stddef.h>
 
+#include "backend.h"
 #include "coll.h"
 #include "model.h"
 #include "moe.h"
-
-typedef struct {
-    double ce_sum;     /* sum of cross-entropy (nats) over counted targets */
-    size_t n_targets;  /* targets >= 0 */
-    double aux_loss;   /* sum over layers of the load-balancing loss */
-    double z_loss;     /* sum over layers of the router z-loss */
-    long dropped;      /* routed copies skipped for capacity, all layers */
-} ForwardStats;
 
 typedef struct {
     int B, T;                 /* allocated for up to B sequences of T */

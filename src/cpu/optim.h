@@ -33,14 +33,13 @@ void adamw_step(AdamW *opt, Model *m, double lr, double weight_decay);
 /* Plain SGD: p = p*(1 - lr*wd) - lr*g (decay on PARAM_DECAY tensors). */
 void sgd_step(Model *m, double lr, double weight_decay);
 
-/* Linear warmup over `warmup` steps to lr, then cosine decay to min_lr at
- * `steps`. step counts from 0. */
-double lr_at(const TrainConfig *tc, long step);
 
 /* Sum of squares of this rank's gradients, restricted to tensors whose
  * flags & mask == want (lets callers separate replicated from sharded
  * tensors). Deterministic: fixed chunking, summed in order. */
 double grad_sumsq(const Model *m, unsigned mask, unsigned want);
+/* The same over any buffer laid out like the params. */
+double state_sumsq(const Model *m, const float *buf, unsigned mask, unsigned want);
 
 /* grads *= factor */
 void grad_scale(Model *m, float factor);

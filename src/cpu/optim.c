@@ -64,23 +64,16 @@ void sgd_step(Model *model, double lr, double weight_decay)
     }
 }
 
-double lr_at(const TrainConfig *tc, long step)
-{
-    if (tc->warmup > 0 && step < tc->warmup) return tc->lr * (double)(step + 1) / tc->warmup;
-    long decay_steps = tc->steps - tc->warmup;
-    if (decay_steps <= 0) return tc->lr;
-    double progress = (double)(step - tc->warmup) / (double)decay_steps;
-    if (progress > 1.0) progress = 1.0;
-    return tc->min_lr + 0.5 * (tc->lr - tc->min_lr) * (1.0 + cos(M_PI * progress));
-}
 
-double grad_sumsq(const Model *m, unsigned mask, unsigned want)
+double grad_sumsq(const Model *m, unsigned mask, unsigned want) { return state_sumsq(m, m->grads, mask, want); }
+
+double state_sumsq(const Model *m, const float *buf, unsigned mask, unsigned want)
 {
     double total = 0.0;
     for (int i = 0; i < N_TENSORS; i++) {
         const Tensor *t = &m->tensors[i];
         if ((t->flags & mask) != want) continue;
-        const float *g = m->grads + t->offset;
+        const float *g = buf + t->offset;
         enum { CHUNKS = 64 };
         double part[CHUNKS];
 #pragma omp parallel for schedule(static)

@@ -1,0 +1,89 @@
+/* backend.h — the one seam between the training loop and the code that
+ * computes: a table of verbs, like nccl-tests' function table. The CPU
+ * backend (src/cpu/) is the first implementation and the specification;
+ * the CUDA backend (cuda/) mirrors it.
+ *
+ * Owns: the contract of every verb, and which memory is the backend's: the
+ * training state (weights, grads, inner optimiser state) and the
+ * activations live in the backend, laid out like the model table
+ * (model.h). Nothing outside a backend allocates, frees or computes on that
+ * memory except through these verbs.
+ * Must not: know about sites, learners or the link (the trainer, reduce.c
+ * and outer.c do), or read data and files.
+ *
+ * Host views: outer algorithms, reductions and checkpoints work on host
+ * arrays laid out like the model table, taken with backend_state(). For the
+ * CPU backend the view is the memory itself; a device backend hands out a
+ * host mirror, made current by backend_to_host() and written back by
+ * backend_from_host() (the trainer brackets every outer step, checkpoint
+ * and replica check with them; both are no-ops on the CPU).
+ */
+#ifndef ISTHMUS_BACKEND_H
+#define ISTHMUS_BACKEND_H
+
+#include <stddef.h>
+
+#include "coll.h"
+#include "config.h"
+#include "model.h"
+
+/* What one forward pass reports. */
+typedef struct {
+    double ce_sum;     /* sum of cross-entropy (nats) over counted targets */
+    size_t n_targets;  /* targets >= 0 */
+    double aux_loss;   /* sum over layers of the load-balancing loss */
+    double z_loss;     /* sum over layers of the router z-loss */
+    long dropped;      /* routed copies skipped for capacity, all layers */
+} ForwardStats;
+
+/* The state a backend holds, each laid out like the model table. */
+typedef enum { STATE_PARAMS, STATE_GRADS, STATE_ADAM_M, STATE_ADAM_V, STATE_KINDS } StateKind;
+
+typedef struct Backend Backend;
+
+typedef struct {
+    const char *name;
+    void (*destroy)(Backend *b);
+    /* One micro-batch: forward with capacity and auxiliary losses, then
+     * backward accumulating (+=) into the grads the gradient of
+     * loss_scale * (ce_sum / n_targets + aux + z). Learner collective. */
+    int (*train_micro)(Backend *b, const int *tokens, const int *targets, int B, int T, float loss_scale,
+                       ForwardStats *st);
+    /* Forward without capacity limits: per-position cross-entropy into
+     * losses (B*T, host). Learner collective. */
+    int (*score)(Backend *b, const int *tokens, const int *targets, int B, int T, float *losses);
+    void (*zero_grads)(Backend *b);
+    /* Sum of squares of `which` over the tensors whose flags & mask == want
+     * (fixed chunking, summed in order: deterministic). */
+    double (*sumsq)(Backend *b, StateKind which, unsigned mask, unsigned want);
+    /* Sums of squares of n runs (offset, length) of `which`, in order. */
+    void (*run_sumsq)(Backend *b, StateKind which, const size_t *off, const size_t *len, int n, double *out);
+    void (*scale_grads)(Backend *b, float factor);
+    /* The inner optimiser's update of every tensor (grads read, not changed). */
+    void (*optimizer_step)(Backend *b, double lr);
+    /* Host view of `which` (see the header comment). */
+    float *(*state)(Backend *b, StateKind which);
+    void (*to_host)(Backend *b);
+    void (*from_host)(Backend *b);
+} BackendOps;
+
+struct Backend {
+    const BackendOps *ops;
+    Model table;        /* shapes and offsets of this rank's state (no buffers) */
+    long optimizer_t;   /* inner updates applied (AdamW's bias correction); checkpointed */
+    int threads;        /* compute threads per rank (for the log) */
+    void *impl;
+};
+
+/* The backend `name` ("cpu") for this rank: micro-batches of up to B
+ * sequences of the model's context, experts [expert_begin,
+ * expert_begin + experts_local), expert parallelism over `ep`. The weights
+ * are initialised (model.h: a function of the seed, not of the layout). */
+int backend_create(Backend **out, const char *name, const Config *cfg, int B, int expert_begin, int experts_local,
+                   Coll *ep);
+void backend_destroy(Backend *b);
+
+/* The verbs, called through the table. */
+static inline float *backend_state(Backend *b, StateKind which) { return b->ops->state(b, which); }
+
+#endif

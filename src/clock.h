@@ -1,0 +1,15 @@
+/* clock.h — the one clock for durations: monotonic seconds (deadlines,
+ * step times, throughput). Never the wall clock, which can jump. */
+#ifndef ISTHMUS_CLOCK_H
+#define ISTHMUS_CLOCK_H
+
+#include <time.h>
+
+static inline double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+#endif
