@@ -168,7 +168,7 @@ static void scratch_free(CkptScratch *sc) { isth_free(sc->frag); }
 /* Is an outer exchange in flight (drained, waiting for its step)? */
 static int exchanges_in_flight(const Trainer *tr)
 {
-    for (int p = 0; tr->outer_mode && p < tr->cfg.outer.fragments; p++)
+    for (int p = 0; tr->mode != MODE_SYNC && p < tr->cfg.outer.fragments; p++)
         if (tr->outer.started[p] >= 0) return 1;
     return 0;
 }
@@ -200,7 +200,7 @@ static int write_state(Trainer *tr, H5File *f, CkptScratch *sc)
     CHECK(h5_attr_write_long(f, "/", "data_step", (long long)tr->cursor.step));
 
     const int P = tr->cfg.outer.fragments, in_flight = exchanges_in_flight(tr);
-    if (!tr->outer_mode) {
+    if (tr->mode == MODE_SYNC) {
         CHECK(write_params(f, tr, "/model", params, first));
         CHECK(write_params(f, tr, "/inner/m", adam_m, first));
         CHECK(write_params(f, tr, "/inner/v", adam_v, first));
@@ -243,8 +243,8 @@ static int write_state(Trainer *tr, H5File *f, CkptScratch *sc)
     /* per fragment: last outer start, and the start of the exchange in flight (-1: none) */
     double *frag = sc->frag;
     for (int p = 0; p < P; p++) {
-        frag[p] = tr->outer_mode ? (double)tr->outer.last_sync[p] : 0.0;
-        frag[P + p] = tr->outer_mode ? (double)tr->outer.started[p] : -1.0;
+        frag[p] = tr->mode != MODE_SYNC ? (double)tr->outer.last_sync[p] : 0.0;
+        frag[P + p] = tr->mode != MODE_SYNC ? (double)tr->outer.started[p] : -1.0;
     }
     hid_t g = H5Gcreate2(f->file, "/state", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
     if (g >= 0) H5Gclose(g);
@@ -258,7 +258,7 @@ static int checkpoint_groups(const Trainer *tr)
 {
     const int learners = tr->topo.sites[tr->topo.site].learners, residual = reduce_any_residual(&tr->red);
     const int in_flight = exchanges_in_flight(tr);
-    if (!tr->outer_mode) return 3 + residual;             /* model, inner m and v (+ residual) */
+    if (tr->mode == MODE_SYNC) return 3 + residual;             /* model, inner m and v (+ residual) */
     if (tr->outer.butterfly)                              /* model; per learner anchor, momentum, residual, */
         return 1 + learners * (6 + 2 * in_flight);        /* pending, sent, model, m, v */
     return 3 + in_flight + 3 * learners;                  /* anchor, momentum, residual, pending; per learner 3 */
@@ -273,7 +273,7 @@ static void prune(const char *dir, int keep)
     n = list_steps(dir, steps, listed);
     if (n > listed) n = listed;
     for (int i = keep; i < n; i++) {
-        char path[1200];
+        char path[CONFIG_FILE_PATH_MAX + 64];
         ckpt_path(dir, steps[i], path, sizeof path);
         unlink(path);
     }
@@ -297,7 +297,7 @@ static int write_checkpoint(Trainer *tr)
 {
     const double t0 = now_s();
     const Topology *t = &tr->topo;
-    char dir[1100], path[1200];
+    char dir[CONFIG_FILE_PATH_MAX], path[CONFIG_FILE_PATH_MAX + 64];
     site_dir(tr, dir, sizeof dir);
     /* the directory was probed before training: failing now is a runtime
      * failure (a full disk), reported by the site's first rank */
@@ -357,7 +357,7 @@ static int write_checkpoint(Trainer *tr)
 static int probe_dir(const char *what, const char *dir)
 {
     CHECK(make_dirs(dir));
-    char probe[1200], moved[1220];
+    char probe[CONFIG_FILE_PATH_MAX + 64], moved[CONFIG_FILE_PATH_MAX + 96];
     snprintf(probe, sizeof probe, "%s/.isthmus-probe-%ld", dir, (long)getpid());
     snprintf(moved, sizeof moved, "%s.renamed", probe);
     int fd = open(probe, O_CREAT | O_WRONLY | O_EXCL, 0644);
@@ -389,7 +389,7 @@ int ckpt_check_outputs(Trainer *tr)
     if (site_rank == 0) {
         /* only this site's first rank sees it: it prints, quiet or not */
         const int was = status_set_quiet(0);
-        char dir[1100];
+        char dir[CONFIG_FILE_PATH_MAX];
         site_dir(tr, dir, sizeof dir);
         mine = probe_dir("[train] out_dir", tr->cfg.train.out_dir);
         if (mine == ISTH_OK) mine = probe_dir(tr->cfg.checkpoint.dir[0] ? "[checkpoint] dir" : "checkpoint directory", dir);
@@ -665,7 +665,7 @@ int ckpt_find(Trainer *tr, const char *arg, char *path, size_t cap)
     const Topology *t = &tr->topo;
     int site_rank;
     CHECK_MPI(MPI_Comm_rank(t->site_comm, &site_rank));
-    char dir[1100];
+    char dir[CONFIG_FILE_PATH_MAX];
     site_dir(tr, dir, sizeof dir);
     long valid[CKPT_MAX_LIST];
     for (int i = 0; i < CKPT_MAX_LIST; i++) valid[i] = -1;
@@ -695,7 +695,7 @@ int ckpt_find(Trainer *tr, const char *arg, char *path, size_t cap)
         if (n > CKPT_MAX_LIST * 4) n = CKPT_MAX_LIST * 4; /* the newest ones */
         for (int i = 0; i < n && k < CKPT_MAX_LIST; i++) {
             if (want >= 0 && steps[i] != want) continue;
-            char p[1200], reason[512];
+            char p[CONFIG_FILE_PATH_MAX + 64], reason[512];
             ckpt_path(dir, steps[i], p, sizeof p);
             if (ckpt_validate(p, reason, sizeof reason, NULL) == ISTH_OK) {
                 valid[k++] = steps[i];
@@ -752,7 +752,7 @@ static int compare_configs(Trainer *tr, const char *saved_text, const char *path
     if (strcmp(saved->outer.mode, tr->cfg.outer.mode))
         return isth_fail(ISTH_EINPUT, "checkpoint %s: [outer] mode = %s in the checkpoint, %s in the config", path,
                          saved->outer.mode, tr->cfg.outer.mode);
-    if (tr->outer_mode && saved->outer.fragments != tr->cfg.outer.fragments)
+    if (tr->mode != MODE_SYNC && saved->outer.fragments != tr->cfg.outer.fragments)
         return isth_fail(ISTH_EINPUT, "checkpoint %s: [outer] fragments = %d in the checkpoint, %d in the config", path,
                          saved->outer.fragments, tr->cfg.outer.fragments);
     if (tr->log) { /* allowed changes: list them */
@@ -761,7 +761,7 @@ static int compare_configs(Trainer *tr, const char *saved_text, const char *path
         while (p && *p) {
             const char *nl = strchr(p, '\n');
             size_t len = nl ? (size_t)(nl - p) : strlen(p);
-            char line[1200];
+            char line[CONFIG_FILE_PATH_MAX + 64];
             snprintf(line, sizeof line, "%.*s", (int)(len < 1100 ? len : 1100), p);
             if (line[0] && line[0] != '[' && !strstr(was, line)) printf("resume: changed: %s\n", line);
             p = nl ? nl + 1 : NULL;
@@ -848,7 +848,7 @@ static int load_checkpoint(Trainer *tr, const char *path)
     if (rc == ISTH_OK) rc = h5_attr_read_long(&f, "/", "data_step", &data_step);
     if (rc == ISTH_OK) rc = h5_attr_read_double(&f, "/", "tokens", &tokens);
     if (rc == ISTH_OK) rc = check_attributes(tr, &f, path, step, adam_t, data_step, saved_optimizer);
-    if (rc == ISTH_OK && tr->outer_mode && (first != site->first_learner || learners != site->learners))
+    if (rc == ISTH_OK && tr->mode != MODE_SYNC && (first != site->first_learner || learners != site->learners))
         rc = isth_fail(ISTH_EINPUT,
                        "checkpoint %s: site %s had learners %lld..%lld, the layout gives %d..%d (an outer-mode "
                        "checkpoint keeps one state per learner; change ranks per learner, not the learner count)",
@@ -859,8 +859,8 @@ static int load_checkpoint(Trainer *tr, const char *path)
     if (rc == ISTH_OK) rc = h5_read_doubles(&f, "/state/fragments", frag, P);
     if (rc == ISTH_OK) rc = h5_read_doubles(&f, "/state/started", frag + P, P);
     int in_flight = 0;
-    for (int p = 0; rc == ISTH_OK && tr->outer_mode && p < P; p++) in_flight |= frag[P + p] >= 0;
-    if (rc == ISTH_OK && !tr->outer_mode) {
+    for (int p = 0; rc == ISTH_OK && tr->mode != MODE_SYNC && p < P; p++) in_flight |= frag[P + p] >= 0;
+    if (rc == ISTH_OK && tr->mode == MODE_SYNC) {
         rc = read_params(&f, tr, "/model", params);
         if (rc == ISTH_OK) rc = read_params(&f, tr, "/inner/m", adam_m);
         if (rc == ISTH_OK) rc = read_params(&f, tr, "/inner/v", adam_v);
@@ -897,16 +897,7 @@ static int load_checkpoint(Trainer *tr, const char *path)
         if (rc == ISTH_OK && in_flight) rc = read_outer(&f, tr, bf ? g : "/outer/pending", OUTER_PENDING);
         snprintf(g, sizeof g, "/learner_%d/outer/sent", t->learner);
         if (rc == ISTH_OK && in_flight && bf) rc = read_outer(&f, tr, g, OUTER_SENT);
-        for (int p = 0; rc == ISTH_OK && p < P; p++) {
-            tr->outer.last_sync[p] = (long)frag[p];
-            tr->outer.started[p] = (long)frag[P + p];
-            tr->outer.reduced[p] = tr->outer.started[p] >= 0;
-            memset(&tr->outer.pending[p], 0, sizeof tr->outer.pending[p]);
-            tr->outer.pending[p].fragment = p;
-            tr->outer.pending[p].n_sites = tr->outer.pending[p].accepted_sites = t->n_sites;
-            tr->outer.pending[p].arrived_poll = -1;
-        }
-        if (bf) tr->outer.round = (long)(step / tr->outer.H); /* rounds started by this step */
+        if (rc == ISTH_OK) outer_restore(&tr->outer, frag, frag + P, t->n_sites, (long)step);
     }
     scratch_free(&sc);
     if (opened) h5_close(&f);
@@ -933,7 +924,7 @@ static int load_checkpoint(Trainer *tr, const char *path)
     be->optimizer_t = (long)adam_t;
     be->ops->from_host(be);
     tr->outer.outer_steps = (long)outer_steps;
-    tr->red.exchanges = (uint64_t)exchanges;
+    reduce_restore(&tr->red, (uint64_t)exchanges);
     if (tr->log) {
         printf("resumed from %s: step %lld, %.0f tokens, in %.2f s\n", path, step, tokens, now_s() - t0);
         fflush(stdout);

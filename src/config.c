@@ -447,6 +447,8 @@ static int validate_outer(Config *cfg, EntryList *l)
 {
     OuterConfig *o = &cfg->outer;
     const int streaming = !strcmp(o->mode, "streaming"), butterfly = !strcmp(o->mode, "butterfly");
+    o->mode_id = streaming ? MODE_STREAMING : butterfly ? MODE_BUTTERFLY : !strcmp(o->mode, "diloco") ? MODE_DILOCO
+                                                                                                   : MODE_SYNC;
     if (o->lr < 0) {
         if (entries_find(l, "outer", "lr"))
             return isth_fail(ISTH_EINPUT, "config %s: [outer] lr = %g must be > 0", origin_of(l, "outer", "lr"), o->lr);

@@ -13,6 +13,8 @@
 #include <stdint.h>
 
 #define CONFIG_PATH_MAX 1024
+/* a configured directory plus what isthmus adds under it (site, file name) */
+#define CONFIG_FILE_PATH_MAX (CONFIG_PATH_MAX + 256)
 
 typedef struct {
     int layers;     /* L */
@@ -67,13 +69,17 @@ typedef struct {
     double speed;       /* relative speed (planning, scheduling); default 1 */
 } SiteConfig;
 
+/* [outer] mode, parsed once (config_load). */
+typedef enum { MODE_SYNC, MODE_DILOCO, MODE_STREAMING, MODE_BUTTERFLY } OuterMode;
+
 typedef struct {
-    char mode[16];      /* sync | diloco | streaming (butterfly: later) */
+    char mode[16];      /* sync | diloco | streaming | butterfly */
+    OuterMode mode_id;  /* the same, as an enum */
     int inner_steps;    /* H */
-    double lr;          /* outer learning rate (default by mode: diloco 0.7, streaming 0.4) */
+    double lr;          /* outer learning rate (default by mode: diloco 0.7, streaming 0.4, butterfly 1) */
     double momentum;    /* outer Nesterov momentum */
     int fragments;      /* P (default by mode: 1, streaming: layers) */
-    int overlap;        /* tau: inner steps a streaming exchange overlaps */
+    int overlap;        /* tau: inner steps a streaming exchange or butterfly round overlaps */
     double merge_alpha; /* streaming merge: theta = alpha*local + (1-alpha)*outer */
     char codec[8];      /* none | bf16 | int8 | fp4 */
     int codec_block;    /* values per scale */

@@ -62,7 +62,7 @@ const char *h5_not_readable(const char *path)
 /* Free bytes on the file system holding `path`'s directory (-1: unknown). */
 static double free_bytes(const char *path)
 {
-    char dir[1100];
+    char dir[CONFIG_FILE_PATH_MAX];
     snprintf(dir, sizeof dir, "%s", path);
     char *slash = strrchr(dir, '/');
     if (slash) *slash = '\0';
@@ -104,7 +104,7 @@ int h5_create(H5File *f, const char *path, double expect_bytes, MPI_Comm comm)
 /* fsync a file, or (dir) the directory holding it; 0 on success. */
 static int sync_path(const char *path, int dir)
 {
-    char parent[1200];
+    char parent[CONFIG_FILE_PATH_MAX + 64];
     if (dir) {
         snprintf(parent, sizeof parent, "%s", path);
         char *slash = strrchr(parent, '/');

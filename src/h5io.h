@@ -18,6 +18,7 @@
 #include <hdf5.h>
 #include <mpi.h>
 
+#include "config.h"
 #include "model.h"
 
 #define H5IO_FORMAT_VERSION 3
@@ -39,7 +40,7 @@ typedef struct {
     hid_t file, xfer;
     MPI_Comm comm;
     int rank;
-    char path[1100], tmp[1120];
+    char path[CONFIG_FILE_PATH_MAX], tmp[CONFIG_FILE_PATH_MAX + 16];
     int failed;
 } H5File;
 

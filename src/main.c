@@ -25,6 +25,7 @@
 #include "memory.h"
 #include "metrics.h"
 #include "status.h"
+#include "run.h"
 #include "train.h"
 
 #define MAX_OVERRIDES 256
@@ -200,7 +201,7 @@ static int cmd_eval(int argc, char **argv)
     char *text = NULL;
     CHECK(h5model_read_config(model_path, &text, MPI_COMM_WORLD));
     Config cfg;
-    char origin[1200];
+    char origin[CONFIG_FILE_PATH_MAX + 64];
     snprintf(origin, sizeof origin, "%s:/config", model_path);
     int rc = config_load_text(&cfg, text, origin, overrides, n_over);
     isth_free(text);

@@ -24,7 +24,7 @@ static double aligned64(double bytes) { return (double)(((size_t)bytes + 63) / 6
 static int plan_exchanges(const Config *cfg, const Topology *t, const Model *m, MemoryPlan *out)
 {
     const OuterConfig *oc = &cfg->outer;
-    const int butterfly = !strcmp(oc->mode, "butterfly"), outer_mode = strcmp(oc->mode, "sync") != 0;
+    const int butterfly = oc->mode_id == MODE_BUTTERFLY, outer_mode = oc->mode_id != MODE_SYNC;
     const Codec codec = (Codec)codec_from_name(oc->codec);
     const int block = oc->codec_block, ef = !strcmp(oc->error_feedback, "on") && codec != CODEC_NONE;
     const SiteInfo *site = &t->sites[t->site];

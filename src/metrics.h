@@ -10,6 +10,8 @@
 
 #include <stdio.h>
 
+#include "config.h"
+
 typedef struct {
     long step, steps;
     double loss;          /* mean cross-entropy, nats per byte */
@@ -24,7 +26,7 @@ typedef struct {
 
 typedef struct {
     FILE *f;
-    char path[1100];
+    char path[CONFIG_FILE_PATH_MAX];
 } Metrics;
 
 /* Open <out_dir>/metrics.jsonl for appending (creates out_dir). */

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "alloc.h"
+#include "coll.h"
 #include "status.h"
 
 /* A pair verdict: one byte "accepted", then the earliest round in which a
@@ -175,7 +176,7 @@ int mix_finish_staged(Reducer *r, int f, ReduceReport *rep, double *pair_distanc
     }
     /* agree inside my learner, then with the partner learner, then again;
      * the earliest stop round either side knows of rides along */
-    CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_UNSIGNED_CHAR, MPI_MIN, t->learner_comm));
+    CHECK(coll_allreduce_comm(t->learner_comm, &ok, 1, MPI_UNSIGNED_CHAR, 1, MPI_MIN));
     int64_t stop = r->stop_round < 0 ? INT64_MAX : (int64_t)r->stop_round;
     for (int i = 0; i < pp->peers.n; i++) {
         Peer *p = &pp->peers.peers[i];
@@ -200,8 +201,8 @@ int mix_finish_staged(Reducer *r, int f, ReduceReport *rep, double *pair_distanc
         memcpy(&other, v->recv + sizeof(LinkHeader) + 1, sizeof other);
         if (other < stop) stop = other;
     }
-    CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_UNSIGNED_CHAR, MPI_MIN, t->learner_comm));
-    CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &stop, 1, MPI_INT64_T, MPI_MIN, t->learner_comm));
+    CHECK(coll_allreduce_comm(t->learner_comm, &ok, 1, MPI_UNSIGNED_CHAR, 1, MPI_MIN));
+    CHECK(coll_allreduce_comm(t->learner_comm, &stop, 1, MPI_INT64_T, sizeof stop, MPI_MIN));
     r->stop_round = stop == INT64_MAX ? -1 : (long)stop;
     rep->accepted_sites = ok ? 2 : 1;
     if (!ok) snprintf(rep->rejected, sizeof rep->rejected, "learner %d: %s", why ? t->learner : pp->partner,
@@ -216,7 +217,7 @@ int mix_finish_staged(Reducer *r, int f, ReduceReport *rep, double *pair_distanc
     }
     double stats[5] = {0.0, pp->err2, pp->norm2, d2, n2};
     for (int i = 0; i < pp->peers.n; i++) stats[0] += (double)pp->peers.peers[i].msg.send_bytes;
-    CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, stats, 5, MPI_DOUBLE, MPI_SUM, t->learner_comm));
+    CHECK(coll_allreduce_comm(t->learner_comm, stats, 5, MPI_DOUBLE, sizeof(double), MPI_SUM));
     rep->payload_bytes = stats[0];
     rep->codec_rel_error = stats[2] > 0 ? sqrt(stats[1] / stats[2]) : 0.0;
     if (pair_distance) *pair_distance = stats[4] > 0 ? sqrt(stats[3] / stats[4]) : 0.0;

@@ -28,7 +28,9 @@ void model_describe(Model *m, const ModelConfig *cfg, int expert_begin, int expe
     m->experts_local = experts_local;
     const size_t L = (size_t)cfg->layers, D = (size_t)cfg->dim, E = (size_t)cfg->experts,
                  F = (size_t)cfg->ffn, V = (size_t)cfg->vocab;
-    const double std = 0.02, out_std = 0.02 / sqrt(2.0 * cfg->layers);
+    /* GPT-2's initialisation: N(0, 0.02), output projections scaled down
+     * by sqrt(2L) so the residual stream's variance does not grow with depth */
+    const double std = MODEL_INIT_STD, out_std = MODEL_INIT_STD / sqrt(2.0 * cfg->layers);
     const unsigned LY = PARAM_LAYERED, DEC = PARAM_DECAY, EX = PARAM_EXPERT;
     Tensor *t = m->tensors;
     set_shape(&t[T_EMBED], "embed", DEC, std, 2, V, D, 0, 0);

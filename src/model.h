@@ -32,6 +32,7 @@ typedef enum {
 } TensorId;
 
 #define TENSOR_MAX_DIMS 4
+#define MODEL_INIT_STD 0.02
 
 typedef struct {
     const char *name;                 /* dataset name under /model */

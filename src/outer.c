@@ -20,9 +20,8 @@ int outer_fragment_due(long step, int p, int H, int P)
 int outer_max_in_flight(const OuterConfig *cfg)
 {
     const int H = cfg->inner_steps, P = cfg->fragments;
-    const int streaming = !strcmp(cfg->mode, "streaming"), butterfly = !strcmp(cfg->mode, "butterfly");
-    if (!streaming) return 1; /* diloco finishes at once; a butterfly round finishes before the next starts */
-    (void)butterfly;
+    /* diloco finishes at once; a butterfly round finishes before the next starts */
+    if (cfg->mode_id != MODE_STREAMING) return 1;
     const int tau = cfg->overlap;
     /* the schedule repeats every H steps: count the starts of the last tau+1 steps at its worst */
     int most = 1;
@@ -38,9 +37,9 @@ int outer_max_in_flight(const OuterConfig *cfg)
 int outer_create(Outer *o, const OuterConfig *cfg, Reducer *r, const float *theta, double learner_weight)
 {
     memset(o, 0, sizeof *o);
-    o->streaming = !strcmp(cfg->mode, "streaming");
-    o->butterfly = !strcmp(cfg->mode, "butterfly");
-    o->outer_step = cfg->lr != 1.0 || cfg->momentum != 0.0;
+    o->streaming = cfg->mode_id == MODE_STREAMING;
+    o->butterfly = cfg->mode_id == MODE_BUTTERFLY;
+    o->nesterov_mix = cfg->lr != 1.0 || cfg->momentum != 0.0;
     o->H = cfg->inner_steps;
     o->P = cfg->fragments;
     o->tau = o->streaming || o->butterfly ? cfg->overlap : 0;
@@ -253,7 +252,7 @@ static int mix_end(Outer *o, Reducer *r, float *theta, int f, long round, long s
         const float *mx = mixed + own->off[k], *sent = o->sent + at;
         for (size_t j = 0; j < n; j++) {
             float target = mx[j];
-            if (o->outer_step && keep_local) { /* Nesterov on the change since the previous mix */
+            if (o->nesterov_mix && keep_local) { /* Nesterov on the change since the previous mix */
                 const float d = an[j] - mx[j];
                 mo[j] = mu * mo[j] + d;
                 an[j] -= lr * (d + mu * mo[j]);
@@ -350,4 +349,18 @@ int outer_finish(Outer *o, Reducer *r, float *theta, long step, Metrics *mt, int
     for (int f = 0; f < o->P; f++) owned_unpack(ct, reduce_owned(r, f), o->anchor + o->off[f], theta);
     for (int f = 0; f < o->P; f++) CHECK(reduce_share_dense(r, f, theta));
     return ISTH_OK;
+}
+
+void outer_restore(Outer *o, const double *last_sync, const double *started, int n_sites, long step)
+{
+    for (int p = 0; p < o->P; p++) {
+        o->last_sync[p] = (long)last_sync[p];
+        o->started[p] = (long)started[p];
+        o->reduced[p] = o->started[p] >= 0; /* drained before the checkpoint */
+        memset(&o->pending[p], 0, sizeof o->pending[p]);
+        o->pending[p].fragment = p;
+        o->pending[p].n_sites = o->pending[p].accepted_sites = n_sites;
+        o->pending[p].arrived_poll = -1;
+    }
+    if (o->butterfly) o->round = step / o->H; /* rounds started by this step */
 }

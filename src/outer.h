@@ -40,7 +40,7 @@ typedef struct {
     int streaming, butterfly;
     int learner, n_learners, k; /* butterfly: my id, N = 2^k */
     double *weights;           /* butterfly: token share of every learner */
-    int outer_step;            /* butterfly: apply Nesterov to the mixed change (lr != 1 or momentum != 0) */
+    int nesterov_mix;          /* butterfly: apply Nesterov to the mixed change (lr != 1 or momentum != 0) */
     long round;                /* butterfly rounds started */
     Spread spread;             /* butterfly: the learners' spread, sampled at every round */
     int H, P, tau;
@@ -78,6 +78,10 @@ int outer_max_in_flight(const OuterConfig *cfg);
  * drained result of the chunk's fragment (the anchor's values when the
  * fragment is idle: written, never read back). */
 float *outer_view(const Outer *o, const Reducer *r, OuterState which, int tensor, int layer, int expert);
+/* Resume: the schedule of a checkpoint (per fragment its last start and the
+ * start of the exchange in flight, -1 none) at `step`; drained results are
+ * read into outer_hold_pending's slots. */
+void outer_restore(Outer *o, const double *last_sync, const double *started, int n_sites, long step);
 /* Resume: fragment f's drained result goes here (a staging slot is taken). */
 float *outer_hold_pending(Outer *o, Reducer *r, int f);
 /* Evaluation of the anchor: theta holds the anchor until outer_view_end;

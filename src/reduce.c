@@ -112,6 +112,8 @@ int reducer_create(Reducer *r, const Topology *t, const Model *m, int fragments,
 
 void reduce_set_slots(Reducer *r, int slots) { r->slots = slots > 0 ? slots : 1; }
 
+void reduce_restore(Reducer *r, uint64_t exchanges) { r->exchanges = exchanges; }
+
 void reducer_destroy(Reducer *r)
 {
     int retired = 1; /* messages still posted (a failed exchange) are cancelled before their buffers go */

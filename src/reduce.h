@@ -128,6 +128,8 @@ void reducer_destroy(Reducer *r);
 /* How many exchanges may be in flight at once (default 1); the staging pool
  * is allocated for that many at the first exchange. */
 void reduce_set_slots(Reducer *r, int slots);
+/* Resume: exchanges numbered on from a checkpoint's count. */
+void reduce_restore(Reducer *r, uint64_t exchanges);
 
 /* My owned chunks of fragment f (packed layout of outer state). */
 const Owned *reduce_owned(const Reducer *r, int f);

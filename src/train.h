@@ -28,7 +28,7 @@ typedef struct {
     Coll ep;             /* the learner: expert-parallel group */
     Reducer red;         /* reductions over all learners (sync and outer modes) */
     Outer outer;         /* diloco / streaming state */
-    int outer_mode;      /* 0 sync, 1 diloco, streaming or butterfly */
+    OuterMode mode;      /* [outer] mode */
     int *site_leaders;   /* world rank of each site's first rank: the ends of control exchanges */
     Backend *be;         /* computes; owns the weights, grads, optimiser state and activations */
     Model model;         /* the table of this rank's tensors (shapes, offsets; no buffers) */
@@ -66,8 +66,5 @@ int trainer_eval(Trainer *tr, double *bpb_prose, double *bpb_tech);
 
 /* Write the model (learner 0's ranks write collectively; others return). */
 int trainer_write_model(Trainer *tr, const char *path);
-
-/* The whole `isthmus train` run; resume: NULL, a checkpoint file or "auto". */
-int train_run(const Config *cfg, const char *resume);
 
 #endif

@@ -9,6 +9,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* Rotary embedding: frequencies base^(-2i/Dh), the usual base. */
+#define ROPE_BASE 10000.0
+/* Attention rows per block: the (rows, T) score tile stays in L2. */
+#define ATTN_ROW_BLOCK 64
+
 #define RMS_EPS 1e-5f
 
 void encoder_forward(float *out, const int *tokens, const float *embed, size_t N, int D)
@@ -84,6 +89,20 @@ void matmul_forward(float *out, const float *inp, const float *weight, size_t N,
                 OC, 0.0f, out, OC);
 }
 
+void tied_head_forward(float *logits, const float *x, const float *embed, size_t N, int D, int V)
+{
+    if (N == 0) return;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)N, V, D, 1.0f, x, D, embed, D, 0.0f, logits, V);
+}
+
+void tied_head_backward(float *dx, float *dembed, const float *dlogits, const float *x, const float *embed, size_t N,
+                        int D, int V)
+{
+    if (N == 0) return;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)N, D, V, 1.0f, dlogits, V, embed, D, 1.0f, dx, D);
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, V, D, (int)N, 1.0f, dlogits, V, x, D, 1.0f, dembed, D);
+}
+
 void matmul_backward(float *dinp, float *dweight, const float *dout, const float *inp,
                      const float *weight, size_t N, int C, int OC)
 {
@@ -101,7 +120,7 @@ void rope_tables(float *cos_t, float *sin_t, int T, int Dh)
     const int half = Dh / 2;
     for (int t = 0; t < T; t++)
         for (int i = 0; i < half; i++) {
-            double freq = pow(10000.0, -2.0 * i / Dh);
+            double freq = pow(ROPE_BASE, -2.0 * i / Dh);
             double angle = t * freq;
             cos_t[(size_t)t * half + i] = (float)cos(angle);
             sin_t[(size_t)t * half + i] = (float)sin(angle);
@@ -150,9 +169,8 @@ void attention_forward(float *out, float *att, const float *q, const float *k, c
         float *p = att + (size_t)bh * T * T;
         /* scores (T,T) = q_bh . k_bh^T * scale; only the causal lower
          * triangle is used, computed in row blocks to skip most of the rest */
-        const int RB = 64;
-        for (int r0 = 0; r0 < T; r0 += RB) {
-            int rows = r0 + RB < T ? RB : T - r0;
+        for (int r0 = 0; r0 < T; r0 += ATTN_ROW_BLOCK) {
+            int rows = r0 + ATTN_ROW_BLOCK < T ? ATTN_ROW_BLOCK : T - r0;
             int cols = r0 + rows;
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, cols, Dh, scale,
                         q + base + (size_t)r0 * D, D, k + base, D, 0.0f, p + (size_t)r0 * T, T);
@@ -171,8 +189,8 @@ void attention_forward(float *out, float *att, const float *q, const float *k, c
             for (int j = t + 1; j < T; j++) row[j] = 0.0f;
         }
         /* out_bh (T,Dh) = p (T,T) . v_bh (T,Dh) */
-        for (int r0 = 0; r0 < T; r0 += RB) {
-            int rows = r0 + RB < T ? RB : T - r0;
+        for (int r0 = 0; r0 < T; r0 += ATTN_ROW_BLOCK) {
+            int rows = r0 + ATTN_ROW_BLOCK < T ? ATTN_ROW_BLOCK : T - r0;
             int cols = r0 + rows;
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, Dh, cols, 1.0f,
                         p + (size_t)r0 * T, T, v + base, D, 0.0f, out + base + (size_t)r0 * D, D);
@@ -186,7 +204,6 @@ void attention_backward(float *dq, float *dk, float *dv, float *scratch, const f
 {
     const int Dh = D / H;
     const float scale = 1.0f / sqrtf((float)Dh);
-    const int RB = 64;
 #pragma omp parallel for schedule(static)
     for (int bh = 0; bh < B * H; bh++) {
         const int b = bh / H, h = bh % H;
@@ -194,8 +211,8 @@ void attention_backward(float *dq, float *dk, float *dv, float *scratch, const f
         const float *p = att + (size_t)bh * T * T;
         float *dp = scratch + (size_t)omp_get_thread_num() * T * T;
         /* dp (T,T) = dout_bh . v_bh^T (lower triangle only) */
-        for (int r0 = 0; r0 < T; r0 += RB) {
-            int rows = r0 + RB < T ? RB : T - r0;
+        for (int r0 = 0; r0 < T; r0 += ATTN_ROW_BLOCK) {
+            int rows = r0 + ATTN_ROW_BLOCK < T ? ATTN_ROW_BLOCK : T - r0;
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, r0 + rows, Dh, 1.0f,
                         dout + base + (size_t)r0 * D, D, v + base, D, 0.0f, dp + (size_t)r0 * T, T);
         }
@@ -212,8 +229,8 @@ void attention_backward(float *dq, float *dk, float *dv, float *scratch, const f
             for (int j = t + 1; j < T; j++) dr[j] = 0.0f;
         }
         /* dq_bh += ds . k_bh ; dk_bh += ds^T . q_bh */
-        for (int r0 = 0; r0 < T; r0 += RB) {
-            int rows = r0 + RB < T ? RB : T - r0;
+        for (int r0 = 0; r0 < T; r0 += ATTN_ROW_BLOCK) {
+            int rows = r0 + ATTN_ROW_BLOCK < T ? ATTN_ROW_BLOCK : T - r0;
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, Dh, r0 + rows, 1.0f,
                         dp + (size_t)r0 * T, T, k + base, D, 1.0f, dq + base + (size_t)r0 * D, D);
         }

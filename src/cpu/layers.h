@@ -32,6 +32,12 @@ void matmul_forward(float *out, const float *inp, const float *weight, size_t N,
 void matmul_backward(float *dinp, float *dweight, const float *dout, const float *inp,
                      const float *weight, size_t N, int C, int OC);
 
+/* The tied output head: logits (N,V) = x (N,D) . embed (V,D)^T. */
+void tied_head_forward(float *logits, const float *x, const float *embed, size_t N, int D, int V);
+/* dx (N,D) += dlogits . embed ; dembed (V,D) += dlogits^T . x. */
+void tied_head_backward(float *dx, float *dembed, const float *dlogits, const float *x, const float *embed, size_t N,
+                        int D, int V);
+
 /* Rotary tables for positions 0..T-1, head dim Dh: cos/sin (T, Dh/2). */
 void rope_tables(float *cos_t, float *sin_t, int T, int Dh);
 /* In place on x (B,T,H*Dh): pairs (i, i+Dh/2) of every head rotated by pos*freq_i. */

@@ -2,14 +2,16 @@
 #include "transformer.h"
 #include "alloc.h"
 
-#include <cblas.h>
-#include <math.h>
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "layers.h"
 #include "status.h"
+
+/* Expert-row buffers grow to a quarter more than asked (plus a little):
+ * a few growths cover the routing's drift instead of one per step. */
+static size_t grow_target(size_t n) { return n + n / 4 + 64; }
 
 /* The dimensions of a (no buffers). */
 static void acts_dims(Activations *a, const ModelConfig *c, int B, int T, int G)
@@ -129,9 +131,10 @@ int acts_create(Activations *a, const ModelConfig *c, int B, int T, Coll *ep)
  * ensure_owner grows them. */
 double acts_expert_row_bytes(const ModelConfig *c, double n)
 {
-    const double D = c->dim, F = c->ffn, rows = n + floor(n / 4) + 64;
-    const double per_layer = rows * (3 * sizeof(int) + D * 4 + 3 * F * 4);
-    const double shared = 4 * (n * D + floor(n * D / 4) + 64) * 4 + (3 * n * F + floor(3 * n * F / 4) + 64) * 4;
+    const size_t rows_n = (size_t)n, D = (size_t)c->dim, F = (size_t)c->ffn;
+    const double rows = (double)grow_target(rows_n);
+    const double per_layer = rows * (3 * sizeof(int) + (double)D * 4 + 3.0 * F * 4);
+    const double shared = 4.0 * grow_target(rows_n * D) * 4 + (double)grow_target(3 * rows_n * F) * 4;
     return c->layers * per_layer + shared;
 }
 
@@ -162,7 +165,7 @@ void acts_destroy(Activations *a)
 static int grow(void **p, size_t *cap, size_t n, size_t size)
 {
     if (n <= *cap && *p) return ISTH_OK;
-    size_t want = n + n / 4 + 64;
+    size_t want = grow_target(n);
     isth_free(*p);
     *p = isth_malloc(want * size);
     if (!*p) {
@@ -187,7 +190,7 @@ static int ensure_owner_rows(Activations *a, MoeRouting *r, int n_recv)
 {
     const size_t n = (size_t)n_recv, D = (size_t)a->D, F = (size_t)a->F;
     if (n > (size_t)r->recv_cap || !r->recv_expert) {
-        size_t want = n + n / 4 + 64;
+        size_t want = grow_target(n);
         isth_free(r->recv_expert);
         isth_free(r->recv_row);
         isth_free(r->row_src);
@@ -333,8 +336,7 @@ int transformer_forward(const Model *m, Activations *a, const int *tokens, const
     }
     rmsnorm_forward(a->xf, a->rstdf, SLICE(a->x, L, ND), model_param(m, T_FINAL_NORM, 0), N, D);
     /* logits (N,V) = xf . embed^T, softmaxed in place into probs */
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)N, V, D, 1.0f, a->xf, D,
-                model_param(m, T_EMBED, 0), D, 0.0f, a->probs, V);
+    tied_head_forward(a->probs, a->xf, model_param(m, T_EMBED, 0), N, D, V);
     crossentropy_forward(a->losses, a->probs, targets, N, V);
     for (size_t t = 0; t < N; t++)
         if (targets[t] >= 0) {
@@ -398,10 +400,7 @@ int transformer_backward(Model *m, Activations *a, const int *tokens, const int 
     crossentropy_backward(a->dlogits, a->probs, targets,
                           n_targets ? loss_scale / (float)n_targets : 0.0f, N, V);
     memset(a->dxn, 0, nbytes);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)N, D, V, 1.0f, a->dlogits, V,
-                model_param(m, T_EMBED, 0), D, 0.0f, a->dxn, D);
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, V, D, (int)N, 1.0f, a->dlogits, V, a->xf, D,
-                1.0f, model_grad(m, T_EMBED, 0), D);
+    tied_head_backward(a->dxn, model_grad(m, T_EMBED, 0), a->dlogits, a->xf, model_param(m, T_EMBED, 0), N, D, V);
     memset(a->dx, 0, nbytes);
     CHECK(rmsnorm_backward(a->dx, model_grad(m, T_FINAL_NORM, 0), a->dxn, SLICE(a->x, L, ND),
                            model_param(m, T_FINAL_NORM, 0), a->rstdf, N, D));

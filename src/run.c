@@ -1,0 +1,230 @@
+/* run.c — see run.h. */
+#include "run.h"
+
+#include <math.h>
+#include <mpi.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "alloc.h"
+#include "ckpt.h"
+#include "fault.h"
+#include "memory.h"
+#include "status.h"
+
+/* The state replicas must agree on: each chunk from its owner. */
+static const float *replica_view(const void *ctx, int t, int l, int e)
+{
+    const Trainer *tr = ctx;
+    if (tr->mode != MODE_SYNC) return outer_view(&tr->outer, &tr->red, OUTER_ANCHOR, t, l, e);
+    const int c = chunk_index(&tr->red.table, t, l, e < 0 ? 0 : e);
+    return tr->red.owned_pos[c] != SIZE_MAX ? backend_state(tr->be, STATE_PARAMS) + chunk_offset(&tr->red.table, c)
+                                            : NULL;
+}
+
+/* In sync mode every learner must hold the same model; a mismatch means a
+ * bug or a hardware fault, and training on would silently mix models. */
+static int check_replicas(Trainer *tr)
+{
+    uint64_t fp;
+    /* outer modes: learners differ between outer steps; the anchor (global
+     * model) must agree */
+    const Topology *t = &tr->topo;
+    tr->be->ops->to_host(tr->be);
+    CHECK(model_fingerprint(&tr->red, replica_view, tr, t->learner_comm, &fp));
+    /* inside the site first, then the sites' first ranks through the link */
+    int site_size, site_rank;
+    CHECK_MPI(MPI_Comm_size(t->site_comm, &site_size));
+    CHECK_MPI(MPI_Comm_rank(t->site_comm, &site_rank));
+    const size_t n = (size_t)(site_size > t->n_sites ? site_size : t->n_sites);
+    uint64_t *all = isth_malloc(sizeof(uint64_t) * n);
+    CHECK_ALLOC(all);
+    int rc = ISTH_OK;
+    if (MPI_Allgather(&fp, 1, MPI_UINT64_T, all, 1, MPI_UINT64_T, t->site_comm) != MPI_SUCCESS)
+        rc = isth_fail(ISTH_ERUNTIME, "replica check: MPI_Allgather failed");
+    for (int r = 0; rc == ISTH_OK && r < site_size; r++)
+        if (all[r] != all[0])
+            rc = isth_fail(ISTH_ERUNTIME, "step %ld: replicas diverged: rank %d fingerprint %016llx, rank %d %016llx",
+                           tr->step, t->sites[t->site].first_rank + r, (unsigned long long)all[r],
+                           t->sites[t->site].first_rank, (unsigned long long)all[0]);
+    if (rc == ISTH_OK) rc = trainer_control(tr, &fp, sizeof fp, all, "replica check");
+    for (int s = 0; rc == ISTH_OK && s < t->n_sites; s++)
+        if (all[s] != all[0]) {
+            rc = site_rank == 0 && t->site == 0
+                     ? isth_fail(ISTH_ERUNTIME, "step %ld: replicas diverged: site %s fingerprint %016llx, site %s %016llx",
+                                 tr->step, t->sites[s].name, (unsigned long long)all[s], t->sites[0].name,
+                                 (unsigned long long)all[0])
+                     : ISTH_ERUNTIME;
+        }
+    isth_free(all);
+    CHECK(rc);
+    if (tr->log)
+        printf("replicas identical at step %ld: %d learner(s), fingerprint %016llx\n", tr->step,
+               tr->topo.n_learners, (unsigned long long)fp);
+    return ISTH_OK;
+}
+
+/* Total inter-site bytes of the run, and what `sync` would have moved. */
+static int traffic_summary(Trainer *tr)
+{
+    const Topology *t = &tr->topo;
+    const int S = t->n_sites;
+    double v[2] = {tr->red.link.bytes_sent + tr->red.link.bytes_recv + tr->outer.spread.inter_site_bytes,
+                   (double)tr->red.max_peer_learners};
+    CHECK(coll_allreduce_comm(t->site_comm, &v[0], 1, MPI_DOUBLE, sizeof(double), MPI_SUM));
+    CHECK(coll_allreduce_comm(t->site_comm, &v[1], 1, MPI_DOUBLE, sizeof(double), MPI_MAX));
+    double *all = isth_malloc(sizeof v * (size_t)S);
+    CHECK_ALLOC(all);
+    const int rc = trainer_control(tr, v, sizeof v, all, "traffic summary");
+    double bytes = 0.0;
+    int peers = 0;
+    for (int s = 0; s < S; s++) {
+        bytes += all[2 * s];
+        if (all[2 * s + 1] > peers) peers = (int)all[2 * s + 1];
+    }
+    isth_free(all);
+    CHECK(rc);
+    if (S < 2 || !tr->log) return ISTH_OK;
+    /* sync: every step each site sends its summed gradient (float32, all
+     * canonical parameters) to every other site; sent + received */
+    const double sync_bytes = (double)tr->step * 2.0 * S * (S - 1) * 4.0 * (double)reduce_canonical_params(&tr->red);
+    printf("inter-site traffic: %.0f bytes in %ld steps (sent + received, all ranks); sync would move %.0f: "
+           "%.1fx less; an exchange waited on at most %d other learner(s)\n", bytes, tr->step, sync_bytes,
+           bytes > 0 ? sync_bytes / bytes : 0.0, peers);
+    if (tr->metrics.f) {
+        fprintf(tr->metrics.f, "{\"summary\":\"traffic\",\"steps\":%ld,\"inter_site_bytes\":%.0f,"
+                "\"sync_equivalent_bytes\":%.0f,\"reduction\":%.3f,\"max_peer_learners\":%d}\n",
+                tr->step, bytes, sync_bytes, bytes > 0 ? sync_bytes / bytes : 0.0, peers);
+    }
+    return metrics_flush(&tr->metrics);
+}
+
+/* SIGTERM / SIGUSR1 (what Slurm sends before the time limit): finish the
+ * step, checkpoint, exit 0. The handler only raises a flag; a second signal
+ * during the checkpoint changes nothing (the file is renamed when complete). */
+static volatile sig_atomic_t stop_signal;
+static void on_stop_signal(int sig) { stop_signal = sig; }
+
+/* Every rank must stop after the same step. Inside a site the flags are
+ * combined with a non-blocking all-reduce on the site communicator, started
+ * after step t and completed after step t+1 (the site's decision lags one
+ * step). Between sites the site's decision rides on the verdicts of the next
+ * exchange that finishes (reduce.c), so the vote adds no message and no wait
+ * on the link; every site learns it when that exchange finishes, at the same
+ * step. The bound on the lag is in docs/architecture.md. */
+typedef struct {
+    MPI_Request req;
+    int send, recv, pending;
+} StopVote;
+
+static int stop_vote(StopVote *v, MPI_Comm site_comm, int local, int *site_agreed)
+{
+    *site_agreed = 0;
+    if (v->pending) {
+        CHECK_MPI(MPI_Wait(&v->req, MPI_STATUS_IGNORE));
+        *site_agreed = v->recv;
+        v->pending = 0;
+    }
+    v->send = local;
+    CHECK_MPI(MPI_Iallreduce(&v->send, &v->recv, 1, MPI_INT, MPI_MAX, site_comm, &v->req));
+    v->pending = 1;
+    return ISTH_OK;
+}
+
+/* Has every site agreed to stop after this step? */
+static int stop_decided(Trainer *tr, int site_agreed)
+{
+    if (tr->topo.n_sites == 1) return site_agreed;
+    if (site_agreed) tr->red.stop_request = 1; /* goes out with the next verdicts */
+    return tr->red.stop_agreed;
+}
+
+int train_run(const Config *cfg, const char *resume)
+{
+    Trainer tr;
+    int rc = trainer_create(&tr, cfg, 1);
+    if (rc == ISTH_OK && tr.rank == 0) {
+        printf("isthmus train: resolved configuration (%s)\n%s\n", cfg->source, tr.config_text);
+        topology_print(&tr.topo, cfg);
+        printf("model: %.3fM parameters, %.3fM active matrix parameters per token; %d threads per rank\n",
+               model_total_params(&cfg->model) / 1e6, model_active_matrix_params(&cfg->model) / 1e6,
+               tr.be ? tr.be->threads : 0);
+        fflush(stdout);
+    }
+    if (rc == ISTH_OK) rc = ckpt_check_outputs(&tr);
+    if (rc == ISTH_OK && resume) {
+        char path[CONFIG_FILE_PATH_MAX + 64];
+        rc = ckpt_find(&tr, resume, path, sizeof path);
+        if (rc == ISTH_OK && path[0]) rc = ckpt_load(&tr, path);
+        else if (rc == ISTH_OK && tr.log) printf("resume: no valid checkpoint found; starting from step 0\n");
+    }
+    const TrainConfig *tc = &cfg->train;
+    const char *hook = getenv("ISTHMUS_STOP_AT_STEP"); /* test hook: behave as if signalled */
+    const long stop_at = hook ? atol(hook) : -1;
+    signal(SIGTERM, on_stop_signal);
+    signal(SIGUSR1, on_stop_signal);
+    /* static: an all-reduce still posted when an error ends the job must
+     * not write into a stack frame that is gone */
+    static StopVote vote;
+    memset(&vote, 0, sizeof vote);
+    int stopping = 0, ckpt_due = 0;
+    fault_set_step(tr.step);
+    if (rc == ISTH_OK && tc->eval_every > 0 && tr.step == 0) rc = trainer_eval(&tr, NULL, NULL);
+    while (rc == ISTH_OK && tr.step < tc->steps) {
+        StepLog s;
+        rc = trainer_step(&tr, &s);
+        if (rc != ISTH_OK) break;
+        if (tr.log && (s.step % tc->log_every == 0 || s.step == tc->steps)) rc = metrics_step(&tr.metrics, &s);
+        if (rc != ISTH_OK) break;
+        /* butterfly learners agree only at the end */
+        if (tc->check_replicas > 0 && !tr.outer.butterfly && (tr.step % tc->check_replicas == 0 || tr.step == tc->steps))
+            rc = check_replicas(&tr);
+        if (rc != ISTH_OK) break;
+        int site_stop;
+        rc = stop_vote(&vote, tr.topo.site_comm, stop_signal != 0 || tr.step == stop_at, &site_stop);
+        if (rc != ISTH_OK) break;
+        stopping |= stop_decided(&tr, site_stop);
+        if (cfg->checkpoint.every > 0 && tr.step % cfg->checkpoint.every == 0) ckpt_due = 1;
+        if ((ckpt_due || stopping) && tr.step < tc->steps) {
+            /* exchanges in flight complete now; their results are applied at
+             * their own step, after a restart too (saved in the checkpoint) */
+            if (tr.mode != MODE_SYNC) rc = outer_drain(&tr.outer, &tr.red);
+            if (rc == ISTH_OK && stopping && tr.mode != MODE_SYNC) rc = outer_drain_probes(&tr.outer, &tr.metrics);
+            if (rc == ISTH_OK) rc = ckpt_write(&tr);
+            ckpt_due = 0;
+            if (rc != ISTH_OK) break;
+            if (stopping) {
+                if (tr.log) printf("stopping after step %ld on request (signal); resume with --resume auto\n", tr.step);
+                break;
+            }
+        }
+        if (tc->eval_every > 0 && tr.step % tc->eval_every == 0 && tr.step < tc->steps)
+            rc = trainer_eval(&tr, NULL, NULL);
+    }
+    /* on an error the job ends (fault_end_job); waiting here could hang */
+    if (vote.pending && rc == ISTH_OK) rc = MPI_Wait(&vote.req, MPI_STATUS_IGNORE) == MPI_SUCCESS ? ISTH_OK : ISTH_ERUNTIME;
+    const int finished = rc == ISTH_OK && tr.step >= tc->steps;
+    if (rc == ISTH_OK && tr.rank == 0) memory_print_measured(0); /* `isthmus config --memory` predicts it */
+    if (finished && tr.mode != MODE_SYNC)
+        rc = outer_finish(&tr.outer, &tr.red, backend_state(tr.be, STATE_PARAMS), tr.step, &tr.metrics, tr.log);
+    if (finished && rc == ISTH_OK && tc->check_replicas > 0) rc = check_replicas(&tr);
+    if (finished && rc == ISTH_OK) rc = traffic_summary(&tr);
+    if (finished && rc == ISTH_OK) rc = ckpt_write(&tr);
+    if (finished && rc == ISTH_OK) rc = trainer_eval(&tr, NULL, NULL);
+    if (finished && rc == ISTH_OK) {
+        char path[CONFIG_FILE_PATH_MAX];
+        snprintf(path, sizeof path, "%s/model.h5", tc->out_dir);
+        rc = trainer_write_model(&tr, path);
+        if (rc == ISTH_OK && tr.rank == 0) printf("wrote %s (step %ld)\n", path, tr.step);
+    }
+    const int closed = metrics_close(&tr.metrics);
+    if (rc == ISTH_OK) rc = closed;
+    /* a failed multi-rank run ends in MPI_Abort (fault_end_job): tearing
+     * down first would only wait on requests a dead peer never completes */
+    if (rc != ISTH_OK && tr.topo.world_size > 1) return rc;
+    trainer_destroy(&tr);
+    return rc;
+}

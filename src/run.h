@@ -1,0 +1,18 @@
+/* run.h — one `isthmus train` run from start to end.
+ *
+ * Owns: the run loop around trainer_step (train.h): periodic replica
+ * checks, evaluation and checkpoints, the stop vote (SIGTERM/SIGUSR1 and
+ * the test hook), resume, the end of training (outer_finish, the final
+ * checkpoint, evaluation and model file) and the traffic summary.
+ * Must not: compute a step (train.c) or know which backend computes.
+ */
+#ifndef ISTHMUS_RUN_H
+#define ISTHMUS_RUN_H
+
+#include "config.h"
+#include "train.h"
+
+/* The whole `isthmus train` run; resume: NULL, a checkpoint file or "auto". */
+int train_run(const Config *cfg, const char *resume);
+
+#endif
