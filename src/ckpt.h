@@ -12,12 +12,15 @@
  *               /outer/residual (error feedback, by chunk owner),
  *               /learner_<k>/model, /learner_<k>/inner/m, /learner_<k>/inner/v
  *               for each learner k of the site
- *   /state/fragments  last outer start of each fragment
+ *               (butterfly: /learner_<k>/outer/{anchor,momentum,residual})
+ *   in flight   /outer/pending (or /learner_<k>/outer/{pending,sent}): the
+ *               drained results of exchanges still waiting for their step
+ *   /state/fragments, /state/started  per fragment: last outer start, the
+ *               start of the exchange in flight (-1 none)
  * All tensors have canonical shapes, so a run with another expert-parallel
- * degree reads the same file. Checkpoints are only taken when no inter-site
- * exchange is in flight, so a restart with the same layout continues bit for
- * bit.
- * Must not: decide when to checkpoint (train.c) or touch the data stream.
+ * degree reads the same file; a restart with the same layout continues bit
+ * for bit. Validation (ckpt_validate.c) reads every value block by block.
+ * Must not: decide when to checkpoint (run.c) or touch the data stream.
  */
 #ifndef ISTHMUS_CKPT_H
 #define ISTHMUS_CKPT_H
