@@ -380,6 +380,52 @@ static size_t select_layer(const Model *m, const Tensor *t, int layer, hid_t fsp
     return n;
 }
 
+/* An expert tensor whose selected chunks are every layer of one contiguous
+ * range of experts, lying one after the other in memory in (layer, expert)
+ * order (a params-shaped buffer; packed state with one fragment): one
+ * hyperslab for the whole tensor and a memory space of its shape, in place.
+ * Returns the elements selected (0: none), or (size_t)-1 when the
+ * selection is not such a block. */
+static size_t select_whole(const Model *m, const Tensor *t, hid_t fspace, ChunkAt at, const void *ctx, float **mem,
+                           hid_t *mspace)
+{
+    if (!(t->flags & PARAM_EXPERT) || !(t->flags & PARAM_LAYERED)) return (size_t)-1;
+    const int E = m->cfg.experts, L = n_layers(m, t), tid = (int)(t - m->tensors);
+    const size_t per = chunk_elems(t);
+    int first = -1, count = 0;
+    float *base = NULL;
+    for (int l = 0; l < L; l++) {
+        int in_layer = 0, layer_first = -1;
+        for (int e = 0; e < E; e++) {
+            float *where = at(ctx, tid, l, e);
+            if (!where) continue;
+            if (layer_first < 0) layer_first = e;
+            if (e != layer_first + in_layer) return (size_t)-1; /* a gap */
+            if (!base) base = where;
+            /* expert k of the range in layer l sits at base + (l * count + k) * per */
+            const size_t k = (size_t)in_layer, expect = l == 0 ? k * per : ((size_t)l * (size_t)count + k) * per;
+            if (where != base + expect) return (size_t)-1;
+            in_layer++;
+        }
+        if (l == 0) {
+            first = layer_first;
+            count = in_layer;
+        } else if (in_layer != count || (count && layer_first != first)) {
+            return (size_t)-1;
+        }
+    }
+    H5Sselect_none(fspace);
+    if (!count) return 0;
+    hsize_t start[TENSOR_MAX_DIMS], cnt[TENSOR_MAX_DIMS];
+    chunk_slab(t, 0, first, start, cnt);
+    cnt[0] = (hsize_t)L;
+    cnt[1] = (hsize_t)count;
+    H5Sselect_hyperslab(fspace, H5S_SELECT_SET, start, NULL, cnt, NULL);
+    *mspace = H5Screate_simple(t->ndim, cnt, NULL);
+    *mem = base;
+    return (size_t)L * (size_t)count * per;
+}
+
 /* Copy between the chunks and tmp (dir > 0: chunks -> tmp). */
 static void pack_layer(float **ptrs, size_t n, size_t per, float *mem, int dir)
 {
@@ -441,18 +487,24 @@ int h5_write_chunks(H5File *f, const char *group, const Model *m, ChunkAt at, co
                               : ISTH_ERUNTIME;
             break;
         }
-        /* one collective write per layer: staging stays one layer's chunks */
-        for (int l = 0; l < n_layers(m, t) && rc == ISTH_OK; l++) {
-            float *mem = NULL;
-            hid_t mspace = -1;
-            size_t n = select_layer(m, t, l, fspace, at, ctx, &ptrs, &mem, &tmp, &tmp_cap, &mspace);
+        /* one collective write for an expert tensor held as one block (no
+         * staging), else one per layer: staging stays one layer's chunks */
+        float *whole_mem = NULL;
+        hid_t whole_space = -1;
+        const size_t whole = select_whole(m, t, fspace, at, ctx, &whole_mem, &whole_space);
+        const int one_call = agree(f->comm, whole != (size_t)-1);
+        if (!one_call && whole_space >= 0) H5Sclose(whole_space);
+        for (int l = 0; l < (one_call ? 1 : n_layers(m, t)) && rc == ISTH_OK; l++) {
+            float *mem = one_call ? whole_mem : NULL;
+            hid_t mspace = one_call ? whole_space : -1;
+            size_t n = one_call ? whole : select_layer(m, t, l, fspace, at, ctx, &ptrs, &mem, &tmp, &tmp_cap, &mspace);
             const int ok = n != (size_t)-1;
             if (!agree(f->comm, ok)) {
                 if (mspace >= 0) H5Sclose(mspace);
                 rc = ok ? ISTH_ERUNTIME : isth_fail(ISTH_ERUNTIME, "out of memory writing %s", group);
                 break;
             }
-            if (n) pack_layer(ptrs, n, chunk_elems(t), mem, 1);
+            if (n && !one_call) pack_layer(ptrs, n, chunk_elems(t), mem, 1);
             if (!n) {
                 hsize_t one = 1;
                 mspace = H5Screate_simple(1, &one, NULL);
@@ -519,10 +571,15 @@ int h5_read_chunks(H5File *f, const char *group, const Model *m, ChunkAt at, con
             rc = isth_fail(ISTH_EINPUT, "file %s: dataset %s is not float32", f->path, name);
             break;
         }
-        for (int l = 0; l < n_layers(m, t) && rc == ISTH_OK; l++) {
-            float *mem = NULL;
-            hid_t mspace = -1;
-            size_t n = select_layer(m, t, l, fspace, at, ctx, &ptrs, &mem, &tmp, &tmp_cap, &mspace);
+        float *whole_mem = NULL;
+        hid_t whole_space = -1;
+        const size_t whole = select_whole(m, t, fspace, at, ctx, &whole_mem, &whole_space);
+        const int one_call = agree(f->comm, whole != (size_t)-1);
+        if (!one_call && whole_space >= 0) H5Sclose(whole_space);
+        for (int l = 0; l < (one_call ? 1 : n_layers(m, t)) && rc == ISTH_OK; l++) {
+            float *mem = one_call ? whole_mem : NULL;
+            hid_t mspace = one_call ? whole_space : -1;
+            size_t n = one_call ? whole : select_layer(m, t, l, fspace, at, ctx, &ptrs, &mem, &tmp, &tmp_cap, &mspace);
             const int got = n != (size_t)-1;
             if (!agree(f->comm, got)) {
                 if (mspace >= 0) H5Sclose(mspace);
@@ -552,7 +609,7 @@ int h5_read_chunks(H5File *f, const char *group, const Model *m, ChunkAt at, con
                              : ISTH_EINPUT;
                 break;
             }
-            if (n) pack_layer(ptrs, n, chunk_elems(t), mem, -1);
+            if (n && !one_call) pack_layer(ptrs, n, chunk_elems(t), mem, -1);
         }
         H5Sclose(fspace);
         H5Dclose(dset);
