@@ -1,9 +1,11 @@
 /* outer.h — the low-communication training modes across learners:
  * DiLoCo and Streaming DiLoCo.
  *
- * Owns: the outer state (anchor = the global model, Nesterov momentum, the
- * pseudo-gradient buffer), the schedule of outer steps, and the merge of
- * outer results into local progress.
+ * Owns: the outer state of the chunks this rank owns (anchor = the global
+ * model, Nesterov momentum, butterfly's sent values; the pseudo-gradient
+ * lives in the reducer's staging slot), the schedule of outer steps (and
+ * how many exchanges it can have in flight), and the merge of outer
+ * results into local progress.
  *   diloco     every H inner steps: delta = anchor - theta, averaged over
  *              learners (token-weighted, via reduce.c), outer Nesterov SGD
  *              on the anchor, theta = anchor.

@@ -1,10 +1,13 @@
 /* reduce.h — reductions over all learners of all sites: the gradient sum of
- * `sync` mode and the pseudo-gradient average of the DiLoCo modes.
+ * `sync` mode and the pseudo-gradient average of the DiLoCo modes
+ * (reduce.c); butterfly mixing between two learners (mix.c); the gradient
+ * norm and replica fingerprints (norms.c).
  *
- * Owns: the canonical decomposition of the model into chunks (one per dense
- * tensor and layer, one per expert tensor, layer and expert), which rank
- * owns each chunk inside a learner, the per-fragment exchange plans, error
- * feedback state, and the agreement on which sites' payloads are applied.
+ * Owns: the reducer — per fragment my owned chunks (plan.h), the site
+ * exchange's peers, its staging slot while in flight, the error-feedback
+ * state of the owned chunks — and the agreement on which sites' payloads
+ * are applied. Values come in and go out either laid out like the model
+ * table (host views, backend.h) or packed in the owned layout.
  *
  * A reduction of fragment f runs in two halves so that the wide-area part
  * can overlap with training:
