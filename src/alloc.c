@@ -22,7 +22,7 @@ typedef struct {
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static Entry *table;
-static size_t capacity, used; /* used: live + tombstones */
+static size_t capacity, used, live_count; /* used: live entries + tombstones */
 static double live[ALLOC_CATEGORIES], peak[ALLOC_CATEGORIES], live_total, peak_total;
 static __thread AllocCategory current = ALLOC_OTHER;
 
@@ -39,12 +39,14 @@ static size_t slot_of(const void *p, size_t cap)
     return (size_t)(h >> 17) & (cap - 1);
 }
 
-/* Rebuild at twice the live count's capacity (dropping tombstones); the
- * table's own memory is not counted. Returns 0 when out of memory. */
-static int grow(void)
+/* Rebuild for the live entries (tombstones dropped): at least four slots
+ * per live entry, so the size follows what is live, not every address the
+ * run ever used. The table's own memory is not counted. Returns 0 when out
+ * of memory. */
+static int rebuild(void)
 {
-    size_t cap = capacity ? capacity : 1024;
-    while (cap < 4 * (used + 1)) cap *= 2;
+    size_t cap = 1024;
+    while (cap < 4 * (live_count + 1)) cap *= 2;
     Entry *t = calloc(cap, sizeof *t);
     if (!t) return 0;
     size_t n = 0;
@@ -67,7 +69,7 @@ static void record(void *p, AllocCategory c)
     if (!p) return;
     const size_t bytes = malloc_usable_size(p);
     pthread_mutex_lock(&lock);
-    if (2 * (used + 1) > capacity && !grow()) { /* not counted: accounting never fails an allocation */
+    if (2 * (used + 1) > capacity && !rebuild()) { /* not counted: accounting never fails an allocation */
         pthread_mutex_unlock(&lock);
         return;
     }
@@ -75,6 +77,7 @@ static void record(void *p, AllocCategory c)
     while (table[s].ptr) s = (s + 1) & (capacity - 1);
     if (!table[s].tomb) used++;
     table[s] = (Entry){p, bytes, (unsigned char)c, 0};
+    live_count++;
     live[c] += (double)bytes;
     live_total += (double)bytes;
     if (live[c] > peak[c]) peak[c] = live[c];
@@ -96,6 +99,7 @@ static int forget(void *p)
                 live_total -= (double)table[s].bytes;
                 table[s].ptr = NULL;
                 table[s].tomb = 1;
+                live_count--;
                 break;
             }
             s = (s + 1) & (capacity - 1);

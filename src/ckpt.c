@@ -507,8 +507,8 @@ static int compare_configs(Trainer *tr, const char *saved_text, const char *path
         while (p && *p) {
             const char *nl = strchr(p, '\n');
             size_t len = nl ? (size_t)(nl - p) : strlen(p);
-            char line[CONFIG_FILE_PATH_MAX + 64];
-            snprintf(line, sizeof line, "%.*s", (int)(len < 1100 ? len : 1100), p);
+            char line[CONFIG_FILE_PATH_MAX + 64]; /* a key = value line: a path at most */
+            snprintf(line, sizeof line, "%.*s", (int)(len < sizeof line - 1 ? len : sizeof line - 1), p);
             if (line[0] && line[0] != '[' && !strstr(was, line)) printf("resume: changed: %s\n", line);
             p = nl ? nl + 1 : NULL;
         }
@@ -637,13 +637,19 @@ static int load_checkpoint(Trainer *tr, const char *path)
         if (rc == ISTH_OK) rc = read_params(&f, tr, g, adam_v);
         /* exchanges that were in flight (drained before the checkpoint):
          * their results wait in staging slots until their steps */
-        for (int p = 0; rc == ISTH_OK && p < P; p++)
-            if (frag[P + p] >= 0 && !outer_hold_pending(&tr->outer, &tr->red, p)) rc = ISTH_ERUNTIME;
+        if (rc == ISTH_OK) { /* a staging slot per drained fragment; a rank without memory must not
+                              * leave the others inside the next collective read */
+            for (int p = 0; rc == ISTH_OK && p < P; p++)
+                if (frag[P + p] >= 0 && !outer_hold_pending(&tr->outer, &tr->red, p)) rc = ISTH_ERUNTIME;
+            int held = rc == ISTH_OK;
+            CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &held, 1, MPI_INT, MPI_LAND, t->site_comm));
+            if (!held) rc = ISTH_ERUNTIME;
+        }
         snprintf(g, sizeof g, "/learner_%d/outer/pending", t->learner);
         if (rc == ISTH_OK && in_flight) rc = read_outer(&f, tr, bf ? g : "/outer/pending", OUTER_PENDING);
         snprintf(g, sizeof g, "/learner_%d/outer/sent", t->learner);
         if (rc == ISTH_OK && in_flight && bf) rc = read_outer(&f, tr, g, OUTER_SENT);
-        if (rc == ISTH_OK) outer_restore(&tr->outer, frag, frag + P, t->n_sites, (long)step);
+        if (rc == ISTH_OK) outer_restore(&tr->outer, frag, frag + P, t->n_sites, (long)step, (long)outer_steps);
     }
     scratch_free(&sc);
     if (opened) h5_close(&f);
@@ -669,7 +675,6 @@ static int load_checkpoint(Trainer *tr, const char *path)
     tr->tokens_seen = tokens;
     be->optimizer_t = (long)adam_t;
     be->ops->from_host(be);
-    tr->outer.outer_steps = (long)outer_steps;
     reduce_restore(&tr->red, (uint64_t)exchanges);
     if (tr->log) {
         printf("resumed from %s: step %lld, %.0f tokens, in %.2f s\n", path, step, tokens, now_s() - t0);

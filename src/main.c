@@ -331,12 +331,14 @@ static int cmd_config(int argc, char **argv)
 
 int main(int argc, char **argv)
 {
-    /* Blocks under 256 MiB come from the heap and are reused: HDF5 allocates
-     * and frees a buffer per chunk it filters, and fresh mappings would be
-     * faulted in again for every chunk (checkpoint writes ran at half the
-     * speed). The model's own buffers are larger and still mapped. */
-    mallopt(M_MMAP_THRESHOLD, 256 << 20);
-    mallopt(M_TRIM_THRESHOLD, 1 << 30);
+    /* Blocks under 32 MiB (glibc's largest threshold on 64-bit) come from
+     * the heap and are reused: HDF5 allocates and frees a buffer per chunk
+     * it filters, and fresh mappings would be faulted in again for every
+     * chunk. Setting it fixes the threshold (no dynamic adjustment), so the
+     * heap's top is kept up to 128 MiB instead of trimmed after each chunk;
+     * the model's own buffers are larger and still mapped. */
+    if (!mallopt(M_MMAP_THRESHOLD, 32 << 20) || !mallopt(M_TRIM_THRESHOLD, 128 << 20))
+        fprintf(stderr, "isthmus: warning: mallopt refused the heap settings (checkpoints may be slower)\n");
     blas_select_reexec(argv);
     /* MPI-IO through ROMIO unless the user chose: OMPIO prints its own lines
      * on a failed write (a full disk), ROMIO returns the error to HDF5 */

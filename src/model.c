@@ -53,6 +53,8 @@ void model_describe(Model *m, const ModelConfig *cfg, int expert_begin, int expe
         if (t[i].flags & PARAM_EXPERT) t[i].local[1] = (size_t)experts_local;
         t[i].numel = 1;
         for (int d = 0; d < t[i].ndim; d++) t[i].numel *= t[i].local[d];
+        t[i].chunk_numel = t[i].numel / ((t[i].flags & PARAM_LAYERED) ? t[i].local[0] : 1) /
+                           ((t[i].flags & PARAM_EXPERT) ? (t[i].local[1] ? t[i].local[1] : 1) : 1);
         t[i].offset = offset;
         /* keep every tensor 64-byte aligned for vector loads */
         offset += (t[i].numel + 15) & ~(size_t)15;

@@ -40,6 +40,7 @@ typedef struct {
     size_t shape[TENSOR_MAX_DIMS];    /* canonical (all experts) */
     size_t local[TENSOR_MAX_DIMS];    /* on this rank */
     size_t numel;                     /* local element count */
+    size_t chunk_numel;               /* one canonical chunk: one layer (and one expert) */
     size_t offset;                    /* into the flat buffer */
     unsigned flags;
     double init_std;                  /* 0: initialise to 1 (norm gains) */

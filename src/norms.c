@@ -19,7 +19,7 @@ int grad_norm_sq_learner(Backend *be, MPI_Comm learner_comm, double *out)
     const int L = m->cfg.layers, E = m->cfg.experts, El = m->experts_local;
     int n_expert_tensors = 0;
     for (int t = 0; t < N_TENSORS; t++) n_expert_tensors += (m->tensors[t].flags & PARAM_EXPERT) != 0;
-    const size_t per = (size_t)m->cfg.dim * m->cfg.ffn, nblocks = (size_t)n_expert_tensors * L * E;
+    const size_t nblocks = (size_t)n_expert_tensors * L * E;
     const size_t mine = (size_t)n_expert_tensors * L * El;
     double *blocks = isth_calloc(nblocks, sizeof(double)), *sums = isth_malloc(sizeof(double) * (mine + 1));
     size_t *off = isth_malloc(sizeof(size_t) * (mine + 1)), *len = isth_malloc(sizeof(size_t) * (mine + 1));
@@ -32,8 +32,8 @@ int grad_norm_sq_learner(Backend *be, MPI_Comm learner_comm, double *out)
             if (!(x->flags & PARAM_EXPERT)) continue;
             for (int l = 0; l < L; l++)
                 for (int e = 0; e < El; e++, k++) {
-                    off[k] = x->offset + ((size_t)l * El + (size_t)e) * per;
-                    len[k] = per;
+                    off[k] = x->offset + ((size_t)l * El + (size_t)e) * x->chunk_numel;
+                    len[k] = x->chunk_numel;
                 }
         }
         be->ops->run_sumsq(be, STATE_GRADS, off, len, (int)mine, sums);

@@ -351,8 +351,9 @@ int outer_finish(Outer *o, Reducer *r, float *theta, long step, Metrics *mt, int
     return ISTH_OK;
 }
 
-void outer_restore(Outer *o, const double *last_sync, const double *started, int n_sites, long step)
+void outer_restore(Outer *o, const double *last_sync, const double *started, int n_sites, long step, long outer_steps)
 {
+    o->outer_steps = outer_steps;
     for (int p = 0; p < o->P; p++) {
         o->last_sync[p] = (long)last_sync[p];
         o->started[p] = (long)started[p];

@@ -81,9 +81,10 @@ int outer_max_in_flight(const OuterConfig *cfg);
  * fragment is idle: written, never read back). */
 float *outer_view(const Outer *o, const Reducer *r, OuterState which, int tensor, int layer, int expert);
 /* Resume: the schedule of a checkpoint (per fragment its last start and the
- * start of the exchange in flight, -1 none) at `step`; drained results are
+ * start of the exchange in flight, -1 none) at `step`, and its count of
+ * outer updates; drained results are
  * read into outer_hold_pending's slots. */
-void outer_restore(Outer *o, const double *last_sync, const double *started, int n_sites, long step);
+void outer_restore(Outer *o, const double *last_sync, const double *started, int n_sites, long step, long outer_steps);
 /* Resume: fragment f's drained result goes here (a staging slot is taken). */
 float *outer_hold_pending(Outer *o, Reducer *r, int f);
 /* Evaluation of the anchor: theta holds the anchor until outer_view_end;
@@ -105,7 +106,7 @@ void outer_destroy(Outer *o);
 int outer_after_step(Outer *o, Reducer *r, float *theta, long step, Metrics *mt, int log);
 
 /* Before a checkpoint: complete every exchange in flight now (its result is
- * kept in delta and applied at its scheduled step, as without a
+ * kept in its staging slot and applied at its scheduled step, as without a
  * checkpoint), so that the state is a set of buffers: a checkpoint at any
  * step, and a restart that continues bit for bit. */
 int outer_drain(Outer *o, Reducer *r);

@@ -27,7 +27,6 @@ int chunk_table_create(ChunkTable *ct, const Model *m, int fragments)
     ct->model = m;
     ct->fragments = fragments;
     const int E = m->cfg.experts;
-    const size_t per_expert = (size_t)m->cfg.dim * m->cfg.ffn;
     int n = 0;
     for (int t = 0; t < N_TENSORS; t++) {
         const Tensor *x = &m->tensors[t];
@@ -43,9 +42,9 @@ int chunk_table_create(ChunkTable *ct, const Model *m, int fragments)
         for (int l = 0; l < layers_of(m, x); l++) {
             const int f = fragment_of(t, l, m->cfg.layers, fragments);
             if (x->flags & PARAM_EXPERT)
-                for (int e = 0; e < E; e++) ct->chunks[n++] = (Chunk){t, l, e, per_expert, f};
+                for (int e = 0; e < E; e++) ct->chunks[n++] = (Chunk){t, l, e, x->chunk_numel, f};
             else
-                ct->chunks[n++] = (Chunk){t, l, -1, layer_numel(x), f};
+                ct->chunks[n++] = (Chunk){t, l, -1, x->chunk_numel, f};
         }
     }
     return ISTH_OK;
@@ -264,7 +263,11 @@ int pool_alloc(StagePool *p, int slots, size_t rows, size_t gather_rows)
         ok = s->values && (s->gather || !gather_rows) && s->enc && s->send && s->recv;
     }
     alloc_category(was);
-    if (!ok) return isth_fail(ISTH_ERUNTIME, "out of memory for %d staging slot(s) of %zu values", slots, p->size);
+    if (!ok) { /* nothing half-built is left to look ready */
+        const size_t size = p->size;
+        pool_free(p, 0);
+        return isth_fail(ISTH_ERUNTIME, "out of memory for %d staging slot(s) of %zu values", slots, size);
+    }
     return ISTH_OK;
 }
 

@@ -114,7 +114,7 @@ typedef struct {
     double *site_weight;       /* token share of each site */
     uint64_t exchanges;
     int max_peer_learners;     /* most other learners one finished exchange of mine waited on */
-    /* the stop vote between sites rides on the verdicts (train.c sets the
+    /* the stop vote between sites rides on the verdicts (run.c sets the
      * request, the same on every rank of a site; see docs/architecture.md) */
     int stop_request;          /* this site asks to stop */
     int stop_agreed;           /* a finished site exchange carried a stop request */
@@ -206,8 +206,9 @@ int reduce_enable_mixing(Reducer *r);
 int mix_start(Reducer *r, int f, int partner, const float *buf, double w_me, double w_partner, int exact);
 int mix_finish(Reducer *r, int f, float *buf, ReduceReport *rep, double *pair_distance);
 /* The same keeping the result: *mixed (packed, reduce_owned layout) holds
- * the pair's average, or my own values when a payload was rejected
- * (*accepted 0), until reduce_release. */
+ * the pair's average until reduce_release; when a payload was rejected
+ * (*accepted 0) it holds what this learner encoded (the decoded values, not
+ * the values themselves: the caller keeps its own, outer.c its sent copy). */
 int mix_finish_staged(Reducer *r, int f, ReduceReport *rep, double *pair_distance, float **mixed, int *accepted);
 int mix_in_flight(const Reducer *r, int f);
 /* Progress the butterfly exchanges in flight (reduce_poll calls it). */
