@@ -9,7 +9,8 @@
 #    within 5%;
 #  - expert rows (grown with the routing) between 0.5x and 2x the balanced
 #    estimate: the estimate is the routing's mean, not a bound;
-#  - outer state, residuals and staging only where the mode uses them.
+#  - outer state, residuals and staging only where the mode uses them;
+#  - bad --ranks / --rank values are one-line errors.
 . "$TOP_SRCDIR/tests/lib.sh"
 
 PREDICTED="weights grads optimizer outer residuals staging activations"
@@ -77,4 +78,9 @@ for c in outer residuals staging; do
         && pass "sync on one rank: no $c" || fail "sync on one rank allocates $c"
 done
 [ "$(measured "$WORK/tiny_sync_int8.log" outer)" = 0 ] && pass "sync: no outer state" || fail "sync allocates outer state"
+# bad planning input: one line, exit 2
+expect_exit 2 "--ranks abc: expected" -- "$ISTHMUS" config "$T" --memory --ranks abc
+expect_exit 2 "memory: rank 9 is not in a job of 4 ranks" -- "$ISTHMUS" config "$T" --memory --ranks 4 --rank 9
+expect_exit 2 "--ranks and --rank go with --memory" -- "$ISTHMUS" config "$T" --ranks 4
+expect_exit 2 "layout: the \[site.\*\] sections describe 4 ranks" -- "$ISTHMUS" config "$T" $TWO --memory --ranks 3
 finish || exit 1
