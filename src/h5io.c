@@ -436,6 +436,43 @@ static void pack_layer(float **ptrs, size_t n, size_t per, float *mem, int dir)
     }
 }
 
+/* How a tensor's chunks move: one collective call for an expert tensor
+ * held as one block (no staging), else one per layer (staging: one layer's
+ * chunks). The choice is agreed over the file's ranks, so every rank makes
+ * the same calls. */
+typedef struct {
+    int calls, one_call;
+    size_t whole;
+    float *whole_mem;
+    hid_t whole_space;
+} TensorCalls;
+
+static void plan_calls(H5File *f, const Model *m, const Tensor *t, hid_t fspace, ChunkAt at, const void *ctx,
+                       TensorCalls *c)
+{
+    c->whole_mem = NULL;
+    c->whole_space = -1;
+    c->whole = select_whole(m, t, fspace, at, ctx, &c->whole_mem, &c->whole_space);
+    c->one_call = agree(f->comm, c->whole != (size_t)-1);
+    if (!c->one_call && c->whole_space >= 0) H5Sclose(c->whole_space);
+    c->calls = c->one_call ? 1 : n_layers(m, t);
+}
+
+/* The selection of call l (layer l, or the whole tensor): elements, or
+ * (size_t)-1 out of memory. */
+static size_t select_call(const TensorCalls *c, int l, const Model *m, const Tensor *t, hid_t fspace, ChunkAt at,
+                          const void *ctx, float ***ptrs, float **mem, float **tmp, size_t *tmp_cap, hid_t *mspace)
+{
+    if (c->one_call) {
+        *mem = c->whole_mem;
+        *mspace = c->whole_space;
+        return c->whole;
+    }
+    *mem = NULL;
+    *mspace = -1;
+    return select_layer(m, t, l, fspace, at, ctx, ptrs, mem, tmp, tmp_cap, mspace);
+}
+
 int h5_write_tensors(H5File *f, const char *group, const Model *m, const float *buf, ChunkSelect sel,
                      const void *ctx)
 {
@@ -487,24 +524,19 @@ int h5_write_chunks(H5File *f, const char *group, const Model *m, ChunkAt at, co
                               : ISTH_ERUNTIME;
             break;
         }
-        /* one collective write for an expert tensor held as one block (no
-         * staging), else one per layer: staging stays one layer's chunks */
-        float *whole_mem = NULL;
-        hid_t whole_space = -1;
-        const size_t whole = select_whole(m, t, fspace, at, ctx, &whole_mem, &whole_space);
-        const int one_call = agree(f->comm, whole != (size_t)-1);
-        if (!one_call && whole_space >= 0) H5Sclose(whole_space);
-        for (int l = 0; l < (one_call ? 1 : n_layers(m, t)) && rc == ISTH_OK; l++) {
-            float *mem = one_call ? whole_mem : NULL;
-            hid_t mspace = one_call ? whole_space : -1;
-            size_t n = one_call ? whole : select_layer(m, t, l, fspace, at, ctx, &ptrs, &mem, &tmp, &tmp_cap, &mspace);
+        TensorCalls calls;
+        plan_calls(f, m, t, fspace, at, ctx, &calls);
+        for (int l = 0; l < calls.calls && rc == ISTH_OK; l++) {
+            float *mem;
+            hid_t mspace;
+            const size_t n = select_call(&calls, l, m, t, fspace, at, ctx, &ptrs, &mem, &tmp, &tmp_cap, &mspace);
             const int ok = n != (size_t)-1;
             if (!agree(f->comm, ok)) {
                 if (mspace >= 0) H5Sclose(mspace);
                 rc = ok ? ISTH_ERUNTIME : isth_fail(ISTH_ERUNTIME, "out of memory writing %s", group);
                 break;
             }
-            if (n && !one_call) pack_layer(ptrs, n, chunk_elems(t), mem, 1);
+            if (n && !calls.one_call) pack_layer(ptrs, n, chunk_elems(t), mem, 1);
             if (!n) {
                 hsize_t one = 1;
                 mspace = H5Screate_simple(1, &one, NULL);
@@ -571,15 +603,12 @@ int h5_read_chunks(H5File *f, const char *group, const Model *m, ChunkAt at, con
             rc = isth_fail(ISTH_EINPUT, "file %s: dataset %s is not float32", f->path, name);
             break;
         }
-        float *whole_mem = NULL;
-        hid_t whole_space = -1;
-        const size_t whole = select_whole(m, t, fspace, at, ctx, &whole_mem, &whole_space);
-        const int one_call = agree(f->comm, whole != (size_t)-1);
-        if (!one_call && whole_space >= 0) H5Sclose(whole_space);
-        for (int l = 0; l < (one_call ? 1 : n_layers(m, t)) && rc == ISTH_OK; l++) {
-            float *mem = one_call ? whole_mem : NULL;
-            hid_t mspace = one_call ? whole_space : -1;
-            size_t n = one_call ? whole : select_layer(m, t, l, fspace, at, ctx, &ptrs, &mem, &tmp, &tmp_cap, &mspace);
+        TensorCalls calls;
+        plan_calls(f, m, t, fspace, at, ctx, &calls);
+        for (int l = 0; l < calls.calls && rc == ISTH_OK; l++) {
+            float *mem;
+            hid_t mspace;
+            const size_t n = select_call(&calls, l, m, t, fspace, at, ctx, &ptrs, &mem, &tmp, &tmp_cap, &mspace);
             const int got = n != (size_t)-1;
             if (!agree(f->comm, got)) {
                 if (mspace >= 0) H5Sclose(mspace);
@@ -609,7 +638,7 @@ int h5_read_chunks(H5File *f, const char *group, const Model *m, ChunkAt at, con
                              : ISTH_EINPUT;
                 break;
             }
-            if (n && !one_call) pack_layer(ptrs, n, chunk_elems(t), mem, -1);
+            if (n && !calls.one_call) pack_layer(ptrs, n, chunk_elems(t), mem, -1);
         }
         H5Sclose(fspace);
         H5Dclose(dset);

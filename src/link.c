@@ -23,7 +23,7 @@ void link_init(Link *l, MPI_Comm comm, double timeout_s, const char *site_name)
     l->mute = (int)fault_hook_for("ISTHMUS_LINK_MUTE", site_name);
 }
 
-int link_msg_alloc(LinkMsg *m, int peer, int tag, size_t send_bytes, size_t recv_bytes, int local)
+static void msg_init(LinkMsg *m, int peer, int tag, size_t send_bytes, size_t recv_bytes, int local)
 {
     memset(m, 0, sizeof *m);
     m->peer = peer;
@@ -31,6 +31,11 @@ int link_msg_alloc(LinkMsg *m, int peer, int tag, size_t send_bytes, size_t recv
     m->send_bytes = send_bytes;
     m->recv_bytes = recv_bytes;
     m->local = local;
+}
+
+int link_msg_alloc(LinkMsg *m, int peer, int tag, size_t send_bytes, size_t recv_bytes, int local)
+{
+    msg_init(m, peer, tag, send_bytes, recv_bytes, local);
     m->send = isth_malloc(send_bytes ? send_bytes : 1);
     m->recv = isth_malloc(recv_bytes ? recv_bytes : 1);
     if (!m->send || !m->recv) {
@@ -60,12 +65,7 @@ int link_retire(MPI_Request *req, int n)
 
 void link_msg_init_borrowed(LinkMsg *m, int peer, int tag, size_t send_bytes, size_t recv_bytes, int local)
 {
-    memset(m, 0, sizeof *m);
-    m->peer = peer;
-    m->tag = tag;
-    m->send_bytes = send_bytes;
-    m->recv_bytes = recv_bytes;
-    m->local = local;
+    msg_init(m, peer, tag, send_bytes, recv_bytes, local);
     m->borrowed = 1;
 }
 
