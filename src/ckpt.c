@@ -35,6 +35,14 @@ static void ckpt_path(const char *dir, long step, char *out, size_t cap)
     snprintf(out, cap, "%s/ckpt-%08ld.h5", dir, step);
 }
 
+long ckpt_step_of(const char *path)
+{
+    const char *base = strrchr(path, '/');
+    long step = -1;
+    if (sscanf(base ? base + 1 : path, "ckpt-%ld.h5", &step) != 1) return -1;
+    return step;
+}
+
 /* Steps of the complete checkpoint files in dir, newest first: at most cap
  * of them in steps[]; returns how many there are in all (-1: out of memory). */
 static int list_steps(const char *dir, long *steps, int cap)
@@ -406,7 +414,7 @@ int ckpt_check_outputs(Trainer *tr)
 
 /* ---- choosing the checkpoint to resume from ------------------------------- */
 
-int ckpt_find(Trainer *tr, const char *arg, char *path, size_t cap)
+int ckpt_find(Trainer *tr, const char *arg, char *path, size_t cap, const long *skip, int n_skip)
 {
     const Topology *t = &tr->topo;
     int site_rank;
@@ -422,7 +430,7 @@ int ckpt_find(Trainer *tr, const char *arg, char *path, size_t cap)
     if (strcmp(arg, "auto")) { /* an explicit file: its step, every site's file of that step */
         char reason[512];
         long mine[2] = {ISTH_OK, -1}; /* (status, step) of world rank 0's check; the others' are not read */
-        if (t->world_rank == 0 && ckpt_validate(arg, reason, sizeof reason, &mine[1]) != ISTH_OK)
+        if (t->world_rank == 0 && ckpt_check(arg, reason, sizeof reason, &mine[1], 0) != ISTH_OK)
             mine[0] = isth_fail(ISTH_EINPUT, "checkpoint %s: invalid: %s", arg, reason);
         rc = trainer_control(tr, mine, sizeof mine, all, "resume file");
         if (rc == ISTH_OK) rc = (int)all[0];
@@ -441,9 +449,13 @@ int ckpt_find(Trainer *tr, const char *arg, char *path, size_t cap)
         if (n > CKPT_MAX_LIST * 4) n = CKPT_MAX_LIST * 4; /* the newest ones */
         for (int i = 0; i < n && k < CKPT_MAX_LIST; i++) {
             if (want >= 0 && steps[i] != want) continue;
+            int skipped = 0;
+            for (int j = 0; j < n_skip; j++) skipped |= steps[i] == skip[j];
+            if (skipped) continue; /* a load found it damaged */
             char p[CONFIG_FILE_PATH_MAX + 64], reason[512];
             ckpt_path(dir, steps[i], p, sizeof p);
-            if (ckpt_validate(p, reason, sizeof reason, NULL) == ISTH_OK) {
+            /* structure and attributes here; the load verifies every value */
+            if (ckpt_check(p, reason, sizeof reason, NULL, 0) == ISTH_OK) {
                 valid[k++] = steps[i];
             } else {
                 fprintf(stderr, "isthmus: warning: checkpoint %s: invalid: %s; falling back to an older one\n", p, reason);
@@ -547,22 +559,34 @@ static int check_attributes(Trainer *tr, H5File *f, const char *path, long long 
     return rc;
 }
 
-static int load_checkpoint(Trainer *tr, const char *path);
+static int load_checkpoint(Trainer *tr, const char *path, int *damaged);
 
-int ckpt_load(Trainer *tr, const char *path)
+int ckpt_load(Trainer *tr, const char *path, int fallback, int *damaged)
 {
     fault_watchdog_arm(tr->cfg.checkpoint.timeout, "loading the checkpoint");
     int site_rank = 0;
     MPI_Comm_rank(tr->topo.site_comm, &site_rank);
-    /* what is wrong with this site's file only its ranks see: its first rank prints */
-    const int was = status_set_quiet(site_rank != 0);
-    const int rc = load_checkpoint(tr, path);
+    /* what is wrong with this site's file only its ranks see: its first rank
+     * prints; with a fallback every rank holds its line until the outcome
+     * is known (a damaged value is then a warning) */
+    const int was = status_set_quiet(fallback || site_rank != 0);
+    *damaged = 0;
+    int rc = load_checkpoint(tr, path, damaged);
+    if (!fallback) *damaged = 0; /* an explicit file: damage is an error */
     status_set_quiet(was);
+    if (rc != ISTH_OK && fallback) {
+        /* the site's lowest rank that saw a damaged value says so, once */
+        int me = *damaged && status_has_suppressed() ? site_rank : 1 << 30;
+        if (MPI_Allreduce(MPI_IN_PLACE, &me, 1, MPI_INT, MPI_MIN, tr->topo.site_comm) != MPI_SUCCESS) me = -1;
+        if (*damaged && me == site_rank) status_print_suppressed_warning("; falling back to an older one");
+        else if (!*damaged && site_rank == 0) status_print_suppressed();
+        if (*damaged) status_discard_suppressed();
+    }
     fault_watchdog_disarm();
     return rc;
 }
 
-static int load_checkpoint(Trainer *tr, const char *path)
+static int load_checkpoint(Trainer *tr, const char *path, int *damaged)
 {
     const double t0 = now_s();
     const Topology *t = &tr->topo;
@@ -572,11 +596,17 @@ static int load_checkpoint(Trainer *tr, const char *path)
           *adam_v = backend_state(be, STATE_ADAM_V);
     CkptScratch sc;
     CHECK(scratch_alloc(tr, &sc));
+    /* nothing of an earlier, failed attempt stays: held results go back to
+     * the pool, residuals start at zero (a file without them keeps them so) */
+    for (int p = 0; p < tr->red.fragments; p++)
+        if (reduce_result(&tr->red, p)) reduce_release(&tr->red, p);
+    reduce_zero_residuals(&tr->red);
     /* a file this site cannot open still goes to the agreement below, so
      * the other sites hear of it instead of waiting for a deadline */
     H5File f;
     int rc = h5_open(&f, path, t->site_comm);
     const int opened = rc == ISTH_OK;
+    f.label = "checkpoint";
     char *text = NULL;
     long long step = 0, outer_steps = 0, exchanges = 0, adam_t = 0, first = 0, learners = 0, data_step = 0;
     double tokens = 0;
@@ -652,22 +682,28 @@ static int load_checkpoint(Trainer *tr, const char *path)
         if (rc == ISTH_OK) outer_restore(&tr->outer, frag, frag + P, t->n_sites, (long)step, (long)outer_steps);
     }
     scratch_free(&sc);
+    int outcome[2] = {rc != ISTH_OK, opened && f.damaged}; /* failed, a value was damaged */
     if (opened) h5_close(&f);
     /* every site must resume the same step: the site agrees on its outcome,
      * then the sites' first ranks compare through the link */
-    int fail = rc != ISTH_OK;
-    int agreed = MPI_Allreduce(MPI_IN_PLACE, &fail, 1, MPI_INT, MPI_LOR, t->site_comm);
+    int agreed = MPI_Allreduce(MPI_IN_PLACE, outcome, 2, MPI_INT, MPI_MAX, t->site_comm);
     if (agreed != MPI_SUCCESS) return isth_fail(ISTH_ERUNTIME, "resume: MPI_Allreduce failed");
-    long mine[2] = {fail ? -1 : (long)step, fail}, *all = isth_malloc(sizeof mine * (size_t)t->n_sites);
+    const int fail = outcome[0];
+    long mine[3] = {fail ? -1 : (long)step, fail, outcome[1]}, *all = isth_malloc(sizeof mine * (size_t)t->n_sites);
     CHECK_ALLOC(all);
     int crc = trainer_control(tr, mine, sizeof mine, all, "resume agreement");
-    int any_fail = 0, same = 1;
+    int any_fail = 0, same = 1, other = 0, any_damaged = 0;
     for (int s2 = 0; crc == ISTH_OK && s2 < t->n_sites; s2++) {
-        any_fail |= all[2 * s2 + 1] != 0;
-        same &= all[2 * s2] == all[0];
+        const long *site_outcome = all + 3 * s2;
+        any_fail |= site_outcome[1] != 0;
+        any_damaged |= site_outcome[2] != 0;
+        other |= site_outcome[1] && !site_outcome[2]; /* failed for another reason */
+        same &= site_outcome[0] == all[0];
     }
     isth_free(all);
     CHECK(crc);
+    /* only damaged values (on any site) make the step one to pass over */
+    *damaged = any_fail && any_damaged && !other;
     if (any_fail) return rc != ISTH_OK ? rc : ISTH_EINPUT;
     if (!same) return isth_fail(ISTH_EINPUT, "resume: the sites' checkpoints are of different steps");
     tr->step = (long)step;

@@ -39,18 +39,31 @@ int ckpt_write(Trainer *tr);
 /* Resolve `--resume` (a file or "auto") to this site's file: with "auto"
  * each site validates its newest files (falling back past invalid ones,
  * reported by name and reason) and the sites agree on the newest step they
- * all have. Sets *path to "" when "auto" finds nothing (fresh start).
+ * all have (steps in skip[n_skip] are passed over: a load found them
+ * damaged). Sets *path to "" when "auto" finds nothing (fresh start).
  * Collective over every rank; the sites agree through the link. */
-int ckpt_find(Trainer *tr, const char *arg, char *path, size_t cap);
+int ckpt_find(Trainer *tr, const char *arg, char *path, size_t cap, const long *skip, int n_skip);
+
+/* Steps --resume auto may pass over (damaged files), and the step of a
+ * checkpoint file's name (-1: not one). */
+#define CKPT_MAX_SKIP 16
+long ckpt_step_of(const char *path);
 
 /* Load the state of `path` into a created trainer (collective). Exit-2
  * errors for a model shape that contradicts the config; allowed changes
- * (schedule, layout) are applied and listed. */
-int ckpt_load(Trainer *tr, const char *path);
+ * (schedule, layout) are applied and listed. Every value read is verified
+ * (fletcher32, finite). fallback: a damaged value is not an error but a
+ * warning ("falling back to an older one") and *damaged is set on every
+ * rank of every site, so the caller can choose another step (--resume auto). */
+int ckpt_load(Trainer *tr, const char *path, int fallback, int *damaged);
 
 /* Full validation of one file by the calling rank alone (every dataset read,
  * fletcher32 verified). Returns ISTH_OK or ISTH_EINPUT with `reason`. */
 int ckpt_validate(const char *path, char *reason, size_t cap, long *step);
+/* The same without reading the values (read_data 0): structure, shapes,
+ * types, filters and attributes. --resume checks its candidates this way
+ * and the load verifies every value it reads, so the file is read once. */
+int ckpt_check(const char *path, char *reason, size_t cap, long *step, int read_data);
 
 /* `isthmus inspect FILE`: attributes, datasets, verdict. */
 int ckpt_inspect(const char *path);

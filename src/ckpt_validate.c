@@ -277,7 +277,9 @@ static int check_structure(hid_t file, char *reason, size_t cap)
     return rc;
 }
 
-int ckpt_validate(const char *path, char *reason, size_t cap, long *step)
+int ckpt_validate(const char *path, char *reason, size_t cap, long *step) { return ckpt_check(path, reason, cap, step, 1); }
+
+int ckpt_check(const char *path, char *reason, size_t cap, long *step, int read_data)
 {
     H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
     reason[0] = '\0';
@@ -313,7 +315,7 @@ int ckpt_validate(const char *path, char *reason, size_t cap, long *step)
     } else {
         rc = check_structure(file, reason, cap);
         VisitCtx v = {reason, cap, 0};
-        if (rc == ISTH_OK && H5Ovisit(file, H5_INDEX_NAME, H5_ITER_NATIVE, visit_read, &v) != 0)
+        if (rc == ISTH_OK && read_data && H5Ovisit(file, H5_INDEX_NAME, H5_ITER_NATIVE, visit_read, &v) != 0)
             rc = ISTH_EINPUT;
     }
     H5Fclose(file);

@@ -624,18 +624,28 @@ int h5_read_chunks(H5File *f, const char *group, const Model *m, ChunkAt at, con
             herr_t err = H5Dread(dset, H5T_NATIVE_FLOAT, mspace, fspace, f->xfer, n ? mem : &dummy);
             H5Sclose(mspace);
             int ok = err >= 0;
-            if (!ok) isth_fail(ISTH_EINPUT, "file %s: reading %s failed (checksum mismatch or truncated data)", f->path,
-                               name);
+            if (!ok) {
+                f->damaged = 1;
+                if (f->label)
+                    isth_fail(ISTH_EINPUT, "%s %s: invalid: dataset %s: checksum mismatch or truncated data", f->label,
+                              f->path, name);
+                else
+                    isth_fail(ISTH_EINPUT, "file %s: reading %s failed (checksum mismatch or truncated data)", f->path,
+                              name);
+            }
             if (!agree(f->comm, ok)) {
                 rc = ISTH_EINPUT;
                 break;
             }
             size_t bad = 0;
             while (bad < n && isfinite(mem[bad])) bad++;
+            if (bad < n) f->damaged = 1;
             if (!agree(f->comm, bad == n)) { /* each rank names what it read */
-                rc = bad < n ? isth_fail(ISTH_EINPUT, "file %s: dataset %s holds NaN or Inf (a diverged or damaged "
-                                         "model)", f->path, name)
-                             : ISTH_EINPUT;
+                rc = bad == n   ? ISTH_EINPUT
+                     : f->label ? isth_fail(ISTH_EINPUT, "%s %s: invalid: dataset %s holds NaN or Inf", f->label, f->path,
+                                            name)
+                                : isth_fail(ISTH_EINPUT, "file %s: dataset %s holds NaN or Inf (a diverged or damaged "
+                                            "model)", f->path, name);
                 break;
             }
             if (n && !calls.one_call) pack_layer(ptrs, n, chunk_elems(t), mem, -1);

@@ -42,6 +42,8 @@ typedef struct {
     int rank;
     char path[CONFIG_FILE_PATH_MAX], tmp[CONFIG_FILE_PATH_MAX + 16];
     int failed;
+    const char *label;  /* set by the reader ("checkpoint"): damaged values read as "LABEL PATH: invalid: ..." */
+    int damaged;        /* a value read failed its checksum or was not finite */
 } H5File;
 
 /* NULL when path is a regular file this process can open, else why not

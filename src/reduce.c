@@ -482,6 +482,14 @@ float *reduce_residual_at(const Reducer *r, int tensor, int layer, int expert)
     return res && r->owned_pos[c] != SIZE_MAX ? res + r->owned_pos[c] : NULL;
 }
 
+void reduce_zero_residuals(Reducer *r)
+{
+    for (int f = 0; f < r->fragments; f++) {
+        float *res = reduce_residual(r, f);
+        if (res) memset(res, 0, sizeof(float) * (r->frag[f].own.size + 1));
+    }
+}
+
 int reduce_has_residual(const Reducer *r) { return r->frag && reduce_residual(r, 0) != NULL; }
 
 int reduce_any_residual(const Reducer *r) { return r->error_feedback && r->topo->n_sites > 1; }

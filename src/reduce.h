@@ -184,6 +184,8 @@ int reduce_owns(const void *reducer, int tensor, int layer, int expert);
 float *reduce_residual(const Reducer *r, int f);
 /* Chunk (tensor, layer, expert) of the residuals, NULL when not mine. */
 float *reduce_residual_at(const Reducer *r, int tensor, int layer, int expert);
+/* Every residual back to zero (a fresh start, or before a load). */
+void reduce_zero_residuals(Reducer *r);
 /* Has this rank error-feedback state (first learner of a site, codec on)? */
 int reduce_has_residual(const Reducer *r);
 /* Does any rank of this run keep outer-mode / sync error feedback (a lossy

@@ -156,10 +156,19 @@ int train_run(const Config *cfg, const char *resume)
     }
     if (rc == ISTH_OK) rc = ckpt_check_outputs(&tr);
     if (rc == ISTH_OK && resume) {
+        /* --resume auto: a step whose values a load finds damaged is passed
+         * over and the sites agree on the next one; the chosen file is read
+         * once (find checks structure and attributes, the load every value) */
         char path[CONFIG_FILE_PATH_MAX + 64];
-        rc = ckpt_find(&tr, resume, path, sizeof path);
-        if (rc == ISTH_OK && path[0]) rc = ckpt_load(&tr, path);
-        else if (rc == ISTH_OK && tr.log) printf("resume: no valid checkpoint found; starting from step 0\n");
+        long skip[CKPT_MAX_SKIP];
+        int n_skip = 0, damaged = 0;
+        const int fallback = !strcmp(resume, "auto");
+        do {
+            rc = ckpt_find(&tr, resume, path, sizeof path, skip, n_skip);
+            if (rc == ISTH_OK && path[0]) rc = ckpt_load(&tr, path, fallback, &damaged);
+            else if (rc == ISTH_OK && tr.log) printf("resume: no valid checkpoint found; starting from step 0\n");
+            if (rc != ISTH_OK && fallback && damaged) skip[n_skip++] = ckpt_step_of(path);
+        } while (rc != ISTH_OK && fallback && damaged && n_skip < CKPT_MAX_SKIP);
     }
     const TrainConfig *tc = &cfg->train;
     const char *hook = getenv("ISTHMUS_STOP_AT_STEP"); /* test hook: behave as if signalled */

@@ -34,6 +34,14 @@ void status_print_suppressed(void)
     printed_error = 1;
 }
 
+void status_print_suppressed_warning(const char *suffix)
+{
+    if (!suppressed[0]) return;
+    fprintf(stderr, "isthmus: warning: %s%s\n", suppressed, suffix);
+    fflush(stderr);
+    suppressed[0] = '\0';
+}
+
 int status_set_quiet(int quiet)
 {
     const int was = quiet_errors;

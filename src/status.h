@@ -34,6 +34,9 @@ int status_printed_error(void);
  * site): for an input only this rank saw. */
 void status_print_suppressed(void);
 int status_has_suppressed(void);
+/* Print it as "isthmus: warning: <line><suffix>" instead (the caller goes
+ * on another way) and forget it. */
+void status_print_suppressed_warning(const char *suffix);
 /* Forget it (a check that only asked whether something is valid). */
 void status_discard_suppressed(void);
 

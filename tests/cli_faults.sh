@@ -60,11 +60,13 @@ for mode in sync diloco streaming butterfly; do
             --set site.a.ranks=1 --set site.b.ranks=1 --set outer.mode=$mode --set outer.codec=$codec \
             --set outer.inner_steps=2 --set train.steps=6 --set outer.timeout=1e-6 --set data.eval_bytes=4096 \
             > /dev/null 2> "$WORK/d.err" || rc=$?
-        others=$(grep -vc "within \[outer\] timeout = 1e-06 s" "$WORK/d.err")
+        # mpirun's libevent may add "[warn] Epoll MOD(1) on fd N failed" while
+        # it tears the aborted job down: Open MPI's noise, not isthmus's
+        others=$(grep -v "^\[warn\] Epoll" "$WORK/d.err" | grep -vc "within \[outer\] timeout = 1e-06 s")
         if [ "$rc" = 1 ] && [ "$others" = 0 ] && [ -s "$WORK/d.err" ]; then
             pass "deadline 1e-6 s, $mode/$codec: exit 1, only deadline lines ($(grep -c . "$WORK/d.err"))"
         else
-            fail "deadline 1e-6 s, $mode/$codec: exit $rc: $(head -c 300 "$WORK/d.err")"
+            fail "deadline 1e-6 s, $mode/$codec: exit $rc; lines other than deadline lines: $(grep -v "^\[warn\] Epoll" "$WORK/d.err" | grep -v "within \[outer\] timeout = 1e-06 s" | head -c 300); all: $(head -c 300 "$WORK/d.err")"
         fi
     done
 done
