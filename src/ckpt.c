@@ -566,21 +566,21 @@ int ckpt_load(Trainer *tr, const char *path, int fallback, int *damaged)
     fault_watchdog_arm(tr->cfg.checkpoint.timeout, "loading the checkpoint");
     int site_rank = 0;
     MPI_Comm_rank(tr->topo.site_comm, &site_rank);
-    /* what is wrong with this site's file only its ranks see: its first rank
-     * prints; with a fallback every rank holds its line until the outcome
-     * is known (a damaged value is then a warning) */
-    const int was = status_set_quiet(fallback || site_rank != 0);
+    /* what is wrong with this site's file only its ranks see, and any of
+     * them may see it (the rank reading a damaged chunk): every rank holds
+     * its line until the outcome is known, then the site's lowest rank that
+     * has one prints it, once — as a warning when a damaged value makes
+     * --resume auto pass over the step */
+    const int was = status_set_quiet(1);
     *damaged = 0;
     int rc = load_checkpoint(tr, path, damaged);
     if (!fallback) *damaged = 0; /* an explicit file: damage is an error */
     status_set_quiet(was);
-    if (rc != ISTH_OK && fallback) {
-        /* the site's lowest rank that saw a damaged value says so, once */
-        int me = *damaged && status_has_suppressed() ? site_rank : 1 << 30;
+    if (rc != ISTH_OK) {
+        int me = status_has_suppressed() ? site_rank : 1 << 30;
         if (MPI_Allreduce(MPI_IN_PLACE, &me, 1, MPI_INT, MPI_MIN, tr->topo.site_comm) != MPI_SUCCESS) me = -1;
-        if (*damaged && me == site_rank) status_print_suppressed_warning("; falling back to an older one");
-        else if (!*damaged && site_rank == 0) status_print_suppressed();
-        if (*damaged) status_discard_suppressed();
+        if (me == site_rank) status_print_held(*damaged, "; falling back to an older one");
+        status_discard_suppressed();
     }
     fault_watchdog_disarm();
     return rc;

@@ -688,11 +688,15 @@ int h5_read_doubles(H5File *f, const char *name, double *v, int n)
         hsize_t dim = 0;
         H5Sget_simple_extent_dims(space, &dim, NULL);
         H5Sclose(space);
-        ok = dim == (hsize_t)n && H5Dread(dset, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, f->xfer, v) >= 0;
+        ok = dim == (hsize_t)n;
+        if (ok && H5Dread(dset, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, f->xfer, v) < 0) ok = 0, f->damaged = 1;
+        for (int i = 0; ok && i < n; i++)
+            if (!isfinite(v[i])) ok = 0, f->damaged = 1;
         H5Dclose(dset);
     }
     if (!agree(f->comm, ok))
-        return isth_fail(ISTH_EINPUT, "file %s: missing or damaged dataset %s", f->path, name);
+        return f->label ? isth_fail(ISTH_EINPUT, "%s %s: invalid: dataset %s missing or damaged", f->label, f->path, name)
+                        : isth_fail(ISTH_EINPUT, "file %s: missing or damaged dataset %s", f->path, name);
     return ISTH_OK;
 }
 

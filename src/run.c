@@ -164,11 +164,17 @@ int train_run(const Config *cfg, const char *resume)
         int n_skip = 0, damaged = 0;
         const int fallback = !strcmp(resume, "auto");
         do {
+            damaged = 0;
             rc = ckpt_find(&tr, resume, path, sizeof path, skip, n_skip);
             if (rc == ISTH_OK && path[0]) rc = ckpt_load(&tr, path, fallback, &damaged);
-            else if (rc == ISTH_OK && tr.log) printf("resume: no valid checkpoint found; starting from step 0\n");
             if (rc != ISTH_OK && fallback && damaged) skip[n_skip++] = ckpt_step_of(path);
         } while (rc != ISTH_OK && fallback && damaged && n_skip < CKPT_MAX_SKIP);
+        /* a failed attempt may have loaded part of a file: no fresh start from that */
+        if (n_skip && ((rc == ISTH_OK && !path[0]) || (rc != ISTH_OK && damaged)))
+            rc = isth_fail(ISTH_EINPUT, "resume: %d checkpoint step(s) with damaged values passed over and no valid "
+                           "one left; remove them (isthmus inspect names them) or start without --resume", n_skip);
+        else if (rc == ISTH_OK && !path[0] && tr.log)
+            printf("resume: no valid checkpoint found; starting from step 0\n");
     }
     const TrainConfig *tc = &cfg->train;
     const char *hook = getenv("ISTHMUS_STOP_AT_STEP"); /* test hook: behave as if signalled */

@@ -34,10 +34,15 @@ void status_print_suppressed(void)
     printed_error = 1;
 }
 
-void status_print_suppressed_warning(const char *suffix)
+void status_print_held(int as_warning, const char *warning_suffix)
 {
     if (!suppressed[0]) return;
-    fprintf(stderr, "isthmus: warning: %s%s\n", suppressed, suffix);
+    if (as_warning) {
+        fprintf(stderr, "isthmus: warning: %s%s\n", suppressed, warning_suffix);
+    } else if (!printed_error) {
+        fprintf(stderr, "isthmus: error: %s\n", suppressed); /* as bad input is printed: no rank prefix */
+        printed_error = 1;
+    }
     fflush(stderr);
     suppressed[0] = '\0';
 }

@@ -34,9 +34,10 @@ int status_printed_error(void);
  * site): for an input only this rank saw. */
 void status_print_suppressed(void);
 int status_has_suppressed(void);
-/* Print it as "isthmus: warning: <line><suffix>" instead (the caller goes
- * on another way) and forget it. */
-void status_print_suppressed_warning(const char *suffix);
+/* Print it and forget it: "isthmus: error: <line>" as any bad input (when
+ * this process has printed no error yet), or as_warning "isthmus: warning:
+ * <line><warning_suffix>" (the caller goes on another way). */
+void status_print_held(int as_warning, const char *warning_suffix);
 /* Forget it (a check that only asked whether something is valid). */
 void status_discard_suppressed(void);
 

@@ -72,6 +72,9 @@ expect_exit 2 "missing.h5: invalid: missing dataset /model/w_gate" -- "$ISTHMUS"
 cp "$C" "$WORK/version.h5" && "$TAMPER" "$WORK/version.h5" version 99
 expect_exit 2 "version.h5: invalid: format_version 99, this build reads 3" -- "$ISTHMUS" inspect "$WORK/version.h5"
 expect_exit 2 "checkpoint .*flip.h5: invalid: dataset" -- "$ISTHMUS" train "$T" --set train.out_dir="$WORK/x" --resume "$WORK/flip.h5"
+# two ranks: whichever rank reads the damaged chunk, one line
+expect_exit 2 "checkpoint .*flip.h5: invalid: dataset" -- mpirun -q --oversubscribe -np 2 "$ISTHMUS" train "$T" --set train.out_dir="$WORK/x2" \
+    --set train.micro_batch=4 --resume "$WORK/flip.h5"
 
 # auto falls back past a corrupted newest checkpoint
 N="$D/ckpt-00000010.h5"
