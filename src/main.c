@@ -82,9 +82,10 @@ static const char *const usage_config =
     "\n"
     "Validates and prints the resolved configuration (every key, defaults filled in).\n"
     "--keys lists every configuration key instead.\n"
-    "--memory prints what world rank R (default 0) of an N-rank job (default: the\n"
-    "[site.*] ranks) allocates, by category, computed from the layout without\n"
-    "allocating the model; `isthmus train` prints the measured peak of rank 0.\n";
+    "--memory prints what world rank R (default 0; max: the rank that holds the\n"
+    "most) of an N-rank job (default: the [site.*] ranks) allocates, by category,\n"
+    "computed from the layout without allocating the model; `isthmus train`\n"
+    "prints the measured peak of rank 0.\n";
 
 static const char *const usage_inspect =
     "usage: isthmus inspect FILE\n"
@@ -312,14 +313,20 @@ static int cmd_config(int argc, char **argv)
         char *end;
         const long n = ranks ? strtol(ranks, &end, 10) : 0;
         if (ranks && (*end || n < 1 || n > 1 << 24)) return isth_fail(ISTH_EINPUT, "--ranks %s: expected 1..16777216", ranks);
-        const long r = rank ? strtol(rank, &end, 10) : 0;
-        if (rank && (*end || r < 0)) return isth_fail(ISTH_EINPUT, "--rank %s: expected a rank number", rank);
-        MemoryPlan plan;
-        CHECK(memory_plan(&cfg, (int)n, (int)r, &plan));
+        const int largest = rank && !strcmp(rank, "max");
+        long r = rank && !largest ? strtol(rank, &end, 10) : 0;
+        if (rank && !largest && (*end || r < 0))
+            return isth_fail(ISTH_EINPUT, "--rank %s: expected a rank number or max", rank);
         int world = (int)n;
         if (!world)
             for (int s = 0; s < cfg.n_sites; s++) world += cfg.sites[s].ranks;
-        memory_print(&plan, world ? world : 1, (int)r);
+        if (!world) world = 1;
+        MemoryPlan plan;
+        if (largest) /* the rank that holds the most: what a GPU must fit */
+            CHECK(memory_plan_largest(&cfg, world, &plan, &r));
+        else
+            CHECK(memory_plan(&cfg, world, (int)r, &plan));
+        memory_print(&plan, world, (int)r);
         return ISTH_OK;
     }
     char *text = config_to_text(&cfg);

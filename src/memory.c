@@ -122,6 +122,28 @@ int memory_plan(const Config *cfg, int world_size, int rank, MemoryPlan *out)
     return ISTH_OK;
 }
 
+static double plan_total(const MemoryPlan *p)
+{
+    double total = 0.0;
+    for (int c = 1; c < ALLOC_CATEGORIES; c++) total += p->bytes[c];
+    return total;
+}
+
+int memory_plan_largest(const Config *cfg, int world_size, MemoryPlan *out, long *rank)
+{
+    *rank = 0;
+    CHECK(memory_plan(cfg, world_size, 0, out));
+    for (int r = 1; r < world_size; r++) {
+        MemoryPlan p;
+        CHECK(memory_plan(cfg, world_size, r, &p));
+        if (plan_total(&p) > plan_total(out)) {
+            *out = p;
+            *rank = r;
+        }
+    }
+    return ISTH_OK;
+}
+
 static void print_row(const char *name, double bytes, double total)
 {
     printf("  %-16s %14.0f B %10.3f GiB %6.1f%%\n", name, bytes, bytes / 1073741824.0,
@@ -130,8 +152,7 @@ static void print_row(const char *name, double bytes, double total)
 
 void memory_print(const MemoryPlan *p, int world_size, int rank)
 {
-    double total = 0.0;
-    for (int c = 1; c < ALLOC_CATEGORIES; c++) total += p->bytes[c];
+    const double total = plan_total(p);
     printf("memory of world rank %d of %d (learner %d, rank %d of %d, %d expert(s)), predicted:\n", rank, world_size,
            p->learner, p->learner_rank, p->learner_size, p->experts_local);
     for (int c = 1; c < ALLOC_CATEGORIES; c++) print_row(alloc_category_name[c], p->bytes[c], total);

@@ -25,6 +25,9 @@ typedef struct {
 /* World rank `rank` of a job of `world_size` ranks (0: the config's). */
 int memory_plan(const Config *cfg, int world_size, int rank, MemoryPlan *out);
 
+/* The rank of the job whose total is largest (the lowest such rank), and its plan. */
+int memory_plan_largest(const Config *cfg, int world_size, MemoryPlan *out, long *rank);
+
 /* The table: one line per category, then the total and the ratio to the
  * owned state. */
 void memory_print(const MemoryPlan *p, int world_size, int rank);

@@ -78,6 +78,17 @@ for c in outer residuals staging; do
         && pass "sync on one rank: no $c" || fail "sync on one rank allocates $c"
 done
 [ "$(measured "$WORK/tiny_sync_int8.log" outer)" = 0 ] && pass "sync: no outer state" || fail "sync allocates outer state"
+# --rank max names the rank that holds the most (here a west rank: one
+# learner of 1 rank holds all 4 experts)
+best=-1 best_total=-1
+for r in 0 1 2 3; do
+    tot=$("$ISTHMUS" config "$T" $TWO --memory --rank $r | awk '$1 == "total" { print $2 }')
+    if [ "$tot" -gt "$best_total" ]; then best=$r best_total=$tot; fi
+done
+got=$("$ISTHMUS" config "$T" $TWO --memory --rank max | sed -n 's/^memory of world rank \([0-9]*\) .*/\1/p')
+[ "$got" = "$best" ] && [ "$best" -ge 2 ] && pass "--rank max: rank $got, the largest of the four ($best_total bytes)" ||
+    fail "--rank max gave rank '$got', the largest is $best"
+
 # bad planning input: one line, exit 2
 expect_exit 2 "--ranks abc: expected" -- "$ISTHMUS" config "$T" --memory --ranks abc
 expect_exit 2 "memory: rank 9 is not in a job of 4 ranks" -- "$ISTHMUS" config "$T" --memory --ranks 4 --rank 9
