@@ -102,7 +102,7 @@ static float *state_at(const void *ctx, int t, int l, int e)
     const Reducer *r = &v->tr->red;
     const int c = chunk_index(&r->table, t, l, e < 0 ? 0 : e);
     switch (v->kind) {
-    case VIEW_PARAMS: return r->owned_pos[c] != SIZE_MAX ? v->buf + chunk_offset(&r->table, c) : NULL;
+    case VIEW_PARAMS: return reduce_owned_at(r, v->buf, t, l, e);
     case VIEW_OUTER:
         if (v->reading && v->which == OUTER_PENDING && !reduce_result(r, r->table.chunks[c].fragment)) return NULL;
         return outer_view(&v->tr->outer, r, v->which, t, l, e);
@@ -670,7 +670,7 @@ static int load_checkpoint(Trainer *tr, const char *path, int *damaged)
         if (rc == ISTH_OK) { /* a staging slot per drained fragment; a rank without memory must not
                               * leave the others inside the next collective read */
             for (int p = 0; rc == ISTH_OK && p < P; p++)
-                if (frag[P + p] >= 0 && !outer_hold_pending(&tr->outer, &tr->red, p)) rc = ISTH_ERUNTIME;
+                if (frag[P + p] >= 0 && !reduce_hold(&tr->red, p)) rc = ISTH_ERUNTIME;
             int held = rc == ISTH_OK;
             CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &held, 1, MPI_INT, MPI_LAND, t->site_comm));
             if (!held) rc = ISTH_ERUNTIME;

@@ -458,19 +458,28 @@ static void plan_calls(H5File *f, const Model *m, const Tensor *t, hid_t fspace,
     c->calls = c->one_call ? 1 : n_layers(m, t);
 }
 
-/* The selection of call l (layer l, or the whole tensor): elements, or
- * (size_t)-1 out of memory. */
+/* The selection of call l (layer l, or the whole tensor): elements (0: an
+ * empty memory space, this rank transfers nothing), or (size_t)-1 out of
+ * memory. */
 static size_t select_call(const TensorCalls *c, int l, const Model *m, const Tensor *t, hid_t fspace, ChunkAt at,
                           const void *ctx, float ***ptrs, float **mem, float **tmp, size_t *tmp_cap, hid_t *mspace)
 {
+    size_t n;
     if (c->one_call) {
         *mem = c->whole_mem;
         *mspace = c->whole_space;
-        return c->whole;
+        n = c->whole;
+    } else {
+        *mem = NULL;
+        *mspace = -1;
+        n = select_layer(m, t, l, fspace, at, ctx, ptrs, mem, tmp, tmp_cap, mspace);
     }
-    *mem = NULL;
-    *mspace = -1;
-    return select_layer(m, t, l, fspace, at, ctx, ptrs, mem, tmp, tmp_cap, mspace);
+    if (n == 0) {
+        hsize_t one = 1;
+        *mspace = H5Screate_simple(1, &one, NULL);
+        H5Sselect_none(*mspace);
+    }
+    return n;
 }
 
 int h5_write_tensors(H5File *f, const char *group, const Model *m, const float *buf, ChunkSelect sel,
@@ -537,11 +546,6 @@ int h5_write_chunks(H5File *f, const char *group, const Model *m, ChunkAt at, co
                 break;
             }
             if (n && !calls.one_call) pack_layer(ptrs, n, chunk_elems(t), mem, 1);
-            if (!n) {
-                hsize_t one = 1;
-                mspace = H5Screate_simple(1, &one, NULL);
-                H5Sselect_none(mspace);
-            }
             float dummy = 0.0f;
             herr_t err = H5Dwrite(dset, H5T_NATIVE_FLOAT, mspace, fspace, f->xfer, n ? mem : &dummy);
             H5Sclose(mspace);
@@ -614,11 +618,6 @@ int h5_read_chunks(H5File *f, const char *group, const Model *m, ChunkAt at, con
                 if (mspace >= 0) H5Sclose(mspace);
                 rc = got ? ISTH_ERUNTIME : isth_fail(ISTH_ERUNTIME, "out of memory reading %s", group);
                 break;
-            }
-            if (!n) {
-                hsize_t one = 1;
-                mspace = H5Screate_simple(1, &one, NULL);
-                H5Sselect_none(mspace);
             }
             float dummy;
             herr_t err = H5Dread(dset, H5T_NATIVE_FLOAT, mspace, fspace, f->xfer, n ? mem : &dummy);

@@ -83,7 +83,6 @@ static PairPlan *pair_in_flight(const Reducer *r, int f)
     return NULL;
 }
 
-int mix_in_flight(const Reducer *r, int f) { return pair_in_flight(r, f) != NULL; }
 
 int mix_start(Reducer *r, int f, int partner, const float *buf, double w_me, double w_partner, int exact)
 {

@@ -108,12 +108,6 @@ float *outer_view(const Outer *o, const Reducer *r, OuterState which, int tensor
     return NULL;
 }
 
-float *outer_hold_pending(Outer *o, Reducer *r, int f)
-{
-    (void)o;
-    return reduce_hold(r, f);
-}
-
 int outer_view_anchor(Outer *o, Reducer *r, float *theta, float *spare, size_t n)
 {
     memcpy(spare, theta, sizeof(float) * n);

@@ -83,10 +83,8 @@ float *outer_view(const Outer *o, const Reducer *r, OuterState which, int tensor
 /* Resume: the schedule of a checkpoint (per fragment its last start and the
  * start of the exchange in flight, -1 none) at `step`, and its count of
  * outer updates; drained results are
- * read into outer_hold_pending's slots. */
+ * read into staging slots taken with reduce_hold. */
 void outer_restore(Outer *o, const double *last_sync, const double *started, int n_sites, long step, long outer_steps);
-/* Resume: fragment f's drained result goes here (a staging slot is taken). */
-float *outer_hold_pending(Outer *o, Reducer *r, int f);
 /* Evaluation of the anchor: theta holds the anchor until outer_view_end;
  * its own values wait in `spare` (the grads, unused between steps), both n
  * values. Learner collective. */

@@ -250,6 +250,7 @@ int reduce_start(Reducer *r, int f, float *buf, int kind)
     if (r->topo->n_learners == 1) { /* nothing to combine: buf is the result, no staging */
         if (fp->in_flight) return isth_fail(ISTH_ERUNTIME, "reduce: fragment %d started twice", f);
         fp->in_flight = 1;
+        fp->arrived_poll = -1;
         fp->exchange = ++r->exchanges;
         return ISTH_OK;
     }
@@ -370,16 +371,23 @@ static int agree(Reducer *r, FragPlan *fp, int f, unsigned char *ok)
     return ISTH_OK;
 }
 
+/* The report of fragment f's exchange as it finishes (before the link part). */
+static void report_begin(const Reducer *r, int f, ReduceReport *rep)
+{
+    const FragPlan *fp = &r->frag[f];
+    memset(rep, 0, sizeof *rep);
+    rep->fragment = f;
+    rep->exchange = fp->exchange;
+    rep->n_sites = rep->accepted_sites = r->topo->n_sites;
+    rep->arrived_poll = fp->arrived_poll;
+}
+
 int reduce_finish_staged(Reducer *r, int f, ReduceReport *rep, float **result)
 {
     const Topology *t = r->topo;
     FragPlan *fp = &r->frag[f];
     const SiteInfo *site = &t->sites[t->site];
-    memset(rep, 0, sizeof *rep);
-    rep->fragment = f;
-    rep->exchange = fp->exchange;
-    rep->n_sites = rep->accepted_sites = t->n_sites;
-    rep->arrived_poll = fp->arrived_poll;
+    report_begin(r, f, rep);
     if (fp->sends_deferred) { /* still held back by the test hook: link_wait posts them now */
         fp->sent_poll = fp->polls;
         fp->sends_deferred = 0;
@@ -446,11 +454,7 @@ int reduce_finish(Reducer *r, int f, float *buf, ReduceReport *rep)
 {
     FragPlan *fp = &r->frag[f];
     if (r->topo->n_learners == 1) { /* see reduce_start */
-        memset(rep, 0, sizeof *rep);
-        rep->fragment = f;
-        rep->exchange = fp->exchange;
-        rep->n_sites = rep->accepted_sites = r->topo->n_sites;
-        rep->arrived_poll = -1;
+        report_begin(r, f, rep);
         if (!fp->in_flight) return isth_fail(ISTH_ERUNTIME, "reduce: fragment %d finished but not started", f);
         fp->in_flight = 0;
         return ISTH_OK;
@@ -463,11 +467,10 @@ int reduce_finish(Reducer *r, int f, float *buf, ReduceReport *rep)
     return r->topo->n_learners > 1 ? reduce_share_dense(r, f, buf) : ISTH_OK;
 }
 
-int reduce_owns(const void *reducer, int tensor, int layer, int expert)
+float *reduce_owned_at(const Reducer *r, float *buf, int tensor, int layer, int expert)
 {
-    Reducer *r = (Reducer *)reducer;
     const int c = chunk_index(&r->table, tensor, layer, expert < 0 ? 0 : expert);
-    return chunk_owner(&r->table, c, r->topo->learner_size) == r->topo->learner_rank;
+    return r->owned_pos[c] != SIZE_MAX ? buf + chunk_offset(&r->table, c) : NULL;
 }
 
 float *reduce_residual(const Reducer *r, int f)

@@ -176,8 +176,9 @@ void reduce_fragment_runs(const Reducer *r, int f, const size_t **off, const siz
 /* Canonical element count (all chunks). */
 size_t reduce_canonical_params(const Reducer *r);
 
-/* Does this rank own chunk (tensor, layer, expert) inside its learner? */
-int reduce_owns(const void *reducer, int tensor, int layer, int expert);
+/* Chunk (tensor, layer, expert) of a buffer laid out like the params when
+ * this rank owns it inside its learner, else NULL. */
+float *reduce_owned_at(const Reducer *r, float *buf, int tensor, int layer, int expert);
 /* Error-feedback residuals of fragment f (packed, reduce_owned layout), or
  * NULL: the butterfly's (every learner) or the site sums' (first learner of
  * a site). */
@@ -212,7 +213,6 @@ int mix_finish(Reducer *r, int f, float *buf, ReduceReport *rep, double *pair_di
  * (*accepted 0) it holds what this learner encoded (the decoded values, not
  * the values themselves: the caller keeps its own, outer.c its sent copy). */
 int mix_finish_staged(Reducer *r, int f, ReduceReport *rep, double *pair_distance, float **mixed, int *accepted);
-int mix_in_flight(const Reducer *r, int f);
 /* Progress the butterfly exchanges in flight (reduce_poll calls it). */
 int mix_poll(Reducer *r);
 

@@ -20,9 +20,7 @@ static const float *replica_view(const void *ctx, int t, int l, int e)
 {
     const Trainer *tr = ctx;
     if (tr->mode != MODE_SYNC) return outer_view(&tr->outer, &tr->red, OUTER_ANCHOR, t, l, e);
-    const int c = chunk_index(&tr->red.table, t, l, e < 0 ? 0 : e);
-    return tr->red.owned_pos[c] != SIZE_MAX ? backend_state(tr->be, STATE_PARAMS) + chunk_offset(&tr->red.table, c)
-                                            : NULL;
+    return reduce_owned_at(&tr->red, backend_state(tr->be, STATE_PARAMS), t, l, e);
 }
 
 /* In sync mode every learner must hold the same model; a mismatch means a
