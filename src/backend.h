@@ -36,7 +36,8 @@ typedef struct {
     long dropped;      /* routed copies skipped for capacity, all layers */
 } ForwardStats;
 
-/* The state a backend holds, each laid out like the model table. */
+/* The state a backend holds: params and grads laid out like the model
+ * table, the AdamW moments packed by runs (optimizer_shard). */
 typedef enum { STATE_PARAMS, STATE_GRADS, STATE_ADAM_M, STATE_ADAM_V, STATE_KINDS } StateKind;
 
 typedef struct Backend Backend;
@@ -59,8 +60,15 @@ typedef struct {
     /* Sums of squares of n runs (offset, length) of `which`, in order. */
     void (*run_sumsq)(Backend *b, StateKind which, const size_t *off, const size_t *len, int n, double *out);
     void (*scale_grads)(Backend *b, float factor);
-    /* The inner optimiser's update of every tensor (grads read, not changed). */
-    void (*optimizer_step)(Backend *b, double lr);
+    /* The runs (offset, length into the model table; ascending, disjoint)
+     * this rank's inner optimiser updates and keeps state for: its share
+     * of the dense chunks and its experts (ZeRO stage 1; the trainer then
+     * shares the dense weights inside the learner). The moments' views
+     * (STATE_ADAM_M, STATE_ADAM_V) hold the runs packed, one after the
+     * other, zeroed here. Until called: one run, every parameter. */
+    int (*optimizer_shard)(Backend *b, const size_t *off, const size_t *len, int n);
+    /* The inner optimiser's update of the runs (grads read, not changed). */
+    int (*optimizer_step)(Backend *b, double lr);
     /* Host view of `which` (see the header comment). */
     float *(*state)(Backend *b, StateKind which);
     void (*to_host)(Backend *b);

@@ -84,12 +84,12 @@ static int list_steps(const char *dir, long *steps, int cap)
 /* Views of the training state for h5_write_chunks / h5_read_chunks. A
  * state is written by the ranks that own each chunk (every rank its share
  * of the dense chunks and its experts), by the learner(s) `active` says. */
-typedef enum { VIEW_PARAMS, VIEW_OUTER, VIEW_RESIDUAL } ViewKind;
+typedef enum { VIEW_PARAMS, VIEW_OPTIMIZER, VIEW_OUTER, VIEW_RESIDUAL } ViewKind;
 
 typedef struct {
     const Trainer *tr;
     ViewKind kind;
-    float *buf;         /* VIEW_PARAMS: a params-shaped buffer */
+    float *buf;         /* VIEW_PARAMS: a params-shaped buffer; VIEW_OPTIMIZER: packed by the owned runs */
     OuterState which;   /* VIEW_OUTER */
     int active;         /* this rank takes part */
     int reading;        /* a load: idle fragments' pending values are not read */
@@ -103,6 +103,7 @@ static float *state_at(const void *ctx, int t, int l, int e)
     const int c = chunk_index(&r->table, t, l, e < 0 ? 0 : e);
     switch (v->kind) {
     case VIEW_PARAMS: return reduce_owned_at(r, v->buf, t, l, e);
+    case VIEW_OPTIMIZER: return reduce_run_at(r, v->buf, t, l, e);
     case VIEW_OUTER:
         if (v->reading && v->which == OUTER_PENDING && !reduce_result(r, r->table.chunks[c].fragment)) return NULL;
         return outer_view(&v->tr->outer, r, v->which, t, l, e);
@@ -114,6 +115,13 @@ static float *state_at(const void *ctx, int t, int l, int e)
 static int write_params(H5File *f, const Trainer *tr, const char *group, float *buf, int active)
 {
     StateView v = {tr, VIEW_PARAMS, buf, OUTER_ANCHOR, active, 0};
+    return h5_write_chunks(f, group, &tr->model, state_at, &v);
+}
+
+/* The optimiser's moments (packed by the runs this rank owns). */
+static int write_moments(H5File *f, const Trainer *tr, const char *group, float *packed, int active)
+{
+    StateView v = {tr, VIEW_OPTIMIZER, packed, OUTER_ANCHOR, active, 0};
     return h5_write_chunks(f, group, &tr->model, state_at, &v);
 }
 
@@ -137,6 +145,13 @@ static int read_params(H5File *f, Trainer *tr, const char *group, float *buf)
     CHECK(h5_read_chunks(f, group, &tr->model, state_at, &v));
     for (int p = 0; p < tr->red.fragments; p++) CHECK(reduce_share_dense(&tr->red, p, buf));
     return ISTH_OK;
+}
+
+/* Each owner reads its moments; nobody else holds them. */
+static int read_moments(H5File *f, Trainer *tr, const char *group, float *packed)
+{
+    StateView v = {tr, VIEW_OPTIMIZER, packed, OUTER_ANCHOR, 1, 1};
+    return h5_read_chunks(f, group, &tr->model, state_at, &v);
 }
 
 static int read_outer(H5File *f, Trainer *tr, const char *group, OuterState which)
@@ -210,8 +225,8 @@ static int write_state(Trainer *tr, H5File *f, CkptScratch *sc)
     const int P = tr->cfg.outer.fragments, in_flight = exchanges_in_flight(tr);
     if (tr->mode == MODE_SYNC) {
         CHECK(write_params(f, tr, "/model", params, first));
-        CHECK(write_params(f, tr, "/inner/m", adam_m, first));
-        CHECK(write_params(f, tr, "/inner/v", adam_v, first));
+        CHECK(write_moments(f, tr, "/inner/m", adam_m, first));
+        CHECK(write_moments(f, tr, "/inner/v", adam_v, first));
         /* sync with a lossy codec: error feedback of the gradient sums */
         if (reduce_any_residual(&tr->red)) CHECK(write_residual(f, tr, "/outer/residual", first));
     } else {
@@ -243,9 +258,9 @@ static int write_state(Trainer *tr, H5File *f, CkptScratch *sc)
             snprintf(g, sizeof g, "/learner_%d/model", id);
             CHECK(write_params(f, tr, g, params, mine));
             snprintf(g, sizeof g, "/learner_%d/inner/m", id);
-            CHECK(write_params(f, tr, g, adam_m, mine));
+            CHECK(write_moments(f, tr, g, adam_m, mine));
             snprintf(g, sizeof g, "/learner_%d/inner/v", id);
-            CHECK(write_params(f, tr, g, adam_v, mine));
+            CHECK(write_moments(f, tr, g, adam_v, mine));
         }
     }
     /* per fragment: last outer start, and the start of the exchange in flight (-1: none) */
@@ -638,8 +653,8 @@ static int load_checkpoint(Trainer *tr, const char *path, int *damaged)
     for (int p = 0; rc == ISTH_OK && tr->mode != MODE_SYNC && p < P; p++) in_flight |= frag[P + p] >= 0;
     if (rc == ISTH_OK && tr->mode == MODE_SYNC) {
         rc = read_params(&f, tr, "/model", params);
-        if (rc == ISTH_OK) rc = read_params(&f, tr, "/inner/m", adam_m);
-        if (rc == ISTH_OK) rc = read_params(&f, tr, "/inner/v", adam_v);
+        if (rc == ISTH_OK) rc = read_moments(&f, tr, "/inner/m", adam_m);
+        if (rc == ISTH_OK) rc = read_moments(&f, tr, "/inner/v", adam_v);
         /* error feedback of a lossy codec; a checkpoint written with codec
          * none has none, and the residuals start at zero */
         const int has_residual = H5Lexists(f.file, "/outer", H5P_DEFAULT) > 0 &&
@@ -662,9 +677,9 @@ static int load_checkpoint(Trainer *tr, const char *path, int *damaged)
         snprintf(g, sizeof g, "/learner_%d/model", t->learner);
         if (rc == ISTH_OK) rc = read_params(&f, tr, g, params);
         snprintf(g, sizeof g, "/learner_%d/inner/m", t->learner);
-        if (rc == ISTH_OK) rc = read_params(&f, tr, g, adam_m);
+        if (rc == ISTH_OK) rc = read_moments(&f, tr, g, adam_m);
         snprintf(g, sizeof g, "/learner_%d/inner/v", t->learner);
-        if (rc == ISTH_OK) rc = read_params(&f, tr, g, adam_v);
+        if (rc == ISTH_OK) rc = read_moments(&f, tr, g, adam_v);
         /* exchanges that were in flight (drained before the checkpoint):
          * their results wait in staging slots until their steps */
         if (rc == ISTH_OK) { /* a staging slot per drained fragment; a rank without memory must not

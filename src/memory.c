@@ -70,6 +70,7 @@ static int plan_exchanges(const Config *cfg, const Topology *t, const Model *m, 
     chunk_table_destroy(&ct);
     CHECK(rc);
     out->bytes[ALLOC_RESIDUAL] = residual;
+    out->bytes[ALLOC_OPTIMIZER] = 2 * floats(owned + 1); /* AdamW m, v of the owned chunks (ZeRO-1) */
     if (outer_mode) out->bytes[ALLOC_OUTER] = floats(owned + 1) * (butterfly ? 3 : 2);
     /* staging: the learner's dense sums, the encoder's scratch, the pool */
     double staging = 0.0;
@@ -104,7 +105,6 @@ int memory_plan(const Config *cfg, int world_size, int rank, MemoryPlan *out)
     const double params = floats(m.n_params);
     out->bytes[ALLOC_WEIGHTS] = aligned64(params);
     out->bytes[ALLOC_GRADS] = aligned64(params);
-    out->bytes[ALLOC_OPTIMIZER] = 2 * params;
     CHECK(plan_exchanges(cfg, &t, &m, out));
     const SiteInfo *site = &t.sites[t.site];
     const int threads = cfg->train.threads > 0 ? cfg->train.threads : omp_get_max_threads();
@@ -113,7 +113,7 @@ int memory_plan(const Config *cfg, int world_size, int rank, MemoryPlan *out)
     /* balanced routing: each of my experts receives its share of the learner's copies */
     const double copies = (double)site->micro_batch * cfg->model.context * t.learner_size * cfg->model.top_k;
     out->bytes[ALLOC_EXPERT_ROWS] = acts_expert_row_bytes(&cfg->model, copies * t.experts_local / cfg->model.experts);
-    out->owned_state = out->bytes[ALLOC_WEIGHTS] + out->bytes[ALLOC_GRADS] + out->bytes[ALLOC_OPTIMIZER];
+    out->plain_state = 4 * params; /* what plain data-parallel training holds: weights, grads, AdamW m and v */
     out->site = t.site;
     out->learner = t.learner;
     out->learner_rank = t.learner_rank;
@@ -157,8 +157,9 @@ void memory_print(const MemoryPlan *p, int world_size, int rank)
            p->learner, p->learner_rank, p->learner_size, p->experts_local);
     for (int c = 1; c < ALLOC_CATEGORIES; c++) print_row(alloc_category_name[c], p->bytes[c], total);
     print_row("total", total, total);
-    const double model_state = p->owned_state, rest = total - p->bytes[ALLOC_ACTIVATIONS] - p->bytes[ALLOC_EXPERT_ROWS];
-    printf("  without activations: %.3f GiB = %.3f x (weights + grads + optimizer, %.3f GiB)\n", rest / 1073741824.0,
+    const double model_state = p->plain_state, rest = total - p->bytes[ALLOC_ACTIVATIONS] - p->bytes[ALLOC_EXPERT_ROWS];
+    printf("  without activations: %.3f GiB = %.3f x (weights + grads + unsharded AdamW of the rank's parameters, "
+           "%.3f GiB)\n", rest / 1073741824.0,
            model_state > 0 ? rest / model_state : 0.0, model_state / 1073741824.0);
     printf("  (expert rows at balanced routing; they grow with imbalance. Tables, plans and I/O buffers are not "
            "predicted: 'other' in a run's measured line)\n");

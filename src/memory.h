@@ -18,7 +18,7 @@
 
 typedef struct {
     double bytes[ALLOC_CATEGORIES]; /* ALLOC_OTHER: not predicted (tables, plans, I/O) */
-    double owned_state;             /* weights + grads + AdamW of what the rank holds */
+    double plain_state;             /* weights + grads + unsharded AdamW of the parameters the rank holds */
     int site, learner, learner_rank, learner_size, experts_local;
 } MemoryPlan;
 
@@ -29,7 +29,8 @@ int memory_plan(const Config *cfg, int world_size, int rank, MemoryPlan *out);
 int memory_plan_largest(const Config *cfg, int world_size, MemoryPlan *out, long *rank);
 
 /* The table: one line per category, then the total and the ratio to the
- * owned state. */
+ * plain state (what data-parallel training without outer state or
+ * optimiser sharding would hold for the same parameters). */
 void memory_print(const MemoryPlan *p, int world_size, int rank);
 
 /* This process's counters in the same format (measured). */

@@ -61,6 +61,54 @@ static int build_fragment(Reducer *r, int f)
     return peers_index(&fp->site);
 }
 
+typedef struct {
+    size_t off;
+    int chunk;
+} PlacedChunk;
+
+static int by_offset(const void *a, const void *b)
+{
+    const size_t x = ((const PlacedChunk *)a)->off, y = ((const PlacedChunk *)b)->off;
+    return x < y ? -1 : x > y;
+}
+
+/* The owned chunks in memory order, merged into runs; each chunk's place
+ * in the packed runs. */
+static int build_runs(Reducer *r)
+{
+    const int n = r->table.n_chunks;
+    PlacedChunk *mine = isth_malloc(sizeof(PlacedChunk) * (size_t)(n + 1));
+    r->run_pos = isth_malloc(sizeof(size_t) * (size_t)(n + 1));
+    r->run_off = isth_malloc(sizeof(size_t) * (size_t)(n + 1));
+    r->run_len = isth_malloc(sizeof(size_t) * (size_t)(n + 1));
+    if (!mine || !r->run_pos || !r->run_off || !r->run_len) {
+        isth_free(mine);
+        return isth_fail(ISTH_ERUNTIME, "out of memory for the optimizer's runs (%d chunks)", n);
+    }
+    int k = 0;
+    for (int c = 0; c < n; c++) {
+        r->run_pos[c] = SIZE_MAX;
+        if (r->owned_pos[c] != SIZE_MAX) mine[k++] = (PlacedChunk){chunk_offset(&r->table, c), c};
+    }
+    qsort(mine, (size_t)k, sizeof *mine, by_offset);
+    size_t packed = 0;
+    r->n_runs = 0;
+    for (int i = 0; i < k; i++) {
+        const int c = mine[i].chunk;
+        const size_t off = mine[i].off, size = r->table.chunks[c].size;
+        r->run_pos[c] = packed;
+        packed += size;
+        if (r->n_runs && r->run_off[r->n_runs - 1] + r->run_len[r->n_runs - 1] == off) {
+            r->run_len[r->n_runs - 1] += size;
+        } else {
+            r->run_off[r->n_runs] = off;
+            r->run_len[r->n_runs++] = size;
+        }
+    }
+    isth_free(mine);
+    return ISTH_OK;
+}
+
 int reducer_create(Reducer *r, const Topology *t, const Model *m, int fragments, Codec codec,
                    int block, int error_feedback, double timeout_s, MPI_Comm world)
 {
@@ -100,6 +148,7 @@ int reducer_create(Reducer *r, const Topology *t, const Model *m, int fragments,
     for (int c = 0; c < r->table.n_chunks; c++) r->owned_pos[c] = SIZE_MAX;
     for (int f = 0; f < fragments; f++)
         for (int k = 0; k < r->frag[f].own.n; k++) r->owned_pos[r->frag[f].own.chunk[k]] = r->frag[f].own.off[k];
+    CHECK(build_runs(r));
     const AllocCategory was = alloc_category(ALLOC_STAGING);
     r->dense_cap = t->learner_size > 1 ? (max_dense < REDUCE_DENSE_STAGE ? max_dense : REDUCE_DENSE_STAGE) : 0;
     r->dense_buf = r->dense_cap ? isth_malloc(sizeof(float) * r->dense_cap) : NULL;
@@ -135,6 +184,9 @@ void reducer_destroy(Reducer *r)
     isth_free(r->dense_buf);
     isth_free(r->scratch);
     isth_free(r->owned_pos);
+    isth_free(r->run_pos);
+    isth_free(r->run_off);
+    isth_free(r->run_len);
     chunk_table_destroy(&r->table);
     if (r->site_peers != MPI_COMM_NULL) MPI_Comm_free(&r->site_peers);
     memset(r, 0, sizeof *r);
@@ -215,6 +267,25 @@ int reduce_share_dense(Reducer *r, int f, float *buf)
     const FragPlan *fp = &r->frag[f];
     return dense_sum(&r->table, t->learner_comm, t->learner_size, t->learner_rank, fp->dense, fp->n_dense, buf,
                      r->dense_buf, r->dense_cap, 1);
+}
+
+int reduce_share_params(Reducer *r, float *buf)
+{
+    for (int f = 0; r->topo->learner_size > 1 && f < r->fragments; f++) CHECK(reduce_share_dense(r, f, buf));
+    return ISTH_OK;
+}
+
+void reduce_owned_runs(const Reducer *r, const size_t **off, const size_t **len, int *n)
+{
+    *off = r->run_off;
+    *len = r->run_len;
+    *n = r->n_runs;
+}
+
+float *reduce_run_at(const Reducer *r, float *packed, int tensor, int layer, int expert)
+{
+    const int c = chunk_index(&r->table, tensor, layer, expert < 0 ? 0 : expert);
+    return r->run_pos[c] != SIZE_MAX ? packed + r->run_pos[c] : NULL;
 }
 
 int reduce_learner_sum(Reducer *r, float *grads)

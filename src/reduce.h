@@ -96,6 +96,9 @@ typedef struct {
     const Model *model;
     ChunkTable table;
     size_t *owned_pos;         /* (n_chunks) offset of an owned chunk in its fragment's packed layout, else SIZE_MAX */
+    size_t *run_pos;           /* (n_chunks) offset of an owned chunk in the optimiser's packed runs, else SIZE_MAX */
+    size_t *run_off, *run_len; /* (n_runs) the owned chunks as runs of the params, ascending, adjacent ones merged */
+    int n_runs;
     int fragments;
     FragPlan *frag;
     PairPlan *pairs;           /* butterfly: (fragments, pair_bits, 2) plans (lossy, exact) */
@@ -170,6 +173,16 @@ Slot *reduce_take_slot(Reducer *r, int f);
 /* Dense chunks of fragment f of buf copied from their owners to every rank
  * of the learner (after the owners updated them). */
 int reduce_share_dense(Reducer *r, int f, float *buf);
+
+/* Every dense chunk of buf copied from its owner to every rank of the
+ * learner: the weights after each owner's optimiser step. */
+int reduce_share_params(Reducer *r, float *buf);
+/* The chunks this rank owns as runs of the params (ascending, disjoint):
+ * what its optimiser updates and keeps state for. */
+void reduce_owned_runs(const Reducer *r, const size_t **off, const size_t **len, int *n);
+/* Chunk (tensor, layer, expert) of a buffer packed by those runs (the
+ * optimiser's moments) when this rank owns it, else NULL. */
+float *reduce_run_at(const Reducer *r, float *packed, int tensor, int layer, int expert);
 
 /* Local runs (offset, length) of fragment f's chunks on this rank. */
 void reduce_fragment_runs(const Reducer *r, int f, const size_t **off, const size_t **len, int *n);

@@ -71,6 +71,12 @@ int trainer_create(Trainer *tr, const Config *cfg, int log)
     CHECK(reducer_create(&tr->red, t, &tr->model, cfg->outer.fragments, (Codec)codec_from_name(cfg->outer.codec),
                          cfg->outer.codec_block, !strcmp(cfg->outer.error_feedback, "on"), cfg->outer.timeout,
                          MPI_COMM_WORLD));
+    { /* the optimiser's state only for the chunks this rank owns (ZeRO-1) */
+        const size_t *off, *len;
+        int n;
+        reduce_owned_runs(&tr->red, &off, &len, &n);
+        CHECK(tr->be->ops->optimizer_shard(tr->be, off, len, n));
+    }
     if (tr->mode != MODE_SYNC)
         CHECK(outer_create(&tr->outer, &cfg->outer, &tr->red, backend_state(tr->be, STATE_PARAMS),
                            site->tokens_per_step / t->total_tokens_per_step));
@@ -213,7 +219,12 @@ int trainer_step(Trainer *tr, StepLog *out)
     const double norm = sqrt(norm2);
     if (tc->clip > 0 && norm > tc->clip) be->ops->scale_grads(be, (float)(tc->clip / norm));
     const double lr = lr_at(tc, tr->step);
-    be->ops->optimizer_step(be, lr);
+    CHECK(be->ops->optimizer_step(be, lr));
+    if (t->learner_size > 1) { /* each owner updated its dense chunks: every rank needs them all */
+        be->ops->to_host(be);
+        CHECK(reduce_share_params(&tr->red, backend_state(be, STATE_PARAMS)));
+        be->ops->from_host(be);
+    }
     tr->step++;
     tr->tokens_seen += t->total_tokens_per_step;
     if (tr->mode != MODE_SYNC) {

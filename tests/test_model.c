@@ -4,7 +4,9 @@
  *  - every parameter's gradient equals a central finite difference of the
  *    reference loss, with the router, capacity drops and auxiliary losses;
  *  - an all-zero embedding predicts uniformly (loss ln 256 exactly);
- *  - router semantics: top-k ties, capacity overflow, experts without tokens.
+ *  - router semantics: top-k ties, capacity overflow, experts without tokens;
+ *  - AdamW on runs (the optimiser state sharded over a learner): inside the
+ *    runs bit for bit the update of the whole model, outside untouched.
  *
  * Tolerances: float32 forward/backward carries relative rounding of ~1e-6
  * per operation, accumulated over sums of at most a few hundred terms here;
@@ -29,6 +31,7 @@
 #include "coll.h"
 #include "model.h"
 #include "cpu/moe.h"
+#include "cpu/optim.h"
 #include "refmodel.h"
 #include "rng.h"
 #include "testmodel.h"
@@ -290,6 +293,70 @@ static void test_send_order(void **state)
     }
 }
 
+/* Runs that cross tensor boundaries, leave gaps and end at the last
+ * parameter: three AdamW steps equal the whole model's, element for
+ * element, in the weights and in the packed moments; weights outside the
+ * runs keep their values. */
+static void test_adamw_runs_match_whole(void **state)
+{
+    (void)state;
+    const ModelConfig cfg = test_model_config(8, 7);
+    Model whole, part;
+    assert_int_equal(model_create(&whole, &cfg, 0, cfg.experts), 0);
+    assert_int_equal(model_create(&part, &cfg, 0, cfg.experts), 0);
+    test_randomize(&whole, 11, 0);
+    const size_t n = whole.n_params;
+    for (size_t j = 0; j < n; j++) whole.grads[j] = (float)(0.01 * sin((double)j));
+    memcpy(part.params, whole.params, n * sizeof(float));
+    memcpy(part.grads, whole.grads, n * sizeof(float));
+    const size_t t1 = whole.tensors[1].offset; /* a boundary between tensors */
+    assert_true(t1 > 40 && t1 + 200 < n);
+    const size_t off[3] = {3, t1 - 5, t1 + 100}, len[3] = {t1 - 20, 40, n - (t1 + 100)};
+    AdamW a, b;
+    const size_t all = 0;
+    assert_int_equal(adamw_create(&a, &all, &n, 1), 0);
+    assert_int_equal(adamw_create(&b, off, len, 3), 0);
+    assert_int_equal(b.n, len[0] + len[1] + len[2]);
+    for (int step = 0; step < 3; step++) {
+        adamw_step(&a, &whole, 1e-2, 0.1);
+        adamw_step(&b, &part, 1e-2, 0.1);
+    }
+    float *orig = malloc(n * sizeof(float));
+    assert_non_null(orig);
+    Model fresh;
+    assert_int_equal(model_create(&fresh, &cfg, 0, cfg.experts), 0);
+    test_randomize(&fresh, 11, 0);
+    memcpy(orig, fresh.params, n * sizeof(float));
+    model_destroy(&fresh);
+    size_t in_runs = 0, changed = 0;
+    for (size_t j = 0; j < n; j++) {
+        int r = -1;
+        for (int k = 0; k < 3; k++)
+            if (j >= off[k] && j < off[k] + len[k]) r = k;
+        if (r < 0) {
+            assert_memory_equal(&part.params[j], &orig[j], sizeof(float));
+            continue;
+        }
+        const size_t at = b.packed[r] + (j - off[r]);
+        assert_memory_equal(&part.params[j], &whole.params[j], sizeof(float));
+        assert_memory_equal(&b.m[at], &a.m[j], sizeof(float));
+        assert_memory_equal(&b.v[at], &a.v[j], sizeof(float));
+        changed += part.params[j] != orig[j];
+        in_runs++;
+    }
+    assert_int_equal(in_runs, b.n);
+    assert_true(changed > in_runs / 2); /* the update happened (alignment padding stays 0) */
+    /* overlapping runs are refused */
+    AdamW bad;
+    const size_t bo[2] = {0, 4}, bl[2] = {5, 2};
+    assert_int_not_equal(adamw_create(&bad, bo, bl, 2), 0);
+    free(orig);
+    adamw_destroy(&a);
+    adamw_destroy(&b);
+    model_destroy(&whole);
+    model_destroy(&part);
+}
+
 int main(int argc, char **argv)
 {
     blas_select_reexec(argv); /* test the kernels production uses */
@@ -299,6 +366,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_topk_ties_go_to_lower_index),
         cmocka_unit_test(test_capacity_overflow_in_arrival_order),
         cmocka_unit_test(test_send_order),
+        cmocka_unit_test(test_adamw_runs_match_whole),
         cmocka_unit_test(test_zero_embedding_is_uniform),
         cmocka_unit_test(test_eval_forward_matches_reference),
         cmocka_unit_test(test_gradients_with_capacity_drops),

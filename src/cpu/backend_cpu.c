@@ -51,9 +51,35 @@ static int cpu_score(Backend *b, const int *tokens, const int *targets, int B, i
 
 static void cpu_zero_grads(Backend *b) { memset(cpu(b)->model.grads, 0, cpu(b)->model.n_params * sizeof(float)); }
 
+/* Until the trainer says which runs this rank updates: all of them. */
+static int ensure_optimizer(CpuBackend *c)
+{
+    if (c->opt.n_runs) return ISTH_OK;
+    const size_t off = 0, len = c->model.n_params;
+    const AllocCategory was = alloc_category(ALLOC_OPTIMIZER);
+    const int rc = adamw_create(&c->opt, &off, &len, 1);
+    alloc_category(was);
+    return rc;
+}
+
+static int cpu_optimizer_shard(Backend *b, const size_t *off, const size_t *len, int n)
+{
+    CpuBackend *c = cpu(b);
+    for (int r = 0; r < n; r++)
+        if (off[r] + len[r] > c->model.n_params)
+            return isth_fail(ISTH_ERUNTIME, "optimizer: run %d [%zu, +%zu) is outside the %zu parameters", r, off[r],
+                             len[r], c->model.n_params);
+    adamw_destroy(&c->opt);
+    const AllocCategory was = alloc_category(ALLOC_OPTIMIZER);
+    const int rc = adamw_create(&c->opt, off, len, n);
+    alloc_category(was);
+    return rc;
+}
+
 static float *cpu_state(Backend *b, StateKind which)
 {
     CpuBackend *c = cpu(b);
+    if ((which == STATE_ADAM_M || which == STATE_ADAM_V) && ensure_optimizer(c) != ISTH_OK) return NULL;
     switch (which) {
     case STATE_PARAMS: return c->model.params;
     case STATE_GRADS: return c->model.grads;
@@ -81,13 +107,15 @@ static void cpu_run_sumsq(Backend *b, StateKind which, const size_t *off, const 
 
 static void cpu_scale_grads(Backend *b, float factor) { grad_scale(&cpu(b)->model, factor); }
 
-static void cpu_optimizer_step(Backend *b, double lr)
+static int cpu_optimizer_step(Backend *b, double lr)
 {
     CpuBackend *c = cpu(b);
+    CHECK(ensure_optimizer(c));
     c->opt.t = b->optimizer_t;
-    if (!strcmp(c->optimizer, "sgd")) sgd_step(&c->model, lr, c->weight_decay);
+    if (!strcmp(c->optimizer, "sgd")) sgd_step(&c->opt, &c->model, lr, c->weight_decay); /* t stays 0 */
     else adamw_step(&c->opt, &c->model, lr, c->weight_decay);
     b->optimizer_t = c->opt.t;
+    return ISTH_OK;
 }
 
 static void cpu_nothing(Backend *b) { (void)b; } /* the host view is the memory */
@@ -101,6 +129,7 @@ static const BackendOps cpu_ops = {
     .sumsq = cpu_sumsq,
     .run_sumsq = cpu_run_sumsq,
     .scale_grads = cpu_scale_grads,
+    .optimizer_shard = cpu_optimizer_shard,
     .optimizer_step = cpu_optimizer_step,
     .state = cpu_state,
     .to_host = cpu_nothing,
@@ -125,9 +154,8 @@ int cpu_backend_create(Backend **out, const Config *cfg, int B, int expert_begin
     c->weight_decay = cfg->train.weight_decay;
     int rc = model_create(&c->model, &cfg->model, expert_begin, experts_local);
     if (rc == ISTH_OK) model_init(&c->model);
-    AllocCategory was = alloc_category(ALLOC_OPTIMIZER);
-    if (rc == ISTH_OK) rc = adamw_create(&c->opt, c->model.n_params);
-    alloc_category(ALLOC_ACTIVATIONS);
+    /* the optimiser's state waits for optimizer_shard (or its first use) */
+    AllocCategory was = alloc_category(ALLOC_ACTIVATIONS);
     if (rc == ISTH_OK) rc = acts_create(&c->acts, &cfg->model, B, cfg->model.context, ep);
     alloc_category(was);
     if (rc != ISTH_OK) {

@@ -8,13 +8,32 @@
 
 #include "status.h"
 
-int adamw_create(AdamW *opt, size_t n)
+int adamw_create(AdamW *opt, const size_t *off, const size_t *len, int n_runs)
 {
-    opt->n = n;
-    opt->t = 0;
-    opt->m = isth_calloc(n, sizeof(float));
-    opt->v = isth_calloc(n, sizeof(float));
+    memset(opt, 0, sizeof *opt);
+    opt->off = isth_malloc(sizeof(size_t) * (size_t)(n_runs + 1));
+    opt->len = isth_malloc(sizeof(size_t) * (size_t)(n_runs + 1));
+    opt->packed = isth_malloc(sizeof(size_t) * (size_t)(n_runs + 1));
+    if (!opt->off || !opt->len || !opt->packed) {
+        adamw_destroy(opt);
+        return isth_fail(ISTH_ERUNTIME, "out of memory for the optimizer's runs (%d)", n_runs);
+    }
+    for (int r = 0; r < n_runs; r++) {
+        if (r && off[r] < off[r - 1] + len[r - 1]) {
+            adamw_destroy(opt);
+            return isth_fail(ISTH_ERUNTIME, "optimizer: run %d (offset %zu) overlaps or precedes run %d", r, off[r],
+                             r - 1);
+        }
+        opt->off[r] = off[r];
+        opt->len[r] = len[r];
+        opt->packed[r] = opt->n;
+        opt->n += len[r];
+    }
+    opt->n_runs = n_runs;
+    opt->m = isth_calloc(opt->n + 1, sizeof(float));
+    opt->v = isth_calloc(opt->n + 1, sizeof(float));
     if (!opt->m || !opt->v) {
+        const size_t n = opt->n;
         adamw_destroy(opt);
         return isth_fail(ISTH_ERUNTIME, "out of memory for optimizer state (%zu params)", n);
     }
@@ -23,9 +42,25 @@ int adamw_create(AdamW *opt, size_t n)
 
 void adamw_destroy(AdamW *opt)
 {
-    isth_free(opt->m);
-    isth_free(opt->v);
+    void *bufs[] = {opt->m, opt->v, opt->off, opt->len, opt->packed};
+    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) isth_free(bufs[i]);
     opt->m = opt->v = NULL;
+    opt->off = opt->len = opt->packed = NULL;
+    opt->n_runs = 0;
+    opt->n = 0;
+}
+
+/* The part of run r inside tensor t: [*j0, *j1) relative to the tensor.
+ * Returns 0 when they do not meet. */
+static int run_in_tensor(const AdamW *opt, int r, const Tensor *t, size_t *j0, size_t *j1)
+{
+    const size_t a = opt->off[r] > t->offset ? opt->off[r] : t->offset;
+    const size_t end = opt->off[r] + opt->len[r], tend = t->offset + t->numel;
+    const size_t b = end < tend ? end : tend;
+    if (a >= b) return 0;
+    *j0 = a - t->offset;
+    *j1 = b - t->offset;
+    return 1;
 }
 
 void adamw_step(AdamW *opt, Model *model, double lr, double weight_decay)
@@ -38,32 +73,42 @@ void adamw_step(AdamW *opt, Model *model, double lr, double weight_decay)
     for (int i = 0; i < N_TENSORS; i++) {
         const Tensor *t = &model->tensors[i];
         const float decay = (t->flags & PARAM_DECAY) ? (float)(1.0 - lr * weight_decay) : 1.0f;
-        float *p = model->params + t->offset, *g = model->grads + t->offset;
-        float *m = opt->m + t->offset, *v = opt->v + t->offset;
+        for (int r = 0; r < opt->n_runs; r++) {
+            size_t j0, j1;
+            if (!run_in_tensor(opt, r, t, &j0, &j1)) continue;
+            float *p = model->params + t->offset + j0, *g = model->grads + t->offset + j0;
+            const size_t at = opt->packed[r] + (t->offset + j0 - opt->off[r]);
+            float *m = opt->m + at, *v = opt->v + at;
+            const size_t n = j1 - j0;
 #pragma omp parallel for schedule(static)
-        for (size_t j = 0; j < t->numel; j++) {
-            float gj = g[j];
-            m[j] = b1 * m[j] + (1.0f - b1) * gj;
-            v[j] = b2 * v[j] + (1.0f - b2) * gj * gj;
-            float mh = m[j] * c1, vh = v[j] * c2;
-            p[j] = p[j] * decay - flr * mh / (sqrtf(vh) + eps);
+            for (size_t j = 0; j < n; j++) {
+                float gj = g[j];
+                m[j] = b1 * m[j] + (1.0f - b1) * gj;
+                v[j] = b2 * v[j] + (1.0f - b2) * gj * gj;
+                float mh = m[j] * c1, vh = v[j] * c2;
+                p[j] = p[j] * decay - flr * mh / (sqrtf(vh) + eps);
+            }
         }
     }
 }
 
-void sgd_step(Model *model, double lr, double weight_decay)
+void sgd_step(const AdamW *runs, Model *model, double lr, double weight_decay)
 {
     const float flr = (float)lr;
     for (int i = 0; i < N_TENSORS; i++) {
         const Tensor *t = &model->tensors[i];
         const float decay = (t->flags & PARAM_DECAY) ? (float)(1.0 - lr * weight_decay) : 1.0f;
-        float *p = model->params + t->offset;
-        const float *g = model->grads + t->offset;
+        for (int r = 0; r < runs->n_runs; r++) {
+            size_t j0, j1;
+            if (!run_in_tensor(runs, r, t, &j0, &j1)) continue;
+            float *p = model->params + t->offset + j0;
+            const float *g = model->grads + t->offset + j0;
+            const size_t n = j1 - j0;
 #pragma omp parallel for schedule(static)
-        for (size_t j = 0; j < t->numel; j++) p[j] = p[j] * decay - flr * g[j];
+            for (size_t j = 0; j < n; j++) p[j] = p[j] * decay - flr * g[j];
+        }
     }
 }
-
 
 double grad_sumsq(const Model *m, unsigned mask, unsigned want) { return state_sumsq(m, m->grads, mask, want); }
 

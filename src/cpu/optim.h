@@ -1,9 +1,11 @@
-/* optim.h — the inner optimiser (AdamW), learning-rate schedule and
- * gradient clipping.
+/* optim.h — the inner optimiser (AdamW, SGD), and the sums of squares and
+ * scaling of the gradient clipping.
  *
- * Owns: the AdamW moments (one flat buffer each, laid out like the params)
- * and the rule that weight decay applies only to tensors flagged
- * PARAM_DECAY in the model table.
+ * Owns: the runs of the parameters this rank updates (its share of the
+ * dense chunks and its experts: the optimiser state is sharded like the
+ * outer state, ZeRO stage 1), the AdamW moments of those runs, packed run
+ * after run, and the rule that weight decay applies only to tensors
+ * flagged PARAM_DECAY in the model table.
  * Must not: reduce gradients across ranks (callers pass the global norm).
  */
 #ifndef ISTHMUS_OPTIM_H
@@ -19,19 +21,25 @@
 #define ADAM_EPS 1e-8
 
 typedef struct {
-    float *m, *v; /* (n_params) first and second moments */
+    size_t *off, *len; /* (n_runs) runs of the params updated here, ascending, disjoint */
+    size_t *packed;    /* (n_runs) where each run's moments start in m and v */
+    int n_runs;
+    float *m, *v;      /* (n) first and second moments of the runs, packed */
     size_t n;
-    long t;       /* updates applied so far (bias correction) */
+    long t;            /* updates applied so far (bias correction) */
 } AdamW;
 
-int adamw_create(AdamW *opt, size_t n);
+/* The moments of n_runs runs (off, len) of a params-shaped buffer,
+ * zeroed. */
+int adamw_create(AdamW *opt, const size_t *off, const size_t *len, int n_runs);
 void adamw_destroy(AdamW *opt);
 
-/* One update of every tensor; grads are read, not modified. */
+/* One update of the runs; grads are read, not modified. */
 void adamw_step(AdamW *opt, Model *m, double lr, double weight_decay);
 
-/* Plain SGD: p = p*(1 - lr*wd) - lr*g (decay on PARAM_DECAY tensors). */
-void sgd_step(Model *m, double lr, double weight_decay);
+/* Plain SGD of the same runs: p = p*(1 - lr*wd) - lr*g (decay on
+ * PARAM_DECAY tensors). */
+void sgd_step(const AdamW *runs, Model *m, double lr, double weight_decay);
 
 
 /* Sum of squares of this rank's gradients, restricted to tensors whose
