@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "alloc.h"
+#include "fletcher.h"
 #include "h5io.h"
 #include "status.h"
 
@@ -288,6 +289,7 @@ int ckpt_check(const char *path, char *reason, size_t cap, long *step, int read_
         snprintf(reason, cap, "%s", why);
         return ISTH_EINPUT;
     }
+    fletcher_register();
     hid_t file = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
     if (file < 0) {
         snprintf(reason, cap, "not a readable HDF5 file (truncated or corrupt)");
@@ -349,6 +351,7 @@ int ckpt_inspect(const char *path)
 {
     H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
     printf("file: %s\n", path);
+    fletcher_register();
     hid_t file = !h5_not_readable(path) ? H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT) : -1;
     if (file >= 0) {
         static const char *const names[] = {"format_version", "step", "outer_steps", "tokens", "written", "site",
