@@ -16,21 +16,30 @@ OUT=${OUT:-runs/bench-ckpt}
 export OMPI_MCA_rmaps_base_oversubscribe=1
 [ "$(id -u)" = 0 ] && export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 mkdir -p "$OUT"
-ours=() theirs=()
+ours=() theirs=() ratios=()
+dd_rate() { # MB/s of writing $1 MB with dd ... conv=fdatasync
+    dd if=/dev/zero of="$OUT/dd" bs=1M count="$(awk -v m="$1" 'BEGIN { printf "%d", m * 1e6 / 1048576 + 1 }')" \
+        conv=fdatasync 2>&1 | awk '/copied/ { r = $(NF-1); u = $NF; if (u == "GB/s") r *= 1000; if (u == "kB/s") r /= 1000; print r }'
+    rm -f "$OUT/dd"
+}
+mb=100
 for i in $(seq "$REPEATS"); do
-    rm -rf "$OUT/run" "$OUT/dd"
+    rm -rf "$OUT/run"
+    before=$(dd_rate "$mb")
     line=$(mpirun -q -np "$RANKS" ./isthmus train "$CONFIG" --set train.steps=1 --set train.eval_every=0 \
         --set data.eval_bytes=1024 --set train.threads=1 --set train.out_dir="$OUT/run" | grep '^checkpoint:')
     mb=$(echo "$line" | sed 's/.*(\([0-9.]*\) MB).*/\1/')
     rate=$(echo "$line" | sed 's/.* \([0-9.]*\) MB\/s.*/\1/')
-    dd_rate=$(dd if=/dev/zero of="$OUT/dd" bs=1M count="$(awk -v m="$mb" 'BEGIN { printf "%d", m * 1e6 / 1048576 + 1 }')" \
-        conv=fdatasync 2>&1 | awk '/copied/ { r = $(NF-1); u = $NF; if (u == "GB/s") r *= 1000; if (u == "kB/s") r /= 1000; print r }')
-    echo "repeat $i: checkpoint $mb MB at $rate MB/s; dd $dd_rate MB/s"
+    after=$(dd_rate "$mb")
+    dd=$(awk -v a="$before" -v b="$after" 'BEGIN { printf "%.0f", (a + b) / 2 }')
+    ratio=$(awk -v a="$rate" -v b="$dd" 'BEGIN { printf "%.2f", a / b }')
+    echo "repeat $i: checkpoint $mb MB at $rate MB/s; dd $before MB/s before, $after MB/s after; ratio $ratio"
     ours+=("$rate")
-    theirs+=("$dd_rate")
+    theirs+=("$dd")
+    ratios+=("$ratio")
 done
 rm -rf "$OUT/run" "$OUT/dd"
 median() { printf '%s\n' "$@" | sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 m_ours=$(median "${ours[@]}")
 m_dd=$(median "${theirs[@]}")
-echo "median: checkpoint $m_ours MB/s, dd $m_dd MB/s, ratio $(awk -v a="$m_ours" -v b="$m_dd" 'BEGIN { printf "%.2f", a / b }')"
+echo "median: checkpoint $m_ours MB/s, dd $m_dd MB/s, ratio $(median "${ratios[@]}") (median of the per-repeat ratios)"
