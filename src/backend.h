@@ -11,12 +11,13 @@
  * Must not: know about sites, learners or the link (the trainer, reduce.c
  * and outer.c do), or read data and files.
  *
- * Host views: outer algorithms, reductions and checkpoints work on host
- * arrays laid out like the model table, taken with backend_state(). For the
- * CPU backend the view is the memory itself; a device backend hands out a
- * host mirror, made current by backend_to_host() and written back by
- * backend_from_host() (the trainer brackets every outer step, checkpoint
- * and replica check with them; both are no-ops on the CPU).
+ * Host staging: outer algorithms, reductions, codecs and checkpoints work
+ * on host buffers of the chunks they handle, filled and written back with
+ * get and put (runs of a state, packed one after the other); collectives
+ * on the state inside the learner (dense sums, owners sharing their
+ * chunks) are verbs too, so a device backend does them where the state
+ * lives (NCCL for CUDA) and nobody outside the backend holds a pointer into
+ * its memory.
  */
 #ifndef ISTHMUS_BACKEND_H
 #define ISTHMUS_BACKEND_H
@@ -69,11 +70,25 @@ typedef struct {
     int (*optimizer_shard)(Backend *b, const size_t *off, const size_t *len, int n);
     /* The inner optimiser's update of the runs (grads read, not changed). */
     int (*optimizer_step)(Backend *b, double lr);
-    /* Host view of `which` (see the header comment). */
-    float *(*state)(Backend *b, StateKind which);
-    void (*to_host)(Backend *b);
-    void (*from_host)(Backend *b);
+    /* Host staging <-> the state: n runs (offset, length) of `which`,
+     * packed one after the other in `host`. Offsets index the model table
+     * for params and grads, the packed moments for ADAM_M and ADAM_V. */
+    int (*get)(Backend *b, StateKind which, const size_t *off, const size_t *len, int n, float *host);
+    int (*put)(Backend *b, StateKind which, const size_t *off, const size_t *len, int n, const float *host);
+    /* Learner collectives on params or grads (every rank of the learner,
+     * the same runs in the same order): sum_runs adds each run over the
+     * learner in place; share_runs copies run i from learner rank owner[i]
+     * to every rank. Runs go in batches of whole runs (a run larger than
+     * the batch alone), so the sums are the same on every rank and run. */
+    int (*sum_runs)(Backend *b, StateKind which, const size_t *off, const size_t *len, int n);
+    int (*share_runs)(Backend *b, StateKind which, const size_t *off, const size_t *len, const int *owner, int n);
+    /* dst = src over the whole table (params and grads). */
+    int (*copy_state)(Backend *b, StateKind dst, StateKind src);
 } BackendOps;
+
+/* The largest batch of a learner sum through host scratch, in floats (64
+ * MiB; the CPU backend). Larger runs are summed in place. */
+#define BACKEND_SUM_BATCH ((size_t)16 << 20)
 
 struct Backend {
     const BackendOps *ops;
@@ -90,8 +105,5 @@ struct Backend {
 int backend_create(Backend **out, const char *name, const Config *cfg, int B, int expert_begin, int experts_local,
                    Coll *ep);
 void backend_destroy(Backend *b);
-
-/* The verbs, called through the table. */
-static inline float *backend_state(Backend *b, StateKind which) { return b->ops->state(b, which); }
 
 #endif

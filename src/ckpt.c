@@ -17,6 +17,7 @@
 #include "fault.h"
 #include "h5io.h"
 #include "clock.h"
+#include "stateview.h"
 #include "status.h"
 
 #define CKPT_MAX_LIST 16
@@ -83,27 +84,27 @@ static int list_steps(const char *dir, long *steps, int cap)
 
 /* Views of the training state for h5_write_chunks / h5_read_chunks. A
  * state is written by the ranks that own each chunk (every rank its share
- * of the dense chunks and its experts), by the learner(s) `active` says. */
-typedef enum { VIEW_PARAMS, VIEW_OPTIMIZER, VIEW_OUTER, VIEW_RESIDUAL } ViewKind;
+ * of the dense chunks and its experts), by the learner(s) `active` says.
+ * The backend's state (weights, moments) goes through host staging one
+ * tensor at a time (stateview.h); the outer state and the residuals are
+ * host buffers already. */
+typedef enum { VIEW_OUTER, VIEW_RESIDUAL } ViewKind;
 
 typedef struct {
     const Trainer *tr;
     ViewKind kind;
-    float *buf;         /* VIEW_PARAMS: a params-shaped buffer; VIEW_OPTIMIZER: packed by the owned runs */
     OuterState which;   /* VIEW_OUTER */
     int active;         /* this rank takes part */
     int reading;        /* a load: idle fragments' pending values are not read */
-} StateView;
+} HostView;
 
-static float *state_at(const void *ctx, int t, int l, int e)
+static float *host_at(void *ctx, int t, int l, int e)
 {
-    const StateView *v = ctx;
+    const HostView *v = ctx;
     if (!v->active) return NULL;
     const Reducer *r = &v->tr->red;
     const int c = chunk_index(&r->table, t, l, e < 0 ? 0 : e);
     switch (v->kind) {
-    case VIEW_PARAMS: return reduce_owned_at(r, v->buf, t, l, e);
-    case VIEW_OPTIMIZER: return reduce_run_at(r, v->buf, t, l, e);
     case VIEW_OUTER:
         if (v->reading && v->which == OUTER_PENDING && !reduce_result(r, r->table.chunks[c].fragment)) return NULL;
         return outer_view(&v->tr->outer, r, v->which, t, l, e);
@@ -112,58 +113,62 @@ static float *state_at(const void *ctx, int t, int l, int e)
     return NULL;
 }
 
-static int write_params(H5File *f, const Trainer *tr, const char *group, float *buf, int active)
+static int no_chunk(const void *red, int c) { (void)red; (void)c; return 0; }
+
+/* The backend's state `which` (params or moments) through host staging. */
+static int transfer_state(H5File *f, const Trainer *tr, const char *group, StateKind which, int active, int reading)
 {
-    StateView v = {tr, VIEW_PARAMS, buf, OUTER_ANCHOR, active, 0};
-    return h5_write_chunks(f, group, &tr->model, state_at, &v);
+    const int moments = which == STATE_ADAM_M || which == STATE_ADAM_V;
+    StateView v;
+    CHECK(state_view_init(&v, tr->be, which, &tr->red.table, moments ? tr->red.run_pos : NULL,
+                          active ? trainer_owns_chunk : no_chunk, &tr->red, reading));
+    const int rc = reading ? h5_read_chunks(f, group, &tr->model, state_view_at, &v)
+                           : h5_write_chunks(f, group, &tr->model, state_view_at, &v);
+    const int vrc = state_view_finish(&v, rc == ISTH_OK);
+    return rc != ISTH_OK ? rc : vrc;
 }
 
-/* The optimiser's moments (packed by the runs this rank owns). */
-static int write_moments(H5File *f, const Trainer *tr, const char *group, float *packed, int active)
+static int write_state_of(H5File *f, const Trainer *tr, const char *group, StateKind which, int active)
 {
-    StateView v = {tr, VIEW_OPTIMIZER, packed, OUTER_ANCHOR, active, 0};
-    return h5_write_chunks(f, group, &tr->model, state_at, &v);
+    return transfer_state(f, tr, group, which, active, 0);
 }
 
 static int write_outer(H5File *f, const Trainer *tr, const char *group, OuterState which, int active)
 {
-    StateView v = {tr, VIEW_OUTER, NULL, which, active, 0};
-    return h5_write_chunks(f, group, &tr->model, state_at, &v);
+    HostView v = {tr, VIEW_OUTER, which, active, 0};
+    return h5_write_chunks(f, group, &tr->model, host_at, &v);
 }
 
 static int write_residual(H5File *f, const Trainer *tr, const char *group, int active)
 {
-    StateView v = {tr, VIEW_RESIDUAL, NULL, OUTER_ANCHOR, active && reduce_has_residual(&tr->red), 0};
-    return h5_write_chunks(f, group, &tr->model, state_at, &v);
+    HostView v = {tr, VIEW_RESIDUAL, OUTER_ANCHOR, active && reduce_has_residual(&tr->red), 0};
+    return h5_write_chunks(f, group, &tr->model, host_at, &v);
 }
 
-/* A params-shaped state: each rank reads the chunks it owns, then the dense
- * ones are shared inside the learner (the file is read once per site). */
-static int read_params(H5File *f, Trainer *tr, const char *group, float *buf)
+/* The weights: each rank reads the chunks it owns, then the dense ones are
+ * shared inside the learner (the file is read once per site). */
+static int read_params(H5File *f, Trainer *tr, const char *group)
 {
-    StateView v = {tr, VIEW_PARAMS, buf, OUTER_ANCHOR, 1, 1};
-    CHECK(h5_read_chunks(f, group, &tr->model, state_at, &v));
-    for (int p = 0; p < tr->red.fragments; p++) CHECK(reduce_share_dense(&tr->red, p, buf));
-    return ISTH_OK;
+    CHECK(transfer_state(f, tr, group, STATE_PARAMS, 1, 1));
+    return reduce_share_params(&tr->red, tr->be);
 }
 
 /* Each owner reads its moments; nobody else holds them. */
-static int read_moments(H5File *f, Trainer *tr, const char *group, float *packed)
+static int read_moments(H5File *f, Trainer *tr, const char *group, StateKind which)
 {
-    StateView v = {tr, VIEW_OPTIMIZER, packed, OUTER_ANCHOR, 1, 1};
-    return h5_read_chunks(f, group, &tr->model, state_at, &v);
+    return transfer_state(f, tr, group, which, 1, 1);
 }
 
 static int read_outer(H5File *f, Trainer *tr, const char *group, OuterState which)
 {
-    StateView v = {tr, VIEW_OUTER, NULL, which, 1, 1};
-    return h5_read_chunks(f, group, &tr->model, state_at, &v);
+    HostView v = {tr, VIEW_OUTER, which, 1, 1};
+    return h5_read_chunks(f, group, &tr->model, host_at, &v);
 }
 
 static int read_residual(H5File *f, Trainer *tr, const char *group)
 {
-    StateView v = {tr, VIEW_RESIDUAL, NULL, OUTER_ANCHOR, reduce_has_residual(&tr->red), 1};
-    return h5_read_chunks(f, group, &tr->model, state_at, &v);
+    HostView v = {tr, VIEW_RESIDUAL, OUTER_ANCHOR, reduce_has_residual(&tr->red), 1};
+    return h5_read_chunks(f, group, &tr->model, host_at, &v);
 }
 
 /* Scratch of a checkpoint write or load, allocated before the file is
@@ -202,9 +207,6 @@ static int write_state(Trainer *tr, H5File *f, CkptScratch *sc)
     const SiteInfo *site = &t->sites[t->site];
     const int first = t->learner == site->first_learner;
     Backend *be = tr->be;
-    float *params = backend_state(be, STATE_PARAMS), *adam_m = backend_state(be, STATE_ADAM_M),
-          *adam_v = backend_state(be, STATE_ADAM_V);
-    be->ops->to_host(be);
     char stamp[64];
     time_t now = time(NULL);
     strftime(stamp, sizeof stamp, "%Y-%m-%dT%H:%M:%SZ", gmtime(&now));
@@ -224,14 +226,14 @@ static int write_state(Trainer *tr, H5File *f, CkptScratch *sc)
 
     const int P = tr->cfg.outer.fragments, in_flight = exchanges_in_flight(tr);
     if (tr->mode == MODE_SYNC) {
-        CHECK(write_params(f, tr, "/model", params, first));
-        CHECK(write_moments(f, tr, "/inner/m", adam_m, first));
-        CHECK(write_moments(f, tr, "/inner/v", adam_v, first));
+        CHECK(write_state_of(f, tr, "/model", STATE_PARAMS, first));
+        CHECK(write_state_of(f, tr, "/inner/m", STATE_ADAM_M, first));
+        CHECK(write_state_of(f, tr, "/inner/v", STATE_ADAM_V, first));
         /* sync with a lossy codec: error feedback of the gradient sums */
         if (reduce_any_residual(&tr->red)) CHECK(write_residual(f, tr, "/outer/residual", first));
     } else {
         const int bf = tr->outer.butterfly; /* butterfly: outer state per learner */
-        if (bf) CHECK(write_params(f, tr, "/model", params, first));
+        if (bf) CHECK(write_state_of(f, tr, "/model", STATE_PARAMS, first));
         else CHECK(write_outer(f, tr, "/model", OUTER_ANCHOR, first));
         if (!bf) {
             CHECK(write_outer(f, tr, "/outer/momentum", OUTER_MOMENTUM, first));
@@ -256,11 +258,11 @@ static int write_state(Trainer *tr, H5File *f, CkptScratch *sc)
                 if (in_flight) CHECK(write_outer(f, tr, g, OUTER_SENT, mine));
             }
             snprintf(g, sizeof g, "/learner_%d/model", id);
-            CHECK(write_params(f, tr, g, params, mine));
+            CHECK(write_state_of(f, tr, g, STATE_PARAMS, mine));
             snprintf(g, sizeof g, "/learner_%d/inner/m", id);
-            CHECK(write_moments(f, tr, g, adam_m, mine));
+            CHECK(write_state_of(f, tr, g, STATE_ADAM_M, mine));
             snprintf(g, sizeof g, "/learner_%d/inner/v", id);
-            CHECK(write_moments(f, tr, g, adam_v, mine));
+            CHECK(write_state_of(f, tr, g, STATE_ADAM_V, mine));
         }
     }
     /* per fragment: last outer start, and the start of the exchange in flight (-1: none) */
@@ -607,8 +609,6 @@ static int load_checkpoint(Trainer *tr, const char *path, int *damaged)
     const Topology *t = &tr->topo;
     const SiteInfo *site = &t->sites[t->site];
     Backend *be = tr->be;
-    float *params = backend_state(be, STATE_PARAMS), *adam_m = backend_state(be, STATE_ADAM_M),
-          *adam_v = backend_state(be, STATE_ADAM_V);
     CkptScratch sc;
     CHECK(scratch_alloc(tr, &sc));
     /* nothing of an earlier, failed attempt stays: held results go back to
@@ -652,9 +652,9 @@ static int load_checkpoint(Trainer *tr, const char *path, int *damaged)
     int in_flight = 0;
     for (int p = 0; rc == ISTH_OK && tr->mode != MODE_SYNC && p < P; p++) in_flight |= frag[P + p] >= 0;
     if (rc == ISTH_OK && tr->mode == MODE_SYNC) {
-        rc = read_params(&f, tr, "/model", params);
-        if (rc == ISTH_OK) rc = read_moments(&f, tr, "/inner/m", adam_m);
-        if (rc == ISTH_OK) rc = read_moments(&f, tr, "/inner/v", adam_v);
+        rc = read_params(&f, tr, "/model");
+        if (rc == ISTH_OK) rc = read_moments(&f, tr, "/inner/m", STATE_ADAM_M);
+        if (rc == ISTH_OK) rc = read_moments(&f, tr, "/inner/v", STATE_ADAM_V);
         /* error feedback of a lossy codec; a checkpoint written with codec
          * none has none, and the residuals start at zero */
         const int has_residual = H5Lexists(f.file, "/outer", H5P_DEFAULT) > 0 &&
@@ -675,11 +675,11 @@ static int load_checkpoint(Trainer *tr, const char *path, int *damaged)
         if (rc == ISTH_OK) rc = read_outer(&f, tr, bf ? gm : "/outer/momentum", OUTER_MOMENTUM);
         if (rc == ISTH_OK) rc = read_residual(&f, tr, bf ? gr : "/outer/residual");
         snprintf(g, sizeof g, "/learner_%d/model", t->learner);
-        if (rc == ISTH_OK) rc = read_params(&f, tr, g, params);
+        if (rc == ISTH_OK) rc = read_params(&f, tr, g);
         snprintf(g, sizeof g, "/learner_%d/inner/m", t->learner);
-        if (rc == ISTH_OK) rc = read_moments(&f, tr, g, adam_m);
+        if (rc == ISTH_OK) rc = read_moments(&f, tr, g, STATE_ADAM_M);
         snprintf(g, sizeof g, "/learner_%d/inner/v", t->learner);
-        if (rc == ISTH_OK) rc = read_moments(&f, tr, g, adam_v);
+        if (rc == ISTH_OK) rc = read_moments(&f, tr, g, STATE_ADAM_V);
         /* exchanges that were in flight (drained before the checkpoint):
          * their results wait in staging slots until their steps */
         if (rc == ISTH_OK) { /* a staging slot per drained fragment; a rank without memory must not
@@ -725,7 +725,6 @@ static int load_checkpoint(Trainer *tr, const char *path, int *damaged)
     tr->cursor.step = (uint64_t)data_step;
     tr->tokens_seen = tokens;
     be->optimizer_t = (long)adam_t;
-    be->ops->from_host(be);
     reduce_restore(&tr->red, (uint64_t)exchanges);
     if (tr->log) {
         printf("resumed from %s: step %lld, %.0f tokens, in %.2f s\n", path, step, tokens, now_s() - t0);

@@ -318,7 +318,7 @@ typedef struct {
     const void *ctx;
 } BufView;
 
-static float *buf_view(const void *ctx, int tensor, int layer, int expert)
+static float *buf_view(void *ctx, int tensor, int layer, int expert)
 {
     const BufView *v = ctx;
     if (!v->sel(v->ctx, tensor, layer, expert)) return NULL;
@@ -330,7 +330,7 @@ static float *buf_view(const void *ctx, int tensor, int layer, int expert)
  * after the other in memory (params-shaped and packed buffers alike) they
  * are transferred in place; otherwise through *tmp (grown as needed).
  * Returns the number of elements (0: none), or (size_t)-1 out of memory. */
-static size_t select_layer(const Model *m, const Tensor *t, int layer, hid_t fspace, ChunkAt at, const void *ctx,
+static size_t select_layer(const Model *m, const Tensor *t, int layer, hid_t fspace, ChunkAt at, void *ctx,
                            float ***ptrs, float **mem, float **tmp, size_t *tmp_cap, hid_t *mspace)
 {
     H5Sselect_none(fspace);
@@ -389,7 +389,7 @@ static size_t select_layer(const Model *m, const Tensor *t, int layer, hid_t fsp
  * hyperslab for the whole tensor and a memory space of its shape, in place.
  * Returns the elements selected (0: none), or (size_t)-1 when the
  * selection is not such a block. */
-static size_t select_whole(const Model *m, const Tensor *t, hid_t fspace, ChunkAt at, const void *ctx, float **mem,
+static size_t select_whole(const Model *m, const Tensor *t, hid_t fspace, ChunkAt at, void *ctx, float **mem,
                            hid_t *mspace)
 {
     if (!(t->flags & PARAM_EXPERT) || !(t->flags & PARAM_LAYERED)) return (size_t)-1;
@@ -450,7 +450,7 @@ typedef struct {
     hid_t whole_space;
 } TensorCalls;
 
-static void plan_calls(H5File *f, const Model *m, const Tensor *t, hid_t fspace, ChunkAt at, const void *ctx,
+static void plan_calls(H5File *f, const Model *m, const Tensor *t, hid_t fspace, ChunkAt at, void *ctx,
                        TensorCalls *c)
 {
     c->whole_mem = NULL;
@@ -465,7 +465,7 @@ static void plan_calls(H5File *f, const Model *m, const Tensor *t, hid_t fspace,
  * empty memory space, this rank transfers nothing), or (size_t)-1 out of
  * memory. */
 static size_t select_call(const TensorCalls *c, int l, const Model *m, const Tensor *t, hid_t fspace, ChunkAt at,
-                          const void *ctx, float ***ptrs, float **mem, float **tmp, size_t *tmp_cap, hid_t *mspace)
+                          void *ctx, float ***ptrs, float **mem, float **tmp, size_t *tmp_cap, hid_t *mspace)
 {
     size_t n;
     if (c->one_call) {
@@ -499,7 +499,7 @@ int h5_read_tensors(H5File *f, const char *group, const Model *m, float *buf, Ch
     return h5_read_chunks(f, group, m, buf_view, &v);
 }
 
-int h5_write_chunks(H5File *f, const char *group, const Model *m, ChunkAt at, const void *ctx)
+int h5_write_chunks(H5File *f, const char *group, const Model *m, ChunkAt at, void *ctx)
 {
     hid_t lcpl = H5Pcreate(H5P_LINK_CREATE);
     H5Pset_create_intermediate_group(lcpl, 1);
@@ -568,7 +568,7 @@ int h5_write_chunks(H5File *f, const char *group, const Model *m, ChunkAt at, co
     return rc;
 }
 
-int h5_read_chunks(H5File *f, const char *group, const Model *m, ChunkAt at, const void *ctx)
+int h5_read_chunks(H5File *f, const char *group, const Model *m, ChunkAt at, void *ctx)
 {
     float **ptrs = isth_malloc(sizeof(float *) * (size_t)(m->cfg.experts + 1)), *tmp = NULL;
     size_t tmp_cap = 0;
@@ -704,28 +704,16 @@ int h5_read_doubles(H5File *f, const char *name, double *v, int n)
 
 /* ---- model file ---------------------------------------------------------- */
 
-typedef struct {
-    const Model *m;
-    int writes_dense;
-} ModelSel;
-
-static int select_model_write(const void *ctx, int tensor, int layer, int expert)
-{
-    const ModelSel *s = ctx;
-    return expert >= 0 ? select_held(s->m, tensor, layer, expert) : s->writes_dense;
-}
-
-int h5model_write(const char *path, const Model *m, const float *params, const char *config_text,
-                  const H5Meta *meta, MPI_Comm comm, int writes_replicated)
+int h5model_write(const char *path, const Model *m, ChunkAt at, void *ctx, const char *config_text,
+                  const H5Meta *meta, MPI_Comm comm)
 {
     H5File f;
     CHECK(h5_create(&f, path, H5IO_FILE_BYTES(model_total_params(&m->cfg), 1), comm));
-    ModelSel sel = {m, writes_replicated};
     int rc = h5_attr_write_long(&f, "/", "format_version", H5IO_FORMAT_VERSION);
     if (rc == ISTH_OK) rc = h5_attr_write_string(&f, "/", "config", config_text);
     if (rc == ISTH_OK) rc = h5_attr_write_long(&f, "/", "step", meta->step);
     if (rc == ISTH_OK) rc = h5_attr_write_double(&f, "/", "tokens", meta->tokens);
-    if (rc == ISTH_OK) rc = h5_write_tensors(&f, "/model", m, params, select_model_write, &sel);
+    if (rc == ISTH_OK) rc = h5_write_chunks(&f, "/model", m, at, ctx);
     if (rc != ISTH_OK) f.failed = 1;
     int crc = h5_commit(&f);
     return rc != ISTH_OK ? rc : crc;

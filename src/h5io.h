@@ -90,9 +90,9 @@ int h5_read_doubles(H5File *f, const char *name, double *v, int n);
  * rank, NULL when another rank transfers it (any layout: params-shaped,
  * packed owned chunks, staging). Staging is one layer's chunks at most,
  * none when a layer's chunks lie one after the other. */
-typedef float *(*ChunkAt)(const void *ctx, int tensor, int layer, int expert);
-int h5_write_chunks(H5File *f, const char *group, const Model *m, ChunkAt at, const void *ctx);
-int h5_read_chunks(H5File *f, const char *group, const Model *m, ChunkAt at, const void *ctx);
+typedef float *(*ChunkAt)(void *ctx, int tensor, int layer, int expert);
+int h5_write_chunks(H5File *f, const char *group, const Model *m, ChunkAt at, void *ctx);
+int h5_read_chunks(H5File *f, const char *group, const Model *m, ChunkAt at, void *ctx);
 
 /* --- the model file of `isthmus train` (/model + config) ------------------ */
 typedef struct {
@@ -100,9 +100,10 @@ typedef struct {
     double tokens;
 } H5Meta;
 
-/* params: a host view laid out like the table m (backend.h). */
-int h5model_write(const char *path, const Model *m, const float *params, const char *config_text,
-                  const H5Meta *meta, MPI_Comm comm, int writes_replicated);
+/* Collective over comm: /model through the view `at` (every chunk from
+ * exactly one rank of comm), the config and meta. */
+int h5model_write(const char *path, const Model *m, ChunkAt at, void *ctx, const char *config_text,
+                  const H5Meta *meta, MPI_Comm comm);
 /* The resolved config text stored in a model or checkpoint file. */
 int h5model_read_config(const char *path, char **config_text, MPI_Comm comm);
 /* /model into params laid out like m (each rank: every dense tensor and its experts). */

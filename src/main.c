@@ -220,8 +220,13 @@ static int cmd_eval(int argc, char **argv)
     const int El = cfg.model.experts / size;
     CHECK(backend_create(&be, "cpu", &cfg, cfg.train.micro_batch, rank * El, El, &ep));
     H5Meta meta;
-    rc = h5model_read(model_path, &be->table, backend_state(be, STATE_PARAMS), &meta, MPI_COMM_WORLD);
-    be->ops->from_host(be);
+    /* the file into host staging, then into the backend */
+    const size_t all = 0, n_params = be->table.n_params;
+    float *weights = isth_malloc(sizeof(float) * (n_params + 1));
+    rc = weights ? h5model_read(model_path, &be->table, weights, &meta, MPI_COMM_WORLD)
+                 : isth_fail(ISTH_ERUNTIME, "eval: out of memory for the model's %zu weights", n_params);
+    if (rc == ISTH_OK) rc = be->ops->put(be, STATE_PARAMS, &all, &n_params, 1, weights);
+    isth_free(weights);
     if (rc == ISTH_OK) rc = corpus_open(&prose, cfg.data.dir, "eval_prose.txt");
     if (rc == ISTH_OK) rc = corpus_open(&tech, cfg.data.dir, "eval_tech.txt");
     if (rc == ISTH_OK && rank == 0) rc = metrics_open(&mt, cfg.train.out_dir);

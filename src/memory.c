@@ -4,6 +4,8 @@
  * (activations, expert rows). The memory test keeps them in step. */
 #include "memory.h"
 
+#include "backend.h"
+
 #include <omp.h>
 #include <stdio.h>
 #include <string.h>
@@ -34,6 +36,7 @@ static int plan_exchanges(const Config *cfg, const Topology *t, const Model *m, 
     ChunkTable ct;
     CHECK(chunk_table_create(&ct, m, oc->fragments));
     size_t owned = 0, max_size = 0, max_enc = 0, max_chunk = 1, max_dense = 1, send = 0, recv = 0;
+    size_t per_tensor[N_TENSORS] = {0}; /* owned values of each tensor: a file view's staging */
     double residual = 0.0;
     int rc = ISTH_OK;
     for (int f = 0; f < oc->fragments && rc == ISTH_OK; f++) {
@@ -42,6 +45,7 @@ static int plan_exchanges(const Config *cfg, const Topology *t, const Model *m, 
         if (rc != ISTH_OK) break;
         owned += own.size;
         if (own.size > max_size) max_size = own.size;
+        for (int i = 0; i < own.n; i++) per_tensor[ct.chunks[own.chunk[i]].tensor] += ct.chunks[own.chunk[i]].size;
         if (own.enc_size > max_enc) max_enc = own.enc_size;
         if (own.max_chunk > max_chunk) max_chunk = own.max_chunk;
         size_t dense = 0;
@@ -72,9 +76,15 @@ static int plan_exchanges(const Config *cfg, const Topology *t, const Model *m, 
     out->bytes[ALLOC_RESIDUAL] = residual;
     out->bytes[ALLOC_OPTIMIZER] = 2 * floats(owned + 1); /* AdamW m, v of the owned chunks (ZeRO-1) */
     if (outer_mode) out->bytes[ALLOC_OUTER] = floats(owned + 1) * (butterfly ? 3 : 2);
-    /* staging: the learner's dense sums, the encoder's scratch, the pool */
+    /* staging: the learner's dense sums, the encoder's scratch, a file
+     * view's tensor (checkpoints, the model file), outer merges, the pool */
     double staging = 0.0;
-    if (G > 1) staging += floats(max_dense < REDUCE_DENSE_STAGE ? max_dense : REDUCE_DENSE_STAGE);
+    if (G > 1) staging += floats(max_dense < BACKEND_SUM_BATCH ? max_dense : BACKEND_SUM_BATCH);
+    size_t largest_tensor = 0;
+    for (int i = 0; i < N_TENSORS; i++)
+        if (per_tensor[i] > largest_tensor) largest_tensor = per_tensor[i];
+    staging += floats(largest_tensor);
+    if (outer_mode) staging += floats(max_size + 1);
     if (t->n_sites > 1 || t->n_learners > 1) staging += floats(max_chunk);
     if (t->n_learners > 1 || outer_mode) { /* sync with one learner stages nothing */
         const int slots = outer_mode ? outer_max_in_flight(oc) : 1;

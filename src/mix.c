@@ -84,7 +84,7 @@ static PairPlan *pair_in_flight(const Reducer *r, int f)
 }
 
 
-int mix_start(Reducer *r, int f, int partner, const float *buf, double w_me, double w_partner, int exact)
+int mix_start(Reducer *r, int f, int partner, const float *values, double w_me, double w_partner, int exact)
 {
     const Topology *t = r->topo;
     FragPlan *fp = &r->frag[f];
@@ -103,7 +103,7 @@ int mix_start(Reducer *r, int f, int partner, const float *buf, double w_me, dou
     float *mine = fp->slot->values;
     Encoded enc = {pp->codec, fp->slot->enc, fp->own.enc_off};
     if (pp->codec != r->codec) { /* exact: the values as they are, no error feedback */
-        owned_pack(&r->table, &fp->own, buf, mine);
+        memcpy(mine, values, sizeof(float) * fp->own.size);
         for (size_t e = 0; e < fp->own.size; e++) pp->norm2 += (double)mine[e] * mine[e];
         enc = (Encoded){CODEC_NONE, (const unsigned char *)mine, fp->raw_off};
     } else {
@@ -113,7 +113,7 @@ int mix_start(Reducer *r, int f, int partner, const float *buf, double w_me, dou
         for (int k = 0; k < fp->own.n; k++) {
             const size_t n = r->table.chunks[fp->own.chunk[k]].size;
             double e2, n2;
-            codec_encode_ef(r->codec, buf + chunk_offset(&r->table, fp->own.chunk[k]), res ? res + fp->own.off[k] : NULL,
+            codec_encode_ef(r->codec, values + fp->own.off[k], res ? res + fp->own.off[k] : NULL,
                             n, r->block, fp->slot->enc + fp->own.enc_off[k], mine + fp->own.off[k], &e2, &n2);
             pp->err2 += e2;
             pp->norm2 += n2;
@@ -230,12 +230,12 @@ int mix_finish_staged(Reducer *r, int f, ReduceReport *rep, double *pair_distanc
     return ISTH_OK;
 }
 
-int mix_finish(Reducer *r, int f, float *buf, ReduceReport *rep, double *pair_distance)
+int mix_finish(Reducer *r, int f, float *values, ReduceReport *rep, double *pair_distance)
 {
     float *mixed;
     int accepted;
     CHECK(mix_finish_staged(r, f, rep, pair_distance, &mixed, &accepted));
-    if (accepted) owned_unpack(&r->table, &r->frag[f].own, mixed, buf);
+    if (accepted) memcpy(values, mixed, sizeof(float) * r->frag[f].own.size);
     reduce_release(r, f);
-    return accepted ? reduce_share_dense(r, f, buf) : ISTH_OK;
+    return ISTH_OK;
 }

@@ -67,7 +67,7 @@ static uint64_t fnv1a(uint64_t h, const void *data, size_t n)
 
 #define FNV_OFFSET 14695981039346656037ull
 
-int model_fingerprint(Reducer *r, ChunkView view, const void *ctx, MPI_Comm learner_comm, uint64_t *out)
+int model_fingerprint(Reducer *r, ChunkView view, void *ctx, MPI_Comm learner_comm, uint64_t *out)
 {
     const ChunkTable *ct = &r->table;
     uint64_t *blocks = isth_calloc((size_t)ct->n_chunks, sizeof(uint64_t));

@@ -34,7 +34,7 @@ int outer_max_in_flight(const OuterConfig *cfg)
     return most < P ? most : P;
 }
 
-int outer_create(Outer *o, const OuterConfig *cfg, Reducer *r, const float *theta, double learner_weight)
+int outer_create(Outer *o, const OuterConfig *cfg, Reducer *r, Backend *be, double learner_weight)
 {
     memset(o, 0, sizeof *o);
     o->streaming = cfg->mode_id == MODE_STREAMING;
@@ -53,28 +53,32 @@ int outer_create(Outer *o, const OuterConfig *cfg, Reducer *r, const float *thet
     CHECK_ALLOC(o->off);
     CHECK_ALLOC(o->pos);
     for (int c = 0; c < ct->n_chunks; c++) o->pos[c] = SIZE_MAX;
+    size_t largest = 0;
     for (int f = 0; f < o->P; f++) {
         const Owned *own = reduce_owned(r, f);
         o->off[f] = o->owned;
         for (int k = 0; k < own->n; k++) o->pos[own->chunk[k]] = o->owned + own->off[k];
         o->owned += own->size;
+        if (own->size > largest) largest = own->size;
     }
-    const AllocCategory was = alloc_category(ALLOC_OUTER);
+    AllocCategory was = alloc_category(ALLOC_OUTER);
     o->anchor = isth_malloc(sizeof(float) * (o->owned + 1));
     o->mom = isth_calloc(o->owned + 1, sizeof(float));
     o->sent = o->butterfly ? isth_calloc(o->owned + 1, sizeof(float)) : NULL;
+    alloc_category(ALLOC_STAGING);
+    o->theta = isth_malloc(sizeof(float) * (largest + 1)); /* one fragment's owned weights, for merges */
     alloc_category(was);
     o->started = isth_malloc(sizeof(long) * (size_t)o->P);
     o->last_sync = isth_calloc((size_t)o->P, sizeof(long));
     o->reduced = isth_calloc((size_t)o->P, sizeof(int));
     o->pending = isth_calloc((size_t)o->P, sizeof(ReduceReport));
     o->pending_dist = isth_calloc((size_t)o->P, sizeof(double));
-    if (!o->anchor || !o->mom || (o->butterfly && !o->sent) || !o->started || !o->last_sync || !o->reduced ||
+    if (!o->anchor || !o->mom || (o->butterfly && !o->sent) || !o->theta || !o->started || !o->last_sync || !o->reduced ||
         !o->pending || !o->pending_dist) {
         outer_destroy(o);
         return isth_fail(ISTH_ERUNTIME, "out of memory for the outer state");
     }
-    for (int f = 0; f < o->P; f++) owned_pack(ct, reduce_owned(r, f), theta, o->anchor + o->off[f]);
+    for (int f = 0; f < o->P; f++) CHECK(reduce_get_owned(r, be, f, STATE_PARAMS, o->anchor + o->off[f]));
     for (int p = 0; p < o->P; p++) o->started[p] = -1;
     reduce_set_slots(r, outer_max_in_flight(cfg));
     return ISTH_OK;
@@ -82,7 +86,7 @@ int outer_create(Outer *o, const OuterConfig *cfg, Reducer *r, const float *thet
 
 void outer_destroy(Outer *o)
 {
-    void *bufs[] = {o->anchor, o->mom, o->sent, o->off, o->pos, o->started, o->last_sync,
+    void *bufs[] = {o->anchor, o->mom, o->sent, o->theta, o->off, o->pos, o->started, o->last_sync,
                     o->reduced, o->pending, o->pending_dist, o->weights};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) isth_free(bufs[i]);
     spread_destroy(&o->spread);
@@ -108,29 +112,24 @@ float *outer_view(const Outer *o, const Reducer *r, OuterState which, int tensor
     return NULL;
 }
 
-int outer_view_anchor(Outer *o, Reducer *r, float *theta, float *spare, size_t n)
+int outer_view_anchor(Outer *o, Reducer *r, Backend *be)
 {
-    memcpy(spare, theta, sizeof(float) * n);
-    for (int f = 0; f < o->P; f++) owned_unpack(&r->table, reduce_owned(r, f), o->anchor + o->off[f], theta);
-    for (int f = 0; f < o->P; f++) CHECK(reduce_share_dense(r, f, theta));
+    CHECK(be->ops->copy_state(be, STATE_GRADS, STATE_PARAMS));
+    for (int f = 0; f < o->P; f++) CHECK(reduce_put_owned(r, be, f, STATE_PARAMS, o->anchor + o->off[f]));
+    for (int f = 0; f < o->P; f++) CHECK(reduce_share_dense(r, be, f, STATE_PARAMS));
     return ISTH_OK;
 }
 
-void outer_view_end(float *theta, const float *spare, size_t n) { memcpy(theta, spare, sizeof(float) * n); }
+int outer_view_end(Backend *be) { return be->ops->copy_state(be, STATE_PARAMS, STATE_GRADS); }
 
-static int start_fragment(Outer *o, Reducer *r, const float *theta, int p, long step)
+static int start_fragment(Outer *o, Reducer *r, Backend *be, int p, long step)
 {
-    const ChunkTable *ct = &r->table;
     const Owned *own = reduce_owned(r, p);
     float *d = reduce_stage(r, p);
     if (!d) return ISTH_ERUNTIME;
-    const float w = (float)o->learner_weight;
-    for (int k = 0; k < own->n; k++) {
-        const float *a = o->anchor + o->off[p] + own->off[k], *th = theta + chunk_offset(ct, own->chunk[k]);
-        float *dk = d + own->off[k];
-        const size_t n = ct->chunks[own->chunk[k]].size;
-        for (size_t j = 0; j < n; j++) dk[j] = (a[j] - th[j]) * w;
-    }
+    CHECK(reduce_get_owned(r, be, p, STATE_PARAMS, d)); /* theta, then the pseudo-gradient in place */
+    const float w = (float)o->learner_weight, *a = o->anchor + o->off[p];
+    for (size_t j = 0; j < own->size; j++) d[j] = (a[j] - d[j]) * w;
     o->started[p] = step;
     o->last_sync[p] = step;
     return reduce_start_staged(r, p);
@@ -139,7 +138,7 @@ static int start_fragment(Outer *o, Reducer *r, const float *theta, int p, long 
 /* Finish fragment p, Nesterov step on the anchor, merge into theta: each
  * rank updates the chunks it owns, then the dense ones are shared inside
  * the learner. */
-static int finish_fragment(Outer *o, Reducer *r, float *theta, int p, long step, double alpha, Metrics *mt, int log)
+static int finish_fragment(Outer *o, Reducer *r, Backend *be, int p, long step, double alpha, Metrics *mt, int log)
 {
     ReduceReport rep;
     float *d;
@@ -150,21 +149,23 @@ static int finish_fragment(Outer *o, Reducer *r, float *theta, int p, long step,
         CHECK(reduce_finish_staged(r, p, &rep, &d));
     }
     o->reduced[p] = 0;
-    const ChunkTable *ct = &r->table;
-    const Owned *own = reduce_owned(r, p);
+    const size_t n = reduce_owned(r, p)->size;
     const float lr = (float)o->lr, mu = (float)o->momentum, a = (float)alpha;
-    for (int k = 0; k < own->n; k++) {
-        const size_t at = o->off[p] + own->off[k], n = ct->chunks[own->chunk[k]].size;
-        float *an = o->anchor + at, *mo = o->mom + at, *th = theta + chunk_offset(ct, own->chunk[k]);
-        const float *dk = d + own->off[k];
-        for (size_t j = 0; j < n; j++) {
-            mo[j] = mu * mo[j] + dk[j];
-            an[j] -= lr * (dk[j] + mu * mo[j]);
-            th[j] = a == 0.0f ? an[j] : a * th[j] + (1.0f - a) * an[j];
-        }
+    float *an = o->anchor + o->off[p], *mo = o->mom + o->off[p];
+    for (size_t j = 0; j < n; j++) {
+        mo[j] = mu * mo[j] + d[j];
+        an[j] -= lr * (d[j] + mu * mo[j]);
     }
     reduce_release(r, p);
-    CHECK(reduce_share_dense(r, p, theta));
+    if (a == 0.0f) { /* theta = anchor */
+        CHECK(reduce_put_owned(r, be, p, STATE_PARAMS, an));
+    } else {
+        float *th = o->theta;
+        CHECK(reduce_get_owned(r, be, p, STATE_PARAMS, th));
+        for (size_t j = 0; j < n; j++) th[j] = a * th[j] + (1.0f - a) * an[j];
+        CHECK(reduce_put_owned(r, be, p, STATE_PARAMS, th));
+    }
+    CHECK(reduce_share_dense(r, be, p, STATE_PARAMS));
     o->outer_steps++;
     if (log) CHECK(metrics_outer(mt, o->outer_steps, p, o->started[p], step, &rep));
     o->started[p] = -1;
@@ -198,13 +199,14 @@ static double group_weight(const Outer *o, int i, int d)
 }
 
 /* exact: the final averaging, uncompressed (see mix_start) */
-static int mix_begin(Outer *o, Reducer *r, const float *theta, int f, long round, long step, int exact)
+static int mix_begin(Outer *o, Reducer *r, Backend *be, int f, long round, long step, int exact)
 {
     const int d = (int)(round % o->k), partner = o->learner ^ (1 << d);
-    owned_pack(&r->table, reduce_owned(r, f), theta, o->sent + o->off[f]);
+    float *sent = o->sent + o->off[f];
+    CHECK(reduce_get_owned(r, be, f, STATE_PARAMS, sent));
     o->started[f] = step;
     o->last_sync[f] = step;
-    return mix_start(r, f, partner, theta, group_weight(o, o->learner, d), group_weight(o, partner, d), exact);
+    return mix_start(r, f, partner, sent, group_weight(o, o->learner, d), group_weight(o, partner, d), exact);
 }
 
 /* Complete round `round`'s exchange of fragment f (the network part); the
@@ -224,7 +226,7 @@ static int mix_complete(Outer *o, Reducer *r, int f, long round, ReduceReport *r
 }
 
 /* keep_local: add the progress made since the fragment was sent */
-static int mix_end(Outer *o, Reducer *r, float *theta, int f, long round, long step, int keep_local, Metrics *mt,
+static int mix_end(Outer *o, Reducer *r, Backend *be, int f, long round, long step, int keep_local, Metrics *mt,
                    int log)
 {
     ReduceReport rep;
@@ -236,62 +238,63 @@ static int mix_end(Outer *o, Reducer *r, float *theta, int f, long round, long s
         CHECK(mix_complete(o, r, f, round, &rep, &dist));
     }
     o->reduced[f] = 0;
-    const float *mixed = reduce_result(r, f);
-    const ChunkTable *ct = &r->table;
-    const Owned *own = reduce_owned(r, f);
+    const float *mx = reduce_result(r, f), *sent = o->sent + o->off[f];
+    const size_t n = reduce_owned(r, f)->size;
     const float lr = (float)o->lr, mu = (float)o->momentum;
-    for (int k = 0; k < own->n; k++) {
-        const size_t at = o->off[f] + own->off[k], n = ct->chunks[own->chunk[k]].size;
-        float *an = o->anchor + at, *mo = o->mom + at, *th = theta + chunk_offset(ct, own->chunk[k]);
-        const float *mx = mixed + own->off[k], *sent = o->sent + at;
-        for (size_t j = 0; j < n; j++) {
-            float target = mx[j];
-            if (o->nesterov_mix && keep_local) { /* Nesterov on the change since the previous mix */
-                const float d = an[j] - mx[j];
-                mo[j] = mu * mo[j] + d;
-                an[j] -= lr * (d + mu * mo[j]);
-                target = an[j];
-            } else {
-                an[j] = mx[j];
-            }
-            th[j] = keep_local ? target + (th[j] - sent[j]) : target;
+    float *an = o->anchor + o->off[f], *mo = o->mom + o->off[f];
+    for (size_t j = 0; j < n; j++) {
+        if (o->nesterov_mix && keep_local) { /* Nesterov on the change since the previous mix */
+            const float d = an[j] - mx[j];
+            mo[j] = mu * mo[j] + d;
+            an[j] -= lr * (d + mu * mo[j]);
+        } else {
+            an[j] = mx[j];
         }
     }
     reduce_release(r, f);
-    CHECK(reduce_share_dense(r, f, theta));
+    /* the target is the anchor just set; keep_local adds the progress since the send */
+    if (keep_local) {
+        float *th = o->theta;
+        CHECK(reduce_get_owned(r, be, f, STATE_PARAMS, th));
+        for (size_t j = 0; j < n; j++) th[j] = an[j] + (th[j] - sent[j]);
+        CHECK(reduce_put_owned(r, be, f, STATE_PARAMS, th));
+    } else {
+        CHECK(reduce_put_owned(r, be, f, STATE_PARAMS, an));
+    }
+    CHECK(reduce_share_dense(r, be, f, STATE_PARAMS));
     o->outer_steps++;
     if (log) CHECK(metrics_mix(mt, round, f, rep.partner, rep.crosses, o->started[f], step, &rep, dist));
     o->started[f] = -1;
     return ISTH_OK;
 }
 
-static int butterfly_after_step(Outer *o, Reducer *r, float *theta, long step, Metrics *mt, int log)
+static int butterfly_after_step(Outer *o, Reducer *r, Backend *be, long step, Metrics *mt, int log)
 {
     for (int f = 0; f < o->P; f++)
         if (o->started[f] >= 0 && step - o->started[f] >= o->tau)
-            CHECK(mix_end(o, r, theta, f, o->round - 1, step, 1, mt, log));
+            CHECK(mix_end(o, r, be, f, o->round - 1, step, 1, mt, log));
     if (step % o->H == 0) {
         const long round = step / o->H - 1;
         const int f = butterfly_fragment(round, o->k, o->P);
-        CHECK(spread_round(&o->spread, round, step, theta, mt));
-        CHECK(mix_begin(o, r, theta, f, round, step, 0));
+        CHECK(spread_round(&o->spread, round, step, be, mt));
+        CHECK(mix_begin(o, r, be, f, round, step, 0));
         o->round = round + 1;
-        if (o->tau == 0) CHECK(mix_end(o, r, theta, f, round, step, 1, mt, log));
+        if (o->tau == 0) CHECK(mix_end(o, r, be, f, round, step, 1, mt, log));
     }
     CHECK(reduce_poll(r));
     return spread_poll(&o->spread, mt);
 }
 
-int outer_after_step(Outer *o, Reducer *r, float *theta, long step, Metrics *mt, int log)
+int outer_after_step(Outer *o, Reducer *r, Backend *be, long step, Metrics *mt, int log)
 {
-    if (o->butterfly) return butterfly_after_step(o, r, theta, step, mt, log);
+    if (o->butterfly) return butterfly_after_step(o, r, be, step, mt, log);
     for (int p = 0; p < o->P; p++)
         if (o->started[p] >= 0 && step - o->started[p] >= o->tau)
-            CHECK(finish_fragment(o, r, theta, p, step, o->alpha, mt, log));
+            CHECK(finish_fragment(o, r, be, p, step, o->alpha, mt, log));
     for (int p = 0; p < o->P; p++) {
         if (o->started[p] < 0 && outer_fragment_due(step, p, o->H, o->P)) {
-            CHECK(start_fragment(o, r, theta, p, step));
-            if (o->tau == 0) CHECK(finish_fragment(o, r, theta, p, step, o->alpha, mt, log));
+            CHECK(start_fragment(o, r, be, p, step));
+            if (o->tau == 0) CHECK(finish_fragment(o, r, be, p, step, o->alpha, mt, log));
         }
     }
     return reduce_poll(r);
@@ -312,36 +315,35 @@ int outer_drain(Outer *o, Reducer *r)
     return ISTH_OK;
 }
 
-int outer_finish(Outer *o, Reducer *r, float *theta, long step, Metrics *mt, int log)
+int outer_finish(Outer *o, Reducer *r, Backend *be, long step, Metrics *mt, int log)
 {
-    const ChunkTable *ct = &r->table;
     if (o->butterfly) {
         for (int f = 0; f < o->P; f++)
-            if (o->started[f] >= 0) CHECK(mix_end(o, r, theta, f, o->round - 1, step, 1, mt, log));
+            if (o->started[f] >= 0) CHECK(mix_end(o, r, be, f, o->round - 1, step, 1, mt, log));
         /* k rounds of every fragment without local updates, uncompressed:
          * the exact mean; logged as rounds numbered on from the last
          * regular one */
         long label = o->round;
         for (int f = 0; f < o->P; f++)
             for (int d = 0; d < o->k; d++) {
-                CHECK(mix_begin(o, r, theta, f, d, step, 1));
-                CHECK(mix_end(o, r, theta, f, label++, step, 0, mt, log));
+                CHECK(mix_begin(o, r, be, f, d, step, 1));
+                CHECK(mix_end(o, r, be, f, label++, step, 0, mt, log));
             }
-        for (int f = 0; f < o->P; f++) owned_pack(ct, reduce_owned(r, f), theta, o->anchor + o->off[f]);
+        for (int f = 0; f < o->P; f++) CHECK(reduce_get_owned(r, be, f, STATE_PARAMS, o->anchor + o->off[f]));
         /* every learner got through the final rounds (each under the link's
          * deadline), so every sample was sent: this wait ends */
         return spread_finish(&o->spread, mt);
     }
     for (int p = 0; p < o->P; p++)
-        if (o->started[p] >= 0) CHECK(finish_fragment(o, r, theta, p, step, o->alpha, mt, log));
+        if (o->started[p] >= 0) CHECK(finish_fragment(o, r, be, p, step, o->alpha, mt, log));
     for (int p = 0; p < o->P; p++)
         if (o->last_sync[p] < step) {
-            CHECK(start_fragment(o, r, theta, p, step));
-            CHECK(finish_fragment(o, r, theta, p, step, 0.0, mt, log));
+            CHECK(start_fragment(o, r, be, p, step));
+            CHECK(finish_fragment(o, r, be, p, step, 0.0, mt, log));
         }
     /* theta = anchor: already so for every fragment just finished with alpha 0 */
-    for (int f = 0; f < o->P; f++) owned_unpack(ct, reduce_owned(r, f), o->anchor + o->off[f], theta);
-    for (int f = 0; f < o->P; f++) CHECK(reduce_share_dense(r, f, theta));
+    for (int f = 0; f < o->P; f++) CHECK(reduce_put_owned(r, be, f, STATE_PARAMS, o->anchor + o->off[f]));
+    for (int f = 0; f < o->P; f++) CHECK(reduce_share_dense(r, be, f, STATE_PARAMS));
     return ISTH_OK;
 }
 

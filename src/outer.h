@@ -27,7 +27,8 @@
  * fragment with local progress takes one more outer step and every learner
  * ends on the anchor, so the run's final model is the global model.
  * Must not: compute gradients or the inner update, or touch backend memory
- * (it works on the host view of the weights it is handed).
+ * (weights move through the backend's get, put and share_runs, into host
+ * staging of the owned chunks).
  */
 #ifndef ISTHMUS_OUTER_H
 #define ISTHMUS_OUTER_H
@@ -53,6 +54,7 @@ typedef struct {
      * SIZE_MAX when another rank of the learner owns it */
     float *anchor, *mom;       /* the global model (butterfly: the learner's last mix), Nesterov momentum */
     float *sent;               /* butterfly: theta when the fragment was sent */
+    float *theta;              /* staging: one fragment's owned weights, taken from the backend for a merge */
     size_t *off, *pos, owned;
     long *started;             /* per fragment: inner step its exchange started, -1 if idle */
     long *last_sync;           /* per fragment: inner step of its last start */
@@ -70,9 +72,10 @@ typedef enum { OUTER_ANCHOR, OUTER_MOMENTUM, OUTER_SENT, OUTER_PENDING } OuterSt
  * (t >= 1) when t mod H == floor(p*H/P). */
 int outer_fragment_due(long step, int p, int H, int P);
 
-/* theta: the host view of the learner's weights (backend.h), laid out
- * like the model table; the outer state starts as its copy. */
-int outer_create(Outer *o, const OuterConfig *cfg, Reducer *r, const float *theta, double learner_weight);
+/* The outer state starts as the owned chunks of the backend's weights
+ * (every outer function moves weights through the backend's get and put,
+ * in host staging). */
+int outer_create(Outer *o, const OuterConfig *cfg, Reducer *r, Backend *be, double learner_weight);
 /* Exchanges in flight at once under this schedule (sizes the staging). */
 int outer_max_in_flight(const OuterConfig *cfg);
 /* Where chunk (tensor, layer, expert) of state `which` lives on this rank,
@@ -85,11 +88,11 @@ float *outer_view(const Outer *o, const Reducer *r, OuterState which, int tensor
  * outer updates; drained results are
  * read into staging slots taken with reduce_hold. */
 void outer_restore(Outer *o, const double *last_sync, const double *started, int n_sites, long step, long outer_steps);
-/* Evaluation of the anchor: theta holds the anchor until outer_view_end;
- * its own values wait in `spare` (the grads, unused between steps), both n
- * values. Learner collective. */
-int outer_view_anchor(Outer *o, Reducer *r, float *theta, float *spare, size_t n);
-void outer_view_end(float *theta, const float *spare, size_t n);
+/* Evaluation of the anchor: the backend's weights hold the anchor until
+ * outer_view_end; their own values wait in the grads (unused between
+ * steps). Learner collective. */
+int outer_view_anchor(Outer *o, Reducer *r, Backend *be);
+int outer_view_end(Backend *be);
 /* Butterfly: learner id, every learner's token share (N = power of two). */
 int outer_set_butterfly(Outer *o, Reducer *r, int learner, int n_learners, const double *weights);
 /* Butterfly: log spread samples still open (before a stop; outer_finish does it too). */
@@ -101,7 +104,7 @@ void outer_destroy(Outer *o);
 
 /* After inner step `step` (1-based): finish exchanges due, start the ones
  * scheduled. Outer events are logged through `mt` when `log`. */
-int outer_after_step(Outer *o, Reducer *r, float *theta, long step, Metrics *mt, int log);
+int outer_after_step(Outer *o, Reducer *r, Backend *be, long step, Metrics *mt, int log);
 
 /* Before a checkpoint: complete every exchange in flight now (its result is
  * kept in its staging slot and applied at its scheduled step, as without a
@@ -111,6 +114,6 @@ int outer_drain(Outer *o, Reducer *r);
 
 /* End of training: finish what is in flight, one last outer step for every
  * fragment with local progress, theta = anchor everywhere. */
-int outer_finish(Outer *o, Reducer *r, float *theta, long step, Metrics *mt, int log);
+int outer_finish(Outer *o, Reducer *r, Backend *be, long step, Metrics *mt, int log);
 
 #endif

@@ -338,50 +338,6 @@ const char *peer_take(const ChunkTable *ct, const Owned *own, Codec codec, int b
 }
 
 /* Sum `n` floats at buf over the learner, in place. */
-static int learner_allreduce(MPI_Comm comm, float *buf, size_t n)
-{
-    return coll_allreduce_comm(comm, buf, n, MPI_FLOAT, sizeof(float), MPI_SUM);
-}
-
-int dense_sum(ChunkTable *ct, MPI_Comm learner_comm, int G, int me, const int *dense, int n, float *buf,
-              float *scratch, size_t cap, int share)
-{
-    if (G == 1 || !n) return ISTH_OK;
-    int i = 0;
-    while (i < n) {
-        const size_t first = ct->chunks[dense[i]].size;
-        if (first > cap) { /* alone and in place */
-            float *v = buf + chunk_offset(ct, dense[i]);
-            const int owner = share ? chunk_owner(ct, dense[i], G) : me;
-            if (owner < 0) return isth_fail(ISTH_ERUNTIME, "plan: out of memory for ownership tables");
-            if (owner != me) memset(v, 0, first * sizeof(float));
-            CHECK(learner_allreduce(learner_comm, v, first));
-            i++;
-            continue;
-        }
-        int end = i;
-        size_t k = 0;
-        while (end < n && ct->chunks[dense[end]].size <= cap - k) { /* a batch of whole chunks */
-            const int c = dense[end];
-            const size_t sz = ct->chunks[c].size;
-            const int owner = share ? chunk_owner(ct, c, G) : me;
-            if (owner < 0) return isth_fail(ISTH_ERUNTIME, "plan: out of memory for ownership tables");
-            if (owner == me) memcpy(scratch + k, buf + chunk_offset(ct, c), sz * sizeof(float));
-            else memset(scratch + k, 0, sz * sizeof(float)); /* one non-zero term per element: the sum is a copy */
-            k += sz;
-            end++;
-        }
-        CHECK(learner_allreduce(learner_comm, scratch, k));
-        k = 0;
-        for (; i < end; i++) {
-            const int c = dense[i];
-            memcpy(buf + chunk_offset(ct, c), scratch + k, ct->chunks[c].size * sizeof(float));
-            k += ct->chunks[c].size;
-        }
-    }
-    return ISTH_OK;
-}
-
 size_t peers_frame_bytes(ChunkTable *ct, const Owned *own, int G, Codec codec, int block)
 {
     size_t total = 0;

@@ -7,8 +7,7 @@
  * chunk inside a learner of G ranks, the packed layout of the chunks a rank
  * owns in a fragment (the layout of outer state, residuals and staging),
  * the peers of an exchange (which chunks of mine each of their ranks owns),
- * the framing and checking of payloads, the dense-chunk sums inside a
- * learner, and the pool of staging slots: an exchange in flight holds one
+ * the framing and checking of payloads, and the pool of staging slots: an exchange in flight holds one
  * slot (its packed values, encodings and messages), so staging grows with
  * the exchanges in flight, not with the fragments or the partners.
  * Must not: decide when to exchange or what the values mean (reduce.c,
@@ -149,12 +148,5 @@ int peers_post(Link *l, const ChunkTable *ct, const Owned *own, Encoded enc, Pee
  * NULL, or the reason for rejecting it. */
 const char *peer_take(const ChunkTable *ct, const Owned *own, Codec codec, int block, const Peer *p, uint8_t kind,
                       int f, uint64_t exchange, float *dst);
-
-/* Dense chunks `dense` of buf summed over the learner (learner_comm);
- * share: only their owners' values count (the others are zeroed first, so
- * the sum is a copy). Staged through `scratch` (cap floats) in batches of
- * whole chunks; a chunk larger than the scratch is summed in place. */
-int dense_sum(ChunkTable *ct, MPI_Comm learner_comm, int G, int me, const int *dense, int n, float *buf,
-              float *scratch, size_t cap, int share);
 
 #endif

@@ -29,11 +29,21 @@ static int build_fragment(Reducer *r, int f)
     fp->held_off = isth_malloc(sizeof(size_t) * (size_t)(n + 1));
     fp->held_len = isth_malloc(sizeof(size_t) * (size_t)(n + 1));
     fp->dense = isth_malloc(sizeof(int) * (size_t)(n + 1));
+    fp->dense_off = isth_malloc(sizeof(size_t) * (size_t)(n + 1));
+    fp->dense_len = isth_malloc(sizeof(size_t) * (size_t)(n + 1));
+    fp->dense_owner = isth_malloc(sizeof(int) * (size_t)(n + 1));
     fp->raw_off = isth_malloc(sizeof(size_t) * (size_t)(fp->own.n + 1));
+    fp->own_off = isth_malloc(sizeof(size_t) * (size_t)(fp->own.n + 1));
+    fp->own_len = isth_malloc(sizeof(size_t) * (size_t)(fp->own.n + 1));
     CHECK_ALLOC(fp->held_off);
     CHECK_ALLOC(fp->held_len);
     CHECK_ALLOC(fp->dense);
+    CHECK_ALLOC(fp->dense_off);
+    CHECK_ALLOC(fp->dense_len);
+    CHECK_ALLOC(fp->dense_owner);
     CHECK_ALLOC(fp->raw_off);
+    CHECK_ALLOC(fp->own_off);
+    CHECK_ALLOC(fp->own_len);
     for (int c = 0; c < ct->n_chunks; c++) {
         const Chunk *ch = &ct->chunks[c];
         if (ch->fragment != f) continue;
@@ -41,9 +51,20 @@ static int build_fragment(Reducer *r, int f)
             fp->held_off[fp->n_held] = chunk_offset(ct, c);
             fp->held_len[fp->n_held++] = ch->size;
         }
-        if (ch->expert < 0) fp->dense[fp->n_dense++] = c;
+        if (ch->expert < 0) {
+            const int owner = chunk_owner(ct, c, t->learner_size);
+            if (owner < 0) return isth_fail(ISTH_ERUNTIME, "reduce: out of memory for ownership tables");
+            fp->dense[fp->n_dense] = c;
+            fp->dense_off[fp->n_dense] = chunk_offset(ct, c);
+            fp->dense_len[fp->n_dense] = ch->size;
+            fp->dense_owner[fp->n_dense++] = owner;
+        }
     }
-    for (int k = 0; k < fp->own.n; k++) fp->raw_off[k] = fp->own.off[k] * sizeof(float);
+    for (int k = 0; k < fp->own.n; k++) {
+        fp->raw_off[k] = fp->own.off[k] * sizeof(float);
+        fp->own_off[k] = chunk_offset(ct, fp->own.chunk[k]);
+        fp->own_len[k] = ct->chunks[fp->own.chunk[k]].size;
+    }
     if (!r->leader || t->n_sites == 1) return ISTH_OK;
 
     if (r->error_feedback) {
@@ -134,14 +155,10 @@ int reducer_create(Reducer *r, const Topology *t, const Model *m, int fragments,
     CHECK(chunk_table_create(&r->table, m, fragments));
     r->frag = isth_calloc((size_t)fragments, sizeof(FragPlan));
     CHECK_ALLOC(r->frag);
-    size_t max_dense = 1, max_chunk = 1;
+    size_t max_chunk = 1;
     for (int f = 0; f < fragments; f++) {
         CHECK(build_fragment(r, f));
-        FragPlan *fp = &r->frag[f];
-        size_t dense = 0;
-        for (int i = 0; i < fp->n_dense; i++) dense += r->table.chunks[fp->dense[i]].size;
-        if (dense > max_dense) max_dense = dense;
-        if (fp->own.max_chunk > max_chunk) max_chunk = fp->own.max_chunk;
+        if (r->frag[f].own.max_chunk > max_chunk) max_chunk = r->frag[f].own.max_chunk;
     }
     r->owned_pos = isth_malloc(sizeof(size_t) * (size_t)r->table.n_chunks);
     CHECK_ALLOC(r->owned_pos);
@@ -150,11 +167,8 @@ int reducer_create(Reducer *r, const Topology *t, const Model *m, int fragments,
         for (int k = 0; k < r->frag[f].own.n; k++) r->owned_pos[r->frag[f].own.chunk[k]] = r->frag[f].own.off[k];
     CHECK(build_runs(r));
     const AllocCategory was = alloc_category(ALLOC_STAGING);
-    r->dense_cap = t->learner_size > 1 ? (max_dense < REDUCE_DENSE_STAGE ? max_dense : REDUCE_DENSE_STAGE) : 0;
-    r->dense_buf = r->dense_cap ? isth_malloc(sizeof(float) * r->dense_cap) : NULL;
     r->scratch = t->n_sites > 1 || t->n_learners > 1 ? isth_malloc(sizeof(float) * max_chunk) : NULL;
     alloc_category(was);
-    if (r->dense_cap) CHECK_ALLOC(r->dense_buf);
     if (t->n_sites > 1 || t->n_learners > 1) CHECK_ALLOC(r->scratch);
     return ISTH_OK;
 }
@@ -170,7 +184,8 @@ void reducer_destroy(Reducer *r)
         FragPlan *fp = &r->frag[f];
         retired &= peers_free(&fp->site);
         owned_free(&fp->own);
-        void *bufs[] = {fp->held_off, fp->held_len, fp->dense, fp->raw_off, fp->residual};
+        void *bufs[] = {fp->held_off, fp->held_len, fp->dense, fp->dense_off, fp->dense_len, fp->dense_owner,
+                        fp->raw_off, fp->own_off, fp->own_len, fp->residual};
         for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) isth_free(bufs[i]);
     }
     for (size_t i = 0; r->pairs && i < (size_t)r->fragments * r->pair_bits * 2; i++)
@@ -181,7 +196,6 @@ void reducer_destroy(Reducer *r)
     isth_free(r->pairs);
     isth_free(r->frag);
     isth_free(r->site_weight);
-    isth_free(r->dense_buf);
     isth_free(r->scratch);
     isth_free(r->owned_pos);
     isth_free(r->run_pos);
@@ -261,18 +275,30 @@ void reduce_release(Reducer *r, int f)
     fp->has_result = 0;
 }
 
-int reduce_share_dense(Reducer *r, int f, float *buf)
+int reduce_share_dense(const Reducer *r, Backend *be, int f, StateKind which)
 {
-    const Topology *t = r->topo;
     const FragPlan *fp = &r->frag[f];
-    return dense_sum(&r->table, t->learner_comm, t->learner_size, t->learner_rank, fp->dense, fp->n_dense, buf,
-                     r->dense_buf, r->dense_cap, 1);
+    if (r->topo->learner_size == 1) return ISTH_OK;
+    return be->ops->share_runs(be, which, fp->dense_off, fp->dense_len, fp->dense_owner, fp->n_dense);
 }
 
-int reduce_share_params(Reducer *r, float *buf)
+int reduce_share_params(const Reducer *r, Backend *be)
 {
-    for (int f = 0; r->topo->learner_size > 1 && f < r->fragments; f++) CHECK(reduce_share_dense(r, f, buf));
+    for (int f = 0; r->topo->learner_size > 1 && f < r->fragments; f++)
+        CHECK(reduce_share_dense(r, be, f, STATE_PARAMS));
     return ISTH_OK;
+}
+
+int reduce_get_owned(const Reducer *r, Backend *be, int f, StateKind which, float *packed)
+{
+    const FragPlan *fp = &r->frag[f];
+    return be->ops->get(be, which, fp->own_off, fp->own_len, fp->own.n, packed);
+}
+
+int reduce_put_owned(const Reducer *r, Backend *be, int f, StateKind which, const float *packed)
+{
+    const FragPlan *fp = &r->frag[f];
+    return be->ops->put(be, which, fp->own_off, fp->own_len, fp->own.n, packed);
 }
 
 void reduce_owned_runs(const Reducer *r, const size_t **off, const size_t **len, int *n)
@@ -288,14 +314,16 @@ float *reduce_run_at(const Reducer *r, float *packed, int tensor, int layer, int
     return r->run_pos[c] != SIZE_MAX ? packed + r->run_pos[c] : NULL;
 }
 
-int reduce_learner_sum(Reducer *r, float *grads)
+static int sum_dense(const Reducer *r, Backend *be, int f, StateKind which)
 {
-    const Topology *t = r->topo;
-    for (int f = 0; f < r->fragments; f++) {
-        const FragPlan *fp = &r->frag[f];
-        CHECK(dense_sum(&r->table, t->learner_comm, t->learner_size, t->learner_rank, fp->dense, fp->n_dense, grads,
-                        r->dense_buf, r->dense_cap, 0));
-    }
+    const FragPlan *fp = &r->frag[f];
+    if (r->topo->learner_size == 1) return ISTH_OK;
+    return be->ops->sum_runs(be, which, fp->dense_off, fp->dense_len, fp->n_dense);
+}
+
+int reduce_learner_sum(const Reducer *r, Backend *be)
+{
+    for (int f = 0; f < r->fragments; f++) CHECK(sum_dense(r, be, f, STATE_GRADS));
     return ISTH_OK;
 }
 
@@ -310,14 +338,10 @@ float *reduce_stage(Reducer *r, int f)
     return fp->slot ? fp->slot->values + (size_t)r->topo->site * r->pool.size : NULL;
 }
 
-int reduce_start(Reducer *r, int f, float *buf, int kind)
+int reduce_start(Reducer *r, Backend *be, int f, StateKind which, int kind)
 {
     FragPlan *fp = &r->frag[f];
-    if (kind == REDUCE_GRADS) {
-        const Topology *t = r->topo;
-        CHECK(dense_sum(&r->table, t->learner_comm, t->learner_size, t->learner_rank, fp->dense, fp->n_dense, buf,
-                        r->dense_buf, r->dense_cap, 0));
-    }
+    if (kind == REDUCE_GRADS) CHECK(sum_dense(r, be, f, which));
     if (r->topo->n_learners == 1) { /* nothing to combine: buf is the result, no staging */
         if (fp->in_flight) return isth_fail(ISTH_ERUNTIME, "reduce: fragment %d started twice", f);
         fp->in_flight = 1;
@@ -327,7 +351,7 @@ int reduce_start(Reducer *r, int f, float *buf, int kind)
     }
     float *mine = reduce_stage(r, f);
     if (!mine) return ISTH_ERUNTIME;
-    owned_pack(&r->table, &fp->own, buf, mine);
+    CHECK(reduce_get_owned(r, be, f, which, mine));
     return reduce_start_staged(r, f);
 }
 
@@ -521,7 +545,7 @@ int reduce_finish_staged(Reducer *r, int f, ReduceReport *rep, float **result)
     return ISTH_OK;
 }
 
-int reduce_finish(Reducer *r, int f, float *buf, ReduceReport *rep)
+int reduce_finish(Reducer *r, Backend *be, int f, StateKind which, ReduceReport *rep)
 {
     FragPlan *fp = &r->frag[f];
     if (r->topo->n_learners == 1) { /* see reduce_start */
@@ -532,17 +556,13 @@ int reduce_finish(Reducer *r, int f, float *buf, ReduceReport *rep)
     }
     float *total;
     CHECK(reduce_finish_staged(r, f, rep, &total));
-    if (r->topo->n_learners > 1) owned_unpack(&r->table, &r->frag[f].own, total, buf);
+    CHECK(reduce_put_owned(r, be, f, which, total));
     reduce_release(r, f);
-    /* dense chunks shared inside the learner (one learner: buf is the result already) */
-    return r->topo->n_learners > 1 ? reduce_share_dense(r, f, buf) : ISTH_OK;
+    /* dense chunks shared inside the learner (one learner: the state is the result already) */
+    return reduce_share_dense(r, be, f, which);
 }
 
-float *reduce_owned_at(const Reducer *r, float *buf, int tensor, int layer, int expert)
-{
-    const int c = chunk_index(&r->table, tensor, layer, expert < 0 ? 0 : expert);
-    return r->owned_pos[c] != SIZE_MAX ? buf + chunk_offset(&r->table, c) : NULL;
-}
+int reduce_owns(const Reducer *r, int c) { return r->owned_pos[c] != SIZE_MAX; }
 
 float *reduce_residual(const Reducer *r, int f)
 {

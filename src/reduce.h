@@ -6,8 +6,9 @@
  * Owns: the reducer — per fragment my owned chunks (plan.h), the site
  * exchange's peers, its staging slot while in flight, the error-feedback
  * state of the owned chunks — and the agreement on which sites' payloads
- * are applied. Values come in and go out either laid out like the model
- * table (host views, backend.h) or packed in the owned layout.
+ * are applied. Values are host staging packed in the owned layout; the
+ * backend's state is reached only through its verbs (get/put of the owned
+ * runs, sum_runs and share_runs of the dense runs).
  *
  * A reduction of fragment f runs in two halves so that the wide-area part
  * can overlap with training:
@@ -55,7 +56,10 @@ typedef struct {
     size_t *held_off, *held_len; /* local runs of every chunk of the fragment this rank holds */
     int n_held;
     int *dense;                /* every dense chunk of the fragment */
+    size_t *dense_off, *dense_len; /* their runs in the state, in the same order */
+    int *dense_owner;          /* their owners' ranks in the learner */
     int n_dense;
+    size_t *own_off, *own_len; /* runs of my owned chunks, in the packed (own) order */
     size_t *raw_off;           /* byte offsets of owned chunks as raw float32 (uncompressed payloads) */
     PeerSet site;              /* ranks of the other sites' first learners (first learner of a site) */
     float *residual;           /* (own.size) error feedback of the site sums, first learner of a site */
@@ -106,8 +110,6 @@ typedef struct {
     float **mix_residual;      /* (fragments) error feedback of butterfly payloads */
     StagePool pool;            /* staging of the exchanges in flight */
     int slots;                 /* exchanges in flight at once (reduce_set_slots) */
-    float *dense_buf;          /* (dense_cap) staging of the learner's dense sums */
-    size_t dense_cap;
     float *scratch;            /* (largest owned chunk) decoded values while encoding */
     Codec codec;
     int block, error_feedback;
@@ -124,10 +126,6 @@ typedef struct {
     long stop_round;           /* butterfly: earliest round in which a learner asked to stop, -1 none */
 } Reducer;
 
-/* The largest dense batch summed inside a learner at once, in floats (64
- * MiB); larger chunks are summed in place. */
-#define REDUCE_DENSE_STAGE ((size_t)16 << 20)
-
 int reducer_create(Reducer *r, const Topology *t, const Model *m, int fragments, Codec codec,
                    int block, int error_feedback, double timeout_s, MPI_Comm world);
 void reducer_destroy(Reducer *r);
@@ -140,12 +138,11 @@ void reduce_restore(Reducer *r, uint64_t exchanges);
 /* My owned chunks of fragment f (packed layout of outer state). */
 const Owned *reduce_owned(const Reducer *r, int f);
 
-/* Begin reducing fragment f of `buf` (laid out like model params), in
- * place. REDUCE_GRADS sums dense chunks inside the learner first;
- * REDUCE_REPLICATED takes them as they are (every rank of a learner holds
- * the same dense values). The caller must not change f's chunks of buf
- * until reduce_finish. */
-int reduce_start(Reducer *r, int f, float *buf, int kind);
+/* Begin reducing fragment f of the backend's state `which`. REDUCE_GRADS
+ * sums the dense chunks inside the learner first; REDUCE_REPLICATED takes
+ * them as they are (every rank of a learner holds the same dense values).
+ * The caller must not change f's chunks of the state until reduce_finish. */
+int reduce_start(Reducer *r, Backend *be, int f, StateKind which, int kind);
 /* The same from packed values: reduce_stage takes a staging slot and
  * returns where to put my owned chunks of f (reduce_owned layout);
  * reduce_start_staged begins the exchange. */
@@ -153,12 +150,12 @@ float *reduce_stage(Reducer *r, int f);
 int reduce_start_staged(Reducer *r, int f);
 /* Only the learner part of a gradient reduction: dense gradients summed
  * over the learner's ranks (the outer modes train each learner alone). */
-int reduce_learner_sum(Reducer *r, float *grads);
+int reduce_learner_sum(const Reducer *r, Backend *be);
 /* Progress every exchange in flight (call once per inner step). */
 int reduce_poll(Reducer *r);
 /* Finish fragment f: the reduced values of every chunk of f this rank holds
- * are written into buf. */
-int reduce_finish(Reducer *r, int f, float *buf, ReduceReport *rep);
+ * are written into the state. */
+int reduce_finish(Reducer *r, Backend *be, int f, StateKind which, ReduceReport *rep);
 /* Finish fragment f keeping the result (my owned chunks, packed) in its
  * slot until reduce_release; *result points at it. */
 int reduce_finish_staged(Reducer *r, int f, ReduceReport *rep, float **result);
@@ -170,13 +167,17 @@ float *reduce_hold(Reducer *r, int f);
 void reduce_release(Reducer *r, int f);
 /* Internal to reduce.c and mix.c: a free staging slot for fragment f. */
 Slot *reduce_take_slot(Reducer *r, int f);
-/* Dense chunks of fragment f of buf copied from their owners to every rank
- * of the learner (after the owners updated them). */
-int reduce_share_dense(Reducer *r, int f, float *buf);
+/* Dense chunks of fragment f of the state copied from their owners to
+ * every rank of the learner (after the owners updated them). */
+int reduce_share_dense(const Reducer *r, Backend *be, int f, StateKind which);
+/* My owned chunks of fragment f between the state and host staging (the
+ * packed reduce_owned layout). */
+int reduce_get_owned(const Reducer *r, Backend *be, int f, StateKind which, float *packed);
+int reduce_put_owned(const Reducer *r, Backend *be, int f, StateKind which, const float *packed);
 
-/* Every dense chunk of buf copied from its owner to every rank of the
- * learner: the weights after each owner's optimiser step. */
-int reduce_share_params(Reducer *r, float *buf);
+/* Every dense chunk of the weights copied from its owner to every rank of
+ * the learner: after each owner's optimiser step. */
+int reduce_share_params(const Reducer *r, Backend *be);
 /* The chunks this rank owns as runs of the params (ascending, disjoint):
  * what its optimiser updates and keeps state for. */
 void reduce_owned_runs(const Reducer *r, const size_t **off, const size_t **len, int *n);
@@ -189,9 +190,8 @@ void reduce_fragment_runs(const Reducer *r, int f, const size_t **off, const siz
 /* Canonical element count (all chunks). */
 size_t reduce_canonical_params(const Reducer *r);
 
-/* Chunk (tensor, layer, expert) of a buffer laid out like the params when
- * this rank owns it inside its learner, else NULL. */
-float *reduce_owned_at(const Reducer *r, float *buf, int tensor, int layer, int expert);
+/* Does this rank own chunk c inside its learner? */
+int reduce_owns(const Reducer *r, int c);
 /* Error-feedback residuals of fragment f (packed, reduce_owned layout), or
  * NULL: the butterfly's (every learner) or the site sums' (first learner of
  * a site). */
@@ -208,19 +208,19 @@ int reduce_any_residual(const Reducer *r);
 
 /* Butterfly mixing of fragment f with learner `partner` (point-to-point
  * between the two learners' ranks on canonical chunk plans, codec and error
- * feedback as for the outer modes). start posts the exchange of buf's
- * values; finish writes the pair's weighted average
+ * feedback as for the outer modes). start posts the exchange of `values`
+ * (my owned chunks of f, packed in the reduce_owned layout); finish writes the pair's weighted average
  *   (w_lo*v_lo + w_hi*v_hi) / (w_lo + w_hi)   (lower learner id first)
- * of the decoded values into buf, identically on both learners, or leaves
- * buf unchanged on both when either side rejected a payload. `exact`:
+ * of the decoded values into `values`, identically on both learners, or
+ * leaves them unchanged on both when either side rejected a payload. `exact`:
  * send the values uncompressed and without error feedback (the final
  * exact averaging: learners holding equal values send equal payloads and
  * the result is the mean of the values themselves, not of a codec's
  * rendering); otherwise the reducer's codec with error feedback. */
 /* Prepare butterfly plans and error-feedback state (before any mix_start). */
 int reduce_enable_mixing(Reducer *r);
-int mix_start(Reducer *r, int f, int partner, const float *buf, double w_me, double w_partner, int exact);
-int mix_finish(Reducer *r, int f, float *buf, ReduceReport *rep, double *pair_distance);
+int mix_start(Reducer *r, int f, int partner, const float *values, double w_me, double w_partner, int exact);
+int mix_finish(Reducer *r, int f, float *values, ReduceReport *rep, double *pair_distance);
 /* The same keeping the result: *mixed (packed, reduce_owned layout) holds
  * the pair's average until reduce_release; when a payload was rejected
  * (*accepted 0) it holds what this learner encoded (the decoded values, not
@@ -234,9 +234,9 @@ int mix_poll(Reducer *r);
 int grad_norm_sq_learner(Backend *be, MPI_Comm learner_comm, double *out);
 /* Where chunk (tensor, layer, expert) of a model-shaped state lives on this
  * rank, or NULL when another rank of the learner is responsible for it. */
-typedef const float *(*ChunkView)(const void *ctx, int tensor, int layer, int expert);
+typedef const float *(*ChunkView)(void *ctx, int tensor, int layer, int expert);
 /* 64-bit hash of a learner's canonical state, each chunk taken from the one
  * rank `view` names; equal on learners holding identical values. */
-int model_fingerprint(Reducer *r, ChunkView view, const void *ctx, MPI_Comm learner_comm, uint64_t *out);
+int model_fingerprint(Reducer *r, ChunkView view, void *ctx, MPI_Comm learner_comm, uint64_t *out);
 
 #endif

@@ -13,14 +13,21 @@
 #include "ckpt.h"
 #include "fault.h"
 #include "memory.h"
+#include "stateview.h"
 #include "status.h"
 
-/* The state replicas must agree on: each chunk from its owner. */
-static const float *replica_view(const void *ctx, int t, int l, int e)
+/* The state replicas must agree on, each chunk from its owner: the anchor
+ * in the outer modes, the weights (through host staging) in sync. */
+typedef struct {
+    const Trainer *tr;
+    StateView weights;
+} ReplicaView;
+
+static const float *replica_view(void *ctx, int t, int l, int e)
 {
-    const Trainer *tr = ctx;
-    if (tr->mode != MODE_SYNC) return outer_view(&tr->outer, &tr->red, OUTER_ANCHOR, t, l, e);
-    return reduce_owned_at(&tr->red, backend_state(tr->be, STATE_PARAMS), t, l, e);
+    ReplicaView *v = ctx;
+    if (v->tr->mode != MODE_SYNC) return outer_view(&v->tr->outer, &v->tr->red, OUTER_ANCHOR, t, l, e);
+    return state_view_at(&v->weights, t, l, e);
 }
 
 /* In sync mode every learner must hold the same model; a mismatch means a
@@ -31,8 +38,12 @@ static int check_replicas(Trainer *tr)
     /* outer modes: learners differ between outer steps; the anchor (global
      * model) must agree */
     const Topology *t = &tr->topo;
-    tr->be->ops->to_host(tr->be);
-    CHECK(model_fingerprint(&tr->red, replica_view, tr, t->learner_comm, &fp));
+    ReplicaView view = {.tr = tr};
+    CHECK(state_view_init(&view.weights, tr->be, STATE_PARAMS, &tr->red.table, NULL, trainer_owns_chunk, &tr->red, 0));
+    int frc = model_fingerprint(&tr->red, replica_view, &view, t->learner_comm, &fp);
+    const int vrc = state_view_finish(&view.weights, 0);
+    CHECK(frc);
+    CHECK(vrc);
     /* inside the site first, then the sites' first ranks through the link */
     int site_size, site_rank;
     CHECK_MPI(MPI_Comm_size(t->site_comm, &site_size));
@@ -220,9 +231,8 @@ int train_run(const Config *cfg, const char *resume)
     /* on an error the job ends (fault_end_job); waiting here could hang */
     if (vote.pending && rc == ISTH_OK) rc = MPI_Wait(&vote.req, MPI_STATUS_IGNORE) == MPI_SUCCESS ? ISTH_OK : ISTH_ERUNTIME;
     const int finished = rc == ISTH_OK && tr.step >= tc->steps;
-    if (rc == ISTH_OK && tr.rank == 0) memory_print_measured(0); /* `isthmus config --memory` predicts it */
     if (finished && tr.mode != MODE_SYNC)
-        rc = outer_finish(&tr.outer, &tr.red, backend_state(tr.be, STATE_PARAMS), tr.step, &tr.metrics, tr.log);
+        rc = outer_finish(&tr.outer, &tr.red, tr.be, tr.step, &tr.metrics, tr.log);
     if (finished && rc == ISTH_OK && tc->check_replicas > 0) rc = check_replicas(&tr);
     if (finished && rc == ISTH_OK) rc = traffic_summary(&tr);
     if (finished && rc == ISTH_OK) rc = ckpt_write(&tr);
@@ -233,6 +243,8 @@ int train_run(const Config *cfg, const char *resume)
         rc = trainer_write_model(&tr, path);
         if (rc == ISTH_OK && tr.rank == 0) printf("wrote %s (step %ld)\n", path, tr.step);
     }
+    /* the peaks of the whole run, file writes included: `isthmus config --memory` predicts them */
+    if (rc == ISTH_OK && tr.rank == 0) memory_print_measured(0);
     const int closed = metrics_close(&tr.metrics);
     if (rc == ISTH_OK) rc = closed;
     /* a failed multi-rank run ends in MPI_Abort (fault_end_job): tearing

@@ -46,8 +46,13 @@ int spread_create(Spread *s, const Topology *t, const Model *m, MPI_Comm world, 
     if (!s->active) return ISTH_OK;
     s->samples = m->dense_end < SPREAD_SAMPLES ? (int)m->dense_end : SPREAD_SAMPLES;
     s->pos = isth_malloc(sizeof(size_t) * (size_t)s->samples);
+    s->ones = isth_malloc(sizeof(size_t) * (size_t)s->samples);
     CHECK_ALLOC(s->pos);
-    for (int i = 0; i < s->samples; i++) s->pos[i] = (size_t)i * m->dense_end / (size_t)s->samples;
+    CHECK_ALLOC(s->ones);
+    for (int i = 0; i < s->samples; i++) {
+        s->pos[i] = (size_t)i * m->dense_end / (size_t)s->samples;
+        s->ones[i] = 1;
+    }
     const int rows = t->world_rank == 0 ? t->n_learners : 1;
     if (t->world_rank == 0 && weights) {
         s->weights = isth_malloc(sizeof(double) * (size_t)t->n_learners);
@@ -74,6 +79,7 @@ void spread_destroy(Spread *s)
         isth_free(s->q[k].req);
     }
     isth_free(s->pos);
+    isth_free(s->ones);
     isth_free(s->weights);
     memset(s, 0, sizeof *s);
 }
@@ -124,7 +130,7 @@ static int retire_oldest(Spread *s, Metrics *mt, int wait, int *done)
     return ISTH_OK;
 }
 
-int spread_round(Spread *s, long round, long step, const float *params, Metrics *mt)
+int spread_round(Spread *s, long round, long step, Backend *be, Metrics *mt)
 {
     if (!s->active) return ISTH_OK;
     const Topology *t = s->topo;
@@ -138,7 +144,7 @@ int spread_round(Spread *s, long round, long step, const float *params, Metrics 
     if (t->world_rank == 0) {
         for (int l = 0; l < t->n_learners; l++) {
             if (l == t->learner) {
-                for (int i = 0; i < s->samples; i++) q->values[(size_t)l * s->samples + i] = params[s->pos[i]];
+                CHECK(be->ops->get(be, STATE_PARAMS, s->pos, s->ones, s->samples, q->values + (size_t)l * s->samples));
                 q->req[l] = MPI_REQUEST_NULL;
                 continue;
             }
@@ -148,7 +154,7 @@ int spread_round(Spread *s, long round, long step, const float *params, Metrics 
             if (topology_site_of(t, src) != t->site) s->inter_site_bytes += (double)bytes;
         }
     } else {
-        for (int i = 0; i < s->samples; i++) q->values[i] = params[s->pos[i]];
+        CHECK(be->ops->get(be, STATE_PARAMS, s->pos, s->ones, s->samples, q->values));
         CHECK_MPI(MPI_Isend(q->values, s->samples, MPI_FLOAT, 0, LINK_TAG_SPREAD, s->comm, &q->req[0]));
         if (topology_site_of(t, 0) != t->site) s->inter_site_bytes += (double)bytes;
     }

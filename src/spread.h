@@ -17,6 +17,7 @@
 #include <mpi.h>
 #include <stddef.h>
 
+#include "backend.h"
 #include "metrics.h"
 #include "model.h"
 #include "topology.h"
@@ -34,6 +35,7 @@ typedef struct {
     const Topology *topo;
     MPI_Comm comm;
     size_t *pos;                  /* (samples) offsets into [0, dense_end) */
+    size_t *ones;                 /* (samples) 1: each sample a run of one value */
     double *weights;              /* rank 0: (learners) token shares, the mean's weights */
     int samples, active;          /* active: rank 0, or the first rank of a learner */
     SpreadRound q[SPREAD_QUEUE];  /* ring */
@@ -48,8 +50,8 @@ typedef struct {
 int spread_create(Spread *s, const Topology *t, const Model *m, MPI_Comm world, const double *weights);
 void spread_destroy(Spread *s);
 /* Round r starts after inner step `step`: send (or, on rank 0, keep) this
- * learner's sample of `params`. */
-int spread_round(Spread *s, long round, long step, const float *params, Metrics *mt);
+ * learner's sample of the weights (taken from the backend). */
+int spread_round(Spread *s, long round, long step, Backend *be, Metrics *mt);
 /* Rank 0: log every completed round, oldest first, without waiting. */
 int spread_poll(Spread *s, Metrics *mt);
 /* Complete everything still open (the end of the run). */

@@ -13,6 +13,7 @@
 #include "fault.h"
 #include "h5io.h"
 #include "clock.h"
+#include "stateview.h"
 #include "status.h"
 
 double lr_at(const TrainConfig *tc, long step)
@@ -78,8 +79,7 @@ int trainer_create(Trainer *tr, const Config *cfg, int log)
         CHECK(tr->be->ops->optimizer_shard(tr->be, off, len, n));
     }
     if (tr->mode != MODE_SYNC)
-        CHECK(outer_create(&tr->outer, &cfg->outer, &tr->red, backend_state(tr->be, STATE_PARAMS),
-                           site->tokens_per_step / t->total_tokens_per_step));
+        CHECK(outer_create(&tr->outer, &cfg->outer, &tr->red, tr->be, site->tokens_per_step / t->total_tokens_per_step));
     if (tr->mode != MODE_SYNC && tr->outer.butterfly) {
         const int N = t->n_learners;
         if (N < 2 || (N & (N - 1)))
@@ -197,16 +197,13 @@ int trainer_step(Trainer *tr, StepLog *out)
         sums.dropped += (double)st.dropped;
     }
     tr->cursor.step++;
-    float *grads = backend_state(be, STATE_GRADS);
-    be->ops->to_host(be);
     if (tr->mode != MODE_SYNC) {
-        CHECK(reduce_learner_sum(&tr->red, grads));
+        CHECK(reduce_learner_sum(&tr->red, be));
     } else {
         ReduceReport rep;
-        CHECK(reduce_start(&tr->red, 0, grads, REDUCE_GRADS));
-        CHECK(reduce_finish(&tr->red, 0, grads, &rep));
+        CHECK(reduce_start(&tr->red, be, 0, STATE_GRADS, REDUCE_GRADS));
+        CHECK(reduce_finish(&tr->red, be, 0, STATE_GRADS, &rep));
     }
-    be->ops->from_host(be);
     sums.a2a_bytes = tr->ep.bytes_sent + tr->ep.bytes_recv - a2a0;
     /* learner means of aux and z: divide each rank's share by its G; learners
      * are weighted equally in the reported value */
@@ -220,19 +217,11 @@ int trainer_step(Trainer *tr, StepLog *out)
     if (tc->clip > 0 && norm > tc->clip) be->ops->scale_grads(be, (float)(tc->clip / norm));
     const double lr = lr_at(tc, tr->step);
     CHECK(be->ops->optimizer_step(be, lr));
-    if (t->learner_size > 1) { /* each owner updated its dense chunks: every rank needs them all */
-        be->ops->to_host(be);
-        CHECK(reduce_share_params(&tr->red, backend_state(be, STATE_PARAMS)));
-        be->ops->from_host(be);
-    }
+    /* each owner updated its dense chunks: every rank needs them all */
+    if (t->learner_size > 1) CHECK(reduce_share_params(&tr->red, be));
     tr->step++;
     tr->tokens_seen += t->total_tokens_per_step;
-    if (tr->mode != MODE_SYNC) {
-        be->ops->to_host(be);
-        CHECK(outer_after_step(&tr->outer, &tr->red, backend_state(be, STATE_PARAMS), tr->step, &tr->metrics,
-                               tr->log));
-        be->ops->from_host(be);
-    }
+    if (tr->mode != MODE_SYNC) CHECK(outer_after_step(&tr->outer, &tr->red, be, tr->step, &tr->metrics, tr->log));
     sums.inter_site_bytes = tr->red.link.bytes_sent + tr->red.link.bytes_recv - link0;
     if (fault_nan_now()) sums.ce_sum = NAN; /* test hook: this site diverges */
     double wait = tr->red.link.wait_s - wait0;
@@ -272,12 +261,7 @@ int trainer_eval(Trainer *tr, double *bpb_prose, double *bpb_tech)
     if (tr->topo.learner != 0) return ISTH_OK;
     const int anchor = tr->mode != MODE_SYNC && !tr->outer.butterfly; /* butterfly: learner 0's own */
     Backend *be = tr->be;
-    if (anchor) {
-        be->ops->to_host(be);
-        CHECK(outer_view_anchor(&tr->outer, &tr->red, backend_state(be, STATE_PARAMS), backend_state(be, STATE_GRADS),
-                                tr->model.n_params));
-        be->ops->from_host(be);
-    }
+    if (anchor) CHECK(outer_view_anchor(&tr->outer, &tr->red, be));
     const Corpus *sets[2] = {&tr->eval_prose, &tr->eval_tech};
     const char *names[2] = {"prose", "tech"};
     double *outs[2] = {bpb_prose, bpb_tech};
@@ -291,21 +275,25 @@ int trainer_eval(Trainer *tr, double *bpb_prose, double *bpb_tech)
         if (outs[i]) *outs[i] = r.bpb;
     }
     if (anchor) {
-        be->ops->to_host(be);
-        outer_view_end(backend_state(be, STATE_PARAMS), backend_state(be, STATE_GRADS), tr->model.n_params);
-        be->ops->from_host(be);
+        const int vrc = outer_view_end(be);
+        if (rc == ISTH_OK) rc = vrc;
     }
     return rc;
 }
+
+int trainer_owns_chunk(const void *reducer, int c) { return reduce_owns(reducer, c); }
 
 int trainer_write_model(Trainer *tr, const char *path)
 {
     if (tr->topo.learner != 0) return ISTH_OK;
     H5Meta meta = {tr->step, tr->tokens_seen};
     fault_watchdog_arm(tr->cfg.checkpoint.timeout, "writing the model file");
-    tr->be->ops->to_host(tr->be);
-    const int rc = h5model_write(path, &tr->model, backend_state(tr->be, STATE_PARAMS), tr->config_text, &meta,
-                                 tr->topo.learner_comm, tr->topo.learner_rank == 0);
+    /* learner 0's ranks, each the chunks it owns, through host staging */
+    StateView v;
+    int rc = state_view_init(&v, tr->be, STATE_PARAMS, &tr->red.table, NULL, trainer_owns_chunk, &tr->red, 0);
+    if (rc == ISTH_OK) rc = h5model_write(path, &tr->model, state_view_at, &v, tr->config_text, &meta, tr->topo.learner_comm);
+    const int vrc = state_view_finish(&v, rc == ISTH_OK);
+    if (rc == ISTH_OK) rc = vrc;
     fault_watchdog_disarm();
     return rc;
 }

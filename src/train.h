@@ -6,7 +6,8 @@
  * learning-rate schedule, optimiser update, logging, periodic evaluation,
  * and writing the final model.
  * Must not: parse command lines, or know which backend computes: it calls
- * the verbs of backend.h and hands host views to reduce, outer and ckpt.
+ * the verbs of backend.h and hands the backend (never its memory) to
+ * reduce, outer and ckpt.
  */
 #ifndef ISTHMUS_TRAIN_H
 #define ISTHMUS_TRAIN_H
@@ -66,5 +67,7 @@ int trainer_eval(Trainer *tr, double *bpb_prose, double *bpb_tech);
 
 /* Write the model (learner 0's ranks write collectively; others return). */
 int trainer_write_model(Trainer *tr, const char *path);
+/* A StateSelect (stateview.h): chunk c is owned by this rank (ctx: the Reducer). */
+int trainer_owns_chunk(const void *reducer, int c);
 
 #endif

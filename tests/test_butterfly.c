@@ -27,6 +27,8 @@
 #include <cmocka.h>
 #include <mpi.h>
 
+#include "backend.h"
+#include "coll.h"
 #include "config.h"
 #include "model.h"
 #include "outer.h"
@@ -43,6 +45,20 @@ typedef struct {
     Model m;
     Reducer r;
 } World;
+
+/* One round of fragment f with `partner` on the params (each learner is one
+ * rank: its owned chunks are every chunk it holds), as outer.c stages it. */
+static void mix_pair(World *w, int f, int partner, double w_me, double w_partner, int exact, ReduceReport *rep)
+{
+    const Owned *own = reduce_owned(&w->r, f);
+    float *values = malloc(sizeof(float) * (own->size + 1));
+    assert_non_null(values);
+    owned_pack(&w->r.table, own, w->m.params, values);
+    assert_int_equal(mix_start(&w->r, f, partner, values, w_me, w_partner, exact), 0);
+    assert_int_equal(mix_finish(&w->r, f, values, rep, NULL), 0);
+    owned_unpack(&w->r.table, own, values, w->m.params);
+    free(values);
+}
 
 static void setup(World *w, int fragments, Codec codec)
 {
@@ -111,8 +127,7 @@ static double mix_k_rounds(Codec codec, int exact, int *identical)
                 if ((j >> d) == (partner >> d)) gw_p += weights[j];
             }
             ReduceReport rep;
-            assert_int_equal(mix_start(&w.r, f, partner, w.m.params, gw_me, gw_p, exact), 0);
-            assert_int_equal(mix_finish(&w.r, f, w.m.params, &rep, NULL), 0);
+            mix_pair(&w, f, partner, gw_me, gw_p, exact, &rep);
             assert_int_equal(rep.partner, partner);
             assert_int_equal(rep.codec, exact ? CODEC_NONE : codec);
         }
@@ -159,8 +174,7 @@ static void test_round_waits_on_partner_only(void **state)
     setup(&w, 1, CODEC_NONE);
     if (me < 2) { /* learners 0 and 1 mix; the others never call anything */
         ReduceReport rep;
-        assert_int_equal(mix_start(&w.r, 0, me ^ 1, w.m.params, 0.5, 0.5, 1), 0);
-        assert_int_equal(mix_finish(&w.r, 0, w.m.params, &rep, NULL), 0);
+        mix_pair(&w, 0, me ^ 1, 0.5, 0.5, 1, &rep);
         assert_int_equal(rep.accepted_sites, 2);
     }
     MPI_Barrier(MPI_COMM_WORLD); /* only the test synchronises, after the round */
@@ -176,21 +190,29 @@ static void test_spread_probe(void **state)
     assert_true(fabs(spread_max_rel_distance(rows, wt, 3, 2) - sqrt(5.125 / 2.125)) < 1e-12);
     World w;
     setup(&w, 1, CODEC_NONE);
+    /* the samples come from a backend's weights, as in training */
+    Coll learner;
+    assert_int_equal(coll_init(&learner, w.topo.learner_comm), 0);
+    Backend *be = NULL;
+    assert_int_equal(backend_create(&be, "cpu", &w.cfg, 1, 0, w.cfg.model.experts, &learner), 0);
+    for (size_t i = 0; i < w.m.n_params; i++) w.m.params[i] = (float)(me + 1);
+    const size_t all = 0, n = w.m.n_params;
+    assert_int_equal(be->ops->put(be, STATE_PARAMS, &all, &n, 1, w.m.params), 0);
     Spread s;
     assert_int_equal(spread_create(&s, &w.topo, &w.m, MPI_COMM_WORLD, NULL), 0);
-    for (size_t i = 0; i < w.m.n_params; i++) w.m.params[i] = (float)(me + 1);
     if (me == 0) { /* first: nobody else has sent; this must not wait */
-        assert_int_equal(spread_round(&s, 0, 10, w.m.params, NULL), 0);
+        assert_int_equal(spread_round(&s, 0, 10, be, NULL), 0);
         assert_int_equal(s.last_round, N > 1 ? -1 : 0);
     }
     MPI_Barrier(MPI_COMM_WORLD);
-    if (me != 0) assert_int_equal(spread_round(&s, 0, 10, w.m.params, NULL), 0);
+    if (me != 0) assert_int_equal(spread_round(&s, 0, 10, be, NULL), 0);
     assert_int_equal(spread_finish(&s, NULL), 0);
     if (me == 0) {
         assert_int_equal(s.last_round, 0);
         assert_true(fabs(s.last_value - (double)(N - 1) / (N + 1)) < 1e-12);
     }
     spread_destroy(&s);
+    backend_destroy(be);
     teardown(&w);
 }
 

@@ -17,6 +17,9 @@ typedef struct {
     Model model;       /* the table with the buffers */
     AdamW opt;
     Activations acts;
+    Coll *learner;     /* the learner's ranks (expert parallelism and state sums) */
+    float *scratch;    /* (scratch_cap) batches of learner sums */
+    size_t scratch_cap;
     const char *optimizer; /* "adamw" or "sgd" */
     double weight_decay;
 } CpuBackend;
@@ -28,6 +31,7 @@ static void cpu_destroy(Backend *b)
     CpuBackend *c = cpu(b);
     acts_destroy(&c->acts);
     adamw_destroy(&c->opt);
+    isth_free(c->scratch);
     model_destroy(&c->model);
     isth_free(c);
 }
@@ -76,9 +80,8 @@ static int cpu_optimizer_shard(Backend *b, const size_t *off, const size_t *len,
     return rc;
 }
 
-static float *cpu_state(Backend *b, StateKind which)
+static float *cpu_state(CpuBackend *c, StateKind which)
 {
-    CpuBackend *c = cpu(b);
     if ((which == STATE_ADAM_M || which == STATE_ADAM_V) && ensure_optimizer(c) != ISTH_OK) return NULL;
     switch (which) {
     case STATE_PARAMS: return c->model.params;
@@ -89,14 +92,116 @@ static float *cpu_state(Backend *b, StateKind which)
     }
 }
 
+/* The state's length in floats (the model table, or the packed moments). */
+static size_t state_len(const CpuBackend *c, StateKind which)
+{
+    return which == STATE_ADAM_M || which == STATE_ADAM_V ? c->opt.n : c->model.n_params;
+}
+
+static int check_runs(CpuBackend *c, StateKind which, const size_t *off, const size_t *len, int n, const char *verb)
+{
+    if (!cpu_state(c, which)) return isth_fail(ISTH_ERUNTIME, "backend: %s of an unknown state (%d)", verb, (int)which);
+    const size_t total = state_len(c, which);
+    for (int i = 0; i < n; i++)
+        if (off[i] > total || len[i] > total - off[i])
+            return isth_fail(ISTH_ERUNTIME, "backend: %s run %d [%zu, +%zu) is outside the state's %zu floats", verb, i,
+                             off[i], len[i], total);
+    return ISTH_OK;
+}
+
+static int cpu_get(Backend *b, StateKind which, const size_t *off, const size_t *len, int n, float *host)
+{
+    CpuBackend *c = cpu(b);
+    CHECK(check_runs(c, which, off, len, n, "get"));
+    const float *v = cpu_state(c, which);
+    for (int i = 0; i < n; i++) {
+        memcpy(host, v + off[i], len[i] * sizeof(float));
+        host += len[i];
+    }
+    return ISTH_OK;
+}
+
+static int cpu_put(Backend *b, StateKind which, const size_t *off, const size_t *len, int n, const float *host)
+{
+    CpuBackend *c = cpu(b);
+    CHECK(check_runs(c, which, off, len, n, "put"));
+    float *v = cpu_state(c, which);
+    for (int i = 0; i < n; i++) {
+        memcpy(v + off[i], host, len[i] * sizeof(float));
+        host += len[i];
+    }
+    return ISTH_OK;
+}
+
+/* Runs [i, n) in batches of whole runs through the scratch; share: only
+ * run i's owner contributes (the others add zeros, so the sum is a copy). */
+static int learner_sum(CpuBackend *c, StateKind which, const size_t *off, const size_t *len, const int *owner, int n)
+{
+    if (c->learner->size == 1 || !n) return ISTH_OK;
+    CHECK(check_runs(c, which, off, len, n, owner ? "share_runs" : "sum_runs"));
+    float *buf = cpu_state(c, which);
+    const MPI_Comm comm = c->learner->comm;
+    const int me = c->learner->rank;
+    size_t total = 0;
+    for (int i = 0; i < n; i++) total += len[i];
+    const size_t want = total < BACKEND_SUM_BATCH ? total : BACKEND_SUM_BATCH;
+    if (want > c->scratch_cap) { /* grows to the largest call's batch */
+        const AllocCategory was = alloc_category(ALLOC_STAGING);
+        float *grown = isth_realloc(c->scratch, want * sizeof(float));
+        alloc_category(was);
+        CHECK_ALLOC(grown);
+        c->scratch = grown;
+        c->scratch_cap = want;
+    }
+    const size_t cap = c->scratch_cap;
+    int i = 0;
+    while (i < n) {
+        if (len[i] > cap) { /* alone and in place */
+            float *v = buf + off[i];
+            if (owner && owner[i] != me) memset(v, 0, len[i] * sizeof(float));
+            CHECK(coll_allreduce_comm(comm, v, len[i], MPI_FLOAT, sizeof(float), MPI_SUM));
+            i++;
+            continue;
+        }
+        int end = i;
+        size_t k = 0;
+        for (; end < n && len[end] <= cap - k; k += len[end], end++) {
+            if (!owner || owner[end] == me) memcpy(c->scratch + k, buf + off[end], len[end] * sizeof(float));
+            else memset(c->scratch + k, 0, len[end] * sizeof(float));
+        }
+        CHECK(coll_allreduce_comm(comm, c->scratch, k, MPI_FLOAT, sizeof(float), MPI_SUM));
+        for (k = 0; i < end; k += len[i], i++) memcpy(buf + off[i], c->scratch + k, len[i] * sizeof(float));
+    }
+    return ISTH_OK;
+}
+
+static int cpu_sum_runs(Backend *b, StateKind which, const size_t *off, const size_t *len, int n)
+{
+    return learner_sum(cpu(b), which, off, len, NULL, n);
+}
+
+static int cpu_share_runs(Backend *b, StateKind which, const size_t *off, const size_t *len, const int *owner, int n)
+{
+    return learner_sum(cpu(b), which, off, len, owner, n);
+}
+
+static int cpu_copy_state(Backend *b, StateKind dst, StateKind src)
+{
+    CpuBackend *c = cpu(b);
+    if ((dst != STATE_PARAMS && dst != STATE_GRADS) || (src != STATE_PARAMS && src != STATE_GRADS))
+        return isth_fail(ISTH_ERUNTIME, "backend: copy_state handles params and grads only");
+    if (dst != src) memcpy(cpu_state(c, dst), cpu_state(c, src), c->model.n_params * sizeof(float));
+    return ISTH_OK;
+}
+
 static double cpu_sumsq(Backend *b, StateKind which, unsigned mask, unsigned want)
 {
-    return state_sumsq(&cpu(b)->model, cpu_state(b, which), mask, want);
+    return state_sumsq(&cpu(b)->model, cpu_state(cpu(b), which), mask, want);
 }
 
 static void cpu_run_sumsq(Backend *b, StateKind which, const size_t *off, const size_t *len, int n, double *out)
 {
-    const float *v = cpu_state(b, which);
+    const float *v = cpu_state(cpu(b), which);
     for (int i = 0; i < n; i++) {
         const float *g = v + off[i];
         double s = 0.0;
@@ -118,8 +223,6 @@ static int cpu_optimizer_step(Backend *b, double lr)
     return ISTH_OK;
 }
 
-static void cpu_nothing(Backend *b) { (void)b; } /* the host view is the memory */
-
 static const BackendOps cpu_ops = {
     .name = "cpu",
     .destroy = cpu_destroy,
@@ -131,9 +234,11 @@ static const BackendOps cpu_ops = {
     .scale_grads = cpu_scale_grads,
     .optimizer_shard = cpu_optimizer_shard,
     .optimizer_step = cpu_optimizer_step,
-    .state = cpu_state,
-    .to_host = cpu_nothing,
-    .from_host = cpu_nothing,
+    .get = cpu_get,
+    .put = cpu_put,
+    .sum_runs = cpu_sum_runs,
+    .share_runs = cpu_share_runs,
+    .copy_state = cpu_copy_state,
 };
 
 /* OpenMP and OpenBLAS thread counts (0 = leave the defaults). */
@@ -150,6 +255,7 @@ int cpu_backend_create(Backend **out, const Config *cfg, int B, int expert_begin
     CpuBackend *c = isth_calloc(1, sizeof *c);
     CHECK_ALLOC(c);
     c->base.ops = &cpu_ops;
+    c->learner = ep;
     c->optimizer = cfg->train.optimizer;
     c->weight_decay = cfg->train.weight_decay;
     int rc = model_create(&c->model, &cfg->model, expert_begin, experts_local);
