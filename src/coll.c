@@ -7,6 +7,10 @@
 
 #include "status.h"
 
+void coll_mark(Coll *c) { c->mark = c->bytes_sent + c->bytes_recv; }
+
+double coll_since_mark(const Coll *c) { return c->bytes_sent + c->bytes_recv - c->mark; }
+
 int coll_init(Coll *c, MPI_Comm comm)
 {
     memset(c, 0, sizeof *c);

@@ -20,9 +20,13 @@ typedef struct {
     MPI_Comm comm;
     int rank, size;
     double bytes_sent, bytes_recv; /* payload bytes to/from other ranks */
+    double mark;                   /* their sum at coll_mark */
 } Coll;
 
 int coll_init(Coll *c, MPI_Comm comm);
+/* Bytes this rank moved through c since the last coll_mark (a step's share). */
+void coll_mark(Coll *c);
+double coll_since_mark(const Coll *c);
 
 /* Rows of `width` floats: send_counts[d] consecutive rows of `send` go to
  * rank d (in rank order); recv gets recv_counts[s] rows from each s, in

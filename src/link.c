@@ -13,6 +13,18 @@
 #include "clock.h"
 #include "status.h"
 
+void link_mark(Link *l)
+{
+    l->mark_bytes = l->bytes_sent + l->bytes_recv;
+    l->mark_wait = l->wait_s;
+}
+
+void link_since_mark(const Link *l, double *bytes, double *wait_s)
+{
+    *bytes = l->bytes_sent + l->bytes_recv - l->mark_bytes;
+    *wait_s = l->wait_s - l->mark_wait;
+}
+
 void link_init(Link *l, MPI_Comm comm, double timeout_s, const char *site_name)
 {
     memset(l, 0, sizeof *l);

@@ -74,6 +74,7 @@ typedef struct {
     double bytes_sent, bytes_recv; /* cumulative, this rank, between sites */
     double intra_sent, intra_recv; /* messages whose peer is in this rank's site (butterfly) */
     double wait_s;                 /* cumulative time blocked completing */
+    double mark_bytes, mark_wait;  /* bytes and wait_s at link_mark */
     uint64_t control_seq;          /* control exchanges done (equal on every rank) */
     double control_calls;          /* messages posted by control exchanges (a counter for tests) */
     int corrupt_exchange;          /* test hook: 0 = off */
@@ -83,6 +84,9 @@ typedef struct {
 
 /* Hooks apply when `site_name` matches the variable's SITE. */
 void link_init(Link *l, MPI_Comm comm, double timeout_s, const char *site_name);
+/* Inter-site bytes and time blocked since the last link_mark (a step's share). */
+void link_mark(Link *l);
+void link_since_mark(const Link *l, double *bytes, double *wait_s);
 
 /* Allocate a message's buffers (header + payload bytes each way). */
 int link_msg_alloc(LinkMsg *m, int peer, int tag, size_t send_bytes, size_t recv_bytes, int local);

@@ -179,8 +179,8 @@ int trainer_step(Trainer *tr, StepLog *out)
     fault_set_step(tr->step + 1);
     const int B = tr->micro_batch, T = mc->context, M = tr->grad_accum, G = t->learner_size;
     be->ops->zero_grads(be);
-    const double a2a0 = tr->ep.bytes_sent + tr->ep.bytes_recv;
-    const double link0 = tr->red.link.bytes_sent + tr->red.link.bytes_recv, wait0 = tr->red.link.wait_s;
+    coll_mark(&tr->ep); /* each module counts its own traffic from here */
+    link_mark(&tr->red.link);
     /* summed over every site (sync) or this site (outer modes: no per-step
      * traffic between sites), see step_stats */
     StepSums sums = {0};
@@ -204,7 +204,7 @@ int trainer_step(Trainer *tr, StepLog *out)
         CHECK(reduce_start(&tr->red, be, 0, STATE_GRADS, REDUCE_GRADS));
         CHECK(reduce_finish(&tr->red, be, 0, STATE_GRADS, &rep));
     }
-    sums.a2a_bytes = tr->ep.bytes_sent + tr->ep.bytes_recv - a2a0;
+    sums.a2a_bytes = coll_since_mark(&tr->ep);
     /* learner means of aux and z: divide each rank's share by its G; learners
      * are weighted equally in the reported value */
     const int stat_learners = tr->mode != MODE_SYNC ? t->sites[t->site].learners : t->n_learners;
@@ -222,9 +222,9 @@ int trainer_step(Trainer *tr, StepLog *out)
     tr->step++;
     tr->tokens_seen += t->total_tokens_per_step;
     if (tr->mode != MODE_SYNC) CHECK(outer_after_step(&tr->outer, &tr->red, be, tr->step, &tr->metrics, tr->log));
-    sums.inter_site_bytes = tr->red.link.bytes_sent + tr->red.link.bytes_recv - link0;
+    double wait;
+    link_since_mark(&tr->red.link, &sums.inter_site_bytes, &wait);
     if (fault_nan_now()) sums.ce_sum = NAN; /* test hook: this site diverges */
-    double wait = tr->red.link.wait_s - wait0;
     CHECK(step_stats(tr, &sums, &wait));
     const double loss = sums.ce_sum / sums.scored;
     if (!isfinite(loss)) { /* every rank of the site sees it: its first rank says so */
