@@ -7,7 +7,7 @@
 # (the log's line: create, write, fsync, rename), then writes a file of the
 # same size with `dd bs=1M conv=fdatasync`. Prints both per repeat and the
 # medians; the ratio is what docs/benchmarks.md records.
-set -eu
+set -euo pipefail
 cd "$(dirname "$0")/.."
 CONFIG=${1:-share/configs/small.ini}
 RANKS=${2:-2}
@@ -22,13 +22,17 @@ dd_rate() { # MB/s of writing $1 MB with dd ... conv=fdatasync
         conv=fdatasync 2>&1 | awk '/copied/ { r = $(NF-1); u = $NF; if (u == "GB/s") r *= 1000; if (u == "kB/s") r /= 1000; print r }'
     rm -f "$OUT/dd"
 }
-mb=100
-for i in $(seq "$REPEATS"); do
+checkpoint() { # one step and its checkpoint's log line
     rm -rf "$OUT/run"
+    mpirun -q -np "$RANKS" ./isthmus train "$CONFIG" --set train.steps=1 --set train.eval_every=0 \
+        --set data.eval_bytes=1024 --set train.threads=1 --set train.out_dir="$OUT/run" | grep '^checkpoint:' ||
+        { echo "bench_ckpt.sh: no checkpoint line from isthmus train $CONFIG" >&2; exit 1; }
+}
+# a first, uncounted checkpoint gives the size the dd runs write
+mb=$(checkpoint | sed 's/.*(\([0-9.]*\) MB).*/\1/')
+for i in $(seq "$REPEATS"); do
     before=$(dd_rate "$mb")
-    line=$(mpirun -q -np "$RANKS" ./isthmus train "$CONFIG" --set train.steps=1 --set train.eval_every=0 \
-        --set data.eval_bytes=1024 --set train.threads=1 --set train.out_dir="$OUT/run" | grep '^checkpoint:')
-    mb=$(echo "$line" | sed 's/.*(\([0-9.]*\) MB).*/\1/')
+    line=$(checkpoint)
     rate=$(echo "$line" | sed 's/.* \([0-9.]*\) MB\/s.*/\1/')
     after=$(dd_rate "$mb")
     dd=$(awk -v a="$before" -v b="$after" 'BEGIN { printf "%.0f", (a + b) / 2 }')

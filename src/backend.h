@@ -8,8 +8,10 @@
  * activations live in the backend, laid out like the model table
  * (model.h). Nothing outside a backend allocates, frees or computes on that
  * memory except through these verbs.
- * Must not: know about sites, learners or the link (the trainer, reduce.c
- * and outer.c do), or read data and files.
+ * Must not: know about sites, other learners or the link (the trainer,
+ * reduce.c and outer.c do; its own learner it knows only as the coll it is
+ * given, for expert dispatch and the state's learner sums), or read data
+ * and files.
  *
  * Host staging: outer algorithms, reductions, codecs and checkpoints work
  * on host buffers of the chunks they handle, filled and written back with

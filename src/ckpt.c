@@ -17,6 +17,7 @@
 #include "fault.h"
 #include "h5io.h"
 #include "clock.h"
+#include "coll.h"
 #include "stateview.h"
 #include "status.h"
 
@@ -113,24 +114,63 @@ static float *host_at(void *ctx, int t, int l, int e)
     return NULL;
 }
 
-static int no_chunk(const void *red, int c) { (void)red; (void)c; return 0; }
+/* Scratch of a checkpoint write or load, allocated before the file is
+ * opened and agreed over the site: a rank that lacks memory must not leave
+ * the others inside an HDF5 collective. */
+typedef struct {
+    double *frag;   /* (2P) per-fragment last start and start in flight */
+    StateView view; /* the backend's state, one tensor of owned chunks at a time */
+} CkptScratch;
 
-/* The backend's state `which` (params or moments) through host staging. */
-static int transfer_state(H5File *f, const Trainer *tr, const char *group, StateKind which, int active, int reading)
+static int scratch_alloc(const Trainer *tr, CkptScratch *sc)
 {
-    const int moments = which == STATE_ADAM_M || which == STATE_ADAM_V;
-    StateView v;
-    CHECK(state_view_init(&v, tr->be, which, &tr->red.table, moments ? tr->red.run_pos : NULL,
-                          active ? trainer_owns_chunk : no_chunk, &tr->red, reading));
-    const int rc = reading ? h5_read_chunks(f, group, &tr->model, state_view_at, &v)
-                           : h5_write_chunks(f, group, &tr->model, state_view_at, &v);
-    const int vrc = state_view_finish(&v, rc == ISTH_OK);
-    return rc != ISTH_OK ? rc : vrc;
+    memset(&sc->view, 0, sizeof sc->view);
+    sc->frag = isth_calloc((size_t)2 * tr->cfg.outer.fragments + 1, sizeof(double));
+    int ok = sc->frag != NULL;
+    if (!ok) isth_fail(ISTH_ERUNTIME, "checkpoint: out of memory for the fragment table");
+    const size_t need = state_view_need(&tr->red.table, trainer_owns_chunk, &tr->red);
+    if (ok && state_view_create(&sc->view, &tr->red.table, need) != ISTH_OK) ok = 0;
+    if (!coll_all_ok(tr->topo.site_comm, ok)) {
+        state_view_destroy(&sc->view);
+        isth_free(sc->frag);
+        return ISTH_ERUNTIME;
+    }
+    return ISTH_OK;
 }
 
-static int write_state_of(H5File *f, const Trainer *tr, const char *group, StateKind which, int active)
+static void scratch_free(CkptScratch *sc)
 {
-    return transfer_state(f, tr, group, which, active, 0);
+    state_view_destroy(&sc->view);
+    isth_free(sc->frag);
+}
+
+static int no_chunk(const void *red, int c) { (void)red; (void)c; return 0; }
+
+/* The backend's state `which` (params or moments) through the scratch's
+ * view; a failed get or put is agreed over the file's ranks, so nobody
+ * goes on into the next collective alone. */
+static int transfer_state(H5File *f, const Trainer *tr, CkptScratch *sc, const char *group, StateKind which,
+                          int active, int reading)
+{
+    const int moments = which == STATE_ADAM_M || which == STATE_ADAM_V;
+    StateView *v = &sc->view;
+    state_view_begin(v, tr->be, which, moments ? tr->red.run_pos : NULL, active ? trainer_owns_chunk : no_chunk,
+                     &tr->red, reading);
+    const int rc = reading ? h5_read_chunks(f, group, &tr->model, state_view_at, v)
+                           : h5_write_chunks(f, group, &tr->model, state_view_at, v);
+    const int vrc = state_view_end(v, rc == ISTH_OK);
+    if (rc != ISTH_OK) return rc; /* h5io agreed on it */
+    if (!coll_all_ok(f->comm, vrc == ISTH_OK)) {
+        f->failed = 1;
+        return vrc != ISTH_OK ? vrc : ISTH_ERUNTIME;
+    }
+    return ISTH_OK;
+}
+
+static int write_state_of(H5File *f, const Trainer *tr, CkptScratch *sc, const char *group, StateKind which,
+                          int active)
+{
+    return transfer_state(f, tr, sc, group, which, active, 0);
 }
 
 static int write_outer(H5File *f, const Trainer *tr, const char *group, OuterState which, int active)
@@ -147,16 +187,16 @@ static int write_residual(H5File *f, const Trainer *tr, const char *group, int a
 
 /* The weights: each rank reads the chunks it owns, then the dense ones are
  * shared inside the learner (the file is read once per site). */
-static int read_params(H5File *f, Trainer *tr, const char *group)
+static int read_params(H5File *f, Trainer *tr, CkptScratch *sc, const char *group)
 {
-    CHECK(transfer_state(f, tr, group, STATE_PARAMS, 1, 1));
+    CHECK(transfer_state(f, tr, sc, group, STATE_PARAMS, 1, 1));
     return reduce_share_params(&tr->red, tr->be);
 }
 
 /* Each owner reads its moments; nobody else holds them. */
-static int read_moments(H5File *f, Trainer *tr, const char *group, StateKind which)
+static int read_moments(H5File *f, Trainer *tr, CkptScratch *sc, const char *group, StateKind which)
 {
-    return transfer_state(f, tr, group, which, 1, 1);
+    return transfer_state(f, tr, sc, group, which, 1, 1);
 }
 
 static int read_outer(H5File *f, Trainer *tr, const char *group, OuterState which)
@@ -171,27 +211,6 @@ static int read_residual(H5File *f, Trainer *tr, const char *group)
     return h5_read_chunks(f, group, &tr->model, host_at, &v);
 }
 
-/* Scratch of a checkpoint write or load, allocated before the file is
- * opened and agreed over the site: a rank that lacks memory must not leave
- * the others inside an HDF5 collective. */
-typedef struct {
-    double *frag;  /* (2P) per-fragment last start and start in flight */
-} CkptScratch;
-
-static int scratch_alloc(const Trainer *tr, CkptScratch *sc)
-{
-    sc->frag = isth_calloc((size_t)2 * tr->cfg.outer.fragments + 1, sizeof(double));
-    int ok = sc->frag != NULL;
-    if (!ok) isth_fail(ISTH_ERUNTIME, "checkpoint: out of memory for the fragment table");
-    CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_LAND, tr->topo.site_comm));
-    if (!ok) {
-        isth_free(sc->frag);
-        return ISTH_ERUNTIME;
-    }
-    return ISTH_OK;
-}
-
-static void scratch_free(CkptScratch *sc) { isth_free(sc->frag); }
 
 /* Is an outer exchange in flight (drained, waiting for its step)? */
 static int exchanges_in_flight(const Trainer *tr)
@@ -226,14 +245,14 @@ static int write_state(Trainer *tr, H5File *f, CkptScratch *sc)
 
     const int P = tr->cfg.outer.fragments, in_flight = exchanges_in_flight(tr);
     if (tr->mode == MODE_SYNC) {
-        CHECK(write_state_of(f, tr, "/model", STATE_PARAMS, first));
-        CHECK(write_state_of(f, tr, "/inner/m", STATE_ADAM_M, first));
-        CHECK(write_state_of(f, tr, "/inner/v", STATE_ADAM_V, first));
+        CHECK(write_state_of(f, tr, sc, "/model", STATE_PARAMS, first));
+        CHECK(write_state_of(f, tr, sc, "/inner/m", STATE_ADAM_M, first));
+        CHECK(write_state_of(f, tr, sc, "/inner/v", STATE_ADAM_V, first));
         /* sync with a lossy codec: error feedback of the gradient sums */
         if (reduce_any_residual(&tr->red)) CHECK(write_residual(f, tr, "/outer/residual", first));
     } else {
         const int bf = tr->outer.butterfly; /* butterfly: outer state per learner */
-        if (bf) CHECK(write_state_of(f, tr, "/model", STATE_PARAMS, first));
+        if (bf) CHECK(write_state_of(f, tr, sc, "/model", STATE_PARAMS, first));
         else CHECK(write_outer(f, tr, "/model", OUTER_ANCHOR, first));
         if (!bf) {
             CHECK(write_outer(f, tr, "/outer/momentum", OUTER_MOMENTUM, first));
@@ -258,11 +277,11 @@ static int write_state(Trainer *tr, H5File *f, CkptScratch *sc)
                 if (in_flight) CHECK(write_outer(f, tr, g, OUTER_SENT, mine));
             }
             snprintf(g, sizeof g, "/learner_%d/model", id);
-            CHECK(write_state_of(f, tr, g, STATE_PARAMS, mine));
+            CHECK(write_state_of(f, tr, sc, g, STATE_PARAMS, mine));
             snprintf(g, sizeof g, "/learner_%d/inner/m", id);
-            CHECK(write_state_of(f, tr, g, STATE_ADAM_M, mine));
+            CHECK(write_state_of(f, tr, sc, g, STATE_ADAM_M, mine));
             snprintf(g, sizeof g, "/learner_%d/inner/v", id);
-            CHECK(write_state_of(f, tr, g, STATE_ADAM_V, mine));
+            CHECK(write_state_of(f, tr, sc, g, STATE_ADAM_V, mine));
         }
     }
     /* per fragment: last outer start, and the start of the exchange in flight (-1: none) */
@@ -652,9 +671,9 @@ static int load_checkpoint(Trainer *tr, const char *path, int *damaged)
     int in_flight = 0;
     for (int p = 0; rc == ISTH_OK && tr->mode != MODE_SYNC && p < P; p++) in_flight |= frag[P + p] >= 0;
     if (rc == ISTH_OK && tr->mode == MODE_SYNC) {
-        rc = read_params(&f, tr, "/model");
-        if (rc == ISTH_OK) rc = read_moments(&f, tr, "/inner/m", STATE_ADAM_M);
-        if (rc == ISTH_OK) rc = read_moments(&f, tr, "/inner/v", STATE_ADAM_V);
+        rc = read_params(&f, tr, &sc, "/model");
+        if (rc == ISTH_OK) rc = read_moments(&f, tr, &sc, "/inner/m", STATE_ADAM_M);
+        if (rc == ISTH_OK) rc = read_moments(&f, tr, &sc, "/inner/v", STATE_ADAM_V);
         /* error feedback of a lossy codec; a checkpoint written with codec
          * none has none, and the residuals start at zero */
         const int has_residual = H5Lexists(f.file, "/outer", H5P_DEFAULT) > 0 &&
@@ -675,11 +694,11 @@ static int load_checkpoint(Trainer *tr, const char *path, int *damaged)
         if (rc == ISTH_OK) rc = read_outer(&f, tr, bf ? gm : "/outer/momentum", OUTER_MOMENTUM);
         if (rc == ISTH_OK) rc = read_residual(&f, tr, bf ? gr : "/outer/residual");
         snprintf(g, sizeof g, "/learner_%d/model", t->learner);
-        if (rc == ISTH_OK) rc = read_params(&f, tr, g);
+        if (rc == ISTH_OK) rc = read_params(&f, tr, &sc, g);
         snprintf(g, sizeof g, "/learner_%d/inner/m", t->learner);
-        if (rc == ISTH_OK) rc = read_moments(&f, tr, g, STATE_ADAM_M);
+        if (rc == ISTH_OK) rc = read_moments(&f, tr, &sc, g, STATE_ADAM_M);
         snprintf(g, sizeof g, "/learner_%d/inner/v", t->learner);
-        if (rc == ISTH_OK) rc = read_moments(&f, tr, g, STATE_ADAM_V);
+        if (rc == ISTH_OK) rc = read_moments(&f, tr, &sc, g, STATE_ADAM_V);
         /* exchanges that were in flight (drained before the checkpoint):
          * their results wait in staging slots until their steps */
         if (rc == ISTH_OK) { /* a staging slot per drained fragment; a rank without memory must not

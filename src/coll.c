@@ -7,6 +7,13 @@
 
 #include "status.h"
 
+int coll_all_ok(MPI_Comm comm, int ok)
+{
+    int all = ok != 0;
+    if (MPI_Allreduce(MPI_IN_PLACE, &all, 1, MPI_INT, MPI_LAND, comm) != MPI_SUCCESS) return 0;
+    return all;
+}
+
 void coll_mark(Coll *c) { c->mark = c->bytes_sent + c->bytes_recv; }
 
 double coll_since_mark(const Coll *c) { return c->bytes_sent + c->bytes_recv - c->mark; }

@@ -116,9 +116,10 @@ static uint32_t get_le32(const unsigned char *p)
 }
 
 /* HDF5's filter contract: the chunk in *buf (nbytes used of *buf_size);
- * returns the bytes now valid, 0 on failure. Buffers are malloc's
- * (HDF5 allocates filtered chunks with malloc and frees what a filter
- * returns), so a chunk grows in place with realloc. */
+ * returns the bytes now valid, 0 on failure (*buf then untouched). The
+ * buffer is HDF5's: it grows with H5resize_memory, HDF5's own allocator
+ * for filters (plain realloc would break an HDF5 built with its memory
+ * sanity checks). */
 static uint64_t bytes_done; /* through this filter, both directions */
 
 uint64_t fletcher_filtered_bytes(void) { return bytes_done; }
@@ -142,7 +143,7 @@ static size_t filter(unsigned flags, size_t cd_nelmts, const unsigned cd_values[
         return n;
     }
     if (*buf_size < nbytes + 4) {
-        void *grown = realloc(*buf, nbytes + 4);
+        void *grown = H5resize_memory(*buf, nbytes + 4);
         if (!grown) return 0;
         *buf = grown;
         *buf_size = nbytes + 4;

@@ -10,7 +10,8 @@
  * read and verified by any HDF5, and files from any HDF5 are verified here.
  *
  * Owns: the checksum and the filter class it registers in place of HDF5's
- * (H5Zregister replaces a filter of the same id, for this process only).
+ * for this process (through libhdf5's H5Z_register: the public H5Zregister
+ * refuses ids below 256).
  * Must not: change what is stored: the bytes, their order and the
  * checksum's encoding are HDF5's (little-endian; on reading, also the
  * byte-swapped form that HDF5 before 1.6.3 wrote, as HDF5 accepts it).

@@ -15,19 +15,6 @@
 #include "fletcher.h"
 #include "status.h"
 
-int select_held(const void *model, int tensor, int layer, int expert)
-{
-    const Model *m = model;
-    (void)tensor;
-    (void)layer;
-    return expert < 0 || (expert >= m->expert_begin && expert < m->expert_begin + m->experts_local);
-}
-
-int select_experts_only(const void *model, int tensor, int layer, int expert)
-{
-    return expert >= 0 && select_held(model, tensor, layer, expert);
-}
-
 static hid_t fapl_for(MPI_Comm comm)
 {
     H5Eset_auto2(H5E_DEFAULT, NULL, NULL); /* errors are reported by us, by name */
@@ -301,30 +288,6 @@ static size_t chunk_elems(const Tensor *t)
     return n;
 }
 
-/* Local offset of a held chunk. */
-static size_t chunk_local(const Model *m, const Tensor *t, int layer, int expert)
-{
-    const size_t per = chunk_elems(t);
-    if (t->flags & PARAM_EXPERT)
-        return t->offset + ((size_t)layer * m->experts_local + (size_t)(expert - m->expert_begin)) * per;
-    return t->offset + ((t->flags & PARAM_LAYERED) ? (size_t)layer * per : 0);
-}
-
-/* A params-shaped buffer and a selection, as a view. */
-typedef struct {
-    const Model *m;
-    float *buf;
-    ChunkSelect sel;
-    const void *ctx;
-} BufView;
-
-static float *buf_view(void *ctx, int tensor, int layer, int expert)
-{
-    const BufView *v = ctx;
-    if (!v->sel(v->ctx, tensor, layer, expert)) return NULL;
-    return v->buf + chunk_local(v->m, &v->m->tensors[tensor], layer, expert);
-}
-
 /* The chunks of layer `layer` of tensor t this rank transfers: the file
  * selection, and where the values are in memory. When the chunks lie one
  * after the other in memory (params-shaped and packed buffers alike) they
@@ -483,20 +446,6 @@ static size_t select_call(const TensorCalls *c, int l, const Model *m, const Ten
         H5Sselect_none(*mspace);
     }
     return n;
-}
-
-int h5_write_tensors(H5File *f, const char *group, const Model *m, const float *buf, ChunkSelect sel,
-                     const void *ctx)
-{
-    BufView v = {m, (float *)buf, sel, ctx};
-    return h5_write_chunks(f, group, m, buf_view, &v);
-}
-
-int h5_read_tensors(H5File *f, const char *group, const Model *m, float *buf, ChunkSelect sel,
-                    const void *ctx)
-{
-    BufView v = {m, buf, sel, ctx};
-    return h5_read_chunks(f, group, m, buf_view, &v);
 }
 
 int h5_write_chunks(H5File *f, const char *group, const Model *m, ChunkAt at, void *ctx)
@@ -704,19 +653,19 @@ int h5_read_doubles(H5File *f, const char *name, double *v, int n)
 
 /* ---- model file ---------------------------------------------------------- */
 
-int h5model_write(const char *path, const Model *m, ChunkAt at, void *ctx, const char *config_text,
-                  const H5Meta *meta, MPI_Comm comm)
+int h5model_create(H5File *f, const char *path, const Model *m, const char *config_text, const H5Meta *meta,
+                   MPI_Comm comm)
 {
-    H5File f;
-    CHECK(h5_create(&f, path, H5IO_FILE_BYTES(model_total_params(&m->cfg), 1), comm));
-    int rc = h5_attr_write_long(&f, "/", "format_version", H5IO_FORMAT_VERSION);
-    if (rc == ISTH_OK) rc = h5_attr_write_string(&f, "/", "config", config_text);
-    if (rc == ISTH_OK) rc = h5_attr_write_long(&f, "/", "step", meta->step);
-    if (rc == ISTH_OK) rc = h5_attr_write_double(&f, "/", "tokens", meta->tokens);
-    if (rc == ISTH_OK) rc = h5_write_chunks(&f, "/model", m, at, ctx);
-    if (rc != ISTH_OK) f.failed = 1;
-    int crc = h5_commit(&f);
-    return rc != ISTH_OK ? rc : crc;
+    CHECK(h5_create(f, path, H5IO_FILE_BYTES(model_total_params(&m->cfg), 1), comm));
+    int rc = h5_attr_write_long(f, "/", "format_version", H5IO_FORMAT_VERSION);
+    if (rc == ISTH_OK) rc = h5_attr_write_string(f, "/", "config", config_text);
+    if (rc == ISTH_OK) rc = h5_attr_write_long(f, "/", "step", meta->step);
+    if (rc == ISTH_OK) rc = h5_attr_write_double(f, "/", "tokens", meta->tokens);
+    if (rc != ISTH_OK) { /* the temporary file goes */
+        f->failed = 1;
+        h5_commit(f);
+    }
+    return rc;
 }
 
 static int check_version(H5File *f)
@@ -739,7 +688,7 @@ int h5model_read_config(const char *path, char **config_text, MPI_Comm comm)
     return rc;
 }
 
-int h5model_read(const char *path, const Model *m, float *params, H5Meta *meta, MPI_Comm comm)
+int h5model_read(const char *path, const Model *m, ChunkAt at, void *ctx, H5Meta *meta, MPI_Comm comm)
 {
     H5File f;
     CHECK(h5_open(&f, path, comm));
@@ -749,7 +698,7 @@ int h5model_read(const char *path, const Model *m, float *params, H5Meta *meta, 
     meta->step = (long)step;
     meta->tokens = 0;
     if (rc == ISTH_OK) rc = h5_attr_read_double(&f, "/", "tokens", &meta->tokens);
-    if (rc == ISTH_OK) rc = h5_read_tensors(&f, "/model", m, params, select_held, m);
+    if (rc == ISTH_OK) rc = h5_read_chunks(&f, "/model", m, at, ctx);
     h5_close(&f);
     return rc;
 }

@@ -28,14 +28,6 @@
  * 256 kB of attributes and metadata. */
 #define H5IO_FILE_BYTES(params, groups) ((double)(params) * 4.0 * (groups) * 1.02 + 256e3)
 
-/* Does this rank transfer chunk (tensor, layer, expert)? expert = -1 for a
- * dense chunk (layer = 0 for embed and final_norm). */
-typedef int (*ChunkSelect)(const void *ctx, int tensor, int layer, int expert);
-
-/* Selections for the common cases. */
-int select_held(const void *model, int tensor, int layer, int expert);       /* all dense + my experts */
-int select_experts_only(const void *model, int tensor, int layer, int expert); /* my experts */
-
 typedef struct {
     hid_t file, xfer;
     MPI_Comm comm;
@@ -72,23 +64,16 @@ int h5_attr_read_double(H5File *f, const char *obj, const char *name, double *va
 /* malloc'd string */
 int h5_attr_read_string(H5File *f, const char *obj, const char *name, char **value);
 
-/* Collective: create group `group` with every tensor and write, from `buf`
- * (laid out like m->params), the chunks `sel` selects on this rank. */
-int h5_write_tensors(H5File *f, const char *group, const Model *m, const float *buf, ChunkSelect sel,
-                     const void *ctx);
-/* Collective: read the chunks `sel` selects into buf (laid out like
- * m->params). Missing datasets, shape mismatches and checksum failures are
- * ISTH_EINPUT naming the file and dataset. */
-int h5_read_tensors(H5File *f, const char *group, const Model *m, float *buf, ChunkSelect sel,
-                    const void *ctx);
-
 /* Collective over comm: a small dataset of doubles (n), written by rank 0. */
 int h5_write_doubles(H5File *f, const char *name, const double *v, int n);
 int h5_read_doubles(H5File *f, const char *name, double *v, int n);
 
-/* The same through a view: where chunk (tensor, layer, expert) is on this
- * rank, NULL when another rank transfers it (any layout: params-shaped,
- * packed owned chunks, staging). Staging is one layer's chunks at most,
+/* Collective: create group `group` with every tensor and write (read) the
+ * chunks through a view: where chunk (tensor, layer, expert; expert -1 for
+ * a dense chunk, layer 0 for embed and final_norm) is on this rank, NULL
+ * when another rank transfers it (any layout: packed owned chunks, a
+ * staged tensor). Reading: missing datasets, shape mismatches and checksum
+ * failures are ISTH_EINPUT naming the file and dataset. Staging is one layer's chunks at most,
  * none when a layer's chunks lie one after the other. */
 typedef float *(*ChunkAt)(void *ctx, int tensor, int layer, int expert);
 int h5_write_chunks(H5File *f, const char *group, const Model *m, ChunkAt at, void *ctx);
@@ -100,13 +85,17 @@ typedef struct {
     double tokens;
 } H5Meta;
 
-/* Collective over comm: /model through the view `at` (every chunk from
- * exactly one rank of comm), the config and meta. */
-int h5model_write(const char *path, const Model *m, ChunkAt at, void *ctx, const char *config_text,
-                  const H5Meta *meta, MPI_Comm comm);
+/* Collective over comm: create the model file at `path` (temporary name
+ * until h5_commit) with the config and meta; the caller writes /model
+ * with h5_write_chunks (every chunk from exactly one rank of comm) and
+ * commits (marking it failed first removes it). On an error nothing is
+ * left to commit. */
+int h5model_create(H5File *f, const char *path, const Model *m, const char *config_text, const H5Meta *meta,
+                   MPI_Comm comm);
 /* The resolved config text stored in a model or checkpoint file. */
 int h5model_read_config(const char *path, char **config_text, MPI_Comm comm);
-/* /model into params laid out like m (each rank: every dense tensor and its experts). */
-int h5model_read(const char *path, const Model *m, float *params, H5Meta *meta, MPI_Comm comm);
+/* /model through the view `at` (each rank the chunks it holds: every
+ * dense chunk and its experts'). */
+int h5model_read(const char *path, const Model *m, ChunkAt at, void *ctx, H5Meta *meta, MPI_Comm comm);
 
 #endif

@@ -24,11 +24,16 @@
 #include "h5io.h"
 #include "memory.h"
 #include "metrics.h"
+#include "plan.h"
 #include "status.h"
 #include "run.h"
+#include "stateview.h"
 #include "train.h"
 
 #define MAX_OVERRIDES 256
+
+/* A StateSelect: every chunk this rank holds (evaluation loads them all). */
+static int held_chunk(const void *ct, int c) { return chunk_held(ct, c); }
 
 static const char *const usage_main =
     "usage: isthmus <command> [options]\n"
@@ -220,13 +225,20 @@ static int cmd_eval(int argc, char **argv)
     const int El = cfg.model.experts / size;
     CHECK(backend_create(&be, "cpu", &cfg, cfg.train.micro_batch, rank * El, El, &ep));
     H5Meta meta;
-    /* the file into host staging, then into the backend */
-    const size_t all = 0, n_params = be->table.n_params;
-    float *weights = isth_malloc(sizeof(float) * (n_params + 1));
-    rc = weights ? h5model_read(model_path, &be->table, weights, &meta, MPI_COMM_WORLD)
-                 : isth_fail(ISTH_ERUNTIME, "eval: out of memory for the model's %zu weights", n_params);
-    if (rc == ISTH_OK) rc = be->ops->put(be, STATE_PARAMS, &all, &n_params, 1, weights);
-    isth_free(weights);
+    /* the file into the backend one tensor at a time (host staging) */
+    ChunkTable ct;
+    StateView view = {0};
+    rc = chunk_table_create(&ct, &be->table, 1);
+    const int made = rc == ISTH_OK && state_view_create(&view, &ct, state_view_need(&ct, held_chunk, &ct)) == ISTH_OK;
+    rc = coll_all_ok(MPI_COMM_WORLD, made) ? ISTH_OK : ISTH_ERUNTIME;
+    if (rc == ISTH_OK) {
+        state_view_begin(&view, be, STATE_PARAMS, NULL, held_chunk, &ct, 1);
+        rc = h5model_read(model_path, &be->table, state_view_at, &view, &meta, MPI_COMM_WORLD);
+        const int vrc = state_view_end(&view, rc == ISTH_OK);
+        if (rc == ISTH_OK && !coll_all_ok(MPI_COMM_WORLD, vrc == ISTH_OK)) rc = vrc != ISTH_OK ? vrc : ISTH_ERUNTIME;
+    }
+    state_view_destroy(&view);
+    chunk_table_destroy(&ct);
     if (rc == ISTH_OK) rc = corpus_open(&prose, cfg.data.dir, "eval_prose.txt");
     if (rc == ISTH_OK) rc = corpus_open(&tech, cfg.data.dir, "eval_tech.txt");
     if (rc == ISTH_OK && rank == 0) rc = metrics_open(&mt, cfg.train.out_dir);

@@ -28,7 +28,6 @@ static int build_fragment(Reducer *r, int f)
     for (int c = 0; c < ct->n_chunks; c++) n += ct->chunks[c].fragment == f;
     fp->held_off = isth_malloc(sizeof(size_t) * (size_t)(n + 1));
     fp->held_len = isth_malloc(sizeof(size_t) * (size_t)(n + 1));
-    fp->dense = isth_malloc(sizeof(int) * (size_t)(n + 1));
     fp->dense_off = isth_malloc(sizeof(size_t) * (size_t)(n + 1));
     fp->dense_len = isth_malloc(sizeof(size_t) * (size_t)(n + 1));
     fp->dense_owner = isth_malloc(sizeof(int) * (size_t)(n + 1));
@@ -37,7 +36,6 @@ static int build_fragment(Reducer *r, int f)
     fp->own_len = isth_malloc(sizeof(size_t) * (size_t)(fp->own.n + 1));
     CHECK_ALLOC(fp->held_off);
     CHECK_ALLOC(fp->held_len);
-    CHECK_ALLOC(fp->dense);
     CHECK_ALLOC(fp->dense_off);
     CHECK_ALLOC(fp->dense_len);
     CHECK_ALLOC(fp->dense_owner);
@@ -54,7 +52,6 @@ static int build_fragment(Reducer *r, int f)
         if (ch->expert < 0) {
             const int owner = chunk_owner(ct, c, t->learner_size);
             if (owner < 0) return isth_fail(ISTH_ERUNTIME, "reduce: out of memory for ownership tables");
-            fp->dense[fp->n_dense] = c;
             fp->dense_off[fp->n_dense] = chunk_offset(ct, c);
             fp->dense_len[fp->n_dense] = ch->size;
             fp->dense_owner[fp->n_dense++] = owner;
@@ -184,7 +181,7 @@ void reducer_destroy(Reducer *r)
         FragPlan *fp = &r->frag[f];
         retired &= peers_free(&fp->site);
         owned_free(&fp->own);
-        void *bufs[] = {fp->held_off, fp->held_len, fp->dense, fp->dense_off, fp->dense_len, fp->dense_owner,
+        void *bufs[] = {fp->held_off, fp->held_len, fp->dense_off, fp->dense_len, fp->dense_owner,
                         fp->raw_off, fp->own_off, fp->own_len, fp->residual};
         for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) isth_free(bufs[i]);
     }
@@ -306,12 +303,6 @@ void reduce_owned_runs(const Reducer *r, const size_t **off, const size_t **len,
     *off = r->run_off;
     *len = r->run_len;
     *n = r->n_runs;
-}
-
-float *reduce_run_at(const Reducer *r, float *packed, int tensor, int layer, int expert)
-{
-    const int c = chunk_index(&r->table, tensor, layer, expert < 0 ? 0 : expert);
-    return r->run_pos[c] != SIZE_MAX ? packed + r->run_pos[c] : NULL;
 }
 
 static int sum_dense(const Reducer *r, Backend *be, int f, StateKind which)

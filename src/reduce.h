@@ -55,8 +55,7 @@ typedef struct {
     Owned own;
     size_t *held_off, *held_len; /* local runs of every chunk of the fragment this rank holds */
     int n_held;
-    int *dense;                /* every dense chunk of the fragment */
-    size_t *dense_off, *dense_len; /* their runs in the state, in the same order */
+    size_t *dense_off, *dense_len; /* runs of every dense chunk of the fragment, canonical order */
     int *dense_owner;          /* their owners' ranks in the learner */
     int n_dense;
     size_t *own_off, *own_len; /* runs of my owned chunks, in the packed (own) order */
@@ -181,9 +180,6 @@ int reduce_share_params(const Reducer *r, Backend *be);
 /* The chunks this rank owns as runs of the params (ascending, disjoint):
  * what its optimiser updates and keeps state for. */
 void reduce_owned_runs(const Reducer *r, const size_t **off, const size_t **len, int *n);
-/* Chunk (tensor, layer, expert) of a buffer packed by those runs (the
- * optimiser's moments) when this rank owns it, else NULL. */
-float *reduce_run_at(const Reducer *r, float *packed, int tensor, int layer, int expert);
 
 /* Local runs (offset, length) of fragment f's chunks on this rank. */
 void reduce_fragment_runs(const Reducer *r, int f, const size_t **off, const size_t **len, int *n);

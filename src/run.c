@@ -13,6 +13,7 @@
 #include "ckpt.h"
 #include "fault.h"
 #include "memory.h"
+#include "coll.h"
 #include "stateview.h"
 #include "status.h"
 
@@ -39,11 +40,19 @@ static int check_replicas(Trainer *tr)
      * model) must agree */
     const Topology *t = &tr->topo;
     ReplicaView view = {.tr = tr};
-    CHECK(state_view_init(&view.weights, tr->be, STATE_PARAMS, &tr->red.table, NULL, trainer_owns_chunk, &tr->red, 0));
+    const int sync = tr->mode == MODE_SYNC;
+    const size_t need = sync ? state_view_need(&tr->red.table, trainer_owns_chunk, &tr->red) : 0;
+    const int made = state_view_create(&view.weights, &tr->red.table, need) == ISTH_OK;
+    if (!coll_all_ok(t->learner_comm, made)) {
+        state_view_destroy(&view.weights);
+        return ISTH_ERUNTIME;
+    }
+    state_view_begin(&view.weights, tr->be, STATE_PARAMS, NULL, trainer_owns_chunk, &tr->red, 0);
     int frc = model_fingerprint(&tr->red, replica_view, &view, t->learner_comm, &fp);
-    const int vrc = state_view_finish(&view.weights, 0);
+    const int vrc = state_view_end(&view.weights, 0);
+    state_view_destroy(&view.weights);
     CHECK(frc);
-    CHECK(vrc);
+    if (!coll_all_ok(t->learner_comm, vrc == ISTH_OK)) return vrc != ISTH_OK ? vrc : ISTH_ERUNTIME;
     /* inside the site first, then the sites' first ranks through the link */
     int site_size, site_rank;
     CHECK_MPI(MPI_Comm_size(t->site_comm, &site_size));

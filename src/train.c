@@ -13,6 +13,7 @@
 #include "fault.h"
 #include "h5io.h"
 #include "clock.h"
+#include "coll.h"
 #include "stateview.h"
 #include "status.h"
 
@@ -78,6 +79,10 @@ int trainer_create(Trainer *tr, const Config *cfg, int log)
         reduce_owned_runs(&tr->red, &off, &len, &n);
         CHECK(tr->be->ops->optimizer_shard(tr->be, off, len, n));
     }
+    /* the backend's scratch for learner sums is sized by its first use: one
+     * share now (the weights are a function of the seed, the same on every
+     * rank) so that nothing is allocated inside a later collective */
+    CHECK(reduce_share_params(&tr->red, tr->be));
     if (tr->mode != MODE_SYNC)
         CHECK(outer_create(&tr->outer, &cfg->outer, &tr->red, tr->be, site->tokens_per_step / t->total_tokens_per_step));
     if (tr->mode != MODE_SYNC && tr->outer.butterfly) {
@@ -288,12 +293,24 @@ int trainer_write_model(Trainer *tr, const char *path)
     if (tr->topo.learner != 0) return ISTH_OK;
     H5Meta meta = {tr->step, tr->tokens_seen};
     fault_watchdog_arm(tr->cfg.checkpoint.timeout, "writing the model file");
-    /* learner 0's ranks, each the chunks it owns, through host staging */
+    /* learner 0's ranks, each the chunks it owns, through host staging
+     * (allocated and agreed before the file is created) */
     StateView v;
-    int rc = state_view_init(&v, tr->be, STATE_PARAMS, &tr->red.table, NULL, trainer_owns_chunk, &tr->red, 0);
-    if (rc == ISTH_OK) rc = h5model_write(path, &tr->model, state_view_at, &v, tr->config_text, &meta, tr->topo.learner_comm);
-    const int vrc = state_view_finish(&v, rc == ISTH_OK);
-    if (rc == ISTH_OK) rc = vrc;
+    const size_t need = state_view_need(&tr->red.table, trainer_owns_chunk, &tr->red);
+    const int made = state_view_create(&v, &tr->red.table, need) == ISTH_OK;
+    int rc = coll_all_ok(tr->topo.learner_comm, made) ? ISTH_OK : ISTH_ERUNTIME;
+    H5File f;
+    if (rc == ISTH_OK) rc = h5model_create(&f, path, &tr->model, tr->config_text, &meta, tr->topo.learner_comm);
+    if (rc == ISTH_OK) {
+        state_view_begin(&v, tr->be, STATE_PARAMS, NULL, trainer_owns_chunk, &tr->red, 0);
+        rc = h5_write_chunks(&f, "/model", &tr->model, state_view_at, &v);
+        const int vrc = state_view_end(&v, rc == ISTH_OK);
+        if (rc == ISTH_OK && !coll_all_ok(tr->topo.learner_comm, vrc == ISTH_OK)) rc = vrc != ISTH_OK ? vrc : ISTH_ERUNTIME;
+        if (rc != ISTH_OK) f.failed = 1; /* removed, not renamed */
+        const int crc = h5_commit(&f);
+        if (rc == ISTH_OK) rc = crc;
+    }
+    state_view_destroy(&v);
     fault_watchdog_disarm();
     return rc;
 }

@@ -1,7 +1,7 @@
 /* test_fletcher.c — the Fletcher-32 filter (fletcher.c) against HDF5's own:
  *  - the checksum equals H5_checksum_fletcher32 (HDF5's function, exported
- *    by libhdf5) for every length 0..2100 (odd lengths, partial lane groups,
- *    block boundaries at 720 bytes), for all-0xff data (the largest sums,
+ *    by libhdf5) for every length 1..2100 (odd lengths, partial lane groups,
+ *    block boundaries at 720 bytes; HDF5's own asserts n > 0), for all-0xff data (the largest sums,
  *    where the folds' representatives matter) and for a few MB;
  *  - a chunked dataset written through the filter holds, in its raw chunk
  *    on disk (H5Dread_chunk, no filter involved), the data followed by
@@ -10,6 +10,7 @@
  *    read fail.
  * Exact comparisons: a checksum is right or wrong.
  */
+#include <dlfcn.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -38,12 +39,12 @@ static void test_equals_hdf5(void **state)
     enum { MAX = 2100 };
     unsigned char *b = malloc(MAX + 1);
     assert_non_null(b);
-    for (size_t n = 0; n <= MAX; n++) {
+    for (size_t n = 1; n <= MAX; n++) { /* HDF5's function asserts a length > 0 */
         fill(b + 1, n, n); /* unaligned on purpose */
         assert_int_equal(fletcher32(b + 1, n), H5_checksum_fletcher32(b + 1, n));
     }
     memset(b, 0xff, MAX);
-    for (size_t n = 0; n <= MAX; n++) assert_int_equal(fletcher32(b, n), H5_checksum_fletcher32(b, n));
+    for (size_t n = 1; n <= MAX; n++) assert_int_equal(fletcher32(b, n), H5_checksum_fletcher32(b, n));
     free(b);
     const size_t big = (size_t)5 << 20;
     unsigned char *l = malloc(big + 3);
@@ -57,6 +58,10 @@ static void test_file_format(void **state)
 {
     (void)state;
     H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
+    if (!dlsym(RTLD_DEFAULT, "H5Z_register")) { /* this libhdf5 does not export it: HDF5's filter stays */
+        print_message("SKIP: libhdf5 exports no H5Z_register\n");
+        skip();
+    }
     assert_int_equal(fletcher_register(), 0);
     char path[] = "/tmp/isthmus-fletcher-XXXXXX";
     const int fd = mkstemp(path);

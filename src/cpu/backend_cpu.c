@@ -16,6 +16,7 @@ typedef struct {
     Backend base;
     Model model;       /* the table with the buffers */
     AdamW opt;
+    int sharded;       /* opt covers the runs optimizer_shard gave (else not yet created) */
     Activations acts;
     Coll *learner;     /* the learner's ranks (expert parallelism and state sums) */
     float *scratch;    /* (scratch_cap) batches of learner sums */
@@ -58,11 +59,12 @@ static void cpu_zero_grads(Backend *b) { memset(cpu(b)->model.grads, 0, cpu(b)->
 /* Until the trainer says which runs this rank updates: all of them. */
 static int ensure_optimizer(CpuBackend *c)
 {
-    if (c->opt.n_runs) return ISTH_OK;
+    if (c->sharded) return ISTH_OK;
     const size_t off = 0, len = c->model.n_params;
     const AllocCategory was = alloc_category(ALLOC_OPTIMIZER);
     const int rc = adamw_create(&c->opt, &off, &len, 1);
     alloc_category(was);
+    c->sharded = rc == ISTH_OK;
     return rc;
 }
 
@@ -77,6 +79,7 @@ static int cpu_optimizer_shard(Backend *b, const size_t *off, const size_t *len,
     const AllocCategory was = alloc_category(ALLOC_OPTIMIZER);
     const int rc = adamw_create(&c->opt, off, len, n);
     alloc_category(was);
+    c->sharded = rc == ISTH_OK;
     return rc;
 }
 

@@ -1,0 +1,46 @@
+# ISTHMUS_CHECK_CUDA(DIR)
+# -----------------------
+# The CUDA toolkit under DIR: nvcc (DIR/bin), the runtime and cuBLAS headers
+# and libraries (DIR/include, DIR/lib64), a runtime of version 12.0 or
+# later, and nvcc able to build one fat binary for sm_90 (H100/H200),
+# sm_100 (B200) and sm_103 (B300). Sets and substitutes NVCC, CUDA_CFLAGS,
+# CUDA_LIBS and CUDA_GENCODE; defines HAVE_CUDA to 1. Stops configure naming
+# what is missing. CPPFLAGS, LDFLAGS and LIBS are restored.
+AC_DEFUN([ISTHMUS_CHECK_CUDA], [
+  isthmus_cuda_dir=$1
+  AC_PATH_PROG([NVCC], [nvcc], [], [$isthmus_cuda_dir/bin])
+  AS_IF([test -z "$NVCC"], [AC_MSG_ERROR([--with-cuda: nvcc not found in $isthmus_cuda_dir/bin])])
+  CUDA_CFLAGS="-I$isthmus_cuda_dir/include"
+  CUDA_LIBS="-L$isthmus_cuda_dir/lib64 -Wl,-rpath,$isthmus_cuda_dir/lib64 -lcublas -lcudart -lstdc++"
+  isthmus_save_CPPFLAGS=$CPPFLAGS; CPPFLAGS="$CPPFLAGS $CUDA_CFLAGS"
+  isthmus_save_LIBS=$LIBS; LIBS="$CUDA_LIBS $LIBS"
+  AC_CHECK_HEADER([cuda_runtime_api.h], [],
+        [AC_MSG_ERROR([--with-cuda: cuda_runtime_api.h not found in $isthmus_cuda_dir/include])])
+  AC_CHECK_HEADER([cublas_v2.h], [],
+        [AC_MSG_ERROR([--with-cuda: cublas_v2.h not found in $isthmus_cuda_dir/include])])
+  AC_MSG_CHECKING([for a CUDA runtime >= 12.0])
+  AC_COMPILE_IFELSE([AC_LANG_PROGRAM([[#include <cuda_runtime_api.h>]],
+        [[#if CUDART_VERSION < 12000
+#error too old
+#endif]])],
+        [AC_MSG_RESULT([yes])],
+        [AC_MSG_RESULT([no]); AC_MSG_ERROR([--with-cuda: the CUDA runtime in $isthmus_cuda_dir is older than 12.0])])
+  AC_MSG_CHECKING([whether the CUDA runtime and cuBLAS link])
+  AC_LINK_IFELSE([AC_LANG_PROGRAM([[#include <cuda_runtime_api.h>
+#include <cublas_v2.h>]],
+        [[int n = 0; cudaGetDeviceCount(&n); cublasHandle_t h; cublasCreate(&h);]])],
+        [AC_MSG_RESULT([yes])],
+        [AC_MSG_RESULT([no]); AC_MSG_ERROR([--with-cuda: cannot link libcudart and libcublas from $isthmus_cuda_dir/lib64])])
+  CUDA_GENCODE="-gencode arch=compute_90,code=sm_90 -gencode arch=compute_100,code=sm_100 -gencode arch=compute_103,code=sm_103"
+  AC_MSG_CHECKING([whether nvcc builds for sm_90, sm_100 and sm_103])
+  echo '__global__ void isthmus_probe(float *x) { x[threadIdx.x] += 1.0f; }' > conftest.cu
+  AS_IF([$NVCC $CUDA_GENCODE -c conftest.cu -o conftest.o >&AS_MESSAGE_LOG_FD 2>&1],
+        [AC_MSG_RESULT([yes])],
+        [AC_MSG_RESULT([no]); AC_MSG_ERROR([--with-cuda: $NVCC cannot build for sm_90, sm_100 and sm_103 (see config.log)])])
+  rm -f conftest.cu conftest.o
+  CPPFLAGS=$isthmus_save_CPPFLAGS; LIBS=$isthmus_save_LIBS
+  AC_SUBST([NVCC])
+  AC_SUBST([CUDA_CFLAGS])
+  AC_SUBST([CUDA_LIBS])
+  AC_SUBST([CUDA_GENCODE])
+])
