@@ -33,7 +33,7 @@ AC_DEFUN([ISTHMUS_CHECK_CUDA], [
         [AC_MSG_RESULT([no]); AC_MSG_ERROR([--with-cuda: cannot link libcudart and libcublas from $isthmus_cuda_dir/lib64])])
   CUDA_GENCODE="-gencode arch=compute_90,code=sm_90 -gencode arch=compute_100,code=sm_100 -gencode arch=compute_103,code=sm_103"
   AC_MSG_CHECKING([whether nvcc builds for sm_90, sm_100 and sm_103])
-  echo '__global__ void isthmus_probe(float *x) { x[threadIdx.x] += 1.0f; }' > conftest.cu
+  echo '__global__ void isthmus_probe(float *x) { x@<:@threadIdx.x@:>@ += 1.0f; }' > conftest.cu
   AS_IF([$NVCC $CUDA_GENCODE -c conftest.cu -o conftest.o >&AS_MESSAGE_LOG_FD 2>&1],
         [AC_MSG_RESULT([yes])],
         [AC_MSG_RESULT([no]); AC_MSG_ERROR([--with-cuda: $NVCC cannot build for sm_90, sm_100 and sm_103 (see config.log)])])
