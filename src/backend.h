@@ -100,12 +100,14 @@ struct Backend {
     void *impl;
 };
 
-/* The backend `name` ("cpu") for this rank: micro-batches of up to B
+/* The backend [train] backend names (auto: the best this build and
+ * machine have) for this rank: micro-batches of up to B
  * sequences of the model's context, experts [expert_begin,
  * expert_begin + experts_local), expert parallelism over `ep`. The weights
  * are initialised (model.h: a function of the seed, not of the layout). */
-int backend_create(Backend **out, const char *name, const Config *cfg, int B, int expert_begin, int experts_local,
-                   Coll *ep);
+int backend_create(Backend **out, const Config *cfg, int B, int expert_begin, int experts_local, Coll *ep);
+/* Which backend that is ("cpu", "cuda"). */
+const char *backend_name(const Config *cfg);
 void backend_destroy(Backend *b);
 
 #endif

@@ -66,6 +66,7 @@ static const KeySpec schema[] = {
     {"train", "weight_decay", KEY_REAL, TR(weight_decay), 0, 0, 10, 0, NULL, "0.1"},
     {"train", "clip", KEY_REAL, TR(clip), 0, 0, 1e9, 0, NULL, "1.0"},
     {"train", "optimizer", KEY_ENUM, TR(optimizer), STRSZ(train.optimizer), 0, 0, 0, "adamw|sgd|shampoo", "adamw"},
+    {"train", "backend", KEY_ENUM, TR(backend), STRSZ(train.backend), 0, 0, 0, "auto|cpu|cuda", "auto"},
     {"train", "threads", KEY_INT, TR(threads), 0, 0, 4096, 0, NULL, "0"},
     {"train", "seed", KEY_U64, TR(seed), 0, 0, 0, 0, NULL, "42"},
     {"train", "eval_every", KEY_INT, TR(eval_every), 0, 0, INT_MAX, 0, NULL, "0"},

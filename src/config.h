@@ -41,6 +41,7 @@ typedef struct {
     double weight_decay;
     double clip;
     char optimizer[16];
+    char backend[8];   /* auto | cpu | cuda */
     int threads;
     uint64_t seed;
     int eval_every;

@@ -223,7 +223,7 @@ static int cmd_eval(int argc, char **argv)
     Corpus prose = {0}, tech = {0};
     Metrics mt = {0};
     const int El = cfg.model.experts / size;
-    CHECK(backend_create(&be, "cpu", &cfg, cfg.train.micro_batch, rank * El, El, &ep));
+    CHECK(backend_create(&be, &cfg, cfg.train.micro_batch, rank * El, El, &ep));
     H5Meta meta;
     /* the file into the backend one tensor at a time (host staging) */
     ChunkTable ct;

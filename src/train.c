@@ -68,7 +68,7 @@ int trainer_create(Trainer *tr, const Config *cfg, int log)
     tr->cursor.seed = tc->seed;
     tr->cursor.step = 0;
 
-    CHECK(backend_create(&tr->be, "cpu", cfg, tr->micro_batch, t->expert_begin, t->experts_local, &tr->ep));
+    CHECK(backend_create(&tr->be, cfg, tr->micro_batch, t->expert_begin, t->experts_local, &tr->ep));
     tr->model = tr->be->table;
     CHECK(reducer_create(&tr->red, t, &tr->model, cfg->outer.fragments, (Codec)codec_from_name(cfg->outer.codec),
                          cfg->outer.codec_block, !strcmp(cfg->outer.error_feedback, "on"), cfg->outer.timeout,

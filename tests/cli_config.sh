@@ -17,6 +17,12 @@ expect_exit 2 "\[model\] heads = 5 does not divide dim = 64" -- "$ISTHMUS" train
 expect_exit 2 "\[model\] top_k = 5 exceeds experts = 4" -- "$ISTHMUS" train "$T" --set model.top_k=5
 expect_exit 2 "\[train\] min_lr = 0.1 exceeds lr" -- "$ISTHMUS" train "$T" --set train.min_lr=0.1
 expect_exit 2 "\[train\] optimizer = 'rmsprop' is not one of adamw\|sgd\|shampoo" -- "$ISTHMUS" train "$T" --set train.optimizer=rmsprop
+# [train] backend: auto runs everywhere (every other test uses it); a backend this build lacks is a one-line error
+expect_exit 2 "\[train\] backend = 'gpu' is not one of auto\|cpu\|cuda" -- "$ISTHMUS" train "$T" --set train.backend=gpu
+if grep -q "define HAVE_CUDA 0" "$(dirname "$ISTHMUS")/autoconf.h" 2>/dev/null; then
+    expect_exit 2 "\[train\] backend = cuda, but this isthmus was built without CUDA" -- "$ISTHMUS" train "$T" \
+        --set train.backend=cuda --set train.steps=1 --set train.out_dir="$WORK/cuda"
+fi
 expect_exit 2 "\[model\] layers is set twice" -- "$ISTHMUS" train "$(cfg '[model]\nlayers = 2\nlayers = 3\n')"
 expect_exit 2 "expected 'key = value'" -- "$ISTHMUS" train "$(cfg '[model]\nlayers 2\n')"
 expect_exit 2 "layout: \[outer\] mode = butterfly needs a power-of-two number of learners .* give 1" -- "$ISTHMUS" train "$T" --set outer.mode=butterfly

@@ -194,7 +194,7 @@ static void test_spread_probe(void **state)
     Coll learner;
     assert_int_equal(coll_init(&learner, w.topo.learner_comm), 0);
     Backend *be = NULL;
-    assert_int_equal(backend_create(&be, "cpu", &w.cfg, 1, 0, w.cfg.model.experts, &learner), 0);
+    assert_int_equal(backend_create(&be, &w.cfg, 1, 0, w.cfg.model.experts, &learner), 0);
     for (size_t i = 0; i < w.m.n_params; i++) w.m.params[i] = (float)(me + 1);
     const size_t all = 0, n = w.m.n_params;
     assert_int_equal(be->ops->put(be, STATE_PARAMS, &all, &n, 1, w.m.params), 0);
