@@ -50,12 +50,30 @@ void adamw_destroy(AdamW *opt)
     opt->n = 0;
 }
 
+AdamWStep adamw_constants(long t, double lr, double weight_decay, int decays)
+{
+    AdamWStep k;
+    k.b1 = (float)ADAM_BETA1;
+    k.b2 = (float)ADAM_BETA2;
+    k.eps = (float)ADAM_EPS;
+    k.c1 = (float)(1.0 / (1.0 - pow(ADAM_BETA1, (double)t)));
+    k.c2 = (float)(1.0 / (1.0 - pow(ADAM_BETA2, (double)t)));
+    k.lr = (float)lr;
+    k.decay = decays ? (float)(1.0 - lr * weight_decay) : 1.0f;
+    return k;
+}
+
+int run_in_tensor(const AdamW *opt, int r, const Tensor *t, size_t *j0, size_t *j1)
+{
+    return run_part_in_tensor(opt->off[r], opt->len[r], t, j0, j1);
+}
+
 /* The part of run r inside tensor t: [*j0, *j1) relative to the tensor.
  * Returns 0 when they do not meet. */
-static int run_in_tensor(const AdamW *opt, int r, const Tensor *t, size_t *j0, size_t *j1)
+int run_part_in_tensor(size_t off, size_t len, const Tensor *t, size_t *j0, size_t *j1)
 {
-    const size_t a = opt->off[r] > t->offset ? opt->off[r] : t->offset;
-    const size_t end = opt->off[r] + opt->len[r], tend = t->offset + t->numel;
+    const size_t a = off > t->offset ? off : t->offset;
+    const size_t end = off + len, tend = t->offset + t->numel;
     const size_t b = end < tend ? end : tend;
     if (a >= b) return 0;
     *j0 = a - t->offset;
@@ -66,13 +84,9 @@ static int run_in_tensor(const AdamW *opt, int r, const Tensor *t, size_t *j0, s
 void adamw_step(AdamW *opt, Model *model, double lr, double weight_decay)
 {
     opt->t++;
-    const float b1 = (float)ADAM_BETA1, b2 = (float)ADAM_BETA2, eps = (float)ADAM_EPS;
-    const float c1 = (float)(1.0 / (1.0 - pow(ADAM_BETA1, (double)opt->t)));
-    const float c2 = (float)(1.0 / (1.0 - pow(ADAM_BETA2, (double)opt->t)));
-    const float flr = (float)lr;
     for (int i = 0; i < N_TENSORS; i++) {
         const Tensor *t = &model->tensors[i];
-        const float decay = (t->flags & PARAM_DECAY) ? (float)(1.0 - lr * weight_decay) : 1.0f;
+        const AdamWStep k = adamw_constants(opt->t, lr, weight_decay, t->flags & PARAM_DECAY);
         for (int r = 0; r < opt->n_runs; r++) {
             size_t j0, j1;
             if (!run_in_tensor(opt, r, t, &j0, &j1)) continue;
@@ -81,13 +95,7 @@ void adamw_step(AdamW *opt, Model *model, double lr, double weight_decay)
             float *m = opt->m + at, *v = opt->v + at;
             const size_t n = j1 - j0;
 #pragma omp parallel for schedule(static)
-            for (size_t j = 0; j < n; j++) {
-                float gj = g[j];
-                m[j] = b1 * m[j] + (1.0f - b1) * gj;
-                v[j] = b2 * v[j] + (1.0f - b2) * gj * gj;
-                float mh = m[j] * c1, vh = v[j] * c2;
-                p[j] = p[j] * decay - flr * mh / (sqrtf(vh) + eps);
-            }
+            for (size_t j = 0; j < n; j++) adamw_update(&p[j], &m[j], &v[j], g[j], &k);
         }
     }
 }

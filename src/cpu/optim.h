@@ -14,6 +14,7 @@
 #include <stddef.h>
 
 #include "config.h"
+#include "elementwise.h"
 #include "model.h"
 
 #define ADAM_BETA1 0.9
@@ -33,6 +34,13 @@ typedef struct {
  * zeroed. */
 int adamw_create(AdamW *opt, const size_t *off, const size_t *len, int n_runs);
 void adamw_destroy(AdamW *opt);
+
+/* The constants of update t (1-based) for a tensor that decays or not. */
+AdamWStep adamw_constants(long t, double lr, double weight_decay, int decays);
+/* The part [*j0, *j1) of run (off, len) inside tensor t, relative to the
+ * tensor; 0 when they do not meet. run_in_tensor: run r of opt. */
+int run_part_in_tensor(size_t off, size_t len, const Tensor *t, size_t *j0, size_t *j1);
+int run_in_tensor(const AdamW *opt, int r, const Tensor *t, size_t *j0, size_t *j1);
 
 /* One update of the runs; grads are read, not modified. */
 void adamw_step(AdamW *opt, Model *m, double lr, double weight_decay);

@@ -1,0 +1,43 @@
+/* optim.h (cuda/) — the inner optimiser on the GPU, mirroring src/cpu/optim.h
+ * function for function, with a trailing cudaStream_t.
+ *
+ * Owns: the AdamW moments of the runs this rank updates, in device memory,
+ * packed run after run (the same layout as the CPU backend's, so
+ * checkpoints are the same), and the kernels of the update. The per-weight
+ * arithmetic is src/elementwise.h's adamw_update, shared with the CPU.
+ * Must not: reduce gradients across ranks, or touch host copies of the state.
+ */
+#ifndef ISTHMUS_CUDA_OPTIM_H
+#define ISTHMUS_CUDA_OPTIM_H
+
+#include <stddef.h>
+
+#include <cuda_runtime_api.h>
+
+#include "model.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct {
+    size_t *off, *len, *packed; /* (n_runs, host) runs of the params, ascending, disjoint; moments' offsets */
+    int n_runs;
+    float *m, *v;               /* (n, device) first and second moments, packed */
+    size_t n;
+    long t;                     /* updates applied so far (bias correction) */
+} CudaAdamW;
+
+/* Zeroed moments of n_runs runs (off, len) in device memory. */
+int cuda_adamw_create(CudaAdamW *opt, const size_t *off, const size_t *len, int n_runs);
+void cuda_adamw_destroy(CudaAdamW *opt);
+/* One update of the runs of the device weights `params` (laid out like the
+ * table m) from the device `grads`, queued on `stream`. */
+int cuda_adamw_step(CudaAdamW *opt, const Model *m, float *params, const float *grads, double lr, double weight_decay,
+                    cudaStream_t stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
