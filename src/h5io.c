@@ -87,6 +87,7 @@ int h5_create(H5File *f, const char *path, double expect_bytes, MPI_Comm comm)
     }
     f->xfer = H5Pcreate(H5P_DATASET_XFER);
     H5Pset_dxpl_mpio(f->xfer, H5FD_MPIO_COLLECTIVE); /* filtered datasets need collective I/O */
+    H5Pset_dxpl_mpio_collective_opt(f->xfer, H5FD_MPIO_INDIVIDUAL_IO); /* but each rank writes its own chunks */
     return ISTH_OK;
 }
 
