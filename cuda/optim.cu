@@ -6,7 +6,7 @@
 
 extern "C" {
 #include "alloc.h"
-#include "cpu/optim.h" /* adamw_constants, run_part_in_tensor: host arithmetic shared with the CPU */
+#include "cpu/optim.h" /* adamw_constants, run_in_tensor: host arithmetic shared with the CPU */
 #include "elementwise.h"
 #include "status.h"
 }
@@ -26,26 +26,8 @@ static int cuda_status(cudaError_t e, const char *what)
 extern "C" int cuda_adamw_create(CudaAdamW *opt, const size_t *off, const size_t *len, int n_runs)
 {
     memset(opt, 0, sizeof *opt);
-    opt->off = (size_t *)isth_malloc(sizeof(size_t) * (size_t)(n_runs + 1));
-    opt->len = (size_t *)isth_malloc(sizeof(size_t) * (size_t)(n_runs + 1));
-    opt->packed = (size_t *)isth_malloc(sizeof(size_t) * (size_t)(n_runs + 1));
-    if (!opt->off || !opt->len || !opt->packed) {
-        cuda_adamw_destroy(opt);
-        return isth_fail(ISTH_ERUNTIME, "out of memory for the optimizer's runs (%d)", n_runs);
-    }
-    for (int r = 0; r < n_runs; r++) {
-        if (r && off[r] < off[r - 1] + len[r - 1]) {
-            cuda_adamw_destroy(opt);
-            return isth_fail(ISTH_ERUNTIME, "optimizer: run %d (offset %zu) overlaps or precedes run %d", r, off[r],
-                             r - 1);
-        }
-        opt->off[r] = off[r];
-        opt->len[r] = len[r];
-        opt->packed[r] = opt->n;
-        opt->n += len[r];
-    }
-    opt->n_runs = n_runs;
-    const size_t bytes = sizeof(float) * (opt->n + 1);
+    CHECK(param_runs_create(&opt->runs, off, len, n_runs));
+    const size_t bytes = sizeof(float) * (opt->runs.total + 1);
     int rc = cuda_status(cudaMalloc((void **)&opt->m, bytes), "cudaMalloc of the first moments");
     if (rc == ISTH_OK) rc = cuda_status(cudaMalloc((void **)&opt->v, bytes), "cudaMalloc of the second moments");
     if (rc == ISTH_OK) rc = cuda_status(cudaMemset(opt->m, 0, bytes), "cudaMemset");
@@ -58,9 +40,7 @@ extern "C" void cuda_adamw_destroy(CudaAdamW *opt)
 {
     if (opt->m) cudaFree(opt->m);
     if (opt->v) cudaFree(opt->v);
-    isth_free(opt->off);
-    isth_free(opt->len);
-    isth_free(opt->packed);
+    param_runs_destroy(&opt->runs);
     memset(opt, 0, sizeof *opt);
 }
 
@@ -71,10 +51,10 @@ extern "C" int cuda_adamw_step(CudaAdamW *opt, const Model *model, float *params
     for (int i = 0; i < N_TENSORS; i++) {
         const Tensor *t = &model->tensors[i];
         const AdamWStep k = adamw_constants(opt->t, lr, weight_decay, t->flags & PARAM_DECAY);
-        for (int r = 0; r < opt->n_runs; r++) {
+        for (int r = 0; r < opt->runs.n; r++) {
             size_t j0, j1;
-            if (!run_part_in_tensor(opt->off[r], opt->len[r], t, &j0, &j1)) continue;
-            const size_t at = opt->packed[r] + (t->offset + j0 - opt->off[r]), n = j1 - j0;
+            if (!run_in_tensor(&opt->runs, r, t, &j0, &j1)) continue;
+            const size_t at = opt->runs.packed[r] + (t->offset + j0 - opt->runs.off[r]), n = j1 - j0;
             const unsigned blocks = (unsigned)((n + 255) / 256 < 4096 ? (n + 255) / 256 : 4096);
             adamw_segment<<<blocks, 256, 0, stream>>>(params + t->offset + j0, grads + t->offset + j0, opt->m + at,
                                                       opt->v + at, n, k);

@@ -14,17 +14,16 @@
 
 #include <cuda_runtime_api.h>
 
-#include "model.h"
-
 #ifdef __cplusplus
 extern "C" {
 #endif
 
+#include "cpu/optim.h" /* ParamRuns: the packed layout both backends share */
+#include "model.h"
+
 typedef struct {
-    size_t *off, *len, *packed; /* (n_runs, host) runs of the params, ascending, disjoint; moments' offsets */
-    int n_runs;
-    float *m, *v;               /* (n, device) first and second moments, packed */
-    size_t n;
+    ParamRuns runs;             /* (host) the params updated here */
+    float *m, *v;               /* (runs.total, device) first and second moments, packed */
     long t;                     /* updates applied so far (bias correction) */
 } CudaAdamW;
 

@@ -316,7 +316,7 @@ static void test_adamw_runs_match_whole(void **state)
     const size_t all = 0;
     assert_int_equal(adamw_create(&a, &all, &n, 1), 0);
     assert_int_equal(adamw_create(&b, off, len, 3), 0);
-    assert_int_equal(b.n, len[0] + len[1] + len[2]);
+    assert_int_equal(b.runs.total, len[0] + len[1] + len[2]);
     for (int step = 0; step < 3; step++) {
         adamw_step(&a, &whole, 1e-2, 0.1);
         adamw_step(&b, &part, 1e-2, 0.1);
@@ -337,14 +337,14 @@ static void test_adamw_runs_match_whole(void **state)
             assert_memory_equal(&part.params[j], &orig[j], sizeof(float));
             continue;
         }
-        const size_t at = b.packed[r] + (j - off[r]);
+        const size_t at = b.runs.packed[r] + (j - off[r]);
         assert_memory_equal(&part.params[j], &whole.params[j], sizeof(float));
         assert_memory_equal(&b.m[at], &a.m[j], sizeof(float));
         assert_memory_equal(&b.v[at], &a.v[j], sizeof(float));
         changed += part.params[j] != orig[j];
         in_runs++;
     }
-    assert_int_equal(in_runs, b.n);
+    assert_int_equal(in_runs, b.runs.total);
     assert_true(changed > in_runs / 2); /* the update happened (alignment padding stays 0) */
     /* overlapping runs are refused */
     AdamW bad;

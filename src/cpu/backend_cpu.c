@@ -98,7 +98,7 @@ static float *cpu_state(CpuBackend *c, StateKind which)
 /* The state's length in floats (the model table, or the packed moments). */
 static size_t state_len(const CpuBackend *c, StateKind which)
 {
-    return which == STATE_ADAM_M || which == STATE_ADAM_V ? c->opt.n : c->model.n_params;
+    return which == STATE_ADAM_M || which == STATE_ADAM_V ? c->opt.runs.total : c->model.n_params;
 }
 
 static int check_runs(CpuBackend *c, StateKind which, const size_t *off, const size_t *len, int n, const char *verb)
@@ -220,7 +220,7 @@ static int cpu_optimizer_step(Backend *b, double lr)
     CpuBackend *c = cpu(b);
     CHECK(ensure_optimizer(c));
     c->opt.t = b->optimizer_t;
-    if (!strcmp(c->optimizer, "sgd")) sgd_step(&c->opt, &c->model, lr, c->weight_decay); /* t stays 0 */
+    if (!strcmp(c->optimizer, "sgd")) sgd_step(&c->opt.runs, &c->model, lr, c->weight_decay); /* t stays 0 */
     else adamw_step(&c->opt, &c->model, lr, c->weight_decay);
     b->optimizer_t = c->opt.t;
     return ISTH_OK;

@@ -8,32 +8,47 @@
 
 #include "status.h"
 
+int param_runs_create(ParamRuns *r, const size_t *off, const size_t *len, int n)
+{
+    memset(r, 0, sizeof *r);
+    r->off = isth_malloc(sizeof(size_t) * (size_t)(n + 1));
+    r->len = isth_malloc(sizeof(size_t) * (size_t)(n + 1));
+    r->packed = isth_malloc(sizeof(size_t) * (size_t)(n + 1));
+    if (!r->off || !r->len || !r->packed) {
+        param_runs_destroy(r);
+        return isth_fail(ISTH_ERUNTIME, "out of memory for the optimizer's runs (%d)", n);
+    }
+    for (int i = 0; i < n; i++) {
+        if (i && off[i] < off[i - 1] + len[i - 1]) {
+            param_runs_destroy(r);
+            return isth_fail(ISTH_ERUNTIME, "optimizer: run %d (offset %zu) overlaps or precedes run %d", i, off[i],
+                             i - 1);
+        }
+        r->off[i] = off[i];
+        r->len[i] = len[i];
+        r->packed[i] = r->total;
+        r->total += len[i];
+    }
+    r->n = n;
+    return ISTH_OK;
+}
+
+void param_runs_destroy(ParamRuns *r)
+{
+    isth_free(r->off);
+    isth_free(r->len);
+    isth_free(r->packed);
+    memset(r, 0, sizeof *r);
+}
+
 int adamw_create(AdamW *opt, const size_t *off, const size_t *len, int n_runs)
 {
     memset(opt, 0, sizeof *opt);
-    opt->off = isth_malloc(sizeof(size_t) * (size_t)(n_runs + 1));
-    opt->len = isth_malloc(sizeof(size_t) * (size_t)(n_runs + 1));
-    opt->packed = isth_malloc(sizeof(size_t) * (size_t)(n_runs + 1));
-    if (!opt->off || !opt->len || !opt->packed) {
-        adamw_destroy(opt);
-        return isth_fail(ISTH_ERUNTIME, "out of memory for the optimizer's runs (%d)", n_runs);
-    }
-    for (int r = 0; r < n_runs; r++) {
-        if (r && off[r] < off[r - 1] + len[r - 1]) {
-            adamw_destroy(opt);
-            return isth_fail(ISTH_ERUNTIME, "optimizer: run %d (offset %zu) overlaps or precedes run %d", r, off[r],
-                             r - 1);
-        }
-        opt->off[r] = off[r];
-        opt->len[r] = len[r];
-        opt->packed[r] = opt->n;
-        opt->n += len[r];
-    }
-    opt->n_runs = n_runs;
-    opt->m = isth_calloc(opt->n + 1, sizeof(float));
-    opt->v = isth_calloc(opt->n + 1, sizeof(float));
+    CHECK(param_runs_create(&opt->runs, off, len, n_runs));
+    opt->m = isth_calloc(opt->runs.total + 1, sizeof(float));
+    opt->v = isth_calloc(opt->runs.total + 1, sizeof(float));
     if (!opt->m || !opt->v) {
-        const size_t n = opt->n;
+        const size_t n = opt->runs.total;
         adamw_destroy(opt);
         return isth_fail(ISTH_ERUNTIME, "out of memory for optimizer state (%zu params)", n);
     }
@@ -42,12 +57,10 @@ int adamw_create(AdamW *opt, const size_t *off, const size_t *len, int n_runs)
 
 void adamw_destroy(AdamW *opt)
 {
-    void *bufs[] = {opt->m, opt->v, opt->off, opt->len, opt->packed};
-    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) isth_free(bufs[i]);
+    isth_free(opt->m);
+    isth_free(opt->v);
     opt->m = opt->v = NULL;
-    opt->off = opt->len = opt->packed = NULL;
-    opt->n_runs = 0;
-    opt->n = 0;
+    param_runs_destroy(&opt->runs);
 }
 
 AdamWStep adamw_constants(long t, double lr, double weight_decay, int decays)
@@ -63,9 +76,9 @@ AdamWStep adamw_constants(long t, double lr, double weight_decay, int decays)
     return k;
 }
 
-int run_in_tensor(const AdamW *opt, int r, const Tensor *t, size_t *j0, size_t *j1)
+int run_in_tensor(const ParamRuns *runs, int r, const Tensor *t, size_t *j0, size_t *j1)
 {
-    return run_part_in_tensor(opt->off[r], opt->len[r], t, j0, j1);
+    return run_part_in_tensor(runs->off[r], runs->len[r], t, j0, j1);
 }
 
 /* The part of run r inside tensor t: [*j0, *j1) relative to the tensor.
@@ -87,11 +100,11 @@ void adamw_step(AdamW *opt, Model *model, double lr, double weight_decay)
     for (int i = 0; i < N_TENSORS; i++) {
         const Tensor *t = &model->tensors[i];
         const AdamWStep k = adamw_constants(opt->t, lr, weight_decay, t->flags & PARAM_DECAY);
-        for (int r = 0; r < opt->n_runs; r++) {
+        for (int r = 0; r < opt->runs.n; r++) {
             size_t j0, j1;
-            if (!run_in_tensor(opt, r, t, &j0, &j1)) continue;
+            if (!run_in_tensor(&opt->runs, r, t, &j0, &j1)) continue;
             float *p = model->params + t->offset + j0, *g = model->grads + t->offset + j0;
-            const size_t at = opt->packed[r] + (t->offset + j0 - opt->off[r]);
+            const size_t at = opt->runs.packed[r] + (t->offset + j0 - opt->runs.off[r]);
             float *m = opt->m + at, *v = opt->v + at;
             const size_t n = j1 - j0;
 #pragma omp parallel for schedule(static)
@@ -100,13 +113,13 @@ void adamw_step(AdamW *opt, Model *model, double lr, double weight_decay)
     }
 }
 
-void sgd_step(const AdamW *runs, Model *model, double lr, double weight_decay)
+void sgd_step(const ParamRuns *runs, Model *model, double lr, double weight_decay)
 {
     const float flr = (float)lr;
     for (int i = 0; i < N_TENSORS; i++) {
         const Tensor *t = &model->tensors[i];
         const float decay = (t->flags & PARAM_DECAY) ? (float)(1.0 - lr * weight_decay) : 1.0f;
-        for (int r = 0; r < runs->n_runs; r++) {
+        for (int r = 0; r < runs->n; r++) {
             size_t j0, j1;
             if (!run_in_tensor(runs, r, t, &j0, &j1)) continue;
             float *p = model->params + t->offset + j0;

@@ -21,12 +21,23 @@
 #define ADAM_BETA2 0.95
 #define ADAM_EPS 1e-8
 
+/* Runs of a params-shaped buffer (ascending, disjoint) and where each
+ * starts when they are packed one after the other: the layout of the
+ * optimiser state of both backends. */
 typedef struct {
-    size_t *off, *len; /* (n_runs) runs of the params updated here, ascending, disjoint */
-    size_t *packed;    /* (n_runs) where each run's moments start in m and v */
-    int n_runs;
-    float *m, *v;      /* (n) first and second moments of the runs, packed */
-    size_t n;
+    size_t *off, *len; /* (n) */
+    size_t *packed;    /* (n) offset of each run in the packed layout */
+    int n;
+    size_t total;      /* values of all runs */
+} ParamRuns;
+
+/* A copy of n runs (off, len); refused when they overlap or are not ascending. */
+int param_runs_create(ParamRuns *r, const size_t *off, const size_t *len, int n);
+void param_runs_destroy(ParamRuns *r);
+
+typedef struct {
+    ParamRuns runs;    /* the params updated here */
+    float *m, *v;      /* (runs.total) first and second moments, packed */
     long t;            /* updates applied so far (bias correction) */
 } AdamW;
 
@@ -38,16 +49,16 @@ void adamw_destroy(AdamW *opt);
 /* The constants of update t (1-based) for a tensor that decays or not. */
 AdamWStep adamw_constants(long t, double lr, double weight_decay, int decays);
 /* The part [*j0, *j1) of run (off, len) inside tensor t, relative to the
- * tensor; 0 when they do not meet. run_in_tensor: run r of opt. */
+ * tensor; 0 when they do not meet. run_in_tensor: run r of runs. */
 int run_part_in_tensor(size_t off, size_t len, const Tensor *t, size_t *j0, size_t *j1);
-int run_in_tensor(const AdamW *opt, int r, const Tensor *t, size_t *j0, size_t *j1);
+int run_in_tensor(const ParamRuns *runs, int r, const Tensor *t, size_t *j0, size_t *j1);
 
 /* One update of the runs; grads are read, not modified. */
 void adamw_step(AdamW *opt, Model *m, double lr, double weight_decay);
 
 /* Plain SGD of the same runs: p = p*(1 - lr*wd) - lr*g (decay on
  * PARAM_DECAY tensors). */
-void sgd_step(const AdamW *runs, Model *m, double lr, double weight_decay);
+void sgd_step(const ParamRuns *runs, Model *m, double lr, double weight_decay);
 
 
 /* Sum of squares of this rank's gradients, restricted to tensors whose

@@ -73,13 +73,13 @@ int main(void)
         adamw_step(&cpu, &m, 1e-2, 0.1);
         if (cuda_adamw_step(&gpu, &m, d_params, d_grads, 1e-2, 0.1, 0) != 0) return 1;
     }
-    float *p = malloc(n * sizeof(float)), *mm = malloc(cpu.n * sizeof(float)), *vv = malloc(cpu.n * sizeof(float));
+    float *p = malloc(n * sizeof(float)), *mm = malloc(cpu.runs.total * sizeof(float)), *vv = malloc(cpu.runs.total * sizeof(float));
     if (!p || !mm || !vv) return 1;
     if (cudaDeviceSynchronize() != cudaSuccess) return 1;
     cudaMemcpy(p, d_params, n * sizeof(float), cudaMemcpyDeviceToHost);
-    cudaMemcpy(mm, gpu.m, cpu.n * sizeof(float), cudaMemcpyDeviceToHost);
-    cudaMemcpy(vv, gpu.v, cpu.n * sizeof(float), cudaMemcpyDeviceToHost);
-    size_t bad = compare("weights", p, m.params, n) + compare("m", mm, cpu.m, cpu.n) + compare("v", vv, cpu.v, cpu.n);
+    cudaMemcpy(mm, gpu.m, cpu.runs.total * sizeof(float), cudaMemcpyDeviceToHost);
+    cudaMemcpy(vv, gpu.v, cpu.runs.total * sizeof(float), cudaMemcpyDeviceToHost);
+    size_t bad = compare("weights", p, m.params, n) + compare("m", mm, cpu.m, cpu.runs.total) + compare("v", vv, cpu.v, cpu.runs.total);
     free(p);
     free(mm);
     free(vv);
