@@ -1,5 +1,6 @@
 /* optim.cu — see optim.h. */
 #include "optim.h"
+#include "check.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -18,20 +19,20 @@ __global__ static void adamw_segment(float *p, const float *g, float *m, float *
         adamw_update(&p[j], &m[j], &v[j], g[j], &k);
 }
 
-static int cuda_status(cudaError_t e, const char *what)
+static int alloc_moments(CudaAdamW *opt, size_t bytes)
 {
-    return e == cudaSuccess ? ISTH_OK : isth_fail(ISTH_ERUNTIME, "cuda: %s: %s", what, cudaGetErrorString(e));
+    CHECK_CUDA(cudaMalloc((void **)&opt->m, bytes));
+    CHECK_CUDA(cudaMalloc((void **)&opt->v, bytes));
+    CHECK_CUDA(cudaMemset(opt->m, 0, bytes));
+    CHECK_CUDA(cudaMemset(opt->v, 0, bytes));
+    return ISTH_OK;
 }
 
 extern "C" int cuda_adamw_create(CudaAdamW *opt, const size_t *off, const size_t *len, int n_runs)
 {
     memset(opt, 0, sizeof *opt);
     CHECK(param_runs_create(&opt->runs, off, len, n_runs));
-    const size_t bytes = sizeof(float) * (opt->runs.total + 1);
-    int rc = cuda_status(cudaMalloc((void **)&opt->m, bytes), "cudaMalloc of the first moments");
-    if (rc == ISTH_OK) rc = cuda_status(cudaMalloc((void **)&opt->v, bytes), "cudaMalloc of the second moments");
-    if (rc == ISTH_OK) rc = cuda_status(cudaMemset(opt->m, 0, bytes), "cudaMemset");
-    if (rc == ISTH_OK) rc = cuda_status(cudaMemset(opt->v, 0, bytes), "cudaMemset");
+    const int rc = alloc_moments(opt, sizeof(float) * (opt->runs.total + 1));
     if (rc != ISTH_OK) cuda_adamw_destroy(opt);
     return rc;
 }
@@ -60,5 +61,6 @@ extern "C" int cuda_adamw_step(CudaAdamW *opt, const Model *model, float *params
                                                       opt->v + at, n, k);
         }
     }
-    return cuda_status(cudaGetLastError(), "the AdamW kernel's launch");
+    CHECK_CUDA(cudaGetLastError()); /* the launches */
+    return ISTH_OK;
 }

@@ -13,6 +13,7 @@
 #include <cmocka.h>
 
 #include "config.h"
+#include "devices.h"
 #include "status.h"
 
 static void test_defaults_and_overrides(void **state)
@@ -126,9 +127,30 @@ static void test_bad_inputs(void **state)
     status_set_quiet(0);
 }
 
+/* devices.c: one GPU per rank by local rank; too few GPUs is an error
+ * unless sharing is allowed, then ranks wrap around the devices. */
+static void test_device_for_rank(void **state)
+{
+    (void)state;
+    int d;
+    for (int r = 0; r < 4; r++) {
+        assert_int_equal(device_for_rank(r, 4, 4, 0, &d), 0);
+        assert_int_equal(d, r);
+    }
+    assert_int_equal(device_for_rank(1, 2, 8, 0, &d), 0);
+    assert_int_equal(d, 1);
+    assert_int_not_equal(device_for_rank(5, 8, 4, 0, &d), 0);
+    assert_int_equal(d, -1);
+    assert_int_equal(device_for_rank(5, 8, 4, 1, &d), 0);
+    assert_int_equal(d, 1);
+    assert_int_not_equal(device_for_rank(0, 1, 0, 1, &d), 0);
+    assert_int_not_equal(device_for_rank(3, 2, 4, 0, &d), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_device_for_rank),
         cmocka_unit_test(test_defaults_and_overrides),
         cmocka_unit_test(test_resolved_text_round_trip),
         cmocka_unit_test(test_sites_in_section_order),
