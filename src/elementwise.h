@@ -1,9 +1,11 @@
 /* elementwise.h — the per-element math both backends run, written once:
  * inline functions the CPU backend calls in its loops and the CUDA backend
  * in its kernels (__host__ __device__ under nvcc), so the host's tests
- * cover the GPU's arithmetic too (up to nvcc's fused multiply-adds).
+ * cover the GPU's arithmetic too (up to nvcc's fused multiply-adds and its
+ * expf, within a few ulp).
  *
- * Owns: the AdamW update of one weight.
+ * Owns: the AdamW update of one weight, SwiGLU of one element and its
+ * gradient, the rotary rotation of one pair.
  * Must not: loop, allocate or know about tensors (callers do).
  */
 #ifndef ISTHMUS_ELEMENTWISE_H
@@ -13,9 +15,6 @@
 #define ISTH_HD __host__ __device__
 #else
 #define ISTH_HD
-#endif
-
-#ifndef __CUDACC__
 #include <math.h>
 #endif
 
@@ -32,6 +31,29 @@ static inline ISTH_HD void adamw_update(float *p, float *m, float *v, float g, c
     *v = k->b2 * *v + (1.0f - k->b2) * g * g;
     const float mh = *m * k->c1, vh = *v * k->c2;
     *p = *p * k->decay - k->lr * mh / (sqrtf(vh) + k->eps);
+}
+
+/* The logistic function. */
+static inline ISTH_HD float isth_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+/* SwiGLU of gate a and up u: silu(a) * u. */
+static inline ISTH_HD float swiglu_value(float a, float u) { return a * isth_sigmoid(a) * u; }
+
+/* What one element adds to the gradients of a and u, given dh. */
+static inline ISTH_HD void swiglu_grads(float dh, float a, float u, float *da, float *du)
+{
+    const float s = isth_sigmoid(a), silu = a * s;
+    *du = dh * silu;
+    *da = dh * u * s * (1.0f + a * (1.0f - s));
+}
+
+/* Rotate the pair (x1, x2) (elements i and i + Dh/2 of a head) by the
+ * angle whose cosine is c and sine sn (the sine negated going backward). */
+static inline ISTH_HD void rope_rotate(float *x1, float *x2, float c, float sn)
+{
+    const float a = *x1, b = *x2;
+    *x1 = a * c - b * sn;
+    *x2 = a * sn + b * c;
 }
 
 #endif

@@ -1,5 +1,6 @@
 /* layers.c — see layers.h. */
 #include "layers.h"
+#include "elementwise.h"
 #include "alloc.h"
 #include "status.h"
 
@@ -138,11 +139,7 @@ static void rope_apply(float *x, const float *cos_t, const float *sin_t, int B, 
         const float *c = cos_t + (size_t)t * half, *s = sin_t + (size_t)t * half;
         for (int h = 0; h < H; h++) {
             float *v = x + bt * D + (size_t)h * Dh;
-            for (int i = 0; i < half; i++) {
-                float x1 = v[i], x2 = v[i + half], sn = direction * s[i];
-                v[i] = x1 * c[i] - x2 * sn;
-                v[i + half] = x1 * sn + x2 * c[i];
-            }
+            for (int i = 0; i < half; i++) rope_rotate(&v[i], &v[i + half], c[i], direction * s[i]);
         }
     }
 }
@@ -239,22 +236,20 @@ void attention_backward(float *dq, float *dk, float *dv, float *scratch, const f
     }
 }
 
-static inline float sigmoidf(float x) { return 1.0f / (1.0f + expf(-x)); }
-
 void swiglu_forward(float *h, const float *a, const float *u, size_t n)
 {
 #pragma omp parallel for schedule(static)
-    for (size_t i = 0; i < n; i++) h[i] = a[i] * sigmoidf(a[i]) * u[i];
+    for (size_t i = 0; i < n; i++) h[i] = swiglu_value(a[i], u[i]);
 }
 
 void swiglu_backward(float *da, float *du, const float *dh, const float *a, const float *u, size_t n)
 {
 #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < n; i++) {
-        float s = sigmoidf(a[i]);
-        float silu = a[i] * s;
-        du[i] += dh[i] * silu;
-        da[i] += dh[i] * u[i] * s * (1.0f + a[i] * (1.0f - s));
+        float dai, dui;
+        swiglu_grads(dh[i], a[i], u[i], &dai, &dui);
+        du[i] += dui;
+        da[i] += dai;
     }
 }
 

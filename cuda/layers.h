@@ -1,0 +1,35 @@
+/* layers.h (cuda/) — the layers' kernels, mirroring src/cpu/layers.h
+ * function for function: the same argument order (outputs, inputs, dims)
+ * plus a trailing cudaStream_t, the same contract (backward accumulates
+ * with +=), device pointers. The per-element math is src/elementwise.h's,
+ * shared with the CPU. So far: SwiGLU and rotary embedding; the rest of the
+ * layers are the GPU backend issue's remaining work.
+ */
+#ifndef ISTHMUS_CUDA_LAYERS_H
+#define ISTHMUS_CUDA_LAYERS_H
+
+#include <stddef.h>
+
+#include <cuda_runtime_api.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* h = silu(a) * u, n elements. */
+int cuda_swiglu_forward(float *h, const float *a, const float *u, size_t n, cudaStream_t stream);
+/* da += dh * d(silu(a) u)/da, du += dh * silu(a). */
+int cuda_swiglu_backward(float *da, float *du, const float *dh, const float *a, const float *u, size_t n,
+                         cudaStream_t stream);
+/* x (B,T,H,Dh) rotated in place by the tables (T, Dh/2) of rope_tables
+ * (half-split: element i pairs with i + Dh/2); backward rotates back. */
+int cuda_rope_forward(float *x, const float *cos_t, const float *sin_t, int B, int T, int H, int Dh,
+                      cudaStream_t stream);
+int cuda_rope_backward(float *dx, const float *cos_t, const float *sin_t, int B, int T, int H, int Dh,
+                       cudaStream_t stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
