@@ -12,6 +12,96 @@ static unsigned blocks_for(size_t n) { return (unsigned)((n + 255) / 256 < 4096 
 #define GRID_STRIDE(i, n) \
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (size_t)gridDim.x * blockDim.x)
 
+#define ROW_THREADS 256
+#define RMS_CHUNKS 64 /* row ranges of the weight gradient's partial sums */
+
+/* Sum of v over the block, the same tree every time; every thread gets it. */
+__device__ static float block_sum(float v, float *shared)
+{
+    shared[threadIdx.x] = v;
+    __syncthreads();
+    for (int s = ROW_THREADS / 2; s > 0; s /= 2) {
+        if ((int)threadIdx.x < s) shared[threadIdx.x] += shared[threadIdx.x + s];
+        __syncthreads();
+    }
+    const float total = shared[0];
+    __syncthreads();
+    return total;
+}
+
+/* One block per row. */
+__global__ static void rmsnorm_forward_kernel(float *out, float *rstd, const float *inp, const float *weight, int D)
+{
+    __shared__ float shared[ROW_THREADS];
+    const size_t t = blockIdx.x;
+    const float *x = inp + t * D;
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < D; i += ROW_THREADS) ss += x[i] * x[i];
+    const float r = rmsnorm_rstd(block_sum(ss, shared), D);
+    for (int i = threadIdx.x; i < D; i += ROW_THREADS) out[t * D + i] = x[i] * r * weight[i];
+    if (threadIdx.x == 0) rstd[t] = r;
+}
+
+/* One block per row: the input gradient. */
+__global__ static void rmsnorm_backward_rows(float *dinp, const float *dout, const float *inp, const float *weight,
+                                             const float *rstd, int D)
+{
+    __shared__ float shared[ROW_THREADS];
+    const size_t t = blockIdx.x;
+    const float *x = inp + t * D, *dy = dout + t * D;
+    const float r = rstd[t];
+    float dot = 0.0f; /* sum_i dy_i * g_i * x_i */
+    for (int i = threadIdx.x; i < D; i += ROW_THREADS) dot += dy[i] * weight[i] * x[i];
+    const float k = r * r * r * block_sum(dot, shared) / (float)D;
+    for (int i = threadIdx.x; i < D; i += ROW_THREADS) dinp[t * D + i] += r * weight[i] * dy[i] - k * x[i];
+}
+
+/* partial[c][i] = sum over the rows of chunk c, in order, of dy * x * r. */
+__global__ static void rmsnorm_backward_partials(float *partial, const float *dout, const float *inp, const float *rstd,
+                                                 size_t N, int D)
+{
+    const int c = blockIdx.y;
+    const size_t t0 = N * (size_t)c / RMS_CHUNKS, t1 = N * (size_t)(c + 1) / RMS_CHUNKS;
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < D; i += gridDim.x * blockDim.x) {
+        float s = 0.0f;
+        for (size_t t = t0; t < t1; t++) s += dout[t * D + i] * inp[t * D + i] * rstd[t];
+        partial[(size_t)c * D + i] = s;
+    }
+}
+
+__global__ static void rmsnorm_backward_weight(float *dweight, const float *partial, int D)
+{
+    GRID_STRIDE(i, (size_t)D)
+    {
+        float s = 0.0f;
+        for (int c = 0; c < RMS_CHUNKS; c++) s += partial[(size_t)c * D + i];
+        dweight[i] += s;
+    }
+}
+
+extern "C" int cuda_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *weight, size_t N, int D,
+                                    cudaStream_t stream)
+{
+    if (N) rmsnorm_forward_kernel<<<(unsigned)N, ROW_THREADS, 0, stream>>>(out, rstd, inp, weight, D);
+    CHECK_CUDA(cudaGetLastError());
+    return ISTH_OK;
+}
+
+extern "C" int cuda_rmsnorm_backward(float *dinp, float *dweight, const float *dout, const float *inp,
+                                     const float *weight, const float *rstd, size_t N, int D, cudaStream_t stream)
+{
+    if (!N) return ISTH_OK;
+    float *partial;
+    CHECK_CUDA(cudaMallocAsync((void **)&partial, sizeof(float) * RMS_CHUNKS * (size_t)D, stream));
+    rmsnorm_backward_rows<<<(unsigned)N, ROW_THREADS, 0, stream>>>(dinp, dout, inp, weight, rstd, D);
+    const dim3 grid((unsigned)((D + 255) / 256), RMS_CHUNKS);
+    rmsnorm_backward_partials<<<grid, 256, 0, stream>>>(partial, dout, inp, rstd, N, D);
+    rmsnorm_backward_weight<<<blocks_for((size_t)D), 256, 0, stream>>>(dweight, partial, D);
+    CHECK_CUDA(cudaGetLastError());
+    CHECK_CUDA(cudaFreeAsync(partial, stream));
+    return ISTH_OK;
+}
+
 __global__ static void swiglu_forward_kernel(float *h, const float *a, const float *u, size_t n)
 {
     GRID_STRIDE(i, n) h[i] = swiglu_value(a[i], u[i]);

@@ -2,8 +2,10 @@
  * function for function: the same argument order (outputs, inputs, dims)
  * plus a trailing cudaStream_t, the same contract (backward accumulates
  * with +=), device pointers. The per-element math is src/elementwise.h's,
- * shared with the CPU. So far: SwiGLU and rotary embedding; the rest of the
- * layers are the GPU backend issue's remaining work.
+ * shared with the CPU. So far: RMSNorm, SwiGLU and rotary embedding; the
+ * rest of the layers are the GPU backend issue's remaining work. Sums are
+ * in a fixed order (a fixed tree per row, fixed row chunks for the weight
+ * gradient), so a run repeats bit for bit on the same GPU.
  */
 #ifndef ISTHMUS_CUDA_LAYERS_H
 #define ISTHMUS_CUDA_LAYERS_H
@@ -15,6 +17,14 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+/* out (N,D) = inp / sqrt(mean(inp^2) + eps) * weight; rstd (N) saved. */
+int cuda_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *weight, size_t N, int D,
+                         cudaStream_t stream);
+/* dinp (N,D) += ..., dweight (D) += ...; its scratch comes from the
+ * stream's memory pool. */
+int cuda_rmsnorm_backward(float *dinp, float *dweight, const float *dout, const float *inp, const float *weight,
+                          const float *rstd, size_t N, int D, cudaStream_t stream);
 
 /* h = silu(a) * u, n elements. */
 int cuda_swiglu_forward(float *h, const float *a, const float *u, size_t n, cudaStream_t stream);

@@ -5,7 +5,8 @@
  * expf, within a few ulp).
  *
  * Owns: the AdamW update of one weight, SwiGLU of one element and its
- * gradient, the rotary rotation of one pair.
+ * gradient, the rotary rotation of one pair, RMSNorm's scale of a row from
+ * its sum of squares.
  * Must not: loop, allocate or know about tensors (callers do).
  */
 #ifndef ISTHMUS_ELEMENTWISE_H
@@ -32,6 +33,10 @@ static inline ISTH_HD void adamw_update(float *p, float *m, float *v, float g, c
     const float mh = *m * k->c1, vh = *v * k->c2;
     *p = *p * k->decay - k->lr * mh / (sqrtf(vh) + k->eps);
 }
+
+/* RMSNorm: 1 / sqrt(mean(x^2) + eps) of a row of D values whose squares sum to ss. */
+#define RMS_EPS 1e-5f
+static inline ISTH_HD float rmsnorm_rstd(float ss, int D) { return 1.0f / sqrtf(ss / (float)D + RMS_EPS); }
 
 /* The logistic function. */
 static inline ISTH_HD float isth_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }

@@ -15,7 +15,6 @@
 /* Attention rows per block: the (rows, T) score tile stays in L2. */
 #define ATTN_ROW_BLOCK 64
 
-#define RMS_EPS 1e-5f
 
 void encoder_forward(float *out, const int *tokens, const float *embed, size_t N, int D)
 {
@@ -48,7 +47,7 @@ void rmsnorm_forward(float *out, float *rstd, const float *inp, const float *wei
         float *o = out + t * D;
         float ss = 0.0f;
         for (int i = 0; i < D; i++) ss += x[i] * x[i];
-        float r = 1.0f / sqrtf(ss / (float)D + RMS_EPS);
+        float r = rmsnorm_rstd(ss, D);
         for (int i = 0; i < D; i++) o[i] = x[i] * r * weight[i];
         rstd[t] = r;
     }
