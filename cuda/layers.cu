@@ -12,6 +12,33 @@ static unsigned blocks_for(size_t n) { return (unsigned)((n + 255) / 256 < 4096 
 #define GRID_STRIDE(i, n) \
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (size_t)gridDim.x * blockDim.x)
 
+__global__ static void encoder_forward_kernel(float *out, const int *tokens, const float *embed, size_t N, int D)
+{
+    GRID_STRIDE(k, N * (size_t)D) out[k] = embed[(size_t)tokens[k / D] * D + k % D];
+}
+
+__global__ static void encoder_backward_kernel(float *dembed, const float *dout, const int *tokens, size_t N, int D)
+{
+    GRID_STRIDE(c, (size_t)D)
+    for (size_t t = 0; t < N; t++) dembed[(size_t)tokens[t] * D + c] += dout[t * D + c];
+}
+
+extern "C" int cuda_encoder_forward(float *out, const int *tokens, const float *embed, size_t N, int D,
+                                    cudaStream_t stream)
+{
+    if (N && D) encoder_forward_kernel<<<blocks_for(N * (size_t)D), 256, 0, stream>>>(out, tokens, embed, N, D);
+    CHECK_CUDA(cudaGetLastError());
+    return ISTH_OK;
+}
+
+extern "C" int cuda_encoder_backward(float *dembed, const float *dout, const int *tokens, size_t N, int D,
+                                     cudaStream_t stream)
+{
+    if (N && D) encoder_backward_kernel<<<blocks_for((size_t)D), 256, 0, stream>>>(dembed, dout, tokens, N, D);
+    CHECK_CUDA(cudaGetLastError());
+    return ISTH_OK;
+}
+
 #define ROW_THREADS 256
 #define RMS_CHUNKS 64 /* row ranges of the weight gradient's partial sums */
 

@@ -2,7 +2,8 @@
  * function for function: the same argument order (outputs, inputs, dims)
  * plus a trailing cudaStream_t, the same contract (backward accumulates
  * with +=), device pointers. The per-element math is src/elementwise.h's,
- * shared with the CPU. So far: RMSNorm, SwiGLU and rotary embedding; the
+ * shared with the CPU. So far: the embedding, RMSNorm, SwiGLU and rotary
+ * embedding; the
  * rest of the layers are the GPU backend issue's remaining work. Sums are
  * in a fixed order (a fixed tree per row, fixed row chunks for the weight
  * gradient), so a run repeats bit for bit on the same GPU.
@@ -17,6 +18,12 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+/* out (N,D) = embed[tokens] ; embed (V,D). */
+int cuda_encoder_forward(float *out, const int *tokens, const float *embed, size_t N, int D, cudaStream_t stream);
+/* dembed (V,D) += scatter of dout (N,D) by token: one thread per column,
+ * tokens in order, so the sums are the CPU's, bit for bit (no atomics). */
+int cuda_encoder_backward(float *dembed, const float *dout, const int *tokens, size_t N, int D, cudaStream_t stream);
 
 /* out (N,D) = inp / sqrt(mean(inp^2) + eps) * weight; rstd (N) saved. */
 int cuda_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *weight, size_t N, int D,

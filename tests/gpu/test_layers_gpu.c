@@ -1,5 +1,6 @@
 /* test_layers_gpu.c — the CUDA layers (cuda/layers.cu) against the CPU
- * backend's (src/cpu/layers.c) on random inputs: RMSNorm forward (output
+ * backend's (src/cpu/layers.c) on random inputs: the embedding forward and
+ * backward (bit-identical: the same additions in the same order), RMSNorm forward (output
  * and rstd) and backward (input and weight gradients, accumulated into
  * non-zero buffers; N=301 rows of D=200, neither a multiple of the block),
  * SwiGLU forward and backward (accumulating into non-zero gradients),
@@ -76,7 +77,32 @@ int main(void)
         printf("1..0 # SKIP no CUDA device (%s)\n", e != cudaSuccess ? cudaGetErrorString(e) : "none visible");
         return 0;
     }
-    printf("1..8\n");
+    printf("1..10\n");
+    { /* embedding: repeated tokens so the scatter accumulates */
+        const size_t N = 777;
+        const int V = 256, D = 72;
+        int *tok = malloc(N * sizeof(int)), *d_tok = NULL;
+        float *emb = random_floats((size_t)V * D, 13, 1.0), *dout = random_floats(N * (size_t)D, 14, 1.0);
+        float *dE = random_floats((size_t)V * D, 15, 0.1), *out = malloc(N * (size_t)D * sizeof(float));
+        float *got = malloc((size_t)V * D * sizeof(float) + N * (size_t)D * sizeof(float));
+        if (!tok || !emb || !dout || !dE || !out || !got) return 1;
+        for (size_t t = 0; t < N; t++) tok[t] = (int)(rng_bits(11, 16, t) % 37); /* few distinct tokens */
+        if (cudaMalloc((void **)&d_tok, N * sizeof(int)) != cudaSuccess) return 1;
+        cudaMemcpy(d_tok, tok, N * sizeof(int), cudaMemcpyHostToDevice);
+        float *d_emb = to_device(emb, (size_t)V * D), *d_dout = to_device(dout, N * (size_t)D),
+              *d_dE = to_device(dE, (size_t)V * D), *d_out = to_device(out, N * (size_t)D);
+        if (!d_emb || !d_dout || !d_dE || !d_out) return 1;
+        encoder_forward(out, tok, emb, N, D);
+        if (cuda_encoder_forward(d_out, d_tok, d_emb, N, D, 0)) return 1;
+        from_device(got, d_out, N * (size_t)D);
+        check("encoder_forward", got, out, N * (size_t)D);
+        encoder_backward(dE, dout, tok, N, D);
+        if (cuda_encoder_backward(d_dE, d_dout, d_tok, N, D, 0)) return 1;
+        from_device(got, d_dE, (size_t)V * D);
+        const int same = !memcmp(got, dE, (size_t)V * D * sizeof(float));
+        printf("%s %d - encoder_backward (+=): bit-identical to the CPU\n", same ? "ok" : "not ok", ++test_no);
+        failures += !same;
+    }
     { /* RMSNorm */
         const size_t N = 301;
         const int D = 200;
