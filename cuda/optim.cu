@@ -7,7 +7,7 @@
 
 extern "C" {
 #include "alloc.h"
-#include "cpu/optim.h" /* adamw_constants, run_in_tensor: host arithmetic shared with the CPU */
+#include "cpu/optim.h" /* adamw_constants, run_segment: host arithmetic shared with the CPU */
 #include "elementwise.h"
 #include "status.h"
 }
@@ -53,12 +53,10 @@ extern "C" int cuda_adamw_step(CudaAdamW *opt, const Model *model, float *params
         const Tensor *t = &model->tensors[i];
         const AdamWStep k = adamw_constants(opt->t, lr, weight_decay, t->flags & PARAM_DECAY);
         for (int r = 0; r < opt->runs.n; r++) {
-            size_t j0, j1;
-            if (!run_in_tensor(&opt->runs, r, t, &j0, &j1)) continue;
-            const size_t at = opt->runs.packed[r] + (t->offset + j0 - opt->runs.off[r]), n = j1 - j0;
+            size_t at, packed, n;
+            if (!run_segment(&opt->runs, r, t, &at, &packed, &n)) continue;
             const unsigned blocks = (unsigned)((n + 255) / 256 < 4096 ? (n + 255) / 256 : 4096);
-            adamw_segment<<<blocks, 256, 0, stream>>>(params + t->offset + j0, grads + t->offset + j0, opt->m + at,
-                                                      opt->v + at, n, k);
+            adamw_segment<<<blocks, 256, 0, stream>>>(params + at, grads + at, opt->m + packed, opt->v + packed, n, k);
         }
     }
     CHECK_CUDA(cudaGetLastError()); /* the launches */

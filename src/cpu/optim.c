@@ -76,21 +76,15 @@ AdamWStep adamw_constants(long t, double lr, double weight_decay, int decays)
     return k;
 }
 
-int run_in_tensor(const ParamRuns *runs, int r, const Tensor *t, size_t *j0, size_t *j1)
+int run_segment(const ParamRuns *runs, int r, const Tensor *t, size_t *param, size_t *packed, size_t *n)
 {
-    return run_part_in_tensor(runs->off[r], runs->len[r], t, j0, j1);
-}
-
-/* The part of run r inside tensor t: [*j0, *j1) relative to the tensor.
- * Returns 0 when they do not meet. */
-int run_part_in_tensor(size_t off, size_t len, const Tensor *t, size_t *j0, size_t *j1)
-{
-    const size_t a = off > t->offset ? off : t->offset;
-    const size_t end = off + len, tend = t->offset + t->numel;
+    const size_t a = runs->off[r] > t->offset ? runs->off[r] : t->offset;
+    const size_t end = runs->off[r] + runs->len[r], tend = t->offset + t->numel;
     const size_t b = end < tend ? end : tend;
     if (a >= b) return 0;
-    *j0 = a - t->offset;
-    *j1 = b - t->offset;
+    *param = a;
+    *packed = runs->packed[r] + (a - runs->off[r]);
+    *n = b - a;
     return 1;
 }
 
@@ -101,12 +95,9 @@ void adamw_step(AdamW *opt, Model *model, double lr, double weight_decay)
         const Tensor *t = &model->tensors[i];
         const AdamWStep k = adamw_constants(opt->t, lr, weight_decay, t->flags & PARAM_DECAY);
         for (int r = 0; r < opt->runs.n; r++) {
-            size_t j0, j1;
-            if (!run_in_tensor(&opt->runs, r, t, &j0, &j1)) continue;
-            float *p = model->params + t->offset + j0, *g = model->grads + t->offset + j0;
-            const size_t at = opt->runs.packed[r] + (t->offset + j0 - opt->runs.off[r]);
-            float *m = opt->m + at, *v = opt->v + at;
-            const size_t n = j1 - j0;
+            size_t at, packed, n;
+            if (!run_segment(&opt->runs, r, t, &at, &packed, &n)) continue;
+            float *p = model->params + at, *g = model->grads + at, *m = opt->m + packed, *v = opt->v + packed;
 #pragma omp parallel for schedule(static)
             for (size_t j = 0; j < n; j++) adamw_update(&p[j], &m[j], &v[j], g[j], &k);
         }
@@ -120,11 +111,10 @@ void sgd_step(const ParamRuns *runs, Model *model, double lr, double weight_deca
         const Tensor *t = &model->tensors[i];
         const float decay = (t->flags & PARAM_DECAY) ? (float)(1.0 - lr * weight_decay) : 1.0f;
         for (int r = 0; r < runs->n; r++) {
-            size_t j0, j1;
-            if (!run_in_tensor(runs, r, t, &j0, &j1)) continue;
-            float *p = model->params + t->offset + j0;
-            const float *g = model->grads + t->offset + j0;
-            const size_t n = j1 - j0;
+            size_t at, packed, n;
+            if (!run_segment(runs, r, t, &at, &packed, &n)) continue;
+            float *p = model->params + at;
+            const float *g = model->grads + at;
 #pragma omp parallel for schedule(static)
             for (size_t j = 0; j < n; j++) p[j] = p[j] * decay - flr * g[j];
         }

@@ -48,10 +48,9 @@ void adamw_destroy(AdamW *opt);
 
 /* The constants of update t (1-based) for a tensor that decays or not. */
 AdamWStep adamw_constants(long t, double lr, double weight_decay, int decays);
-/* The part [*j0, *j1) of run (off, len) inside tensor t, relative to the
- * tensor; 0 when they do not meet. run_in_tensor: run r of runs. */
-int run_part_in_tensor(size_t off, size_t len, const Tensor *t, size_t *j0, size_t *j1);
-int run_in_tensor(const ParamRuns *runs, int r, const Tensor *t, size_t *j0, size_t *j1);
+/* Where run r meets tensor t: its offset in the params (*param), in the
+ * packed layout (*packed) and its length (*n); 0 when they do not meet. */
+int run_segment(const ParamRuns *runs, int r, const Tensor *t, size_t *param, size_t *packed, size_t *n);
 
 /* One update of the runs; grads are read, not modified. */
 void adamw_step(AdamW *opt, Model *m, double lr, double weight_decay);

@@ -22,6 +22,7 @@
 #include <cuda_runtime_api.h>
 
 #include "cpu/layers.h"
+#include "gpu_tap.h"
 #include "layers.h"
 #include "rng.h"
 
@@ -71,12 +72,7 @@ static void from_device(float *h, const float *d, size_t n)
 
 int main(void)
 {
-    int devices = 0;
-    const cudaError_t e = cudaGetDeviceCount(&devices);
-    if (e != cudaSuccess || devices == 0) {
-        printf("1..0 # SKIP no CUDA device (%s)\n", e != cudaSuccess ? cudaGetErrorString(e) : "none visible");
-        return 0;
-    }
+    if (!gpu_present_or_skip()) return 0;
     printf("1..10\n");
     { /* embedding: repeated tokens so the scatter accumulates */
         const size_t N = 777;

@@ -17,6 +17,7 @@
 #include <cuda_runtime_api.h>
 
 #include "config.h"
+#include "gpu_tap.h"
 #include "cpu/optim.h"
 #include "model.h"
 #include "optim.h"
@@ -41,12 +42,7 @@ static size_t compare(const char *what, const float *gpu, const float *cpu, size
 
 int main(void)
 {
-    int devices = 0;
-    const cudaError_t e = cudaGetDeviceCount(&devices);
-    if (e != cudaSuccess || devices == 0) {
-        printf("1..0 # SKIP no CUDA device (%s)\n", e != cudaSuccess ? cudaGetErrorString(e) : "none visible");
-        return 0;
-    }
+    if (!gpu_present_or_skip()) return 0;
     printf("1..3\n");
     Config cfg;
     const char *over[] = {"model.layers=3", "model.dim=64", "model.ffn=96", "model.experts=4"};
