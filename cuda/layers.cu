@@ -1,16 +1,12 @@
 /* layers.cu — see layers.h. */
 #include "layers.h"
 #include "check.h"
+#include "grid.h"
 
 extern "C" {
 #include "elementwise.h"
 }
 
-/* Grid of at most 4096 blocks of 256 threads; kernels stride over the rest. */
-static unsigned blocks_for(size_t n) { return (unsigned)((n + 255) / 256 < 4096 ? (n + 255) / 256 : 4096); }
-
-#define GRID_STRIDE(i, n) \
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (size_t)gridDim.x * blockDim.x)
 
 __global__ static void encoder_forward_kernel(float *out, const int *tokens, const float *embed, size_t N, int D)
 {
@@ -196,4 +192,389 @@ extern "C" int cuda_rope_backward(float *dx, const float *cos_t, const float *si
                                   cudaStream_t stream)
 {
     return rope(dx, cos_t, sin_t, B, T, H, Dh, -1.0f, stream);
+}
+
+/* --- matrix products (cuBLAS, column-major: a row-major (R,C) array is a
+ * column-major (C,R) one, so each product is written transposed) ---------- */
+
+extern "C" int cuda_blas_create(CudaBlas *b, cudaStream_t stream, int bf16)
+{
+    b->stream = stream;
+    b->bf16 = bf16;
+    CHECK_CUBLAS(cublasCreate(&b->handle));
+    CHECK_CUBLAS(cublasSetStream(b->handle, stream));
+    /* fp32 stays fp32: no TF32 unless asked for (bf16 is asked per call) */
+    CHECK_CUBLAS(cublasSetMathMode(b->handle, CUBLAS_PEDANTIC_MATH));
+    return ISTH_OK;
+}
+
+extern "C" void cuda_blas_destroy(CudaBlas *b)
+{
+    if (b->handle) cublasDestroy(b->handle);
+    b->handle = NULL;
+}
+
+/* C (m,n) = alpha op(A) op(B) + beta C, column-major. */
+static int gemm(const CudaBlas *b, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, const float *A,
+                int lda, const float *B, int ldb, float beta, float *C, int ldc)
+{
+    if (!m || !n) return ISTH_OK;
+    const float alpha = 1.0f;
+    const cublasComputeType_t compute = b->bf16 ? CUBLAS_COMPUTE_32F_FAST_16BF : CUBLAS_COMPUTE_32F_PEDANTIC;
+    CHECK_CUBLAS(cublasGemmEx(b->handle, ta, tb, m, n, k, &alpha, A, CUDA_R_32F, lda, B, CUDA_R_32F, ldb, &beta, C,
+                              CUDA_R_32F, ldc, compute, CUBLAS_GEMM_DEFAULT));
+    return ISTH_OK;
+}
+
+extern "C" int cuda_matmul_forward(float *out, const float *inp, const float *weight, size_t N, int C, int OC,
+                                   const CudaBlas *blas)
+{
+    /* out^T (OC,N) = W^T (OC,C) . inp^T (C,N) */
+    return gemm(blas, CUBLAS_OP_N, CUBLAS_OP_N, OC, (int)N, C, weight, OC, inp, C, 0.0f, out, OC);
+}
+
+extern "C" int cuda_matmul_backward(float *dinp, float *dweight, const float *dout, const float *inp,
+                                    const float *weight, size_t N, int C, int OC, const CudaBlas *blas)
+{
+    if (!N) return ISTH_OK;
+    /* dinp^T (C,N) += W (C,OC) . dout^T (OC,N) */
+    if (dinp) CHECK(gemm(blas, CUBLAS_OP_T, CUBLAS_OP_N, C, (int)N, OC, weight, OC, dout, OC, 1.0f, dinp, C));
+    /* dW^T (OC,C) += dout^T (OC,N) . inp (N,C) */
+    if (dweight) CHECK(gemm(blas, CUBLAS_OP_N, CUBLAS_OP_T, OC, C, (int)N, dout, OC, inp, C, 1.0f, dweight, OC));
+    return ISTH_OK;
+}
+
+extern "C" int cuda_tied_head_forward(float *logits, const float *x, const float *embed, size_t N, int D, int V,
+                                      const CudaBlas *blas)
+{
+    /* logits^T (V,N) = embed (V,D) . x^T (D,N) */
+    return gemm(blas, CUBLAS_OP_T, CUBLAS_OP_N, V, (int)N, D, embed, D, x, D, 0.0f, logits, V);
+}
+
+extern "C" int cuda_tied_head_backward(float *dx, float *dembed, const float *dlogits, const float *x,
+                                       const float *embed, size_t N, int D, int V, const CudaBlas *blas)
+{
+    if (!N) return ISTH_OK;
+    /* dx^T (D,N) += embed^T (D,V) . dlogits^T (V,N) */
+    CHECK(gemm(blas, CUBLAS_OP_N, CUBLAS_OP_N, D, (int)N, V, embed, D, dlogits, V, 1.0f, dx, D));
+    /* dembed^T (D,V) += x^T (D,N) . dlogits (N,V) */
+    CHECK(gemm(blas, CUBLAS_OP_N, CUBLAS_OP_T, D, V, (int)N, x, D, dlogits, V, 1.0f, dembed, D));
+    return ISTH_OK;
+}
+
+/* --- attention: one thread per query (or key) row, tiles of keys (or
+ * queries) in shared memory, an online softmax over the tiles ------------ */
+
+#define ATT_ROWS 64 /* query (key) rows per block, one thread each */
+#define ATT_TILE 32 /* key (query) rows per shared tile */
+
+template <int DH>
+__global__ static void attention_forward_kernel(float *out, float *lse, const float *q, const float *k, const float *v,
+                                                int T, int D, int H, float scale)
+{
+    __shared__ float ks[ATT_TILE][DH], vs[ATT_TILE][DH];
+    const int bh = blockIdx.y, b = bh / H, h = bh % H;
+    const int i0 = blockIdx.x * ATT_ROWS, i = i0 + threadIdx.x;
+    const size_t base = (size_t)b * T * D + (size_t)h * DH;
+    const bool live = i < T;
+    float qr[DH], o[DH];
+#pragma unroll
+    for (int d = 0; d < DH; d++) {
+        qr[d] = live ? q[base + (size_t)i * D + d] * scale : 0.0f;
+        o[d] = 0.0f;
+    }
+    float m = -INFINITY, l = 0.0f;
+    const int last = min(i0 + ATT_ROWS, T) - 1; /* the block's last query: causal keys stop there */
+    for (int j0 = 0; j0 <= last; j0 += ATT_TILE) {
+        for (int x = threadIdx.x; x < ATT_TILE * DH; x += blockDim.x) {
+            const int r = x / DH, d = x % DH, j = j0 + r;
+            ks[r][d] = j < T ? k[base + (size_t)j * D + d] : 0.0f;
+            vs[r][d] = j < T ? v[base + (size_t)j * D + d] : 0.0f;
+        }
+        __syncthreads();
+        const int n = live ? min(ATT_TILE, i - j0 + 1) : 0; /* keys j0 .. i of this tile */
+        if (n > 0) {
+            float s[ATT_TILE], mt = m;
+#pragma unroll
+            for (int r = 0; r < ATT_TILE; r++) {
+                float dot = 0.0f;
+                if (r < n) {
+#pragma unroll
+                    for (int d = 0; d < DH; d++) dot += qr[d] * ks[r][d];
+                    mt = fmaxf(mt, dot);
+                }
+                s[r] = dot;
+            }
+            const float corr = expf(m - mt); /* 0 on the first tile (m = -inf) */
+            l *= corr;
+#pragma unroll
+            for (int d = 0; d < DH; d++) o[d] *= corr;
+#pragma unroll
+            for (int r = 0; r < ATT_TILE; r++)
+                if (r < n) {
+                    const float p = expf(s[r] - mt);
+                    l += p;
+#pragma unroll
+                    for (int d = 0; d < DH; d++) o[d] += p * vs[r][d];
+                }
+            m = mt;
+        }
+        __syncthreads();
+    }
+    if (live) {
+        const float inv = 1.0f / l;
+#pragma unroll
+        for (int d = 0; d < DH; d++) out[base + (size_t)i * D + d] = o[d] * inv;
+        lse[(size_t)bh * T + i] = m + logf(l);
+    }
+}
+
+/* delta (B,H,T) = rowsum(dout * out) per head: sum_j p_ij dp_ij. */
+__global__ static void attention_delta_kernel(float *delta, const float *dout, const float *out, int B, int T, int D,
+                                              int H)
+{
+    const int Dh = D / H;
+    GRID_STRIDE(x, (size_t)B * H * T)
+    {
+        const int i = (int)(x % T);
+        const size_t bh = x / T, b = bh / H, h = bh % H;
+        const size_t at = b * T * D + (size_t)i * D + h * Dh;
+        float s = 0.0f;
+        for (int d = 0; d < Dh; d++) s += dout[at + d] * out[at + d];
+        delta[x] = s;
+    }
+}
+
+/* dq: one thread per query, key tiles. */
+template <int DH>
+__global__ static void attention_dq_kernel(float *dq, const float *dout, const float *lse, const float *delta,
+                                           const float *q, const float *k, const float *v, int T, int D, int H,
+                                           float scale)
+{
+    __shared__ float ks[ATT_TILE][DH], vs[ATT_TILE][DH];
+    const int bh = blockIdx.y, b = bh / H, h = bh % H;
+    const int i0 = blockIdx.x * ATT_ROWS, i = i0 + threadIdx.x;
+    const size_t base = (size_t)b * T * D + (size_t)h * DH;
+    const bool live = i < T;
+    float qr[DH], dor[DH], acc[DH];
+#pragma unroll
+    for (int d = 0; d < DH; d++) {
+        qr[d] = live ? q[base + (size_t)i * D + d] * scale : 0.0f;
+        dor[d] = live ? dout[base + (size_t)i * D + d] : 0.0f;
+        acc[d] = 0.0f;
+    }
+    const float L = live ? lse[(size_t)bh * T + i] : 0.0f, Di = live ? delta[(size_t)bh * T + i] : 0.0f;
+    const int last = min(i0 + ATT_ROWS, T) - 1;
+    for (int j0 = 0; j0 <= last; j0 += ATT_TILE) {
+        for (int x = threadIdx.x; x < ATT_TILE * DH; x += blockDim.x) {
+            const int r = x / DH, d = x % DH, j = j0 + r;
+            ks[r][d] = j < T ? k[base + (size_t)j * D + d] : 0.0f;
+            vs[r][d] = j < T ? v[base + (size_t)j * D + d] : 0.0f;
+        }
+        __syncthreads();
+        const int n = live ? min(ATT_TILE, i - j0 + 1) : 0;
+        for (int r = 0; r < n; r++) {
+            float s = 0.0f, dp = 0.0f;
+#pragma unroll
+            for (int d = 0; d < DH; d++) {
+                s += qr[d] * ks[r][d];
+                dp += dor[d] * vs[r][d];
+            }
+            const float ds = expf(s - L) * (dp - Di);
+#pragma unroll
+            for (int d = 0; d < DH; d++) acc[d] += ds * ks[r][d];
+        }
+        __syncthreads();
+    }
+    if (live)
+#pragma unroll
+        for (int d = 0; d < DH; d++) dq[base + (size_t)i * D + d] += acc[d] * scale;
+}
+
+/* dk, dv: one thread per key, query tiles from the block's first key on. */
+template <int DH>
+__global__ static void attention_dkdv_kernel(float *dk, float *dv, const float *dout, const float *lse,
+                                             const float *delta, const float *q, const float *k, const float *v, int T,
+                                             int D, int H, float scale)
+{
+    __shared__ float qs[ATT_TILE][DH], dos[ATT_TILE][DH], ls[ATT_TILE], ds_[ATT_TILE];
+    const int bh = blockIdx.y, b = bh / H, h = bh % H;
+    const int j0 = blockIdx.x * ATT_ROWS, j = j0 + threadIdx.x;
+    const size_t base = (size_t)b * T * D + (size_t)h * DH;
+    const bool live = j < T;
+    float kr[DH], vr[DH], dka[DH], dva[DH];
+#pragma unroll
+    for (int d = 0; d < DH; d++) {
+        kr[d] = live ? k[base + (size_t)j * D + d] : 0.0f;
+        vr[d] = live ? v[base + (size_t)j * D + d] : 0.0f;
+        dka[d] = dva[d] = 0.0f;
+    }
+    for (int i0 = j0; i0 < T; i0 += ATT_TILE) {
+        for (int x = threadIdx.x; x < ATT_TILE * DH; x += blockDim.x) {
+            const int r = x / DH, d = x % DH, i = i0 + r;
+            qs[r][d] = i < T ? q[base + (size_t)i * D + d] * scale : 0.0f;
+            dos[r][d] = i < T ? dout[base + (size_t)i * D + d] : 0.0f;
+        }
+        for (int r = threadIdx.x; r < ATT_TILE; r += blockDim.x) {
+            const int i = i0 + r;
+            ls[r] = i < T ? lse[(size_t)bh * T + i] : 0.0f;
+            ds_[r] = i < T ? delta[(size_t)bh * T + i] : 0.0f;
+        }
+        __syncthreads();
+        if (live)
+            for (int r = 0; r < ATT_TILE; r++) {
+                const int i = i0 + r;
+                if (i < j || i >= T) continue;
+                float s = 0.0f, dp = 0.0f;
+#pragma unroll
+                for (int d = 0; d < DH; d++) {
+                    s += qs[r][d] * kr[d];
+                    dp += dos[r][d] * vr[d];
+                }
+                const float p = expf(s - ls[r]), dsc = p * (dp - ds_[r]);
+#pragma unroll
+                for (int d = 0; d < DH; d++) {
+                    dva[d] += p * dos[r][d];
+                    dka[d] += dsc * qs[r][d]; /* qs holds scale * q */
+                }
+            }
+        __syncthreads();
+    }
+    if (live)
+#pragma unroll
+        for (int d = 0; d < DH; d++) {
+            dk[base + (size_t)j * D + d] += dka[d];
+            dv[base + (size_t)j * D + d] += dva[d];
+        }
+}
+
+extern "C" int cuda_attention_supports(int Dh) { return Dh == 16 || Dh == 32 || Dh == 64 || Dh == 128; }
+
+#define ATT_DISPATCH(Dh, launch)                                                                  \
+    switch (Dh) {                                                                                 \
+    case 16: launch(16); break;                                                                   \
+    case 32: launch(32); break;                                                                   \
+    case 64: launch(64); break;                                                                   \
+    case 128: launch(128); break;                                                                 \
+    default: return isth_fail(ISTH_EINPUT, "CUDA attention: head dimension %d is not one of 16, 32, 64, 128", Dh); \
+    }
+
+extern "C" int cuda_attention_forward(float *out, float *lse, const float *q, const float *k, const float *v, int B,
+                                      int T, int D, int H, cudaStream_t stream)
+{
+    const int Dh = D / H;
+    if (!B || !T) return ISTH_OK;
+    const dim3 grid((unsigned)((T + ATT_ROWS - 1) / ATT_ROWS), (unsigned)(B * H));
+    const float scale = 1.0f / sqrtf((float)Dh);
+#define LAUNCH_FWD(DH) attention_forward_kernel<DH><<<grid, ATT_ROWS, 0, stream>>>(out, lse, q, k, v, T, D, H, scale)
+    ATT_DISPATCH(Dh, LAUNCH_FWD)
+    CHECK_CUDA(cudaGetLastError());
+    return ISTH_OK;
+}
+
+extern "C" int cuda_attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *out,
+                                       const float *lse, const float *q, const float *k, const float *v, int B, int T,
+                                       int D, int H, cudaStream_t stream)
+{
+    const int Dh = D / H;
+    if (!B || !T) return ISTH_OK;
+    if (!cuda_attention_supports(Dh))
+        return isth_fail(ISTH_EINPUT, "CUDA attention: head dimension %d is not one of 16, 32, 64, 128", Dh);
+    const size_t rows = (size_t)B * H * T;
+    float *delta;
+    CHECK_CUDA(cudaMallocAsync((void **)&delta, sizeof(float) * rows, stream));
+    attention_delta_kernel<<<blocks_for(rows), 256, 0, stream>>>(delta, dout, out, B, T, D, H);
+    const dim3 grid((unsigned)((T + ATT_ROWS - 1) / ATT_ROWS), (unsigned)(B * H));
+    const float scale = 1.0f / sqrtf((float)Dh);
+#define LAUNCH_BWD(DH)                                                                                        \
+    attention_dq_kernel<DH><<<grid, ATT_ROWS, 0, stream>>>(dq, dout, lse, delta, q, k, v, T, D, H, scale);    \
+    attention_dkdv_kernel<DH><<<grid, ATT_ROWS, 0, stream>>>(dk, dv, dout, lse, delta, q, k, v, T, D, H, scale)
+    ATT_DISPATCH(Dh, LAUNCH_BWD)
+    CHECK_CUDA(cudaGetLastError());
+    CHECK_CUDA(cudaFreeAsync(delta, stream));
+    return ISTH_OK;
+}
+
+/* --- the fused softmax cross-entropy ------------------------------------- */
+
+/* Max of v over the block, the same tree every time. */
+__device__ static float block_max(float v, float *shared)
+{
+    shared[threadIdx.x] = v;
+    __syncthreads();
+    for (int s = ROW_THREADS / 2; s > 0; s /= 2) {
+        if ((int)threadIdx.x < s) shared[threadIdx.x] = fmaxf(shared[threadIdx.x], shared[threadIdx.x + s]);
+        __syncthreads();
+    }
+    const float total = shared[0];
+    __syncthreads();
+    return total;
+}
+
+__global__ static void crossentropy_forward_kernel(float *losses, float *probs_logits, const int *targets, int V)
+{
+    __shared__ float shared[ROW_THREADS];
+    const size_t t = blockIdx.x;
+    float *row = probs_logits + t * V;
+    float mx = -INFINITY;
+    for (int j = threadIdx.x; j < V; j += ROW_THREADS) mx = fmaxf(mx, row[j]);
+    mx = block_max(mx, shared);
+    float sum = 0.0f;
+    for (int j = threadIdx.x; j < V; j += ROW_THREADS) sum += expf(row[j] - mx);
+    const float lse = logf(block_sum(sum, shared)) + mx;
+    if (threadIdx.x == 0) losses[t] = targets[t] >= 0 ? lse - row[targets[t]] : 0.0f;
+    __syncthreads(); /* the target's logit is read before the row becomes probabilities */
+    for (int j = threadIdx.x; j < V; j += ROW_THREADS) row[j] = expf(row[j] - lse);
+}
+
+__global__ static void crossentropy_backward_kernel(float *dlogits, const float *probs, const int *targets, float scale,
+                                                    size_t N, int V)
+{
+    GRID_STRIDE(x, N * (size_t)V)
+    {
+        const size_t t = x / V;
+        const int j = (int)(x % V);
+        const int y = targets[t];
+        dlogits[x] = y < 0 ? 0.0f : probs[x] * scale - (j == y ? scale : 0.0f);
+    }
+}
+
+extern "C" int cuda_crossentropy_forward(float *losses, float *probs_logits, const int *targets, size_t N, int V,
+                                         cudaStream_t stream)
+{
+    if (N) crossentropy_forward_kernel<<<(unsigned)N, ROW_THREADS, 0, stream>>>(losses, probs_logits, targets, V);
+    CHECK_CUDA(cudaGetLastError());
+    return ISTH_OK;
+}
+
+extern "C" int cuda_crossentropy_backward(float *dlogits, const float *probs, const int *targets, float scale,
+                                          size_t N, int V, cudaStream_t stream)
+{
+    if (N) crossentropy_backward_kernel<<<blocks_for(N * (size_t)V), 256, 0, stream>>>(dlogits, probs, targets, scale, N, V);
+    CHECK_CUDA(cudaGetLastError());
+    return ISTH_OK;
+}
+
+__global__ static void residual_kernel(float *out, const float *a, const float *b, size_t n)
+{
+    GRID_STRIDE(i, n) out[i] = a[i] + b[i];
+}
+
+__global__ static void scale_kernel(float *v, float factor, size_t n)
+{
+    GRID_STRIDE(i, n) v[i] *= factor;
+}
+
+extern "C" int cuda_residual_forward(float *out, const float *a, const float *b, size_t n, cudaStream_t stream)
+{
+    if (n) residual_kernel<<<blocks_for(n), 256, 0, stream>>>(out, a, b, n);
+    CHECK_CUDA(cudaGetLastError());
+    return ISTH_OK;
+}
+
+extern "C" int cuda_scale(float *v, float factor, size_t n, cudaStream_t stream)
+{
+    if (n) scale_kernel<<<blocks_for(n), 256, 0, stream>>>(v, factor, n);
+    CHECK_CUDA(cudaGetLastError());
+    return ISTH_OK;
 }

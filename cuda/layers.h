@@ -2,22 +2,36 @@
  * function for function: the same argument order (outputs, inputs, dims)
  * plus a trailing cudaStream_t, the same contract (backward accumulates
  * with +=), device pointers. The per-element math is src/elementwise.h's,
- * shared with the CPU. So far: the embedding, RMSNorm, SwiGLU and rotary
- * embedding; the
- * rest of the layers are the GPU backend issue's remaining work. Sums are
- * in a fixed order (a fixed tree per row, fixed row chunks for the weight
- * gradient), so a run repeats bit for bit on the same GPU.
+ * shared with the CPU. Sums are in a fixed order (a fixed tree per row,
+ * fixed row chunks for the weight gradient, no atomics), so a run repeats
+ * bit for bit on the same GPU. Matrix products go through cuBLAS (CudaBlas:
+ * the handle, its stream and the precision); attention is tiled with an
+ * online softmax and keeps only each row's log-sum-exp for backward, so its
+ * memory is O(T), not the CPU's O(T^2).
  */
 #ifndef ISTHMUS_CUDA_LAYERS_H
 #define ISTHMUS_CUDA_LAYERS_H
 
 #include <stddef.h>
 
+#include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+/* A cuBLAS handle bound to `stream`; bf16 != 0: products on bf16 tensor
+ * cores with fp32 inputs, outputs and accumulation
+ * (CUBLAS_COMPUTE_32F_FAST_16BF), else plain fp32 (no TF32). */
+typedef struct {
+    cublasHandle_t handle;
+    cudaStream_t stream;
+    int bf16;
+} CudaBlas;
+
+int cuda_blas_create(CudaBlas *b, cudaStream_t stream, int bf16);
+void cuda_blas_destroy(CudaBlas *b);
 
 /* out (N,D) = embed[tokens] ; embed (V,D). */
 int cuda_encoder_forward(float *out, const int *tokens, const float *embed, size_t N, int D, cudaStream_t stream);
@@ -44,6 +58,45 @@ int cuda_rope_forward(float *x, const float *cos_t, const float *sin_t, int B, i
                       cudaStream_t stream);
 int cuda_rope_backward(float *dx, const float *cos_t, const float *sin_t, int B, int T, int H, int Dh,
                        cudaStream_t stream);
+
+/* out (N,OC) = inp (N,C) . weight (C,OC)   [weights stored (in, out)] */
+int cuda_matmul_forward(float *out, const float *inp, const float *weight, size_t N, int C, int OC,
+                        const CudaBlas *blas);
+/* dinp (N,C) += dout . weight^T ; dweight (C,OC) += inp^T . dout. Either may be NULL. */
+int cuda_matmul_backward(float *dinp, float *dweight, const float *dout, const float *inp, const float *weight,
+                         size_t N, int C, int OC, const CudaBlas *blas);
+/* The tied output head: logits (N,V) = x (N,D) . embed (V,D)^T. */
+int cuda_tied_head_forward(float *logits, const float *x, const float *embed, size_t N, int D, int V,
+                           const CudaBlas *blas);
+/* dx (N,D) += dlogits . embed ; dembed (V,D) += dlogits^T . x. */
+int cuda_tied_head_backward(float *dx, float *dembed, const float *dlogits, const float *x, const float *embed,
+                            size_t N, int D, int V, const CudaBlas *blas);
+
+/* The head dimensions the attention kernels are built for. */
+int cuda_attention_supports(int Dh);
+/* Causal attention, q,k,v,out (B,T,D) with head h in columns [h*Dh,(h+1)*Dh)
+ * (the CPU's layout); lse (B,H,T) keeps each row's log-sum-exp of the
+ * scaled scores for backward in place of the CPU's (B,H,T,T) probabilities. */
+int cuda_attention_forward(float *out, float *lse, const float *q, const float *k, const float *v, int B, int T,
+                           int D, int H, cudaStream_t stream);
+/* dq,dk,dv (B,T,D) += ...; recomputes the probabilities from lse. Needs
+ * the forward's out; scratch from the stream's pool. */
+int cuda_attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *out, const float *lse,
+                            const float *q, const float *k, const float *v, int B, int T, int D, int H,
+                            cudaStream_t stream);
+
+/* probs (N,V) = softmax(logits) in place; losses (N) = -log probs[target]
+ * (0 where target < 0): the fused softmax cross-entropy, one block per row. */
+int cuda_crossentropy_forward(float *losses, float *probs_logits, const int *targets, size_t N, int V,
+                              cudaStream_t stream);
+/* dlogits (N,V) = (probs - onehot(target)) * scale, rows with target < 0 zeroed. */
+int cuda_crossentropy_backward(float *dlogits, const float *probs, const int *targets, float scale, size_t N, int V,
+                               cudaStream_t stream);
+
+/* out (n) = a + b */
+int cuda_residual_forward(float *out, const float *a, const float *b, size_t n, cudaStream_t stream);
+/* out (n) *= factor */
+int cuda_scale(float *v, float factor, size_t n, cudaStream_t stream);
 
 #ifdef __cplusplus
 }

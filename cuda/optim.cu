@@ -62,3 +62,97 @@ extern "C" int cuda_adamw_step(CudaAdamW *opt, const Model *model, float *params
     CHECK_CUDA(cudaGetLastError()); /* the launches */
     return ISTH_OK;
 }
+
+__global__ static void sgd_segment(float *p, const float *g, size_t n, float decay, float lr)
+{
+    for (size_t j = (size_t)blockIdx.x * blockDim.x + threadIdx.x; j < n; j += (size_t)gridDim.x * blockDim.x)
+        p[j] = p[j] * decay - lr * g[j];
+}
+
+extern "C" int cuda_sgd_step(const ParamRuns *runs, const Model *model, float *params, const float *grads, double lr,
+                             double weight_decay, cudaStream_t stream)
+{
+    for (int i = 0; i < N_TENSORS; i++) {
+        const Tensor *t = &model->tensors[i];
+        const float decay = (t->flags & PARAM_DECAY) ? (float)(1.0 - lr * weight_decay) : 1.0f;
+        for (int r = 0; r < runs->n; r++) {
+            size_t at, packed, n;
+            if (!run_segment(runs, r, t, &at, &packed, &n)) continue;
+            const unsigned blocks = (unsigned)((n + 255) / 256 < 4096 ? (n + 255) / 256 : 4096);
+            sgd_segment<<<blocks, 256, 0, stream>>>(params + at, grads + at, n, decay, (float)lr);
+        }
+    }
+    CHECK_CUDA(cudaGetLastError());
+    return ISTH_OK;
+}
+
+#define SUMSQ_THREADS 256
+#define SUMSQ_CHUNKS 64
+
+/* Block b: the sum of squares of [begin[b], end[b]) of v, a fixed tree. */
+__global__ static void sumsq_ranges(double *out, const float *v, const size_t *begin, const size_t *end)
+{
+    __shared__ double shared[SUMSQ_THREADS];
+    const size_t j0 = begin[blockIdx.x], j1 = end[blockIdx.x];
+    double s = 0.0;
+    for (size_t j = j0 + threadIdx.x; j < j1; j += SUMSQ_THREADS) s += (double)v[j] * v[j];
+    shared[threadIdx.x] = s;
+    __syncthreads();
+    for (int k = SUMSQ_THREADS / 2; k > 0; k /= 2) {
+        if ((int)threadIdx.x < k) shared[threadIdx.x] += shared[threadIdx.x + k];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) out[blockIdx.x] = shared[0];
+}
+
+/* out[i] = sum of squares of v over the n ranges [begin[i], end[i]) (host arrays). */
+static int sumsq_of_ranges(const float *v, const size_t *begin, const size_t *end, int n, cudaStream_t stream,
+                           double *out)
+{
+    if (n <= 0) return ISTH_OK;
+    size_t *d_ranges;
+    double *d_out;
+    CHECK_CUDA(cudaMallocAsync((void **)&d_ranges, sizeof(size_t) * 2 * (size_t)n, stream));
+    CHECK_CUDA(cudaMallocAsync((void **)&d_out, sizeof(double) * (size_t)n, stream));
+    CHECK_CUDA(cudaMemcpyAsync(d_ranges, begin, sizeof(size_t) * (size_t)n, cudaMemcpyHostToDevice, stream));
+    CHECK_CUDA(cudaMemcpyAsync(d_ranges + n, end, sizeof(size_t) * (size_t)n, cudaMemcpyHostToDevice, stream));
+    sumsq_ranges<<<(unsigned)n, SUMSQ_THREADS, 0, stream>>>(d_out, v, d_ranges, d_ranges + n);
+    CHECK_CUDA(cudaGetLastError());
+    CHECK_CUDA(cudaMemcpyAsync(out, d_out, sizeof(double) * (size_t)n, cudaMemcpyDeviceToHost, stream));
+    CHECK_CUDA(cudaFreeAsync(d_ranges, stream));
+    CHECK_CUDA(cudaFreeAsync(d_out, stream));
+    CHECK_CUDA(cudaStreamSynchronize(stream));
+    return ISTH_OK;
+}
+
+extern "C" int cuda_state_sumsq(const Model *m, const float *buf, unsigned mask, unsigned want, cudaStream_t stream,
+                                double *out)
+{
+    size_t begin[N_TENSORS * SUMSQ_CHUNKS], end[N_TENSORS * SUMSQ_CHUNKS];
+    double part[N_TENSORS * SUMSQ_CHUNKS];
+    int n = 0;
+    for (int i = 0; i < N_TENSORS; i++) {
+        const Tensor *t = &m->tensors[i];
+        if ((t->flags & mask) != want) continue;
+        for (int c = 0; c < SUMSQ_CHUNKS; c++, n++) { /* the CPU's chunks */
+            begin[n] = t->offset + t->numel * (size_t)c / SUMSQ_CHUNKS;
+            end[n] = t->offset + t->numel * (size_t)(c + 1) / SUMSQ_CHUNKS;
+        }
+    }
+    CHECK(sumsq_of_ranges(buf, begin, end, n, stream, part));
+    double total = 0.0;
+    for (int c = 0; c < n; c++) total += part[c];
+    *out = total;
+    return ISTH_OK;
+}
+
+extern "C" int cuda_run_sumsq(const float *buf, const size_t *off, const size_t *len, int n, cudaStream_t stream,
+                              double *out)
+{
+    size_t *end = (size_t *)isth_malloc(sizeof(size_t) * ((size_t)n + 1));
+    CHECK_ALLOC(end);
+    for (int i = 0; i < n; i++) end[i] = off[i] + len[i];
+    const int rc = sumsq_of_ranges(buf, off, end, n, stream, out);
+    isth_free(end);
+    return rc;
+}

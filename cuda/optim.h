@@ -35,6 +35,19 @@ void cuda_adamw_destroy(CudaAdamW *opt);
 int cuda_adamw_step(CudaAdamW *opt, const Model *m, float *params, const float *grads, double lr, double weight_decay,
                     cudaStream_t stream);
 
+/* Plain SGD with decoupled weight decay over the runs (cpu/optim.h's sgd_step). */
+int cuda_sgd_step(const ParamRuns *runs, const Model *m, float *params, const float *grads, double lr,
+                  double weight_decay, cudaStream_t stream);
+
+/* Sum of squares of buf (device, laid out like m) over the tensors whose
+ * flags & mask == want: per tensor 64 fixed chunks (a fixed tree in double
+ * each), added in order on the host. Synchronises the stream. */
+int cuda_state_sumsq(const Model *m, const float *buf, unsigned mask, unsigned want, cudaStream_t stream,
+                     double *out);
+/* out[i] = sum of squares of buf[off[i], off[i] + len[i]) (device), each a
+ * fixed tree in double. Synchronises the stream. */
+int cuda_run_sumsq(const float *buf, const size_t *off, const size_t *len, int n, cudaStream_t stream, double *out);
+
 #ifdef __cplusplus
 }
 #endif

@@ -56,13 +56,13 @@ typedef struct {
     /* Forward without capacity limits: per-position cross-entropy into
      * losses (B*T, host). Learner collective. */
     int (*score)(Backend *b, const int *tokens, const int *targets, int B, int T, float *losses);
-    void (*zero_grads)(Backend *b);
-    /* Sum of squares of `which` over the tensors whose flags & mask == want
-     * (fixed chunking, summed in order: deterministic). */
-    double (*sumsq)(Backend *b, StateKind which, unsigned mask, unsigned want);
+    int (*zero_grads)(Backend *b);
+    /* *out = sum of squares of `which` over the tensors whose flags & mask
+     * == want (fixed chunking, summed in order: deterministic). */
+    int (*sumsq)(Backend *b, StateKind which, unsigned mask, unsigned want, double *out);
     /* Sums of squares of n runs (offset, length) of `which`, in order. */
-    void (*run_sumsq)(Backend *b, StateKind which, const size_t *off, const size_t *len, int n, double *out);
-    void (*scale_grads)(Backend *b, float factor);
+    int (*run_sumsq)(Backend *b, StateKind which, const size_t *off, const size_t *len, int n, double *out);
+    int (*scale_grads)(Backend *b, float factor);
     /* The runs (offset, length into the model table; ascending, disjoint)
      * this rank's inner optimiser updates and keeps state for: its share
      * of the dense chunks and its experts (ZeRO stage 1; the trainer then

@@ -67,6 +67,8 @@ static const KeySpec schema[] = {
     {"train", "clip", KEY_REAL, TR(clip), 0, 0, 1e9, 0, NULL, "1.0"},
     {"train", "optimizer", KEY_ENUM, TR(optimizer), STRSZ(train.optimizer), 0, 0, 0, "adamw|sgd|shampoo", "adamw"},
     {"train", "backend", KEY_ENUM, TR(backend), STRSZ(train.backend), 0, 0, 0, "auto|cpu|cuda", "auto"},
+    {"train", "precision", KEY_ENUM, TR(precision), STRSZ(train.precision), 0, 0, 0, "fp32|bf16", "fp32"},
+    {"train", "gpu_share", KEY_INT, TR(gpu_share), 0, 0, 1, 0, NULL, "0"},
     {"train", "threads", KEY_INT, TR(threads), 0, 0, 4096, 0, NULL, "0"},
     {"train", "seed", KEY_U64, TR(seed), 0, 0, 0, 0, NULL, "42"},
     {"train", "eval_every", KEY_INT, TR(eval_every), 0, 0, INT_MAX, 0, NULL, "0"},

@@ -42,6 +42,8 @@ typedef struct {
     double clip;
     char optimizer[16];
     char backend[8];   /* auto | cpu | cuda */
+    char precision[8]; /* fp32 | bf16 (bf16: CUDA only) */
+    int gpu_share;     /* 1: ranks on one host may share a GPU (tests) */
     int threads;
     uint64_t seed;
     int eval_every;

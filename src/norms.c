@@ -15,7 +15,8 @@ int grad_norm_sq_learner(Backend *be, MPI_Comm learner_comm, double *out)
 {
     const Model *m = &be->table;
     /* dense: every rank holds the whole dense gradient */
-    const double dense = be->ops->sumsq(be, STATE_GRADS, PARAM_EXPERT, 0);
+    double dense;
+    CHECK(be->ops->sumsq(be, STATE_GRADS, PARAM_EXPERT, 0, &dense));
     const int L = m->cfg.layers, E = m->cfg.experts, El = m->experts_local;
     int n_expert_tensors = 0;
     for (int t = 0; t < N_TENSORS; t++) n_expert_tensors += (m->tensors[t].flags & PARAM_EXPERT) != 0;
@@ -36,8 +37,10 @@ int grad_norm_sq_learner(Backend *be, MPI_Comm learner_comm, double *out)
                     len[k] = x->chunk_numel;
                 }
         }
-        be->ops->run_sumsq(be, STATE_GRADS, off, len, (int)mine, sums);
-        k = 0;
+        rc = be->ops->run_sumsq(be, STATE_GRADS, off, len, (int)mine, sums);
+    }
+    if (rc == ISTH_OK) {
+        size_t k = 0;
         for (int t = 0, base = 0; t < N_TENSORS; t++) {
             if (!(m->tensors[t].flags & PARAM_EXPERT)) continue;
             for (int l = 0; l < L; l++)

@@ -183,7 +183,7 @@ int trainer_step(Trainer *tr, StepLog *out)
     const double t0 = now_s();
     fault_set_step(tr->step + 1);
     const int B = tr->micro_batch, T = mc->context, M = tr->grad_accum, G = t->learner_size;
-    be->ops->zero_grads(be);
+    CHECK(be->ops->zero_grads(be));
     coll_mark(&tr->ep); /* each module counts its own traffic from here */
     link_mark(&tr->red.link);
     /* summed over every site (sync) or this site (outer modes: no per-step
@@ -219,7 +219,7 @@ int trainer_step(Trainer *tr, StepLog *out)
     double norm2;
     CHECK(grad_norm_sq_learner(be, t->learner_comm, &norm2));
     const double norm = sqrt(norm2);
-    if (tc->clip > 0 && norm > tc->clip) be->ops->scale_grads(be, (float)(tc->clip / norm));
+    if (tc->clip > 0 && norm > tc->clip) CHECK(be->ops->scale_grads(be, (float)(tc->clip / norm)));
     const double lr = lr_at(tc, tr->step);
     CHECK(be->ops->optimizer_step(be, lr));
     /* each owner updated its dense chunks: every rank needs them all */

@@ -54,7 +54,11 @@ static int cpu_score(Backend *b, const int *tokens, const int *targets, int B, i
     return ISTH_OK;
 }
 
-static void cpu_zero_grads(Backend *b) { memset(cpu(b)->model.grads, 0, cpu(b)->model.n_params * sizeof(float)); }
+static int cpu_zero_grads(Backend *b)
+{
+    memset(cpu(b)->model.grads, 0, cpu(b)->model.n_params * sizeof(float));
+    return ISTH_OK;
+}
 
 /* Until the trainer says which runs this rank updates: all of them. */
 static int ensure_optimizer(CpuBackend *c)
@@ -197,12 +201,13 @@ static int cpu_copy_state(Backend *b, StateKind dst, StateKind src)
     return ISTH_OK;
 }
 
-static double cpu_sumsq(Backend *b, StateKind which, unsigned mask, unsigned want)
+static int cpu_sumsq(Backend *b, StateKind which, unsigned mask, unsigned want, double *out)
 {
-    return state_sumsq(&cpu(b)->model, cpu_state(cpu(b), which), mask, want);
+    *out = state_sumsq(&cpu(b)->model, cpu_state(cpu(b), which), mask, want);
+    return ISTH_OK;
 }
 
-static void cpu_run_sumsq(Backend *b, StateKind which, const size_t *off, const size_t *len, int n, double *out)
+static int cpu_run_sumsq(Backend *b, StateKind which, const size_t *off, const size_t *len, int n, double *out)
 {
     const float *v = cpu_state(cpu(b), which);
     for (int i = 0; i < n; i++) {
@@ -211,9 +216,14 @@ static void cpu_run_sumsq(Backend *b, StateKind which, const size_t *off, const 
         for (size_t j = 0; j < len[i]; j++) s += (double)g[j] * g[j];
         out[i] = s;
     }
+    return ISTH_OK;
 }
 
-static void cpu_scale_grads(Backend *b, float factor) { grad_scale(&cpu(b)->model, factor); }
+static int cpu_scale_grads(Backend *b, float factor)
+{
+    grad_scale(&cpu(b)->model, factor);
+    return ISTH_OK;
+}
 
 static int cpu_optimizer_step(Backend *b, double lr)
 {

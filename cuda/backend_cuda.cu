@@ -1,0 +1,334 @@
+/* backend_cuda.cu — the CUDA backend (backend.h), mirroring
+ * src/cpu/backend_cpu.c: the model's state in device memory, layers through
+ * cuda/layers, cuda/moe and cuda/transformer, the learner's collectives
+ * over NCCL (cuda/coll_nccl). One rank drives one GPU (src/devices.h).
+ * Owns: the rank's device, stream, cuBLAS handle and NCCL communicator.
+ * Must not: know about sites, other learners or the link. */
+#include "check.h"
+#include "coll_nccl.h"
+#include "optim.h"
+#include "transformer.h"
+
+#include <string.h>
+
+extern "C" {
+#include "alloc.h"
+#include "backend.h"
+#include "devices.h"
+#include "status.h"
+}
+
+typedef struct {
+    Backend base;
+    Model model;          /* the table with device params and grads */
+    CudaAdamW opt;
+    int sharded;
+    CudaActivations acts;
+    CudaColl coll;
+    CudaBlas blas;
+    cudaStream_t stream;
+    float *scratch;       /* (scratch_cap, device) batches of learner sums */
+    size_t scratch_cap;
+    const char *optimizer;
+    double weight_decay;
+    int device;
+} CudaBackend;
+
+static CudaBackend *cb(Backend *b) { return (CudaBackend *)b; }
+
+static void cuda_destroy(Backend *b)
+{
+    CudaBackend *c = cb(b);
+    if (c->stream) cudaStreamSynchronize(c->stream);
+    cuda_acts_destroy(&c->acts);
+    cuda_adamw_destroy(&c->opt);
+    cuda_coll_destroy(&c->coll);
+    cuda_blas_destroy(&c->blas);
+    if (c->scratch) cudaFree(c->scratch);
+    if (c->model.params) cudaFree(c->model.params);
+    if (c->model.grads) cudaFree(c->model.grads);
+    if (c->stream) cudaStreamDestroy(c->stream);
+    isth_free(c);
+}
+
+static int cuda_train_micro(Backend *b, const int *tokens, const int *targets, int B, int T, float loss_scale,
+                            ForwardStats *st)
+{
+    CudaBackend *c = cb(b);
+    CHECK(cuda_transformer_forward(&c->model, &c->acts, tokens, targets, B, T, 1, st));
+    return cuda_transformer_backward(&c->model, &c->acts, st->n_targets, loss_scale);
+}
+
+static int cuda_score(Backend *b, const int *tokens, const int *targets, int B, int T, float *losses)
+{
+    CudaBackend *c = cb(b);
+    ForwardStats st;
+    CHECK(cuda_transformer_forward(&c->model, &c->acts, tokens, targets, B, T, 0, &st));
+    memcpy(losses, c->acts.h_losses, sizeof(float) * (size_t)B * T);
+    return ISTH_OK;
+}
+
+static int cuda_zero_grads(Backend *b)
+{
+    CudaBackend *c = cb(b);
+    CHECK_CUDA(cudaMemsetAsync(c->model.grads, 0, c->model.n_params * sizeof(float), c->stream));
+    return ISTH_OK;
+}
+
+static int ensure_optimizer(CudaBackend *c)
+{
+    if (c->sharded) return ISTH_OK;
+    const size_t off = 0, len = c->model.n_params;
+    CHECK(cuda_adamw_create(&c->opt, &off, &len, 1));
+    c->sharded = 1;
+    return ISTH_OK;
+}
+
+static int cuda_optimizer_shard(Backend *b, const size_t *off, const size_t *len, int n)
+{
+    CudaBackend *c = cb(b);
+    for (int r = 0; r < n; r++)
+        if (off[r] + len[r] > c->model.n_params)
+            return isth_fail(ISTH_ERUNTIME, "optimizer: run %d [%zu, +%zu) is outside the %zu parameters", r, off[r],
+                             len[r], c->model.n_params);
+    cuda_adamw_destroy(&c->opt);
+    c->sharded = 0;
+    CHECK(cuda_adamw_create(&c->opt, off, len, n));
+    c->sharded = 1;
+    return ISTH_OK;
+}
+
+static float *state(CudaBackend *c, StateKind which)
+{
+    if ((which == STATE_ADAM_M || which == STATE_ADAM_V) && ensure_optimizer(c) != ISTH_OK) return NULL;
+    switch (which) {
+    case STATE_PARAMS: return c->model.params;
+    case STATE_GRADS: return c->model.grads;
+    case STATE_ADAM_M: return c->opt.m;
+    case STATE_ADAM_V: return c->opt.v;
+    default: return NULL;
+    }
+}
+
+static size_t state_len(const CudaBackend *c, StateKind which)
+{
+    return which == STATE_ADAM_M || which == STATE_ADAM_V ? c->opt.runs.total : c->model.n_params;
+}
+
+static int check_runs(CudaBackend *c, StateKind which, const size_t *off, const size_t *len, int n, const char *verb)
+{
+    if (!state(c, which)) return isth_fail(ISTH_ERUNTIME, "backend: %s of an unknown state (%d)", verb, (int)which);
+    const size_t total = state_len(c, which);
+    for (int i = 0; i < n; i++)
+        if (off[i] > total || len[i] > total - off[i])
+            return isth_fail(ISTH_ERUNTIME, "backend: %s run %d [%zu, +%zu) is outside the state's %zu floats", verb, i,
+                             off[i], len[i], total);
+    return ISTH_OK;
+}
+
+static int cuda_get(Backend *b, StateKind which, const size_t *off, const size_t *len, int n, float *host)
+{
+    CudaBackend *c = cb(b);
+    CHECK(check_runs(c, which, off, len, n, "get"));
+    const float *v = state(c, which);
+    for (int i = 0; i < n; i++) {
+        if (len[i])
+            CHECK_CUDA(cudaMemcpyAsync(host, v + off[i], len[i] * sizeof(float), cudaMemcpyDeviceToHost, c->stream));
+        host += len[i];
+    }
+    CHECK_CUDA(cudaStreamSynchronize(c->stream));
+    return ISTH_OK;
+}
+
+static int cuda_put(Backend *b, StateKind which, const size_t *off, const size_t *len, int n, const float *host)
+{
+    CudaBackend *c = cb(b);
+    CHECK(check_runs(c, which, off, len, n, "put"));
+    float *v = state(c, which);
+    for (int i = 0; i < n; i++) {
+        if (len[i])
+            CHECK_CUDA(cudaMemcpyAsync(v + off[i], host, len[i] * sizeof(float), cudaMemcpyHostToDevice, c->stream));
+        host += len[i];
+    }
+    CHECK_CUDA(cudaStreamSynchronize(c->stream)); /* the caller may reuse host at once */
+    return ISTH_OK;
+}
+
+/* Runs in batches of whole runs through device scratch, summed with one
+ * ncclAllReduce per batch (a run larger than the batch alone, in place):
+ * the CPU backend's batching, so the sums are the same on every rank. */
+static int cuda_sum_runs(Backend *b, StateKind which, const size_t *off, const size_t *len, int n)
+{
+    CudaBackend *c = cb(b);
+    if (c->coll.mpi->size == 1 || !n) return ISTH_OK;
+    CHECK(check_runs(c, which, off, len, n, "sum_runs"));
+    float *buf = state(c, which);
+    size_t total = 0;
+    for (int i = 0; i < n; i++) total += len[i];
+    const size_t want = total < BACKEND_SUM_BATCH ? total : BACKEND_SUM_BATCH;
+    if (want > c->scratch_cap) {
+        if (c->scratch) CHECK_CUDA(cudaFree(c->scratch));
+        c->scratch = NULL;
+        c->scratch_cap = 0;
+        CHECK_CUDA(cudaMalloc((void **)&c->scratch, want * sizeof(float)));
+        c->scratch_cap = want;
+    }
+    const size_t cap = c->scratch_cap;
+    const cudaStream_t s = c->stream;
+    int i = 0;
+    while (i < n) {
+        if (len[i] > cap) {
+            CHECK(cuda_coll_allreduce_sum(&c->coll, buf + off[i], len[i], s));
+            i++;
+            continue;
+        }
+        int end = i;
+        size_t k = 0;
+        for (; end < n && len[end] <= cap - k; k += len[end], end++)
+            CHECK_CUDA(cudaMemcpyAsync(c->scratch + k, buf + off[end], len[end] * sizeof(float),
+                                       cudaMemcpyDeviceToDevice, s));
+        CHECK(cuda_coll_allreduce_sum(&c->coll, c->scratch, k, s));
+        for (k = 0; i < end; k += len[i], i++)
+            CHECK_CUDA(cudaMemcpyAsync(buf + off[i], c->scratch + k, len[i] * sizeof(float), cudaMemcpyDeviceToDevice,
+                                       s));
+    }
+    return ISTH_OK;
+}
+
+static int cuda_share_runs(Backend *b, StateKind which, const size_t *off, const size_t *len, const int *owner, int n)
+{
+    CudaBackend *c = cb(b);
+    CHECK(check_runs(c, which, off, len, n, "share_runs"));
+    return cuda_coll_share(&c->coll, state(c, which), off, len, owner, n, c->stream);
+}
+
+static int cuda_copy_state(Backend *b, StateKind dst, StateKind src)
+{
+    CudaBackend *c = cb(b);
+    if ((dst != STATE_PARAMS && dst != STATE_GRADS) || (src != STATE_PARAMS && src != STATE_GRADS))
+        return isth_fail(ISTH_ERUNTIME, "backend: copy_state handles params and grads only");
+    if (dst != src)
+        CHECK_CUDA(cudaMemcpyAsync(state(c, dst), state(c, src), c->model.n_params * sizeof(float),
+                                   cudaMemcpyDeviceToDevice, c->stream));
+    return ISTH_OK;
+}
+
+static int cuda_sumsq(Backend *b, StateKind which, unsigned mask, unsigned want, double *out)
+{
+    CudaBackend *c = cb(b);
+    return cuda_state_sumsq(&c->model, state(c, which), mask, want, c->stream, out);
+}
+
+static int cuda_run_sumsq_verb(Backend *b, StateKind which, const size_t *off, const size_t *len, int n, double *out)
+{
+    CudaBackend *c = cb(b);
+    CHECK(check_runs(c, which, off, len, n, "run_sumsq"));
+    return cuda_run_sumsq(state(c, which), off, len, n, c->stream, out);
+}
+
+static int cuda_scale_grads(Backend *b, float factor)
+{
+    CudaBackend *c = cb(b);
+    return cuda_scale(c->model.grads, factor, c->model.n_params, c->stream);
+}
+
+static int cuda_optimizer_step(Backend *b, double lr)
+{
+    CudaBackend *c = cb(b);
+    CHECK(ensure_optimizer(c));
+    if (!strcmp(c->optimizer, "sgd"))
+        return cuda_sgd_step(&c->opt.runs, &c->model, c->model.params, c->model.grads, lr, c->weight_decay, c->stream);
+    c->opt.t = b->optimizer_t;
+    CHECK(cuda_adamw_step(&c->opt, &c->model, c->model.params, c->model.grads, lr, c->weight_decay, c->stream));
+    b->optimizer_t = c->opt.t;
+    return ISTH_OK;
+}
+
+static const BackendOps cuda_ops = {
+    "cuda",
+    cuda_destroy,
+    cuda_train_micro,
+    cuda_score,
+    cuda_zero_grads,
+    cuda_sumsq,
+    cuda_run_sumsq_verb,
+    cuda_scale_grads,
+    cuda_optimizer_shard,
+    cuda_optimizer_step,
+    cuda_get,
+    cuda_put,
+    cuda_sum_runs,
+    cuda_share_runs,
+    cuda_copy_state,
+};
+
+extern "C" int cuda_device_count(void)
+{
+    int n = 0;
+    return cudaGetDeviceCount(&n) == cudaSuccess ? n : 0;
+}
+
+/* This rank's GPU: its place among the ranks of its host. */
+static int select_device(const Config *cfg, int *device)
+{
+    int local, local_size;
+    CHECK(device_local_rank(MPI_COMM_WORLD, &local, &local_size));
+    CHECK(device_for_rank(local, local_size, cuda_device_count(), cfg->train.gpu_share, device));
+    CHECK_CUDA(cudaSetDevice(*device));
+    return ISTH_OK;
+}
+
+/* The weights as the CPU backend initialises them (model.h: a function of
+ * the seed), copied to the device; the host copy is dropped. */
+static int create_state(CudaBackend *c, const Config *cfg, int expert_begin, int experts_local)
+{
+    Model host;
+    CHECK(model_create(&host, &cfg->model, expert_begin, experts_local));
+    model_init(&host);
+    c->model = host;
+    c->model.params = c->model.grads = NULL;
+    const size_t bytes = host.n_params * sizeof(float);
+    cudaError_t e = cudaMalloc((void **)&c->model.params, bytes);
+    if (e == cudaSuccess) e = cudaMalloc((void **)&c->model.grads, bytes);
+    if (e == cudaSuccess) e = cudaMemcpy(c->model.params, host.params, bytes, cudaMemcpyHostToDevice);
+    if (e == cudaSuccess) e = cudaMemset(c->model.grads, 0, bytes);
+    model_destroy(&host);
+    if (e != cudaSuccess)
+        return isth_fail(ISTH_ERUNTIME, "cuda: the model's %zu MiB of weights and gradients: %s", 2 * bytes >> 20,
+                         cudaGetErrorString(e));
+    return ISTH_OK;
+}
+
+static int create(CudaBackend *c, const Config *cfg, int B, int expert_begin, int experts_local, Coll *ep)
+{
+    int rc = select_device(cfg, &c->device);
+    if (rc == ISTH_OK && cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking) != cudaSuccess)
+        rc = isth_fail(ISTH_ERUNTIME, "cuda: cannot create a stream on device %d", c->device);
+    if (rc == ISTH_OK) rc = cuda_blas_create(&c->blas, c->stream, !strcmp(cfg->train.precision, "bf16"));
+    /* NCCL's setup waits for every rank: agree first that all have a GPU */
+    if (!coll_all_ok(ep->comm, rc == ISTH_OK))
+        return rc != ISTH_OK ? rc : isth_fail(ISTH_ERUNTIME, "cuda: another rank of this learner has no usable GPU");
+    CHECK(cuda_coll_init(&c->coll, ep));
+    CHECK(create_state(c, cfg, expert_begin, experts_local));
+    return cuda_acts_create(&c->acts, &cfg->model, B, cfg->model.context, &c->coll, &c->blas);
+}
+
+extern "C" int cuda_backend_create(Backend **out, const Config *cfg, int B, int expert_begin, int experts_local,
+                                   Coll *ep)
+{
+    CudaBackend *c = (CudaBackend *)isth_calloc(1, sizeof *c);
+    CHECK_ALLOC(c);
+    c->base.ops = &cuda_ops;
+    c->optimizer = cfg->train.optimizer;
+    c->weight_decay = cfg->train.weight_decay;
+    const int rc = create(c, cfg, B, expert_begin, experts_local, ep);
+    if (rc != ISTH_OK) {
+        cuda_destroy(&c->base);
+        return rc;
+    }
+    c->base.threads = 1;
+    c->base.table = c->model;
+    c->base.table.params = c->base.table.grads = NULL;
+    *out = &c->base;
+    return ISTH_OK;
+}

@@ -1,0 +1,84 @@
+/* moe.h (cuda/) — mixture-of-experts routing and experts on the GPU,
+ * mirroring src/cpu/moe.h function for function (device pointers, a
+ * trailing stream or CudaBlas).
+ *
+ * Owns: the kernels of the router softmax, top-k (ties to the lower index,
+ * the CPU's selection loop), the mean router probability, the balance and
+ * z-loss gradients, the SwiGLU experts (cuBLAS products), the row gathers
+ * and the gate-weighted combine; and the routing state of one layer
+ * (CudaRouting).
+ * The routing's bookkeeping on integers — the send order, the capacity
+ * plan in (source rank, position) order, the counts — runs on the host with
+ * src/cpu/moe.c's own functions on a copy of the (N,K) choices: the
+ * all-to-all needs its counts on the host anyway, and the rule is then the
+ * CPU's by construction. Only rows of floats stay on the device.
+ * Must not: move data between ranks (transformer.cu does, through coll).
+ */
+#ifndef ISTHMUS_CUDA_MOE_H
+#define ISTHMUS_CUDA_MOE_H
+
+#include <stddef.h>
+
+#include "layers.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* One MoE layer's routing for this rank: device arrays (d_) beside the
+ * host ones the bookkeeping uses (h_). Shapes as in cpu/moe.h. */
+typedef struct {
+    float *d_probs, *d_lse;        /* (N,E), (N) */
+    int *d_choice, *d_copy_slot;   /* (N*K) */
+    double *d_frac;                /* (E) */
+    float *d_y_back;               /* (N*K,D) */
+    int *h_choice, *h_send_copy, *h_copy_slot; /* (N*K) */
+    int *h_send_counts, *h_recv_counts;        /* (G) */
+    double *h_frac, *h_mean_prob;  /* (E) */
+    float *h_lse;                  /* (N) */
+    /* owner side: grows with the arrivals */
+    int n_recv, recv_cap, rows, dropped;
+    int *h_recv_expert, *h_recv_row, *h_row_src, *h_expert_start; /* (cap), (cap), (cap), (El+1) */
+    int *d_recv_row, *d_row_src;   /* (cap) */
+    float *d_xrows;                /* (cap,D) expert inputs, saved for backward */
+    float *d_arows, *d_urows, *d_hrows; /* (cap,F) */
+} CudaRouting;
+
+/* probs, lse from logits (N,E): one thread per token. */
+int cuda_router_softmax_forward(float *probs, float *lse, const float *logits, size_t N, int E, cudaStream_t stream);
+/* choice (N,K) = top-K of probs per token, ties to the lower expert index. */
+int cuda_router_topk(int *choice, const float *probs, size_t N, int E, int K, cudaStream_t stream);
+/* mean_prob (E, device doubles) = mean router probability over the N
+ * tokens, summed in token order in double (the CPU's sum, bit for bit). */
+int cuda_router_mean_prob(double *mean_prob, const float *probs, size_t N, int E, cudaStream_t stream);
+/* dprobs (N,E) += gradient of scale*aux_loss w.r.t. probs; frac (E, device). */
+int cuda_moe_balance_backward(float *dprobs, const double *frac, size_t N, int E, double coef, float scale,
+                              cudaStream_t stream);
+/* dlogits (N,E) = softmax backward of dprobs + gradient of scale*z_loss. */
+int cuda_router_softmax_backward(float *dlogits, const float *dprobs, const float *probs, const float *lse, size_t N,
+                                 int E, double z_coef, float scale, cudaStream_t stream);
+
+/* One SwiGLU expert on n rows: y (n,D) = (silu(x.wg) * (x.wu)) . wd; a, u, h (n,F) saved. */
+int cuda_expert_forward(float *y, float *a, float *u, float *h, const float *x, const float *wg, const float *wu,
+                        const float *wd, size_t n, int D, int F, const CudaBlas *blas);
+/* dx (n,D), dwg, dwu, dwd += ...; scratch: 3*n*F floats (device). */
+int cuda_expert_backward(float *dx, float *dwg, float *dwu, float *dwd, float *scratch, const float *dy,
+                         const float *x, const float *a, const float *u, const float *h, const float *wg,
+                         const float *wu, const float *wd, size_t n, int D, int F, const CudaBlas *blas);
+
+/* dst (n,D) = src[index[i]] (index < 0: zero row); index on the device. */
+int cuda_rows_gather(float *dst, const float *src, const int *index, size_t n, int D, cudaStream_t stream);
+/* out (N,D) = sum_k gate[t,k] * y_back[slot of (t,k)] (overwrites). */
+int cuda_moe_combine_forward(float *out, const CudaRouting *r, size_t N, int E, int K, int D, cudaStream_t stream);
+/* dy_send (N*K,D) = gate * dout in send order (overwrites); dprobs[t,choice] += dout . y_back. */
+int cuda_moe_combine_backward(float *dy_send, float *dprobs, const float *dout, const CudaRouting *r, size_t N, int E,
+                              int K, int D, cudaStream_t stream);
+/* dinp (N,D) += sum_k dx_send[slot of (t,k)]. */
+int cuda_moe_scatter_add(float *dinp, const float *dx_send, const CudaRouting *r, size_t N, int K, int D,
+                         cudaStream_t stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

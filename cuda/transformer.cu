@@ -1,0 +1,453 @@
+/* transformer.cu — see transformer.h. */
+#include "transformer.h"
+#include "check.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+extern "C" {
+#include "alloc.h"
+#include "cpu/layers.h" /* rope_tables: the same tables as the CPU's */
+#include "cpu/moe.h"    /* the routing's bookkeeping on the host: the CPU's rules */
+#include "status.h"
+}
+
+/* Expert-row buffers grow to a quarter more than asked (as the CPU's). */
+static size_t grow_target(size_t n) { return n + n / 4 + 64; }
+
+static void dims(CudaActivations *a, const ModelConfig *c, int B, int T, int G)
+{
+    memset(a, 0, sizeof *a);
+    a->B = B;
+    a->T = T;
+    a->L = c->layers;
+    a->D = c->dim;
+    a->H = c->heads;
+    a->E = c->experts;
+    a->K = c->top_k;
+    a->F = c->ffn;
+    a->V = c->vocab;
+    a->G = G;
+    a->El = c->experts / G;
+}
+
+typedef struct {
+    void **p;
+    size_t bytes;
+} Carve;
+
+#define CUDA_CARVES 34
+
+/* The device block's pieces (256-byte aligned); returns the total. */
+static size_t plan(CudaActivations *a, Carve *out)
+{
+    const size_t L = (size_t)a->L, D = (size_t)a->D, E = (size_t)a->E, K = (size_t)a->K, V = (size_t)a->V,
+                 B = (size_t)a->B, T = (size_t)a->T, N = B * T, H = (size_t)a->H;
+    const size_t Dh2 = D / H / 2, VE = V > E ? V : E, f = sizeof(float);
+    const Carve p[CUDA_CARVES] = {
+        {(void **)&a->x, (L + 1) * N * D * f}, {(void **)&a->xn1, L * N * D * f}, {(void **)&a->rstd1, L * N * f},
+        {(void **)&a->q, L * N * D * f}, {(void **)&a->k, L * N * D * f}, {(void **)&a->v, L * N * D * f},
+        {(void **)&a->ao, L * N * D * f}, {(void **)&a->att_lse, L * B * H * T * f},
+        {(void **)&a->h, L * N * D * f}, {(void **)&a->xn2, L * N * D * f}, {(void **)&a->rstd2, L * N * f},
+        {(void **)&a->xf, N * D * f}, {(void **)&a->rstdf, N * f}, {(void **)&a->probs, N * V * f},
+        {(void **)&a->losses, N * f}, {(void **)&a->rope_cos, T * Dh2 * f}, {(void **)&a->rope_sin, T * Dh2 * f},
+        {(void **)&a->dx, N * D * f}, {(void **)&a->dh, N * D * f}, {(void **)&a->dxn, N * D * f},
+        {(void **)&a->dq, N * D * f}, {(void **)&a->dk, N * D * f}, {(void **)&a->dv, N * D * f},
+        {(void **)&a->dao, N * D * f}, {(void **)&a->dtmp, N * D * f}, {(void **)&a->dlogits, N * VE * f},
+        {(void **)&a->dprobs, N * E * f}, {(void **)&a->router_logits, N * E * f},
+        {(void **)&a->send_rows, N * K * D * f}, {(void **)&a->back_rows, N * K * D * f},
+        {(void **)&a->tokens, N * sizeof(int)}, {(void **)&a->targets, N * sizeof(int)},
+        {(void **)&a->send_token, N * K * sizeof(int)}, {(void **)&a->block, 0},
+    };
+    size_t total = 0;
+    for (int i = 0; i < CUDA_CARVES; i++) {
+        out[i] = p[i];
+        total += (p[i].bytes + 255) & ~(size_t)255;
+    }
+    return total;
+}
+
+/* Device bytes of one layer's routing before arrivals. */
+static double route_bytes(const CudaActivations *a)
+{
+    const double N = (double)a->B * a->T, E = a->E, K = a->K, D = a->D;
+    return N * E * 4 + N * 4 + 2 * N * K * 4 + E * 8 + N * K * D * 4;
+}
+
+extern "C" double cuda_acts_bytes(const ModelConfig *c, int B, int T, int G)
+{
+    CudaActivations a;
+    Carve p[CUDA_CARVES];
+    dims(&a, c, B, T, G);
+    return (double)plan(&a, p) + a.L * route_bytes(&a);
+}
+
+static int create(CudaActivations *a, const ModelConfig *c, int B, int T)
+{
+    Carve p[CUDA_CARVES];
+    const size_t total = plan(a, p);
+    char *block;
+    CHECK_CUDA(cudaMalloc((void **)&block, total));
+    size_t off = 0;
+    for (int i = 0; i < CUDA_CARVES; i++) {
+        *p[i].p = block + off;
+        off += (p[i].bytes + 255) & ~(size_t)255;
+    }
+    a->block = (float *)block;
+    const size_t L = (size_t)a->L, N = (size_t)B * T, E = (size_t)a->E, K = (size_t)a->K, D = (size_t)a->D,
+                 G = (size_t)a->G;
+    a->route = (CudaRouting *)isth_calloc(L, sizeof(CudaRouting));
+    a->h_send_expert = (int *)isth_malloc(N * K * sizeof(int));
+    a->h_send_token = (int *)isth_malloc(N * K * sizeof(int));
+    a->h_counts = (int *)isth_malloc(E * sizeof(int));
+    a->h_losses = (float *)isth_malloc(N * sizeof(float));
+    if (!a->route || !a->h_send_expert || !a->h_send_token || !a->h_counts || !a->h_losses)
+        return isth_fail(ISTH_ERUNTIME, "out of host memory for the CUDA activations");
+    for (size_t l = 0; l < L; l++) {
+        CudaRouting *r = &a->route[l];
+        CHECK_CUDA(cudaMalloc((void **)&r->d_probs, N * E * sizeof(float)));
+        CHECK_CUDA(cudaMalloc((void **)&r->d_lse, N * sizeof(float)));
+        CHECK_CUDA(cudaMalloc((void **)&r->d_choice, N * K * sizeof(int)));
+        CHECK_CUDA(cudaMalloc((void **)&r->d_copy_slot, N * K * sizeof(int)));
+        CHECK_CUDA(cudaMalloc((void **)&r->d_frac, E * sizeof(double)));
+        CHECK_CUDA(cudaMalloc((void **)&r->d_y_back, N * K * D * sizeof(float)));
+        r->h_choice = (int *)isth_malloc(N * K * sizeof(int));
+        r->h_send_copy = (int *)isth_malloc(N * K * sizeof(int));
+        r->h_copy_slot = (int *)isth_malloc(N * K * sizeof(int));
+        r->h_send_counts = (int *)isth_malloc(G * sizeof(int));
+        r->h_recv_counts = (int *)isth_malloc(G * sizeof(int));
+        r->h_frac = (double *)isth_malloc(E * sizeof(double));
+        r->h_mean_prob = (double *)isth_malloc(E * sizeof(double));
+        r->h_lse = (float *)isth_malloc(N * sizeof(float));
+        r->h_expert_start = (int *)isth_malloc(((size_t)a->El + 1) * sizeof(int));
+        if (!r->h_choice || !r->h_send_copy || !r->h_copy_slot || !r->h_send_counts || !r->h_recv_counts ||
+            !r->h_frac || !r->h_mean_prob || !r->h_lse || !r->h_expert_start)
+            return isth_fail(ISTH_ERUNTIME, "out of host memory for the CUDA routing tables");
+    }
+    const int Dh = a->D / a->H;
+    float *tab = (float *)isth_malloc(sizeof(float) * (size_t)T * Dh);
+    CHECK_ALLOC(tab);
+    rope_tables(tab, tab + (size_t)T * (Dh / 2), T, Dh);
+    const cudaError_t e = cudaMemcpy(a->rope_cos, tab, sizeof(float) * (size_t)T * (Dh / 2), cudaMemcpyHostToDevice);
+    const cudaError_t e2 = cudaMemcpy(a->rope_sin, tab + (size_t)T * (Dh / 2), sizeof(float) * (size_t)T * (Dh / 2),
+                                      cudaMemcpyHostToDevice);
+    isth_free(tab);
+    CHECK_CUDA(e);
+    CHECK_CUDA(e2);
+    return ISTH_OK;
+}
+
+extern "C" int cuda_acts_create(CudaActivations *a, const ModelConfig *c, int B, int T, CudaColl *ep,
+                                const CudaBlas *blas)
+{
+    dims(a, c, B, T, ep->mpi->size);
+    a->ep = ep;
+    a->blas = blas;
+    const int Dh = c->dim / c->heads;
+    if (!cuda_attention_supports(Dh))
+        return isth_fail(ISTH_EINPUT, "config: [model] dim / heads = %d: the CUDA attention is built for head "
+                         "dimensions 16, 32, 64 and 128", Dh);
+    const int rc = create(a, c, B, T);
+    if (rc != ISTH_OK) cuda_acts_destroy(a);
+    return rc;
+}
+
+extern "C" void cuda_acts_destroy(CudaActivations *a)
+{
+    if (a->route)
+        for (int l = 0; l < a->L; l++) {
+            CudaRouting *r = &a->route[l];
+            void *dev[] = {r->d_probs, r->d_lse, r->d_choice, r->d_copy_slot, r->d_frac, r->d_y_back,
+                           r->d_recv_row, r->d_row_src, r->d_xrows, r->d_arows, r->d_urows, r->d_hrows};
+            for (size_t i = 0; i < sizeof dev / sizeof *dev; i++)
+                if (dev[i]) cudaFree(dev[i]);
+            void *host[] = {r->h_choice, r->h_send_copy, r->h_copy_slot, r->h_send_counts, r->h_recv_counts,
+                            r->h_frac, r->h_mean_prob, r->h_lse, r->h_expert_start, r->h_recv_expert,
+                            r->h_recv_row, r->h_row_src};
+            for (size_t i = 0; i < sizeof host / sizeof *host; i++) isth_free(host[i]);
+        }
+    isth_free(a->route);
+    if (a->block) cudaFree(a->block);
+    void *dev[] = {a->recv_rows, a->recv_rows2, a->row_tmp, a->row_tmp2, a->ffn_scratch};
+    for (size_t i = 0; i < sizeof dev / sizeof *dev; i++)
+        if (dev[i]) cudaFree(dev[i]);
+    isth_free(a->h_send_expert);
+    isth_free(a->h_send_token);
+    isth_free(a->h_counts);
+    isth_free(a->h_losses);
+    memset(a, 0, sizeof *a);
+}
+
+/* Grow the device buffer *p to n floats (contents dropped). */
+static int grow_device(float **p, size_t *cap, size_t n)
+{
+    if (n <= *cap && *p) return ISTH_OK;
+    const size_t want = grow_target(n);
+    if (*p) CHECK_CUDA(cudaFree(*p));
+    *p = NULL;
+    *cap = 0;
+    CHECK_CUDA(cudaMalloc((void **)p, want * sizeof(float)));
+    *cap = want;
+    return ISTH_OK;
+}
+
+/* Owner-side buffers of layer route r for n_recv arrivals. */
+static int ensure_owner(CudaActivations *a, CudaRouting *r, int n_recv)
+{
+    const size_t n = (size_t)n_recv, D = (size_t)a->D, F = (size_t)a->F;
+    if (n > (size_t)r->recv_cap || !r->h_recv_expert) {
+        const size_t want = grow_target(n);
+        void *dev[] = {r->d_recv_row, r->d_row_src, r->d_xrows, r->d_arows, r->d_urows, r->d_hrows};
+        for (size_t i = 0; i < sizeof dev / sizeof *dev; i++)
+            if (dev[i]) CHECK_CUDA(cudaFree(dev[i]));
+        isth_free(r->h_recv_expert);
+        isth_free(r->h_recv_row);
+        isth_free(r->h_row_src);
+        r->d_recv_row = r->d_row_src = NULL;
+        r->d_xrows = r->d_arows = r->d_urows = r->d_hrows = NULL;
+        r->recv_cap = 0;
+        r->h_recv_expert = (int *)isth_malloc(want * sizeof(int));
+        r->h_recv_row = (int *)isth_malloc(want * sizeof(int));
+        r->h_row_src = (int *)isth_malloc(want * sizeof(int));
+        if (!r->h_recv_expert || !r->h_recv_row || !r->h_row_src)
+            return isth_fail(ISTH_ERUNTIME, "out of host memory for %zu expert rows", n);
+        CHECK_CUDA(cudaMalloc((void **)&r->d_recv_row, want * sizeof(int)));
+        CHECK_CUDA(cudaMalloc((void **)&r->d_row_src, want * sizeof(int)));
+        CHECK_CUDA(cudaMalloc((void **)&r->d_xrows, want * D * sizeof(float)));
+        CHECK_CUDA(cudaMalloc((void **)&r->d_arows, want * F * sizeof(float)));
+        CHECK_CUDA(cudaMalloc((void **)&r->d_urows, want * F * sizeof(float)));
+        CHECK_CUDA(cudaMalloc((void **)&r->d_hrows, want * F * sizeof(float)));
+        r->recv_cap = (int)want;
+    }
+    float **rowbufs[4] = {&a->recv_rows, &a->recv_rows2, &a->row_tmp, &a->row_tmp2};
+    for (int i = 0; i < 4; i++) CHECK(grow_device(rowbufs[i], &a->recv_caps[i], n * D));
+    return grow_device(&a->ffn_scratch, &a->ffn_cap, 3 * n * F);
+}
+
+#define SLICE(buf, l, per) ((buf) + (size_t)(l) * (per))
+
+static void expert_weights(const Model *m, int l, int e, const float **wg, const float **wu, const float **wd)
+{
+    const size_t stride = (size_t)m->cfg.dim * m->cfg.ffn;
+    *wg = model_param(m, T_W_GATE, l) + (size_t)e * stride;
+    *wu = model_param(m, T_W_UP, l) + (size_t)e * stride;
+    *wd = model_param(m, T_W_DOWN, l) + (size_t)e * stride;
+}
+
+static int to_host(void *dst, const void *src, size_t bytes, cudaStream_t s)
+{
+    CHECK_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, s));
+    CHECK_CUDA(cudaStreamSynchronize(s));
+    return ISTH_OK;
+}
+
+static int to_device(void *dst, const void *src, size_t bytes, cudaStream_t s)
+{
+    CHECK_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, s));
+    return ISTH_OK;
+}
+
+/* As transformer.c's moe_forward: route on the device, plan on the host,
+ * rows to the owners and back over NCCL. */
+static int moe_forward(float *out, const Model *m, CudaActivations *a, int l, size_t N, int training,
+                       ForwardStats *st)
+{
+    const int D = a->D, E = a->E, K = a->K, F = a->F, G = a->G, El = a->El;
+    const CudaBlas *blas = a->blas;
+    const cudaStream_t s = blas->stream;
+    CudaRouting *r = &a->route[l];
+    Coll *mpi = a->ep->mpi;
+    const float *xn = SLICE(a->xn2, l, (size_t)a->B * a->T * D);
+    const size_t copies = N * (size_t)K;
+
+    CHECK(cuda_matmul_forward(a->router_logits, xn, model_param(m, T_ROUTER, l), N, D, E, blas));
+    CHECK(cuda_router_softmax_forward(r->d_probs, r->d_lse, a->router_logits, N, E, s));
+    CHECK(cuda_router_topk(r->d_choice, r->d_probs, N, E, K, s));
+    double *mean_prob = r->d_frac; /* its mean probability passes through d_frac on the way to the host */
+    CHECK(cuda_router_mean_prob(mean_prob, r->d_probs, N, E, s));
+    CHECK(to_host(r->h_mean_prob, mean_prob, sizeof(double) * E, s));
+    CHECK(to_host(r->h_choice, r->d_choice, sizeof(int) * copies, s));
+    for (int e = 0; e < E; e++) a->h_counts[e] = 0;
+    for (size_t i = 0; i < copies; i++) a->h_counts[r->h_choice[i]]++;
+    CHECK(coll_allreduce_sum_int(mpi, a->h_counts, E));
+    const double learner_copies = (double)N * G * K;
+    for (int e = 0; e < E; e++) r->h_frac[e] = a->h_counts[e] / learner_copies;
+    CHECK(to_device(r->d_frac, r->h_frac, sizeof(double) * E, s));
+    const int capacity = training ? moe_capacity(m->cfg.capacity_factor, N * (size_t)G, K, E) : -1;
+    if (training) {
+        CHECK(to_host(r->h_lse, r->d_lse, sizeof(float) * N, s));
+        st->aux_loss += moe_balance_loss(r->h_frac, r->h_mean_prob, E, m->cfg.aux_loss);
+        st->z_loss += moe_z_loss(r->h_lse, N, m->cfg.z_loss);
+    }
+
+    /* dispatch: copies to owners, in send order */
+    moe_send_order(r->h_send_copy, r->h_copy_slot, r->h_send_counts, r->h_choice, N, K, G, El);
+    for (size_t i = 0; i < copies; i++) {
+        const int copy = r->h_send_copy[i];
+        a->h_send_token[i] = copy / K;
+        a->h_send_expert[i] = r->h_choice[copy] % El;
+    }
+    CHECK(to_device(a->send_token, a->h_send_token, sizeof(int) * copies, s));
+    CHECK(to_device(r->d_copy_slot, r->h_copy_slot, sizeof(int) * copies, s));
+    CHECK(cuda_rows_gather(a->send_rows, xn, a->send_token, copies, D, s));
+    CHECK(coll_alltoall_int(mpi, r->h_send_counts, r->h_recv_counts));
+    int n_recv = 0;
+    for (int p = 0; p < G; p++) n_recv += r->h_recv_counts[p];
+    CHECK(ensure_owner(a, r, n_recv));
+    r->n_recv = n_recv;
+    float *arrived = G > 1 ? a->recv_rows : a->send_rows;
+    CHECK(cuda_coll_alltoallv_rows(a->ep, a->send_rows, r->h_send_counts, arrived, r->h_recv_counts, D, s));
+    CHECK(coll_alltoallv_int_rows(mpi, a->h_send_expert, r->h_send_counts, r->h_recv_expert, r->h_recv_counts, 1));
+
+    /* owner: capacity in arrival order, rows grouped by expert, compute */
+    r->rows = moe_plan(r->h_recv_expert, n_recv, El, capacity, r->h_recv_row, r->h_row_src, r->h_expert_start,
+                       &r->dropped);
+    if (training) st->dropped += r->dropped;
+    CHECK(to_device(r->d_recv_row, r->h_recv_row, sizeof(int) * (size_t)n_recv, s));
+    CHECK(to_device(r->d_row_src, r->h_row_src, sizeof(int) * (size_t)r->rows, s));
+    CHECK(cuda_rows_gather(r->d_xrows, arrived, r->d_row_src, (size_t)r->rows, D, s));
+    float *yrows = a->row_tmp;
+    for (int e = 0; e < El; e++) {
+        const size_t r0 = (size_t)r->h_expert_start[e], n = (size_t)r->h_expert_start[e + 1] - r0;
+        const float *wg, *wu, *wd;
+        expert_weights(m, l, e, &wg, &wu, &wd);
+        CHECK(cuda_expert_forward(yrows + r0 * D, r->d_arows + r0 * F, r->d_urows + r0 * F, r->d_hrows + r0 * F,
+                                  r->d_xrows + r0 * D, wg, wu, wd, n, D, F, blas));
+    }
+    float *leaving = G > 1 ? a->recv_rows2 : r->d_y_back;
+    CHECK(cuda_rows_gather(leaving, yrows, r->d_recv_row, (size_t)n_recv, D, s));
+    CHECK(cuda_coll_alltoallv_rows(a->ep, leaving, r->h_recv_counts, r->d_y_back, r->h_send_counts, D, s));
+    return cuda_moe_combine_forward(out, r, N, E, K, D, s);
+}
+
+extern "C" int cuda_transformer_forward(const Model *m, CudaActivations *a, const int *tokens, const int *targets,
+                                        int B, int T, int training, ForwardStats *st)
+{
+    if (B > a->B || T > a->T || m->experts_local != a->El)
+        return isth_fail(ISTH_ERUNTIME, "cuda_transformer_forward: batch %dx%d exceeds buffers %dx%d", B, T, a->B,
+                         a->T);
+    const int L = a->L, D = a->D, H = a->H, V = a->V;
+    const size_t N = (size_t)B * T, ND = (size_t)a->B * a->T * D, NmaxT = (size_t)a->B * a->T;
+    const size_t lse_stride = (size_t)a->B * H * a->T;
+    const CudaBlas *blas = a->blas;
+    const cudaStream_t s = blas->stream;
+    memset(st, 0, sizeof *st);
+    a->N = N;
+    a->B_cur = B;
+    a->T_cur = T;
+    a->training = training;
+    CHECK(to_device(a->tokens, tokens, sizeof(int) * N, s));
+    CHECK(to_device(a->targets, targets, sizeof(int) * N, s));
+
+    CHECK(cuda_encoder_forward(SLICE(a->x, 0, ND), a->tokens, model_param(m, T_EMBED, 0), N, D, s));
+    for (int l = 0; l < L; l++) {
+        float *x = SLICE(a->x, l, ND), *xn1 = SLICE(a->xn1, l, ND), *q = SLICE(a->q, l, ND), *k = SLICE(a->k, l, ND),
+              *v = SLICE(a->v, l, ND), *ao = SLICE(a->ao, l, ND), *h = SLICE(a->h, l, ND),
+              *xn2 = SLICE(a->xn2, l, ND), *lse = SLICE(a->att_lse, l, lse_stride), *xnext = SLICE(a->x, l + 1, ND);
+        CHECK(cuda_rmsnorm_forward(xn1, SLICE(a->rstd1, l, NmaxT), x, model_param(m, T_ATTN_NORM, l), N, D, s));
+        CHECK(cuda_matmul_forward(q, xn1, model_param(m, T_WQ, l), N, D, D, blas));
+        CHECK(cuda_matmul_forward(k, xn1, model_param(m, T_WK, l), N, D, D, blas));
+        CHECK(cuda_matmul_forward(v, xn1, model_param(m, T_WV, l), N, D, D, blas));
+        CHECK(cuda_rope_forward(q, a->rope_cos, a->rope_sin, B, T, H, D / H, s));
+        CHECK(cuda_rope_forward(k, a->rope_cos, a->rope_sin, B, T, H, D / H, s));
+        CHECK(cuda_attention_forward(ao, lse, q, k, v, B, T, D, H, s));
+        CHECK(cuda_matmul_forward(a->dtmp, ao, model_param(m, T_WO, l), N, D, D, blas));
+        CHECK(cuda_residual_forward(h, x, a->dtmp, N * D, s));
+        CHECK(cuda_rmsnorm_forward(xn2, SLICE(a->rstd2, l, NmaxT), h, model_param(m, T_MOE_NORM, l), N, D, s));
+        CHECK(moe_forward(a->dtmp, m, a, l, N, training, st));
+        CHECK(cuda_residual_forward(xnext, h, a->dtmp, N * D, s));
+    }
+    CHECK(cuda_rmsnorm_forward(a->xf, a->rstdf, SLICE(a->x, L, ND), model_param(m, T_FINAL_NORM, 0), N, D, s));
+    CHECK(cuda_tied_head_forward(a->probs, a->xf, model_param(m, T_EMBED, 0), N, D, V, blas));
+    CHECK(cuda_crossentropy_forward(a->losses, a->probs, a->targets, N, V, s));
+    CHECK(to_host(a->h_losses, a->losses, sizeof(float) * N, s));
+    for (size_t t = 0; t < N; t++) /* in token order, in double: the CPU's sum */
+        if (targets[t] >= 0) {
+            st->ce_sum += a->h_losses[t];
+            st->n_targets++;
+        }
+    return ISTH_OK;
+}
+
+static int moe_backward(float *dxn, Model *m, CudaActivations *a, int l, const float *dout, float loss_scale)
+{
+    const int D = a->D, E = a->E, K = a->K, F = a->F, El = a->El, G = a->G;
+    const size_t N = a->N;
+    const CudaBlas *blas = a->blas;
+    const cudaStream_t s = blas->stream;
+    CudaRouting *r = &a->route[l];
+    const float *xn = SLICE(a->xn2, l, (size_t)a->B * a->T * D);
+
+    CHECK_CUDA(cudaMemsetAsync(a->dprobs, 0, N * E * sizeof(float), s));
+    CHECK(cuda_moe_combine_backward(a->send_rows, a->dprobs, dout, r, N, E, K, D, s));
+    float *arrived = G > 1 ? a->recv_rows : a->send_rows;
+    CHECK(cuda_coll_alltoallv_rows(a->ep, a->send_rows, r->h_send_counts, arrived, r->h_recv_counts, D, s));
+    float *dyrows = a->row_tmp, *dxrows = a->row_tmp2;
+    CHECK(cuda_rows_gather(dyrows, arrived, r->d_row_src, (size_t)r->rows, D, s));
+    CHECK_CUDA(cudaMemsetAsync(dxrows, 0, (size_t)r->rows * D * sizeof(float), s));
+    const size_t stride = (size_t)D * F;
+    for (int e = 0; e < El; e++) {
+        const size_t r0 = (size_t)r->h_expert_start[e], n = (size_t)r->h_expert_start[e + 1] - r0;
+        const float *wg, *wu, *wd;
+        expert_weights(m, l, e, &wg, &wu, &wd);
+        CHECK(cuda_expert_backward(dxrows + r0 * D, model_grad(m, T_W_GATE, l) + e * stride,
+                                   model_grad(m, T_W_UP, l) + e * stride, model_grad(m, T_W_DOWN, l) + e * stride,
+                                   a->ffn_scratch, dyrows + r0 * D, r->d_xrows + r0 * D, r->d_arows + r0 * F,
+                                   r->d_urows + r0 * F, r->d_hrows + r0 * F, wg, wu, wd, n, D, F, blas));
+    }
+    float *leaving = G > 1 ? a->recv_rows2 : a->back_rows;
+    CHECK(cuda_rows_gather(leaving, dxrows, r->d_recv_row, (size_t)r->n_recv, D, s));
+    CHECK(cuda_coll_alltoallv_rows(a->ep, leaving, r->h_recv_counts, a->back_rows, r->h_send_counts, D, s));
+    CHECK(cuda_moe_scatter_add(dxn, a->back_rows, r, N, K, D, s));
+
+    CHECK(cuda_moe_balance_backward(a->dprobs, r->d_frac, N, E, m->cfg.aux_loss, loss_scale, s));
+    CHECK(cuda_router_softmax_backward(a->dlogits, a->dprobs, r->d_probs, r->d_lse, N, E, m->cfg.z_loss, loss_scale,
+                                       s));
+    return cuda_matmul_backward(dxn, model_grad(m, T_ROUTER, l), a->dlogits, xn, model_param(m, T_ROUTER, l), N, D,
+                                E, blas);
+}
+
+extern "C" int cuda_transformer_backward(Model *m, CudaActivations *a, size_t n_targets, float loss_scale)
+{
+    if (!a->training) return isth_fail(ISTH_ERUNTIME, "cuda_transformer_backward: the last forward was not training");
+    const int L = a->L, D = a->D, H = a->H, V = a->V, B = a->B_cur, T = a->T_cur;
+    const size_t N = a->N, ND = (size_t)a->B * a->T * D, NmaxT = (size_t)a->B * a->T;
+    const size_t lse_stride = (size_t)a->B * H * a->T, nbytes = N * D * sizeof(float);
+    const CudaBlas *blas = a->blas;
+    const cudaStream_t s = blas->stream;
+
+    CHECK(cuda_crossentropy_backward(a->dlogits, a->probs, a->targets,
+                                     n_targets ? loss_scale / (float)n_targets : 0.0f, N, V, s));
+    CHECK_CUDA(cudaMemsetAsync(a->dxn, 0, nbytes, s));
+    CHECK(cuda_tied_head_backward(a->dxn, model_grad(m, T_EMBED, 0), a->dlogits, a->xf, model_param(m, T_EMBED, 0),
+                                  N, D, V, blas));
+    CHECK_CUDA(cudaMemsetAsync(a->dx, 0, nbytes, s));
+    CHECK(cuda_rmsnorm_backward(a->dx, model_grad(m, T_FINAL_NORM, 0), a->dxn, SLICE(a->x, L, ND),
+                                model_param(m, T_FINAL_NORM, 0), a->rstdf, N, D, s));
+    for (int l = L - 1; l >= 0; l--) {
+        const float *x = SLICE(a->x, l, ND), *xn1 = SLICE(a->xn1, l, ND), *q = SLICE(a->q, l, ND),
+                    *k = SLICE(a->k, l, ND), *v = SLICE(a->v, l, ND), *ao = SLICE(a->ao, l, ND),
+                    *h = SLICE(a->h, l, ND), *lse = SLICE(a->att_lse, l, lse_stride);
+        CHECK_CUDA(cudaMemcpyAsync(a->dh, a->dx, nbytes, cudaMemcpyDeviceToDevice, s));
+        CHECK_CUDA(cudaMemsetAsync(a->dxn, 0, nbytes, s));
+        CHECK(moe_backward(a->dxn, m, a, l, a->dx, loss_scale));
+        CHECK(cuda_rmsnorm_backward(a->dh, model_grad(m, T_MOE_NORM, l), a->dxn, h, model_param(m, T_MOE_NORM, l),
+                                    SLICE(a->rstd2, l, NmaxT), N, D, s));
+        CHECK_CUDA(cudaMemcpyAsync(a->dx, a->dh, nbytes, cudaMemcpyDeviceToDevice, s));
+        CHECK_CUDA(cudaMemsetAsync(a->dao, 0, nbytes, s));
+        CHECK(cuda_matmul_backward(a->dao, model_grad(m, T_WO, l), a->dh, ao, model_param(m, T_WO, l), N, D, D, blas));
+        CHECK_CUDA(cudaMemsetAsync(a->dq, 0, nbytes, s));
+        CHECK_CUDA(cudaMemsetAsync(a->dk, 0, nbytes, s));
+        CHECK_CUDA(cudaMemsetAsync(a->dv, 0, nbytes, s));
+        CHECK(cuda_attention_backward(a->dq, a->dk, a->dv, a->dao, ao, lse, q, k, v, B, T, D, H, s));
+        CHECK(cuda_rope_backward(a->dq, a->rope_cos, a->rope_sin, B, T, H, D / H, s));
+        CHECK(cuda_rope_backward(a->dk, a->rope_cos, a->rope_sin, B, T, H, D / H, s));
+        CHECK_CUDA(cudaMemsetAsync(a->dxn, 0, nbytes, s));
+        CHECK(cuda_matmul_backward(a->dxn, model_grad(m, T_WQ, l), a->dq, xn1, model_param(m, T_WQ, l), N, D, D, blas));
+        CHECK(cuda_matmul_backward(a->dxn, model_grad(m, T_WK, l), a->dk, xn1, model_param(m, T_WK, l), N, D, D, blas));
+        CHECK(cuda_matmul_backward(a->dxn, model_grad(m, T_WV, l), a->dv, xn1, model_param(m, T_WV, l), N, D, D, blas));
+        CHECK(cuda_rmsnorm_backward(a->dx, model_grad(m, T_ATTN_NORM, l), a->dxn, x, model_param(m, T_ATTN_NORM, l),
+                                    SLICE(a->rstd1, l, NmaxT), N, D, s));
+    }
+    return cuda_encoder_backward(model_grad(m, T_EMBED, 0), a->dx, a->tokens, N, D, s);
+}

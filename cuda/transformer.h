@@ -1,0 +1,75 @@
+/* transformer.h (cuda/) — the whole-model forward and backward on the GPU,
+ * mirroring src/cpu/transformer.h: the same layer order (DESIGN.md
+ * "Model"), the same expert parallelism over the learner (rows over NCCL,
+ * the routing's integers over MPI on the host), the same ForwardStats.
+ *
+ * Owns: the device activations of one micro-batch (the attention keeps each
+ * row's log-sum-exp, O(T), instead of the CPU's (B,H,T,T) probabilities)
+ * and their host mirrors for the routing's bookkeeping.
+ * Must not: update parameters, reduce gradients across ranks, read data.
+ */
+#ifndef ISTHMUS_CUDA_TRANSFORMER_H
+#define ISTHMUS_CUDA_TRANSFORMER_H
+
+#include <stddef.h>
+
+#include "coll_nccl.h"
+#include "layers.h"
+#include "moe.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#include "backend.h" /* ForwardStats */
+#include "model.h"
+
+typedef struct {
+    int B, T, L, D, H, E, K, F, V, G, El;
+    int B_cur, T_cur, training;
+    size_t N;
+    CudaColl *ep;            /* the learner: rows over NCCL, integers over ep->mpi */
+    const CudaBlas *blas;    /* products, and the stream everything is queued on */
+    /* device, saved for backward per layer l: pointer + l * (N_max * width) */
+    float *x;                /* (L+1,N,D) */
+    float *xn1, *rstd1;      /* (L,N,D), (L,N) */
+    float *q, *k, *v, *ao;   /* (L,N,D) */
+    float *att_lse;          /* (L,B,H,T) */
+    float *h, *xn2, *rstd2;  /* (L,N,D), (L,N,D), (L,N) */
+    float *xf, *rstdf, *probs, *losses; /* (N,D), (N), (N,V), (N) */
+    float *rope_cos, *rope_sin;         /* (T, Dh/2) */
+    float *dx, *dh, *dxn, *dq, *dk, *dv, *dao, *dtmp; /* (N,D) */
+    float *dlogits, *dprobs, *router_logits;          /* (N,max(V,E)), (N,E), (N,E) */
+    float *send_rows, *back_rows;                     /* (N*K,D) */
+    int *tokens, *targets, *send_token;               /* (N), (N), (N*K) */
+    float *block;            /* the one device allocation holding the floats above */
+    CudaRouting *route;      /* (L) */
+    /* host */
+    int *h_send_expert, *h_send_token, *h_counts;     /* (N*K), (N*K), (E) */
+    float *h_losses;                                  /* (N) */
+    /* owner-side device scratch, grown on demand */
+    float *recv_rows, *recv_rows2, *row_tmp, *row_tmp2, *ffn_scratch;
+    size_t recv_caps[4], ffn_cap;
+} CudaActivations;
+
+/* Buffers for up to B sequences of T tokens; the Dh the attention kernels
+ * support is checked here (a one-line error otherwise). */
+int cuda_acts_create(CudaActivations *a, const ModelConfig *cfg, int B, int T, CudaColl *ep, const CudaBlas *blas);
+void cuda_acts_destroy(CudaActivations *a);
+/* Device bytes of those buffers before any expert rows arrive. */
+double cuda_acts_bytes(const ModelConfig *cfg, int B, int T, int G);
+
+/* m: the table with device params and grads. tokens, targets on the host
+ * (copied in; targets < 0 not scored). As transformer_forward; leaves the
+ * per-position losses in a->h_losses. */
+int cuda_transformer_forward(const Model *m, CudaActivations *a, const int *tokens, const int *targets, int B, int T,
+                             int training, ForwardStats *st);
+/* As transformer_backward: accumulates into m->grads (device); n_targets
+ * is the number of targets >= 0 of the last forward. */
+int cuda_transformer_backward(Model *m, CudaActivations *a, size_t n_targets, float loss_scale);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
