@@ -3,8 +3,10 @@
 
 #include "autoconf.h"
 
+#include <stdio.h>
 #include <string.h>
 
+#include "devices.h"
 #include "status.h"
 
 int cpu_backend_create(Backend **out, const Config *cfg, int B, int expert_begin, int experts_local, Coll *ep);
@@ -13,19 +15,33 @@ int cuda_backend_create(Backend **out, const Config *cfg, int B, int expert_begi
 int cuda_device_count(void);
 #endif
 
-const char *backend_name(const Config *cfg)
+/* auto: the CUDA backend when this build has it and every rank of this
+ * host can have a GPU of its own; else the CPU one (said once, by world
+ * rank 0, when GPUs are visible but too few). Collective over the world. */
+static int resolve_auto(const Config *cfg, const char **name)
 {
-    if (strcmp(cfg->train.backend, "auto")) return cfg->train.backend;
+    *name = "cpu";
 #if HAVE_CUDA
-    if (cuda_device_count() > 0) return "cuda";
+    int local, local_size;
+    CHECK(device_local_rank(MPI_COMM_WORLD, &local, &local_size));
+    const int devices = cuda_device_count();
+    if (devices >= local_size || (devices > 0 && cfg->train.gpu_share)) *name = "cuda";
+    int world_rank = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+    if (devices > 0 && !strcmp(*name, "cpu") && world_rank == 0)
+        fprintf(stderr, "isthmus: backend = auto: %d ranks on this host but %d GPU(s): the CPU backend "
+                "(backend = cuda with gpu_share = 1 to share them)\n", local_size, devices);
+#else
+    (void)cfg;
 #endif
-    return "cpu";
+    return ISTH_OK;
 }
 
 int backend_create(Backend **out, const Config *cfg, int B, int expert_begin, int experts_local, Coll *ep)
 {
     *out = NULL;
-    const char *name = backend_name(cfg);
+    const char *name = cfg->train.backend;
+    if (!strcmp(name, "auto")) CHECK(resolve_auto(cfg, &name));
     if (!strcmp(name, "cpu")) {
         if (!strcmp(cfg->train.precision, "bf16"))
             return isth_fail(ISTH_EINPUT, "config: [train] precision = bf16 needs the CUDA backend; the CPU backend "

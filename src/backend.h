@@ -100,14 +100,13 @@ struct Backend {
     void *impl;
 };
 
-/* The backend [train] backend names (auto: the best this build and
- * machine have) for this rank: micro-batches of up to B
+/* The backend [train] backend names (auto: CUDA when this build has it and
+ * the host has a GPU for each of its ranks, else the CPU; collective over
+ * the world) for this rank: micro-batches of up to B
  * sequences of the model's context, experts [expert_begin,
  * expert_begin + experts_local), expert parallelism over `ep`. The weights
  * are initialised (model.h: a function of the seed, not of the layout). */
 int backend_create(Backend **out, const Config *cfg, int B, int expert_begin, int experts_local, Coll *ep);
-/* Which backend that is ("cpu", "cuda"). */
-const char *backend_name(const Config *cfg);
 void backend_destroy(Backend *b);
 
 #endif

@@ -184,13 +184,14 @@ static int cmd_eval(int argc, char **argv)
     if (!model_path) return isth_fail(ISTH_EINPUT, "eval: missing --model FILE (see isthmus eval --help)");
     for (int i = 0; i < n_over; i++) {
         static const char *const allowed[] = {"data.dir=", "data.eval_bytes=", "train.micro_batch=",
-                                              "train.threads=", "train.out_dir="};
+                                              "train.threads=", "train.out_dir=", "train.backend=",
+                                              "train.precision=", "train.gpu_share="};
         int ok = 0;
         for (size_t a = 0; a < sizeof allowed / sizeof *allowed; a++)
             ok |= !strncmp(overrides[i], allowed[a], strlen(allowed[a]));
         if (!ok)
             return isth_fail(ISTH_EINPUT, "eval: --set %s: only [data] dir/eval_bytes and [train] "
-                             "micro_batch/threads/out_dir can change for evaluation", overrides[i]);
+                             "micro_batch/threads/out_dir/backend/precision/gpu_share can change for evaluation", overrides[i]);
     }
     int rank, size;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
@@ -212,6 +213,15 @@ static int cmd_eval(int argc, char **argv)
     int rc = config_load_text(&cfg, text, origin, overrides, n_over);
     isth_free(text);
     CHECK(rc);
+    /* the machine that evaluates need not be the one that trained: unless
+     * --set says otherwise, the best backend here, in fp32 */
+    int chose_backend = 0, chose_precision = 0;
+    for (int i = 0; i < n_over; i++) {
+        chose_backend |= !strncmp(overrides[i], "train.backend=", 14);
+        chose_precision |= !strncmp(overrides[i], "train.precision=", 16);
+    }
+    if (!chose_backend) snprintf(cfg.train.backend, sizeof cfg.train.backend, "auto");
+    if (!chose_precision) snprintf(cfg.train.precision, sizeof cfg.train.precision, "fp32");
     /* evaluation ignores the training layout: all ranks of this job form one
      * learner, experts sharded over them */
     if (cfg.model.experts % size)
