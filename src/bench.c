@@ -45,7 +45,7 @@ static double sgemm_gflops(void)
     return 2.0 * M * N * K * reps / dt / 1e9;
 }
 
-int bench_run(const Config *cfg, const int *threads, int n_threads, int steps)
+int bench_run(const Config *cfg, const int *threads, int n_threads, int steps, double peak_tflops)
 {
     const double fpt = model_flops_per_token(&cfg->model);
     const TrainConfig *tc = &cfg->train;
@@ -60,8 +60,9 @@ int bench_run(const Config *cfg, const int *threads, int n_threads, int steps)
     printf("# BLAS: OpenBLAS, %s kernels\n", blas_core_name());
     printf("# model FLOPs per token: %.2f M (6 x %.3f M active matrix params + causal attention)\n",
            fpt / 1e6, model_active_matrix_params(&cfg->model) / 1e6);
-    printf("%-8s %10s %10s %10s %14s %9s %14s %16s\n", "threads", "ms/step", "tokens/s", "GFLOP/s",
-           "sgemm GFLOP/s", "of sgemm", "a2a B/step", "inter-site B/step");
+    if (peak_tflops > 0) printf("# MFU: model FLOP/s per rank / %.1f TFLOP/s peak\n", peak_tflops);
+    printf("%-8s %10s %10s %10s %14s %9s %14s %16s%s\n", "threads", "ms/step", "tokens/s", "GFLOP/s",
+           "sgemm GFLOP/s", "of sgemm", "a2a B/step", "inter-site B/step", peak_tflops > 0 ? "      MFU" : "");
     for (int i = 0; i < n_threads; i++) {
         Config c = *cfg;
         c.train.threads = threads[i];
@@ -84,8 +85,10 @@ int bench_run(const Config *cfg, const int *threads, int n_threads, int steps)
         CHECK(rc);
         double gflops = tokens * fpt / dt / 1e9;
         double ref = sgemm_gflops();
-        printf("%-8d %10.1f %10.0f %10.1f %14.1f %8.0f%% %14.0f %16.0f\n", threads[i], 1e3 * dt,
+        printf("%-8d %10.1f %10.0f %10.1f %14.1f %8.0f%% %14.0f %16.0f", threads[i], 1e3 * dt,
                tokens / dt, gflops, ref, 100.0 * gflops / ref, s.a2a_bytes, s.inter_site_bytes);
+        if (peak_tflops > 0) printf(" %7.1f%%", 100.0 * gflops / size / (peak_tflops * 1e3));
+        printf("\n");
         fflush(stdout);
     }
     return ISTH_OK;

@@ -1,4 +1,4 @@
-/* bench.h — `isthmus bench`: training-step throughput of the CPU backend.
+/* bench.h — `isthmus bench`: training-step throughput of the backend the config selects.
  *
  * Owns: timing of full training steps (forward, backward, clipping, AdamW)
  * on the bundled corpus, and the FLOP model used to report GFLOP/s:
@@ -14,6 +14,7 @@
 #include "config.h"
 
 double model_flops_per_token(const ModelConfig *mc);
-int bench_run(const Config *cfg, const int *threads, int n_threads, int steps);
+/* peak_tflops > 0: also MFU = model FLOP/s per rank / peak. */
+int bench_run(const Config *cfg, const int *threads, int n_threads, int steps, double peak_tflops);
 
 #endif

@@ -38,7 +38,7 @@ static int held_chunk(const void *ct, int c) { return chunk_held(ct, c); }
 static const char *const usage_main =
     "usage: isthmus <command> [options]\n"
     "\n"
-    "Train a byte-level mixture-of-experts language model (CPU backend; MPI program).\n"
+    "Train a byte-level mixture-of-experts language model (CPU or CUDA backend; MPI program).\n"
     "\n"
     "commands:\n"
     "  train CONFIG [--set section.key=value]...   train, evaluate, write <out_dir>/model.h5\n"
@@ -74,12 +74,13 @@ static const char *const usage_eval =
     "Exit status: 0 success, 1 runtime failure, 2 bad file or configuration.\n";
 
 static const char *const usage_bench =
-    "usage: isthmus bench CONFIG.ini [--threads LIST] [--steps N] [--set section.key=value]...\n"
+    "usage: isthmus bench CONFIG.ini [--threads LIST] [--steps N] [--peak-tflops P] [--set section.key=value]...\n"
     "\n"
     "Times N training steps (default 5, after one warm-up step) for each thread count\n"
     "in LIST (default 1,2) and prints ms/step, tokens/s and model GFLOP/s\n"
     "(6 x active matrix parameters per token + causal attention), next to the\n"
-    "GFLOP/s of a reference sgemm measured in the same run.\n";
+    "GFLOP/s of a reference sgemm measured in the same run. --peak-tflops P adds\n"
+    "MFU = model FLOP/s per rank / P (a GPU's datasheet peak for the precision run).\n";
 
 static const char *const usage_config =
     "usage: isthmus config [CONFIG.ini] [--set section.key=value]... [--keys]\n"
@@ -276,10 +277,10 @@ static int cmd_bench(int argc, char **argv)
         return ISTH_OK;
     }
     const char *overrides[MAX_OVERRIDES], *pos[1];
-    const char *values[2] = {"1,2", "5"};
-    const Option opts[] = {{"--threads", 1, &values[0]}, {"--steps", 1, &values[1]}};
+    const char *values[3] = {"1,2", "5", "0"};
+    const Option opts[] = {{"--threads", 1, &values[0]}, {"--steps", 1, &values[1]}, {"--peak-tflops", 1, &values[2]}};
     int n_over, n_pos;
-    CHECK(parse_common(argc, argv, overrides, &n_over, pos, 1, &n_pos, opts, 2));
+    CHECK(parse_common(argc, argv, overrides, &n_over, pos, 1, &n_pos, opts, 3));
     if (n_pos != 1) return isth_fail(ISTH_EINPUT, "bench: missing CONFIG.ini (see isthmus bench --help)");
     Config cfg;
     CHECK(config_load(&cfg, pos[0], overrides, n_over));
@@ -302,7 +303,11 @@ static int cmd_bench(int argc, char **argv)
     long steps = strtol(values[1], &end, 10);
     if (*end || steps < 1 || steps > 100000)
         return isth_fail(ISTH_EINPUT, "bench: --steps '%s': expected a positive integer", values[1]);
-    return bench_run(&cfg, threads, n_threads, (int)steps);
+    const double peak = strtod(values[2], &end);
+    if (*end || !(peak >= 0 && peak <= 1e6))
+        return isth_fail(ISTH_EINPUT, "bench: --peak-tflops '%s': expected the device's peak TFLOP/s (0: none)",
+                         values[2]);
+    return bench_run(&cfg, threads, n_threads, (int)steps, peak);
 }
 
 static int cmd_inspect(int argc, char **argv)
