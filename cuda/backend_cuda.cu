@@ -2,9 +2,14 @@
  * src/cpu/backend_cpu.c: the model's state in device memory, layers through
  * cuda/layers, cuda/moe and cuda/transformer, the learner's collectives
  * over NCCL (cuda/coll_nccl). One rank drives one GPU (src/devices.h).
- * Owns: the rank's device, stream, cuBLAS handle and NCCL communicator.
+ * Owns: the rank's device, its compute stream and copy stream, cuBLAS
+ * handle, NCCL communicator, and the pinned host staging through which
+ * state runs reach the host (get/put) and payloads are encoded (cuda/codec),
+ * both on the copy stream: the compute stream waits for a copy only through
+ * an event, never the whole device.
  * Must not: know about sites, other learners or the link. */
 #include "check.h"
+#include "codec.h"
 #include "coll_nccl.h"
 #include "optim.h"
 #include "transformer.h"
@@ -26,7 +31,11 @@ typedef struct {
     CudaActivations acts;
     CudaColl coll;
     CudaBlas blas;
-    cudaStream_t stream;
+    cudaStream_t stream;  /* compute: layers, optimiser, NCCL */
+    cudaStream_t copy;    /* host staging and the codec */
+    cudaEvent_t ready;    /* orders the two streams */
+    unsigned char *pinned; /* (STAGE_BYTES, pinned host) get/put staging */
+    CudaCodec codec;
     float *scratch;       /* (scratch_cap, device) batches of learner sums */
     size_t scratch_cap;
     const char *optimizer;
@@ -40,6 +49,11 @@ static void cuda_destroy(Backend *b)
 {
     CudaBackend *c = cb(b);
     if (c->stream) cudaStreamSynchronize(c->stream);
+    if (c->copy) cudaStreamSynchronize(c->copy);
+    cuda_codec_destroy(&c->codec);
+    if (c->pinned) cudaFreeHost(c->pinned);
+    if (c->ready) cudaEventDestroy(c->ready);
+    if (c->copy) cudaStreamDestroy(c->copy);
     cuda_acts_destroy(&c->acts);
     cuda_adamw_destroy(&c->opt);
     cuda_coll_destroy(&c->coll);
@@ -126,17 +140,37 @@ static int check_runs(CudaBackend *c, StateKind which, const size_t *off, const 
     return ISTH_OK;
 }
 
+/* Host staging in pieces of STAGE_BYTES through pinned memory on the copy
+ * stream (pageable copies go at half the rate and hold the device's copy
+ * engine synchronously). */
+#define STAGE_BYTES ((size_t)64 << 20)
+
+/* `after` -> `before`: work queued on `before` from now on waits for what is
+ * queued on `after` so far. */
+static int order_streams(CudaBackend *c, cudaStream_t after, cudaStream_t before)
+{
+    CHECK_CUDA(cudaEventRecord(c->ready, after));
+    CHECK_CUDA(cudaStreamWaitEvent(before, c->ready, 0));
+    return ISTH_OK;
+}
+
 static int cuda_get(Backend *b, StateKind which, const size_t *off, const size_t *len, int n, float *host)
 {
     CudaBackend *c = cb(b);
     CHECK(check_runs(c, which, off, len, n, "get"));
     const float *v = state(c, which);
-    for (int i = 0; i < n; i++) {
-        if (len[i])
-            CHECK_CUDA(cudaMemcpyAsync(host, v + off[i], len[i] * sizeof(float), cudaMemcpyDeviceToHost, c->stream));
-        host += len[i];
-    }
-    CHECK_CUDA(cudaStreamSynchronize(c->stream));
+    CHECK(order_streams(c, c->stream, c->copy)); /* the state as the compute stream leaves it */
+    const size_t piece = STAGE_BYTES / sizeof(float);
+    for (int i = 0; i < n; i++)
+        for (size_t done = 0; done < len[i];) {
+            const size_t k = len[i] - done < piece ? len[i] - done : piece;
+            CHECK_CUDA(cudaMemcpyAsync(c->pinned, v + off[i] + done, k * sizeof(float), cudaMemcpyDeviceToHost,
+                                       c->copy));
+            CHECK_CUDA(cudaStreamSynchronize(c->copy));
+            memcpy(host, c->pinned, k * sizeof(float));
+            host += k;
+            done += k;
+        }
     return ISTH_OK;
 }
 
@@ -145,13 +179,27 @@ static int cuda_put(Backend *b, StateKind which, const size_t *off, const size_t
     CudaBackend *c = cb(b);
     CHECK(check_runs(c, which, off, len, n, "put"));
     float *v = state(c, which);
-    for (int i = 0; i < n; i++) {
-        if (len[i])
-            CHECK_CUDA(cudaMemcpyAsync(v + off[i], host, len[i] * sizeof(float), cudaMemcpyHostToDevice, c->stream));
-        host += len[i];
-    }
-    CHECK_CUDA(cudaStreamSynchronize(c->stream)); /* the caller may reuse host at once */
-    return ISTH_OK;
+    CHECK(order_streams(c, c->stream, c->copy)); /* no kernel still reading what is overwritten */
+    const size_t piece = STAGE_BYTES / sizeof(float);
+    for (int i = 0; i < n; i++)
+        for (size_t done = 0; done < len[i];) {
+            const size_t k = len[i] - done < piece ? len[i] - done : piece;
+            CHECK_CUDA(cudaStreamSynchronize(c->copy)); /* the previous piece has left the staging */
+            memcpy(c->pinned, host, k * sizeof(float));
+            CHECK_CUDA(cudaMemcpyAsync(v + off[i] + done, c->pinned, k * sizeof(float), cudaMemcpyHostToDevice,
+                                       c->copy));
+            host += k;
+            done += k;
+        }
+    CHECK_CUDA(cudaStreamSynchronize(c->copy)); /* the caller may reuse host at once */
+    return order_streams(c, c->copy, c->stream);
+}
+
+/* Payloads encoded on the GPU (cuda/codec), bit for bit the host's. */
+static int cuda_encode_ef(Backend *b, Codec codec, const float *x, float *residual, size_t n, int block,
+                          unsigned char *out, float *decoded, double *err2, double *norm2)
+{
+    return cuda_codec_encode_ef(&cb(b)->codec, codec, x, residual, n, block, out, decoded, err2, norm2);
 }
 
 /* Runs in batches of whole runs through device scratch, summed with one
@@ -260,6 +308,7 @@ static const BackendOps cuda_ops = {
     cuda_sum_runs,
     cuda_share_runs,
     cuda_copy_state,
+    cuda_encode_ef,
 };
 
 extern "C" int cuda_device_count(void)
@@ -304,6 +353,12 @@ static int create(CudaBackend *c, const Config *cfg, int B, int expert_begin, in
     int rc = select_device(cfg, &c->device);
     if (rc == ISTH_OK && cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking) != cudaSuccess)
         rc = isth_fail(ISTH_ERUNTIME, "cuda: cannot create a stream on device %d", c->device);
+    if (rc == ISTH_OK && (cudaStreamCreateWithFlags(&c->copy, cudaStreamNonBlocking) != cudaSuccess ||
+                          cudaEventCreateWithFlags(&c->ready, cudaEventDisableTiming) != cudaSuccess ||
+                          cudaHostAlloc((void **)&c->pinned, STAGE_BYTES, cudaHostAllocDefault) != cudaSuccess))
+        rc = isth_fail(ISTH_ERUNTIME, "cuda: cannot create the copy stream and %zu MiB of pinned staging on device %d",
+                       STAGE_BYTES >> 20, c->device);
+    if (rc == ISTH_OK) cuda_codec_init(&c->codec, c->copy);
     if (rc == ISTH_OK) rc = cuda_blas_create(&c->blas, c->stream, !strcmp(cfg->train.precision, "bf16"));
     /* NCCL's setup waits for every rank: agree first that all have a GPU */
     if (!coll_all_ok(ep->comm, rc == ISTH_OK))

@@ -26,6 +26,7 @@
 
 #include <stddef.h>
 
+#include "codec.h"
 #include "coll.h"
 #include "config.h"
 #include "model.h"
@@ -86,6 +87,12 @@ typedef struct {
     int (*share_runs)(Backend *b, StateKind which, const size_t *off, const size_t *len, const int *owner, int n);
     /* dst = src over the whole table (params and grads). */
     int (*copy_state)(Backend *b, StateKind dst, StateKind src);
+    /* Optional (NULL: the reducer encodes on the host): codec.h's
+     * codec_encode_ef on host buffers, computed where the backend computes
+     * (the CUDA backend: kernels on its copy stream), producing the host
+     * codec's bytes, decoded values and residual bit for bit. */
+    int (*encode_ef)(Backend *b, Codec c, const float *x, float *residual, size_t n, int block, unsigned char *out,
+                     float *decoded, double *err2, double *norm2);
 } BackendOps;
 
 /* The largest batch of a learner sum through host scratch, in floats (64

@@ -1,5 +1,6 @@
 /* codec.c — see codec.h. */
 #include "codec.h"
+#include "codec_math.h"
 
 #include <math.h>
 #include <string.h>
@@ -30,41 +31,11 @@ size_t codec_encoded_size(Codec c, size_t n, int block)
     return 0;
 }
 
-static uint16_t to_bf16(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    /* round to nearest even on the dropped 16 bits (finite inputs) */
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
-
-static float from_bf16(uint16_t h)
-{
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
 static float block_absmax(const float *x, size_t n)
 {
     float m = 0.0f;
     for (size_t i = 0; i < n; i++) m = fmaxf(m, fabsf(x[i]));
     return m;
-}
-
-/* E2M1 magnitudes indexed by the 3-bit code */
-static const float fp4_values[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
-
-static unsigned fp4_code(float v) /* v = x/scale in [-6, 6] */
-{
-    float a = fabsf(v);
-    unsigned best = 0;
-    /* nearest grid value; ties go to the lower magnitude (even-ish) */
-    for (unsigned k = 1; k < 8; k++)
-        if (fabsf(a - fp4_values[k]) < fabsf(a - fp4_values[best])) best = k;
-    return best | (v < 0 && best ? 8u : 0u);
 }
 
 void codec_encode(Codec c, const float *x, size_t n, int block, unsigned char *out)
@@ -74,7 +45,7 @@ void codec_encode(Codec c, const float *x, size_t n, int block, unsigned char *o
     case CODEC_NONE: memcpy(out, x, 4 * n); return;
     case CODEC_BF16:
         for (size_t i = 0; i < n; i++) {
-            uint16_t h = to_bf16(x[i]);
+            uint16_t h = codec_to_bf16(x[i]);
             memcpy(out + 2 * i, &h, 2);
         }
         return;
@@ -83,14 +54,10 @@ void codec_encode(Codec c, const float *x, size_t n, int block, unsigned char *o
         unsigned char *scales = out + n;
         for (size_t b0 = 0, bi = 0; b0 < n; b0 += B, bi++) {
             size_t len = n - b0 < B ? n - b0 : B;
-            float scale = block_absmax(x + b0, len) / 127.0f;
+            float scale = codec_div(block_absmax(x + b0, len), CODEC_INT8_MAX);
             memcpy(scales + 4 * bi, &scale, 4);
             for (size_t i = 0; i < len; i++) {
-                float v = scale > 0 ? x[b0 + i] / scale : 0.0f;
-                long r = lrintf(v);
-                if (r > 127) r = 127;
-                if (r < -127) r = -127;
-                q[b0 + i] = (unsigned char)(int8_t)r;
+                q[b0 + i] = (unsigned char)codec_int8_code(scale > 0 ? codec_div(x[b0 + i], scale) : 0.0f);
             }
         }
         return;
@@ -101,11 +68,11 @@ void codec_encode(Codec c, const float *x, size_t n, int block, unsigned char *o
         unsigned char *scales = out + codes;
         for (size_t b0 = 0, bi = 0; b0 < n; b0 += B, bi++) {
             size_t len = n - b0 < B ? n - b0 : B;
-            float scale = block_absmax(x + b0, len) / 6.0f;
+            float scale = codec_div(block_absmax(x + b0, len), CODEC_FP4_MAX);
             memcpy(scales + 4 * bi, &scale, 4);
             for (size_t i = 0; i < len; i++) {
                 size_t j = b0 + i;
-                unsigned code = scale > 0 ? fp4_code(x[j] / scale) : 0u;
+                unsigned code = scale > 0 ? codec_fp4_code(codec_div(x[j], scale)) : 0u;
                 out[j / 2] |= (unsigned char)(code << (4 * (j & 1)));
             }
         }
@@ -123,7 +90,7 @@ void codec_decode(Codec c, const unsigned char *in, size_t n, int block, float *
         for (size_t i = 0; i < n; i++) {
             uint16_t h;
             memcpy(&h, in + 2 * i, 2);
-            x[i] = from_bf16(h);
+            x[i] = codec_from_bf16(h);
         }
         return;
     case CODEC_INT8: {
@@ -132,7 +99,7 @@ void codec_decode(Codec c, const unsigned char *in, size_t n, int block, float *
             size_t len = n - b0 < B ? n - b0 : B;
             float scale;
             memcpy(&scale, scales + 4 * bi, 4);
-            for (size_t i = 0; i < len; i++) x[b0 + i] = scale * (float)(int8_t)in[b0 + i];
+            for (size_t i = 0; i < len; i++) x[b0 + i] = codec_int8_value((int8_t)in[b0 + i], scale);
         }
         return;
     }
@@ -146,8 +113,7 @@ void codec_decode(Codec c, const unsigned char *in, size_t n, int block, float *
             for (size_t i = 0; i < len; i++) {
                 size_t j = b0 + i;
                 unsigned code = (in[j / 2] >> (4 * (j & 1))) & 15u;
-                float v = fp4_values[code & 7u];
-                x[j] = scale * ((code & 8u) ? -v : v);
+                x[j] = codec_fp4_value(code, scale);
             }
         }
         return;

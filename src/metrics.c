@@ -96,7 +96,7 @@ int metrics_eval(Metrics *mt, const char *set, long step, double bpb, size_t byt
     fflush(stdout);
     if (!mt || !mt->f) return ISTH_OK;
     fprintf(mt->f, "{\"eval\":\"%s\",\"step\":%ld,\"bpb\":%s,\"bytes\":%zu,\"seconds\":%.3f}\n", set,
-            step, jnum("%.6f", bpb).text, bytes, seconds);
+            step, jnum("%.9f", bpb).text, bytes, seconds);
     return metrics_flush(mt);
 }
 

@@ -113,8 +113,8 @@ int mix_start(Reducer *r, int f, int partner, const float *values, double w_me, 
         for (int k = 0; k < fp->own.n; k++) {
             const size_t n = r->table.chunks[fp->own.chunk[k]].size;
             double e2, n2;
-            codec_encode_ef(r->codec, values + fp->own.off[k], res ? res + fp->own.off[k] : NULL,
-                            n, r->block, fp->slot->enc + fp->own.enc_off[k], mine + fp->own.off[k], &e2, &n2);
+            CHECK(reduce_encode_chunk(r, values + fp->own.off[k], res ? res + fp->own.off[k] : NULL, n,
+                                      fp->slot->enc + fp->own.enc_off[k], mine + fp->own.off[k], &e2, &n2));
             pp->err2 += e2;
             pp->norm2 += n2;
         }

@@ -329,6 +329,17 @@ float *reduce_stage(Reducer *r, int f)
     return fp->slot ? fp->slot->values + (size_t)r->topo->site * r->pool.size : NULL;
 }
 
+void reduce_encode_on(Reducer *r, Backend *be) { r->encoder = be && be->ops->encode_ef ? be : NULL; }
+
+int reduce_encode_chunk(const Reducer *r, const float *x, float *residual, size_t n, unsigned char *out,
+                        float *decoded, double *err2, double *norm2)
+{
+    if (r->encoder)
+        return r->encoder->ops->encode_ef(r->encoder, r->codec, x, residual, n, r->block, out, decoded, err2, norm2);
+    codec_encode_ef(r->codec, x, residual, n, r->block, out, decoded, err2, norm2);
+    return ISTH_OK;
+}
+
 int reduce_start(Reducer *r, Backend *be, int f, StateKind which, int kind)
 {
     FragPlan *fp = &r->frag[f];
@@ -381,8 +392,8 @@ int reduce_start_staged(Reducer *r, int f)
         const size_t n = r->table.chunks[fp->own.chunk[k]].size;
         float *v = mine + fp->own.off[k];
         double e2, n2;
-        codec_encode_ef(r->codec, v, fp->residual ? fp->residual + fp->own.off[k] : NULL, n, r->block,
-                        enc + fp->own.enc_off[k], r->scratch, &e2, &n2);
+        CHECK(reduce_encode_chunk(r, v, fp->residual ? fp->residual + fp->own.off[k] : NULL, n,
+                                  enc + fp->own.enc_off[k], r->scratch, &e2, &n2));
         memcpy(v, r->scratch, n * sizeof(float));
         fp->err2 += e2;
         fp->norm2 += n2;

@@ -110,6 +110,7 @@ typedef struct {
     StagePool pool;            /* staging of the exchanges in flight */
     int slots;                 /* exchanges in flight at once (reduce_set_slots) */
     float *scratch;            /* (largest owned chunk) decoded values while encoding */
+    Backend *encoder;          /* encodes payloads (reduce_encode_on), NULL: the host codec */
     Codec codec;
     int block, error_feedback;
     int leader;                /* my learner is the first of its site */
@@ -131,6 +132,9 @@ void reducer_destroy(Reducer *r);
 /* How many exchanges may be in flight at once (default 1); the staging pool
  * is allocated for that many at the first exchange. */
 void reduce_set_slots(Reducer *r, int slots);
+/* Encode payloads with the backend's encode_ef where it has one (the same
+ * bytes as the host codec; the CUDA backend's GPU), else on the host. */
+void reduce_encode_on(Reducer *r, Backend *be);
 /* Resume: exchanges numbered on from a checkpoint's count. */
 void reduce_restore(Reducer *r, uint64_t exchanges);
 
@@ -166,6 +170,9 @@ float *reduce_hold(Reducer *r, int f);
 void reduce_release(Reducer *r, int f);
 /* Internal to reduce.c and mix.c: a free staging slot for fragment f. */
 Slot *reduce_take_slot(Reducer *r, int f);
+/* codec_encode_ef of one chunk, where reduce_encode_on said. */
+int reduce_encode_chunk(const Reducer *r, const float *x, float *residual, size_t n, unsigned char *out,
+                        float *decoded, double *err2, double *norm2);
 /* Dense chunks of fragment f of the state copied from their owners to
  * every rank of the learner (after the owners updated them). */
 int reduce_share_dense(const Reducer *r, Backend *be, int f, StateKind which);

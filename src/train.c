@@ -73,6 +73,7 @@ int trainer_create(Trainer *tr, const Config *cfg, int log)
     CHECK(reducer_create(&tr->red, t, &tr->model, cfg->outer.fragments, (Codec)codec_from_name(cfg->outer.codec),
                          cfg->outer.codec_block, !strcmp(cfg->outer.error_feedback, "on"), cfg->outer.timeout,
                          MPI_COMM_WORLD));
+    reduce_encode_on(&tr->red, tr->be);
     { /* the optimiser's state only for the chunks this rank owns (ZeRO-1) */
         const size_t *off, *len;
         int n;

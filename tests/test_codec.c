@@ -90,6 +90,27 @@ static void test_round_trips(void **state)
     assert_int_equal(codec_encoded_size(CODEC_BF16, 1000, 128), 2000);
 }
 
+/* The E2M1 grid itself: a block whose largest magnitude is 6 has scale 1,
+ * so every grid value and its negative decodes exactly, and a value
+ * halfway between two grid points goes to the lower magnitude. */
+static void test_fp4_grid_is_e2m1(void **state)
+{
+    (void)state;
+    const float grid[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+    float x[17], y[17];
+    for (int k = 0; k < 8; k++) {
+        x[k] = grid[k];
+        x[8 + k] = -grid[k];
+    }
+    x[16] = 5.0f; /* halfway between 4 and 6 */
+    unsigned char enc[64];
+    assert_true(codec_encoded_size(CODEC_FP4, 17, 17) <= sizeof enc);
+    codec_encode(CODEC_FP4, x, 17, 17, enc);
+    codec_decode(CODEC_FP4, enc, 17, 17, y);
+    for (int i = 0; i < 16; i++) assert_true(y[i] == x[i]);
+    assert_true(y[16] == 4.0f);
+}
+
 static void test_error_feedback_tracks_the_sum(void **state)
 {
     (void)state;
@@ -229,6 +250,7 @@ int main(int argc, char **argv)
     MPI_Init(&argc, &argv);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_round_trips),
+        cmocka_unit_test(test_fp4_grid_is_e2m1),
         cmocka_unit_test(test_error_feedback_tracks_the_sum),
         cmocka_unit_test(test_checksum_detects_changes),
         cmocka_unit_test(test_streaming_schedule),

@@ -252,6 +252,7 @@ static const BackendOps cpu_ops = {
     .sum_runs = cpu_sum_runs,
     .share_runs = cpu_share_runs,
     .copy_state = cpu_copy_state,
+    .encode_ef = NULL, /* the reducer's host codec is this backend's */
 };
 
 /* OpenMP and OpenBLAS thread counts (0 = leave the defaults). */

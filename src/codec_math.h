@@ -1,0 +1,137 @@
+/* codec_math.h — the per-value arithmetic of the codecs, written once for
+ * the host (codec.c) and the GPU (cuda/codec.cu): __host__ __device__
+ * under nvcc. Every step is one IEEE operation (a division, a product, a
+ * comparison) that both compile alike, so a payload encoded on a GPU is
+ * byte for byte the one the host would encode, and a receiver cannot tell
+ * which encoded it.
+ *
+ * Owns: bf16 rounding, the int8 and fp4 (E2M1) codes of one value already
+ * divided by its block's scale, and their decoded values.
+ * Must not: loop over blocks or know the wire layout (codec.c and
+ * cuda/codec.cu do).
+ */
+#ifndef ISTHMUS_CODEC_MATH_H
+#define ISTHMUS_CODEC_MATH_H
+
+#include <stdint.h>
+
+#ifdef __CUDACC__
+#define CODEC_HD __host__ __device__
+#else
+#define CODEC_HD
+#include <math.h>
+#include <string.h>
+#endif
+
+static inline CODEC_HD uint32_t codec_float_bits(float f)
+{
+#ifdef __CUDA_ARCH__
+    return __float_as_uint(f);
+#else
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+#endif
+}
+
+static inline CODEC_HD float codec_bits_float(uint32_t u)
+{
+#ifdef __CUDA_ARCH__
+    return __uint_as_float(u);
+#else
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+#endif
+}
+
+/* A product, a quotient, a sum and a difference rounded on their own: on
+ * the device never fused into a multiply-add, so the decoded values and the
+ * residuals are the host's. */
+static inline CODEC_HD float codec_mul(float a, float b)
+{
+#ifdef __CUDA_ARCH__
+    return __fmul_rn(a, b);
+#else
+    return a * b;
+#endif
+}
+
+static inline CODEC_HD float codec_div(float a, float b)
+{
+#ifdef __CUDA_ARCH__
+    return __fdiv_rn(a, b);
+#else
+    return a / b;
+#endif
+}
+
+static inline CODEC_HD float codec_add(float a, float b)
+{
+#ifdef __CUDA_ARCH__
+    return __fadd_rn(a, b);
+#else
+    return a + b;
+#endif
+}
+
+static inline CODEC_HD float codec_sub(float a, float b)
+{
+#ifdef __CUDA_ARCH__
+    return __fsub_rn(a, b);
+#else
+    return a - b;
+#endif
+}
+
+/* bf16 of a finite float, rounded to nearest even on the dropped 16 bits. */
+static inline CODEC_HD uint16_t codec_to_bf16(float f)
+{
+    uint32_t u = codec_float_bits(f);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+static inline CODEC_HD float codec_from_bf16(uint16_t h) { return codec_bits_float((uint32_t)h << 16); }
+
+/* Scales: the block's largest magnitude over the largest code. */
+#define CODEC_INT8_MAX 127.0f
+#define CODEC_FP4_MAX 6.0f
+
+/* int8 code of v = x/scale (|v| <= 127 up to rounding): nearest, ties to even. */
+static inline CODEC_HD int8_t codec_int8_code(float v)
+{
+    long r = lrintf(v);
+    if (r > 127) r = 127;
+    if (r < -127) r = -127;
+    return (int8_t)r;
+}
+
+/* E2M1 magnitude of a 3-bit code. */
+static inline CODEC_HD float codec_fp4_magnitude(unsigned k)
+{
+    /* 0, .5, 1, 1.5 then 2, 3, 4, 6: exact in binary, computed rather than
+     * tabled so the device needs no constant memory */
+    return k < 4 ? 0.5f * (float)k : (float)(2u << ((k - 4) >> 1)) * ((k & 1u) ? 1.5f : 1.0f);
+}
+
+/* 4-bit code of v = x/scale in [-6, 6]: the nearest magnitude (ties to the
+ * lower), sign in bit 3 (never on zero). */
+static inline CODEC_HD unsigned codec_fp4_code(float v)
+{
+    const float a = fabsf(v);
+    unsigned best = 0;
+    for (unsigned k = 1; k < 8; k++)
+        if (fabsf(a - codec_fp4_magnitude(k)) < fabsf(a - codec_fp4_magnitude(best))) best = k;
+    return best | (v < 0 && best ? 8u : 0u);
+}
+
+static inline CODEC_HD float codec_int8_value(int8_t q, float scale) { return codec_mul(scale, (float)q); }
+
+static inline CODEC_HD float codec_fp4_value(unsigned code, float scale)
+{
+    const float v = codec_fp4_magnitude(code & 7u);
+    return codec_mul(scale, (code & 8u) ? -v : v);
+}
+
+#endif

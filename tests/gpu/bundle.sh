@@ -1,0 +1,94 @@
+#!/bin/sh
+# bundle.sh — build here what tests/gpu/run.sh needs on a bare GPU machine
+# (the device the project's tool lends: a driver, nvcc, Python with PyTorch
+# and NVIDIA's library wheels, but no MPI, HDF5, OpenBLAS or CMocka).
+#
+# Writes gpubundle/isthmus-gpu.tar.xz (ignored by git; carry it: under
+# 64 MiB), holding
+#   bin/    isthmus and the GPU tests, built --with-cuda (sm_90/100/103)
+#   lib/    every shared library they and Open MPI load that is neither
+#           glibc, the C++ runtime, nor CUDA's big libraries (cuBLAS,
+#           cuBLASLt, NCCL, the driver: run.sh finds the device's own)
+#   ompi/   Open MPI 4.1's runtime (orterun, orted, the MCA components, the
+#           help texts) and PMIx's, under their Debian paths, relocated at
+#           run time with OPAL_PREFIX and PMIX_INSTALL_PREFIX
+#   share/  the configs
+# Run as root on the development machine after scripts/setup.sh; the CUDA
+# toolkit is taken from /usr/local/cuda (or $CUDA_DIR).
+set -eu
+top=$(cd "$(dirname "$0")/../.." && pwd)
+cuda=${CUDA_DIR:-/usr/local/cuda}
+build=${BUNDLE_BUILD:-/tmp/isthmus-cuda-build}
+jobs=$(nproc 2>/dev/null || echo 2)
+tests="test_optim_gpu test_layers_gpu test_kernels_gpu test_backend_gpu test_codec_gpu"
+
+# a copy of the tree (tar keeps the times, so a build dir already configured
+# is rebuilt incrementally; make reruns automake when Makefile.am changed)
+echo "bundle: building --with-cuda in $build"
+mkdir -p "$build"
+(cd "$top" && git ls-files -co --exclude-standard | tar cf - -T -) | tar xf - -C "$build"
+(
+    cd "$build"
+    if [ ! -f config.status ] || ! grep -q with-cuda config.status; then
+        autoreconf -fi > autoreconf.log 2>&1 || { tail -5 autoreconf.log; exit 1; }
+        ./configure -q --with-cuda="$cuda" > configure.log 2>&1 || { tail -5 configure.log; exit 1; }
+    fi
+    # the libraries first, alone: two archive writers at once race in ar
+    make -j"$jobs" libisthmus.a libisthmus_cuda.a > make.log 2>&1 || { tail -20 make.log; exit 1; }
+    targets="isthmus"
+    for t in $tests; do targets="$targets tests/gpu/$t"; done
+    # shellcheck disable=SC2086
+    make -j"$jobs" $targets >> make.log 2>&1 || { tail -20 make.log; exit 1; }
+)
+
+stage=$(mktemp -d /tmp/isthmus-bundle.XXXXXX)
+root=$stage/isthmus-gpu
+mkdir -p "$root/bin" "$root/lib" "$root/share/configs"
+cp "$build/isthmus" "$root/bin/"
+for t in $tests; do cp "$build/tests/gpu/$t" "$root/bin/"; done
+strip --strip-unneeded "$root"/bin/*
+cp "$top"/share/configs/*.ini "$root/share/configs/"
+
+# Open MPI's runtime under its Debian paths (ompi_info --path all: prefix
+# /usr, libdir and pkglibdir under /usr/lib/x86_64-linux-gnu/openmpi).
+ompi=$root/ompi/usr
+arch=x86_64-linux-gnu
+mkdir -p "$ompi/bin" "$ompi/lib/$arch" "$ompi/share"
+cp /usr/bin/orterun /usr/bin/orted "$ompi/bin/"
+ln -s orterun "$ompi/bin/mpirun"
+cp -a "/usr/lib/$arch/openmpi" "$ompi/lib/$arch/"
+rm -rf "$ompi/lib/$arch/openmpi/include"
+cp -a "/usr/lib/$arch/pmix2" "$ompi/lib/$arch/"
+rm -rf "$ompi/lib/$arch/pmix2/include" "$ompi/lib/$arch/pmix2/lib/libpmix.a"
+cp -a /usr/share/openmpi "$ompi/share/"
+# components that need fabrics a single GPU machine lacks (and whose
+# libraries are large): left out, and excluded by run.sh's MCA settings
+for c in btl_openib btl_uct btl_ofi mtl_ofi mtl_psm mtl_psm2 pml_ucx osc_ucx spml_ucx atomic_ucx \
+    coll_hcoll coll_fca fs_lustre fs_gpfs fbtl_pvfs2 fs_pvfs2 mtl_portals4 btl_portals4 \
+    btl_usnic common_ucx common_ofi common_verbs; do
+    rm -f "$ompi/lib/$arch/openmpi/lib/openmpi3/mca_$c.so" "$ompi/lib/$arch/openmpi/lib/libmca_$c.so"*
+done
+
+# The shared libraries all of it loads, but for what every Linux (glibc,
+# the C++ runtime) or the GPU machine (CUDA's large libraries) has.
+skip='^(linux-vdso|ld-linux|libc\.so|libm\.so|libpthread|libdl\.so|librt\.so|libresolv|libutil|libstdc\+\+|libgcc_s|libcuda\.so|libnvidia|libcublas|libcublasLt|libnccl)'
+libs=$(mktemp)
+for f in "$root"/bin/* "$ompi"/bin/orterun "$ompi"/bin/orted $(find "$ompi/lib" -name '*.so*' -type f); do
+    ldd "$f" 2>/dev/null | awk '$2 == "=>" && $3 ~ /^\// {print $1, $3}' >> "$libs"
+done
+sort -u "$libs" | while read -r name path; do
+    echo "$name" | grep -Eq "$skip" && continue
+    [ -e "$root/lib/$name" ] || cp -L "$path" "$root/lib/$name"
+done
+rm -f "$libs"
+# libmpi and friends are found through lib/ by the executables (RUNPATH is
+# Debian's /usr/lib/...); the components find them the same way.
+
+mkdir -p "$top/gpubundle"
+out=$top/gpubundle/isthmus-gpu.tar.xz
+tar -C "$stage" -cf - isthmus-gpu | xz -T"$jobs" -6 > "$out.tmp"
+mv "$out.tmp" "$out"
+rm -rf "$stage"
+size=$(du -m "$out" | cut -f1)
+echo "bundle: $out (${size} MiB; carry gpubundle, at most 64 MiB with the tree)"
+[ "$size" -lt 56 ] || { echo "bundle: too large to carry with the tree" >&2; exit 1; }

@@ -1,0 +1,274 @@
+#!/bin/bash
+# run.sh — every check that needs a GPU, in one call of under 5 minutes on a
+# machine with one (the project's device: an H200, a driver, Python with
+# PyTorch, h5py and NVIDIA's library wheels, nothing else of ours).
+#
+#   1. the GPU tests (kernels, optimiser, codec, the backend through its verbs)
+#   2. 50 steps of small.ini on the CPU and on the GPU: fp32 losses within
+#      1e-4 relative of the CPU's, bf16 within 1%
+#   3. a checkpoint written on the GPU resumed on the CPU: the CPU
+#      continues where the GPU would have (losses within 1e-4)
+#   4. two sites of one rank each on the one GPU (diloco, fp4, NCCL
+#      communicators of one rank, gpu_share): trains, bytes cross the link
+#   5. that model evaluated on the CPU and on the GPU (within 1e-5), and by
+#      PyTorch in float64 from the HDF5 file (tests/gpu/torch_check.py)
+#   6. bench of gpu-1b.ini in bf16: tokens/s and MFU against the H200's
+#      989 TFLOP/s dense bf16 peak
+# The last lines are a table: check | result | figure. Exit 0 only when every
+# check that ran passed. Without a GPU every row says SKIP and why; the
+# executables still run their CPU halves, so the plumbing is checked here.
+#
+# The executables: the bundle tests/gpu/bundle.sh made (gpubundle/, carried
+# to the device), else an in-tree build configured --with-cuda.
+# Output: $OUT (the device tool's folder) or /tmp/isthmus-gpu-out.
+set -u
+top=$(cd "$(dirname "$0")/../.." && pwd)
+out=${OUT:-/tmp/isthmus-gpu-out}
+work=$(mktemp -d /tmp/isthmus-gpu-run.XXXXXX)
+mkdir -p "$out"
+table=$out/gpu-table.txt
+: > "$table"
+failed=0
+row() { # row CHECK RESULT FIGURE
+    printf '%-44s | %-6s | %s\n' "$1" "$2" "$3" | tee -a "$table"
+    [ "$2" = FAIL ] && failed=$((failed + 1))
+    return 0
+}
+say() { echo "run.sh: $*"; }
+t_start=$(date +%s)
+# Python (PyTorch) runs with the machine's libraries, not the bundle's
+py() { LD_LIBRARY_PATH=$orig_ld_path python3 "$@"; }
+orig_ld_path=${LD_LIBRARY_PATH:-}
+
+# --- the executables and what they load -----------------------------------
+if [ -f "$top/gpubundle/isthmus-gpu.tar.xz" ]; then
+    tar -C "$work" -xJf "$top/gpubundle/isthmus-gpu.tar.xz"
+    b=$work/isthmus-gpu
+    bin=$b/bin
+    tests=$b/bin
+    configs=$b/share/configs
+    export LD_LIBRARY_PATH=$b/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+    export OPAL_PREFIX=$b/ompi/usr
+    export PMIX_INSTALL_PREFIX=$b/ompi/usr/lib/x86_64-linux-gnu/pmix2
+    export PATH=$OPAL_PREFIX/bin:$PATH
+    say "executables from the bundle ($b)"
+elif [ -x "$top/isthmus" ] && grep -q 'define HAVE_CUDA 1' "$top/autoconf.h" 2>/dev/null; then
+    bin=$top
+    tests=$top/tests/gpu
+    configs=$top/share/configs
+    say "executables from the tree (configured --with-cuda)"
+else
+    say "no bundle (tests/gpu/bundle.sh) and no --with-cuda build in $top"
+    exit 1
+fi
+isthmus=$bin/isthmus
+# CUDA's large libraries from the machine: NVIDIA's wheels, else the toolkit
+cuda_dirs=$(py - 2>/dev/null <<'EOF'
+import os
+try:
+    import nvidia
+except ImportError:
+    raise SystemExit
+seen = set()
+for root in nvidia.__path__:
+    for d, _, files in os.walk(root):
+        if any(f.startswith(("libcublas.so", "libcublasLt.so", "libnccl.so", "libcudart.so")) for f in files):
+            seen.add(d)
+print(":".join(sorted(seen)))
+EOF
+)
+for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
+    [ -d "$d" ] && cuda_dirs=${cuda_dirs:+$cuda_dirs:}$d
+done
+export LD_LIBRARY_PATH=${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$cuda_dirs
+missing=$(ldd "$isthmus" | awk '/not found/ {print $1}' | tr '\n' ' ')
+if [ -n "$missing" ]; then
+    say "isthmus cannot load: $missing (LD_LIBRARY_PATH=$LD_LIBRARY_PATH)"
+    exit 1
+fi
+
+# Open MPI on one machine: shared memory and TCP only, no fabric probing;
+# single-copy off (gVisor has no process_vm_readv)
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export OMPI_MCA_btl=self,vader,tcp OMPI_MCA_pml=ob1 OMPI_MCA_osc=^ucx,pt2pt OMPI_MCA_mtl=^ofi,psm,psm2
+export OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_MCA_mca_base_component_show_load_errors=0
+export OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_btl_tcp_if_include=lo OMPI_MCA_oob_tcp_if_include=lo
+mpi() { mpirun -q --bind-to none -np "$@"; }
+
+gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+if [ "$gpus" -gt 0 ]; then
+    gpu_name=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+    say "$gpus GPU(s): $gpu_name"
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$out/nvidia-smi.txt" 2>&1
+else
+    gpu_name=none
+    say "no GPU visible: GPU rows are SKIP, the CPU halves still run"
+fi
+threads=$(nproc)
+[ "$threads" -gt 16 ] && threads=16
+
+# the corpus (tracked compressed; xz may be missing there, Python is not)
+data=$work/data
+mkdir -p "$data"
+for f in "$top"/share/data/*.txt.xz; do
+    py -c 'import lzma, sys; open(sys.argv[2], "wb").write(lzma.open(sys.argv[1]).read())' \
+        "$f" "$data/$(basename "$f" .xz)"
+done
+common="--set data.dir=$data --set train.log_every=1 --set train.eval_every=0"
+
+# --- 1. the GPU tests --------------------------------------------------------
+for t in test_kernels_gpu test_layers_gpu test_optim_gpu test_codec_gpu test_backend_gpu; do
+    log=$out/$t.log
+    if [ "$t" = test_backend_gpu ]; then
+        (cd "$work" && timeout 180 mpirun -q -np 1 "$tests/$t" > "$log" 2>&1)
+    else
+        (cd "$work" && timeout 120 "$tests/$t" > "$log" 2>&1)
+    fi
+    rc=$?
+    ok=$(grep -c '^ok ' "$log")
+    bad=$(grep -c '^not ok ' "$log")
+    if grep -q '^1..0 # SKIP' "$log"; then
+        row "$t" SKIP "$(sed -n 's/^1..0 # SKIP //p' "$log")"
+    elif [ $rc -eq 0 ] && [ "$bad" -eq 0 ] && [ "$ok" -gt 0 ]; then
+        row "$t" PASS "$ok checks"
+    else
+        row "$t" FAIL "$ok ok, $bad not ok, exit $rc"
+    fi
+done
+
+# --- 2. small.ini 50 steps, CPU against GPU ----------------------------------
+losses() { sed -n 's/^{"step":\([0-9]*\),"loss":\([^,]*\),.*/\1 \2/p' "$1/metrics.jsonl"; }
+compare_losses() { # compare_losses DIR_REF DIR TOL -> "max_rel" on stdout, status 0 if within
+    py - "$1" "$2" "$3" <<'EOF'
+import json, sys
+def steps(d):
+    return {r["step"]: r["loss"] for r in map(json.loads, open(d + "/metrics.jsonl")) if "loss" in r}
+ref, got, tol = steps(sys.argv[1]), steps(sys.argv[2]), float(sys.argv[3])
+common = sorted(set(ref) & set(got))
+worst = max((abs(got[s] - ref[s]) / abs(ref[s]) for s in common), default=float("inf"))
+print("%.2e over %d steps" % (worst, len(common)))
+sys.exit(0 if common and worst <= tol else 1)
+EOF
+}
+small=$configs/small.ini
+S50="--set train.steps=50 --set data.eval_bytes=65536 --set train.threads=$threads"
+timeout 240 "$isthmus" train "$small" $common $S50 --set train.backend=cpu --set train.out_dir="$work/cpu50" \
+    > "$out/cpu50.log" 2>&1 || say "CPU small.ini run failed: $(tail -2 "$out/cpu50.log")"
+if [ "$gpus" -gt 0 ]; then
+    for p in fp32 bf16; do
+        tol=1e-4
+        [ $p = bf16 ] && tol=1e-2
+        if timeout 120 "$isthmus" train "$small" $common $S50 --set train.backend=cuda --set train.precision=$p \
+            --set train.out_dir="$work/gpu50_$p" > "$out/gpu50_$p.log" 2>&1; then
+            fig=$(compare_losses "$work/cpu50" "$work/gpu50_$p" $tol)
+            st=$?
+            ms=$(grep -o '"ms_per_step":[0-9.]*' "$work/gpu50_$p/metrics.jsonl" | tail -20 |
+                awk -F: '{s += $2; n++} END {if (n) printf "%.1f", s / n}')
+            cms=$(grep -o '"ms_per_step":[0-9.]*' "$work/cpu50/metrics.jsonl" | tail -20 |
+                awk -F: '{s += $2; n++} END {if (n) printf "%.1f", s / n}')
+            row "small.ini 50 steps $p vs CPU (tol $tol)" "$([ $st -eq 0 ] && echo PASS || echo FAIL)" \
+                "max rel loss diff $fig; $ms ms/step GPU, $cms CPU ($threads threads)"
+        else
+            row "small.ini 50 steps $p vs CPU" FAIL "$(tail -1 "$out/gpu50_$p.log")"
+        fi
+    done
+else
+    row "small.ini 50 steps fp32/bf16 vs CPU" SKIP "no GPU; CPU run $([ -f "$work/cpu50/model.h5" ] && echo ok || echo FAILED)"
+fi
+
+# --- 3. resume across backends ----------------------------------------------
+if [ "$gpus" -gt 0 ]; then
+    # the GPU stops after step 15 as if signalled (checkpoint, exit 0)
+    R="--set train.steps=30 --set data.eval_bytes=4096 --set train.threads=$threads"
+    ISTHMUS_STOP_AT_STEP=15 timeout 60 "$isthmus" train "$small" $common $R --set train.backend=cuda \
+        --set train.out_dir="$work/resume" > "$out/resume_gpu.log" 2>&1 &&
+        timeout 120 "$isthmus" train "$small" $common $R --set train.backend=cpu --set train.out_dir="$work/resume" \
+            --resume auto > "$out/resume_cpu.log" 2>&1 &&
+        timeout 60 "$isthmus" train "$small" $common $R --set train.backend=cuda --set train.out_dir="$work/gpu30" \
+            > "$out/gpu30.log" 2>&1
+    if [ $? -eq 0 ]; then
+        fig=$(compare_losses "$work/gpu30" "$work/resume" 1e-4)
+        row "GPU checkpoint resumed on the CPU (tol 1e-4)" "$([ $? -eq 0 ] && echo PASS || echo FAIL)" \
+            "steps 16-30 vs GPU-only: $fig"
+    else
+        row "GPU checkpoint resumed on the CPU" FAIL "see resume_*.log, gpu30.log"
+    fi
+else
+    row "GPU checkpoint resumed on the CPU" SKIP "no GPU"
+fi
+
+# --- 4. two sites of one rank on the one GPU ----------------------------------
+TWO="--set site.a.ranks=1 --set site.b.ranks=1 --set outer.mode=diloco --set outer.codec=fp4 --set outer.inner_steps=10
+--set train.steps=40 --set data.eval_bytes=65536 --set train.threads=$((threads / 2)) --set train.gpu_share=1"
+if [ "$gpus" -gt 0 ]; then be=cuda; else be=cpu; fi
+# shellcheck disable=SC2086
+if timeout 180 mpirun -q --bind-to none -np 2 "$isthmus" train "$small" $common $TWO --set train.backend=$be \
+    --set train.out_dir="$work/two" > "$out/two_site.log" 2>&1; then
+    bytes=$(grep -o '"inter_site_bytes":[0-9]*' "$work/two/metrics.jsonl" | tail -1 | cut -d: -f2)
+    outers=$(grep -c '^{"outer"' "$work/two/metrics.jsonl")
+    if [ "$gpus" -gt 0 ]; then
+        row "two sites x 1 rank on one GPU (diloco fp4)" "$([ "${bytes:-0}" -gt 0 ] && [ "$outers" -ge 4 ] && echo PASS || echo FAIL)" \
+            "$outers outer steps, $bytes inter-site bytes"
+    else
+        row "two sites x 1 rank on one GPU (diloco fp4)" SKIP "no GPU; the same run on the CPU: $outers outer steps, $bytes bytes"
+    fi
+else
+    row "two sites x 1 rank on one GPU (diloco fp4)" FAIL "$(grep -m1 error "$out/two_site.log")"
+fi
+
+# --- 5. that model on the CPU, the GPU and in PyTorch -------------------------
+bpb() { grep "\"eval\":\"$2\"" "$1/metrics.jsonl" | tail -1 | sed 's/.*"bpb":\([^,]*\),.*/\1/'; }
+if [ -f "$work/two/model.h5" ]; then
+    timeout 120 "$isthmus" eval --model "$work/two/model.h5" --set data.dir="$data" --set data.eval_bytes=65536 \
+        --set train.backend=cpu --set train.threads="$threads" --set train.out_dir="$work/eval_cpu" \
+        > "$out/eval_cpu.log" 2>&1
+    cpu_bpb=$(bpb "$work/eval_cpu" prose)
+    if [ "$gpus" -gt 0 ]; then
+        timeout 120 "$isthmus" eval --model "$work/two/model.h5" --set data.dir="$data" --set data.eval_bytes=65536 \
+            --set train.backend=cuda --set train.out_dir="$work/eval_gpu" > "$out/eval_gpu.log" 2>&1
+        gpu_bpb=$(bpb "$work/eval_gpu" prose)
+        ok=$(py -c "import sys; a, b = float(sys.argv[1]), float(sys.argv[2]); print(abs(a - b) <= 1e-5 * b)" \
+            "${gpu_bpb:-nan}" "${cpu_bpb:-nan}" 2>/dev/null)
+        row "eval of the GPU model: GPU vs CPU (1e-5)" "$([ "$ok" = True ] && echo PASS || echo FAIL)" \
+            "prose bpb GPU $gpu_bpb, CPU $cpu_bpb"
+    else
+        row "eval of the GPU model: GPU vs CPU" SKIP "no GPU; CPU prose bpb $cpu_bpb"
+    fi
+    if py -c 'import torch, h5py' 2>/dev/null; then
+        top_k=$(sed -n 's/^top_k *= *//p' "$small")
+        context=$(sed -n 's/^context *= *//p' "$small")
+        tb=$(timeout 120 env LD_LIBRARY_PATH="$orig_ld_path" python3 "$top/tests/gpu/torch_check.py" "$work/two/model.h5" "$data/eval_prose.txt" 65536 \
+            "$context" "$top_k" 2> "$out/torch_check.err" | sed -n 's/^torch_check: bpb \([0-9.]*\).*/\1/p')
+        ok=$(py -c "import sys; a, b = float(sys.argv[1]), float(sys.argv[2]); print(abs(a - b) <= 1e-5 * a)" \
+            "${tb:-nan}" "${cpu_bpb:-nan}" 2>/dev/null)
+        ref=${gpu_bpb:-$cpu_bpb}
+        row "PyTorch float64 forward of model.h5 (1e-5)" "$([ "$ok" = True ] && echo PASS || echo FAIL)" \
+            "prose bpb torch $tb, isthmus $ref"
+    else
+        row "PyTorch float64 forward of model.h5" SKIP "no torch/h5py in python3"
+    fi
+else
+    row "eval of the GPU model on the CPU" FAIL "no model from step 4"
+fi
+
+# --- 6. bench gpu-1b (bf16) ---------------------------------------------------
+if [ "$gpus" -gt 0 ]; then
+    if timeout 150 "$isthmus" bench "$configs/gpu-1b.ini" --threads 1 --steps 5 --peak-tflops 989 \
+        --set train.backend=cuda --set train.precision=bf16 --set data.dir="$data" > "$out/bench_gpu1b.log" 2>&1; then
+        # threads ms/step tokens/s GFLOP/s ... MFU
+        line=$(awk '$1 == 1 {printf "%s ms/step, %s tokens/s, %.1f TFLOP/s, MFU %s", $2, $3, $4 / 1000, $NF}' \
+            "$out/bench_gpu1b.log" | tail -1)
+        row "bench gpu-1b.ini bf16 (MFU vs 989 TFLOP/s)" INFO "$line"
+    else
+        row "bench gpu-1b.ini bf16" FAIL "$(tail -2 "$out/bench_gpu1b.log" | tr '\n' ' ')"
+    fi
+else
+    row "bench gpu-1b.ini bf16" SKIP "no GPU"
+fi
+
+echo
+echo "run.sh: $(($(date +%s) - t_start)) s on $(hostname) ($gpu_name), $(date -u +%Y-%m-%d)"
+echo "check                                        | result | figure"
+cat "$table"
+rm -rf "$work"
+[ $failed -eq 0 ]
