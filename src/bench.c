@@ -68,7 +68,7 @@ int bench_run(const Config *cfg, const int *threads, int n_threads, int steps, d
         c.train.threads = threads[i];
         c.train.steps = steps + 1;
         Trainer tr;
-        int rc = trainer_create(&tr, &c, 0);
+        int rc = trainer_create(&tr, &c, 0, MPI_COMM_WORLD);
         if (rc != ISTH_OK) {
             trainer_destroy(&tr);
             return rc;

@@ -91,6 +91,9 @@ static const KeySpec schema[] = {
     {"outer", "codec_block", KEY_INT, OU(codec_block), 0, 1, 1 << 24, 0, NULL, "128"},
     {"outer", "error_feedback", KEY_ENUM, OU(error_feedback), STRSZ(outer.error_feedback), 0, 0, 0, "on|off", "on"},
     {"outer", "timeout", KEY_REAL, OU(timeout), 0, 0, 1e7, 1, NULL, "600"},
+    {"outer", "run_id", KEY_STR, OU(run_id), STRSZ(outer.run_id), 0, 0, 0, NULL, ""},
+    {"outer", "key_file", KEY_STR, OU(key_file), STRSZ(outer.key_file), 0, 0, 0, NULL, ""},
+    {"outer", "join_timeout", KEY_REAL, OU(join_timeout), 0, 0, 1e7, 1, NULL, "120"},
 
     {"checkpoint", "dir", KEY_STR, CK(dir), STRSZ(checkpoint.dir), 0, 0, 0, NULL, ""},
     {"checkpoint", "every", KEY_INT, CK(every), 0, 0, INT_MAX, 0, NULL, "0"},

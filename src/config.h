@@ -88,6 +88,9 @@ typedef struct {
     int codec_block;    /* values per scale */
     char error_feedback[4]; /* on | off */
     double timeout;     /* seconds an inter-site exchange may take */
+    char run_id[64];    /* federated launch: the name published is isthmus-<run_id> ("" = the config fingerprint) */
+    char key_file[CONFIG_PATH_MAX]; /* federated launch: the run's key ("" = <out_dir>/run.key) */
+    double join_timeout; /* federated launch: seconds the sites wait for each other at start */
 } OuterConfig;
 
 typedef struct {

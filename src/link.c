@@ -35,6 +35,52 @@ void link_init(Link *l, MPI_Comm comm, double timeout_s, const char *site_name)
     l->mute = (int)fault_hook_for("ISTHMUS_LINK_MUTE", site_name);
 }
 
+void link_survive(Link *l, int on) { l->survive = on; }
+
+void link_mark_lost(Link *l, int s, const char *what, double after_s)
+{
+    if (s < 0 || s >= LINK_MAX_SITES || l->lost[s]) return;
+    l->lost[s] = 1;
+    l->lost_new = 1;
+    snprintf(l->lost_what[s], sizeof l->lost_what[s], "%s", what);
+    l->lost_after_s[s] = after_s;
+}
+
+int link_take_lost(Link *l, unsigned char *out, int n_sites)
+{
+    static unsigned char reported[LINK_MAX_SITES]; /* per process: one link per rank */
+    int n = 0;
+    for (int s = 0; s < n_sites && s < LINK_MAX_SITES; s++) {
+        out[s] = l->lost[s] && !reported[s];
+        if (out[s]) {
+            reported[s] = 1;
+            n++;
+        }
+    }
+    l->lost_new = 0;
+    return n;
+}
+
+void link_notify_dropped(Link *l, int peer, int my_site)
+{
+    static int32_t from[LINK_MAX_SITES]; /* MPI reads it whenever it can: never on the stack */
+    MPI_Request req;
+    from[my_site % LINK_MAX_SITES] = my_site;
+    if (MPI_Isend(&from[my_site % LINK_MAX_SITES], 1, MPI_INT32_T, peer, LINK_TAG_DROPPED, l->comm, &req) ==
+        MPI_SUCCESS)
+        MPI_Request_free(&req);
+}
+
+int link_was_dropped(Link *l, int peer)
+{
+    int flag = 0;
+    MPI_Status st;
+    if (MPI_Iprobe(peer, LINK_TAG_DROPPED, l->comm, &flag, &st) != MPI_SUCCESS || !flag) return 0;
+    int32_t v;
+    MPI_Recv(&v, 1, MPI_INT32_T, peer, LINK_TAG_DROPPED, l->comm, MPI_STATUS_IGNORE);
+    return 1;
+}
+
 static void msg_init(LinkMsg *m, int peer, int tag, size_t send_bytes, size_t recv_bytes, int local)
 {
     memset(m, 0, sizeof *m);
@@ -205,6 +251,40 @@ int link_wait(Link *l, LinkMsg *const *msgs, int n, const char *what)
     return ISTH_OK;
 }
 
+int link_wait_live(Link *l, LinkMsg *const *msgs, int n, const char *what, unsigned char *late, double *waited)
+{
+    for (int i = 0; i < n; i++) late[i] = 0;
+    *waited = 0.0;
+    if (!l->survive) return link_wait(l, msgs, n, what);
+    for (int i = 0; i < n; i++)
+        if (!msgs[i]->send_posted) CHECK(link_post_send(l, msgs[i]));
+    const double t0 = now_s();
+    for (;;) {
+        int all;
+        CHECK(link_test(l, msgs, n, &all));
+        if (all) break;
+        if (now_s() - t0 > l->timeout_s) {
+            for (int i = 0; i < n; i++) {
+                LinkMsg *m = msgs[i];
+                if (m->recv_done && m->send_posted != 1) continue;
+                late[i] = 1;
+                /* cancel what can be; what cannot stays with MPI (a lost
+                 * peer never completes it) and is never posted again */
+                if (m->recv_posted && !m->recv_done) link_retire(m->rr, m->recv_pieces);
+                if (m->send_posted == 1) link_retire(m->rs, m->send_pieces);
+                m->recv_done = 1;
+                m->send_posted = 2;
+            }
+            break;
+        }
+        struct timespec ts = {0, 50000};
+        nanosleep(&ts, NULL);
+    }
+    *waited = now_s() - t0;
+    l->wait_s += *waited;
+    return ISTH_OK;
+}
+
 const char *link_check(const unsigned char *buf, size_t bytes, uint8_t kind, uint32_t fragment,
                        uint64_t exchange, uint64_t values, uint64_t payload_bytes)
 {
@@ -226,19 +306,24 @@ int link_control(Link *l, const void *mine, size_t bytes, void *all, const int *
     int site_rank;
     CHECK_MPI(MPI_Comm_rank(site_comm, &site_rank));
     unsigned char *out = all;
+    memset(out, 0, (size_t)n_sites * bytes); /* lost sites' slots stay zero */
     memcpy(out + (size_t)my_site * bytes, mine, bytes);
     int rc = ISTH_OK;
     if (site_rank == 0 && n_sites > 1) {
         const size_t frame = sizeof(LinkHeader) + bytes;
         LinkMsg *msgs = isth_calloc((size_t)n_sites, sizeof(LinkMsg));
         LinkMsg **ptrs = isth_calloc((size_t)n_sites, sizeof(LinkMsg *));
+        int *site_of = isth_calloc((size_t)n_sites, sizeof(int));
+        unsigned char *late = isth_calloc((size_t)n_sites, 1);
         int n = 0;
-        if (!msgs || !ptrs) rc = isth_fail(ISTH_ERUNTIME, "link: out of memory for the %s control exchange", what);
+        if (!msgs || !ptrs || !site_of || !late)
+            rc = isth_fail(ISTH_ERUNTIME, "link: out of memory for the %s control exchange", what);
         for (int s = 0; s < n_sites && rc == ISTH_OK; s++) {
-            if (s == my_site) continue;
+            if (s == my_site || (s < LINK_MAX_SITES && l->lost[s])) continue;
             LinkMsg *m = &msgs[n];
             rc = link_msg_alloc(m, site_leaders[s], LINK_TAG_CONTROL, frame, frame, 0);
             if (rc != ISTH_OK) break;
+            site_of[n] = s;
             ptrs[n++] = m;
             memcpy(m->send + sizeof(LinkHeader), mine, bytes);
             link_frame(m->send, 0, LINK_CONTROL, 0, (uint32_t)my_site, seq, bytes, bytes);
@@ -246,9 +331,14 @@ int link_control(Link *l, const void *mine, size_t bytes, void *all, const int *
             if (rc == ISTH_OK) rc = link_post_send(l, m);
             l->control_calls += 2;
         }
-        if (rc == ISTH_OK) rc = link_wait(l, ptrs, n, what);
-        for (int i = 0, s = 0; rc == ISTH_OK && i < n; i++, s++) {
-            if (s == my_site) s++;
+        double waited = 0.0;
+        if (rc == ISTH_OK) rc = link_wait_live(l, ptrs, n, what, late, &waited);
+        for (int i = 0; rc == ISTH_OK && i < n; i++) {
+            const int s = site_of[i];
+            if (late[i]) {
+                link_mark_lost(l, s, what, waited);
+                continue;
+            }
             const char *bad = link_check(ptrs[i]->recv, ptrs[i]->recv_bytes, LINK_CONTROL, 0, seq, bytes, bytes);
             LinkHeader h;
             memcpy(&h, ptrs[i]->recv, sizeof h);
@@ -257,10 +347,24 @@ int link_control(Link *l, const void *mine, size_t bytes, void *all, const int *
                                     ptrs[i]->peer, bad);
             else memcpy(out + (size_t)s * bytes, ptrs[i]->recv + sizeof(LinkHeader), bytes);
         }
-        for (int i = 0; i < n; i++) link_msg_free(ptrs[i]);
+        for (int i = 0; i < n; i++)
+            if (!late[i]) link_msg_free(ptrs[i]); /* a lost peer's buffers stay with MPI */
         isth_free(msgs);
         isth_free(ptrs);
+        isth_free(site_of);
+        isth_free(late);
     }
     CHECK(rc);
-    return coll_bcast_bytes(site_comm, all, (size_t)n_sites * bytes, 0);
+    CHECK(coll_bcast_bytes(site_comm, all, (size_t)n_sites * bytes, 0));
+    if (!l->survive) return ISTH_OK;
+    /* the leader's view of who is lost, and why, to the whole site */
+    const int ns = n_sites < LINK_MAX_SITES ? n_sites : LINK_MAX_SITES;
+    unsigned char was[LINK_MAX_SITES];
+    memcpy(was, l->lost, sizeof was);
+    CHECK(coll_bcast_bytes(site_comm, l->lost, (size_t)ns, 0));
+    CHECK(coll_bcast_bytes(site_comm, l->lost_after_s, sizeof(double) * (size_t)ns, 0));
+    CHECK(coll_bcast_bytes(site_comm, l->lost_what, sizeof l->lost_what[0] * (size_t)ns, 0));
+    for (int s = 0; s < ns; s++)
+        if (l->lost[s] && !was[s]) l->lost_new = 1;
+    return ISTH_OK;
 }

@@ -37,6 +37,7 @@ enum {
 #define LINK_TAG(kind, fragment) (1000 + 2048 * (kind) + (fragment))
 #define LINK_TAG_CONTROL LINK_TAG(LINK_CONTROL, 0)
 #define LINK_TAG_SPREAD LINK_TAG(LINK_CONTROL + 1, 0) /* the butterfly spread probe */
+#define LINK_TAG_DROPPED LINK_TAG(LINK_CONTROL + 2, 0) /* "you missed our deadline": to a lost site */
 
 typedef struct {
     uint32_t magic;
@@ -68,9 +69,20 @@ typedef struct {
     int borrowed;          /* send/recv point into the owner's staging: not freed here */
 } LinkMsg;
 
+/* Sites the link can tell apart (config.h's CONFIG_MAX_SITES). */
+#define LINK_MAX_SITES 64
+
 typedef struct {
     MPI_Comm comm;
     double timeout_s;
+    /* the federated launch survives a site's loss (link_survive): a peer
+     * site that misses a deadline is marked lost here, on every rank of
+     * the site alike, and nothing is sent to or awaited from it again */
+    int survive;
+    unsigned char lost[LINK_MAX_SITES];
+    int lost_new;                  /* sites lost since link_take_lost */
+    char lost_what[LINK_MAX_SITES][64]; /* the operation that found each loss */
+    double lost_after_s[LINK_MAX_SITES]; /* how long it waited */
     double bytes_sent, bytes_recv; /* cumulative, this rank, between sites */
     double intra_sent, intra_recv; /* messages whose peer is in this rank's site (butterfly) */
     double wait_s;                 /* cumulative time blocked completing */
@@ -84,6 +96,19 @@ typedef struct {
 
 /* Hooks apply when `site_name` matches the variable's SITE. */
 void link_init(Link *l, MPI_Comm comm, double timeout_s, const char *site_name);
+/* The federated launch: a site that misses a deadline is lost, not fatal. */
+void link_survive(Link *l, int on);
+/* Site s is lost: found by `what` after waiting `after_s` (idempotent). */
+void link_mark_lost(Link *l, int s, const char *what, double after_s);
+/* Newly lost sites since the last call (0 or 1 each in out[n_sites]);
+ * returns how many. */
+int link_take_lost(Link *l, unsigned char *out, int n_sites);
+/* Tell a lost site's first rank (peer) that this site dropped it: one
+ * small message, never awaited (a dead peer never takes it; a stalled one
+ * finds it when it wakes and knows it was dropped rather than left alone). */
+void link_notify_dropped(Link *l, int peer, int my_site);
+/* Did the site whose first rank is `peer` drop us? (a probe, no waiting) */
+int link_was_dropped(Link *l, int peer);
 /* Inter-site bytes and time blocked since the last link_mark (a step's share). */
 void link_mark(Link *l);
 void link_since_mark(const Link *l, double *bytes, double *wait_s);
@@ -116,6 +141,12 @@ int link_test(Link *l, LinkMsg *const *msgs, int n, int *all);
  * when it passes. Posts sends still deferred. */
 int link_wait(Link *l, LinkMsg *const *msgs, int n, const char *what);
 
+/* link_wait that, with link_survive on, does not fail at the deadline:
+ * the messages still incomplete get late[i] = 1, their requests are
+ * cancelled (buffers left alone where MPI keeps them), and ISTH_OK is
+ * returned; *waited = seconds spent. Without survive: link_wait. */
+int link_wait_live(Link *l, LinkMsg *const *msgs, int n, const char *what, unsigned char *late, double *waited);
+
 /* Check a received frame. Returns NULL when valid, else the reason. */
 const char *link_check(const unsigned char *buf, size_t bytes, uint8_t kind, uint32_t fragment,
                        uint64_t exchange, uint64_t values, uint64_t payload_bytes);
@@ -125,7 +156,10 @@ const char *link_check(const unsigned char *buf, size_t bytes, uint8_t kind, uin
  * link communicator) sends `mine` to the other sites' first ranks and
  * receives theirs, framed and checked, within the deadline; then it
  * broadcasts the gathered all[n_sites * bytes] (site order) over site_comm.
- * Every rank passes its site's value in `mine` (the leader's is sent). */
+ * Every rank passes its site's value in `mine` (the leader's is sent).
+ * Lost sites are skipped (their slots zero); with survive on, a site that
+ * misses the deadline becomes lost, and every rank of the site learns it
+ * with the broadcast. */
 int link_control(Link *l, const void *mine, size_t bytes, void *all, const int *site_leaders, int n_sites,
                  int my_site, MPI_Comm site_comm, const char *what);
 

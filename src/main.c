@@ -50,7 +50,7 @@ static const char *const usage_main =
     "'isthmus <command> --help' describes a command. Configuration keys: docs/configuration.md\n";
 
 static const char *const usage_train =
-    "usage: isthmus train CONFIG.ini [--set section.key=value]... [--resume FILE|auto]\n"
+    "usage: isthmus train CONFIG.ini [--set section.key=value]... [--resume FILE|auto] [--site NAME]\n"
     "\n"
     "Trains the model described by CONFIG.ini ([model], [train], [data] sections).\n"
     "--set overrides or adds one key; it may be repeated. The resolved configuration\n"
@@ -61,6 +61,9 @@ static const char *const usage_train =
     "site; --resume auto continues from the newest checkpoint every site has (invalid\n"
     "files are reported and skipped), --resume FILE from that step. SIGTERM or SIGUSR1\n"
     "finishes the step, writes a checkpoint and exits 0.\n"
+    "--site NAME: the federated launch, one mpirun per site (started with --ompi-server,\n"
+    "see scripts/federated.sh): this mpirun is [site.NAME]; the first site hosts, the\n"
+    "others join it with the run's key (outer.key_file) within outer.join_timeout.\n"
     "Exit status: 0 success, 1 runtime failure, 2 bad configuration, data or checkpoint.\n";
 
 static const char *const usage_eval =
@@ -159,14 +162,14 @@ static int cmd_train(int argc, char **argv)
         return ISTH_OK;
     }
     const char *overrides[MAX_OVERRIDES], *pos[1];
-    const char *resume = NULL;
-    const Option opts[] = {{"--resume", 1, &resume}};
+    const char *resume = NULL, *site = NULL;
+    const Option opts[] = {{"--resume", 1, &resume}, {"--site", 1, &site}};
     int n_over, n_pos;
-    CHECK(parse_common(argc, argv, overrides, &n_over, pos, 1, &n_pos, opts, 1));
+    CHECK(parse_common(argc, argv, overrides, &n_over, pos, 1, &n_pos, opts, 2));
     if (n_pos != 1) return isth_fail(ISTH_EINPUT, "train: missing CONFIG.ini (see isthmus train --help)");
     Config cfg;
     CHECK(config_load(&cfg, pos[0], overrides, n_over));
-    return train_run(&cfg, resume);
+    return train_run(&cfg, resume, site);
 }
 
 static int cmd_eval(int argc, char **argv)
@@ -382,6 +385,11 @@ int main(int argc, char **argv)
     /* MPI-IO through ROMIO unless the user chose: OMPIO prints its own lines
      * on a failed write (a full disk), ROMIO returns the error to HDF5 */
     setenv("OMPI_MCA_io", "romio321", 0);
+    /* the federated launch: a leader's accept or connect gives up after
+     * this many seconds and is tried again (federation.c), where Open
+     * MPI's default would wait forever (values under 3 are not honoured) */
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--site")) setenv("OMPI_MCA_pmix_base_exchange_timeout", "3", 0);
     MPI_Init(&argc, &argv);
     int rank;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);

@@ -156,16 +156,29 @@ int mix_finish_staged(Reducer *r, int f, ReduceReport *rep, double *pair_distanc
     rep->crosses = pp->crosses;
     rep->codec = pp->codec;
     rep->n_sites = 2;
-    int rc = pp->peers.n ? link_wait(&r->link, pp->peers.links, pp->peers.n, "butterfly exchange") : ISTH_OK;
+    /* the federated launch: a partner on a lost site, or one that misses
+     * the deadline, is skipped (this learner keeps its own values) */
+    const int psite = topology_site_of_learner(t, pp->partner);
+    unsigned char alive[2] = {1, !r->link.lost[psite]}; /* {ok, partner alive} */
+    double waited = 0.0;
+    int rc = ISTH_OK;
+    if (pp->peers.n && alive[1]) {
+        unsigned char *late = isth_calloc((size_t)pp->peers.n, 1);
+        rc = late ? link_wait_live(&r->link, pp->peers.links, pp->peers.n, "butterfly exchange", late, &waited)
+                  : isth_fail(ISTH_ERUNTIME, "butterfly: out of memory");
+        for (int i = 0; late && i < pp->peers.n; i++)
+            if (late[i]) alive[1] = 0;
+        isth_free(late);
+    }
     pp->in_flight = 0;
     fp->has_result = 1;
     if (r->max_peer_learners < 1) r->max_peer_learners = 1; /* the partner, nobody else */
     CHECK(rc);
     float *mine = fp->slot->values, *theirs = mine + r->pool.size;
     *mixed = mine;
-    unsigned char ok = 1;
-    const char *why = NULL;
-    for (int i = 0; i < pp->peers.n; i++) {
+    unsigned char ok = alive[1];
+    const char *why = alive[1] ? NULL : "partner's site lost";
+    for (int i = 0; i < pp->peers.n && alive[1]; i++) {
         const char *bad = peer_take(&r->table, &fp->own, pp->codec, r->block, &pp->peers.peers[i], LINK_PAIR_VALUES, f,
                                     pp->exchange, theirs);
         if (bad) {
@@ -175,9 +188,11 @@ int mix_finish_staged(Reducer *r, int f, ReduceReport *rep, double *pair_distanc
     }
     /* agree inside my learner, then with the partner learner, then again;
      * the earliest stop round either side knows of rides along */
-    CHECK(coll_allreduce_comm(t->learner_comm, &ok, 1, MPI_UNSIGNED_CHAR, 1, MPI_MIN));
+    alive[0] = ok;
+    CHECK(coll_allreduce_comm(t->learner_comm, alive, 2, MPI_UNSIGNED_CHAR, 1, MPI_MIN));
+    ok = alive[0];
     int64_t stop = r->stop_round < 0 ? INT64_MAX : (int64_t)r->stop_round;
-    for (int i = 0; i < pp->peers.n; i++) {
+    for (int i = 0; i < pp->peers.n && alive[1]; i++) {
         Peer *p = &pp->peers.peers[i];
         p->verdict.send[sizeof(LinkHeader)] = ok;
         memcpy(p->verdict.send + sizeof(LinkHeader) + 1, &stop, sizeof stop);
@@ -187,8 +202,23 @@ int mix_finish_staged(Reducer *r, int f, ReduceReport *rep, double *pair_distanc
         CHECK(link_post_recv(&r->link, &p->verdict));
         CHECK(link_post_send(&r->link, &p->verdict));
     }
-    if (pp->peers.n) CHECK(link_wait(&r->link, pp->peers.links + pp->peers.n, pp->peers.n, "butterfly verdict"));
-    for (int i = 0; i < pp->peers.n; i++) {
+    if (pp->peers.n && alive[1]) {
+        unsigned char *late = isth_calloc((size_t)pp->peers.n, 1);
+        double vwait = 0.0;
+        rc = late ? link_wait_live(&r->link, pp->peers.links + pp->peers.n, pp->peers.n, "butterfly verdict", late,
+                                   &vwait)
+                  : isth_fail(ISTH_ERUNTIME, "butterfly: out of memory");
+        for (int i = 0; late && i < pp->peers.n; i++)
+            if (late[i]) alive[1] = 0;
+        if (vwait > waited) waited = vwait;
+        isth_free(late);
+        CHECK(rc);
+        if (!alive[1]) {
+            ok = 0;
+            why = "partner's site lost";
+        }
+    }
+    for (int i = 0; i < pp->peers.n && alive[1]; i++) {
         const LinkMsg *v = &pp->peers.peers[i].verdict;
         const char *bad = link_check(v->recv, v->recv_bytes, LINK_PAIR_VERDICT, (uint32_t)f, pp->exchange,
                                      PAIR_VERDICT_BYTES, PAIR_VERDICT_BYTES);
@@ -200,12 +230,28 @@ int mix_finish_staged(Reducer *r, int f, ReduceReport *rep, double *pair_distanc
         memcpy(&other, v->recv + sizeof(LinkHeader) + 1, sizeof other);
         if (other < stop) stop = other;
     }
-    CHECK(coll_allreduce_comm(t->learner_comm, &ok, 1, MPI_UNSIGNED_CHAR, 1, MPI_MIN));
+    alive[0] = ok;
+    CHECK(coll_allreduce_comm(t->learner_comm, alive, 2, MPI_UNSIGNED_CHAR, 1, MPI_MIN));
+    ok = alive[0] && alive[1];
     CHECK(coll_allreduce_comm(t->learner_comm, &stop, 1, MPI_INT64_T, sizeof stop, MPI_MIN));
+    if (r->link.survive && t->n_sites > 1) { /* the whole site agrees on who is lost */
+        unsigned char present[CONFIG_MAX_SITES];
+        for (int s = 0; s < t->n_sites; s++) present[s] = !r->link.lost[s];
+        if (!alive[1]) present[psite] = 0;
+        double w = waited;
+        CHECK(coll_allreduce_comm(t->site_comm, present, (size_t)t->n_sites, MPI_UNSIGNED_CHAR, 1, MPI_MIN));
+        CHECK(coll_allreduce_comm(t->site_comm, &w, 1, MPI_DOUBLE, sizeof w, MPI_MAX));
+        for (int s = 0; s < t->n_sites; s++)
+            if (!present[s] && s != t->site) {
+                char what[64];
+                snprintf(what, sizeof what, "butterfly exchange %llu (fragment %d)", (unsigned long long)pp->exchange, f);
+                link_mark_lost(&r->link, s, what, w);
+            }
+    }
     r->stop_round = stop == INT64_MAX ? -1 : (long)stop;
     rep->accepted_sites = ok ? 2 : 1;
-    if (!ok) snprintf(rep->rejected, sizeof rep->rejected, "learner %d: %s", why ? t->learner : pp->partner,
-                      why ? why : "rejected by the partner");
+    if (!ok) snprintf(rep->rejected, sizeof rep->rejected, "learner %d: %s",
+                      why && alive[1] ? t->learner : pp->partner, why ? why : "rejected by the partner");
     /* distance between the partners before mixing (my owned part) */
     const size_t n = fp->own.size;
     double d2 = 0.0, n2 = 0.0;

@@ -304,6 +304,13 @@ int peers_post(Link *l, const ChunkTable *ct, const Owned *own, Encoded enc, Pee
 {
     for (int i = 0; i < ps->n; i++) {
         Peer *p = &ps->peers[i];
+        if (p->site >= 0 && p->site < LINK_MAX_SITES && l->lost[p->site]) {
+            /* a lost site: nothing posted, nothing awaited */
+            p->msg.recv_posted = 0;
+            p->msg.recv_done = 1;
+            p->msg.send_posted = 2;
+            continue;
+        }
         unsigned char *payload = p->msg.send + sizeof(LinkHeader);
         for (int j = 0; j < p->n; j++) {
             const int k = p->chunks[j];

@@ -434,37 +434,80 @@ static void append_reason(char *buf, size_t cap, const char *site, const char *w
 }
 
 /* (4) verdicts: which sites' payloads every site accepted; the stop vote
- * rides along (ok[n_sites] = 0 when a site asks to stop). */
-static int agree(Reducer *r, FragPlan *fp, int f, unsigned char *ok)
+ * rides along (ok[n_sites] = 0 when a site asks to stop). alive[s] = 0 for
+ * a site this rank found late (federated launch: lost from now on); a
+ * verdict that misses the deadline makes its site late too. Both are
+ * agreed inside the site, then lost sites are marked in the link. */
+static int agree(Reducer *r, FragPlan *fp, int f, unsigned char *ok, unsigned char *alive, double waited)
 {
     const Topology *t = r->topo;
+    const int S = t->n_sites;
     const size_t nv = site_verdict_bytes(t);
-    ok[t->n_sites] = !r->stop_request;
-    CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, ok, (int)nv, MPI_UNSIGNED_CHAR, MPI_MIN, t->site_comm));
+    unsigned char buf[2 * CONFIG_MAX_SITES + 1];
+    memcpy(buf, ok, (size_t)S);
+    buf[S] = !r->stop_request;
+    memcpy(buf + nv, alive, (size_t)S);
+    CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, buf, (int)nv + S, MPI_UNSIGNED_CHAR, MPI_MIN, t->site_comm));
     if (r->leader && fp->site.n) {
+        LinkMsg **wait = isth_malloc(sizeof(LinkMsg *) * (size_t)fp->site.n);
+        int *peer_of = isth_malloc(sizeof(int) * (size_t)fp->site.n), n = 0;
+        unsigned char *late = isth_malloc((size_t)fp->site.n);
+        if (!wait || !peer_of || !late) {
+            isth_free(wait);
+            isth_free(peer_of);
+            isth_free(late);
+            return isth_fail(ISTH_ERUNTIME, "reduce: out of memory for the verdicts of fragment %d", f);
+        }
+        int rc = ISTH_OK;
         for (int i = 0; i < fp->site.n; i++) {
             Peer *p = &fp->site.peers[i];
-            memcpy(p->verdict.send + sizeof(LinkHeader), ok, nv);
+            if (!buf[nv + p->site] || r->link.lost[p->site]) continue; /* no verdict to or from a lost site */
+            memcpy(p->verdict.send + sizeof(LinkHeader), buf, nv);
             link_frame(p->verdict.send, 0, LINK_SITE_VERDICT, (uint32_t)f, (uint32_t)t->site, fp->exchange, nv, nv);
             p->verdict.send_posted = 0;
-            CHECK(link_post_recv(&r->link, &p->verdict));
-            CHECK(link_post_send(&r->link, &p->verdict));
+            if (rc == ISTH_OK) rc = link_post_recv(&r->link, &p->verdict);
+            if (rc == ISTH_OK) rc = link_post_send(&r->link, &p->verdict);
+            wait[n] = &p->verdict;
+            peer_of[n++] = i;
         }
-        CHECK(link_wait(&r->link, fp->site.links + fp->site.n, fp->site.n, "verdict exchange"));
-        for (int i = 0; i < fp->site.n; i++) {
-            const unsigned char *v = fp->site.peers[i].verdict.recv;
-            const char *bad = link_check(v, fp->site.peers[i].verdict.recv_bytes, LINK_SITE_VERDICT, (uint32_t)f, fp->exchange,
-                                         nv, nv);
+        double vwait = 0.0;
+        if (rc == ISTH_OK) rc = link_wait_live(&r->link, wait, n, "verdict exchange", late, &vwait);
+        if (vwait > waited) waited = vwait;
+        for (int k = 0; rc == ISTH_OK && k < n; k++) {
+            const Peer *p = &fp->site.peers[peer_of[k]];
+            if (late[k]) {
+                buf[nv + p->site] = 0;
+                buf[p->site] = 0;
+                continue;
+            }
+            const unsigned char *v = p->verdict.recv;
+            const char *bad = link_check(v, p->verdict.recv_bytes, LINK_SITE_VERDICT, (uint32_t)f, fp->exchange, nv, nv);
             /* a verdict we cannot read would leave the sites with different
              * sets of contributions (and stop votes): the run cannot go on */
             if (bad)
-                return isth_fail(ISTH_ERUNTIME, "link: verdict from world rank %d for fragment %d unreadable: %s",
-                                 fp->site.peers[i].world_rank, f, bad);
-            for (size_t s = 0; s < nv; s++) ok[s] &= v[sizeof(LinkHeader) + s];
+                rc = isth_fail(ISTH_ERUNTIME, "link: verdict from world rank %d for fragment %d unreadable: %s",
+                               p->world_rank, f, bad);
+            else
+                for (size_t s = 0; s < nv; s++) buf[s] &= v[sizeof(LinkHeader) + s];
+        }
+        isth_free(wait);
+        isth_free(peer_of);
+        isth_free(late);
+        CHECK(rc);
+    }
+    CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, buf, (int)nv + S, MPI_UNSIGNED_CHAR, MPI_MIN, t->site_comm));
+    double w = waited;
+    CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &w, 1, MPI_DOUBLE, MPI_MAX, t->site_comm));
+    for (int s = 0; s < S; s++) {
+        alive[s] = buf[nv + s];
+        ok[s] = buf[s] && alive[s];
+        if (!alive[s] && s != t->site) {
+            char what[64];
+            snprintf(what, sizeof what, "exchange %llu (fragment %d)", (unsigned long long)fp->exchange, f);
+            link_mark_lost(&r->link, s, what, w);
         }
     }
-    CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, ok, (int)nv, MPI_UNSIGNED_CHAR, MPI_MIN, t->site_comm));
-    if (!ok[t->n_sites]) r->stop_agreed = 1;
+    if (!buf[S]) r->stop_agreed = 1;
     return ISTH_OK;
 }
 
@@ -501,12 +544,24 @@ int reduce_finish_staged(Reducer *r, int f, ReduceReport *rep, float **result)
      * site's payload, which waited on all of that site's learners */
     if (t->n_learners - 1 > r->max_peer_learners) r->max_peer_learners = t->n_learners - 1;
     if (t->n_sites == 1) return ISTH_OK;
-    unsigned char ok[CONFIG_MAX_SITES + 1];
+    unsigned char ok[CONFIG_MAX_SITES + 1], alive[CONFIG_MAX_SITES];
     memset(ok, 1, sizeof ok);
+    for (int s = 0; s < t->n_sites; s++) alive[s] = !r->link.lost[s];
+    double waited = 0.0;
     if (r->leader && fp->site.n) {
-        CHECK(link_wait(&r->link, fp->site.links, fp->site.n, "payload exchange"));
+        unsigned char *late = isth_calloc((size_t)fp->site.n, 1);
+        CHECK_ALLOC(late);
+        const int wrc = link_wait_live(&r->link, fp->site.links, fp->site.n, "payload exchange", late, &waited);
+        for (int i = 0; wrc == ISTH_OK && i < fp->site.n; i++)
+            if (late[i]) alive[fp->site.peers[i].site] = 0;
+        isth_free(late);
+        CHECK(wrc);
         for (int i = 0; i < fp->site.n; i++) {
             const Peer *p = &fp->site.peers[i];
+            if (!alive[p->site]) {
+                ok[p->site] = 0;
+                continue;
+            }
             const char *bad = peer_take(&r->table, &fp->own, r->codec, r->block, p, LINK_SITE_VALUES, f, fp->exchange,
                                         staging + (size_t)p->site * size);
             if (bad) {
@@ -515,7 +570,7 @@ int reduce_finish_staged(Reducer *r, int f, ReduceReport *rep, float **result)
             }
         }
     }
-    CHECK(agree(r, fp, f, ok));
+    CHECK(agree(r, fp, f, ok, alive, waited));
     double wsum = 0.0;
     rep->accepted_sites = 0;
     for (int s = 0; s < t->n_sites; s++)
@@ -523,7 +578,8 @@ int reduce_finish_staged(Reducer *r, int f, ReduceReport *rep, float **result)
             wsum += r->site_weight[s];
             rep->accepted_sites++;
         } else {
-            append_reason(rep->rejected, sizeof rep->rejected, t->sites[s].name, "rejected by a site");
+            append_reason(rep->rejected, sizeof rep->rejected, t->sites[s].name,
+                          alive[s] ? "rejected by a site" : "lost (missed the deadline)");
         }
     /* (5) sum the accepted sites in site order */
     if (r->leader) { /* total overwrites my site's slot element by element */

@@ -12,6 +12,7 @@
 #include "alloc.h"
 #include "ckpt.h"
 #include "fault.h"
+#include "federation.h"
 #include "memory.h"
 #include "coll.h"
 #include "stateview.h"
@@ -69,8 +70,11 @@ static int check_replicas(Trainer *tr)
                            tr->step, t->sites[t->site].first_rank + r, (unsigned long long)all[r],
                            t->sites[t->site].first_rank, (unsigned long long)all[0]);
     if (rc == ISTH_OK) rc = trainer_control(tr, &fp, sizeof fp, all, "replica check");
+    int ref = 0; /* the first site still present */
+    while (ref < t->n_sites - 1 && tr->red.link.lost[ref]) ref++;
+    all[0] = all[ref];
     for (int s = 0; rc == ISTH_OK && s < t->n_sites; s++)
-        if (all[s] != all[0]) {
+        if (!tr->red.link.lost[s] && all[s] != all[0]) {
             rc = site_rank == 0 && t->site == 0
                      ? isth_fail(ISTH_ERUNTIME, "step %ld: replicas diverged: site %s fingerprint %016llx, site %s %016llx",
                                  tr->step, t->sites[s].name, (unsigned long long)all[s], t->sites[0].name,
@@ -83,6 +87,47 @@ static int check_replicas(Trainer *tr)
         printf("replicas identical at step %ld: %d learner(s), fingerprint %016llx\n", tr->step,
                tr->topo.n_learners, (unsigned long long)fp);
     return ISTH_OK;
+}
+
+/* Sites the link found lost during this step: one line and one metrics
+ * record each, from every site's logging rank; the lost sites are told.
+ * A site that finds it was dropped itself (a stall longer than the other
+ * side's deadline: the other side's notice is waiting for it) stops
+ * instead of training on alone: the run goes on without it, and a restart
+ * with --resume auto is how it comes back. */
+static int report_lost_sites(Trainer *tr)
+{
+    const Topology *t = &tr->topo;
+    unsigned char gone[LINK_MAX_SITES];
+    if (!link_take_lost(&tr->red.link, gone, t->n_sites)) return ISTH_OK;
+    int site_rank;
+    CHECK_MPI(MPI_Comm_rank(t->site_comm, &site_rank));
+    int dropped_by = -1;
+    if (site_rank == 0)
+        for (int s = 0; s < t->n_sites; s++)
+            if (gone[s] && dropped_by < 0 && link_was_dropped(&tr->red.link, tr->site_leaders[s])) dropped_by = s;
+    CHECK_MPI(MPI_Bcast(&dropped_by, 1, MPI_INT, 0, t->site_comm));
+    if (dropped_by >= 0)
+        return isth_fail(ISTH_ERUNTIME, "site %s was dropped from the run by site %s at step %ld (it missed that "
+                         "site's deadline); restart it with --resume auto to rejoin", t->sites[t->site].name,
+                         t->sites[dropped_by].name, tr->step);
+    if (site_rank == 0)
+        for (int s = 0; s < t->n_sites; s++)
+            if (gone[s]) link_notify_dropped(&tr->red.link, tr->site_leaders[s], t->site);
+    spread_stop(&tr->outer.spread); /* it samples every learner, or none */
+    if (!tr->log) return ISTH_OK;
+    int left = 0;
+    for (int s = 0; s < t->n_sites; s++) left += !tr->red.link.lost[s];
+    for (int s = 0; s < t->n_sites; s++) {
+        if (!gone[s]) continue;
+        printf("site %s lost at step %ld: nothing from it in the %s within %.1f s; training on with %d site(s)\n",
+               t->sites[s].name, tr->step, tr->red.link.lost_what[s], tr->red.link.lost_after_s[s], left);
+        if (tr->metrics.f)
+            fprintf(tr->metrics.f, "{\"site_lost\":\"%s\",\"step\":%ld,\"what\":\"%s\",\"after_s\":%.3f,\"sites_left\":%d}\n",
+                    t->sites[s].name, tr->step, tr->red.link.lost_what[s], tr->red.link.lost_after_s[s], left);
+    }
+    fflush(stdout);
+    return metrics_flush(&tr->metrics);
 }
 
 /* Total inter-site bytes of the run, and what `sync` would have moved. */
@@ -160,11 +205,15 @@ static int stop_decided(Trainer *tr, int site_agreed)
     return tr->red.stop_agreed;
 }
 
-int train_run(const Config *cfg, const char *resume)
+int train_run(const Config *cfg, const char *resume, const char *site)
 {
+    /* the federated launch joins the sites first: the world spans them */
+    static Federation fed; /* static: the world outlives a failed run's frame (fault_end_job) */
+    federation_joint(&fed);
+    if (site) CHECK(federation_join(&fed, cfg, site));
     Trainer tr;
-    int rc = trainer_create(&tr, cfg, 1);
-    if (rc == ISTH_OK && tr.rank == 0) {
+    int rc = trainer_create(&tr, cfg, 1, fed.world);
+    if (rc == ISTH_OK && tr.log) {
         printf("isthmus train: resolved configuration (%s)\n%s\n", cfg->source, tr.config_text);
         topology_print(&tr.topo, cfg);
         printf("model: %.3fM parameters, %.3fM active matrix parameters per token; %d threads per rank\n",
@@ -209,6 +258,8 @@ int train_run(const Config *cfg, const char *resume)
     while (rc == ISTH_OK && tr.step < tc->steps) {
         StepLog s;
         rc = trainer_step(&tr, &s);
+        if (rc != ISTH_OK) break;
+        if (tr.red.link.lost_new) rc = report_lost_sites(&tr);
         if (rc != ISTH_OK) break;
         if (tr.log && (s.step % tc->log_every == 0 || s.step == tc->steps)) rc = metrics_step(&tr.metrics, &s);
         if (rc != ISTH_OK) break;
@@ -260,5 +311,6 @@ int train_run(const Config *cfg, const char *resume)
      * down first would only wait on requests a dead peer never completes */
     if (rc != ISTH_OK && tr.topo.world_size > 1) return rc;
     trainer_destroy(&tr);
+    federation_destroy(&fed);
     return rc;
 }

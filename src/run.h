@@ -13,6 +13,8 @@
 #include "train.h"
 
 /* The whole `isthmus train` run; resume: NULL, a checkpoint file or "auto". */
-int train_run(const Config *cfg, const char *resume);
+/* site: NULL for the joint launch (one mpirun, every site); the name of
+ * this mpirun's [site.NAME] for the federated launch (federation.h). */
+int train_run(const Config *cfg, const char *resume, const char *site);
 
 #endif

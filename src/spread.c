@@ -168,6 +168,16 @@ int spread_poll(Spread *s, Metrics *mt)
     return ISTH_OK;
 }
 
+void spread_stop(Spread *s)
+{
+    if (!s->active) return;
+    const int n = s->topo->world_rank == 0 ? s->topo->n_learners : 1;
+    for (; s->count > 0; s->count--, s->head = (s->head + 1) % SPREAD_QUEUE)
+        if (!link_retire(s->q[s->head].req, n)) /* MPI keeps what it cannot cancel: never freed */
+            s->q[s->head].values = NULL, s->q[s->head].req = NULL;
+    s->active = 0;
+}
+
 int spread_finish(Spread *s, Metrics *mt)
 {
     int done;

@@ -56,6 +56,9 @@ int spread_round(Spread *s, long round, long step, Backend *be, Metrics *mt);
 int spread_poll(Spread *s, Metrics *mt);
 /* Complete everything still open (the end of the run). */
 int spread_finish(Spread *s, Metrics *mt);
+/* A site was lost (federated launch): the probe stops for the rest of the
+ * run, its open rounds cancelled (it measures all learners or nothing). */
+void spread_stop(Spread *s);
 
 /* max_i ‖x_i − mean‖ / ‖mean‖ over n rows of length len, the mean weighted
  * by w (NULL: equal weights); double sums. */

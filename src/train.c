@@ -27,21 +27,28 @@ double lr_at(const TrainConfig *tc, long step)
     return tc->min_lr + 0.5 * (tc->lr - tc->min_lr) * (1.0 + cos(M_PI * progress));
 }
 
-int trainer_create(Trainer *tr, const Config *cfg, int log)
+int trainer_create(Trainer *tr, const Config *cfg, int log, MPI_Comm world)
 {
     memset(tr, 0, sizeof *tr);
     tr->red.site_peers = MPI_COMM_NULL;
     tr->cfg = *cfg;
-    MPI_Comm_rank(MPI_COMM_WORLD, &tr->rank);
-    tr->log = log && tr->rank == 0;
+    MPI_Comm_rank(world, &tr->rank);
     const ModelConfig *mc = &cfg->model;
     const TrainConfig *tc = &cfg->train;
 
     tr->config_text = config_to_text(cfg);
     CHECK_ALLOC(tr->config_text);
-    CHECK(topology_create(&tr->topo, cfg, MPI_COMM_WORLD));
+    CHECK(topology_create(&tr->topo, cfg, world));
     tr->created = 1;
     const Topology *t = &tr->topo;
+    /* the world's first rank logs; in the federated launch each other
+     * site's first rank too, into its own folder (its own mpirun's output) */
+    const int federated = world != MPI_COMM_WORLD;
+    tr->log = log && (tr->rank == 0 || (federated && t->world_rank == t->sites[t->site].first_rank));
+    if (tr->log && tr->rank != 0)
+        snprintf(tr->metrics_dir, sizeof tr->metrics_dir, "%s/site-%s", cfg->train.out_dir, t->sites[t->site].name);
+    else
+        snprintf(tr->metrics_dir, sizeof tr->metrics_dir, "%s", cfg->train.out_dir);
     fault_set_site(t->sites[t->site].name);
     const SiteInfo *site = &t->sites[t->site];
     tr->micro_batch = site->micro_batch;
@@ -72,8 +79,11 @@ int trainer_create(Trainer *tr, const Config *cfg, int log)
     tr->model = tr->be->table;
     CHECK(reducer_create(&tr->red, t, &tr->model, cfg->outer.fragments, (Codec)codec_from_name(cfg->outer.codec),
                          cfg->outer.codec_block, !strcmp(cfg->outer.error_feedback, "on"), cfg->outer.timeout,
-                         MPI_COMM_WORLD));
+                         world));
     reduce_encode_on(&tr->red, tr->be);
+    /* one mpirun per site: losing a site is survivable (the joint launch's
+     * mpirun ends the whole job instead) */
+    link_survive(&tr->red.link, federated);
     { /* the optimiser's state only for the chunks this rank owns (ZeRO-1) */
         const size_t *off, *len;
         int n;
@@ -105,7 +115,7 @@ int trainer_create(Trainer *tr, const Config *cfg, int log)
     tr->targets = isth_malloc(n * sizeof(int));
     CHECK_ALLOC(tr->tokens);
     CHECK_ALLOC(tr->targets);
-    if (tr->log) CHECK(metrics_open(&tr->metrics, tc->out_dir));
+    if (tr->log) CHECK(metrics_open(&tr->metrics, tr->metrics_dir));
     return ISTH_OK;
 }
 

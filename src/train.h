@@ -42,8 +42,10 @@ typedef struct {
     Metrics metrics;
     long step;           /* optimiser steps done */
     double tokens_seen;  /* all learners */
-    int rank;            /* rank in MPI_COMM_WORLD; 0 logs */
-    int log;             /* print step lines and write metrics (rank 0) */
+    int rank;            /* rank in the run's world (federation.h; MPI_COMM_WORLD in the joint launch) */
+    int log;             /* print step lines and write metrics: world rank 0, and each other site's
+                          * first rank in the federated launch */
+    char metrics_dir[CONFIG_PATH_MAX + 80]; /* out_dir, or out_dir/site-NAME for another site's log */
     int created;         /* topology and communicators exist */
 } Trainer;
 
@@ -52,7 +54,8 @@ typedef struct {
 double lr_at(const TrainConfig *tc, long step);
 
 /* Build everything a run needs. `log`: write metrics and print lines. */
-int trainer_create(Trainer *tr, const Config *cfg, int log);
+/* `world`: every rank of the run (MPI_COMM_WORLD, or the federated world). */
+int trainer_create(Trainer *tr, const Config *cfg, int log, MPI_Comm world);
 void trainer_destroy(Trainer *tr);
 
 /* A blocking control exchange between the sites through the link

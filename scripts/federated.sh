@@ -1,0 +1,92 @@
+#!/bin/bash
+# federated.sh — the federated launch: one mpirun per site, joined at run
+# time through ompi-server (docs/architecture.md, "Launch forms").
+#
+#   federated.sh server DIR             start ompi-server; DIR/ompi-server.uri, .pid
+#   federated.sh site URI SITE NP CONFIG [train args...]
+#                                       one site's mpirun (URI: the .uri file)
+#   federated.sh stop DIR               stop the ompi-server started in DIR
+#   federated.sh run DIR CONFIG SITE:NP [SITE:NP...] [-- train args...]
+#                                       all of it on this machine: the server,
+#                                       every site (logs DIR/SITE.log), then stop
+#
+# `site` checks that the server answers before it starts mpirun (Open MPI's
+# mpirun would wait for it forever) and says so in one line, exit 2.
+# Environment: ISTHMUS (the executable; default: the one in the tree),
+# MPIRUN_ARGS (extra mpirun options, e.g. --oversubscribe).
+set -u
+here=$(cd "$(dirname "$0")/.." && pwd)
+isthmus=${ISTHMUS:-$here/isthmus}
+
+die() { echo "federated.sh: $*" >&2; exit 2; }
+
+# the first tcp://HOST:PORT of an ompi-server URI file answers within 3 s
+reachable() {
+    local uri hostport host port
+    uri=$(cat "$1" 2>/dev/null) || return 1
+    hostport=$(echo "$uri" | tr ';' '\n' | sed -n 's|^tcp://\([^:]*\):\([0-9]*\)$|\1 \2|p' | head -1)
+    [ -n "$hostport" ] || return 1
+    read -r host port <<< "$hostport"
+    timeout 3 bash -c "exec 3<>/dev/tcp/$host/$port" 2>/dev/null
+}
+
+cmd_server() {
+    local dir=$1
+    mkdir -p "$dir" || die "cannot create $dir"
+    rm -f "$dir/ompi-server.uri"
+    setsid ompi-server --no-daemonize -r "$dir/ompi-server.uri" > "$dir/ompi-server.log" 2>&1 < /dev/null &
+    echo $! > "$dir/ompi-server.pid"
+    for _ in $(seq 1 100); do
+        [ -s "$dir/ompi-server.uri" ] && reachable "$dir/ompi-server.uri" && return 0
+        sleep 0.1
+    done
+    die "ompi-server did not start (see $dir/ompi-server.log)"
+}
+
+cmd_stop() {
+    local dir=$1 pid
+    pid=$(cat "$dir/ompi-server.pid" 2>/dev/null) || return 0
+    kill "$pid" 2>/dev/null
+    rm -f "$dir/ompi-server.pid"
+    return 0
+}
+
+cmd_site() {
+    [ $# -ge 4 ] || die "usage: federated.sh site URI SITE NP CONFIG [train args...]"
+    local uri=$1 site=$2 np=$3 config=$4
+    shift 4
+    [ -s "$uri" ] || die "ompi-server URI file $uri is missing or empty: start the server first (federated.sh server DIR)"
+    reachable "$uri" || die "ompi-server at $(cut -d';' -f2 "$uri") (from $uri) does not answer: is it running?"
+    # shellcheck disable=SC2086
+    exec mpirun ${MPIRUN_ARGS:-} -np "$np" --ompi-server "file:$uri" "$isthmus" train "$config" --site "$site" "$@"
+}
+
+cmd_run() {
+    [ $# -ge 3 ] || die "usage: federated.sh run DIR CONFIG SITE:NP [SITE:NP...] [-- train args...]"
+    local dir=$1 config=$2
+    shift 2
+    local sites=()
+    while [ $# -gt 0 ] && [ "$1" != "--" ]; do sites+=("$1"); shift; done
+    [ $# -gt 0 ] && shift
+    cmd_server "$dir"
+    local pids=() status=0
+    for s in "${sites[@]}"; do
+        "$0" site "$dir/ompi-server.uri" "${s%%:*}" "${s##*:}" "$config" "$@" > "$dir/${s%%:*}.log" 2>&1 &
+        pids+=($!)
+    done
+    for p in "${pids[@]}"; do
+        wait "$p"
+        rc=$?
+        [ $rc -gt $status ] && status=$rc
+    done
+    cmd_stop "$dir"
+    return $status
+}
+
+case "${1:-}" in
+server) shift; cmd_server "$@" ;;
+stop) shift; cmd_stop "$@" ;;
+site) shift; cmd_site "$@" ;;
+run) shift; cmd_run "$@" ;;
+*) sed -n '2,16p' "$0" >&2; exit 2 ;;
+esac

@@ -1,0 +1,74 @@
+/* federation.h — the federated launch: one mpirun per site (its
+ * MPI_COMM_WORLD is the site), the sites joined at run time through Open
+ * MPI's name service (ompi-server) into one world communicator that the
+ * trainer uses exactly as it uses MPI_COMM_WORLD in the joint launch (every
+ * site's ranks, in the config's site order).
+ *
+ * How sites join. The first site in the config's order hosts: its first
+ * rank opens a port and publishes it as "isthmus-<run id>"; the first rank
+ * of every other site looks the name up and connects. Only the two leaders
+ * take part (MPI_COMM_SELF): Open MPI 4.1 bounds a leader's accept and
+ * connect by pmix_base_exchange_timeout (main.c sets it before MPI_Init),
+ * where a collective accept would leave the other ranks waiting forever.
+ * Over the leaders' link the host sends a fresh nonce; the joiner answers
+ * with the run id, its site, its rank count, the config fingerprint and an
+ * HMAC-SHA256 (libsodium) under the run's key over all of it; the host
+ * checks each and answers with a verdict (a reason when refused: the joiner
+ * exits 2, the host keeps waiting, undisturbed). When every site has
+ * joined, MPI_Intercomm_create over the leaders' link brings each site's
+ * ranks in, site by site in config order, and the merges make the world.
+ * The whole join runs under the fault watchdog (outer.join_timeout): a
+ * peer that stops answering part-way ends the process with one line.
+ *
+ * The key: 32 random bytes (hex) in outer.key_file (default
+ * <out_dir>/run.key), created with mode 0600 by the host at its first
+ * launch if missing (temporary name, then rename); refused when group or
+ * others may read it. Every site must hold the same file.
+ *
+ * Owns: the run id and the published name, the key file, the handshake and
+ * its wire structs, the leaders' communicators and the world made of them.
+ * Must not: train or carry payloads (the link does, over this world), or
+ * retry a join once it was refused.
+ */
+#ifndef ISTHMUS_FEDERATION_H
+#define ISTHMUS_FEDERATION_H
+
+#include <stdint.h>
+
+#include <mpi.h>
+
+#include "config.h"
+
+typedef struct {
+    int federated;       /* 0: the joint launch (world is MPI_COMM_WORLD) */
+    int site;            /* this mpirun's site (config index) */
+    MPI_Comm world;      /* every site's ranks in config order */
+    MPI_Comm leader_link[CONFIG_MAX_SITES]; /* host: one per other site; joiner: [0] to the host */
+    char service[96];    /* "isthmus-<run id>" */
+    char port[MPI_MAX_PORT_NAME];
+    int published;       /* the host's name is in the name service */
+} Federation;
+
+/* The joint launch: world = MPI_COMM_WORLD. */
+void federation_joint(Federation *f);
+
+/* Join the federated run as [site.<site_name>] (this mpirun's ranks, all of
+ * them, collectively). ISTH_EINPUT (exit 2) for a wrong site, rank count,
+ * key or config, and when the host refuses us; ISTH_ERUNTIME when a site
+ * does not join within outer.join_timeout or the name service fails. */
+int federation_join(Federation *f, const Config *cfg, const char *site_name);
+
+/* Unpublish the name (host) and free the communicators (MPI_Comm_free:
+ * Open MPI 4.1's MPI_Comm_disconnect hangs on a dead peer). */
+void federation_destroy(Federation *f);
+
+/* What two sites must agree on to train together: the resolved config
+ * without the keys each site may set for itself ([data], [checkpoint],
+ * out_dir, threads, backend, precision, gpu_share, log_every, eval_every,
+ * the key file and join timeout). */
+uint64_t federation_fingerprint(const Config *cfg);
+
+/* The run id: outer.run_id, else the fingerprint in hex. */
+void federation_run_id(const Config *cfg, char *out, size_t size);
+
+#endif

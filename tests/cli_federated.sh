@@ -1,0 +1,181 @@
+#!/bin/bash
+# cli_federated.sh — the federated launch (one mpirun per site, joined
+# through ompi-server) on this machine, real processes:
+#  - two sites of tiny.ini (diloco, fp4) train to the same model, bit for
+#    bit, as the joint launch (one mpirun) of the same config;
+#  - a joiner with the wrong key, or a different [model], is refused (exit 2,
+#    the reason in one line) while the host waits on undisturbed, and the run
+#    that then forms is bit-identical to one with no such attempt;
+#  - a key file others may read is refused before anything is sent;
+#  - no ompi-server: the site script says so in one line, exit 2, no hang;
+#    a host whose partner never comes gives up at outer.join_timeout, exit 1;
+#  - SIGKILL of site b's processes mid-run: site a logs the loss once within
+#    its deadline + 2 s, trains on alone and finishes with its model;
+#  - SIGSTOP of site b beyond the deadline: a trains on; after SIGCONT b
+#    finds a's notice, says it was dropped and exits 1 (no split run);
+#  - the joint launch: SIGKILL of one rank ends the whole job within seconds
+#    with a non-zero exit, the newest checkpoint is valid and --resume auto
+#    continues from it.
+. "$TOP_SRCDIR/tests/lib.sh"
+FED="$TOP_SRCDIR/scripts/federated.sh"
+export ISTHMUS MPIRUN_ARGS="-q --oversubscribe"
+T="$CONFIGS/tiny.ini"
+RUN="--set site.a.ranks=1 --set site.b.ranks=1 --set outer.mode=diloco --set outer.codec=fp4
+--set outer.inner_steps=4 --set train.steps=12 --set data.eval_bytes=4096 --set outer.join_timeout=60"
+SERVER="$WORK/server"
+stop_server() { "$FED" stop "$SERVER"; }
+trap 'stop_server; rm -rf "$WORK"' EXIT
+"$FED" server "$SERVER" || { fail "ompi-server did not start"; finish; exit 1; }
+URI="$SERVER/ompi-server.uri"
+
+site() { # site NAME NP OUT [args...]: one site's mpirun, with a deadline
+    local name=$1 np=$2 out=$3
+    shift 3
+    # shellcheck disable=SC2086
+    timeout 120 "$FED" site "$URI" "$name" "$np" "$T" $RUN --set train.out_dir="$out" "$@"
+}
+
+# 1. federated == joint, bit for bit
+# shellcheck disable=SC2086
+mpi 2 "$ISTHMUS" train "$T" $RUN --set train.out_dir="$WORK/joint" > "$WORK/joint.log" 2>&1 ||
+    fail "joint launch failed: $(tail -2 "$WORK/joint.log")"
+site a 1 "$WORK/fed" --set outer.run_id=t1 > "$WORK/fed_a.log" 2>&1 &
+a=$!
+site b 1 "$WORK/fed" --set outer.run_id=t1 > "$WORK/fed_b.log" 2>&1
+rb=$?
+wait $a
+ra=$?
+if [ $ra -eq 0 ] && [ $rb -eq 0 ] && h5diff "$WORK/joint/model.h5" "$WORK/fed/model.h5" /model /model > /dev/null 2>&1; then
+    pass "federated launch (two mpiruns through ompi-server) = joint launch, bit for bit"
+else
+    fail "federated: exits $ra/$rb; $(grep -h error "$WORK"/fed_?.log | head -2)"
+fi
+grep -q '^federation: site b joined (proof verified)' "$WORK/fed_a.log" && pass "the host logs the verified join" ||
+    fail "no join line in site a's log"
+mode=$(stat -c %a "$WORK/fed/run.key" 2>/dev/null)
+[ "$mode" = 600 ] && pass "the host created the run's key with mode 0600" || fail "run.key mode '$mode'"
+[ -s "$WORK/fed/site-b/metrics.jsonl" ] && pass "site b's log goes to out_dir/site-b" || fail "no site-b metrics"
+
+# 2. refused joiners: wrong key, different [model]; the host waits on
+mkdir -p "$WORK/other"
+printf '%064d\n' 7 > "$WORK/other/run.key"
+chmod 600 "$WORK/other/run.key"
+site a 1 "$WORK/ref" --set outer.run_id=t2 > "$WORK/ref_a.log" 2>&1 &
+a=$!
+for _ in $(seq 1 100); do [ -s "$WORK/ref/run.key" ] && break; sleep 0.1; done
+site b 1 "$WORK/bad" --set outer.run_id=t2 --set outer.key_file="$WORK/other/run.key" > "$WORK/bad_key.log" 2>&1
+rc=$?
+[ $rc -eq 2 ] && grep -q "was refused by site a: wrong key" "$WORK/bad_key.log" &&
+    pass "a joiner with the wrong key is refused, exit 2" || fail "wrong key: exit $rc, $(grep error "$WORK/bad_key.log")"
+site b 1 "$WORK/bad" --set outer.run_id=t2 --set model.ffn=96 --set outer.key_file="$WORK/ref/run.key" \
+    > "$WORK/bad_model.log" 2>&1
+rc=$?
+[ $rc -eq 2 ] && grep -q "config fingerprint .* differs" "$WORK/bad_model.log" &&
+    pass "a joiner with a different [model] is refused, exit 2" || fail "other model: exit $rc, $(grep error "$WORK/bad_model.log")"
+site b 1 "$WORK/ref" --set outer.run_id=t2 > "$WORK/ref_b.log" 2>&1
+rb=$?
+wait $a
+ra=$?
+[ "$(grep -c '^federation: refused a join' "$WORK/ref_a.log")" -eq 2 ] && pass "the host logged both refusals" ||
+    fail "refusals in the host's log: $(grep -c 'refused' "$WORK/ref_a.log")"
+if [ $ra -eq 0 ] && [ $rb -eq 0 ] && [ "$(losses "$WORK/ref")" = "$(losses "$WORK/fed")" ] &&
+    h5diff "$WORK/fed/model.h5" "$WORK/ref/model.h5" /model /model > /dev/null 2>&1; then
+    pass "after two refused joins the run is bit-identical to one without them"
+else
+    fail "after refusals: exits $ra/$rb, losses differ or model differs"
+fi
+
+# 3. a key file others may read
+chmod 644 "$WORK/ref/run.key"
+site b 1 "$WORK/ref" --set outer.run_id=t3 --set outer.join_timeout=5 > "$WORK/key644.log" 2>&1 &
+b=$!
+site a 1 "$WORK/ref" --set outer.run_id=t3 --set outer.join_timeout=5 > "$WORK/key644_a.log" 2>&1
+wait $b
+rb=$?
+grep -q "readable by others (mode 644): chmod 600" "$WORK/key644.log" "$WORK/key644_a.log" &&
+    pass "a key file readable by others is refused (exit $rb)" || fail "mode 644 key accepted: $(grep -h error "$WORK"/key644*.log)"
+
+# 4. no ompi-server; a partner that never comes
+expect_exit 2 "URI file .*dead is missing or empty: start the server first" -- "$FED" site "$URI.dead" a 1 "$T"
+printf 'ompi-server;tcp://127.0.0.1:9;\n' > "$WORK/dead.uri"
+expect_exit 2 "ompi-server at tcp://127.0.0.1:9 .* does not answer: is it running" -- "$FED" site "$WORK/dead.uri" a 1 "$T"
+t0=$(date +%s)
+site a 1 "$WORK/alone" --set outer.run_id=t4 --set outer.join_timeout=6 > "$WORK/alone.log" 2>&1
+rc=$?
+dt=$(($(date +%s) - t0))
+[ $rc -eq 1 ] && grep -q "site(s) b did not join within 6 s" "$WORK/alone.log" && [ $dt -lt 60 ] &&
+    pass "a host alone gives up at join_timeout: exit 1 after ${dt} s" || fail "alone: exit $rc after $dt s: $(grep error "$WORK/alone.log")"
+expect_exit 2 "--site c: no \[site.c\]" -- mpirun -q -np 1 "$ISTHMUS" train "$T" $RUN --site c
+expect_exit 2 "--site a: this mpirun has 2 ranks, \[site.a\] ranks = 1" -- mpirun -q --oversubscribe -np 2 "$ISTHMUS" train "$T" $RUN --site a
+
+# 5. losing site b: SIGKILL, then SIGSTOP/SIGCONT
+LONG="--set train.steps=400 --set outer.timeout=3 --set train.log_every=50"
+lose() { # lose NAME SIGNAL CONT_AFTER [train args...]
+    local name=$1 sig=$2 cont=$3 pids
+    shift 3
+    site a 1 "$WORK/$name" --set outer.run_id="$name" $LONG "$@" > "$WORK/${name}_a.log" 2>&1 &
+    local a=$!
+    site b 1 "$WORK/$name" --set outer.run_id="$name" $LONG "$@" > "$WORK/${name}_b.log" 2>&1 &
+    local b=$!
+    for _ in $(seq 1 200); do grep -q '^step  *50/' "$WORK/${name}_a.log" 2>/dev/null && break; sleep 0.1; done
+    pids=$(pgrep -f "isthmus train .* --site b .*outer.run_id=$name ")
+    # shellcheck disable=SC2086
+    kill -"$sig" $pids
+    if [ -n "$cont" ]; then
+        sleep "$cont"
+        # shellcheck disable=SC2086
+        kill -CONT $pids
+    fi
+    wait $a
+    RA=$?
+    wait $b
+    RB=$?
+}
+lose killed KILL ""
+after=$(sed -n 's/^{"site_lost":"b",.*"after_s":\([0-9.]*\),.*/\1/p' "$WORK/killed/metrics.jsonl")
+if [ $RA -eq 0 ] && [ -f "$WORK/killed/model.h5" ] && [ "$(grep -c '^site b lost at step' "$WORK/killed_a.log")" -eq 1 ] &&
+    awk -v a="${after:-99}" 'BEGIN {exit !(a <= 3 + 2)}'; then
+    pass "site b killed: site a logs the loss once after ${after} s (deadline 3 s), trains on and writes its model"
+else
+    fail "site b killed: a exit $RA, loss after '${after}' s: $(grep -h 'error\|lost' "$WORK"/killed_a.log | head -3)"
+fi
+lose butterfly KILL "" --set outer.mode=butterfly
+if [ $RA -eq 0 ] && [ -f "$WORK/butterfly/model.h5" ] && grep -q "rejected: learner 1: partner's site lost" "$WORK/butterfly_a.log"; then
+    pass "butterfly, site b killed: rounds with the lost partner are skipped, a finishes"
+else
+    fail "butterfly kill: a exit $RA: $(grep -h 'error' "$WORK"/butterfly_a.log | head -2)"
+fi
+lose stopped STOP 8
+if [ $RA -eq 0 ] && [ $RB -eq 1 ] && grep -q "site b was dropped from the run by site a" "$WORK/stopped_b.log" &&
+    grep -q '^site b lost at step' "$WORK/stopped_a.log"; then
+    pass "site b stalled past the deadline: a trains on; b wakes, learns it was dropped, exit 1"
+else
+    fail "site b stalled: exits $RA/$RB: $(grep -h 'error' "$WORK"/stopped_?.log | head -2)"
+fi
+
+# 6. the joint launch: SIGKILL of one rank ends the job; the checkpoint resumes
+J="--set train.steps=400 --set checkpoint.every=20 --set train.log_every=50 --set train.out_dir=$WORK/joint_kill"
+# shellcheck disable=SC2086
+mpi 2 "$ISTHMUS" train "$T" $RUN $J > "$WORK/joint_kill.log" 2>&1 &
+m=$!
+for _ in $(seq 1 200); do grep -q '^step  *100/' "$WORK/joint_kill.log" 2>/dev/null && break; sleep 0.1; done
+t0=$(date +%s)
+pkill -KILL -f "isthmus train .*joint_kill" -n
+wait $m
+rc=$?
+dt=$(($(date +%s) - t0))
+newest=$(ls "$WORK"/joint_kill/checkpoints/b/ckpt-*.h5 2>/dev/null | tail -1)
+if [ $rc -ne 0 ] && [ $dt -le 10 ] && [ -n "$newest" ] && "$ISTHMUS" inspect "$newest" 2>/dev/null | grep -q '^verdict: valid'; then
+    pass "joint launch, one rank killed: the job ends in ${dt} s (exit $rc), newest checkpoint $(basename "$newest") valid"
+else
+    fail "joint launch kill: exit $rc after $dt s, newest checkpoint '$newest'"
+fi
+# shellcheck disable=SC2086
+if mpi 2 "$ISTHMUS" train "$T" $RUN $J --resume auto > "$WORK/joint_resume.log" 2>&1 &&
+    grep -q "^resumed from" "$WORK/joint_resume.log" && [ -f "$WORK/joint_kill/model.h5" ]; then
+    pass "--resume auto continues the killed joint run to the end ($(grep -m1 "^resumed from" "$WORK/joint_resume.log" | cut -c1-70))"
+else
+    fail "joint resume: $(grep -m2 'error\|resume' "$WORK/joint_resume.log")"
+fi
+
+finish || exit 1
