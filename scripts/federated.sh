@@ -20,14 +20,18 @@ isthmus=${ISTHMUS:-$here/isthmus}
 
 die() { echo "federated.sh: $*" >&2; exit 2; }
 
-# the first tcp://HOST:PORT of an ompi-server URI file answers within 3 s
+# some tcp://HOST[,HOST...]:PORT of an ompi-server URI file answers within 3 s
 reachable() {
-    local uri hostport host port
+    local uri entry hosts port host
     uri=$(cat "$1" 2>/dev/null) || return 1
-    hostport=$(echo "$uri" | tr ';' '\n' | sed -n 's|^tcp://\([^:]*\):\([0-9]*\)$|\1 \2|p' | head -1)
-    [ -n "$hostport" ] || return 1
-    read -r host port <<< "$hostport"
-    timeout 3 bash -c "exec 3<>/dev/tcp/$host/$port" 2>/dev/null
+    for entry in $(echo "$uri" | tr ';' '\n' | sed -n 's|^tcp://\(.*\):\([0-9]*\)$|\1:\2|p'); do
+        hosts=${entry%:*}
+        port=${entry##*:}
+        for host in $(echo "$hosts" | tr ',' ' '); do
+            timeout 3 bash -c "exec 3<>/dev/tcp/$host/$port" 2>/dev/null && return 0
+        done
+    done
+    return 1
 }
 
 cmd_server() {
@@ -68,6 +72,7 @@ cmd_run() {
     local sites=()
     while [ $# -gt 0 ] && [ "$1" != "--" ]; do sites+=("$1"); shift; done
     [ $# -gt 0 ] && shift
+    [ ${#sites[@]} -gt 0 ] || die "run: no SITE:NP given"
     cmd_server "$dir"
     local pids=() status=0
     for s in "${sites[@]}"; do

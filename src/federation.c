@@ -34,12 +34,17 @@ typedef struct {
     int32_t site, ranks;
     uint64_t fingerprint;
     char run_id[64];
+    unsigned char nonce[NONCE_BYTES]; /* the joiner's: the host proves the key over it */
     unsigned char mac[crypto_auth_hmacsha256_BYTES];
 } JoinHello;
 
+/* The host's answer, its MAC over both nonces and every field: a joiner
+ * trusts no host that cannot prove the key (a process that published the
+ * run's name first would otherwise receive every payload). */
 typedef struct {
     int32_t ok;
     char reason[200];
+    unsigned char mac[crypto_auth_hmacsha256_BYTES];
 } JoinVerdict;
 
 void federation_joint(Federation *f)
@@ -56,11 +61,14 @@ static int site_local_line(const char *section, const char *line)
     static const char *const train_local[] = {"out_dir", "threads", "backend", "precision", "gpu_share",
                                               "log_every", "eval_every"};
     static const char *const outer_local[] = {"key_file", "join_timeout"};
-    if (!strcmp(section, "[data]") || !strcmp(section, "[checkpoint]")) return 1;
+    /* checkpoint.every is shared: it decides when the sites drain and agree */
+    static const char *const ckpt_local[] = {"dir", "keep", "timeout"};
+    if (!strcmp(section, "[data]")) return 1;
     const char *const *keys = NULL;
     size_t n = 0;
     if (!strcmp(section, "[train]")) keys = train_local, n = sizeof train_local / sizeof *train_local;
     if (!strcmp(section, "[outer]")) keys = outer_local, n = sizeof outer_local / sizeof *outer_local;
+    if (!strcmp(section, "[checkpoint]")) keys = ckpt_local, n = sizeof ckpt_local / sizeof *ckpt_local;
     for (size_t i = 0; i < n; i++) {
         const size_t k = strlen(keys[i]);
         if (!strncmp(line, keys[i], k) && (line[k] == ' ' || line[k] == '=')) return 1;
@@ -116,22 +124,29 @@ static void key_path(const Config *cfg, char *out, size_t size)
 
 static int read_key(const char *path, unsigned char key[KEY_BYTES])
 {
-    struct stat st;
-    if (stat(path, &st) != 0)
+    const int fd = open(path, O_RDONLY | O_NOFOLLOW);
+    if (fd < 0)
         return isth_fail(ISTH_EINPUT, "key file %s: %s (every site needs the run's key: copy it from the first "
                          "site, mode 0600)", path, strerror(errno));
-    if (st.st_mode & 077)
-        return isth_fail(ISTH_EINPUT, "key file %s: readable by others (mode %03o): chmod 600 %s", path,
-                         (unsigned)(st.st_mode & 0777), path);
-    FILE *fp = fopen(path, "r");
-    if (!fp) return isth_fail(ISTH_EINPUT, "key file %s: %s", path, strerror(errno));
+    struct stat st;
+    int rc = ISTH_OK;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
+        rc = isth_fail(ISTH_EINPUT, "key file %s: not a regular file", path);
+    else if (st.st_uid != geteuid())
+        rc = isth_fail(ISTH_EINPUT, "key file %s: owned by uid %u, not by this user (%u)", path, (unsigned)st.st_uid,
+                       (unsigned)geteuid());
+    else if (st.st_mode & 077)
+        rc = isth_fail(ISTH_EINPUT, "key file %s: readable by others (mode %03o): chmod 600 %s", path,
+                       (unsigned)(st.st_mode & 0777), path);
     char hex[2 * KEY_BYTES + 2] = "";
-    const int got = fgets(hex, sizeof hex, fp) != NULL;
-    fclose(fp);
+    ssize_t got = rc == ISTH_OK ? read(fd, hex, sizeof hex - 1) : -1;
+    close(fd);
+    CHECK(rc);
     size_t len = 0;
-    if (!got || sodium_hex2bin(key, KEY_BYTES, hex, strlen(hex), "\n", &len, NULL) != 0 || len != KEY_BYTES)
-        return isth_fail(ISTH_EINPUT, "key file %s: not %d bytes in hex", path, KEY_BYTES);
-    return ISTH_OK;
+    if (got < 2 * KEY_BYTES || sodium_hex2bin(key, KEY_BYTES, hex, (size_t)got, "\n", &len, NULL) != 0 || len != KEY_BYTES)
+        rc = isth_fail(ISTH_EINPUT, "key file %s: not %d bytes in hex", path, KEY_BYTES);
+    sodium_memzero(hex, sizeof hex);
+    return rc;
 }
 
 /* The host's first launch makes the key: temporary name, then rename. */
@@ -152,17 +167,20 @@ static int ensure_key(const char *path)
     sodium_memzero(key, sizeof key);
     char tmp[CONFIG_PATH_MAX + 32];
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    const int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    unlink(tmp); /* a stale temporary keeps its mode: never reuse it */
+    const int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW, 0600);
     if (fd < 0) return isth_fail(ISTH_EINPUT, "key file %s: cannot create: %s", tmp, strerror(errno));
     const size_t n = strlen(hex);
     hex[n] = '\n';
     const int ok = write(fd, hex, n + 1) == (ssize_t)(n + 1) && fsync(fd) == 0;
     close(fd);
     sodium_memzero(hex, sizeof hex);
-    if (!ok || rename(tmp, path) != 0) {
-        unlink(tmp);
-        return isth_fail(ISTH_ERUNTIME, "key file %s: cannot write: %s", path, strerror(errno));
-    }
+    /* link, not rename: a key another launch made meanwhile is kept */
+    const int linked = ok && link(tmp, path) == 0;
+    const int raced = ok && !linked && errno == EEXIST;
+    unlink(tmp);
+    if (raced) return ISTH_OK;
+    if (!linked) return isth_fail(ISTH_ERUNTIME, "key file %s: cannot write: %s", path, strerror(errno));
     printf("federation: created the run's key %s (mode 0600); every other site needs a copy\n", path);
     return ISTH_OK;
 }
@@ -177,13 +195,34 @@ static void hello_mac(const JoinHello *h, const unsigned char nonce[NONCE_BYTES]
     crypto_auth_hmacsha256_final(&st, out);
 }
 
+static void verdict_mac(const JoinVerdict *v, const unsigned char host_nonce[NONCE_BYTES],
+                        const unsigned char joiner_nonce[NONCE_BYTES], const unsigned char key[KEY_BYTES],
+                        unsigned char out[crypto_auth_hmacsha256_BYTES])
+{
+    static const unsigned char label[] = "isthmus verdict";
+    crypto_auth_hmacsha256_state st;
+    crypto_auth_hmacsha256_init(&st, key, KEY_BYTES);
+    crypto_auth_hmacsha256_update(&st, label, sizeof label);
+    crypto_auth_hmacsha256_update(&st, host_nonce, NONCE_BYTES);
+    crypto_auth_hmacsha256_update(&st, joiner_nonce, NONCE_BYTES);
+    crypto_auth_hmacsha256_update(&st, (const unsigned char *)v, offsetof(JoinVerdict, mac));
+    crypto_auth_hmacsha256_final(&st, out);
+}
+
 /* --- messages with a deadline ----------------------------------------------- */
 
-static int wait_deadline(MPI_Request *req, double deadline, const char *what)
+static int wait_deadline(MPI_Request *req, double deadline, const char *what, int expect_bytes)
 {
     int done = 0;
+    MPI_Status st;
     while (!done) {
-        CHECK_MPI(MPI_Test(req, &done, MPI_STATUS_IGNORE));
+        CHECK_MPI(MPI_Test(req, &done, &st));
+        if (done && expect_bytes >= 0) {
+            int got = -1;
+            MPI_Get_count(&st, MPI_BYTE, &got);
+            if (got != expect_bytes)
+                return isth_fail(ISTH_ERUNTIME, "federation: %s: %d bytes, expected %d", what, got, expect_bytes);
+        }
         if (done) break;
         if (now_s() > deadline) {
             MPI_Cancel(req);
@@ -200,14 +239,14 @@ static int send_within(const void *buf, int bytes, int tag, MPI_Comm c, double d
 {
     MPI_Request r;
     CHECK_MPI(MPI_Isend(buf, bytes, MPI_BYTE, 0, tag, c, &r));
-    return wait_deadline(&r, deadline, what);
+    return wait_deadline(&r, deadline, what, -1);
 }
 
 static int recv_within(void *buf, int bytes, int tag, MPI_Comm c, double deadline, const char *what)
 {
     MPI_Request r;
     CHECK_MPI(MPI_Irecv(buf, bytes, MPI_BYTE, 0, tag, c, &r));
-    return wait_deadline(&r, deadline, what);
+    return wait_deadline(&r, deadline, what, bytes);
 }
 
 /* --- the host (first site's first rank) ------------------------------------------ */
@@ -262,7 +301,9 @@ static int host_handshake(const Config *cfg, MPI_Comm c, const unsigned char key
     unsigned char nonce[NONCE_BYTES];
     randombytes_buf(nonce, sizeof nonce);
     JoinHello h;
-    JoinVerdict v = {0, ""};
+    memset(&h, 0, sizeof h);
+    JoinVerdict v;
+    memset(&v, 0, sizeof v);
     if (send_within(nonce, NONCE_BYTES, TAG_NONCE, c, deadline, "sending the nonce") != ISTH_OK ||
         recv_within(&h, sizeof h, TAG_HELLO, c, deadline, "a joiner's hello") != ISTH_OK) {
         MPI_Comm_free(&c);
@@ -273,6 +314,7 @@ static int host_handshake(const Config *cfg, MPI_Comm c, const unsigned char key
     if (!v.ok) printf("federation: refused a join: %s\n", v.reason);
     else printf("federation: site %s joined (proof verified)\n", cfg->sites[site].name);
     fflush(stdout);
+    verdict_mac(&v, nonce, h.nonce, key, v.mac);
     if (send_within(&v, sizeof v, TAG_VERDICT, c, deadline, "the verdict") != ISTH_OK || !v.ok) {
         MPI_Comm_free(&c);
         return 0;
@@ -322,26 +364,26 @@ static int joiner_connect(Federation *f, const Config *cfg, const char *key_file
     const double deadline = now_s() + cfg->outer.join_timeout;
     MPI_Comm c = MPI_COMM_NULL;
     int found = 0;
+    unsigned char key[KEY_BYTES];
+    int rc = ISTH_OK;
     while (c == MPI_COMM_NULL) {
-        if (now_s() > deadline)
+        if (now_s() > deadline) {
+            if (found) sodium_memzero(key, sizeof key);
             return isth_fail(ISTH_ERUNTIME, "federation: %s: no host %s within %.0f s (outer.join_timeout)",
                              found ? "could not connect to" : "the name service does not know", f->service,
                              cfg->outer.join_timeout);
-        if (MPI_Lookup_name(f->service, MPI_INFO_NULL, f->port) != MPI_SUCCESS) {
+        }
+        if (!found && MPI_Lookup_name(f->service, MPI_INFO_NULL, f->port) != MPI_SUCCESS) {
             sleep(1);
             continue;
         }
-        found = 1;
+        if (!found) { /* the host made the key before it published its name */
+            CHECK(read_key(key_file, key));
+            found = 1;
+        }
         if (MPI_Comm_connect(f->port, MPI_INFO_NULL, 0, MPI_COMM_SELF, &c) != MPI_SUCCESS) c = MPI_COMM_NULL;
     }
     MPI_Comm_set_errhandler(c, MPI_ERRORS_RETURN);
-    /* the host made the key before it published its name */
-    unsigned char key[KEY_BYTES];
-    int rc = read_key(key_file, key);
-    if (rc != ISTH_OK) {
-        MPI_Comm_free(&c);
-        return rc;
-    }
     const double until = now_s() + 30.0;
     unsigned char nonce[NONCE_BYTES];
     JoinHello h;
@@ -352,7 +394,9 @@ static int joiner_connect(Federation *f, const Config *cfg, const char *key_file
     h.ranks = cfg->sites[f->site].ranks;
     h.fingerprint = fingerprint;
     snprintf(h.run_id, sizeof h.run_id, "%s", run_id);
+    randombytes_buf(h.nonce, sizeof h.nonce);
     JoinVerdict v;
+    memset(&v, 0, sizeof v);
     rc = recv_within(nonce, NONCE_BYTES, TAG_NONCE, c, until, "the host's nonce");
     if (rc == ISTH_OK) {
         hello_mac(&h, nonce, key, h.mac);

@@ -46,14 +46,20 @@ void link_mark_lost(Link *l, int s, const char *what, double after_s)
     l->lost_after_s[s] = after_s;
 }
 
+int link_any_lost(const Link *l, int n_sites)
+{
+    for (int s = 0; s < n_sites && s < LINK_MAX_SITES; s++)
+        if (l->lost[s]) return 1;
+    return 0;
+}
+
 int link_take_lost(Link *l, unsigned char *out, int n_sites)
 {
-    static unsigned char reported[LINK_MAX_SITES]; /* per process: one link per rank */
     int n = 0;
     for (int s = 0; s < n_sites && s < LINK_MAX_SITES; s++) {
-        out[s] = l->lost[s] && !reported[s];
+        out[s] = l->lost[s] && !l->lost_reported[s];
         if (out[s]) {
-            reported[s] = 1;
+            l->lost_reported[s] = 1;
             n++;
         }
     }
@@ -251,6 +257,16 @@ int link_wait(Link *l, LinkMsg *const *msgs, int n, const char *what)
     return ISTH_OK;
 }
 
+void link_abandon(LinkMsg *m)
+{
+    /* a send MPI cannot cancel only reads its buffer; a receive that
+     * cannot be cancelled could still be written: either makes it stuck */
+    if (m->recv_posted && !m->recv_done && !link_retire(m->rr, m->recv_pieces)) m->stuck = 1;
+    if (m->send_posted == 1 && !link_retire(m->rs, m->send_pieces)) m->stuck = 1;
+    m->recv_done = 1;
+    m->send_posted = 2;
+}
+
 int link_wait_live(Link *l, LinkMsg *const *msgs, int n, const char *what, unsigned char *late, double *waited)
 {
     for (int i = 0; i < n; i++) late[i] = 0;
@@ -268,12 +284,7 @@ int link_wait_live(Link *l, LinkMsg *const *msgs, int n, const char *what, unsig
                 LinkMsg *m = msgs[i];
                 if (m->recv_done && m->send_posted != 1) continue;
                 late[i] = 1;
-                /* cancel what can be; what cannot stays with MPI (a lost
-                 * peer never completes it) and is never posted again */
-                if (m->recv_posted && !m->recv_done) link_retire(m->rr, m->recv_pieces);
-                if (m->send_posted == 1) link_retire(m->rs, m->send_pieces);
-                m->recv_done = 1;
-                m->send_posted = 2;
+                link_abandon(m);
             }
             break;
         }

@@ -66,6 +66,7 @@ typedef struct {
     int send_posted;       /* 0 not yet, 1 in flight, 2 complete (or muted) */
     int recv_posted, recv_done;
     int local;             /* both ends in the same site: counted as intra-site */
+    int stuck;             /* abandoned with a request MPI would not cancel: its buffers stay MPI's */
     int borrowed;          /* send/recv point into the owner's staging: not freed here */
 } LinkMsg;
 
@@ -80,6 +81,7 @@ typedef struct {
      * the site alike, and nothing is sent to or awaited from it again */
     int survive;
     unsigned char lost[LINK_MAX_SITES];
+    unsigned char lost_reported[LINK_MAX_SITES]; /* handed out by link_take_lost */
     int lost_new;                  /* sites lost since link_take_lost */
     char lost_what[LINK_MAX_SITES][64]; /* the operation that found each loss */
     double lost_after_s[LINK_MAX_SITES]; /* how long it waited */
@@ -100,6 +102,8 @@ void link_init(Link *l, MPI_Comm comm, double timeout_s, const char *site_name);
 void link_survive(Link *l, int on);
 /* Site s is lost: found by `what` after waiting `after_s` (idempotent). */
 void link_mark_lost(Link *l, int s, const char *what, double after_s);
+/* Is any of the n_sites lost? */
+int link_any_lost(const Link *l, int n_sites);
 /* Newly lost sites since the last call (0 or 1 each in out[n_sites]);
  * returns how many. */
 int link_take_lost(Link *l, unsigned char *out, int n_sites);
@@ -146,6 +150,10 @@ int link_wait(Link *l, LinkMsg *const *msgs, int n, const char *what);
  * cancelled (buffers left alone where MPI keeps them), and ISTH_OK is
  * returned; *waited = seconds spent. Without survive: link_wait. */
 int link_wait_live(Link *l, LinkMsg *const *msgs, int n, const char *what, unsigned char *late, double *waited);
+
+/* Give up a message to a lost peer: cancel what is posted; what cannot be
+ * cancelled marks it stuck (its buffers must not be reused). */
+void link_abandon(LinkMsg *m);
 
 /* Check a received frame. Returns NULL when valid, else the reason. */
 const char *link_check(const unsigned char *buf, size_t bytes, uint8_t kind, uint32_t fragment,

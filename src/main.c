@@ -8,6 +8,7 @@
 #include <malloc.h>
 #include <mpi.h>
 #include <omp.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -390,6 +391,10 @@ int main(int argc, char **argv)
      * MPI's default would wait forever (values under 3 are not honoured) */
     for (int i = 1; i < argc; i++)
         if (!strcmp(argv[i], "--site")) setenv("OMPI_MCA_pmix_base_exchange_timeout", "3", 0);
+    /* a write to the socket of a peer that died must come back as an error
+     * to Open MPI's TCP transport, not kill this process (a lost site is
+     * survivable in the federated launch; elsewhere the deadline reports it) */
+    signal(SIGPIPE, SIG_IGN);
     MPI_Init(&argc, &argv);
     int rank;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);

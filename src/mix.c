@@ -162,6 +162,7 @@ int mix_finish_staged(Reducer *r, int f, ReduceReport *rep, double *pair_distanc
     unsigned char alive[2] = {1, !r->link.lost[psite]}; /* {ok, partner alive} */
     double waited = 0.0;
     int rc = ISTH_OK;
+    reduce_abandon_lost(r, f, &pp->peers); /* the partner's site was lost after mix_start */
     if (pp->peers.n && alive[1]) {
         unsigned char *late = isth_calloc((size_t)pp->peers.n, 1);
         rc = late ? link_wait_live(&r->link, pp->peers.links, pp->peers.n, "butterfly exchange", late, &waited)
@@ -233,6 +234,13 @@ int mix_finish_staged(Reducer *r, int f, ReduceReport *rep, double *pair_distanc
     alive[0] = ok;
     CHECK(coll_allreduce_comm(t->learner_comm, alive, 2, MPI_UNSIGNED_CHAR, 1, MPI_MIN));
     ok = alive[0] && alive[1];
+    if (!alive[1]) { /* what the waits gave up on: stuck messages renew the slot */
+        for (int i = 0; i < pp->peers.n; i++) {
+            Peer *p = &pp->peers.peers[i];
+            if (p->msg.stuck || p->verdict.stuck) fp->slot_stuck = 1;
+            p->msg.stuck = p->verdict.stuck = 0;
+        }
+    }
     CHECK(coll_allreduce_comm(t->learner_comm, &stop, 1, MPI_INT64_T, sizeof stop, MPI_MIN));
     if (r->link.survive && t->n_sites > 1) { /* the whole site agrees on who is lost */
         unsigned char present[CONFIG_MAX_SITES];
@@ -255,7 +263,7 @@ int mix_finish_staged(Reducer *r, int f, ReduceReport *rep, double *pair_distanc
     /* distance between the partners before mixing (my owned part) */
     const size_t n = fp->own.size;
     double d2 = 0.0, n2 = 0.0;
-    for (size_t i = 0; i < n; i++) {
+    for (size_t i = 0; i < n && alive[1]; i++) { /* no partner values: no distance */
         double d = (double)mine[i] - theirs[i];
         d2 += d * d;
         n2 += (double)mine[i] * mine[i];

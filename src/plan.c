@@ -244,6 +244,26 @@ void pool_need(StagePool *p, size_t size, size_t enc_bytes, size_t send_bytes, s
     if (recv_bytes > p->recv_bytes) p->recv_bytes = recv_bytes;
 }
 
+static int slot_buffers(const StagePool *p, Slot *s)
+{
+    s->values = isth_malloc(sizeof(float) * (p->size * p->rows + 1));
+    s->gather = p->gather_rows ? isth_malloc(sizeof(float) * (p->size * p->gather_rows + 1)) : NULL;
+    s->enc = isth_malloc(p->enc_bytes + 1);
+    s->send = isth_malloc(p->send_bytes + 1);
+    s->recv = isth_malloc(p->recv_bytes + 1);
+    return s->values && (s->gather || !p->gather_rows) && s->enc && s->send && s->recv;
+}
+
+int pool_renew(StagePool *p, Slot *s)
+{
+    const AllocCategory was = alloc_category(ALLOC_STAGING);
+    /* the old buffers stay where MPI may still write them: never freed */
+    const int ok = slot_buffers(p, s);
+    alloc_category(was);
+    if (!ok) return isth_fail(ISTH_ERUNTIME, "out of memory renewing a staging slot after a lost site");
+    return ISTH_OK;
+}
+
 int pool_alloc(StagePool *p, int slots, size_t rows, size_t gather_rows)
 {
     const AllocCategory was = alloc_category(ALLOC_STAGING);
@@ -255,12 +275,7 @@ int pool_alloc(StagePool *p, int slots, size_t rows, size_t gather_rows)
         Slot *s = &p->slots[i];
         p->n++;
         s->user = -1;
-        s->values = isth_malloc(sizeof(float) * (p->size * rows + 1));
-        s->gather = gather_rows ? isth_malloc(sizeof(float) * (p->size * gather_rows + 1)) : NULL;
-        s->enc = isth_malloc(p->enc_bytes + 1);
-        s->send = isth_malloc(p->send_bytes + 1);
-        s->recv = isth_malloc(p->recv_bytes + 1);
-        ok = s->values && (s->gather || !gather_rows) && s->enc && s->send && s->recv;
+        ok = slot_buffers(p, s);
     }
     alloc_category(was);
     if (!ok) { /* nothing half-built is left to look ready */

@@ -128,6 +128,9 @@ int pool_alloc(StagePool *p, int slots, size_t rows, size_t gather_rows);
 /* A free slot for `user`, or NULL when every slot is taken. */
 Slot *pool_take(StagePool *p, int user);
 void pool_give(Slot *s);
+/* Slot s gets new buffers; the old ones are left to MPI (a request to a
+ * lost site that could not be cancelled may still write them). */
+int pool_renew(StagePool *p, Slot *s);
 /* leak: some message could not be retired, MPI may still write the slots */
 void pool_free(StagePool *p, int leak);
 /* Point the peers' payload messages into slot s. */

@@ -264,9 +264,26 @@ float *reduce_hold(Reducer *r, int f)
     return reduce_result(r, f);
 }
 
+void reduce_abandon_lost(Reducer *r, int f, PeerSet *ps)
+{
+    for (int i = 0; i < ps->n; i++) {
+        Peer *p = &ps->peers[i];
+        if (p->site < 0 || p->site >= LINK_MAX_SITES || !r->link.lost[p->site]) continue;
+        link_abandon(&p->msg);
+        link_abandon(&p->verdict);
+        if (p->msg.stuck || p->verdict.stuck) r->frag[f].slot_stuck = 1;
+        p->msg.stuck = p->verdict.stuck = 0;
+    }
+}
+
 void reduce_release(Reducer *r, int f)
 {
     FragPlan *fp = &r->frag[f];
+    if (fp->slot && fp->slot_stuck && pool_renew(&r->pool, fp->slot) != ISTH_OK) {
+        fp->slot->user = -2; /* kept out of the pool for good: MPI may still write it */
+        fp->slot = NULL;
+    }
+    fp->slot_stuck = 0;
     pool_give(fp->slot);
     fp->slot = NULL;
     fp->has_result = 0;
@@ -548,6 +565,7 @@ int reduce_finish_staged(Reducer *r, int f, ReduceReport *rep, float **result)
     memset(ok, 1, sizeof ok);
     for (int s = 0; s < t->n_sites; s++) alive[s] = !r->link.lost[s];
     double waited = 0.0;
+    reduce_abandon_lost(r, f, &fp->site); /* posted before a loss found elsewhere: not waited for again */
     if (r->leader && fp->site.n) {
         unsigned char *late = isth_calloc((size_t)fp->site.n, 1);
         CHECK_ALLOC(late);
@@ -571,6 +589,7 @@ int reduce_finish_staged(Reducer *r, int f, ReduceReport *rep, float **result)
         }
     }
     CHECK(agree(r, fp, f, ok, alive, waited));
+    reduce_abandon_lost(r, f, &fp->site); /* what the waits gave up on: stuck ones renew the slot */
     double wsum = 0.0;
     rep->accepted_sites = 0;
     for (int s = 0; s < t->n_sites; s++)

@@ -64,6 +64,7 @@ typedef struct {
     float *residual;           /* (own.size) error feedback of the site sums, first learner of a site */
     Slot *slot;                /* staging while in flight or holding a result */
     int in_flight, has_result, polls, arrived_poll, sends_deferred, sent_poll;
+    int slot_stuck;            /* a message into the slot could not be cancelled (lost site): renew it */
     uint64_t exchange;
     double err2, norm2;
 } FragPlan;
@@ -170,6 +171,9 @@ float *reduce_hold(Reducer *r, int f);
 void reduce_release(Reducer *r, int f);
 /* Internal to reduce.c and mix.c: a free staging slot for fragment f. */
 Slot *reduce_take_slot(Reducer *r, int f);
+/* Abandon the posted messages of peers on lost sites (federated launch);
+ * any that MPI would not cancel marks the fragment's slot for renewal. */
+void reduce_abandon_lost(Reducer *r, int f, PeerSet *ps);
 /* codec_encode_ef of one chunk, where reduce_encode_on said. */
 int reduce_encode_chunk(const Reducer *r, const float *x, float *residual, size_t n, unsigned char *out,
                         float *decoded, double *err2, double *norm2);

@@ -89,12 +89,31 @@ static int check_replicas(Trainer *tr)
     return ISTH_OK;
 }
 
-/* Sites the link found lost during this step: one line and one metrics
- * record each, from every site's logging rank; the lost sites are told.
- * A site that finds it was dropped itself (a stall longer than the other
- * side's deadline: the other side's notice is waiting for it) stops
- * instead of training on alone: the run goes on without it, and a restart
- * with --resume auto is how it comes back. */
+/* After a loss, every step: has a lost site told us that it dropped us?
+ * Two sides that lost each other (a cut link, a stall on either side) both
+ * send that notice; the one with the lower site index goes on and the
+ * other stops, so one run never splits into two. A site dropped this way
+ * stops with one line (restart it with --resume auto). */
+static int check_dropped(Trainer *tr)
+{
+    const Topology *t = &tr->topo;
+    int site_rank, dropped_by = -1;
+    CHECK_MPI(MPI_Comm_rank(t->site_comm, &site_rank));
+    if (site_rank == 0)
+        for (int s = 0; s < t->n_sites; s++)
+            if (tr->red.link.lost[s] && link_was_dropped(&tr->red.link, tr->site_leaders[s]) && s < t->site &&
+                dropped_by < 0)
+                dropped_by = s;
+    CHECK_MPI(MPI_Bcast(&dropped_by, 1, MPI_INT, 0, t->site_comm));
+    if (dropped_by >= 0)
+        return isth_fail(ISTH_ERUNTIME, "site %s was dropped from the run by site %s by step %ld (one of them missed "
+                         "the other's deadline; the lower-numbered site goes on); restart it with --resume auto",
+                         t->sites[t->site].name, t->sites[dropped_by].name, tr->step);
+    return ISTH_OK;
+}
+
+/* Sites the link found lost during this step: they are told, and one line
+ * and one metrics record each come from every site's logging rank. */
 static int report_lost_sites(Trainer *tr)
 {
     const Topology *t = &tr->topo;
@@ -102,15 +121,6 @@ static int report_lost_sites(Trainer *tr)
     if (!link_take_lost(&tr->red.link, gone, t->n_sites)) return ISTH_OK;
     int site_rank;
     CHECK_MPI(MPI_Comm_rank(t->site_comm, &site_rank));
-    int dropped_by = -1;
-    if (site_rank == 0)
-        for (int s = 0; s < t->n_sites; s++)
-            if (gone[s] && dropped_by < 0 && link_was_dropped(&tr->red.link, tr->site_leaders[s])) dropped_by = s;
-    CHECK_MPI(MPI_Bcast(&dropped_by, 1, MPI_INT, 0, t->site_comm));
-    if (dropped_by >= 0)
-        return isth_fail(ISTH_ERUNTIME, "site %s was dropped from the run by site %s at step %ld (it missed that "
-                         "site's deadline); restart it with --resume auto to rejoin", t->sites[t->site].name,
-                         t->sites[dropped_by].name, tr->step);
     if (site_rank == 0)
         for (int s = 0; s < t->n_sites; s++)
             if (gone[s]) link_notify_dropped(&tr->red.link, tr->site_leaders[s], t->site);
@@ -212,7 +222,11 @@ int train_run(const Config *cfg, const char *resume, const char *site)
     federation_joint(&fed);
     if (site) CHECK(federation_join(&fed, cfg, site));
     Trainer tr;
+    /* world-wide collectives follow (communicator splits): a site that
+     * fails in them must not leave the others waiting without a deadline */
+    if (site) fault_watchdog_arm(cfg->outer.join_timeout + 60.0, "setting up the federated run");
     int rc = trainer_create(&tr, cfg, 1, fed.world);
+    if (site) fault_watchdog_disarm();
     if (rc == ISTH_OK && tr.log) {
         printf("isthmus train: resolved configuration (%s)\n%s\n", cfg->source, tr.config_text);
         topology_print(&tr.topo, cfg);
@@ -260,6 +274,7 @@ int train_run(const Config *cfg, const char *resume, const char *site)
         rc = trainer_step(&tr, &s);
         if (rc != ISTH_OK) break;
         if (tr.red.link.lost_new) rc = report_lost_sites(&tr);
+        if (rc == ISTH_OK && tr.red.link.survive && link_any_lost(&tr.red.link, tr.topo.n_sites)) rc = check_dropped(&tr);
         if (rc != ISTH_OK) break;
         if (tr.log && (s.step % tc->log_every == 0 || s.step == tc->steps)) rc = metrics_step(&tr.metrics, &s);
         if (rc != ISTH_OK) break;
@@ -298,10 +313,10 @@ int train_run(const Config *cfg, const char *resume, const char *site)
     if (finished && rc == ISTH_OK) rc = ckpt_write(&tr);
     if (finished && rc == ISTH_OK) rc = trainer_eval(&tr, NULL, NULL);
     if (finished && rc == ISTH_OK) {
-        char path[CONFIG_FILE_PATH_MAX];
-        snprintf(path, sizeof path, "%s/model.h5", tc->out_dir);
+        char path[CONFIG_FILE_PATH_MAX + 80];
+        trainer_model_path(&tr, path, sizeof path);
         rc = trainer_write_model(&tr, path);
-        if (rc == ISTH_OK && tr.rank == 0) printf("wrote %s (step %ld)\n", path, tr.step);
+        if (rc == ISTH_OK && tr.log && trainer_lead_site(&tr) == tr.topo.site) printf("wrote %s (step %ld)\n", path, tr.step);
     }
     /* the peaks of the whole run, file writes included: `isthmus config --memory` predicts them */
     if (rc == ISTH_OK && tr.rank == 0) memory_print_measured(0);

@@ -106,6 +106,8 @@ static void log_round(Spread *s, SpreadRound *q, Metrics *mt)
     }
 }
 
+void spread_stop(Spread *s);
+
 /* Complete (rank 0: and log) the oldest open round; `wait`: block for it. */
 static int retire_oldest(Spread *s, Metrics *mt, int wait, int *done)
 {
@@ -116,9 +118,18 @@ static int retire_oldest(Spread *s, Metrics *mt, int wait, int *done)
     for (;;) {
         CHECK_MPI(MPI_Testall(n, q->req, &flag, MPI_STATUSES_IGNORE));
         if (flag || !wait) break;
-        if (MPI_Wtime() - t0 > s->timeout_s)
+        if (MPI_Wtime() - t0 > s->timeout_s) {
+            if (s->tolerant) { /* a site is gone: the probe measures all learners or nothing */
+                if (s->topo->world_rank == 0)
+                    printf("spread probe stopped at round %ld: samples missing after %g s (a site lost)\n", q->round,
+                           s->timeout_s);
+                spread_stop(s);
+                *done = 0;
+                return ISTH_OK;
+            }
             return isth_fail(ISTH_ERUNTIME, "spread probe of round %ld: samples missing after [outer] timeout = %g s",
                              q->round, s->timeout_s);
+        }
         struct timespec ts = {0, 50000};
         nanosleep(&ts, NULL);
     }

@@ -42,6 +42,7 @@ typedef struct {
     int head, count;
     double inter_site_bytes;      /* this rank, sent + received */
     double timeout_s;             /* deadline of a wait ([outer] timeout; 600 s unless set) */
+    int tolerant;                 /* federated launch: samples missing at the deadline stop the probe */
     long last_round;              /* rank 0: the latest round logged (-1: none), and its spread */
     double last_value;
 } Spread;

@@ -94,8 +94,10 @@ int trainer_create(Trainer *tr, const Config *cfg, int log, MPI_Comm world)
      * share now (the weights are a function of the seed, the same on every
      * rank) so that nothing is allocated inside a later collective */
     CHECK(reduce_share_params(&tr->red, tr->be));
-    if (tr->mode != MODE_SYNC)
+    if (tr->mode != MODE_SYNC) {
         CHECK(outer_create(&tr->outer, &cfg->outer, &tr->red, tr->be, site->tokens_per_step / t->total_tokens_per_step));
+        tr->outer.spread.tolerant = federated; /* a lost site's samples stop the probe, not the run */
+    }
     if (tr->mode != MODE_SYNC && tr->outer.butterfly) {
         const int N = t->n_learners;
         if (N < 2 || (N & (N - 1)))
@@ -269,12 +271,26 @@ int trainer_step(Trainer *tr, StepLog *out)
     return ISTH_OK;
 }
 
+int trainer_lead_site(const Trainer *tr)
+{
+    for (int s = 0; s < tr->topo.n_sites; s++)
+        if (!tr->red.link.lost[s]) return s;
+    return tr->topo.site;
+}
+
+void trainer_model_path(const Trainer *tr, char *out, size_t cap)
+{
+    const int s = trainer_lead_site(tr);
+    if (s == 0) snprintf(out, cap, "%s/model.h5", tr->cfg.train.out_dir);
+    else snprintf(out, cap, "%s/site-%s/model.h5", tr->cfg.train.out_dir, tr->topo.sites[s].name);
+}
+
 int trainer_eval(Trainer *tr, double *bpb_prose, double *bpb_tech)
 {
     /* every learner holds the global model (sync) or its anchor (outer
      * modes): learner 0 evaluates, its ranks splitting the windows; the
      * others go on to their next step */
-    if (tr->topo.learner != 0) return ISTH_OK;
+    if (tr->topo.learner != tr->topo.sites[trainer_lead_site(tr)].first_learner) return ISTH_OK;
     const int anchor = tr->mode != MODE_SYNC && !tr->outer.butterfly; /* butterfly: learner 0's own */
     Backend *be = tr->be;
     if (anchor) CHECK(outer_view_anchor(&tr->outer, &tr->red, be));
@@ -301,7 +317,7 @@ int trainer_owns_chunk(const void *reducer, int c) { return reduce_owns(reducer,
 
 int trainer_write_model(Trainer *tr, const char *path)
 {
-    if (tr->topo.learner != 0) return ISTH_OK;
+    if (tr->topo.learner != tr->topo.sites[trainer_lead_site(tr)].first_learner) return ISTH_OK;
     H5Meta meta = {tr->step, tr->tokens_seen};
     fault_watchdog_arm(tr->cfg.checkpoint.timeout, "writing the model file");
     /* learner 0's ranks, each the chunks it owns, through host staging

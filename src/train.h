@@ -66,6 +66,11 @@ int trainer_control(Trainer *tr, const void *mine, size_t bytes, void *all, cons
 int trainer_step(Trainer *tr, StepLog *out);
 
 /* bpb on both eval sets, logged with the current step. */
+/* The first site still present (federated launch: site 0 unless it was
+ * lost); its first learner evaluates and writes the model file, to
+ * trainer_model_path: <out_dir>/model.h5, or <out_dir>/site-NAME/model.h5. */
+int trainer_lead_site(const Trainer *tr);
+void trainer_model_path(const Trainer *tr, char *out, size_t cap);
 int trainer_eval(Trainer *tr, double *bpb_prose, double *bpb_tech);
 
 /* Write the model (learner 0's ranks write collectively; others return). */

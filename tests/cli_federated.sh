@@ -85,15 +85,22 @@ else
     fail "after refusals: exits $ra/$rb, losses differ or model differs"
 fi
 
-# 3. a key file others may read
-chmod 644 "$WORK/ref/run.key"
-site b 1 "$WORK/ref" --set outer.run_id=t3 --set outer.join_timeout=5 > "$WORK/key644.log" 2>&1 &
+# 3. a key file others may read: the joiner's copy, then the host's own
+cp "$WORK/ref/run.key" "$WORK/other/run644.key"
+chmod 644 "$WORK/other/run644.key"
+site b 1 "$WORK/k644" --set outer.run_id=t3 --set outer.key_file="$WORK/other/run644.key" > "$WORK/key644_b.log" 2>&1 &
 b=$!
-site a 1 "$WORK/ref" --set outer.run_id=t3 --set outer.join_timeout=5 > "$WORK/key644_a.log" 2>&1
+site a 1 "$WORK/ref" --set outer.run_id=t3 --set outer.join_timeout=8 > "$WORK/key644_a.log" 2>&1
+ra=$?
 wait $b
 rb=$?
-grep -q "readable by others (mode 644): chmod 600" "$WORK/key644.log" "$WORK/key644_a.log" &&
-    pass "a key file readable by others is refused (exit $rb)" || fail "mode 644 key accepted: $(grep -h error "$WORK"/key644*.log)"
+[ $rb -eq 2 ] && grep -q "run644.key: readable by others (mode 644): chmod 600" "$WORK/key644_b.log" && [ $ra -eq 1 ] &&
+    pass "a joiner whose key file others may read stops (exit 2) before sending; the host times out (exit 1)" ||
+    fail "joiner mode 644: exits $ra/$rb: $(grep -h error "$WORK"/key644_?.log)"
+chmod 644 "$WORK/ref/run.key"
+expect_exit 2 "run.key: readable by others \(mode 644\)" -- mpirun -q -np 1 "$ISTHMUS" train "$T" $RUN \
+    --set train.out_dir="$WORK/ref" --set outer.run_id=t3b --site a
+chmod 600 "$WORK/ref/run.key"
 
 # 4. no ompi-server; a partner that never comes
 expect_exit 2 "URI file .*dead is missing or empty: start the server first" -- "$FED" site "$URI.dead" a 1 "$T"
