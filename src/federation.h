@@ -12,18 +12,22 @@
  * where a collective accept would leave the other ranks waiting forever.
  * Over the leaders' link the host sends a fresh nonce; the joiner answers
  * with the run id, its site, its rank count, the config fingerprint and an
- * HMAC-SHA256 (libsodium) under the run's key over all of it; the host
- * checks each and answers with a verdict (a reason when refused: the joiner
- * exits 2, the host keeps waiting, undisturbed). When every site has
- * joined, MPI_Intercomm_create over the leaders' link brings each site's
- * ranks in, site by site in config order, and the merges make the world.
+ * HMAC-SHA256 (libsodium) under the run's key over all of it and a nonce
+ * of its own; the host checks each and answers with a verdict (a reason
+ * when refused: the joiner exits 2, the host keeps waiting, undisturbed)
+ * that carries the host's own HMAC over both nonces: the joiner trusts no
+ * host without the key. When every site has joined, MPI_Intercomm_create
+ * over the leaders' link brings each site's ranks in, site by site in
+ * config order, and the merges make the world.
  * The whole join runs under the fault watchdog (outer.join_timeout): a
  * peer that stops answering part-way ends the process with one line.
  *
  * The key: 32 random bytes (hex) in outer.key_file (default
  * <out_dir>/run.key), created with mode 0600 by the host at its first
- * launch if missing (temporary name, then rename); refused when group or
- * others may read it. Every site must hold the same file.
+ * launch if missing (an exclusive temporary, then link(): a key made
+ * meanwhile is kept); refused unless a regular file of this user that group
+ * and others cannot read (opened without following links). Every site must
+ * hold the same file.
  *
  * Owns: the run id and the published name, the key file, the handshake and
  * its wire structs, the leaders' communicators and the world made of them.
