@@ -179,29 +179,15 @@ static int reserve(CudaCodec *cc, size_t n)
     return ISTH_OK;
 }
 
-extern "C" int cuda_codec_encode_ef(CudaCodec *cc, Codec c, const float *x, float *residual, size_t n, int block,
-                                    unsigned char *out, float *decoded, double *err2, double *norm2)
+/* Copies in, the kernels, copies out: queued on the codec's stream. */
+static int enqueue(CudaCodec *cc, Codec c, int feedback, size_t n, int block, size_t blocks, size_t codes,
+                   size_t scales, float *h_val, float *h_res, unsigned char *h_codes, float *h_dec, double *h_part)
 {
-    *err2 = *norm2 = 0.0;
-    if (n == 0) return ISTH_OK;
-    if (block < 1) return isth_fail(ISTH_ERUNTIME, "cuda codec: block %d < 1", block);
-    CHECK(reserve(cc, n));
     const cudaStream_t s = cc->stream;
     const size_t f = sizeof(float) * n;
-    const size_t blocks = (n + (size_t)block - 1) / (size_t)block;
-    const size_t codes = c == CODEC_NONE ? 4 * n : c == CODEC_BF16 ? 2 * n : c == CODEC_INT8 ? n : (n + 1) / 2;
-    const size_t scales = (c == CODEC_INT8 || c == CODEC_FP4) ? 4 * blocks : 0;
-    unsigned char *h = cc->h_stage;
-    float *h_val = (float *)h, *h_res = (float *)(h + f);
-    unsigned char *h_codes = h + 2 * f;           /* codes then scales: the wire layout, at most 4n + 4n bytes */
-    float *h_dec = (float *)(h + 4 * f), *h_res_out = residual ? h_res : NULL;
-    double *h_part = (double *)(h + part_offset(n)); /* 5f, aligned for doubles */
-
-    memcpy(h_val, x, f);
-    if (residual) memcpy(h_res, residual, f);
     CHECK_CUDA(cudaMemcpyAsync(cc->d_val, h_val, f, cudaMemcpyHostToDevice, s));
-    if (residual) CHECK_CUDA(cudaMemcpyAsync(cc->d_res, h_res, f, cudaMemcpyHostToDevice, s));
-    add_residual<<<grid_for(n), THREADS, 0, s>>>(cc->d_val, residual ? cc->d_res : NULL, n);
+    if (feedback) CHECK_CUDA(cudaMemcpyAsync(cc->d_res, h_res, f, cudaMemcpyHostToDevice, s));
+    add_residual<<<grid_for(n), THREADS, 0, s>>>(cc->d_val, feedback ? cc->d_res : NULL, n);
     switch (c) {
     case CODEC_NONE: break; /* the codes are the values */
     case CODEC_BF16: encode_bf16<<<grid_for(n), THREADS, 0, s>>>((uint16_t *)cc->d_codes, cc->d_val, n); break;
@@ -217,19 +203,48 @@ extern "C" int cuda_codec_encode_ef(CudaCodec *cc, Codec c, const float *x, floa
         break;
     }
     }
-    decode_finish<<<CUDA_CODEC_PARTS, THREADS, 0, s>>>(cc->d_dec, residual ? cc->d_res : NULL, cc->d_val,
+    decode_finish<<<CUDA_CODEC_PARTS, THREADS, 0, s>>>(cc->d_dec, feedback ? cc->d_res : NULL, cc->d_val,
                                                         cc->d_codes, cc->d_scale, n, block, c, cc->d_part);
     CHECK_CUDA(cudaGetLastError());
     CHECK_CUDA(cudaMemcpyAsync(h_codes, c == CODEC_NONE ? (const void *)cc->d_val : (const void *)cc->d_codes,
                                codes, cudaMemcpyDeviceToHost, s));
     if (scales) CHECK_CUDA(cudaMemcpyAsync(h_codes + codes, cc->d_scale, scales, cudaMemcpyDeviceToHost, s));
     CHECK_CUDA(cudaMemcpyAsync(h_dec, cc->d_dec, f, cudaMemcpyDeviceToHost, s));
-    if (h_res_out) CHECK_CUDA(cudaMemcpyAsync(h_res_out, cc->d_res, f, cudaMemcpyDeviceToHost, s));
+    if (feedback) CHECK_CUDA(cudaMemcpyAsync(h_res, cc->d_res, f, cudaMemcpyDeviceToHost, s));
     CHECK_CUDA(cudaMemcpyAsync(h_part, cc->d_part, sizeof(double) * 2 * CUDA_CODEC_PARTS, cudaMemcpyDeviceToHost, s));
-    CHECK_CUDA(cudaStreamSynchronize(s));
+    return ISTH_OK;
+}
+
+extern "C" int cuda_codec_encode_ef(CudaCodec *cc, Codec c, const float *x, float *residual, size_t n, int block,
+                                    unsigned char *out, float *decoded, double *err2, double *norm2)
+{
+    *err2 = *norm2 = 0.0;
+    if (n == 0) return ISTH_OK;
+    if (block < 1) return isth_fail(ISTH_ERUNTIME, "cuda codec: block %d < 1", block);
+    CHECK(reserve(cc, n));
+    const cudaStream_t s = cc->stream;
+    const size_t f = sizeof(float) * n;
+    const size_t blocks = (n + (size_t)block - 1) / (size_t)block;
+    const size_t codes = c == CODEC_NONE ? 4 * n : c == CODEC_BF16 ? 2 * n : c == CODEC_INT8 ? n : (n + 1) / 2;
+    const size_t scales = (c == CODEC_INT8 || c == CODEC_FP4) ? 4 * blocks : 0;
+    unsigned char *h = cc->h_stage;
+    float *h_val = (float *)h, *h_res = (float *)(h + f);
+    unsigned char *h_codes = h + 2 * f;           /* codes then scales: the wire layout, at most 4n + 4n bytes */
+    float *h_dec = (float *)(h + 4 * f);
+    double *h_part = (double *)(h + part_offset(n)); /* 5f, aligned for doubles */
+
+    memcpy(h_val, x, f);
+    if (residual) memcpy(h_res, residual, f);
+    /* everything queued on the codec's stream, then one synchronisation,
+     * also after a failure: no copy may still write the staging we return from */
+    const int rc = enqueue(cc, c, residual != NULL, n, block, blocks, codes, scales, h_val, h_res, h_codes, h_dec,
+                           h_part);
+    const cudaError_t done = cudaStreamSynchronize(s);
+    CHECK(rc);
+    CHECK_CUDA(done);
     memcpy(out, h_codes, codes + scales);
     memcpy(decoded, h_dec, f);
-    if (residual) memcpy(residual, h_res_out, f);
+    if (residual) memcpy(residual, h_res, f);
     for (int p = 0; p < CUDA_CODEC_PARTS; p++) {
         *err2 += h_part[2 * p];
         *norm2 += h_part[2 * p + 1];
