@@ -111,21 +111,21 @@ int link_msg_alloc(LinkMsg *m, int peer, int tag, size_t send_bytes, size_t recv
     return ISTH_OK;
 }
 
-int link_retire(MPI_Request *req, int n)
+static int retire_within(MPI_Request *req, int n, double grace_s)
 {
     for (int i = 0; i < n; i++)
         if (req[i] != MPI_REQUEST_NULL) MPI_Cancel(&req[i]);
     const double t0 = now_s();
     int done = 0;
-    while (!done && now_s() - t0 < 1.0) {
+    for (;;) {
         if (MPI_Testall(n, req, &done, MPI_STATUSES_IGNORE) != MPI_SUCCESS) return 0;
-        if (!done) {
-            struct timespec ts = {0, 1000000};
-            nanosleep(&ts, NULL);
-        }
+        if (done || now_s() - t0 >= grace_s) return done;
+        struct timespec ts = {0, 1000000};
+        nanosleep(&ts, NULL);
     }
-    return done;
 }
+
+int link_retire(MPI_Request *req, int n) { return retire_within(req, n, 1.0); }
 
 void link_msg_init_borrowed(LinkMsg *m, int peer, int tag, size_t send_bytes, size_t recv_bytes, int local)
 {
@@ -232,37 +232,46 @@ int link_test(Link *l, LinkMsg *const *msgs, int n, int *all)
     return ISTH_OK;
 }
 
-int link_wait(Link *l, LinkMsg *const *msgs, int n, const char *what)
+/* Complete the messages (posting sends still deferred) or reach the
+ * deadline: *all says which; the time blocked is counted. */
+static int complete_by_deadline(Link *l, LinkMsg *const *msgs, int n, int *all, double *waited)
 {
     for (int i = 0; i < n; i++)
         if (!msgs[i]->send_posted) CHECK(link_post_send(l, msgs[i]));
     const double t0 = now_s();
     for (;;) {
-        int all;
-        CHECK(link_test(l, msgs, n, &all));
-        if (all) break;
-        if (now_s() - t0 > l->timeout_s) {
-            int peer = -1;
-            for (int i = 0; i < n && peer < 0; i++)
-                if (!msgs[i]->recv_done || msgs[i]->send_posted == 1) peer = msgs[i]->peer;
-            l->wait_s += now_s() - t0;
-            return isth_fail(ISTH_ERUNTIME,
-                             "link: %s: nothing from world rank %d within [outer] timeout = %g s "
-                             "(peer site down or link cut)", what, peer, l->timeout_s);
-        }
+        CHECK(link_test(l, msgs, n, all));
+        if (*all || now_s() - t0 > l->timeout_s) break;
         struct timespec ts = {0, 50000}; /* 50 us: yield the core to the ranks computing */
         nanosleep(&ts, NULL);
     }
-    l->wait_s += now_s() - t0;
+    *waited = now_s() - t0;
+    l->wait_s += *waited;
     return ISTH_OK;
+}
+
+int link_wait(Link *l, LinkMsg *const *msgs, int n, const char *what)
+{
+    int all;
+    double waited;
+    CHECK(complete_by_deadline(l, msgs, n, &all, &waited));
+    if (all) return ISTH_OK;
+    int peer = -1;
+    for (int i = 0; i < n && peer < 0; i++)
+        if (!msgs[i]->recv_done || msgs[i]->send_posted == 1) peer = msgs[i]->peer;
+    return isth_fail(ISTH_ERUNTIME,
+                     "link: %s: nothing from world rank %d within [outer] timeout = %g s "
+                     "(peer site down or link cut)", what, peer, l->timeout_s);
 }
 
 void link_abandon(LinkMsg *m)
 {
     /* a send MPI cannot cancel only reads its buffer; a receive that
      * cannot be cancelled could still be written: either makes it stuck */
-    if (m->recv_posted && !m->recv_done && !link_retire(m->rr, m->recv_pieces)) m->stuck = 1;
-    if (m->send_posted == 1 && !link_retire(m->rs, m->send_pieces)) m->stuck = 1;
+    /* a lost peer: no long grace (Open MPI cancels receives at once and
+     * sends never), so detection stays close to the deadline */
+    if (m->recv_posted && !m->recv_done && !retire_within(m->rr, m->recv_pieces, 0.1)) m->stuck = 1;
+    if (m->send_posted == 1 && !retire_within(m->rs, m->send_pieces, 0.0)) m->stuck = 1;
     m->recv_done = 1;
     m->send_posted = 2;
 }
@@ -272,27 +281,14 @@ int link_wait_live(Link *l, LinkMsg *const *msgs, int n, const char *what, unsig
     for (int i = 0; i < n; i++) late[i] = 0;
     *waited = 0.0;
     if (!l->survive) return link_wait(l, msgs, n, what);
-    for (int i = 0; i < n; i++)
-        if (!msgs[i]->send_posted) CHECK(link_post_send(l, msgs[i]));
-    const double t0 = now_s();
-    for (;;) {
-        int all;
-        CHECK(link_test(l, msgs, n, &all));
-        if (all) break;
-        if (now_s() - t0 > l->timeout_s) {
-            for (int i = 0; i < n; i++) {
-                LinkMsg *m = msgs[i];
-                if (m->recv_done && m->send_posted != 1) continue;
-                late[i] = 1;
-                link_abandon(m);
-            }
-            break;
-        }
-        struct timespec ts = {0, 50000};
-        nanosleep(&ts, NULL);
+    int all;
+    CHECK(complete_by_deadline(l, msgs, n, &all, waited));
+    for (int i = 0; !all && i < n; i++) {
+        LinkMsg *m = msgs[i];
+        if (m->recv_done && m->send_posted != 1) continue;
+        late[i] = 1;
+        link_abandon(m);
     }
-    *waited = now_s() - t0;
-    l->wait_s += *waited;
     return ISTH_OK;
 }
 
