@@ -93,7 +93,8 @@ static int check_replicas(Trainer *tr)
  * Two sides that lost each other (a cut link, a stall on either side) both
  * send that notice; the one with the lower site index goes on and the
  * other stops, so one run never splits into two. A site dropped this way
- * stops with one line (restart it with --resume auto). */
+ * stops with one line; it comes back when the run is next restarted from
+ * checkpoints (--resume auto: a live rejoin is not built yet). */
 static int check_dropped(Trainer *tr)
 {
     const Topology *t = &tr->topo;
@@ -107,7 +108,8 @@ static int check_dropped(Trainer *tr)
     CHECK_MPI(MPI_Bcast(&dropped_by, 1, MPI_INT, 0, t->site_comm));
     if (dropped_by >= 0)
         return isth_fail(ISTH_ERUNTIME, "site %s was dropped from the run by site %s by step %ld (one of them missed "
-                         "the other's deadline; the lower-numbered site goes on); restart it with --resume auto",
+                         "the other's deadline; the lower-numbered site goes on); it comes back when the run restarts "
+                         "from checkpoints (--resume auto)",
                          t->sites[t->site].name, t->sites[dropped_by].name, tr->step);
     return ISTH_OK;
 }
