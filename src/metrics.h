@@ -22,6 +22,7 @@ typedef struct {
     double dropped_frac;  /* share of routed copies dropped for capacity */
     double a2a_bytes;     /* expert all-to-all bytes, sent + received, all ranks */
     double inter_site_bytes, link_wait_s;
+    int sites_present, n_sites; /* federated launch: the sites still in the run */
 } StepLog;
 
 typedef struct {

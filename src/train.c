@@ -268,6 +268,9 @@ int trainer_step(Trainer *tr, StepLog *out)
     out->a2a_bytes = sums.a2a_bytes;
     out->inter_site_bytes = sums.inter_site_bytes;
     out->link_wait_s = wait;
+    out->n_sites = t->n_sites;
+    out->sites_present = t->n_sites;
+    for (int s = 0; s < t->n_sites; s++) out->sites_present -= tr->red.link.lost[s] != 0;
     return ISTH_OK;
 }
 
