@@ -152,7 +152,7 @@ if [ $RA -eq 0 ] && [ -f "$WORK/butterfly/model.h5" ] && grep -q "rejected: lear
 else
     fail "butterfly kill: a exit $RA: $(grep -h 'error' "$WORK"/butterfly_a.log | head -2)"
 fi
-lose stopped STOP 8
+lose stopped STOP 8 --set train.steps=1000 # a still trains when b wakes
 if [ $RA -eq 0 ] && [ $RB -eq 1 ] && grep -q "site b was dropped from the run by site a" "$WORK/stopped_b.log" &&
     grep -q '^site b lost at step' "$WORK/stopped_a.log"; then
     pass "site b stalled past the deadline: a trains on; b wakes, learns it was dropped, exit 1"
