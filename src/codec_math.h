@@ -48,41 +48,18 @@ static inline CODEC_HD float codec_bits_float(uint32_t u)
 /* A product, a quotient, a sum and a difference rounded on their own: on
  * the device never fused into a multiply-add, so the decoded values and the
  * residuals are the host's. */
-static inline CODEC_HD float codec_mul(float a, float b)
-{
 #ifdef __CUDA_ARCH__
-    return __fmul_rn(a, b);
+#define CODEC_ROUNDED(name, op, intrinsic) \
+    static inline CODEC_HD float name(float a, float b) { return intrinsic(a, b); }
 #else
-    return a * b;
+#define CODEC_ROUNDED(name, op, intrinsic) \
+    static inline CODEC_HD float name(float a, float b) { return a op b; }
 #endif
-}
-
-static inline CODEC_HD float codec_div(float a, float b)
-{
-#ifdef __CUDA_ARCH__
-    return __fdiv_rn(a, b);
-#else
-    return a / b;
-#endif
-}
-
-static inline CODEC_HD float codec_add(float a, float b)
-{
-#ifdef __CUDA_ARCH__
-    return __fadd_rn(a, b);
-#else
-    return a + b;
-#endif
-}
-
-static inline CODEC_HD float codec_sub(float a, float b)
-{
-#ifdef __CUDA_ARCH__
-    return __fsub_rn(a, b);
-#else
-    return a - b;
-#endif
-}
+CODEC_ROUNDED(codec_mul, *, __fmul_rn)
+CODEC_ROUNDED(codec_div, /, __fdiv_rn)
+CODEC_ROUNDED(codec_add, +, __fadd_rn)
+CODEC_ROUNDED(codec_sub, -, __fsub_rn)
+#undef CODEC_ROUNDED
 
 /* bf16 of a finite float, rounded to nearest even on the dropped 16 bits. */
 static inline CODEC_HD uint16_t codec_to_bf16(float f)

@@ -312,6 +312,8 @@ int link_control(Link *l, const void *mine, size_t bytes, void *all, const int *
     const uint64_t seq = ++l->control_seq;
     int site_rank;
     CHECK_MPI(MPI_Comm_rank(site_comm, &site_rank));
+    unsigned char was[LINK_MAX_SITES]; /* the site's common view before this exchange */
+    memcpy(was, l->lost, sizeof was);
     unsigned char *out = all;
     memset(out, 0, (size_t)n_sites * bytes); /* lost sites' slots stay zero */
     memcpy(out + (size_t)my_site * bytes, mine, bytes);
@@ -366,12 +368,13 @@ int link_control(Link *l, const void *mine, size_t bytes, void *all, const int *
     if (!l->survive) return ISTH_OK;
     /* the leader's view of who is lost, and why, to the whole site */
     const int ns = n_sites < LINK_MAX_SITES ? n_sites : LINK_MAX_SITES;
-    unsigned char was[LINK_MAX_SITES];
-    memcpy(was, l->lost, sizeof was);
     CHECK(coll_bcast_bytes(site_comm, l->lost, (size_t)ns, 0));
+    int fresh = 0; /* the same on every rank after the broadcast */
+    for (int s = 0; s < ns; s++) fresh |= l->lost[s] && !was[s];
+    if (!fresh) return ISTH_OK;
+    /* the details only when the leader found a loss */
     CHECK(coll_bcast_bytes(site_comm, l->lost_after_s, sizeof(double) * (size_t)ns, 0));
     CHECK(coll_bcast_bytes(site_comm, l->lost_what, sizeof l->lost_what[0] * (size_t)ns, 0));
-    for (int s = 0; s < ns; s++)
-        if (l->lost[s] && !was[s]) l->lost_new = 1;
+    l->lost_new = 1;
     return ISTH_OK;
 }

@@ -248,7 +248,9 @@ int mix_finish_staged(Reducer *r, int f, ReduceReport *rep, double *pair_distanc
         if (!alive[1]) present[psite] = 0;
         double w = waited;
         CHECK(coll_allreduce_comm(t->site_comm, present, (size_t)t->n_sites, MPI_UNSIGNED_CHAR, 1, MPI_MIN));
-        CHECK(coll_allreduce_comm(t->site_comm, &w, 1, MPI_DOUBLE, sizeof w, MPI_MAX));
+        int any_gone = 0; /* the same on every rank of the site */
+        for (int s = 0; s < t->n_sites; s++) any_gone |= !present[s] && !r->link.lost[s];
+        if (any_gone) CHECK(coll_allreduce_comm(t->site_comm, &w, 1, MPI_DOUBLE, sizeof w, MPI_MAX));
         for (int s = 0; s < t->n_sites; s++)
             if (!present[s] && s != t->site) {
                 char what[64];

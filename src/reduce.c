@@ -513,8 +513,12 @@ static int agree(Reducer *r, FragPlan *fp, int f, unsigned char *ok, unsigned ch
         CHECK(rc);
     }
     CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, buf, (int)nv + S, MPI_UNSIGNED_CHAR, MPI_MIN, t->site_comm));
+    /* only when a site was found late (buf is the same on every rank of the
+     * site): how long the longest wait was, for the log */
+    int any_late = 0;
+    for (int s = 0; s < S; s++) any_late |= !buf[nv + s] && s != t->site;
     double w = waited;
-    CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &w, 1, MPI_DOUBLE, MPI_MAX, t->site_comm));
+    if (any_late) CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &w, 1, MPI_DOUBLE, MPI_MAX, t->site_comm));
     for (int s = 0; s < S; s++) {
         alive[s] = buf[nv + s];
         ok[s] = buf[s] && alive[s];
