@@ -11,7 +11,9 @@
 #                                       every site (logs DIR/SITE.log), then stop
 #
 # `site` checks that the server answers before it starts mpirun (Open MPI's
-# mpirun would wait for it forever) and says so in one line, exit 2.
+# mpirun would wait for it forever) and says so in one line, exit 2. A site
+# the live run dropped (isthmus exits 3) is started again, with --resume
+# auto, and rejoins; ISTHMUS_REJOINS (default 3) bounds how often.
 # Environment: ISTHMUS (the executable; default: the one in the tree),
 # MPIRUN_ARGS (extra mpirun options, e.g. --oversubscribe).
 set -u
@@ -61,8 +63,28 @@ cmd_site() {
     shift 4
     [ -s "$uri" ] || die "ompi-server URI file $uri is missing or empty: start the server first (federated.sh server DIR)"
     reachable "$uri" || die "ompi-server at $(cut -d';' -f2 "$uri") (from $uri) does not answer: is it running?"
-    # shellcheck disable=SC2086
-    exec mpirun ${MPIRUN_ARGS:-} -np "$np" --ompi-server "file:$uri" "$isthmus" train "$config" --site "$site" "$@"
+    # exit 3: the live run dropped this site (it stalled past the other
+    # site's deadline); started again, it rejoins (ISTHMUS_REJOINS times)
+    local tries=0 rc child extra=()
+    while :; do
+        # shellcheck disable=SC2086
+        mpirun ${MPIRUN_ARGS:-} -np "$np" --ompi-server "file:$uri" "$isthmus" train "$config" --site "$site" "$@" \
+            "${extra[@]}" &
+        child=$!
+        # a signal to this script (timeout, scancel) goes on to mpirun
+        trap 'kill -TERM "$child" 2>/dev/null' TERM INT HUP
+        wait "$child"
+        rc=$?
+        while kill -0 "$child" 2>/dev/null; do
+            wait "$child"
+            rc=$?
+        done
+        trap - TERM INT HUP
+        [ $rc -eq 3 ] && [ $tries -lt "${ISTHMUS_REJOINS:-3}" ] || return $rc
+        tries=$((tries + 1))
+        echo "federated.sh: site $site was dropped from the live run (exit 3); starting it again to rejoin ($tries of ${ISTHMUS_REJOINS:-3})" >&2
+        case " $* " in *" --resume "*) ;; *) extra=(--resume auto) ;; esac
+    done
 }
 
 cmd_run() {

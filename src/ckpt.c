@@ -397,6 +397,89 @@ static int write_checkpoint(Trainer *tr)
     return tr->log ? metrics_flush(&tr->metrics) : ISTH_OK;
 }
 
+/* --- the live rejoin: the live site's file to the joining site ------------------ */
+
+#define SHARE_PIECE ((size_t)64 << 20)
+
+static int send_file(Trainer *tr, const char *path, int peer)
+{
+    Link *l = &tr->red.link;
+    const int fd = open(path, O_RDONLY);
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st) != 0) {
+        if (fd >= 0) close(fd);
+        return isth_fail(ISTH_ERUNTIME, "rejoin: cannot read %s: %s", path, strerror(errno));
+    }
+    uint64_t size = (uint64_t)st.st_size;
+    int rc = link_send_blob(l, peer, LINK_TAG_REJOIN, &size, sizeof size, 0, "the rejoin checkpoint's size");
+    unsigned char *buf = rc == ISTH_OK ? isth_malloc(SHARE_PIECE) : NULL;
+    if (rc == ISTH_OK && !buf) rc = isth_fail(ISTH_ERUNTIME, "rejoin: out of memory for a %zu-byte piece", SHARE_PIECE);
+    for (uint64_t off = 0, seq = 1; rc == ISTH_OK && off < size; off += SHARE_PIECE, seq++) {
+        const size_t n = size - off < SHARE_PIECE ? (size_t)(size - off) : SHARE_PIECE;
+        if (pread(fd, buf, n, (off_t)off) != (ssize_t)n)
+            rc = isth_fail(ISTH_ERUNTIME, "rejoin: reading %s: %s", path, strerror(errno));
+        if (rc == ISTH_OK) rc = link_send_blob(l, peer, LINK_TAG_REJOIN, buf, n, seq, "the rejoin checkpoint");
+    }
+    isth_free(buf);
+    close(fd);
+    return rc;
+}
+
+/* The joiner's side: size bounded by what the live site could have written,
+ * every piece checked, a temporary name renamed when complete. */
+static int recv_file(Trainer *tr, const char *path, int peer)
+{
+    Link *l = &tr->red.link;
+    const Topology *t = &tr->topo;
+    uint64_t size = 0;
+    CHECK(link_recv_blob(l, peer, LINK_TAG_REJOIN, &size, sizeof size, 0, "the rejoin checkpoint's size"));
+    int most = 0;
+    for (int s = 0; s < t->n_sites; s++) most = t->sites[s].learners > most ? t->sites[s].learners : most;
+    const double bound = H5IO_FILE_BYTES(model_total_params(&tr->cfg.model), 8 + 6 * most);
+    if ((double)size > bound)
+        return isth_fail(ISTH_ERUNTIME, "rejoin: the live site announces a %llu-byte checkpoint; this config's "
+                         "are at most %.0f bytes", (unsigned long long)size, bound);
+    char tmp[CONFIG_FILE_PATH_MAX + 80];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    const int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0) return isth_fail(ISTH_ERUNTIME, "rejoin: cannot create %s: %s", tmp, strerror(errno));
+    unsigned char *buf = isth_malloc(SHARE_PIECE);
+    int rc = buf ? ISTH_OK : isth_fail(ISTH_ERUNTIME, "rejoin: out of memory for a %zu-byte piece", SHARE_PIECE);
+    for (uint64_t off = 0, seq = 1; rc == ISTH_OK && off < size; off += SHARE_PIECE, seq++) {
+        const size_t n = size - off < SHARE_PIECE ? (size_t)(size - off) : SHARE_PIECE;
+        rc = link_recv_blob(l, peer, LINK_TAG_REJOIN, buf, n, seq, "the rejoin checkpoint");
+        if (rc == ISTH_OK && pwrite(fd, buf, n, (off_t)off) != (ssize_t)n)
+            rc = isth_fail(ISTH_ERUNTIME, "rejoin: writing %s: %s", tmp, strerror(errno));
+    }
+    isth_free(buf);
+    if (rc == ISTH_OK && fsync(fd) != 0) rc = isth_fail(ISTH_ERUNTIME, "rejoin: %s: %s", tmp, strerror(errno));
+    close(fd);
+    if (rc == ISTH_OK && rename(tmp, path) != 0)
+        rc = isth_fail(ISTH_ERUNTIME, "rejoin: cannot rename %s: %s", tmp, strerror(errno));
+    if (rc != ISTH_OK) unlink(tmp);
+    return rc;
+}
+
+int ckpt_share(Trainer *tr, long step, char *path, size_t cap)
+{
+    const Topology *t = &tr->topo;
+    char dir[CONFIG_FILE_PATH_MAX];
+    site_dir(tr, dir, sizeof dir);
+    const int host = t->site == 0;
+    if (host) ckpt_path(dir, step, path, cap);
+    else snprintf(path, cap, "%s/rejoin-%08ld.h5", dir, step);
+    int site_rank;
+    CHECK_MPI(MPI_Comm_rank(t->site_comm, &site_rank));
+    fault_watchdog_arm(tr->cfg.checkpoint.timeout, "passing the live site's checkpoint to the rejoining site");
+    int rc = ISTH_OK;
+    if (site_rank == 0 && !host) rc = make_dirs(dir);
+    if (site_rank == 0 && rc == ISTH_OK) rc = host ? send_file(tr, path, tr->site_leaders[1]) : recv_file(tr, path, 0);
+    int ok = rc == ISTH_OK;
+    CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_LAND, t->site_comm));
+    fault_watchdog_disarm();
+    return ok ? ISTH_OK : rc != ISTH_OK ? rc : ISTH_ERUNTIME;
+}
+
 /* Can files be created, written and renamed in dir? ISTH_EINPUT naming it. */
 static int probe_dir(const char *what, const char *dir)
 {
@@ -569,10 +652,10 @@ static int compare_configs(Trainer *tr, const char *saved_text, const char *path
 /* The counters and names a checkpoint's attributes hold must agree with its
  * config, the layout and each other: a tampered or mixed-up file is bad
  * input, not a run that silently continues differently. */
-static int check_attributes(Trainer *tr, H5File *f, const char *path, long long step, long long adam_t,
-                            long long data_step, const char *saved_optimizer)
+static int check_attributes(Trainer *tr, H5File *f, const char *path, int from_site, long long step,
+                            long long adam_t, long long data_step, const char *saved_optimizer)
 {
-    const SiteInfo *site = &tr->topo.sites[tr->topo.site];
+    const SiteInfo *site = &tr->topo.sites[from_site >= 0 ? from_site : tr->topo.site];
     char *mode = NULL, *name = NULL;
     int rc = h5_attr_read_string(f, "/", "mode", &mode);
     if (rc == ISTH_OK) rc = h5_attr_read_string(f, "/", "site", &name);
@@ -595,9 +678,21 @@ static int check_attributes(Trainer *tr, H5File *f, const char *path, long long 
     return rc;
 }
 
-static int load_checkpoint(Trainer *tr, const char *path, int *damaged);
+static int load_checkpoint(Trainer *tr, const char *path, int from_site, int *damaged);
+static int load_reported(Trainer *tr, const char *path, int from_site, int fallback, int *damaged);
 
 int ckpt_load(Trainer *tr, const char *path, int fallback, int *damaged)
+{
+    return load_reported(tr, path, -1, fallback, damaged);
+}
+
+int ckpt_load_copy(Trainer *tr, const char *path, int from_site)
+{
+    int damaged = 0;
+    return load_reported(tr, path, from_site, 0, &damaged);
+}
+
+static int load_reported(Trainer *tr, const char *path, int from_site, int fallback, int *damaged)
 {
     fault_watchdog_arm(tr->cfg.checkpoint.timeout, "loading the checkpoint");
     int site_rank = 0;
@@ -609,7 +704,7 @@ int ckpt_load(Trainer *tr, const char *path, int fallback, int *damaged)
      * --resume auto pass over the step */
     const int was = status_set_quiet(1);
     *damaged = 0;
-    int rc = load_checkpoint(tr, path, damaged);
+    int rc = load_checkpoint(tr, path, from_site, damaged);
     if (!fallback) *damaged = 0; /* an explicit file: damage is an error */
     status_set_quiet(was);
     if (rc != ISTH_OK) {
@@ -622,7 +717,10 @@ int ckpt_load(Trainer *tr, const char *path, int fallback, int *damaged)
     return rc;
 }
 
-static int load_checkpoint(Trainer *tr, const char *path, int *damaged)
+/* from_site >= 0: the file is that site's (a rejoin): this site's
+ * learners take copies of its learners' states, residuals start at zero
+ * (error feedback is a site's own: another site's would be counted twice). */
+static int load_checkpoint(Trainer *tr, const char *path, int from_site, int *damaged)
 {
     const double t0 = now_s();
     const Topology *t = &tr->topo;
@@ -657,8 +755,14 @@ static int load_checkpoint(Trainer *tr, const char *path, int *damaged)
     if (rc == ISTH_OK) rc = h5_attr_read_long(&f, "/", "learners", &learners);
     if (rc == ISTH_OK) rc = h5_attr_read_long(&f, "/", "data_step", &data_step);
     if (rc == ISTH_OK) rc = h5_attr_read_double(&f, "/", "tokens", &tokens);
-    if (rc == ISTH_OK) rc = check_attributes(tr, &f, path, step, adam_t, data_step, saved_optimizer);
-    if (rc == ISTH_OK && tr->mode != MODE_SYNC && (first != site->first_learner || learners != site->learners))
+    if (rc == ISTH_OK) rc = check_attributes(tr, &f, path, from_site, step, adam_t, data_step, saved_optimizer);
+    if (rc == ISTH_OK && from_site >= 0 && (first != t->sites[from_site].first_learner ||
+                                            learners != t->sites[from_site].learners))
+        rc = isth_fail(ISTH_EINPUT, "checkpoint %s: learners %lld..%lld, site %s has %d..%d", path, first,
+                       first + learners - 1, t->sites[from_site].name, t->sites[from_site].first_learner,
+                       t->sites[from_site].first_learner + t->sites[from_site].learners - 1);
+    if (rc == ISTH_OK && from_site < 0 && tr->mode != MODE_SYNC &&
+        (first != site->first_learner || learners != site->learners))
         rc = isth_fail(ISTH_EINPUT,
                        "checkpoint %s: site %s had learners %lld..%lld, the layout gives %d..%d (an outer-mode "
                        "checkpoint keeps one state per learner; change ranks per learner, not the learner count)",
@@ -678,26 +782,28 @@ static int load_checkpoint(Trainer *tr, const char *path, int *damaged)
          * none has none, and the residuals start at zero */
         const int has_residual = H5Lexists(f.file, "/outer", H5P_DEFAULT) > 0 &&
                                  H5Lexists(f.file, "/outer/residual", H5P_DEFAULT) > 0;
-        if (rc == ISTH_OK && reduce_any_residual(&tr->red) && has_residual) {
+        if (rc == ISTH_OK && reduce_any_residual(&tr->red) && has_residual && from_site < 0) {
             rc = read_residual(&f, tr, "/outer/residual");
-        } else if (rc == ISTH_OK && reduce_any_residual(&tr->red) && tr->log) {
+        } else if (rc == ISTH_OK && reduce_any_residual(&tr->red) && tr->log && from_site < 0) {
             printf("resume: %s has no error-feedback residuals (written without a lossy codec); they start at 0\n",
                    path);
         }
     } else if (rc == ISTH_OK) {
         char g[64], ga[64], gm[64], gr[64];
         const int bf = tr->outer.butterfly;
-        snprintf(ga, sizeof ga, "/learner_%d/outer/anchor", t->learner);
-        snprintf(gm, sizeof gm, "/learner_%d/outer/momentum", t->learner);
-        snprintf(gr, sizeof gr, "/learner_%d/outer/residual", t->learner);
+        /* whose state this learner takes: its own, or on a rejoin one of the live site's learners */
+        const int k = from_site < 0 ? t->learner : (int)first + (t->learner - site->first_learner) % (int)learners;
+        snprintf(ga, sizeof ga, "/learner_%d/outer/anchor", k);
+        snprintf(gm, sizeof gm, "/learner_%d/outer/momentum", k);
+        snprintf(gr, sizeof gr, "/learner_%d/outer/residual", k);
         rc = read_outer(&f, tr, bf ? ga : "/model", OUTER_ANCHOR);
         if (rc == ISTH_OK) rc = read_outer(&f, tr, bf ? gm : "/outer/momentum", OUTER_MOMENTUM);
-        if (rc == ISTH_OK) rc = read_residual(&f, tr, bf ? gr : "/outer/residual");
-        snprintf(g, sizeof g, "/learner_%d/model", t->learner);
+        if (rc == ISTH_OK && from_site < 0) rc = read_residual(&f, tr, bf ? gr : "/outer/residual");
+        snprintf(g, sizeof g, "/learner_%d/model", k);
         if (rc == ISTH_OK) rc = read_params(&f, tr, &sc, g);
-        snprintf(g, sizeof g, "/learner_%d/inner/m", t->learner);
+        snprintf(g, sizeof g, "/learner_%d/inner/m", k);
         if (rc == ISTH_OK) rc = read_moments(&f, tr, &sc, g, STATE_ADAM_M);
-        snprintf(g, sizeof g, "/learner_%d/inner/v", t->learner);
+        snprintf(g, sizeof g, "/learner_%d/inner/v", k);
         if (rc == ISTH_OK) rc = read_moments(&f, tr, &sc, g, STATE_ADAM_V);
         /* exchanges that were in flight (drained before the checkpoint):
          * their results wait in staging slots until their steps */
@@ -709,9 +815,9 @@ static int load_checkpoint(Trainer *tr, const char *path, int *damaged)
             CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &held, 1, MPI_INT, MPI_LAND, t->site_comm));
             if (!held) rc = ISTH_ERUNTIME;
         }
-        snprintf(g, sizeof g, "/learner_%d/outer/pending", t->learner);
+        snprintf(g, sizeof g, "/learner_%d/outer/pending", k);
         if (rc == ISTH_OK && in_flight) rc = read_outer(&f, tr, bf ? g : "/outer/pending", OUTER_PENDING);
-        snprintf(g, sizeof g, "/learner_%d/outer/sent", t->learner);
+        snprintf(g, sizeof g, "/learner_%d/outer/sent", k);
         if (rc == ISTH_OK && in_flight && bf) rc = read_outer(&f, tr, g, OUTER_SENT);
         if (rc == ISTH_OK) outer_restore(&tr->outer, frag, frag + P, t->n_sites, (long)step, (long)outer_steps);
     }

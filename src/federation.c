@@ -20,7 +20,7 @@
 #include "status.h"
 
 #define JOIN_MAGIC 0x6a6f696eu /* "join" */
-#define JOIN_VERSION 1u
+#define JOIN_VERSION 2u
 #define KEY_BYTES 32
 #define NONCE_BYTES 32
 #define TAG_NONCE 41
@@ -43,6 +43,8 @@ typedef struct {
  * run's name first would otherwise receive every payload). */
 typedef struct {
     int32_t ok;
+    int32_t pad;
+    int64_t rejoin_step; /* -1: the run is forming; else the live host's step to continue from */
     char reason[200];
     unsigned char mac[crypto_auth_hmacsha256_BYTES];
 } JoinVerdict;
@@ -51,6 +53,7 @@ void federation_joint(Federation *f)
 {
     memset(f, 0, sizeof *f);
     f->world = MPI_COMM_WORLD;
+    f->rejoin_step = -1;
     for (int i = 0; i < CONFIG_MAX_SITES; i++) f->leader_link[i] = MPI_COMM_NULL;
 }
 
@@ -249,16 +252,65 @@ static int recv_within(void *buf, int bytes, int tag, MPI_Comm c, double deadlin
     return wait_deadline(&r, deadline, what, bytes);
 }
 
+/* --- the knock: a joiner announces itself before it connects ----------------
+ *
+ * Open MPI pairs a connect with whatever accept is pending on the port; a
+ * leader's accept that times out (3 s, main.c) while a connect is half done
+ * leaves that connect hanging (seen about once in 20 joins). So neither
+ * side waits in accept/connect on spec: the joiner publishes
+ * "<service>-knock-<site>" with a fresh value per attempt, the host answers
+ * "<service>-come-<site>" with that value just before it accepts, and the
+ * joiner connects when it reads its own value back. Both calls then start
+ * within a poll of each other. A name service lookup of a missing name
+ * returns at once; a newer publish of a name replaces the older value. */
+
+#define POLL_S 0.05
+
+static void knock_name(const Federation *f, const char *what, int site, char *out, size_t size)
+{
+    snprintf(out, size, "%s-%s-%d", f->service, what, site);
+}
+
+static void sleep_s(double s)
+{
+    struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
+    nanosleep(&ts, NULL);
+}
+
+/* The value site `site` knocks with now ("" when none). */
+static void knock_value(const Federation *f, int site, char *value)
+{
+    char name[160];
+    knock_name(f, "knock", site, name, sizeof name);
+    if (MPI_Lookup_name(name, MPI_INFO_NULL, value) != MPI_SUCCESS) value[0] = '\0';
+}
+
+/* Host: accept the connect of the joiner that knocked with `value`. */
+static int host_accept_knock(Federation *f, int site, const char *value, MPI_Comm *c)
+{
+    char name[160];
+    knock_name(f, "come", site, name, sizeof name);
+    *c = MPI_COMM_NULL;
+    if (MPI_Publish_name(name, MPI_INFO_NULL, (char *)value) != MPI_SUCCESS) return 0;
+    /* bounded by pmix_base_exchange_timeout (main.c) */
+    if (MPI_Comm_accept(f->port, MPI_INFO_NULL, 0, MPI_COMM_SELF, c) != MPI_SUCCESS) {
+        *c = MPI_COMM_NULL;
+        return 0;
+    }
+    MPI_Comm_set_errhandler(*c, MPI_ERRORS_RETURN);
+    return 1;
+}
+
 /* --- the host (first site's first rank) ------------------------------------------ */
 
 /* Check one joiner's hello; on refusal `reason` says why. */
-static int check_hello(const Config *cfg, const JoinHello *h, const unsigned char nonce[NONCE_BYTES],
+static int check_hello(const Config *cfg, const JoinHello *h, int knocked, const unsigned char nonce[NONCE_BYTES],
                        const unsigned char key[KEY_BYTES], const char *run_id, uint64_t fingerprint,
                        const MPI_Comm *links, char *reason, size_t size)
 {
     unsigned char mac[crypto_auth_hmacsha256_BYTES];
     if (h->magic != JOIN_MAGIC || h->version != JOIN_VERSION) {
-        snprintf(reason, size, "not an isthmus join (magic %08x, version %u)", h->magic, h->version);
+        snprintf(reason, size, "not an isthmus join of this version (magic %08x, version %u)", h->magic, h->version);
         return 0;
     }
     hello_mac(h, nonce, key, mac);
@@ -276,8 +328,9 @@ static int check_hello(const Config *cfg, const JoinHello *h, const unsigned cha
                  (unsigned long long)fingerprint);
         return 0;
     }
-    if (h->site <= 0 || h->site >= cfg->n_sites) {
-        snprintf(reason, size, "site %d is not a joining site of this run", h->site);
+    if (h->site <= 0 || h->site >= cfg->n_sites || h->site != knocked) {
+        snprintf(reason, size, "site %d is not a joining site of this run, or not the one that knocked (%d)", h->site,
+                 knocked);
         return 0;
     }
     if (links[h->site] != MPI_COMM_NULL) {
@@ -292,10 +345,12 @@ static int check_hello(const Config *cfg, const JoinHello *h, const unsigned cha
     return 1;
 }
 
-/* One accepted connection: the handshake. Returns the joiner's site
- * (its link kept in links[]), 0 when refused or broken (link freed). */
-static int host_handshake(const Config *cfg, MPI_Comm c, const unsigned char key[KEY_BYTES], const char *run_id,
-                          uint64_t fingerprint, MPI_Comm *links)
+/* One accepted connection from the site that knocked: the handshake.
+ * Returns the joiner's site (its link kept in links[]), 0 when refused or
+ * broken (link freed). rejoin_step: -1 while the run forms, else the live
+ * host's step the joiner continues from. */
+static int host_handshake(const Config *cfg, MPI_Comm c, int knocked, const unsigned char key[KEY_BYTES],
+                          const char *run_id, uint64_t fingerprint, MPI_Comm *links, long rejoin_step)
 {
     const double deadline = now_s() + 30.0;
     unsigned char nonce[NONCE_BYTES];
@@ -304,15 +359,17 @@ static int host_handshake(const Config *cfg, MPI_Comm c, const unsigned char key
     memset(&h, 0, sizeof h);
     JoinVerdict v;
     memset(&v, 0, sizeof v);
+    v.rejoin_step = rejoin_step;
     if (send_within(nonce, NONCE_BYTES, TAG_NONCE, c, deadline, "sending the nonce") != ISTH_OK ||
         recv_within(&h, sizeof h, TAG_HELLO, c, deadline, "a joiner's hello") != ISTH_OK) {
         MPI_Comm_free(&c);
         return 0;
     }
-    v.ok = check_hello(cfg, &h, nonce, key, run_id, fingerprint, links, v.reason, sizeof v.reason);
+    v.ok = check_hello(cfg, &h, knocked, nonce, key, run_id, fingerprint, links, v.reason, sizeof v.reason);
     const int site = v.ok ? h.site : 0;
     if (!v.ok) printf("federation: refused a join: %s\n", v.reason);
-    else printf("federation: site %s joined (proof verified)\n", cfg->sites[site].name);
+    else if (rejoin_step < 0) printf("federation: site %s joined (proof verified)\n", cfg->sites[site].name);
+    else printf("federation: site %s rejoins at step %ld (proof verified)\n", cfg->sites[site].name, rejoin_step);
     fflush(stdout);
     verdict_mac(&v, nonce, h.nonce, key, v.mac);
     if (send_within(&v, sizeof v, TAG_VERDICT, c, deadline, "the verdict") != ISTH_OK || !v.ok) {
@@ -321,6 +378,24 @@ static int host_handshake(const Config *cfg, MPI_Comm c, const unsigned char key
     }
     links[site] = c;
     return site;
+}
+
+/* Try the knock of `site` if its value is new: 1 when the site is now in. */
+static int host_try_knock(Federation *f, const Config *cfg, int site, const unsigned char key[KEY_BYTES],
+                          const char *run_id, uint64_t fingerprint, long rejoin_step)
+{
+    char value[MPI_MAX_PORT_NAME];
+    knock_value(f, site, value);
+    if (!value[0] || !strncmp(value, f->knock_seen[site], sizeof f->knock_seen[site])) return 0;
+    snprintf(f->knock_seen[site], sizeof f->knock_seen[site], "%.63s", value); /* each value is tried once */
+    MPI_Comm c;
+    if (!host_accept_knock(f, site, value, &c)) {
+        printf("federation: site %s knocked but did not connect (a joiner that gave up, or a stale name)\n",
+               cfg->sites[site].name);
+        fflush(stdout);
+        return 0;
+    }
+    return host_handshake(cfg, c, site, key, run_id, fingerprint, f->leader_link, rejoin_step) == site;
 }
 
 static int host_accept_all(Federation *f, const Config *cfg, const unsigned char key[KEY_BYTES],
@@ -347,41 +422,69 @@ static int host_accept_all(Federation *f, const Config *cfg, const unsigned char
             return isth_fail(ISTH_ERUNTIME, "federation: site(s) %s did not join within %.0f s (outer.join_timeout)",
                              missing, cfg->outer.join_timeout);
         }
-        MPI_Comm c;
-        /* bounded by pmix_base_exchange_timeout (main.c): then try again */
-        if (MPI_Comm_accept(f->port, MPI_INFO_NULL, 0, MPI_COMM_SELF, &c) != MPI_SUCCESS) continue;
-        MPI_Comm_set_errhandler(c, MPI_ERRORS_RETURN);
-        joined += host_handshake(cfg, c, key, run_id, fingerprint, f->leader_link) > 0;
+        const int before = joined;
+        for (int s = 1; s < cfg->n_sites; s++)
+            if (f->leader_link[s] == MPI_COMM_NULL) joined += host_try_knock(f, cfg, s, key, run_id, fingerprint, -1);
+        if (joined == before) sleep_s(POLL_S);
     }
     return ISTH_OK;
 }
 
 /* --- a joiner (another site's first rank) ------------------------------------------ */
 
+/* Knock, wait for the host's answer with our value, connect. */
+static int joiner_knock_connect(Federation *f, double deadline, MPI_Comm *c)
+{
+    unsigned char raw[16];
+    char value[2 * sizeof raw + 1], come[MPI_MAX_PORT_NAME], name[160];
+    randombytes_buf(raw, sizeof raw);
+    sodium_bin2hex(value, sizeof value, raw, sizeof raw);
+    knock_name(f, "knock", f->site, name, sizeof name);
+    if (MPI_Publish_name(name, MPI_INFO_NULL, value) != MPI_SUCCESS)
+        return isth_fail(ISTH_ERUNTIME, "federation: cannot publish '%s' in the name service", name);
+    knock_name(f, "come", f->site, name, sizeof name);
+    int answered = 0;
+    while (!answered && now_s() < deadline) {
+        if (MPI_Lookup_name(name, MPI_INFO_NULL, come) == MPI_SUCCESS && !strcmp(come, value)) answered = 1;
+        else sleep_s(POLL_S);
+    }
+    *c = MPI_COMM_NULL;
+    if (answered && MPI_Comm_connect(f->port, MPI_INFO_NULL, 0, MPI_COMM_SELF, c) != MPI_SUCCESS) *c = MPI_COMM_NULL;
+    knock_name(f, "knock", f->site, name, sizeof name);
+    MPI_Unpublish_name(name, MPI_INFO_NULL, value); /* a later host poll finds no stale knock */
+    return ISTH_OK;
+}
+
 static int joiner_connect(Federation *f, const Config *cfg, const char *key_file, const char *run_id,
                           uint64_t fingerprint)
 {
     const double deadline = now_s() + cfg->outer.join_timeout;
     MPI_Comm c = MPI_COMM_NULL;
-    int found = 0;
+    int found = 0, have_key = 0;
     unsigned char key[KEY_BYTES];
     int rc = ISTH_OK;
     while (c == MPI_COMM_NULL) {
         if (now_s() > deadline) {
-            if (found) sodium_memzero(key, sizeof key);
+            if (have_key) sodium_memzero(key, sizeof key);
             return isth_fail(ISTH_ERUNTIME, "federation: %s: no host %s within %.0f s (outer.join_timeout)",
                              found ? "could not connect to" : "the name service does not know", f->service,
                              cfg->outer.join_timeout);
         }
-        if (!found && MPI_Lookup_name(f->service, MPI_INFO_NULL, f->port) != MPI_SUCCESS) {
-            sleep(1);
+        /* the port again after a failed connect: the host may have restarted */
+        if (MPI_Lookup_name(f->service, MPI_INFO_NULL, f->port) != MPI_SUCCESS) {
+            sleep_s(10 * POLL_S);
             continue;
         }
-        if (!found) { /* the host made the key before it published its name */
+        found = 1;
+        if (!have_key) { /* the host made the key before it published its name */
             CHECK(read_key(key_file, key));
-            found = 1;
+            have_key = 1;
         }
-        if (MPI_Comm_connect(f->port, MPI_INFO_NULL, 0, MPI_COMM_SELF, &c) != MPI_SUCCESS) c = MPI_COMM_NULL;
+        rc = joiner_knock_connect(f, deadline, &c);
+        if (rc != ISTH_OK) {
+            sodium_memzero(key, sizeof key);
+            return rc;
+        }
     }
     MPI_Comm_set_errhandler(c, MPI_ERRORS_RETURN);
     const double until = now_s() + 30.0;
@@ -402,18 +505,32 @@ static int joiner_connect(Federation *f, const Config *cfg, const char *key_file
         hello_mac(&h, nonce, key, h.mac);
         rc = send_within(&h, sizeof h, TAG_HELLO, c, until, "our hello");
     }
-    sodium_memzero(key, sizeof key);
     if (rc == ISTH_OK) rc = recv_within(&v, sizeof v, TAG_VERDICT, c, until, "the host's verdict");
-    if (rc == ISTH_OK && !v.ok) {
+    int proven = 0; /* the host proves the key too: an acceptance that does not verify is not one */
+    if (rc == ISTH_OK) {
+        unsigned char mac[crypto_auth_hmacsha256_BYTES];
+        verdict_mac(&v, nonce, h.nonce, key, mac);
+        proven = sodium_memcmp(mac, v.mac, sizeof mac) == 0;
+    }
+    sodium_memzero(key, sizeof key);
+    if (rc == ISTH_OK && !v.ok) { /* a refusal's reason is shown, verified or not: it grants nothing */
         v.reason[sizeof v.reason - 1] = '\0';
         rc = isth_fail(ISTH_EINPUT, "federation: site %s was refused by site %s: %s", cfg->sites[f->site].name,
                        cfg->sites[0].name, v.reason);
+    } else if (rc == ISTH_OK && !proven) {
+        rc = isth_fail(ISTH_EINPUT, "federation: the host of %s does not prove the run's key: not joining",
+                       f->service);
     }
     if (rc != ISTH_OK) {
         MPI_Comm_free(&c);
         return rc;
     }
-    printf("federation: site %s joined run %s at site %s\n", cfg->sites[f->site].name, run_id, cfg->sites[0].name);
+    f->rejoin_step = v.rejoin_step;
+    if (v.rejoin_step < 0)
+        printf("federation: site %s joined run %s at site %s\n", cfg->sites[f->site].name, run_id, cfg->sites[0].name);
+    else
+        printf("federation: site %s rejoins run %s at site %s's step %ld\n", cfg->sites[f->site].name, run_id,
+               cfg->sites[0].name, (long)v.rejoin_step);
     fflush(stdout);
     f->leader_link[0] = c;
     return ISTH_OK;
@@ -490,8 +607,10 @@ int federation_join(Federation *f, const Config *cfg, const char *site_name)
             rc = joiner_connect(f, cfg, path, run_id, fingerprint);
         }
     }
-    int site_rc = rc;
-    if (MPI_Bcast(&site_rc, 1, MPI_INT, 0, MPI_COMM_WORLD) != MPI_SUCCESS) site_rc = ISTH_ERUNTIME;
+    long outcome[2] = {rc, f->rejoin_step};
+    if (MPI_Bcast(outcome, 2, MPI_LONG, 0, MPI_COMM_WORLD) != MPI_SUCCESS) outcome[0] = ISTH_ERUNTIME;
+    int site_rc = (int)outcome[0];
+    f->rejoin_step = outcome[1];
     if (site_rc == ISTH_OK) site_rc = build_world(f, cfg);
     fault_watchdog_disarm();
     if (site_rc != ISTH_OK) return me == 0 ? rc != ISTH_OK ? rc : site_rc : site_rc;
@@ -502,6 +621,65 @@ int federation_join(Federation *f, const Config *cfg, const char *site_name)
         fflush(stdout);
     }
     return ISTH_OK;
+}
+
+/* --- the live rejoin (host side) ------------------------------------------------- */
+
+int federation_knocking(Federation *f, const Config *cfg, int site)
+{
+    int me, knocking = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &me);
+    if (me == 0) {
+        char value[MPI_MAX_PORT_NAME];
+        knock_value(f, site, value);
+        knocking = value[0] && strncmp(value, f->knock_seen[site], sizeof f->knock_seen[site]) != 0;
+    }
+    (void)cfg;
+    if (MPI_Bcast(&knocking, 1, MPI_INT, 0, MPI_COMM_WORLD) != MPI_SUCCESS) return 0;
+    return knocking;
+}
+
+int federation_rejoin(Federation *f, const Config *cfg, int site, long step, int *joined, MPI_Comm *old_world)
+{
+    int me;
+    MPI_Comm_rank(MPI_COMM_WORLD, &me);
+    *joined = 0;
+    *old_world = MPI_COMM_NULL;
+    if (cfg->n_sites != 2 || f->site != 0 || site != 1)
+        return isth_fail(ISTH_EINPUT, "federation: a live rejoin needs a two-site run hosted by its first site");
+    fault_watchdog_arm(cfg->outer.join_timeout + 60.0, "taking a site back into the run");
+    int in = 0;
+    if (me == 0) {
+        char path[CONFIG_PATH_MAX + 16], run_id[64];
+        key_path(cfg, path, sizeof path);
+        federation_run_id(cfg, run_id, sizeof run_id);
+        unsigned char key[KEY_BYTES];
+        if (read_key(path, key) == ISTH_OK) {
+            /* the old leaders' link goes (freed, not disconnected: the peer is dead) */
+            if (f->leader_link[site] != MPI_COMM_NULL) MPI_Comm_free(&f->leader_link[site]);
+            in = host_try_knock(f, cfg, site, key, run_id, federation_fingerprint(cfg), step);
+        }
+        sodium_memzero(key, sizeof key);
+    }
+    int rc = MPI_Bcast(&in, 1, MPI_INT, 0, MPI_COMM_WORLD) == MPI_SUCCESS ? ISTH_OK : ISTH_ERUNTIME;
+    if (rc == ISTH_OK && in) {
+        MPI_Comm was = f->world;
+        rc = build_world(f, cfg); /* sets f->world */
+        if (rc == ISTH_OK) {
+            *old_world = was;
+            *joined = 1;
+        } else {
+            f->world = was;
+        }
+    }
+    fault_watchdog_disarm();
+    return rc;
+}
+
+void federation_free_world(MPI_Comm *world)
+{
+    if (*world != MPI_COMM_WORLD && *world != MPI_COMM_NULL) MPI_Comm_free(world);
+    *world = MPI_COMM_NULL;
 }
 
 void federation_destroy(Federation *f)

@@ -6,7 +6,12 @@
  *
  * How sites join. The first site in the config's order hosts: its first
  * rank opens a port and publishes it as "isthmus-<run id>"; the first rank
- * of every other site looks the name up and connects. Only the two leaders
+ * of every other site looks the name up, knocks (publishes
+ * "isthmus-<run id>-knock-<site>" = a fresh value), and connects when the
+ * host answers "...-come-<site>" with that value just before it accepts
+ * (federation.c says why accept and connect are never left waiting on
+ * spec). The same knock takes a lost site back into a live two-site run:
+ * the host looks for it between steps (federation_knocking). Only the two leaders
  * take part (MPI_COMM_SELF): Open MPI 4.1 bounds a leader's accept and
  * connect by pmix_base_exchange_timeout (main.c sets it before MPI_Init),
  * where a collective accept would leave the other ranks waiting forever.
@@ -51,6 +56,8 @@ typedef struct {
     char service[96];    /* "isthmus-<run id>" */
     char port[MPI_MAX_PORT_NAME];
     int published;       /* the host's name is in the name service */
+    char knock_seen[CONFIG_MAX_SITES][64]; /* host: the knock value last tried per site */
+    long rejoin_step;    /* joiner: the live host's step to continue from; -1 the run is forming */
 } Federation;
 
 /* The joint launch: world = MPI_COMM_WORLD. */
@@ -61,6 +68,18 @@ void federation_joint(Federation *f);
  * key or config, and when the host refuses us; ISTH_ERUNTIME when a site
  * does not join within outer.join_timeout or the name service fails. */
 int federation_join(Federation *f, const Config *cfg, const char *site_name);
+
+/* The live rejoin, host side (two-site runs; the host's site is alone
+ * after the other site was lost). Between steps, collectively over the
+ * host's ranks: is the lost `site` knocking with a value not yet tried? */
+int federation_knocking(Federation *f, const Config *cfg, int site);
+/* Take the knocking site back in at `step`: the handshake as when the run
+ * formed (the verdict names the step), then a new world of both sites.
+ * *joined = 1 and *old_world = the world it replaces (free it with
+ * federation_free_world once nothing uses it); *joined = 0 when the joiner
+ * gave up or was refused: nothing changed. */
+int federation_rejoin(Federation *f, const Config *cfg, int site, long step, int *joined, MPI_Comm *old_world);
+void federation_free_world(MPI_Comm *world);
 
 /* Unpublish the name (host) and free the communicators (MPI_Comm_free:
  * Open MPI 4.1's MPI_Comm_disconnect hangs on a dead peer). */

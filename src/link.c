@@ -292,6 +292,34 @@ int link_wait_live(Link *l, LinkMsg *const *msgs, int n, const char *what, unsig
     return ISTH_OK;
 }
 
+int link_send_blob(Link *l, int peer, int tag, const void *data, size_t bytes, uint64_t seq, const char *what)
+{
+    LinkMsg m;
+    CHECK(link_msg_alloc(&m, peer, tag, sizeof(LinkHeader) + bytes, 0, 0));
+    memcpy(m.send + sizeof(LinkHeader), data, bytes);
+    link_frame(m.send, 0, LINK_CONTROL, 0, 0, seq, bytes, bytes);
+    m.recv_done = 1; /* one way */
+    LinkMsg *msgs[1] = {&m};
+    const int rc = link_wait(l, msgs, 1, what);
+    link_msg_free(&m);
+    return rc;
+}
+
+int link_recv_blob(Link *l, int peer, int tag, void *data, size_t bytes, uint64_t seq, const char *what)
+{
+    LinkMsg m;
+    CHECK(link_msg_alloc(&m, peer, tag, 0, sizeof(LinkHeader) + bytes, 0));
+    m.send_posted = 2; /* one way */
+    int rc = link_post_recv(l, &m);
+    LinkMsg *msgs[1] = {&m};
+    if (rc == ISTH_OK) rc = link_wait(l, msgs, 1, what);
+    const char *bad = rc == ISTH_OK ? link_check(m.recv, m.recv_bytes, LINK_CONTROL, 0, seq, bytes, bytes) : NULL;
+    if (bad) rc = isth_fail(ISTH_ERUNTIME, "link: %s: frame from world rank %d rejected: %s", what, peer, bad);
+    if (rc == ISTH_OK) memcpy(data, m.recv + sizeof(LinkHeader), bytes);
+    link_msg_free(&m);
+    return rc;
+}
+
 const char *link_check(const unsigned char *buf, size_t bytes, uint8_t kind, uint32_t fragment,
                        uint64_t exchange, uint64_t values, uint64_t payload_bytes)
 {

@@ -38,6 +38,7 @@ enum {
 #define LINK_TAG_CONTROL LINK_TAG(LINK_CONTROL, 0)
 #define LINK_TAG_SPREAD LINK_TAG(LINK_CONTROL + 1, 0) /* the butterfly spread probe */
 #define LINK_TAG_DROPPED LINK_TAG(LINK_CONTROL + 2, 0) /* "you missed our deadline": to a lost site */
+#define LINK_TAG_REJOIN LINK_TAG(LINK_CONTROL + 3, 0)  /* the live site's checkpoint, to a rejoining site */
 
 typedef struct {
     uint32_t magic;
@@ -158,6 +159,12 @@ void link_abandon(LinkMsg *m);
 /* Check a received frame. Returns NULL when valid, else the reason. */
 const char *link_check(const unsigned char *buf, size_t bytes, uint8_t kind, uint32_t fragment,
                        uint64_t exchange, uint64_t values, uint64_t payload_bytes);
+
+/* One framed block one way, blocking, within the deadline: the sender's
+ * `bytes` of data arrive in the receiver's data (the same size), checked
+ * (header, checksum, seq); ISTH_ERUNTIME naming `what` otherwise. */
+int link_send_blob(Link *l, int peer, int tag, const void *data, size_t bytes, uint64_t seq, const char *what);
+int link_recv_blob(Link *l, int peer, int tag, void *data, size_t bytes, uint64_t seq, const char *what);
 
 /* A blocking control exchange of `bytes` per site, collective over every
  * rank of every site: each site's first rank (site_leaders[s], ranks in the

@@ -11,6 +11,7 @@
 
 #include "alloc.h"
 #include "ckpt.h"
+#include "clock.h"
 #include "fault.h"
 #include "federation.h"
 #include "memory.h"
@@ -93,8 +94,8 @@ static int check_replicas(Trainer *tr)
  * Two sides that lost each other (a cut link, a stall on either side) both
  * send that notice; the one with the lower site index goes on and the
  * other stops, so one run never splits into two. A site dropped this way
- * stops with one line; it comes back when the run is next restarted from
- * checkpoints (--resume auto: a live rejoin is not built yet). */
+ * stops with one line; started again it rejoins the live run (two sites)
+ * or waits for the run's next restart from checkpoints. */
 static int check_dropped(Trainer *tr)
 {
     const Topology *t = &tr->topo;
@@ -107,12 +108,16 @@ static int check_dropped(Trainer *tr)
                 dropped_by = s;
     CHECK_MPI(MPI_Bcast(&dropped_by, 1, MPI_INT, 0, t->site_comm));
     if (dropped_by >= 0)
-        return isth_fail(ISTH_ERUNTIME, "site %s was dropped from the run by site %s by step %ld (one of them missed "
-                         "the other's deadline; the lower-numbered site goes on); it comes back when the run restarts "
-                         "from checkpoints (--resume auto)",
+        return isth_fail(ISTH_EDROPPED, "site %s was dropped from the run by site %s by step %ld (one of them missed "
+                         "the other's deadline; the lower-numbered site goes on); exit 3: start it again (--resume auto) "
+                         "and it rejoins the live run",
                          t->sites[t->site].name, t->sites[dropped_by].name, tr->step);
     return ISTH_OK;
 }
+
+/* The step at which each site was last lost (the host counts the tokens
+ * it did not train when it rejoins). */
+static long lost_at_step[CONFIG_MAX_SITES];
 
 /* Sites the link found lost during this step: they are told, and one line
  * and one metrics record each come from every site's logging rank. */
@@ -130,6 +135,8 @@ static int report_lost_sites(Trainer *tr)
     if (!tr->log) return ISTH_OK;
     int left = 0;
     for (int s = 0; s < t->n_sites; s++) left += !tr->red.link.lost[s];
+    for (int s = 0; s < t->n_sites; s++)
+        if (gone[s]) lost_at_step[s] = tr->step;
     for (int s = 0; s < t->n_sites; s++) {
         if (!gone[s]) continue;
         printf("site %s lost at step %ld: nothing from it in the %s within %.1f s; training on with %d site(s)\n",
@@ -217,28 +224,110 @@ static int stop_decided(Trainer *tr, int site_agreed)
     return tr->red.stop_agreed;
 }
 
+/* Create the trainer and check its outputs: world collectives, the same
+ * on every site in the same order (a rejoin repeats them on both sides). */
+static int trainer_start(Trainer *tr, const Config *cfg, MPI_Comm world, int federated, int banner)
+{
+    /* world-wide collectives (communicator splits): a site that fails in
+     * them must not leave the others waiting without a deadline */
+    if (federated) fault_watchdog_arm(cfg->outer.join_timeout + 60.0, "setting up the federated run");
+    int rc = trainer_create(tr, cfg, 1, world);
+    if (federated) fault_watchdog_disarm();
+    if (rc == ISTH_OK && tr->log && banner) {
+        printf("isthmus train: resolved configuration (%s)\n%s\n", cfg->source, tr->config_text);
+        topology_print(&tr->topo, cfg);
+        printf("model: %.3fM parameters, %.3fM active matrix parameters per token; %d threads per rank\n",
+               model_total_params(&cfg->model) / 1e6, model_active_matrix_params(&cfg->model) / 1e6,
+               tr->be ? tr->be->threads : 0);
+        fflush(stdout);
+    }
+    if (rc == ISTH_OK) rc = ckpt_check_outputs(tr);
+    return rc;
+}
+
+/* The host of a two-site run whose other site was lost, when that site
+ * knocks: everything in flight completes and the state goes to a
+ * checkpoint of this step; if the handshake succeeds, both sites build a
+ * new world, the host's trainer is made again over it (its state from that
+ * checkpoint, bit for bit) and the joiner's learners take copies of the
+ * host's. *stop: the site's pending stop vote said stop. */
+static int take_back(Trainer *tr, Federation *fed, const Config *cfg, StopVote *vote, int *stop)
+{
+    const int site = 1;
+    if (vote->pending) { /* the site communicator goes with the trainer */
+        CHECK_MPI(MPI_Wait(&vote->req, MPI_STATUS_IGNORE));
+        vote->pending = 0;
+        *stop |= vote->recv;
+    }
+    if (tr->mode != MODE_SYNC) CHECK(outer_drain(&tr->outer, &tr->red));
+    CHECK(ckpt_write(tr));
+    const double t0 = now_s();
+    const long step = tr->step;
+    const double tokens = (double)(step - lost_at_step[site]) * tr->topo.sites[site].tokens_per_step *
+                          tr->topo.sites[site].learners;
+    int joined = 0;
+    MPI_Comm old = MPI_COMM_NULL;
+    CHECK(federation_rejoin(fed, cfg, site, step, &joined, &old));
+    if (!joined) return ISTH_OK; /* it gave up or was refused: train on alone */
+    /* the run's traffic so far stays counted (the summary is of the whole run) */
+    const double sent = tr->red.link.bytes_sent, recv = tr->red.link.bytes_recv;
+    const double probes = tr->outer.spread.inter_site_bytes;
+    trainer_destroy(tr);
+    federation_free_world(&old);
+    CHECK(trainer_start(tr, cfg, fed->world, 1, 0));
+    tr->red.link.bytes_sent += sent;
+    tr->red.link.bytes_recv += recv;
+    tr->outer.spread.inter_site_bytes += probes;
+    char path[CONFIG_FILE_PATH_MAX + 64];
+    CHECK(ckpt_share(tr, step, path, sizeof path));
+    int damaged = 0;
+    CHECK(ckpt_load(tr, path, 0, &damaged));
+    static double tokens_lost_total;
+    tokens_lost_total += tokens;
+    if (tr->log) {
+        printf("site %s rejoined at step %ld (lost at step %ld): %.0f of its tokens not trained (%.0f in all), "
+               "%.1f s from its knock to training\n", cfg->sites[site].name, step, lost_at_step[site], tokens,
+               tokens_lost_total, now_s() - t0);
+        if (tr->metrics.f)
+            fprintf(tr->metrics.f, "{\"site_rejoined\":\"%s\",\"step\":%ld,\"lost_at\":%ld,\"tokens_lost\":%.0f,"
+                    "\"tokens_lost_total\":%.0f,\"rejoin_s\":%.3f}\n", cfg->sites[site].name, step,
+                    lost_at_step[site], tokens, tokens_lost_total, now_s() - t0);
+        fflush(stdout);
+        CHECK(metrics_flush(&tr->metrics));
+    }
+    return ISTH_OK;
+}
+
+/* The joiner of a live run: the host's checkpoint of the step it names
+ * becomes this site's state (the file goes once loaded: this site's own
+ * checkpoints follow). */
+static int rejoin_live(Trainer *tr, long step, double started)
+{
+    char path[CONFIG_FILE_PATH_MAX + 64];
+    CHECK(ckpt_share(tr, step, path, sizeof path));
+    CHECK(ckpt_load_copy(tr, path, 0));
+    int site_rank;
+    CHECK_MPI(MPI_Comm_rank(tr->topo.site_comm, &site_rank));
+    if (site_rank == 0) unlink(path);
+    if (tr->log) {
+        printf("rejoined the live run at step %ld, %.1f s after start\n", step, now_s() - started);
+        fflush(stdout);
+    }
+    return ISTH_OK;
+}
+
 int train_run(const Config *cfg, const char *resume, const char *site)
 {
+    const double started = now_s();
     /* the federated launch joins the sites first: the world spans them */
     static Federation fed; /* static: the world outlives a failed run's frame (fault_end_job) */
     federation_joint(&fed);
     if (site) CHECK(federation_join(&fed, cfg, site));
     Trainer tr;
-    /* world-wide collectives follow (communicator splits): a site that
-     * fails in them must not leave the others waiting without a deadline */
-    if (site) fault_watchdog_arm(cfg->outer.join_timeout + 60.0, "setting up the federated run");
-    int rc = trainer_create(&tr, cfg, 1, fed.world);
-    if (site) fault_watchdog_disarm();
-    if (rc == ISTH_OK && tr.log) {
-        printf("isthmus train: resolved configuration (%s)\n%s\n", cfg->source, tr.config_text);
-        topology_print(&tr.topo, cfg);
-        printf("model: %.3fM parameters, %.3fM active matrix parameters per token; %d threads per rank\n",
-               model_total_params(&cfg->model) / 1e6, model_active_matrix_params(&cfg->model) / 1e6,
-               tr.be ? tr.be->threads : 0);
-        fflush(stdout);
-    }
-    if (rc == ISTH_OK) rc = ckpt_check_outputs(&tr);
-    if (rc == ISTH_OK && resume) {
+    int rc = trainer_start(&tr, cfg, fed.world, site != NULL, 1);
+    if (rc == ISTH_OK && fed.rejoin_step >= 0) {
+        rc = rejoin_live(&tr, fed.rejoin_step, started);
+    } else if (rc == ISTH_OK && resume) {
         /* --resume auto: a step whose values a load finds damaged is passed
          * over and the sites agree on the next one; the chosen file is read
          * once (find checks structure and attributes, the load every value) */
@@ -277,6 +366,13 @@ int train_run(const Config *cfg, const char *resume, const char *site)
         if (rc != ISTH_OK) break;
         if (tr.red.link.lost_new) rc = report_lost_sites(&tr);
         if (rc == ISTH_OK && tr.red.link.survive && link_any_lost(&tr.red.link, tr.topo.n_sites)) rc = check_dropped(&tr);
+        /* the host of a two-site run takes a lost site back when it knocks */
+        if (rc == ISTH_OK && fed.federated && fed.site == 0 && cfg->n_sites == 2 && tr.red.link.lost[1] &&
+            tr.step < tc->steps && federation_knocking(&fed, cfg, 1)) {
+            int stop = 0;
+            rc = take_back(&tr, &fed, cfg, &vote, &stop);
+            if (stop) tr.red.stop_request = 1;
+        }
         if (rc != ISTH_OK) break;
         if (tr.log && (s.step % tc->log_every == 0 || s.step == tc->steps)) rc = metrics_step(&tr.metrics, &s);
         if (rc != ISTH_OK) break;

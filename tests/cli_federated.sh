@@ -10,9 +10,12 @@
 #  - no ompi-server: the site script says so in one line, exit 2, no hang;
 #    a host whose partner never comes gives up at outer.join_timeout, exit 1;
 #  - SIGKILL of site b's processes mid-run: site a logs the loss once within
-#    its deadline + 2 s, trains on alone and finishes with its model;
+#    its deadline + 2 s and trains on alone; b started again with --resume
+#    auto rejoins while a runs (a counts the tokens b did not train) and
+#    both sites end on the same model;
 #  - SIGSTOP of site b beyond the deadline: a trains on; after SIGCONT b
-#    finds a's notice, says it was dropped and exits 1 (no split run);
+#    finds a's notice, says it was dropped and exits 3 (no split run); the
+#    site script starts it again and it rejoins;
 #  - the joint launch: SIGKILL of one rank ends the whole job within seconds
 #    with a non-zero exit, the newest checkpoint is valid and --resume auto
 #    continues from it.
@@ -115,11 +118,11 @@ dt=$(($(date +%s) - t0))
 expect_exit 2 "--site c: no \[site.c\]" -- mpirun -q -np 1 "$ISTHMUS" train "$T" $RUN --site c
 expect_exit 2 "--site a: this mpirun has 2 ranks, \[site.a\] ranks = 1" -- mpirun -q --oversubscribe -np 2 "$ISTHMUS" train "$T" $RUN --site a
 
-# 5. losing site b: SIGKILL, then SIGSTOP/SIGCONT
+# 5. losing site b: SIGKILL (then a restart that rejoins), SIGSTOP/SIGCONT
 LONG="--set train.steps=400 --set outer.timeout=3 --set train.log_every=50"
-lose() { # lose NAME SIGNAL CONT_AFTER [train args...]
-    local name=$1 sig=$2 cont=$3 pids
-    shift 3
+lose() { # lose NAME SIGNAL CONT_AFTER RESTART [train args...]
+    local name=$1 sig=$2 cont=$3 restart=$4 pids
+    shift 4
     site a 1 "$WORK/$name" --set outer.run_id="$name" $LONG "$@" > "$WORK/${name}_a.log" 2>&1 &
     local a=$!
     site b 1 "$WORK/$name" --set outer.run_id="$name" $LONG "$@" > "$WORK/${name}_b.log" 2>&1 &
@@ -133,31 +136,52 @@ lose() { # lose NAME SIGNAL CONT_AFTER [train args...]
         # shellcheck disable=SC2086
         kill -CONT $pids
     fi
+    if [ -n "$restart" ]; then # b's mpirun ends with its rank; start the site again once a has lost it
+        wait $b
+        for _ in $(seq 1 200); do grep -q '^site b lost at step' "$WORK/${name}_a.log" && break; sleep 0.1; done
+        site b 1 "$WORK/$name" --set outer.run_id="$name" $LONG "$@" --resume auto > "$WORK/${name}_b2.log" 2>&1 &
+        b=$!
+    fi
     wait $a
     RA=$?
     wait $b
     RB=$?
 }
-lose killed KILL ""
+same_model() { # both sites' final checkpoints hold the same global model
+    local d=$1/checkpoints fa fb
+    fa=$(ls "$d"/a/ckpt-*.h5 2>/dev/null | tail -1)
+    fb=$(ls "$d"/b/ckpt-*.h5 2>/dev/null | tail -1)
+    [ -n "$fa" ] && [ "$(basename "$fa")" = "$(basename "$fb")" ] && h5diff "$fa" "$fb" /model /model > /dev/null 2>&1
+}
+lose killed KILL "" restart --set train.steps=1000 --set train.log_every=5 # a still trains when b comes back
 after=$(sed -n 's/^{"site_lost":"b",.*"after_s":\([0-9.]*\),.*/\1/p' "$WORK/killed/metrics.jsonl")
 if [ $RA -eq 0 ] && [ -f "$WORK/killed/model.h5" ] && [ "$(grep -c '^site b lost at step' "$WORK/killed_a.log")" -eq 1 ] &&
-    awk -v a="${after:-99}" 'BEGIN {exit !(a <= 3 + 2)}' && grep -q '^step  *400/400 .*| sites 1/2$' "$WORK/killed_a.log"; then
+    awk -v a="${after:-99}" 'BEGIN {exit !(a <= 3 + 2)}' && grep -q '^step  *[0-9]*/1000 .*| sites 1/2$' "$WORK/killed_a.log"; then
     pass "site b killed: site a logs the loss once after ${after} s (deadline 3 s), trains on ('sites 1/2' in its step lines) and writes its model"
 else
     fail "site b killed: a exit $RA, loss after '${after}' s: $(grep -h 'error\|lost' "$WORK"/killed_a.log | head -3)"
 fi
-lose butterfly KILL "" --set outer.mode=butterfly
+lost_tokens=$(sed -n 's/^{"site_rejoined":"b",.*"tokens_lost":\([0-9]*\),.*/\1/p' "$WORK/killed/metrics.jsonl")
+if [ $RB -eq 0 ] && grep -q '^site b rejoined at step [0-9]* (lost at step [0-9]*): [0-9]* of its tokens not trained' "$WORK/killed_a.log" &&
+    grep -q '^rejoined the live run at step' "$WORK/killed_b2.log" && [ "${lost_tokens:-0}" -gt 0 ] &&
+    grep -q '^step  *1000/1000 .*| link' "$WORK/killed_a.log" && same_model "$WORK/killed"; then
+    pass "site b restarted with --resume auto rejoins the live run ($(grep -m1 '^site b rejoined' "$WORK/killed_a.log" | cut -d: -f1), $lost_tokens tokens lost); both sites end on the same model"
+else
+    fail "rejoin after a kill: exits $RA/$RB: $(grep -h 'error\|rejoin' "$WORK"/killed_a.log "$WORK"/killed_b2.log | head -3)"
+fi
+lose butterfly KILL "" "" --set outer.mode=butterfly
 if [ $RA -eq 0 ] && [ -f "$WORK/butterfly/model.h5" ] && grep -q "rejected: learner 1: partner's site lost" "$WORK/butterfly_a.log"; then
     pass "butterfly, site b killed: rounds with the lost partner are skipped, a finishes"
 else
     fail "butterfly kill: a exit $RA: $(grep -h 'error' "$WORK"/butterfly_a.log | head -2)"
 fi
-lose stopped STOP 8 --set train.steps=1000 # a still trains when b wakes
-if [ $RA -eq 0 ] && [ $RB -eq 1 ] && grep -q "site b was dropped from the run by site a" "$WORK/stopped_b.log" &&
-    grep -q '^site b lost at step' "$WORK/stopped_a.log"; then
-    pass "site b stalled past the deadline: a trains on; b wakes, learns it was dropped, exit 1"
+lose stopped STOP 8 "" --set train.steps=1000 # a still trains when b wakes
+if [ $RA -eq 0 ] && [ $RB -eq 0 ] && grep -q "site b was dropped from the run by site a" "$WORK/stopped_b.log" &&
+    grep -q "starting it again to rejoin" "$WORK/stopped_b.log" && grep -q '^rejoined the live run at step' "$WORK/stopped_b.log" &&
+    grep -q '^site b lost at step' "$WORK/stopped_a.log" && same_model "$WORK/stopped"; then
+    pass "site b stalled past the deadline: a trains on; b wakes, learns it was dropped (exit 3), is started again and rejoins"
 else
-    fail "site b stalled: exits $RA/$RB: $(grep -h 'error' "$WORK"/stopped_?.log | head -2)"
+    fail "site b stalled: exits $RA/$RB: $(grep -h 'error\|rejoin' "$WORK"/stopped_?.log | head -3)"
 fi
 
 # 6. the joint launch: SIGKILL of one rank ends the job; the checkpoint resumes
