@@ -79,20 +79,30 @@ int metrics_step(Metrics *mt, const StepLog *s)
         snprintf(sites, sizeof sites, " | sites %d/%d", s->sites_present, s->n_sites);
         snprintf(json_sites, sizeof json_sites, ",\"sites_present\":%d", s->sites_present);
     }
+    /* and which sites have missed deadlines, how often */
+    char missed[160] = "", json_missed[192] = "";
+    for (int i = 0; i < s->n_sites && i < CONFIG_MAX_SITES; i++) {
+        if (s->misses[i] <= 0 || !s->site_names[i]) continue;
+        const size_t a = strlen(missed), b = strlen(json_missed);
+        snprintf(missed + a, sizeof missed - a, "%s %s %d", a ? "," : " | missed", s->site_names[i], s->misses[i]);
+        snprintf(json_missed + b, sizeof json_missed - b, "%s\"%s\":%d", b ? "," : ",\"deadline_misses\":{",
+                 s->site_names[i], s->misses[i]);
+    }
+    if (json_missed[0]) snprintf(json_missed + strlen(json_missed), sizeof json_missed - strlen(json_missed), "}");
     printf("step %6ld/%ld | loss %.4f | bpb %.4f | lr %.3e | gnorm %.3f | %8.0f tok/s | %7.1f ms"
-           " | aux %.4f z %.5f | drop %.1f%% | link %.0f B %.3f s%s\n",
+           " | aux %.4f z %.5f | drop %.1f%% | link %.0f B %.3f s%s%s\n",
            s->step, s->steps, s->loss, bpb, s->lr, s->grad_norm, s->tokens_per_s, s->ms_per_step,
-           s->aux_loss, s->z_loss, 100.0 * s->dropped_frac, s->inter_site_bytes, s->link_wait_s, sites);
+           s->aux_loss, s->z_loss, 100.0 * s->dropped_frac, s->inter_site_bytes, s->link_wait_s, sites, missed);
     fflush(stdout);
     if (!mt->f) return ISTH_OK;
     fprintf(mt->f,
             "{\"step\":%ld,\"loss\":%s,\"bpb\":%s,\"aux_loss\":%s,\"z_loss\":%s,\"lr\":%.6g,"
             "\"grad_norm\":%s,\"tokens_per_s\":%.1f,\"ms_per_step\":%.3f,\"tokens\":%.0f,"
-            "\"dropped_frac\":%s,\"a2a_bytes\":%.0f,\"inter_site_bytes\":%.0f,\"link_wait_s\":%.6f%s}\n",
+            "\"dropped_frac\":%s,\"a2a_bytes\":%.0f,\"inter_site_bytes\":%.0f,\"link_wait_s\":%.6f%s%s}\n",
             s->step, jnum("%.17g", s->loss).text, jnum("%.6f", bpb).text, jnum("%.6g", s->aux_loss).text,
             jnum("%.6g", s->z_loss).text, s->lr, jnum("%.6g", s->grad_norm).text, s->tokens_per_s,
             s->ms_per_step, s->tokens, jnum("%.6f", s->dropped_frac).text, s->a2a_bytes, s->inter_site_bytes,
-            s->link_wait_s, json_sites);
+            s->link_wait_s, json_sites, json_missed);
     return metrics_flush(mt);
 }
 

@@ -23,6 +23,10 @@ typedef struct {
     double a2a_bytes;     /* expert all-to-all bytes, sent + received, all ranks */
     double inter_site_bytes, link_wait_s;
     int sites_present, n_sites; /* federated launch: the sites still in the run */
+    /* federated launch: deadlines each site has missed in this run (each a
+     * loss, until it rejoined); site_names[s] for the line */
+    int misses[CONFIG_MAX_SITES];
+    const char *site_names[CONFIG_MAX_SITES];
 } StepLog;
 
 typedef struct {

@@ -118,6 +118,9 @@ static int check_dropped(Trainer *tr)
 /* The step at which each site was last lost (the host counts the tokens
  * it did not train when it rejoins). */
 static long lost_at_step[CONFIG_MAX_SITES];
+/* How often each site was lost (missed a deadline) in this run: the step
+ * line shows it (the count outlives a rejoin's new trainer). */
+static int lost_count[CONFIG_MAX_SITES];
 
 /* Sites the link found lost during this step: they are told, and one line
  * and one metrics record each come from every site's logging rank. */
@@ -136,7 +139,7 @@ static int report_lost_sites(Trainer *tr)
     int left = 0;
     for (int s = 0; s < t->n_sites; s++) left += !tr->red.link.lost[s];
     for (int s = 0; s < t->n_sites; s++)
-        if (gone[s]) lost_at_step[s] = tr->step;
+        if (gone[s]) lost_at_step[s] = tr->step, lost_count[s]++;
     for (int s = 0; s < t->n_sites; s++) {
         if (!gone[s]) continue;
         printf("site %s lost at step %ld: nothing from it in the %s within %.1f s; training on with %d site(s)\n",
@@ -374,6 +377,7 @@ int train_run(const Config *cfg, const char *resume, const char *site)
             if (stop) tr.red.stop_request = 1;
         }
         if (rc != ISTH_OK) break;
+        for (int k = 0; k < cfg->n_sites; k++) s.misses[k] = lost_count[k], s.site_names[k] = cfg->sites[k].name;
         if (tr.log && (s.step % tc->log_every == 0 || s.step == tc->steps)) rc = metrics_step(&tr.metrics, &s);
         if (rc != ISTH_OK) break;
         /* butterfly learners agree only at the end */

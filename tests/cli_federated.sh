@@ -156,8 +156,9 @@ same_model() { # both sites' final checkpoints hold the same global model
 lose killed KILL "" restart --set train.steps=1000 --set train.log_every=5 # a still trains when b comes back
 after=$(sed -n 's/^{"site_lost":"b",.*"after_s":\([0-9.]*\),.*/\1/p' "$WORK/killed/metrics.jsonl")
 if [ $RA -eq 0 ] && [ -f "$WORK/killed/model.h5" ] && [ "$(grep -c '^site b lost at step' "$WORK/killed_a.log")" -eq 1 ] &&
-    awk -v a="${after:-99}" 'BEGIN {exit !(a <= 3 + 2)}' && grep -q '^step  *[0-9]*/1000 .*| sites 1/2$' "$WORK/killed_a.log"; then
-    pass "site b killed: site a logs the loss once after ${after} s (deadline 3 s), trains on ('sites 1/2' in its step lines) and writes its model"
+    awk -v a="${after:-99}" 'BEGIN {exit !(a <= 3 + 2)}' && grep -q '^step  *[0-9]*/1000 .*| sites 1/2 | missed b 1$' "$WORK/killed_a.log" &&
+    grep -q '^step  *1000/1000 .*| missed b 1$' "$WORK/killed_a.log"; then
+    pass "site b killed: site a logs the loss once after ${after} s (deadline 3 s), trains on ('sites 1/2', 'missed b 1' in its step lines) and writes its model"
 else
     fail "site b killed: a exit $RA, loss after '${after}' s: $(grep -h 'error\|lost' "$WORK"/killed_a.log | head -3)"
 fi
