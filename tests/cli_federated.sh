@@ -170,11 +170,20 @@ if [ $RB -eq 0 ] && grep -q '^site b rejoined at step [0-9]* (lost at step [0-9]
 else
     fail "rejoin after a kill: exits $RA/$RB: $(grep -h 'error\|rejoin' "$WORK"/killed_a.log "$WORK"/killed_b2.log | head -3)"
 fi
-lose butterfly KILL "" "" --set outer.mode=butterfly
-if [ $RA -eq 0 ] && [ -f "$WORK/butterfly/model.h5" ] && grep -q "rejected: learner 1: partner's site lost" "$WORK/butterfly_a.log"; then
-    pass "butterfly, site b killed: rounds with the lost partner are skipped, a finishes"
+lose butterfly KILL "" restart --set outer.mode=butterfly --set train.steps=1000
+if [ $RA -eq 0 ] && [ $RB -eq 0 ] && [ -f "$WORK/butterfly/model.h5" ] &&
+    grep -q "rejected: learner 1: partner's site lost" "$WORK/butterfly_a.log" &&
+    grep -q '^rejoined the live run at step' "$WORK/butterfly_b2.log" && same_model "$WORK/butterfly"; then
+    pass "butterfly, site b killed: rounds with the lost partner are skipped; b restarted rejoins, the same final model"
 else
-    fail "butterfly kill: a exit $RA: $(grep -h 'error' "$WORK"/butterfly_a.log | head -2)"
+    fail "butterfly kill: exits $RA/$RB: $(grep -h 'error' "$WORK"/butterfly_a.log "$WORK"/butterfly_b2.log | head -2)"
+fi
+lose sync KILL "" restart --set outer.mode=sync --set train.steps=1000
+if [ $RA -eq 0 ] && [ $RB -eq 0 ] && grep -q '^site b lost at step' "$WORK/sync_a.log" &&
+    grep -q '^rejoined the live run at step' "$WORK/sync_b2.log" && same_model "$WORK/sync"; then
+    pass "sync, site b killed: a trains on as a one-site run; b restarted rejoins, the same final model"
+else
+    fail "sync kill: exits $RA/$RB: $(grep -h 'error' "$WORK"/sync_a.log "$WORK"/sync_b2.log | head -2)"
 fi
 lose stopped STOP 8 "" --set train.steps=1000 # a still trains when b wakes
 if [ $RA -eq 0 ] && [ $RB -eq 0 ] && grep -q "site b was dropped from the run by site a" "$WORK/stopped_b.log" &&
