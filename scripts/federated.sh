@@ -6,6 +6,7 @@
 #   federated.sh site URI SITE NP CONFIG [train args...]
 #                                       one site's mpirun (URI: the .uri file)
 #   federated.sh stop DIR               stop the ompi-server started in DIR
+#   federated.sh check URI              exit 0 when the server of that URI file answers
 #   federated.sh run DIR CONFIG SITE:NP [SITE:NP...] [-- train args...]
 #                                       all of it on this machine: the server,
 #                                       every site (logs DIR/SITE.log), then stop
@@ -114,6 +115,7 @@ case "${1:-}" in
 server) shift; cmd_server "$@" ;;
 stop) shift; cmd_stop "$@" ;;
 site) shift; cmd_site "$@" ;;
+check) shift; [ $# -eq 1 ] && reachable "$1" ;;
 run) shift; cmd_run "$@" ;;
 *) sed -n '2,16p' "$0" >&2; exit 2 ;;
 esac

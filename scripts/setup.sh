@@ -16,3 +16,19 @@ if [ -n "$missing" ]; then
     apt-get install -y -qq --no-install-recommends $missing >/dev/null
 fi
 echo "setup: all packages present"
+# Slurm and munge for tests/cli_slurm.sh only (daemons started by the
+# test itself, never as services): optional, the test is skipped without
+if [ "${ISTHMUS_SETUP_SLURM:-0}" = 1 ]; then
+    slurm_missing=""
+    for p in slurm-wlm munge; do
+        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || slurm_missing="$slurm_missing $p"
+    done
+    if [ -n "$slurm_missing" ]; then
+        echo "setup: installing$slurm_missing (for the Slurm tests)"
+        # shellcheck disable=SC2086
+        if ! { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+            $slurm_missing > /dev/null; }; then
+            echo "setup: Slurm could not be installed; tests/cli_slurm.sh will be skipped"
+        fi
+    fi
+fi

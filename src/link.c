@@ -46,6 +46,13 @@ void link_mark_lost(Link *l, int s, const char *what, double after_s)
     l->lost_after_s[s] = after_s;
 }
 
+void link_mark_left(Link *l, int s)
+{
+    if (s < 0 || s >= LINK_MAX_SITES || l->lost[s]) return;
+    link_mark_lost(l, s, "its own stop request", 0.0);
+    l->left[s] = 1;
+}
+
 int link_any_lost(const Link *l, int n_sites)
 {
     for (int s = 0; s < n_sites && s < LINK_MAX_SITES; s++)

@@ -86,6 +86,7 @@ typedef struct {
     int lost_new;                  /* sites lost since link_take_lost */
     char lost_what[LINK_MAX_SITES][64]; /* the operation that found each loss */
     double lost_after_s[LINK_MAX_SITES]; /* how long it waited */
+    unsigned char left[LINK_MAX_SITES];  /* lost because it stopped on its own request (a signal) */
     double bytes_sent, bytes_recv; /* cumulative, this rank, between sites */
     double intra_sent, intra_recv; /* messages whose peer is in this rank's site (butterfly) */
     double wait_s;                 /* cumulative time blocked completing */
@@ -103,6 +104,9 @@ void link_init(Link *l, MPI_Comm comm, double timeout_s, const char *site_name);
 void link_survive(Link *l, int on);
 /* Site s is lost: found by `what` after waiting `after_s` (idempotent). */
 void link_mark_lost(Link *l, int s, const char *what, double after_s);
+/* Site s left: it stopped on a signal to its job, after the checkpoint all
+ * sites wrote at the agreed step (lost from now on, without a deadline). */
+void link_mark_left(Link *l, int s);
 /* Is any of the n_sites lost? */
 int link_any_lost(const Link *l, int n_sites);
 /* Newly lost sites since the last call (0 or 1 each in out[n_sites]);

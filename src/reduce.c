@@ -16,7 +16,9 @@
 
 /* A site verdict: one byte per site (its payload accepted), then one byte
  * "go on" (0: this site asks every site to stop). */
-static size_t site_verdict_bytes(const Topology *t) { return (size_t)t->n_sites + 1; }
+/* A verdict: per site, its payload was accepted; then per site, it does
+ * not ask to stop (0 = it asks: the AND over sites keeps every request). */
+static size_t site_verdict_bytes(const Topology *t) { return 2 * (size_t)t->n_sites; }
 
 static int build_fragment(Reducer *r, int f)
 {
@@ -451,7 +453,7 @@ static void append_reason(char *buf, size_t cap, const char *site, const char *w
 }
 
 /* (4) verdicts: which sites' payloads every site accepted; the stop vote
- * rides along (ok[n_sites] = 0 when a site asks to stop). alive[s] = 0 for
+ * rides along (ok[n_sites + s] = 0 when site s asks to stop). alive[s] = 0 for
  * a site this rank found late (federated launch: lost from now on); a
  * verdict that misses the deadline makes its site late too. Both are
  * agreed inside the site, then lost sites are marked in the link. */
@@ -460,9 +462,9 @@ static int agree(Reducer *r, FragPlan *fp, int f, unsigned char *ok, unsigned ch
     const Topology *t = r->topo;
     const int S = t->n_sites;
     const size_t nv = site_verdict_bytes(t);
-    unsigned char buf[2 * CONFIG_MAX_SITES + 1];
+    unsigned char buf[3 * CONFIG_MAX_SITES];
     memcpy(buf, ok, (size_t)S);
-    buf[S] = !r->stop_request;
+    for (int s = 0; s < S; s++) buf[S + s] = s != t->site || !r->stop_request;
     memcpy(buf + nv, alive, (size_t)S);
     CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, buf, (int)nv + S, MPI_UNSIGNED_CHAR, MPI_MIN, t->site_comm));
     if (r->leader && fp->site.n) {
@@ -528,7 +530,8 @@ static int agree(Reducer *r, FragPlan *fp, int f, unsigned char *ok, unsigned ch
             link_mark_lost(&r->link, s, what, w);
         }
     }
-    if (!buf[S]) r->stop_agreed = 1;
+    for (int s = 0; s < S; s++)
+        if (!buf[S + s]) r->stop_agreed = 1, r->stop_sites[s] = 1;
     return ISTH_OK;
 }
 

@@ -124,6 +124,7 @@ typedef struct {
      * request, the same on every rank of a site; see docs/architecture.md) */
     int stop_request;          /* this site asks to stop */
     int stop_agreed;           /* a finished site exchange carried a stop request */
+    unsigned char stop_sites[CONFIG_MAX_SITES]; /* which sites asked (site exchanges; not butterfly) */
     long stop_round;           /* butterfly: earliest round in which a learner asked to stop, -1 none */
 } Reducer;
 

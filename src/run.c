@@ -143,8 +143,12 @@ static int report_lost_sites(Trainer *tr)
         if (gone[s]) lost_at_step[s] = tr->step, lost_count[s]++;
     for (int s = 0; s < t->n_sites; s++) {
         if (!gone[s]) continue;
-        printf("site %s lost at step %ld: nothing from it in the %s within %.1f s; training on with %d site(s)\n",
-               t->sites[s].name, tr->step, tr->red.link.lost_what[s], tr->red.link.lost_after_s[s], left);
+        if (tr->red.link.left[s])
+            printf("site %s left at step %ld: its job stopped on a signal (all sites checkpointed this step); "
+                   "training on with %d site(s); started again, it rejoins\n", t->sites[s].name, tr->step, left);
+        else
+            printf("site %s lost at step %ld: nothing from it in the %s within %.1f s; training on with %d site(s)\n",
+                   t->sites[s].name, tr->step, tr->red.link.lost_what[s], tr->red.link.lost_after_s[s], left);
         if (tr->metrics.f)
             fprintf(tr->metrics.f, "{\"site_lost\":\"%s\",\"step\":%ld,\"what\":\"%s\",\"after_s\":%.3f,\"sites_left\":%d}\n",
                     t->sites[s].name, tr->step, tr->red.link.lost_what[s], tr->red.link.lost_after_s[s], left);
@@ -218,6 +222,27 @@ static int stop_vote(StopVote *v, MPI_Comm site_comm, int local, int *site_agree
     CHECK_MPI(MPI_Iallreduce(&v->send, &v->recv, 1, MPI_INT, MPI_MAX, site_comm, &v->req));
     v->pending = 1;
     return ISTH_OK;
+}
+
+/* The federated launch, after the checkpoint of an agreed stop: a stop
+ * that only sites other than the first asked for (their jobs' time limit,
+ * scancel, preemption) lets those sites leave — they exit 0 and, started
+ * again, rejoin — while the others train on; 1 when this site trains on.
+ * A stop the first site asks for, or any in butterfly (whose vote does not
+ * say who asked), ends the whole run. The same on every rank of every site
+ * still in (the request bits came with the agreed verdicts). */
+static int others_leave(Trainer *tr)
+{
+    const Topology *t = &tr->topo;
+    Reducer *r = &tr->red;
+    int any = 0;
+    for (int s = 1; s < t->n_sites; s++) any |= r->stop_sites[s];
+    if (!r->link.survive || tr->outer.butterfly || !any || r->stop_sites[0] || r->stop_sites[t->site]) return 0;
+    for (int s = 1; s < t->n_sites; s++)
+        if (r->stop_sites[s]) link_mark_left(&r->link, s);
+    r->stop_agreed = 0;
+    memset(r->stop_sites, 0, sizeof r->stop_sites);
+    return 1;
 }
 
 /* Has every site agreed to stop after this step? */
@@ -398,7 +423,11 @@ int train_run(const Config *cfg, const char *resume, const char *site)
             if (rc == ISTH_OK) rc = ckpt_write(&tr);
             ckpt_due = 0;
             if (rc != ISTH_OK) break;
-            if (stopping) {
+            if (stopping && others_leave(&tr)) {
+                stopping = 0;
+                rc = report_lost_sites(&tr);
+                if (rc != ISTH_OK) break;
+            } else if (stopping) {
                 if (tr.log) printf("stopping after step %ld on request (signal); resume with --resume auto\n", tr.step);
                 break;
             }

@@ -1,0 +1,86 @@
+# lib.sh — what the isthmus job scripts share (sourced, not run): finding
+# the executable, choosing the launcher, waiting for ompi-server, and
+# running the launch with the signals Slurm sends passed on.
+#
+# Slurm runs a copy of the batch script from its spool directory, so the
+# scripts find this file and the tree through SLURM_SUBMIT_DIR (submit from
+# the isthmus tree) or ISTHMUS_JOBS / ISTHMUS (set them to submit from
+# elsewhere).
+
+# ISTHMUS (the executable) and ISTHMUS_TREE (its source tree, for scripts/).
+isthmus_locate() {
+    ISTHMUS_TREE=$(cd "${ISTHMUS_JOBS:-${SLURM_SUBMIT_DIR:-.}/jobs}/.." && pwd)
+    if [ -z "${ISTHMUS:-}" ]; then
+        if [ -x "$ISTHMUS_TREE/isthmus" ]; then ISTHMUS=$ISTHMUS_TREE/isthmus
+        else ISTHMUS=$(command -v isthmus || true)
+        fi
+    fi
+    [ -n "$ISTHMUS" ] && [ -x "$ISTHMUS" ] || {
+        echo "isthmus job: no isthmus executable (set ISTHMUS, or submit from a built tree)" >&2
+        return 2
+    }
+    export ISTHMUS ISTHMUS_TREE
+}
+
+# The resolved value of section.key in CONFIG with the given --set args.
+isthmus_config_value() {
+    local config=$1 key=$2
+    shift 2
+    "$ISTHMUS" config "$config" "$@" 2> /dev/null |
+        awk -v sec="[${key%%.*}]" -v k="${key#*.}" '
+            /^\[/ { in_sec = ($0 == sec) } in_sec && $1 == k && $2 == "=" { sub(/^[^=]*= */, ""); print; exit }'
+}
+
+# Wait up to SECONDS for ompi-server's URI file to exist and answer.
+isthmus_wait_server() {
+    local uri=$1 wait=$2 n=0
+    while ! { [ -s "$uri" ] && "$ISTHMUS_TREE/scripts/federated.sh" check "$uri" 2> /dev/null; }; do
+        n=$((n + 1))
+        if [ $n -gt "$wait" ]; then
+            echo "isthmus job: ompi-server URI file $uri missing or not answering after $wait s (submit jobs/ompi-server.sbatch first)" >&2
+            return 2
+        fi
+        sleep 1
+    done
+}
+
+# LAUNCH: the command that starts NTASKS ranks in this allocation.
+isthmus_launcher() {
+    local ntasks=$1 how=${ISTHMUS_LAUNCHER:-auto}
+    if [ "$how" = auto ]; then
+        how=mpirun
+        srun --mpi=list 2>&1 | grep -q pmix && how=srun
+    fi
+    case $how in
+    srun) LAUNCH=(srun --mpi=pmix --kill-on-bad-exit=1) ;;
+    # shellcheck disable=SC2206
+    mpirun) LAUNCH=(mpirun ${ISTHMUS_MPIRUN_ARGS:-} -np "$ntasks") ;;
+    *) echo "isthmus job: ISTHMUS_LAUNCHER=$how: srun, mpirun or auto" >&2; return 2 ;;
+    esac
+    echo "isthmus job: launching with ${LAUNCH[*]}"
+}
+
+# Run the command in the background, pass USR1/TERM/INT on to it (the
+# time-limit warning and cancellation: isthmus checkpoints and exits 0),
+# and return its exit status. After a stop on USR1 the job requeues itself
+# (ISTHMUS_REQUEUE=1, the default) so that the run continues.
+isthmus_run() {
+    local child rc signalled=
+    trap 'signalled=USR1; [ -n "${child:-}" ] && kill -USR1 "$child" 2> /dev/null' USR1
+    trap 'signalled=TERM; [ -n "${child:-}" ] && kill -TERM "$child" 2> /dev/null' TERM INT
+    "$@" &
+    child=$!
+    wait "$child"
+    rc=$?
+    while kill -0 "$child" 2> /dev/null; do # a trap interrupted the wait
+        wait "$child"
+        rc=$?
+    done
+    trap - USR1 TERM INT
+    echo "isthmus job: exit $rc${signalled:+ after SIG$signalled}, $(date -u +%FT%TZ)"
+    if [ "$signalled" = USR1 ] && [ $rc -eq 0 ] && [ "${ISTHMUS_REQUEUE:-1}" = 1 ] && [ -n "${SLURM_JOB_ID:-}" ]; then
+        echo "isthmus job: stopped before the time limit; requeueing job $SLURM_JOB_ID to continue"
+        scontrol requeue "$SLURM_JOB_ID"
+    fi
+    return $rc
+}

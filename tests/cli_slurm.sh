@@ -1,0 +1,143 @@
+#!/bin/bash
+# cli_slurm.sh — the job scripts of jobs/ submitted to a real Slurm
+# controller on this machine (tests/slurm/cluster.sh: munged, slurmctld and
+# two slurmd as the nodes siteA and siteB), each on tiny.ini:
+#  - site.sbatch trains and writes its model (srun --mpi=pmix chosen by itself);
+#  - two-site.sbatch, one heterogeneous job (a component per site), trains
+#    across both in diloco with fp4 and its log shows the inter-site bytes;
+#  - a job whose time limit comes checkpoints on Slurm's USR1 and exits 0;
+#  - `scontrol requeue` of a running job: it resumes from its checkpoint in
+#    its next start and ends on the same model as an undisturbed run;
+#  - the federated pair (ompi-server.sbatch, site.sbatch a and b): scancel
+#    of site b's job lets b leave while a trains on; b submitted again
+#    rejoins the live run and both end on the same model.
+# Skipped (visibly) when the Slurm packages are not installed.
+. "$TOP_SRCDIR/tests/lib.sh"
+if ! command -v slurmctld > /dev/null || ! command -v slurmd > /dev/null || ! command -v munged > /dev/null; then
+    echo "1..0 # SKIP Slurm is not installed (apt-get install slurm-wlm munge)"
+    exit 0
+fi
+CLUSTER="$TOP_SRCDIR/tests/slurm/cluster.sh"
+CL="$WORK/cluster"
+trap '"$CLUSTER" stop "$CL"; rm -rf "$WORK"' EXIT
+if ! "$CLUSTER" start "$CL" > "$WORK/cluster.log" 2>&1; then
+    fail "the Slurm cluster did not start: $(tail -2 "$WORK/cluster.log")"
+    finish
+    exit 1
+fi
+export SLURM_CONF="$CL/slurm.conf"
+pass "munged, slurmctld and two slurmd (siteA, siteB) are up, both nodes idle"
+# both nodes are this host: Open MPI keeps to its local transports
+export OMPI_MCA_btl=self,vader,tcp ISTHMUS_JOBS="$TOP_SRCDIR/jobs"
+T="$CONFIGS/tiny.ini"
+SHORT="--set data.eval_bytes=4096 --set train.log_every=50"
+
+job_field() { scontrol show job "$1" 2> /dev/null | tr ' ' '\n' | sed -n "s/^$2=//p" | head -1; }
+wait_state() { # wait_state JOB STATE SECONDS
+    local n=0
+    while [ "$(job_field "$1" JobState)" != "$2" ]; do
+        n=$((n + 1))
+        [ $n -gt $(($3 * 5)) ] && return 1
+        sleep 0.2
+    done
+}
+wait_log() { # wait_log FILE PATTERN SECONDS
+    local n=0
+    while ! grep -q "$2" "$1" 2> /dev/null; do
+        n=$((n + 1))
+        [ $n -gt $(($3 * 5)) ] && return 1
+        sleep 0.2
+    done
+}
+
+# 1. one site, srun --mpi=pmix (the script's own choice here)
+ISTHMUS_OUT="$WORK/one" ISTHMUS_ARGS="$SHORT --set train.steps=30" timeout 180 \
+    sbatch --wait -N1 --ntasks-per-node=2 -w siteA -o "$WORK/one.log" "$TOP_SRCDIR/jobs/site.sbatch" "$T" > /dev/null
+rc=$?
+if [ $rc -eq 0 ] && [ -f "$WORK/one/model.h5" ] && grep -q "launching with srun --mpi=pmix" "$WORK/one.log" &&
+    grep -q "^wrote .*one/model.h5 (step 30)" "$WORK/one.log"; then
+    pass "site.sbatch: 2 ranks through srun --mpi=pmix train and write the model"
+else
+    fail "site.sbatch: sbatch exit $rc: $(grep -h 'error' "$WORK/one.log" | head -2)"
+fi
+
+# 2. the joint launch as one heterogeneous job; both nodes are this host,
+# so one mpirun starts every rank here (see jobs/README.md)
+ISTHMUS_LAUNCHER=mpirun ISTHMUS_MPIRUN_ARGS="-q --mca plm isolated --mca ras ^slurm --oversubscribe" \
+    ISTHMUS_OUT="$WORK/het" ISTHMUS_ARGS="$SHORT --set site.a.ranks=1 --set site.b.ranks=1 --set outer.mode=diloco
+ --set outer.codec=fp4 --set outer.inner_steps=4 --set train.steps=40" timeout 180 \
+    sbatch --wait -o "$WORK/het.log" -w siteA : -w siteB "$TOP_SRCDIR/jobs/two-site.sbatch" "$T" > /dev/null
+rc=$?
+bytes=$(sed -n 's/^inter-site traffic: \([0-9]*\) bytes.*/\1/p' "$WORK/het.log")
+if [ $rc -eq 0 ] && grep -q "component 0: 1 rank(s) on siteA, component 1: 1 rank(s) on siteB" "$WORK/het.log" &&
+    [ "${bytes:-0}" -gt 0 ] && [ -f "$WORK/het/model.h5" ]; then
+    pass "two-site.sbatch: a heterogeneous job (siteA + siteB) trains diloco/fp4 across both, $bytes inter-site bytes"
+else
+    fail "two-site.sbatch: sbatch exit $rc: $(grep -h 'error\|components' "$WORK/het.log" | head -2)"
+fi
+
+# 3. the time limit: USR1 before it, a checkpoint, exit 0 (no requeue here)
+ISTHMUS_REQUEUE=0 ISTHMUS_OUT="$WORK/limit" ISTHMUS_ARGS="$SHORT --set train.steps=10000000" timeout 240 \
+    sbatch --wait -N1 -w siteA --time=1 --signal=B:USR1@45 -o "$WORK/limit.log" "$TOP_SRCDIR/jobs/site.sbatch" "$T" \
+    > "$WORK/limit.id"
+rc=$?
+jid=$(sed -n 's/^Submitted batch job //p' "$WORK/limit.id")
+newest=$(ls "$WORK"/limit/checkpoints/*/ckpt-*.h5 2> /dev/null | tail -1)
+if [ $rc -eq 0 ] && grep -q "^stopping after step [0-9]* on request (signal)" "$WORK/limit.log" &&
+    grep -q "exit 0 after SIGUSR1" "$WORK/limit.log" && [ "$(job_field "$jid" JobState)" = COMPLETED ] &&
+    [ -n "$newest" ] && "$ISTHMUS" inspect "$newest" 2> /dev/null | grep -q '^verdict: valid'; then
+    pass "time limit: USR1 after $(job_field "$jid" RunTime) of a 1-min limit, checkpoint $(basename "$newest") valid, exit 0 (COMPLETED)"
+else
+    fail "time limit: sbatch exit $rc, state $(job_field "$jid" JobState): $(grep -h 'error\|stopping' "$WORK/limit.log" | head -2)"
+fi
+
+# 4. scontrol requeue: the job resumes from its checkpoint and ends on the
+# model of an undisturbed run (outside Slurm, the same settings)
+RQ="$SHORT --set train.steps=1500 --set checkpoint.every=100"
+# shellcheck disable=SC2086
+mpi 1 "$ISTHMUS" train "$T" $RQ --set train.out_dir="$WORK/ref" > "$WORK/ref.log" 2>&1 || fail "reference run failed"
+jid=$(ISTHMUS_OUT="$WORK/rq" ISTHMUS_ARGS="$RQ" sbatch --parsable -N1 -w siteA -o "$WORK/rq.log" \
+    "$TOP_SRCDIR/jobs/site.sbatch" "$T")
+wait_log "$WORK/rq.log" '^step  *300/' 120 && scontrol requeue "$jid"
+# Slurm holds a requeued job back (its begin time ~2 min ahead): start it now
+for _ in $(seq 1 100); do [ "$(job_field "$jid" JobState)" = PENDING ] && break; sleep 0.2; done
+scontrol update JobId="$jid" StartTime=now 2> /dev/null
+wait_state "$jid" COMPLETED 240
+if [ "$(job_field "$jid" JobState)" = COMPLETED ] && [ "$(job_field "$jid" Restarts)" = 1 ] &&
+    grep -q "(restart 1)" "$WORK/rq.log" && grep -q "^resumed from .*ckpt-" "$WORK/rq.log" &&
+    h5diff "$WORK/ref/model.h5" "$WORK/rq/model.h5" /model /model > /dev/null 2>&1; then
+    pass "scontrol requeue: $(grep -m1 '^resumed from' "$WORK/rq.log" | sed 's|.*/||; s|:.*||') resumed; the final model is the undisturbed run's, bit for bit"
+else
+    fail "requeue: state $(job_field "$jid" JobState), restarts $(job_field "$jid" Restarts): $(grep -h 'error\|resumed' "$WORK/rq.log" | head -2)"
+fi
+
+# 5. the federated pair: ompi-server's job, one job per site; scancel of
+# site b's job, then b submitted again
+FED="$SHORT --set site.a.ranks=1 --set site.b.ranks=1 --set outer.mode=diloco --set outer.codec=fp4
+ --set outer.inner_steps=4 --set train.steps=1500 --set outer.timeout=5 --set outer.run_id=slurm-fed"
+URI="$WORK/fed/ompi-server.uri"
+sjid=$(sbatch --parsable -w siteA -o "$WORK/server.log" "$TOP_SRCDIR/jobs/ompi-server.sbatch" "$URI")
+submit_site() { # submit_site NAME NODE LOG
+    ISTHMUS_SITE=$1 ISTHMUS_SERVER="$URI" ISTHMUS_OUT="$WORK/fed" ISTHMUS_ARGS="$FED" ISTHMUS_MPIRUN_ARGS="-q" \
+        sbatch --parsable -w "$2" -o "$3" "$TOP_SRCDIR/jobs/site.sbatch" "$T"
+}
+ajid=$(submit_site a siteA "$WORK/fed_a.log")
+bjid=$(submit_site b siteB "$WORK/fed_b.log")
+wait_log "$WORK/fed_a.log" '^step  *200/' 180 && scancel "$bjid"
+wait_log "$WORK/fed_a.log" '^site b left at step\|^site b lost at step' 60
+b2jid=$(submit_site b siteB "$WORK/fed_b2.log")
+wait_state "$ajid" COMPLETED 300
+wait_state "$b2jid" COMPLETED 120
+scancel "$sjid"
+fa=$(ls "$WORK"/fed/checkpoints/a/ckpt-*.h5 2> /dev/null | tail -1)
+fb=$(ls "$WORK"/fed/checkpoints/b/ckpt-*.h5 2> /dev/null | tail -1)
+if [ "$(job_field "$ajid" JobState)" = COMPLETED ] && [ "$(job_field "$b2jid" JobState)" = COMPLETED ] &&
+    grep -q '^site b \(left\|lost\) at step' "$WORK/fed_a.log" && grep -q '^site b rejoined at step' "$WORK/fed_a.log" &&
+    grep -q '^rejoined the live run at step' "$WORK/fed_b2.log" && [ -n "$fa" ] &&
+    [ "$(basename "$fa")" = "$(basename "$fb")" ] && h5diff "$fa" "$fb" /model /model > /dev/null 2>&1; then
+    pass "federated jobs: scancel of b ($(grep -m1 '^site b \(left\|lost\) at step' "$WORK/fed_a.log" | cut -d: -f1)), a trains on, b resubmitted rejoins; the same final model"
+else
+    fail "federated jobs: a $(job_field "$ajid" JobState), b2 $(job_field "$b2jid" JobState): $(grep -h 'error\|left\|lost\|rejoin' "$WORK"/fed_*.log | head -3)"
+fi
+
+finish || exit 1
