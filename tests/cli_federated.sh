@@ -13,6 +13,9 @@
 #    its deadline + 2 s and trains on alone; b started again with --resume
 #    auto rejoins while a runs (a counts the tokens b did not train) and
 #    both sites end on the same model;
+#  - SIGTERM of site b (its job cancelled): all sites checkpoint the agreed
+#    step, b leaves (exit 0) and a trains on without waiting for a deadline;
+#    b started again rejoins;
 #  - SIGSTOP of site b beyond the deadline: a trains on; after SIGCONT b
 #    finds a's notice, says it was dropped and exits 3 (no split run); the
 #    site script starts it again and it rejoins;
@@ -138,7 +141,7 @@ lose() { # lose NAME SIGNAL CONT_AFTER RESTART [train args...]
     fi
     if [ -n "$restart" ]; then # b's mpirun ends with its rank; start the site again once a has lost it
         wait $b
-        for _ in $(seq 1 200); do grep -q '^site b lost at step' "$WORK/${name}_a.log" && break; sleep 0.1; done
+        for _ in $(seq 1 200); do grep -q '^site b \(lost\|left\) at step' "$WORK/${name}_a.log" && break; sleep 0.1; done
         site b 1 "$WORK/$name" --set outer.run_id="$name" $LONG "$@" --resume auto > "$WORK/${name}_b2.log" 2>&1 &
         b=$!
     fi
@@ -184,6 +187,14 @@ if [ $RA -eq 0 ] && [ $RB -eq 0 ] && grep -q '^site b lost at step' "$WORK/sync_
     pass "sync, site b killed: a trains on as a one-site run; b restarted rejoins, the same final model"
 else
     fail "sync kill: exits $RA/$RB: $(grep -h 'error' "$WORK"/sync_a.log "$WORK"/sync_b2.log | head -2)"
+fi
+lose left TERM "" restart --set train.steps=1000 # b's job is cancelled (SIGTERM), then started again
+if [ $RA -eq 0 ] && [ $RB -eq 0 ] && grep -q '^site b left at step [0-9]*: its job stopped on a signal' "$WORK/left_a.log" &&
+    grep -q '^stopping after step [0-9]* on request (signal)' "$WORK/left_b.log" &&
+    grep -q '^rejoined the live run at step' "$WORK/left_b2.log" && same_model "$WORK/left"; then
+    pass "SIGTERM to site b: b checkpoints and leaves (exit 0), a trains on at once ($(grep -m1 '^site b left' "$WORK/left_a.log" | cut -d: -f1)); b started again rejoins"
+else
+    fail "site b left: exits $RA/$RB: $(grep -h 'error\|left\|rejoin' "$WORK"/left_?.log "$WORK"/left_b2.log | head -3)"
 fi
 lose stopped STOP 8 "" --set train.steps=1000 # a still trains when b wakes
 if [ $RA -eq 0 ] && [ $RB -eq 0 ] && grep -q "site b was dropped from the run by site a" "$WORK/stopped_b.log" &&

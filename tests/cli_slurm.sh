@@ -33,19 +33,22 @@ T="$CONFIGS/tiny.ini"
 SHORT="--set data.eval_bytes=4096 --set train.log_every=50"
 
 job_field() { scontrol show job "$1" 2> /dev/null | tr ' ' '\n' | sed -n "s/^$2=//p" | head -1; }
-wait_state() { # wait_state JOB STATE SECONDS
-    local n=0
-    while [ "$(job_field "$1" JobState)" != "$2" ]; do
+wait_state() { # wait_state JOB STATE SECONDS: until the state, the deadline, or another end state
+    local n=0 st
+    while st=$(job_field "$1" JobState) && [ "$st" != "$2" ]; do
         n=$((n + 1))
         [ $n -gt $(($3 * 5)) ] && return 1
+        case $st in COMPLETED | FAILED | CANCELLED | TIMEOUT | NODE_FAIL) return 1 ;; esac
         sleep 0.2
     done
 }
-wait_log() { # wait_log FILE PATTERN SECONDS
-    local n=0
+wait_log() { # wait_log FILE PATTERN SECONDS JOB: until the line, the deadline, or the job's end
+    local n=0 st
     while ! grep -q "$2" "$1" 2> /dev/null; do
         n=$((n + 1))
         [ $n -gt $(($3 * 5)) ] && return 1
+        st=$(job_field "$4" JobState)
+        case $st in COMPLETED | FAILED | CANCELLED | TIMEOUT | NODE_FAIL) grep -q "$2" "$1" 2> /dev/null; return ;; esac
         sleep 0.2
     done
 }
@@ -62,8 +65,10 @@ else
 fi
 
 # 2. the joint launch as one heterogeneous job; both nodes are this host,
-# so one mpirun starts every rank here (see jobs/README.md)
-ISTHMUS_LAUNCHER=mpirun ISTHMUS_MPIRUN_ARGS="-q --mca plm isolated --mca ras ^slurm --oversubscribe" \
+# so one mpirun starts every rank here (see jobs/README.md); the node names
+# are not host names, so mpirun is kept from Slurm's node list too
+LOCAL_MPIRUN="-q --mca plm isolated --mca ras ^slurm --oversubscribe"
+ISTHMUS_LAUNCHER=mpirun ISTHMUS_MPIRUN_ARGS="$LOCAL_MPIRUN" \
     ISTHMUS_OUT="$WORK/het" ISTHMUS_ARGS="$SHORT --set site.a.ranks=1 --set site.b.ranks=1 --set outer.mode=diloco
  --set outer.codec=fp4 --set outer.inner_steps=4 --set train.steps=40" timeout 180 \
     sbatch --wait -o "$WORK/het.log" -w siteA : -w siteB "$TOP_SRCDIR/jobs/two-site.sbatch" "$T" > /dev/null
@@ -98,7 +103,7 @@ RQ="$SHORT --set train.steps=1500 --set checkpoint.every=100"
 mpi 1 "$ISTHMUS" train "$T" $RQ --set train.out_dir="$WORK/ref" > "$WORK/ref.log" 2>&1 || fail "reference run failed"
 jid=$(ISTHMUS_OUT="$WORK/rq" ISTHMUS_ARGS="$RQ" sbatch --parsable -N1 -w siteA -o "$WORK/rq.log" \
     "$TOP_SRCDIR/jobs/site.sbatch" "$T")
-wait_log "$WORK/rq.log" '^step  *300/' 120 && scontrol requeue "$jid"
+wait_log "$WORK/rq.log" '^step  *300/' 120 "$jid" && scontrol requeue "$jid"
 # Slurm holds a requeued job back (its begin time ~2 min ahead): start it now
 for _ in $(seq 1 100); do [ "$(job_field "$jid" JobState)" = PENDING ] && break; sleep 0.2; done
 scontrol update JobId="$jid" StartTime=now 2> /dev/null
@@ -118,13 +123,13 @@ FED="$SHORT --set site.a.ranks=1 --set site.b.ranks=1 --set outer.mode=diloco --
 URI="$WORK/fed/ompi-server.uri"
 sjid=$(sbatch --parsable -w siteA -o "$WORK/server.log" "$TOP_SRCDIR/jobs/ompi-server.sbatch" "$URI")
 submit_site() { # submit_site NAME NODE LOG
-    ISTHMUS_SITE=$1 ISTHMUS_SERVER="$URI" ISTHMUS_OUT="$WORK/fed" ISTHMUS_ARGS="$FED" ISTHMUS_MPIRUN_ARGS="-q" \
+    ISTHMUS_SITE=$1 ISTHMUS_SERVER="$URI" ISTHMUS_OUT="$WORK/fed" ISTHMUS_ARGS="$FED" ISTHMUS_MPIRUN_ARGS="$LOCAL_MPIRUN" \
         sbatch --parsable -w "$2" -o "$3" "$TOP_SRCDIR/jobs/site.sbatch" "$T"
 }
 ajid=$(submit_site a siteA "$WORK/fed_a.log")
 bjid=$(submit_site b siteB "$WORK/fed_b.log")
-wait_log "$WORK/fed_a.log" '^step  *200/' 180 && scancel "$bjid"
-wait_log "$WORK/fed_a.log" '^site b left at step\|^site b lost at step' 60
+wait_log "$WORK/fed_a.log" '^step  *200/' 180 "$ajid" && scancel "$bjid"
+wait_log "$WORK/fed_a.log" '^site b left at step\|^site b lost at step' 60 "$ajid"
 b2jid=$(submit_site b siteB "$WORK/fed_b2.log")
 wait_state "$ajid" COMPLETED 300
 wait_state "$b2jid" COMPLETED 120

@@ -90,6 +90,14 @@ CONF
 
 cmd_stop() {
     local dir=$1 f pid
+    # the jobs first: a job's processes outlive a killed slurmd
+    if [ -f "$dir/run/slurmctld.pid" ] && kill -0 "$(cat "$dir/run/slurmctld.pid")" 2> /dev/null; then
+        SLURM_CONF=$dir/slurm.conf scancel --full --quiet --user=root 2> /dev/null
+        for _ in $(seq 1 50); do
+            [ -z "$(SLURM_CONF=$dir/slurm.conf squeue -h -t running,completing 2> /dev/null)" ] && break
+            sleep 0.2
+        done
+    fi
     for f in "$dir"/run/slurmd-*.pid "$dir/run/slurmctld.pid" "$dir/run/munged.pid"; do
         [ -f "$f" ] || continue
         pid=$(cat "$f")
