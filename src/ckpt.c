@@ -460,12 +460,12 @@ static int recv_file(Trainer *tr, const char *path, int peer)
     return rc;
 }
 
-int ckpt_share(Trainer *tr, long step, char *path, size_t cap)
+int ckpt_share(Trainer *tr, int from_site, long step, char *path, size_t cap)
 {
     const Topology *t = &tr->topo;
     char dir[CONFIG_FILE_PATH_MAX];
     site_dir(tr, dir, sizeof dir);
-    const int host = t->site == 0;
+    const int host = t->site == from_site, other = 1 - from_site; /* two sites */
     if (host) ckpt_path(dir, step, path, cap);
     else snprintf(path, cap, "%s/rejoin-%08ld.h5", dir, step);
     int site_rank;
@@ -473,7 +473,8 @@ int ckpt_share(Trainer *tr, long step, char *path, size_t cap)
     fault_watchdog_arm(tr->cfg.checkpoint.timeout, "passing the live site's checkpoint to the rejoining site");
     int rc = ISTH_OK;
     if (site_rank == 0 && !host) rc = make_dirs(dir);
-    if (site_rank == 0 && rc == ISTH_OK) rc = host ? send_file(tr, path, tr->site_leaders[1]) : recv_file(tr, path, 0);
+    if (site_rank == 0 && rc == ISTH_OK)
+        rc = host ? send_file(tr, path, tr->site_leaders[other]) : recv_file(tr, path, tr->site_leaders[from_site]);
     int ok = rc == ISTH_OK;
     CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_LAND, t->site_comm));
     fault_watchdog_disarm();

@@ -57,13 +57,13 @@ long ckpt_step_of(const char *path);
  * rank of every site, so the caller can choose another step (--resume auto). */
 int ckpt_load(Trainer *tr, const char *path, int fallback, int *damaged);
 
-/* The live rejoin of a two-site run, collective over both sites: the host
- * site's first rank sends its checkpoint of `step` (just written) through
- * the link to the rejoining site's first rank, which writes it as
+/* The live rejoin of a two-site run, collective over both sites: the live
+ * site's (from_site's) first rank sends its checkpoint of `step` (just
+ * written) through the link to the rejoining site's first rank, which writes it as
  * <its checkpoint dir>/rejoin-<step>.h5 (size bounded by the config, each
  * piece checksummed, a temporary name renamed when complete). *path: the
  * host's file on the host's ranks, the received one on the joiner's. */
-int ckpt_share(Trainer *tr, long step, char *path, size_t cap);
+int ckpt_share(Trainer *tr, int from_site, long step, char *path, size_t cap);
 
 /* Load another site's file (`from_site`'s, received by ckpt_share): this
  * site's learners take copies of that site's learners' states (learner i of

@@ -260,8 +260,8 @@ static int recv_within(void *buf, int bytes, int tag, MPI_Comm c, double deadlin
  * side waits in accept/connect on spec: the joiner publishes
  * "<service>-knock-<site>" with a fresh value per attempt, the host answers
  * "<service>-come-<site>" with that value just before it accepts, and the
- * joiner connects when it reads its own value back. Both calls then start
- * within a poll of each other. A name service lookup of a missing name
+ * joiner connects to the port that answer names when it reads its own
+ * value back. Both calls then start within a poll of each other. A name service lookup of a missing name
  * returns at once; a newer publish of a name replaces the older value. */
 
 #define POLL_S 0.05
@@ -285,13 +285,26 @@ static void knock_value(const Federation *f, int site, char *value)
     if (MPI_Lookup_name(name, MPI_INFO_NULL, value) != MPI_SUCCESS) value[0] = '\0';
 }
 
+/* Host, when it sees a new knock between steps: "busy-<value>" at once, so
+ * that the knocker knows a live run will answer (after its checkpoint). */
+static void host_ack_knock(Federation *f, int site, const char *value)
+{
+    char name[160], busy[128];
+    knock_name(f, "come", site, name, sizeof name);
+    snprintf(busy, sizeof busy, "busy-%.63s", value);
+    MPI_Publish_name(name, MPI_INFO_NULL, busy);
+}
+
 /* Host: accept the connect of the joiner that knocked with `value`. */
 static int host_accept_knock(Federation *f, int site, const char *value, MPI_Comm *c)
 {
-    char name[160];
+    char name[160], answer[MPI_MAX_PORT_NAME];
     knock_name(f, "come", site, name, sizeof name);
     *c = MPI_COMM_NULL;
-    if (MPI_Publish_name(name, MPI_INFO_NULL, (char *)value) != MPI_SUCCESS) return 0;
+    /* the answer names the port: the run's name may meanwhile hold another
+     * one (a site that hosted for a moment before it learned it was dropped) */
+    if ((size_t)snprintf(answer, sizeof answer, "%.63s|%s", value, f->port) >= sizeof answer) return 0;
+    if (MPI_Publish_name(name, MPI_INFO_NULL, answer) != MPI_SUCCESS) return 0;
     /* bounded by pmix_base_exchange_timeout (main.c) */
     if (MPI_Comm_accept(f->port, MPI_INFO_NULL, 0, MPI_COMM_SELF, c) != MPI_SUCCESS) {
         *c = MPI_COMM_NULL;
@@ -304,7 +317,7 @@ static int host_accept_knock(Federation *f, int site, const char *value, MPI_Com
 /* --- the host (first site's first rank) ------------------------------------------ */
 
 /* Check one joiner's hello; on refusal `reason` says why. */
-static int check_hello(const Config *cfg, const JoinHello *h, int knocked, const unsigned char nonce[NONCE_BYTES],
+static int check_hello(const Config *cfg, const JoinHello *h, int host, int knocked, const unsigned char nonce[NONCE_BYTES],
                        const unsigned char key[KEY_BYTES], const char *run_id, uint64_t fingerprint,
                        const MPI_Comm *links, char *reason, size_t size)
 {
@@ -328,7 +341,7 @@ static int check_hello(const Config *cfg, const JoinHello *h, int knocked, const
                  (unsigned long long)fingerprint);
         return 0;
     }
-    if (h->site <= 0 || h->site >= cfg->n_sites || h->site != knocked) {
+    if (h->site < 0 || h->site >= cfg->n_sites || h->site == host || h->site != knocked) {
         snprintf(reason, size, "site %d is not a joining site of this run, or not the one that knocked (%d)", h->site,
                  knocked);
         return 0;
@@ -346,10 +359,10 @@ static int check_hello(const Config *cfg, const JoinHello *h, int knocked, const
 }
 
 /* One accepted connection from the site that knocked: the handshake.
- * Returns the joiner's site (its link kept in links[]), 0 when refused or
+ * Returns the joiner's site (its link kept in links[]), -1 when refused or
  * broken (link freed). rejoin_step: -1 while the run forms, else the live
  * host's step the joiner continues from. */
-static int host_handshake(const Config *cfg, MPI_Comm c, int knocked, const unsigned char key[KEY_BYTES],
+static int host_handshake(const Config *cfg, MPI_Comm c, int host, int knocked, const unsigned char key[KEY_BYTES],
                           const char *run_id, uint64_t fingerprint, MPI_Comm *links, long rejoin_step)
 {
     const double deadline = now_s() + 30.0;
@@ -363,10 +376,10 @@ static int host_handshake(const Config *cfg, MPI_Comm c, int knocked, const unsi
     if (send_within(nonce, NONCE_BYTES, TAG_NONCE, c, deadline, "sending the nonce") != ISTH_OK ||
         recv_within(&h, sizeof h, TAG_HELLO, c, deadline, "a joiner's hello") != ISTH_OK) {
         MPI_Comm_free(&c);
-        return 0;
+        return -1;
     }
-    v.ok = check_hello(cfg, &h, knocked, nonce, key, run_id, fingerprint, links, v.reason, sizeof v.reason);
-    const int site = v.ok ? h.site : 0;
+    v.ok = check_hello(cfg, &h, host, knocked, nonce, key, run_id, fingerprint, links, v.reason, sizeof v.reason);
+    const int site = v.ok ? h.site : -1;
     if (!v.ok) printf("federation: refused a join: %s\n", v.reason);
     else if (rejoin_step < 0) printf("federation: site %s joined (proof verified)\n", cfg->sites[site].name);
     else printf("federation: site %s rejoins at step %ld (proof verified)\n", cfg->sites[site].name, rejoin_step);
@@ -374,7 +387,7 @@ static int host_handshake(const Config *cfg, MPI_Comm c, int knocked, const unsi
     verdict_mac(&v, nonce, h.nonce, key, v.mac);
     if (send_within(&v, sizeof v, TAG_VERDICT, c, deadline, "the verdict") != ISTH_OK || !v.ok) {
         MPI_Comm_free(&c);
-        return 0;
+        return -1;
     }
     links[site] = c;
     return site;
@@ -395,7 +408,7 @@ static int host_try_knock(Federation *f, const Config *cfg, int site, const unsi
         fflush(stdout);
         return 0;
     }
-    return host_handshake(cfg, c, site, key, run_id, fingerprint, f->leader_link, rejoin_step) == site;
+    return host_handshake(cfg, c, f->site, site, key, run_id, fingerprint, f->leader_link, rejoin_step) == site;
 }
 
 static int host_accept_all(Federation *f, const Config *cfg, const unsigned char key[KEY_BYTES],
@@ -406,7 +419,7 @@ static int host_accept_all(Federation *f, const Config *cfg, const unsigned char
         return isth_fail(ISTH_EINPUT, "federation: cannot publish '%s': start each site's mpirun with "
                          "--ompi-server file:URI of a running ompi-server (scripts/federated.sh), and no other "
                          "run with this run id", f->service);
-    f->published = 1;
+    f->published = f->hosting = 1;
     printf("federation: site %s hosts run %s; waiting up to %.0f s for %d site(s)\n", cfg->sites[0].name, run_id,
            cfg->outer.join_timeout, cfg->n_sites - 1);
     fflush(stdout);
@@ -432,8 +445,10 @@ static int host_accept_all(Federation *f, const Config *cfg, const unsigned char
 
 /* --- a joiner (another site's first rank) ------------------------------------------ */
 
-/* Knock, wait for the host's answer with our value, connect. */
-static int joiner_knock_connect(Federation *f, double deadline, MPI_Comm *c)
+/* Knock, wait for the host's answer with our value, connect. probe_s > 0:
+ * give up after that long unless a live host has answered "busy" (it will
+ * come once its checkpoint is written); *c stays MPI_COMM_NULL then. */
+static int joiner_knock_connect(Federation *f, double deadline, double probe_s, MPI_Comm *c)
 {
     unsigned char raw[16];
     char value[2 * sizeof raw + 1], come[MPI_MAX_PORT_NAME], name[160];
@@ -443,10 +458,18 @@ static int joiner_knock_connect(Federation *f, double deadline, MPI_Comm *c)
     if (MPI_Publish_name(name, MPI_INFO_NULL, value) != MPI_SUCCESS)
         return isth_fail(ISTH_ERUNTIME, "federation: cannot publish '%s' in the name service", name);
     knock_name(f, "come", f->site, name, sizeof name);
-    int answered = 0;
-    while (!answered && now_s() < deadline) {
-        if (MPI_Lookup_name(name, MPI_INFO_NULL, come) == MPI_SUCCESS && !strcmp(come, value)) answered = 1;
-        else sleep_s(POLL_S);
+    int answered = 0, busy = 0;
+    const double give_up = probe_s > 0 ? now_s() + probe_s : deadline;
+    while (!answered && now_s() < deadline && (busy || now_s() < give_up)) {
+        const int found = MPI_Lookup_name(name, MPI_INFO_NULL, come) == MPI_SUCCESS;
+        const size_t n = strlen(value);
+        if (found && !strncmp(come, value, n) && come[n] == '|' && come[n + 1]) {
+            answered = 1;
+            snprintf(f->port, sizeof f->port, "%s", come + n + 1); /* the answering host's port */
+        } else if (found && !strncmp(come, "busy-", 5) && !strcmp(come + 5, value)) {
+            busy = 1;
+        }
+        if (!answered) sleep_s(POLL_S);
     }
     *c = MPI_COMM_NULL;
     if (answered && MPI_Comm_connect(f->port, MPI_INFO_NULL, 0, MPI_COMM_SELF, c) != MPI_SUCCESS) *c = MPI_COMM_NULL;
@@ -455,15 +478,23 @@ static int joiner_knock_connect(Federation *f, double deadline, MPI_Comm *c)
     return ISTH_OK;
 }
 
-static int joiner_connect(Federation *f, const Config *cfg, const char *key_file, const char *run_id,
-                          uint64_t fingerprint)
+/* Join the site `host` hosts. probe_s > 0 (the first site restarted: is a
+ * live run hosted by the other site?): *joined = 0 and ISTH_OK when no live
+ * host answers within probe_s. */
+static int joiner_connect(Federation *f, const Config *cfg, int host, const char *key_file, const char *run_id,
+                          uint64_t fingerprint, double probe_s, int *joined)
 {
     const double deadline = now_s() + cfg->outer.join_timeout;
     MPI_Comm c = MPI_COMM_NULL;
     int found = 0, have_key = 0;
     unsigned char key[KEY_BYTES];
     int rc = ISTH_OK;
+    *joined = 0;
     while (c == MPI_COMM_NULL) {
+        if (probe_s > 0 && (found || now_s() > deadline)) { /* one knock: a live host answered it or not */
+            if (have_key) sodium_memzero(key, sizeof key);
+            return ISTH_OK;
+        }
         if (now_s() > deadline) {
             if (have_key) sodium_memzero(key, sizeof key);
             return isth_fail(ISTH_ERUNTIME, "federation: %s: no host %s within %.0f s (outer.join_timeout)",
@@ -472,6 +503,7 @@ static int joiner_connect(Federation *f, const Config *cfg, const char *key_file
         }
         /* the port again after a failed connect: the host may have restarted */
         if (MPI_Lookup_name(f->service, MPI_INFO_NULL, f->port) != MPI_SUCCESS) {
+            if (probe_s > 0) return ISTH_OK; /* no name: no live run */
             sleep_s(10 * POLL_S);
             continue;
         }
@@ -480,7 +512,7 @@ static int joiner_connect(Federation *f, const Config *cfg, const char *key_file
             CHECK(read_key(key_file, key));
             have_key = 1;
         }
-        rc = joiner_knock_connect(f, deadline, &c);
+        rc = joiner_knock_connect(f, deadline, probe_s, &c);
         if (rc != ISTH_OK) {
             sodium_memzero(key, sizeof key);
             return rc;
@@ -516,7 +548,7 @@ static int joiner_connect(Federation *f, const Config *cfg, const char *key_file
     if (rc == ISTH_OK && !v.ok) { /* a refusal's reason is shown, verified or not: it grants nothing */
         v.reason[sizeof v.reason - 1] = '\0';
         rc = isth_fail(ISTH_EINPUT, "federation: site %s was refused by site %s: %s", cfg->sites[f->site].name,
-                       cfg->sites[0].name, v.reason);
+                       cfg->sites[host].name, v.reason);
     } else if (rc == ISTH_OK && !proven) {
         rc = isth_fail(ISTH_EINPUT, "federation: the host of %s does not prove the run's key: not joining",
                        f->service);
@@ -527,12 +559,14 @@ static int joiner_connect(Federation *f, const Config *cfg, const char *key_file
     }
     f->rejoin_step = v.rejoin_step;
     if (v.rejoin_step < 0)
-        printf("federation: site %s joined run %s at site %s\n", cfg->sites[f->site].name, run_id, cfg->sites[0].name);
+        printf("federation: site %s joined run %s at site %s\n", cfg->sites[f->site].name, run_id, cfg->sites[host].name);
     else
         printf("federation: site %s rejoins run %s at site %s's step %ld\n", cfg->sites[f->site].name, run_id,
-               cfg->sites[0].name, (long)v.rejoin_step);
+               cfg->sites[host].name, (long)v.rejoin_step);
     fflush(stdout);
-    f->leader_link[0] = c;
+    f->leader_link[host] = c;
+    f->host_site = host;
+    *joined = 1;
     return ISTH_OK;
 }
 
@@ -562,6 +596,23 @@ static int build_world(Federation *f, const Config *cfg)
     }
     CHECK(fault_mpi_errors_return(world));
     f->world = world;
+    return ISTH_OK;
+}
+
+/* Two sites, whichever hosts: the lower-numbered site's ranks first. */
+static int build_pair_world(Federation *f, int other)
+{
+    int me;
+    MPI_Comm_rank(MPI_COMM_WORLD, &me);
+    const int high = f->site > other;
+    MPI_Comm peer = MPI_COMM_NULL, inter, merged; /* the two leaders, the lower site first */
+    if (me == 0) CHECK_MPI(MPI_Intercomm_merge(f->leader_link[other], high, &peer));
+    CHECK_MPI(MPI_Intercomm_create(MPI_COMM_WORLD, 0, peer, high ? 0 : 1, TAG_BUILD, &inter));
+    CHECK_MPI(MPI_Intercomm_merge(inter, high, &merged));
+    MPI_Comm_free(&inter);
+    if (peer != MPI_COMM_NULL) MPI_Comm_free(&peer);
+    CHECK(fault_mpi_errors_return(merged));
+    f->world = merged;
     return ISTH_OK;
 }
 
@@ -597,26 +648,35 @@ int federation_join(Federation *f, const Config *cfg, const char *site_name)
     if (me == 0) {
         char path[CONFIG_PATH_MAX + 16];
         key_path(cfg, path, sizeof path);
+        int joined = 0;
         if (f->site == 0) {
-            unsigned char key[KEY_BYTES];
             rc = ensure_key(path);
-            if (rc == ISTH_OK) rc = read_key(path, key);
-            if (rc == ISTH_OK) rc = host_accept_all(f, cfg, key, run_id, fingerprint);
+            /* restarted while the other site trains on (two sites): it hosts
+             * now and takes this site back; a run that is not live leaves
+             * no one to answer the knock within the probe */
+            if (rc == ISTH_OK && cfg->n_sites == 2)
+                rc = joiner_connect(f, cfg, 1, path, run_id, fingerprint, FEDERATION_PROBE_S, &joined);
+            unsigned char key[KEY_BYTES];
+            if (rc == ISTH_OK && !joined) rc = read_key(path, key);
+            if (rc == ISTH_OK && !joined) rc = host_accept_all(f, cfg, key, run_id, fingerprint);
             sodium_memzero(key, sizeof key);
         } else {
-            rc = joiner_connect(f, cfg, path, run_id, fingerprint);
+            rc = joiner_connect(f, cfg, 0, path, run_id, fingerprint, 0.0, &joined);
         }
     }
-    long outcome[2] = {rc, f->rejoin_step};
-    if (MPI_Bcast(outcome, 2, MPI_LONG, 0, MPI_COMM_WORLD) != MPI_SUCCESS) outcome[0] = ISTH_ERUNTIME;
+    long outcome[4] = {rc, f->rejoin_step, f->host_site, f->hosting};
+    if (MPI_Bcast(outcome, 4, MPI_LONG, 0, MPI_COMM_WORLD) != MPI_SUCCESS) outcome[0] = ISTH_ERUNTIME;
     int site_rc = (int)outcome[0];
     f->rejoin_step = outcome[1];
-    if (site_rc == ISTH_OK) site_rc = build_world(f, cfg);
+    f->host_site = (int)outcome[2];
+    f->hosting = (int)outcome[3];
+    /* a rejoin (two sites; either may host) or the run forming (site 0 hosts) */
+    if (site_rc == ISTH_OK) site_rc = f->rejoin_step >= 0 ? build_pair_world(f, 1 - f->site) : build_world(f, cfg);
     fault_watchdog_disarm();
     if (site_rc != ISTH_OK) return me == 0 ? rc != ISTH_OK ? rc : site_rc : site_rc;
     int size;
     MPI_Comm_size(f->world, &size);
-    if (me == 0 && f->site == 0) {
+    if (me == 0 && f->hosting) {
         printf("federation: %d sites, %d ranks in one world\n", cfg->n_sites, size);
         fflush(stdout);
     }
@@ -624,6 +684,29 @@ int federation_join(Federation *f, const Config *cfg, const char *site_name)
 }
 
 /* --- the live rejoin (host side) ------------------------------------------------- */
+
+int federation_host(Federation *f, const Config *cfg)
+{
+    int me, ok = 1;
+    MPI_Comm_rank(MPI_COMM_WORLD, &me);
+    if (me == 0) {
+        const int was = f->hosting;
+        ok = was || MPI_Open_port(MPI_INFO_NULL, f->port) == MPI_SUCCESS;
+        /* the newer publish replaces any other port under the run's name
+         * (the lost site's, when it hosted: a restarted site must find us) */
+        if (ok) ok = MPI_Publish_name(f->service, MPI_INFO_NULL, f->port) == MPI_SUCCESS;
+        if (ok && !was)
+            printf("federation: site %s hosts run %s now: the lost site rejoins here\n", cfg->sites[f->site].name,
+                   f->service + strlen("isthmus-"));
+        else if (!ok)
+            printf("federation: site %s cannot host %s (name service): a lost site rejoins at the run's restart\n",
+                   cfg->sites[f->site].name, f->service);
+        fflush(stdout);
+    }
+    CHECK_MPI(MPI_Bcast(&ok, 1, MPI_INT, 0, MPI_COMM_WORLD));
+    f->hosting = f->published = ok;
+    return ISTH_OK;
+}
 
 int federation_knocking(Federation *f, const Config *cfg, int site)
 {
@@ -633,6 +716,7 @@ int federation_knocking(Federation *f, const Config *cfg, int site)
         char value[MPI_MAX_PORT_NAME];
         knock_value(f, site, value);
         knocking = value[0] && strncmp(value, f->knock_seen[site], sizeof f->knock_seen[site]) != 0;
+        if (knocking) host_ack_knock(f, site, value);
     }
     (void)cfg;
     if (MPI_Bcast(&knocking, 1, MPI_INT, 0, MPI_COMM_WORLD) != MPI_SUCCESS) return 0;
@@ -645,8 +729,8 @@ int federation_rejoin(Federation *f, const Config *cfg, int site, long step, int
     MPI_Comm_rank(MPI_COMM_WORLD, &me);
     *joined = 0;
     *old_world = MPI_COMM_NULL;
-    if (cfg->n_sites != 2 || f->site != 0 || site != 1)
-        return isth_fail(ISTH_EINPUT, "federation: a live rejoin needs a two-site run hosted by its first site");
+    if (cfg->n_sites != 2 || site != 1 - f->site || !f->hosting)
+        return isth_fail(ISTH_EINPUT, "federation: a live rejoin needs a two-site run and its live site hosting");
     fault_watchdog_arm(cfg->outer.join_timeout + 60.0, "taking a site back into the run");
     int in = 0;
     if (me == 0) {
@@ -664,7 +748,7 @@ int federation_rejoin(Federation *f, const Config *cfg, int site, long step, int
     int rc = MPI_Bcast(&in, 1, MPI_INT, 0, MPI_COMM_WORLD) == MPI_SUCCESS ? ISTH_OK : ISTH_ERUNTIME;
     if (rc == ISTH_OK && in) {
         MPI_Comm was = f->world;
-        rc = build_world(f, cfg); /* sets f->world */
+        rc = build_pair_world(f, site); /* sets f->world */
         if (rc == ISTH_OK) {
             *old_world = was;
             *joined = 1;
@@ -686,7 +770,7 @@ void federation_destroy(Federation *f)
 {
     if (!f->federated) return;
     if (f->published) MPI_Unpublish_name(f->service, MPI_INFO_NULL, f->port);
-    if (f->port[0] && f->site == 0) MPI_Close_port(f->port);
+    if (f->hosting) MPI_Close_port(f->port);
     for (int i = 0; i < CONFIG_MAX_SITES; i++)
         if (f->leader_link[i] != MPI_COMM_NULL) MPI_Comm_free(&f->leader_link[i]);
     if (f->world != MPI_COMM_WORLD && f->world != MPI_COMM_NULL) MPI_Comm_free(&f->world);

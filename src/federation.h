@@ -11,7 +11,9 @@
  * host answers "...-come-<site>" with that value just before it accepts
  * (federation.c says why accept and connect are never left waiting on
  * spec). The same knock takes a lost site back into a live two-site run:
- * the host looks for it between steps (federation_knocking). Only the two leaders
+ * the live site hosts from each loss on, whichever it is, and looks for the
+ * knock between steps (federation_knocking); a restarted first site knocks
+ * before it hosts anything itself (FEDERATION_PROBE_S). Only the two leaders
  * take part (MPI_COMM_SELF): Open MPI 4.1 bounds a leader's accept and
  * connect by pmix_base_exchange_timeout (main.c sets it before MPI_Init),
  * where a collective accept would leave the other ranks waiting forever.
@@ -58,7 +60,14 @@ typedef struct {
     int published;       /* the host's name is in the name service */
     char knock_seen[CONFIG_MAX_SITES][64]; /* host: the knock value last tried per site */
     long rejoin_step;    /* joiner: the live host's step to continue from; -1 the run is forming */
+    int hosting;         /* this site has a port open under the run's name (the first site; a survivor) */
+    int host_site;       /* joiner: the site it joined */
 } Federation;
+
+/* How long a restarted first site waits for a live run to answer its knock
+ * (a "busy" answer, given within the host's next step, extends it to
+ * outer.join_timeout) before it hosts the run's forming itself. */
+#define FEDERATION_PROBE_S 10.0
 
 /* The joint launch: world = MPI_COMM_WORLD. */
 void federation_joint(Federation *f);
@@ -69,9 +78,14 @@ void federation_joint(Federation *f);
  * does not join within outer.join_timeout or the name service fails. */
 int federation_join(Federation *f, const Config *cfg, const char *site_name);
 
-/* The live rejoin, host side (two-site runs; the host's site is alone
- * after the other site was lost). Between steps, collectively over the
- * host's ranks: is the lost `site` knocking with a value not yet tried? */
+/* The live rejoin, host side (two-site runs; the live site is alone after
+ * the other was lost). On each loss the survivor hosts: it opens a port if
+ * it has none (the first site lost: the second hosts from now on) and
+ * publishes it under the run's name, replacing the lost site's
+ * (collective over its ranks). */
+int federation_host(Federation *f, const Config *cfg);
+/* Between steps, collectively over the host's ranks: is the lost `site`
+ * knocking with a value not yet tried? (it is told "busy" at once) */
 int federation_knocking(Federation *f, const Config *cfg, int site);
 /* Take the knocking site back in at `step`: the handshake as when the run
  * formed (the verdict names the step), then a new world of both sites.

@@ -253,6 +253,17 @@ static int stop_decided(Trainer *tr, int site_agreed)
     return tr->red.stop_agreed;
 }
 
+/* A site was found lost (or left): it is reported, and in a two-site run
+ * the site left hosts (again) under the run's name, so that the lost one,
+ * started again, finds it and rejoins. */
+static int after_loss(Trainer *tr, Federation *fed, const Config *cfg)
+{
+    CHECK(report_lost_sites(tr));
+    CHECK(check_dropped(tr)); /* a site the other dropped stops here, before it hosts */
+    if (fed->federated && cfg->n_sites == 2 && tr->red.link.lost[1 - fed->site]) CHECK(federation_host(fed, cfg));
+    return ISTH_OK;
+}
+
 /* Create the trainer and check its outputs: world collectives, the same
  * on every site in the same order (a rejoin repeats them on both sides). */
 static int trainer_start(Trainer *tr, const Config *cfg, MPI_Comm world, int federated, int banner)
@@ -280,9 +291,8 @@ static int trainer_start(Trainer *tr, const Config *cfg, MPI_Comm world, int fed
  * new world, the host's trainer is made again over it (its state from that
  * checkpoint, bit for bit) and the joiner's learners take copies of the
  * host's. *stop: the site's pending stop vote said stop. */
-static int take_back(Trainer *tr, Federation *fed, const Config *cfg, StopVote *vote, int *stop)
+static int take_back(Trainer *tr, Federation *fed, const Config *cfg, int site, StopVote *vote, int *stop)
 {
-    const int site = 1;
     if (vote->pending) { /* the site communicator goes with the trainer */
         CHECK_MPI(MPI_Wait(&vote->req, MPI_STATUS_IGNORE));
         vote->pending = 0;
@@ -308,7 +318,7 @@ static int take_back(Trainer *tr, Federation *fed, const Config *cfg, StopVote *
     tr->red.link.bytes_recv += recv;
     tr->outer.spread.inter_site_bytes += probes;
     char path[CONFIG_FILE_PATH_MAX + 64];
-    CHECK(ckpt_share(tr, step, path, sizeof path));
+    CHECK(ckpt_share(tr, fed->site, step, path, sizeof path));
     int damaged = 0;
     CHECK(ckpt_load(tr, path, 0, &damaged));
     static double tokens_lost_total;
@@ -330,11 +340,11 @@ static int take_back(Trainer *tr, Federation *fed, const Config *cfg, StopVote *
 /* The joiner of a live run: the host's checkpoint of the step it names
  * becomes this site's state (the file goes once loaded: this site's own
  * checkpoints follow). */
-static int rejoin_live(Trainer *tr, long step, double started)
+static int rejoin_live(Trainer *tr, int host, long step, double started)
 {
     char path[CONFIG_FILE_PATH_MAX + 64];
-    CHECK(ckpt_share(tr, step, path, sizeof path));
-    CHECK(ckpt_load_copy(tr, path, 0));
+    CHECK(ckpt_share(tr, host, step, path, sizeof path));
+    CHECK(ckpt_load_copy(tr, path, host));
     int site_rank;
     CHECK_MPI(MPI_Comm_rank(tr->topo.site_comm, &site_rank));
     if (site_rank == 0) unlink(path);
@@ -355,7 +365,7 @@ int train_run(const Config *cfg, const char *resume, const char *site)
     Trainer tr;
     int rc = trainer_start(&tr, cfg, fed.world, site != NULL, 1);
     if (rc == ISTH_OK && fed.rejoin_step >= 0) {
-        rc = rejoin_live(&tr, fed.rejoin_step, started);
+        rc = rejoin_live(&tr, fed.host_site, fed.rejoin_step, started);
     } else if (rc == ISTH_OK && resume) {
         /* --resume auto: a step whose values a load finds damaged is passed
          * over and the sites agree on the next one; the chosen file is read
@@ -393,13 +403,15 @@ int train_run(const Config *cfg, const char *resume, const char *site)
         StepLog s;
         rc = trainer_step(&tr, &s);
         if (rc != ISTH_OK) break;
-        if (tr.red.link.lost_new) rc = report_lost_sites(&tr);
+        if (tr.red.link.lost_new) rc = after_loss(&tr, &fed, cfg);
         if (rc == ISTH_OK && tr.red.link.survive && link_any_lost(&tr.red.link, tr.topo.n_sites)) rc = check_dropped(&tr);
-        /* the host of a two-site run takes a lost site back when it knocks */
-        if (rc == ISTH_OK && fed.federated && fed.site == 0 && cfg->n_sites == 2 && tr.red.link.lost[1] &&
-            tr.step < tc->steps && federation_knocking(&fed, cfg, 1)) {
+        /* a two-site run: the live site hosts (the second one from the
+         * first one's loss on) and takes the lost site back when it knocks */
+        const int other = 1 - fed.site;
+        if (rc == ISTH_OK && fed.federated && cfg->n_sites == 2 && tr.red.link.lost[other] && tr.step < tc->steps &&
+            fed.hosting && federation_knocking(&fed, cfg, other)) {
             int stop = 0;
-            rc = take_back(&tr, &fed, cfg, &vote, &stop);
+            rc = take_back(&tr, &fed, cfg, other, &vote, &stop);
             if (stop) tr.red.stop_request = 1;
         }
         if (rc != ISTH_OK) break;
@@ -425,7 +437,7 @@ int train_run(const Config *cfg, const char *resume, const char *site)
             if (rc != ISTH_OK) break;
             if (stopping && others_leave(&tr)) {
                 stopping = 0;
-                rc = report_lost_sites(&tr);
+                rc = after_loss(&tr, &fed, cfg);
                 if (rc != ISTH_OK) break;
             } else if (stopping) {
                 if (tr.log) printf("stopping after step %ld on request (signal); resume with --resume auto\n", tr.step);

@@ -13,6 +13,8 @@
 #    its deadline + 2 s and trains on alone; b started again with --resume
 #    auto rejoins while a runs (a counts the tokens b did not train) and
 #    both sites end on the same model;
+#  - SIGKILL of site a, the host: b trains on and hosts; a started again
+#    rejoins there;
 #  - SIGTERM of site b (its job cancelled): all sites checkpoint the agreed
 #    step, b leaves (exit 0) and a trains on without waiting for a deadline;
 #    b started again rejoins;
@@ -195,6 +197,30 @@ if [ $RA -eq 0 ] && [ $RB -eq 0 ] && grep -q '^site b left at step [0-9]*: its j
     pass "SIGTERM to site b: b checkpoints and leaves (exit 0), a trains on at once ($(grep -m1 '^site b left' "$WORK/left_a.log" | cut -d: -f1)); b started again rejoins"
 else
     fail "site b left: exits $RA/$RB: $(grep -h 'error\|left\|rejoin' "$WORK"/left_?.log "$WORK"/left_b2.log | head -3)"
+fi
+# the host itself killed: b hosts from then on; a started again rejoins there
+HK="--set outer.run_id=hostkill $LONG --set train.steps=1000 --set train.log_every=5"
+# shellcheck disable=SC2086
+site a 1 "$WORK/hostkill" $HK > "$WORK/hostkill_a.log" 2>&1 &
+a=$!
+# shellcheck disable=SC2086
+site b 1 "$WORK/hostkill" $HK > "$WORK/hostkill_b.log" 2>&1 &
+b=$!
+for _ in $(seq 1 200); do grep -q '^step  *50/' "$WORK/hostkill_a.log" 2>/dev/null && break; sleep 0.1; done
+pkill -KILL -f "isthmus train .* --site a .*outer.run_id=hostkill "
+wait $a
+for _ in $(seq 1 200); do grep -q '^site a lost at step' "$WORK/hostkill_b.log" && break; sleep 0.1; done
+# shellcheck disable=SC2086
+site a 1 "$WORK/hostkill" $HK --resume auto > "$WORK/hostkill_a2.log" 2>&1
+RA=$?
+wait $b
+RB=$?
+if [ $RA -eq 0 ] && [ $RB -eq 0 ] && grep -q '^federation: site b hosts run hostkill now' "$WORK/hostkill_b.log" &&
+    grep -q '^site a rejoined at step' "$WORK/hostkill_b.log" && grep -q '^rejoined the live run at step' "$WORK/hostkill_a2.log" &&
+    [ -f "$WORK/hostkill/model.h5" ] && same_model "$WORK/hostkill"; then
+    pass "the host (site a) killed: b trains on and hosts; a started again rejoins there ($(grep -m1 '^site a rejoined' "$WORK/hostkill_b.log" | cut -d: -f1)); the same final model"
+else
+    fail "host killed: exits $RA/$RB: $(grep -h 'error\|host\|rejoin' "$WORK"/hostkill_b.log "$WORK"/hostkill_a2.log | head -3)"
 fi
 lose stopped STOP 8 "" --set train.steps=1000 # a still trains when b wakes
 if [ $RA -eq 0 ] && [ $RB -eq 0 ] && grep -q "site b was dropped from the run by site a" "$WORK/stopped_b.log" &&
