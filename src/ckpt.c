@@ -400,6 +400,7 @@ static int write_checkpoint(Trainer *tr)
 /* --- the live rejoin: the live site's file to the joining site ------------------ */
 
 #define SHARE_PIECE ((size_t)64 << 20)
+#define FRAME_ROOM sizeof(LinkHeader) /* the link's header goes in front of each piece, in place */
 
 static int send_file(Trainer *tr, const char *path, int peer)
 {
@@ -410,17 +411,19 @@ static int send_file(Trainer *tr, const char *path, int peer)
         if (fd >= 0) close(fd);
         return isth_fail(ISTH_ERUNTIME, "rejoin: cannot read %s: %s", path, strerror(errno));
     }
-    uint64_t size = (uint64_t)st.st_size;
-    int rc = link_send_blob(l, peer, LINK_TAG_REJOIN, &size, sizeof size, 0, "the rejoin checkpoint's size");
-    unsigned char *buf = rc == ISTH_OK ? isth_malloc(SHARE_PIECE) : NULL;
+    const uint64_t size = (uint64_t)st.st_size;
+    unsigned char head[FRAME_ROOM + sizeof size];
+    memcpy(head + FRAME_ROOM, &size, sizeof size);
+    int rc = link_send_blob(l, peer, LINK_TAG_REJOIN, head, sizeof size, 0, "the rejoin checkpoint's size");
+    unsigned char *buf = rc == ISTH_OK ? isth_malloc(FRAME_ROOM + SHARE_PIECE) : NULL;
     if (rc == ISTH_OK && !buf) rc = isth_fail(ISTH_ERUNTIME, "rejoin: out of memory for a %zu-byte piece", SHARE_PIECE);
     for (uint64_t off = 0, seq = 1; rc == ISTH_OK && off < size; off += SHARE_PIECE, seq++) {
         const size_t n = size - off < SHARE_PIECE ? (size_t)(size - off) : SHARE_PIECE;
-        if (pread(fd, buf, n, (off_t)off) != (ssize_t)n)
+        if (pread(fd, buf + FRAME_ROOM, n, (off_t)off) != (ssize_t)n)
             rc = isth_fail(ISTH_ERUNTIME, "rejoin: reading %s: %s", path, strerror(errno));
         if (rc == ISTH_OK) rc = link_send_blob(l, peer, LINK_TAG_REJOIN, buf, n, seq, "the rejoin checkpoint");
     }
-    isth_free(buf);
+    if (rc == ISTH_OK) isth_free(buf); /* after a failure MPI may still hold it: leaked (failure rule 6) */
     close(fd);
     return rc;
 }
@@ -432,7 +435,9 @@ static int recv_file(Trainer *tr, const char *path, int peer)
     Link *l = &tr->red.link;
     const Topology *t = &tr->topo;
     uint64_t size = 0;
-    CHECK(link_recv_blob(l, peer, LINK_TAG_REJOIN, &size, sizeof size, 0, "the rejoin checkpoint's size"));
+    static unsigned char head[FRAME_ROOM + sizeof size]; /* not on the stack: a failed receive may outlive us */
+    CHECK(link_recv_blob(l, peer, LINK_TAG_REJOIN, head, sizeof size, 0, "the rejoin checkpoint's size"));
+    memcpy(&size, head + FRAME_ROOM, sizeof size);
     int most = 0;
     for (int s = 0; s < t->n_sites; s++) most = t->sites[s].learners > most ? t->sites[s].learners : most;
     const double bound = H5IO_FILE_BYTES(model_total_params(&tr->cfg.model), 8 + 6 * most);
@@ -443,15 +448,15 @@ static int recv_file(Trainer *tr, const char *path, int peer)
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
     const int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
     if (fd < 0) return isth_fail(ISTH_ERUNTIME, "rejoin: cannot create %s: %s", tmp, strerror(errno));
-    unsigned char *buf = isth_malloc(SHARE_PIECE);
+    unsigned char *buf = isth_malloc(FRAME_ROOM + SHARE_PIECE);
     int rc = buf ? ISTH_OK : isth_fail(ISTH_ERUNTIME, "rejoin: out of memory for a %zu-byte piece", SHARE_PIECE);
     for (uint64_t off = 0, seq = 1; rc == ISTH_OK && off < size; off += SHARE_PIECE, seq++) {
         const size_t n = size - off < SHARE_PIECE ? (size_t)(size - off) : SHARE_PIECE;
         rc = link_recv_blob(l, peer, LINK_TAG_REJOIN, buf, n, seq, "the rejoin checkpoint");
-        if (rc == ISTH_OK && pwrite(fd, buf, n, (off_t)off) != (ssize_t)n)
+        if (rc == ISTH_OK && pwrite(fd, buf + FRAME_ROOM, n, (off_t)off) != (ssize_t)n)
             rc = isth_fail(ISTH_ERUNTIME, "rejoin: writing %s: %s", tmp, strerror(errno));
     }
-    isth_free(buf);
+    if (rc == ISTH_OK) isth_free(buf); /* after a failure MPI may still hold it: leaked (failure rule 6) */
     if (rc == ISTH_OK && fsync(fd) != 0) rc = isth_fail(ISTH_ERUNTIME, "rejoin: %s: %s", tmp, strerror(errno));
     close(fd);
     if (rc == ISTH_OK && rename(tmp, path) != 0)

@@ -572,6 +572,21 @@ static int joiner_connect(Federation *f, const Config *cfg, int host, const char
 
 /* --- the world ----------------------------------------------------------------- */
 
+/* One merge: the ranks of `local` and those at the other end of the
+ * leaders' link become one communicator, the `high` side's ranks after.
+ * Only the local leader (rank 0 of local) holds the link; the others pass
+ * MPI_COMM_NULL. */
+static int merge_over_link(MPI_Comm local, MPI_Comm link, int high, MPI_Comm *merged)
+{
+    MPI_Comm peer = MPI_COMM_NULL, inter; /* the two leaders, the low side first */
+    if (link != MPI_COMM_NULL) CHECK_MPI(MPI_Intercomm_merge(link, high, &peer));
+    CHECK_MPI(MPI_Intercomm_create(local, 0, peer, high ? 0 : 1, TAG_BUILD, &inter));
+    CHECK_MPI(MPI_Intercomm_merge(inter, high, merged));
+    MPI_Comm_free(&inter);
+    if (peer != MPI_COMM_NULL) MPI_Comm_free(&peer);
+    return ISTH_OK;
+}
+
 /* Site by site in config order: the world so far (the host's ranks, then
  * every site already in) and site s meet through the leaders' link. */
 static int build_world(Federation *f, const Config *cfg)
@@ -582,15 +597,10 @@ static int build_world(Federation *f, const Config *cfg)
     for (int s = 1; s < cfg->n_sites; s++) {
         const int in_world = f->site < s;   /* already part of the world */
         if (f->site > s) continue;          /* joins later */
-        MPI_Comm peer = MPI_COMM_NULL;      /* the two leaders, host first */
         const int leader = me == 0 && (f->site == 0 || f->site == s);
-        if (leader) CHECK_MPI(MPI_Intercomm_merge(f->leader_link[f->site == 0 ? s : 0], f->site == s, &peer));
-        MPI_Comm inter, merged;
-        CHECK_MPI(MPI_Intercomm_create(in_world ? world : MPI_COMM_WORLD, 0, peer, in_world ? 1 : 0, TAG_BUILD,
-                                       &inter));
-        CHECK_MPI(MPI_Intercomm_merge(inter, !in_world, &merged)); /* the newcomer's ranks after */
-        MPI_Comm_free(&inter);
-        if (peer != MPI_COMM_NULL) MPI_Comm_free(&peer);
+        MPI_Comm merged;                    /* the newcomer's ranks after */
+        CHECK(merge_over_link(in_world ? world : MPI_COMM_WORLD,
+                              leader ? f->leader_link[f->site == 0 ? s : 0] : MPI_COMM_NULL, !in_world, &merged));
         if (world != MPI_COMM_WORLD) MPI_Comm_free(&world);
         world = merged;
     }
@@ -604,13 +614,8 @@ static int build_pair_world(Federation *f, int other)
 {
     int me;
     MPI_Comm_rank(MPI_COMM_WORLD, &me);
-    const int high = f->site > other;
-    MPI_Comm peer = MPI_COMM_NULL, inter, merged; /* the two leaders, the lower site first */
-    if (me == 0) CHECK_MPI(MPI_Intercomm_merge(f->leader_link[other], high, &peer));
-    CHECK_MPI(MPI_Intercomm_create(MPI_COMM_WORLD, 0, peer, high ? 0 : 1, TAG_BUILD, &inter));
-    CHECK_MPI(MPI_Intercomm_merge(inter, high, &merged));
-    MPI_Comm_free(&inter);
-    if (peer != MPI_COMM_NULL) MPI_Comm_free(&peer);
+    MPI_Comm merged;
+    CHECK(merge_over_link(MPI_COMM_WORLD, me == 0 ? f->leader_link[other] : MPI_COMM_NULL, f->site > other, &merged));
     CHECK(fault_mpi_errors_return(merged));
     f->world = merged;
     return ISTH_OK;
@@ -708,7 +713,7 @@ int federation_host(Federation *f, const Config *cfg)
     return ISTH_OK;
 }
 
-int federation_knocking(Federation *f, const Config *cfg, int site)
+int federation_knocking(Federation *f, int site)
 {
     int me, knocking = 0;
     MPI_Comm_rank(MPI_COMM_WORLD, &me);
@@ -718,7 +723,6 @@ int federation_knocking(Federation *f, const Config *cfg, int site)
         knocking = value[0] && strncmp(value, f->knock_seen[site], sizeof f->knock_seen[site]) != 0;
         if (knocking) host_ack_knock(f, site, value);
     }
-    (void)cfg;
     if (MPI_Bcast(&knocking, 1, MPI_INT, 0, MPI_COMM_WORLD) != MPI_SUCCESS) return 0;
     return knocking;
 }
@@ -773,7 +777,7 @@ void federation_destroy(Federation *f)
     if (f->hosting) MPI_Close_port(f->port);
     for (int i = 0; i < CONFIG_MAX_SITES; i++)
         if (f->leader_link[i] != MPI_COMM_NULL) MPI_Comm_free(&f->leader_link[i]);
-    if (f->world != MPI_COMM_WORLD && f->world != MPI_COMM_NULL) MPI_Comm_free(&f->world);
+    federation_free_world(&f->world);
     f->world = MPI_COMM_WORLD;
     f->federated = 0;
 }

@@ -86,7 +86,7 @@ int federation_join(Federation *f, const Config *cfg, const char *site_name);
 int federation_host(Federation *f, const Config *cfg);
 /* Between steps, collectively over the host's ranks: is the lost `site`
  * knocking with a value not yet tried? (it is told "busy" at once) */
-int federation_knocking(Federation *f, const Config *cfg, int site);
+int federation_knocking(Federation *f, int site);
 /* Take the knocking site back in at `step`: the handshake as when the run
  * formed (the verdict names the step), then a new world of both sites.
  * *joined = 1 and *old_world = the world it replaces (free it with

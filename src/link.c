@@ -299,12 +299,12 @@ int link_wait_live(Link *l, LinkMsg *const *msgs, int n, const char *what, unsig
     return ISTH_OK;
 }
 
-int link_send_blob(Link *l, int peer, int tag, const void *data, size_t bytes, uint64_t seq, const char *what)
+int link_send_blob(Link *l, int peer, int tag, unsigned char *frame, size_t bytes, uint64_t seq, const char *what)
 {
     LinkMsg m;
-    CHECK(link_msg_alloc(&m, peer, tag, sizeof(LinkHeader) + bytes, 0, 0));
-    memcpy(m.send + sizeof(LinkHeader), data, bytes);
-    link_frame(m.send, 0, LINK_CONTROL, 0, 0, seq, bytes, bytes);
+    link_msg_init_borrowed(&m, peer, tag, sizeof(LinkHeader) + bytes, 0, 0);
+    m.send = frame;
+    link_frame(frame, 0, LINK_CONTROL, 0, 0, seq, bytes, bytes);
     m.recv_done = 1; /* one way */
     LinkMsg *msgs[1] = {&m};
     const int rc = link_wait(l, msgs, 1, what);
@@ -312,17 +312,17 @@ int link_send_blob(Link *l, int peer, int tag, const void *data, size_t bytes, u
     return rc;
 }
 
-int link_recv_blob(Link *l, int peer, int tag, void *data, size_t bytes, uint64_t seq, const char *what)
+int link_recv_blob(Link *l, int peer, int tag, unsigned char *frame, size_t bytes, uint64_t seq, const char *what)
 {
     LinkMsg m;
-    CHECK(link_msg_alloc(&m, peer, tag, 0, sizeof(LinkHeader) + bytes, 0));
+    link_msg_init_borrowed(&m, peer, tag, 0, sizeof(LinkHeader) + bytes, 0);
+    m.recv = frame;
     m.send_posted = 2; /* one way */
     int rc = link_post_recv(l, &m);
     LinkMsg *msgs[1] = {&m};
     if (rc == ISTH_OK) rc = link_wait(l, msgs, 1, what);
-    const char *bad = rc == ISTH_OK ? link_check(m.recv, m.recv_bytes, LINK_CONTROL, 0, seq, bytes, bytes) : NULL;
+    const char *bad = rc == ISTH_OK ? link_check(frame, m.recv_bytes, LINK_CONTROL, 0, seq, bytes, bytes) : NULL;
     if (bad) rc = isth_fail(ISTH_ERUNTIME, "link: %s: frame from world rank %d rejected: %s", what, peer, bad);
-    if (rc == ISTH_OK) memcpy(data, m.recv + sizeof(LinkHeader), bytes);
     link_msg_free(&m);
     return rc;
 }

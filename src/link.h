@@ -164,11 +164,12 @@ void link_abandon(LinkMsg *m);
 const char *link_check(const unsigned char *buf, size_t bytes, uint8_t kind, uint32_t fragment,
                        uint64_t exchange, uint64_t values, uint64_t payload_bytes);
 
-/* One framed block one way, blocking, within the deadline: the sender's
- * `bytes` of data arrive in the receiver's data (the same size), checked
+/* One framed block one way, blocking, within the deadline. `frame` holds
+ * sizeof(LinkHeader) bytes of room, then the `bytes` of data (the sender's
+ * are sent in place; the receiver's, the same size, are filled), checked
  * (header, checksum, seq); ISTH_ERUNTIME naming `what` otherwise. */
-int link_send_blob(Link *l, int peer, int tag, const void *data, size_t bytes, uint64_t seq, const char *what);
-int link_recv_blob(Link *l, int peer, int tag, void *data, size_t bytes, uint64_t seq, const char *what);
+int link_send_blob(Link *l, int peer, int tag, unsigned char *frame, size_t bytes, uint64_t seq, const char *what);
+int link_recv_blob(Link *l, int peer, int tag, unsigned char *frame, size_t bytes, uint64_t seq, const char *what);
 
 /* A blocking control exchange of `bytes` per site, collective over every
  * rank of every site: each site's first rank (site_leaders[s], ranks in the

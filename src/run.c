@@ -403,13 +403,13 @@ int train_run(const Config *cfg, const char *resume, const char *site)
         StepLog s;
         rc = trainer_step(&tr, &s);
         if (rc != ISTH_OK) break;
-        if (tr.red.link.lost_new) rc = after_loss(&tr, &fed, cfg);
-        if (rc == ISTH_OK && tr.red.link.survive && link_any_lost(&tr.red.link, tr.topo.n_sites)) rc = check_dropped(&tr);
+        if (tr.red.link.lost_new) rc = after_loss(&tr, &fed, cfg); /* checks for a drop notice too */
+        else if (tr.red.link.survive && link_any_lost(&tr.red.link, tr.topo.n_sites)) rc = check_dropped(&tr);
         /* a two-site run: the live site hosts (the second one from the
          * first one's loss on) and takes the lost site back when it knocks */
         const int other = 1 - fed.site;
         if (rc == ISTH_OK && fed.federated && cfg->n_sites == 2 && tr.red.link.lost[other] && tr.step < tc->steps &&
-            fed.hosting && federation_knocking(&fed, cfg, other)) {
+            fed.hosting && federation_knocking(&fed, other)) {
             int stop = 0;
             rc = take_back(&tr, &fed, cfg, other, &vote, &stop);
             if (stop) tr.red.stop_request = 1;
