@@ -22,6 +22,20 @@ isthmus_locate() {
     export ISTHMUS ISTHMUS_TREE
 }
 
+# From the environment: `sets` (the --set arguments: ISTHMUS_OUT,
+# ISTHMUS_CKPT, ISTHMUS_ARGS) and `args` (those and --resume auto, unless
+# ISTHMUS_RESUME=none), the arguments every start of `isthmus train` gets.
+isthmus_train_args() {
+    sets=()
+    [ -n "${ISTHMUS_OUT:-}" ] && sets+=(--set "train.out_dir=$ISTHMUS_OUT")
+    [ -n "${ISTHMUS_CKPT:-}" ] && sets+=(--set "checkpoint.dir=$ISTHMUS_CKPT")
+    # shellcheck disable=SC2206
+    [ -n "${ISTHMUS_ARGS:-}" ] && sets+=(${ISTHMUS_ARGS})
+    args=(--resume auto "${sets[@]}")
+    [ "${ISTHMUS_RESUME:-auto}" = none ] && args=("${sets[@]}")
+    return 0
+}
+
 # The resolved value of section.key in CONFIG with the given --set args.
 isthmus_config_value() {
     local config=$1 key=$2
@@ -64,10 +78,13 @@ isthmus_launcher() {
 # time-limit warning and cancellation: isthmus checkpoints and exits 0),
 # and return its exit status. After a stop on USR1 the job requeues itself
 # (ISTHMUS_REQUEUE=1, the default) so that the run continues.
+# Every stop goes on as USR1, which isthmus treats as TERM: srun answers a
+# TERM by sending SIGKILL to its tasks (the checkpoint of the stop would be
+# lost), while it passes USR1 on as it is; so do mpirun and federated.sh.
 isthmus_run() {
     local child rc signalled=
     trap 'signalled=USR1; [ -n "${child:-}" ] && kill -USR1 "$child" 2> /dev/null' USR1
-    trap 'signalled=TERM; [ -n "${child:-}" ] && kill -TERM "$child" 2> /dev/null' TERM INT
+    trap 'signalled=TERM; [ -n "${child:-}" ] && kill -USR1 "$child" 2> /dev/null' TERM INT
     "$@" &
     child=$!
     wait "$child"

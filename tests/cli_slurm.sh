@@ -10,7 +10,8 @@
 #    its next start and ends on the same model as an undisturbed run;
 #  - the federated pair (ompi-server.sbatch, site.sbatch a and b): scancel
 #    of site b's job lets b leave while a trains on; b submitted again
-#    rejoins the live run and both end on the same model.
+#    rejoins the live run and both end on the same model;
+#  - the harness stops every daemon it started, by PID.
 # Skipped (visibly) when the Slurm packages are not installed.
 . "$TOP_SRCDIR/tests/lib.sh"
 if ! command -v slurmctld > /dev/null || ! command -v slurmd > /dev/null || ! command -v munged > /dev/null; then
@@ -104,8 +105,9 @@ mpi 1 "$ISTHMUS" train "$T" $RQ --set train.out_dir="$WORK/ref" > "$WORK/ref.log
 jid=$(ISTHMUS_OUT="$WORK/rq" ISTHMUS_ARGS="$RQ" sbatch --parsable -N1 -w siteA -o "$WORK/rq.log" \
     "$TOP_SRCDIR/jobs/site.sbatch" "$T")
 wait_log "$WORK/rq.log" '^step  *300/' 120 "$jid" && scontrol requeue "$jid"
-# Slurm holds a requeued job back (its begin time ~2 min ahead): start it now
-for _ in $(seq 1 100); do [ "$(job_field "$jid" JobState)" = PENDING ] && break; sleep 0.2; done
+# Slurm holds a requeued job back (its begin time ~2 min ahead): start it
+# now, once its first start has ended (a loaded machine takes a while)
+for _ in $(seq 1 300); do [ "$(job_field "$jid" JobState)" = PENDING ] && break; sleep 0.2; done
 scontrol update JobId="$jid" StartTime=now 2> /dev/null
 wait_state "$jid" COMPLETED 240
 if [ "$(job_field "$jid" JobState)" = COMPLETED ] && [ "$(job_field "$jid" Restarts)" = 1 ] &&
@@ -113,7 +115,7 @@ if [ "$(job_field "$jid" JobState)" = COMPLETED ] && [ "$(job_field "$jid" Resta
     h5diff "$WORK/ref/model.h5" "$WORK/rq/model.h5" /model /model > /dev/null 2>&1; then
     pass "scontrol requeue: $(grep -m1 '^resumed from' "$WORK/rq.log" | sed 's|.*/||; s|:.*||') resumed; the final model is the undisturbed run's, bit for bit"
 else
-    fail "requeue: state $(job_field "$jid" JobState), restarts $(job_field "$jid" Restarts): $(grep -h 'error\|resumed' "$WORK/rq.log" | head -2)"
+    fail "requeue: state $(job_field "$jid" JobState), restarts $(job_field "$jid" Restarts), exit $(job_field "$jid" ExitCode), reason $(job_field "$jid" Reason); the job's lines that are neither config nor steps: $(grep -v '^step \|^\[\|^[a-z_0-9]* = \|^  \|^$' "$WORK/rq.log" | tail -12 | tr '\n' '|'); slurmd: $(grep -h 'error' "$CL"/log/slurmd-siteA.log | tail -4 | tr '\n' '|')"
 fi
 
 # 5. the federated pair: ompi-server's job, one job per site; scancel of
@@ -143,6 +145,17 @@ if [ "$(job_field "$ajid" JobState)" = COMPLETED ] && [ "$(job_field "$b2jid" Jo
     pass "federated jobs: scancel of b ($(grep -m1 '^site b \(left\|lost\) at step' "$WORK/fed_a.log" | cut -d: -f1)), a trains on, b resubmitted rejoins; the same final model"
 else
     fail "federated jobs: a $(job_field "$ajid" JobState), b2 $(job_field "$b2jid" JobState): $(grep -h 'error\|left\|lost\|rejoin' "$WORK"/fed_*.log | head -3)"
+fi
+
+# 6. the harness stops what it started, by PID (also on the way out of a failed test: the trap)
+pids=$("$CLUSTER" alive "$CL")
+"$CLUSTER" stop "$CL"
+left=""
+for p in $pids; do kill -0 "$p" 2> /dev/null && left="$left $p"; done
+if [ "$(echo "$pids" | wc -w)" -eq 4 ] && [ -z "$left" ] && ! "$CLUSTER" alive "$CL" > /dev/null; then
+    pass "cluster.sh stop: munged, slurmctld and both slurmd ($(echo $pids | tr ' ' ',')) are gone"
+else
+    fail "cluster.sh stop: daemons alive before: '$pids', after:$left"
 fi
 
 finish || exit 1

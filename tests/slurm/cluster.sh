@@ -10,13 +10,15 @@
 #                           both nodes to be idle; prints `export
 #                           SLURM_CONF=DIR/slurm.conf` for the caller
 #   cluster.sh stop DIR     stop every daemon started in DIR (by PID)
+#   cluster.sh alive DIR    the PIDs of DIR's daemons still alive (exit 1: none)
 #
 # What one host needs to be two nodes (Debian 12, Slurm 22.05): a Port per
 # NodeName, a spool and log per node (%n), SlurmdParameters=config_overrides
 # with a CPU count so that ranks may oversubscribe the cores, PMIx's client
 # directory in mpi.conf; munged on its own socket (AuthInfo=socket=...).
 set -u
-die() { echo "cluster.sh: $*" >&2; exit 2; }
+die() { echo "cluster.sh: $*" >&2; exit 2; }   # bad use, or Slurm missing
+broken() { echo "cluster.sh: $*" >&2; exit 1; } # a daemon did not come up
 
 cmd_start() {
     local dir=$1 host base
@@ -35,7 +37,7 @@ cmd_start() {
     chmod 400 "$dir/munge/munge.key"
     munged --force --socket="$dir/munge/munge.socket" --key-file="$dir/munge/munge.key" \
         --pid-file="$dir/run/munged.pid" --log-file="$dir/log/munged.log" --seed-file="$dir/munge/seed" ||
-        die "munged did not start (see $dir/log/munged.log)"
+        broken "munged did not start (see $dir/log/munged.log)"
     cat > "$dir/slurm.conf" <<CONF
 ClusterName=isthmus-test
 SlurmctldHost=$host
@@ -74,9 +76,9 @@ PartitionName=test Nodes=siteA,siteB Default=YES MaxTime=INFINITE State=UP OverS
 CONF
     printf 'PMIxCliTmpDirBase=%s/pmix\n' "$dir" > "$dir/mpi.conf"
     export SLURM_CONF=$dir/slurm.conf
-    slurmctld -c -f "$SLURM_CONF" || die "slurmctld did not start (see $dir/log/slurmctld.log)"
+    slurmctld -c -f "$SLURM_CONF" || broken "slurmctld did not start (see $dir/log/slurmctld.log)"
     for n in siteA siteB; do
-        slurmd -N "$n" -f "$SLURM_CONF" || die "slurmd $n did not start (see $dir/log/slurmd-$n.log)"
+        slurmd -N "$n" -f "$SLURM_CONF" || broken "slurmd $n did not start (see $dir/log/slurmd-$n.log)"
     done
     local idle=0
     for _ in $(seq 1 150); do
@@ -84,7 +86,7 @@ CONF
         [ "$idle" -eq 2 ] && break
         sleep 0.2
     done
-    [ "$idle" -eq 2 ] || die "the nodes did not come up idle: $(sinfo -h -N -o '%N %t' 2>&1 | tr '\n' ' ') (see $dir/log)"
+    [ "$idle" -eq 2 ] || broken "the nodes did not come up idle: $(sinfo -h -N -o '%N %t' 2>&1 | tr '\n' ' ') (see $dir/log)"
     echo "export SLURM_CONF=$SLURM_CONF"
 }
 
@@ -110,7 +112,20 @@ cmd_stop() {
     return 0
 }
 
+# The daemons started in DIR that are alive (PIDs), one per line; exit 1
+# when none is.
+cmd_alive() {
+    local dir=$1 f pid any=1
+    for f in "$dir"/run/*.pid; do
+        [ -f "$f" ] || continue
+        pid=$(cat "$f")
+        if [ -n "$pid" ] && kill -0 "$pid" 2> /dev/null; then echo "$pid"; any=0; fi
+    done
+    return $any
+}
+
 case "${1:-}" in
+alive) shift; [ $# -eq 1 ] || die "usage: cluster.sh alive DIR"; cmd_alive "$1" ;;
 start) shift; [ $# -eq 1 ] || die "usage: cluster.sh start DIR"; cmd_start "$1" ;;
 stop) shift; [ $# -eq 1 ] || die "usage: cluster.sh stop DIR"; cmd_stop "$1" ;;
 *) sed -n '2,20p' "$0" >&2; exit 2 ;;
