@@ -325,6 +325,13 @@ static void prune(const char *dir, int keep)
 
 static int write_checkpoint(Trainer *tr);
 
+/* What a site's first rank tells the others when its file is complete. */
+typedef struct {
+    long step;
+    double start_wall; /* seconds since the epoch when its write began */
+    double bytes;      /* the file's size */
+} CkptDone;
+
 int ckpt_write(Trainer *tr)
 {
     char what[64];
@@ -370,28 +377,40 @@ static int write_checkpoint(Trainer *tr)
     }
     CHECK(h5_commit(&f));
     /* every site's file is complete before anyone prunes or goes on: the
-     * sites' first ranks confirm the step to each other through the link */
-    long mine = tr->step, *all = isth_malloc(sizeof(long) * (size_t)t->n_sites);
+     * sites' first ranks confirm the step to each other through the link,
+     * with when they began and how large their file is (for the log) */
+    struct stat st;
+    CkptDone mine = {tr->step, wall_s() - (now_s() - t0), stat(path, &st) == 0 ? (double)st.st_size : 0.0};
+    CkptDone *all = isth_malloc(sizeof *all * (size_t)t->n_sites);
     CHECK_ALLOC(all);
     rc = trainer_control(tr, &mine, sizeof mine, all, "checkpoint completion");
-    for (int s = 0; rc == ISTH_OK && s < t->n_sites; s++)
-        if (all[s] != tr->step && !tr->red.link.lost[s]) /* a lost site has no say */
+    double first_start = mine.start_wall, bytes_all = 0.0;
+    for (int s = 0; rc == ISTH_OK && s < t->n_sites; s++) {
+        if (tr->red.link.lost[s]) continue; /* a lost site has no say */
+        if (all[s].step != tr->step)
             rc = isth_fail(ISTH_ERUNTIME, "checkpoint: site %s completed step %ld, site %s step %ld",
-                           t->sites[s].name, all[s], t->sites[t->site].name, tr->step);
+                           t->sites[s].name, all[s].step, t->sites[t->site].name, tr->step);
+        if (all[s].start_wall < first_start) first_start = all[s].start_wall;
+        bytes_all += all[s].bytes;
+    }
     isth_free(all);
     CHECK(rc);
     int site_rank;
     CHECK_MPI(MPI_Comm_rank(t->site_comm, &site_rank));
     if (site_rank == 0) prune(dir, tr->cfg.checkpoint.keep);
-    const double dt = now_s() - t0;
+    const double dt = now_s() - t0, dt_all = wall_s() - first_start;
     if (tr->log) {
-        struct stat st;
-        double mb = stat(path, &st) == 0 ? st.st_size / 1e6 : 0.0;
-        printf("checkpoint: step %ld -> %s (%.1f MB) in %.2f s, %.0f MB/s\n", tr->step, path, mb, dt, mb / dt);
+        const double mb = mine.bytes / 1e6, mb_all = bytes_all / 1e6;
+        printf("checkpoint: step %ld -> %s (%.1f MB) in %.2f s, %.0f MB/s", tr->step, path, mb, dt, mb / dt);
+        /* several sites write at once: what the disks took together */
+        if (t->n_sites > 1) printf("; every site's file: %.1f MB in %.2f s, %.0f MB/s", mb_all, dt_all, mb_all / dt_all);
+        printf("\n");
         fflush(stdout);
         if (tr->metrics.f) {
-            fprintf(tr->metrics.f, "{\"checkpoint\":\"%s\",\"step\":%ld,\"mb\":%.3f,\"seconds\":%.3f}\n", path,
-                    tr->step, mb, dt);
+            fprintf(tr->metrics.f,
+                    "{\"checkpoint\":\"%s\",\"step\":%ld,\"mb\":%.3f,\"seconds\":%.3f,\"mb_all_sites\":%.3f,"
+                    "\"seconds_all_sites\":%.3f}\n",
+                    path, tr->step, mb, dt, mb_all, dt_all);
         }
     }
     return tr->log ? metrics_flush(&tr->metrics) : ISTH_OK;

@@ -1,5 +1,7 @@
 /* clock.h — the one clock for durations: monotonic seconds (deadlines,
- * step times, throughput). Never the wall clock, which can jump. */
+ * step times, throughput). Never the wall clock, which can jump; wall_s
+ * only for times that are compared across processes (sites on one host,
+ * or hosts kept in step by NTP), and never for a deadline. */
 #ifndef ISTHMUS_CLOCK_H
 #define ISTHMUS_CLOCK_H
 
@@ -9,6 +11,13 @@ static inline double now_s(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static inline double wall_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
