@@ -72,15 +72,18 @@ cmd_site() {
         mpirun ${MPIRUN_ARGS:-} -np "$np" --ompi-server "file:$uri" "$isthmus" train "$config" --site "$site" "$@" \
             "${extra[@]}" &
         child=$!
-        # a signal to this script (timeout, scancel) goes on to mpirun
+        # a signal to this script (timeout, scancel) goes on to mpirun; USR1
+        # (the job scripts' stop: checkpoint and leave) as it is, which
+        # mpirun passes on to the ranks
         trap 'kill -TERM "$child" 2>/dev/null' TERM INT HUP
+        trap 'kill -USR1 "$child" 2>/dev/null' USR1
         wait "$child"
         rc=$?
         while kill -0 "$child" 2>/dev/null; do
             wait "$child"
             rc=$?
         done
-        trap - TERM INT HUP
+        trap - TERM INT HUP USR1
         [ $rc -eq 3 ] && [ $tries -lt "${ISTHMUS_REJOINS:-3}" ] || return $rc
         tries=$((tries + 1))
         echo "federated.sh: site $site was dropped from the live run (exit 3); starting it again to rejoin ($tries of ${ISTHMUS_REJOINS:-3})" >&2
