@@ -18,6 +18,8 @@ typedef struct {
     double aux_loss, z_loss;
     double lr, grad_norm;
     double tokens_per_s, ms_per_step;
+    double compute_s;     /* of the step's time, the inner step's own work: not the outer steps, not
+                           * sync's reduction across sites (the rest waits on, or works for, the link) */
     double tokens;        /* tokens seen so far */
     double dropped_frac;  /* share of routed copies dropped for capacity */
     double a2a_bytes;     /* expert all-to-all bytes, sent + received, all ranks */

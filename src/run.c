@@ -192,6 +192,23 @@ static int traffic_summary(Trainer *tr)
     return metrics_flush(&tr->metrics);
 }
 
+/* This site's compute utilisation over the training: the time its first
+ * rank spent in the inner steps' own work against the training's wall time
+ * (evaluations and checkpoints taken out). What the link costs shows as
+ * the rest: waits for it, and outer steps. */
+static int utilisation_summary(Trainer *tr, double wall_s, double compute_s, double wait_s, double paused_s)
+{
+    if (!tr->log || wall_s <= 0) return ISTH_OK;
+    printf("compute utilisation: %.1f%% (inner steps %.1f s of %.1f s of training; link wait %.1f s; "
+           "evaluations and checkpoints, %.1f s, not counted)\n",
+           100.0 * compute_s / wall_s, compute_s, wall_s, wait_s, paused_s);
+    if (tr->metrics.f)
+        fprintf(tr->metrics.f, "{\"summary\":\"compute\",\"steps\":%ld,\"wall_s\":%.3f,\"compute_s\":%.3f,"
+                "\"utilisation\":%.5f,\"link_wait_s\":%.3f,\"paused_s\":%.3f}\n",
+                tr->step, wall_s, compute_s, compute_s / wall_s, wait_s, paused_s);
+    return metrics_flush(&tr->metrics);
+}
+
 /* SIGTERM / SIGUSR1 (what Slurm sends before the time limit): finish the
  * step, checkpoint, exit 0. The handler only raises a flag; a second signal
  * during the checkpoint changes nothing (the file is renamed when complete). */
@@ -399,6 +416,10 @@ int train_run(const Config *cfg, const char *resume, const char *site)
     int stopping = 0, ckpt_due = 0;
     fault_set_step(tr.step);
     if (rc == ISTH_OK && tc->eval_every > 0 && tr.step == 0) rc = trainer_eval(&tr, NULL, NULL);
+    /* the training's wall time, less the evaluations and checkpoints in it
+     * (paused_s): what compute utilisation is measured against */
+    const double loop_start = now_s(), compute_start = tr.compute_s, wait_start = tr.red.link.wait_s;
+    double paused_s = 0.0;
     while (rc == ISTH_OK && tr.step < tc->steps) {
         StepLog s;
         rc = trainer_step(&tr, &s);
@@ -432,7 +453,9 @@ int train_run(const Config *cfg, const char *resume, const char *site)
              * their own step, after a restart too (saved in the checkpoint) */
             if (tr.mode != MODE_SYNC) rc = outer_drain(&tr.outer, &tr.red);
             if (rc == ISTH_OK && stopping && tr.mode != MODE_SYNC) rc = outer_drain_probes(&tr.outer, &tr.metrics);
+            const double t_ckpt = now_s();
             if (rc == ISTH_OK) rc = ckpt_write(&tr);
+            paused_s += now_s() - t_ckpt;
             ckpt_due = 0;
             if (rc != ISTH_OK) break;
             if (stopping && others_leave(&tr)) {
@@ -444,14 +467,20 @@ int train_run(const Config *cfg, const char *resume, const char *site)
                 break;
             }
         }
-        if (tc->eval_every > 0 && tr.step % tc->eval_every == 0 && tr.step < tc->steps)
+        if (tc->eval_every > 0 && tr.step % tc->eval_every == 0 && tr.step < tc->steps) {
+            const double t_eval = now_s();
             rc = trainer_eval(&tr, NULL, NULL);
+            paused_s += now_s() - t_eval;
+        }
     }
     /* on an error the job ends (fault_end_job); waiting here could hang */
     if (vote.pending && rc == ISTH_OK) rc = MPI_Wait(&vote.req, MPI_STATUS_IGNORE) == MPI_SUCCESS ? ISTH_OK : ISTH_ERUNTIME;
     const int finished = rc == ISTH_OK && tr.step >= tc->steps;
     if (finished && tr.mode != MODE_SYNC)
         rc = outer_finish(&tr.outer, &tr.red, tr.be, tr.step, &tr.metrics, tr.log);
+    if (finished && rc == ISTH_OK)
+        rc = utilisation_summary(&tr, now_s() - loop_start - paused_s, tr.compute_s - compute_start,
+                                 tr.red.link.wait_s - wait_start, paused_s);
     if (finished && rc == ISTH_OK && tc->check_replicas > 0) rc = check_replicas(&tr);
     if (finished && rc == ISTH_OK) rc = traffic_summary(&tr);
     if (finished && rc == ISTH_OK) rc = ckpt_write(&tr);

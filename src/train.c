@@ -215,13 +215,20 @@ int trainer_step(Trainer *tr, StepLog *out)
         sums.dropped += (double)st.dropped;
     }
     tr->cursor.step++;
+    /* the inner step's own work (what a one-site run does too) is timed
+     * apart from what waits on other sites: sync's reduction over every
+     * site, the outer steps after the optimiser */
+    double compute = 0.0;
     if (tr->mode != MODE_SYNC) {
         CHECK(reduce_learner_sum(&tr->red, be));
+        compute += now_s() - t0;
     } else {
+        compute += now_s() - t0;
         ReduceReport rep;
         CHECK(reduce_start(&tr->red, be, 0, STATE_GRADS, REDUCE_GRADS));
         CHECK(reduce_finish(&tr->red, be, 0, STATE_GRADS, &rep));
     }
+    const double t_update = now_s();
     sums.a2a_bytes = coll_since_mark(&tr->ep);
     /* learner means of aux and z: divide each rank's share by its G; learners
      * are weighted equally in the reported value */
@@ -239,6 +246,8 @@ int trainer_step(Trainer *tr, StepLog *out)
     if (t->learner_size > 1) CHECK(reduce_share_params(&tr->red, be));
     tr->step++;
     tr->tokens_seen += t->total_tokens_per_step;
+    compute += now_s() - t_update;
+    tr->compute_s += compute;
     if (tr->mode != MODE_SYNC) CHECK(outer_after_step(&tr->outer, &tr->red, be, tr->step, &tr->metrics, tr->log));
     double wait;
     link_since_mark(&tr->red.link, &sums.inter_site_bytes, &wait);
@@ -262,6 +271,7 @@ int trainer_step(Trainer *tr, StepLog *out)
     out->lr = lr;
     out->grad_norm = norm;
     out->ms_per_step = 1e3 * dt;
+    out->compute_s = compute;
     out->tokens_per_s = t->total_tokens_per_step / dt;
     out->tokens = tr->tokens_seen;
     out->dropped_frac = sums.dropped / (sums.scored * mc->top_k * mc->layers);
