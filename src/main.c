@@ -26,6 +26,7 @@
 #include "memory.h"
 #include "metrics.h"
 #include "plan.h"
+#include "planner.h"
 #include "status.h"
 #include "run.h"
 #include "stateview.h"
@@ -47,6 +48,7 @@ static const char *const usage_main =
     "  bench CONFIG [--threads 1,2] [--steps N]    training-step throughput and GFLOP/s\n"
     "  config [CONFIG] [--set ...]... [--keys]     print the resolved configuration\n"
     "  inspect FILE                                attributes, datasets and validity of a checkpoint\n"
+    "  plan CONFIG --site NAME:GPU:N... --link RATE,RTT   what a run would achieve on those sites\n"
     "\n"
     "'isthmus <command> --help' describes a command. Configuration keys: docs/configuration.md\n";
 
@@ -104,6 +106,22 @@ static const char *const usage_inspect =
     "dataset with its shape of a checkpoint or model file, then reads every dataset\n"
     "(fletcher32 checksums verified) and prints a verdict. Exit status 0 when valid,\n"
     "2 when the file is missing, truncated, corrupted or of another format version.\n";
+
+static const char *const usage_plan =
+    "usage: isthmus plan CONFIG.ini --site NAME:GPU:COUNT [--site ...] --link RATE,RTT\n"
+    "                    [--mfu F] [--target U] [--set section.key=value]...\n"
+    "\n"
+    "Plans a run of CONFIG on the given sites without running it: one --site per\n"
+    "[site.NAME] of the config (its layout with COUNT ranks, one per GPU), GPU a type\n"
+    "below or a peak in TFLOP/s (e.g. a CPU's rate from `isthmus bench`, with --mfu 1);\n"
+    "--link the rate and round trip between every pair of sites (e.g. 25Gbps,150ms).\n"
+    "Prints the parameters (total, active per token), memory per GPU by category, the\n"
+    "inner-step time of each site (tokens x FLOP per token / (GPUs x peak x MFU), MFU\n"
+    "default 0.4), the outer payload per exchange after the codec and its transfer\n"
+    "time, the compute utilisation of sync, diloco, streaming and butterfly with each\n"
+    "site's idle time, and the smallest H reaching --target (default 0.95).\n"
+    "docs/planner.md derives the model and compares it with measured runs.\n"
+    "GPU types (dense bf16 peak):\n";
 
 static int wants_help(int argc, char **argv)
 {
@@ -372,6 +390,67 @@ static int cmd_config(int argc, char **argv)
     return ISTH_OK;
 }
 
+static int cmd_plan(int argc, char **argv)
+{
+    if (wants_help(argc, argv)) {
+        fputs(usage_plan, stdout);
+        planner_print_gpus();
+        return ISTH_OK;
+    }
+    const char *overrides[MAX_OVERRIDES], *config = NULL, *link_text = NULL, *mfu_text = NULL, *target_text = NULL;
+    PlanSite sites[PLAN_MAX_SITES];
+    int n_over = 0, n_sites = 0;
+    for (int i = 0; i < argc; i++) { /* --site repeats, so not parse_common */
+        const char *a = argv[i], *eq = strchr(a, '=');
+        const size_t name_len = a[0] == '-' && eq ? (size_t)(eq - a) : strlen(a);
+        const char *v = a[0] == '-' && eq ? eq + 1 : NULL;
+        static const char *const with_value[] = {"--site", "--link", "--mfu", "--target", "--set"};
+        int known = -1;
+        for (int k = 0; k < 5; k++)
+            if (strlen(with_value[k]) == name_len && !strncmp(a, with_value[k], name_len)) known = k;
+        if (a[0] == '-' && a[1] && known < 0) return isth_fail(ISTH_EINPUT, "plan: unknown option '%s' (see --help)", a);
+        if (known < 0) {
+            if (config) return isth_fail(ISTH_EINPUT, "plan: unexpected argument '%s' (see --help)", a);
+            config = a;
+            continue;
+        }
+        if (!v && i + 1 < argc) v = argv[++i];
+        if (!v) return isth_fail(ISTH_EINPUT, "plan: %s needs a value", with_value[known]);
+        if (known == 0) {
+            if (n_sites == PLAN_MAX_SITES) return isth_fail(ISTH_EINPUT, "plan: more than %d --site", PLAN_MAX_SITES);
+            CHECK(planner_parse_site(v, &sites[n_sites]));
+            for (int j = 0; j < n_sites; j++)
+                if (!strcmp(sites[j].name, sites[n_sites].name))
+                    return isth_fail(ISTH_EINPUT, "plan: --site %s given twice", sites[j].name);
+            n_sites++;
+        } else if (known == 1) {
+            link_text = v;
+        } else if (known == 2) {
+            mfu_text = v;
+        } else if (known == 3) {
+            target_text = v;
+        } else {
+            if (n_over == MAX_OVERRIDES) return isth_fail(ISTH_EINPUT, "too many --set options");
+            overrides[n_over++] = v;
+        }
+    }
+    if (!config) return isth_fail(ISTH_EINPUT, "plan: missing CONFIG.ini (see isthmus plan --help)");
+    if (!n_sites) return isth_fail(ISTH_EINPUT, "plan: no --site NAME:GPU:COUNT (see isthmus plan --help)");
+    if (!link_text) return isth_fail(ISTH_EINPUT, "plan: no --link RATE,RTT (e.g. --link 25Gbps,150ms)");
+    PlanLink link;
+    CHECK(planner_parse_link(link_text, &link));
+    char *end;
+    const double mfu = mfu_text ? strtod(mfu_text, &end) : 0.4;
+    if (mfu_text && (*end || !(mfu > 0 && mfu <= 1)))
+        return isth_fail(ISTH_EINPUT, "plan: --mfu '%s': a fraction in (0, 1]", mfu_text);
+    const double target = target_text ? strtod(target_text, &end) : 0.95;
+    if (target_text && (*end || !(target > 0 && target < 1)))
+        return isth_fail(ISTH_EINPUT, "plan: --target '%s': a fraction in (0, 1)", target_text);
+    Config cfg;
+    CHECK(config_load(&cfg, config, overrides, n_over));
+    return planner_run(&cfg, sites, n_sites, link, mfu, target);
+}
+
 int main(int argc, char **argv)
 {
     /* Blocks under 32 MiB (glibc's largest threshold on 64-bit) come from
@@ -421,6 +500,8 @@ int main(int argc, char **argv)
         rc = cmd_inspect(argc - 2, argv + 2);
     } else if (!strcmp(argv[1], "config")) {
         rc = cmd_config(argc - 2, argv + 2);
+    } else if (!strcmp(argv[1], "plan")) {
+        rc = cmd_plan(argc - 2, argv + 2);
     } else {
         rc = isth_fail(ISTH_EINPUT, "unknown command '%s' (try isthmus --help)", argv[1]);
     }

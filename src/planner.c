@@ -1,0 +1,375 @@
+/* planner.c — see planner.h; the formulas are derived in docs/planner.md. */
+#include "planner.h"
+
+#include <ctype.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "bench.h"
+#include "codec.h"
+#include "memory.h"
+#include "model.h"
+#include "plan.h"
+#include "status.h"
+#include "autoconf.h"
+
+/* Dense (no sparsity) bf16 tensor-core peaks per GPU, TFLOP/s; sources in
+ * docs/planner.md (vendor datasheets). */
+static const struct {
+    const char *name;
+    double tflops;
+    const char *what;
+} gpu_types[] = {
+    {"a100", 312, "NVIDIA A100 SXM"},
+    {"h100", 989, "NVIDIA H100 SXM"},
+    {"h200", 989, "NVIDIA H200 SXM"},
+    {"b200", 2250, "NVIDIA B200 (HGX)"},
+    {"b300", 2250, "NVIDIA B300 (HGX Blackwell Ultra)"},
+    {"gb200", 2500, "NVIDIA GB200 (NVL72, per GPU)"},
+    {"gb300", 2500, "NVIDIA GB300 (NVL72, per GPU)"},
+    {"mi300x", 1307, "AMD Instinct MI300X"},
+};
+#define N_GPU_TYPES ((int)(sizeof gpu_types / sizeof gpu_types[0]))
+
+void planner_print_gpus(void)
+{
+    for (int i = 0; i < N_GPU_TYPES; i++)
+        printf("  %-7s %6.0f TFLOP/s  %s\n", gpu_types[i].name, gpu_types[i].tflops, gpu_types[i].what);
+}
+
+int planner_parse_site(const char *text, PlanSite *out)
+{
+    memset(out, 0, sizeof *out);
+    char buf[256];
+    if (strlen(text) >= sizeof buf) return isth_fail(ISTH_EINPUT, "plan: --site '%.40s...': too long", text);
+    snprintf(buf, sizeof buf, "%s", text);
+    char *gpu = strchr(buf, ':'), *count = gpu ? strchr(gpu + 1, ':') : NULL;
+    if (!gpu || !count || gpu == buf)
+        return isth_fail(ISTH_EINPUT, "plan: --site '%s': expected NAME:GPU:COUNT (e.g. east:gb300:64)", text);
+    *gpu++ = '\0';
+    *count++ = '\0';
+    if (strlen(buf) >= sizeof out->name) return isth_fail(ISTH_EINPUT, "plan: --site '%s': name too long", text);
+    snprintf(out->name, sizeof out->name, "%s", buf);
+    char *end;
+    const long n = strtol(count, &end, 10);
+    if (*end || end == count || n < 1 || n > 1 << 24)
+        return isth_fail(ISTH_EINPUT, "plan: --site '%s': GPU count '%s' is not a positive integer", text, count);
+    out->gpus = (int)n;
+    for (int i = 0; i < N_GPU_TYPES; i++)
+        if (!strcasecmp(gpu, gpu_types[i].name)) {
+            snprintf(out->gpu, sizeof out->gpu, "%s", gpu_types[i].name);
+            out->peak_tflops = gpu_types[i].tflops;
+            return ISTH_OK;
+        }
+    const double peak = strtod(gpu, &end);
+    if (*end || end == gpu || !(peak > 0) || !isfinite(peak))
+        return isth_fail(ISTH_EINPUT, "plan: --site '%s': GPU '%s' is neither a known type (isthmus plan --help lists "
+                         "them) nor a peak in TFLOP/s", text, gpu);
+    snprintf(out->gpu, sizeof out->gpu, "custom");
+    out->peak_tflops = peak;
+    return ISTH_OK;
+}
+
+/* A number with a unit suffix; the unit's factor, or -1 when unknown. */
+static double with_unit(const char *s, const char *const *units, const double *factors, int n, double *value)
+{
+    char *end;
+    *value = strtod(s, &end);
+    if (end == s || !isfinite(*value)) return -1;
+    while (isspace((unsigned char)*end)) end++;
+    for (int i = 0; i < n; i++)
+        if (!strcasecmp(end, units[i])) return factors[i];
+    return -1;
+}
+
+int planner_parse_link(const char *text, PlanLink *out)
+{
+    char buf[128];
+    if (strlen(text) >= sizeof buf) return isth_fail(ISTH_EINPUT, "plan: --link '%.40s...': too long", text);
+    snprintf(buf, sizeof buf, "%s", text);
+    char *comma = strchr(buf, ',');
+    if (!comma) return isth_fail(ISTH_EINPUT, "plan: --link '%s': expected RATE,RTT (e.g. 25Gbps,150ms)", text);
+    *comma = '\0';
+    static const char *const rates[] = {"bps", "kbps", "mbps", "gbps", "tbps", "bit/s", "kbit/s", "mbit/s", "gbit/s"};
+    static const double rate_f[] = {1, 1e3, 1e6, 1e9, 1e12, 1, 1e3, 1e6, 1e9};
+    static const char *const times[] = {"s", "ms", "us"};
+    static const double time_f[] = {1, 1e-3, 1e-6};
+    double v;
+    const double rf = with_unit(buf, rates, rate_f, 9, &v);
+    if (rf < 0 || !(v > 0))
+        return isth_fail(ISTH_EINPUT, "plan: --link '%s': rate '%s' (a positive number with bps, Kbps, Mbps, Gbps "
+                         "or Tbps)", text, buf);
+    out->bits_per_s = v * rf;
+    const double tf = with_unit(comma + 1, times, time_f, 3, &v);
+    if (tf < 0 || v < 0)
+        return isth_fail(ISTH_EINPUT, "plan: --link '%s': round trip '%s' (a number with s, ms or us)", text, comma + 1);
+    out->rtt_s = v * tf;
+    return ISTH_OK;
+}
+
+/* The config with each planned site's ranks set to its GPU count. */
+static int planned_config(const Config *cfg, const PlanSite *sites, int n, Config *out)
+{
+    *out = *cfg;
+    if (cfg->n_sites == 0) {
+        if (n != 1)
+            return isth_fail(ISTH_EINPUT, "plan: %s has no [site.*] sections: give one --site", cfg->source);
+    } else if (n != cfg->n_sites) {
+        return isth_fail(ISTH_EINPUT, "plan: %s has %d site(s); give one --site per [site.NAME]", cfg->source,
+                         cfg->n_sites);
+    }
+    for (int i = 0; i < n; i++) {
+        int s = -1;
+        for (int j = 0; j < cfg->n_sites; j++)
+            if (!strcmp(cfg->sites[j].name, sites[i].name)) s = j;
+        if (cfg->n_sites == 0) {
+            out->n_sites = 1;
+            s = 0;
+            memset(&out->sites[0], 0, sizeof out->sites[0]);
+            snprintf(out->sites[0].name, sizeof out->sites[0].name, "%s", sites[i].name);
+            out->sites[0].learner_ranks = sites[i].gpus;
+            out->sites[0].micro_batch = cfg->train.micro_batch;
+            out->sites[0].grad_accum = cfg->train.grad_accum;
+            out->sites[0].speed = 1;
+        }
+        if (s < 0) return isth_fail(ISTH_EINPUT, "plan: --site %s: %s has no [site.%s]", sites[i].name, cfg->source,
+                                    sites[i].name);
+        SiteConfig *sc = &out->sites[s];
+        if (sites[i].gpus % sc->learner_ranks != 0)
+            return isth_fail(ISTH_EINPUT, "plan: --site %s: %d GPUs are not a whole number of learners of "
+                             "[site.%s] learner_ranks = %d", sites[i].name, sites[i].gpus, sc->name, sc->learner_ranks);
+        sc->ranks = sites[i].gpus;
+    }
+    snprintf(out->train.backend, sizeof out->train.backend, "cuda"); /* a --with-cuda build sizes device activations */
+    return ISTH_OK;
+}
+
+/* Canonical values of each fragment (values[p], p < P) and all of them. */
+static int fragment_values(const ModelConfig *mc, int P, double *values, double *all)
+{
+    Model m;
+    model_describe(&m, mc, 0, mc->experts);
+    ChunkTable ct;
+    CHECK(chunk_table_create(&ct, &m, P));
+    for (int p = 0; p < P; p++) values[p] = 0;
+    *all = 0;
+    for (int c = 0; c < ct.n_chunks; c++) {
+        values[ct.chunks[c].fragment] += (double)ct.chunks[c].size;
+        *all += (double)ct.chunks[c].size;
+    }
+    chunk_table_destroy(&ct);
+    return ISTH_OK;
+}
+
+static double encoded(Codec c, double values, int block) { return (double)codec_encoded_size(c, (size_t)values, block); }
+
+static double transfer_s(double bytes, PlanLink l) { return bytes * 8.0 / l.bits_per_s + PLAN_LINK_RTTS * l.rtt_s; }
+
+/* Utilisation and idle time of every site for a period of `steps` inner
+ * steps paced by the slowest site, plus `stall` of waiting for the link. */
+static void fill_mode(PlanMode *pm, const PlanResult *r, double steps, double stall, double link_busy)
+{
+    double slowest = 0;
+    for (int s = 0; s < r->n_sites; s++) slowest = fmax(slowest, r->step_s[s]);
+    pm->steps = steps;
+    pm->link_stall_s = stall;
+    pm->period_s = steps * slowest + stall;
+    pm->link_bound = link_busy > steps * slowest;
+    if (pm->link_bound) { /* the link cannot carry a period's bytes in its compute time: it sets the pace */
+        pm->link_stall_s = link_busy - steps * slowest;
+        pm->period_s = link_busy;
+    }
+    for (int s = 0; s < r->n_sites; s++) {
+        pm->utilisation[s] = steps * r->step_s[s] / pm->period_s;
+        pm->idle_s[s] = steps * (slowest - r->step_s[s]);
+    }
+}
+
+int planner_compute(const Config *cfg0, const PlanSite *sites, int n_sites, PlanLink link, double mfu,
+                    PlanResult *r)
+{
+    memset(r, 0, sizeof *r);
+    if (!(mfu > 0 && mfu <= 1)) return isth_fail(ISTH_EINPUT, "plan: --mfu %g: a fraction in (0, 1]", mfu);
+    Config cfg;
+    CHECK(planned_config(cfg0, sites, n_sites, &cfg));
+    const ModelConfig *mc = &cfg.model;
+    const OuterConfig *oc = &cfg.outer;
+    const Codec codec = (Codec)codec_from_name(oc->codec);
+    const int block = oc->codec_block, H = oc->inner_steps, tau = oc->overlap;
+    r->n_sites = cfg.n_sites;
+    r->flops_per_token = model_flops_per_token(mc);
+    int learners = 0;
+    for (int s = 0; s < cfg.n_sites; s++) {
+        const SiteConfig *sc = &cfg.sites[s];
+        const PlanSite *ps = NULL;
+        for (int i = 0; i < n_sites; i++)
+            if (!strcmp(sites[i].name, sc->name)) ps = &sites[i];
+        r->tokens_per_step[s] = (double)sc->ranks * sc->micro_batch * sc->grad_accum * mc->context;
+        r->step_s[s] = r->tokens_per_step[s] * r->flops_per_token / (ps->gpus * ps->peak_tflops * 1e12 * mfu);
+        learners += sc->ranks / sc->learner_ranks;
+    }
+    double slowest = 0;
+    for (int s = 0; s < r->n_sites; s++) slowest = fmax(slowest, r->step_s[s]);
+    const int S = r->n_sites, peers = S > 1 ? S - 1 : 0; /* every pair of sites has such a link */
+    double frag[LINK_MAX_FRAGMENTS], all;
+
+    /* sync: every step, the summed gradient of every parameter (the codec applies) */
+    CHECK(fragment_values(mc, 1, frag, &all));
+    PlanMode *m = &r->sync;
+    m->payload_bytes = encoded(codec, all, block);
+    m->transfer_s = peers ? transfer_s(m->payload_bytes, link) : 0;
+    fill_mode(m, r, 1, m->transfer_s, 0);
+
+    /* diloco: every H steps, the whole pseudo-gradient, blocking */
+    m = &r->diloco;
+    m->payload_bytes = encoded(codec, all, block);
+    m->transfer_s = peers ? transfer_s(m->payload_bytes, link) : 0;
+    fill_mode(m, r, H, m->transfer_s, 0);
+
+    /* streaming: P fragments, each once per H steps, each exchange hidden
+     * behind tau inner steps; what it does not hide stalls the step */
+    const int P = oc->mode_id == MODE_STREAMING ? oc->fragments : mc->layers;
+    CHECK(fragment_values(mc, P, frag, &all));
+    m = &r->streaming;
+    double stall = 0, busy = 0, largest = 0;
+    for (int p = 0; p < P; p++) {
+        const double bytes = encoded(codec, frag[p], block), x = peers ? transfer_s(bytes, link) : 0;
+        stall += fmax(0.0, x - tau * slowest);
+        busy += peers ? bytes * 8.0 / link.bits_per_s : 0;
+        if (bytes > largest) largest = bytes;
+    }
+    m->payload_bytes = largest;
+    m->transfer_s = peers ? transfer_s(largest, link) : 0;
+    fill_mode(m, r, H, stall, busy);
+
+    /* butterfly: 2^k learners, one round every H steps, each learner
+     * trading one fragment with its partner; with the sites' learners in
+     * contiguous blocks, the rounds whose bit splits the sites cross the
+     * link, each carrying every learner of the site's fragment */
+    r->butterfly_learners = (learners >= 2 && (learners & (learners - 1)) == 0) ? learners : 0;
+    if (r->butterfly_learners && S > 1) {
+        int k = 0;
+        while ((1 << k) < learners) k++;
+        const int Pb = oc->mode_id == MODE_BUTTERFLY ? oc->fragments : 1;
+        CHECK(fragment_values(mc, Pb, frag, &all));
+        const int per_site = learners / S;
+        int crossing = 0; /* rounds of k whose partner is at another site */
+        for (int j = 0; j < k; j++) crossing += (1 << j) >= per_site;
+        m = &r->butterfly;
+        m->payload_bytes = encoded(codec, frag[0], block) * per_site;
+        m->transfer_s = transfer_s(m->payload_bytes, link);
+        const double x_stall = fmax(0.0, m->transfer_s - tau * slowest);
+        fill_mode(m, r, (double)H * k, crossing * x_stall, crossing * m->payload_bytes * 8.0 / link.bits_per_s);
+    }
+    return ISTH_OK;
+}
+
+static void print_mode(const char *name, const char *shape, const PlanMode *m, const PlanResult *r, const Config *cfg)
+{
+    double worst = 1;
+    for (int s = 0; s < r->n_sites; s++) worst = fmin(worst, m->utilisation[s]);
+    printf("  %-10s %-24s %10.3g MB %9.3f s %9.3f s %8.1f%%", name, shape, m->payload_bytes / 1e6, m->transfer_s,
+           m->period_s, 100.0 * worst);
+    for (int s = 0; s < r->n_sites; s++) printf(" | %s %5.1f%% idle %.2f s", cfg->sites[s].name, 100 * m->utilisation[s],
+                                                 m->idle_s[s] + m->link_stall_s);
+    printf("%s\n", m->link_bound ? " | link-bound" : "");
+}
+
+/* The smallest H at which the slowest site reaches `target`, or -1. */
+static long smallest_h(const Config *cfg0, const PlanSite *sites, int n, PlanLink link, double mfu, double target,
+                       int streaming)
+{
+    Config c = *cfg0;
+    for (long H = 1; H <= 1L << 20; H = H < 16 ? H + 1 : H + H / 8) {
+        if (streaming && (H <= c.outer.overlap || H < c.outer.fragments)) continue;
+        c.outer.inner_steps = (int)H;
+        PlanResult r;
+        const int was = status_set_quiet(1);
+        const int rc = planner_compute(&c, sites, n, link, mfu, &r);
+        status_set_quiet(was);
+        if (rc != ISTH_OK) return -1;
+        const PlanMode *m = streaming ? &r.streaming : &r.diloco;
+        double slowest = 1;
+        for (int s = 0; s < r.n_sites; s++) {
+            double site_u = m->utilisation[s];
+            /* a faster site's idle time is the sites' imbalance, not the link's */
+            site_u = m->steps * r.step_s[s] / (m->period_s - m->idle_s[s]);
+            slowest = fmin(slowest, site_u);
+        }
+        if (slowest >= target) return H;
+    }
+    return -1;
+}
+
+int planner_run(const Config *cfg0, const PlanSite *sites, int n_sites, PlanLink link, double mfu, double target)
+{
+    PlanResult r;
+    CHECK(planner_compute(cfg0, sites, n_sites, link, mfu, &r));
+    Config cfg;
+    CHECK(planned_config(cfg0, sites, n_sites, &cfg));
+    const ModelConfig *mc = &cfg.model;
+    const OuterConfig *oc = &cfg.outer;
+    const double total = model_total_params(mc);
+    const double active = total - (double)mc->layers * (mc->experts - mc->top_k) * 3.0 * mc->dim * mc->ffn;
+    printf("plan: %s (mode %s, H = %d, fragments %d, overlap %d, codec %s/%d)\n", cfg.source, oc->mode,
+           oc->inner_steps, oc->fragments, oc->overlap, oc->codec, oc->codec_block);
+    printf("model: %.4g B parameters, %.4g B active per token (%.1fx expert sparsity), %.4g GFLOP per token "
+           "trained\n", total / 1e9, active / 1e9, (double)mc->experts / mc->top_k, r.flops_per_token / 1e9);
+    printf("link: %.4g Gbit/s, %.4g ms round trip between every pair of sites (%.4g MB in flight per round trip); "
+           "an exchange costs bytes / rate + %.0f round trips\n", link.bits_per_s / 1e9, link.rtt_s * 1e3,
+           link.bits_per_s * link.rtt_s / 8e6, PLAN_LINK_RTTS);
+    printf("sites (inner step = tokens x FLOP per token / (GPUs x peak x MFU %.2f)):\n", mfu);
+    for (int s = 0; s < cfg.n_sites; s++) {
+        const PlanSite *ps = NULL;
+        for (int i = 0; i < n_sites; i++)
+            if (!strcmp(sites[i].name, cfg.sites[s].name)) ps = &sites[i];
+        printf("  %-8s %-7s %8.4g TFLOP/s x %5d GPUs, %4d learner(s) of %d, %10.0f tokens/step, step %.4g s\n",
+               cfg.sites[s].name, ps->gpu, ps->peak_tflops, ps->gpus, cfg.sites[s].ranks / cfg.sites[s].learner_ranks,
+               cfg.sites[s].learner_ranks, r.tokens_per_step[s], r.step_s[s]);
+    }
+    /* memory per GPU: the rank that holds the most, the config's mode */
+    int world = 0;
+    for (int s = 0; s < cfg.n_sites; s++) world += cfg.sites[s].ranks;
+    MemoryPlan mp;
+    long rank = 0;
+    CHECK(memory_plan_largest(&cfg, world, &mp, &rank));
+    printf("memory per GPU (%s mode), ", oc->mode);
+    memory_print(&mp, world, (int)rank);
+#if !HAVE_CUDA
+    printf("  (this build has no CUDA backend: activations are the CPU backend's layout; a --with-cuda build "
+           "reports the GPU's)\n");
+#endif
+    printf("per mode (utilisation: inner-step time / wall time; idle: per period, waiting for a slower site or "
+           "the link):\n");
+    printf("  %-10s %-24s %13s %11s %11s %9s\n", "mode", "shape", "payload", "transfer", "period", "slowest");
+    char shape[64];
+    print_mode("sync", "every step", &r.sync, &r, &cfg);
+    snprintf(shape, sizeof shape, "H=%d", oc->inner_steps);
+    print_mode("diloco", shape, &r.diloco, &r, &cfg);
+    snprintf(shape, sizeof shape, "H=%d P=%d overlap=%d", oc->inner_steps,
+             oc->mode_id == MODE_STREAMING ? oc->fragments : mc->layers, oc->overlap);
+    print_mode("streaming", shape, &r.streaming, &r, &cfg);
+    if (r.butterfly_learners && r.n_sites > 1) {
+        snprintf(shape, sizeof shape, "%d learners, H=%d", r.butterfly_learners, oc->inner_steps);
+        print_mode("butterfly", shape, &r.butterfly, &r, &cfg);
+    }
+    double slowest = 0, fastest = 1e300;
+    for (int s = 0; s < r.n_sites; s++) slowest = fmax(slowest, r.step_s[s]), fastest = fmin(fastest, r.step_s[s]);
+    if (r.n_sites > 1 && slowest > fastest * 1.001)
+        printf("the sites' steps differ (%.4g s against %.4g s): the faster idles %.1f%% of each period; give it "
+               "%.3gx the tokens per step (micro_batch or grad_accum) to balance\n", fastest, slowest,
+               100.0 * (1 - fastest / slowest), slowest / fastest);
+    const long hd = smallest_h(&cfg, sites, n_sites, link, mfu, target, 0);
+    const long hs = smallest_h(&cfg, sites, n_sites, link, mfu, target, 1);
+    printf("smallest H for >= %.0f%% utilisation (beside the sites' imbalance): diloco ", 100 * target);
+    if (hd > 0) printf("%ld", hd); else printf("none up to 2^20");
+    printf(", streaming ");
+    if (hs > 0) printf("%ld", hs); else printf("none up to 2^20");
+    const double x = r.streaming.transfer_s;
+    printf(" (P=%d, overlap %d); overlap that hides a streaming fragment: >= %.0f steps\n",
+           oc->mode_id == MODE_STREAMING ? oc->fragments : mc->layers, oc->overlap, ceil(x / slowest));
+    return ISTH_OK;
+}

@@ -1,0 +1,79 @@
+/* planner.h — `isthmus plan`: what a run of a config would achieve on
+ * given sites (GPU type and count) joined by a given link, from the
+ * config, a FLOP model and the link's rate and round trip alone.
+ *
+ * Owns: the table of GPU types and their dense bf16 peaks (sourced in
+ * docs/planner.md), the parsing of `--site NAME:GPU:COUNT` and
+ * `--link RATE,RTT`, and the time model of each mode: inner-step time per
+ * site (tokens per step x FLOPs per token / (GPUs x peak x MFU)), the
+ * outer payload per fragment after the codec, its transfer time
+ * (bytes / rate + PLAN_LINK_RTTS round trips), and from those the compute
+ * utilisation of each mode, each site's idle time, and the smallest H (or
+ * largest overlap) for a target utilisation. docs/planner.md derives the
+ * formulas; tests/cli_plan.sh checks them against hand arithmetic and
+ * docs/results.md against measured runs.
+ * Must not: allocate a model or talk to other ranks (no MPI); its sizes
+ * come from the modules that allocate (model, plan, codec, memory).
+ */
+#ifndef ISTHMUS_PLANNER_H
+#define ISTHMUS_PLANNER_H
+
+#include "config.h"
+
+/* Round trips an exchange costs on top of its bytes: the rendezvous of a
+ * large MPI message (its request to send and the receiver's answer), then
+ * the data's one way and the verdict's way back. */
+#define PLAN_LINK_RTTS 2.0
+#define PLAN_MAX_SITES CONFIG_MAX_SITES
+
+typedef struct {
+    char name[CONFIG_NAME_MAX];
+    char gpu[32];       /* a type of the table, or "custom" for a number */
+    double peak_tflops; /* dense bf16 (or the measured rate of a CPU) per GPU */
+    int gpus;           /* ranks of the site */
+} PlanSite;
+
+typedef struct {
+    double bits_per_s;
+    double rtt_s;
+} PlanLink;
+
+/* "east:gb300:64" (a table type) or "a:0.047:1" (peak TFLOP/s as a number);
+ * ISTH_EINPUT naming the text otherwise. */
+int planner_parse_site(const char *text, PlanSite *out);
+/* "25Gbps,150ms" (rates: bps, Kbps, Mbps, Gbps, Tbps; times: s, ms, us). */
+int planner_parse_link(const char *text, PlanLink *out);
+/* The known GPU types, one per line (for --help and errors). */
+void planner_print_gpus(void);
+
+/* What one mode achieves, per site and overall. */
+typedef struct {
+    double period_s;                    /* wall time of one outer period (H steps; sync: one step) */
+    double steps;                       /* inner steps in that period */
+    double utilisation[PLAN_MAX_SITES]; /* inner-step time / wall time, per site */
+    double idle_s[PLAN_MAX_SITES];      /* per period: waiting for a slower site */
+    double link_stall_s;                /* per period: waiting for the link (every site) */
+    double payload_bytes;               /* one site's encoded payload of one exchange */
+    double transfer_s;                  /* one exchange: bytes / rate + PLAN_LINK_RTTS round trips */
+    int link_bound;                     /* the link's busy time exceeds the compute time */
+} PlanMode;
+
+typedef struct {
+    int n_sites;
+    double step_s[PLAN_MAX_SITES];    /* inner step time per site */
+    double tokens_per_step[PLAN_MAX_SITES];
+    double flops_per_token;
+    PlanMode sync, diloco, streaming, butterfly;
+    int butterfly_learners;           /* 0: butterfly not possible (learners not a power of two) */
+} PlanResult;
+
+/* The arithmetic alone (no printing): cfg's layout with each site's ranks
+ * set to its GPU count. */
+int planner_compute(const Config *cfg, const PlanSite *sites, int n_sites, PlanLink link, double mfu,
+                    PlanResult *out);
+
+/* `isthmus plan`: prints everything (parameters, memory per GPU, step
+ * times, payloads, utilisation per mode, idle times, the smallest H). */
+int planner_run(const Config *cfg, const PlanSite *sites, int n_sites, PlanLink link, double mfu, double target);
+
+#endif
