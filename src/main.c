@@ -27,6 +27,7 @@
 #include "metrics.h"
 #include "plan.h"
 #include "planner.h"
+#include "plot.h"
 #include "status.h"
 #include "run.h"
 #include "stateview.h"
@@ -49,6 +50,7 @@ static const char *const usage_main =
     "  config [CONFIG] [--set ...]... [--keys]     print the resolved configuration\n"
     "  inspect FILE                                attributes, datasets and validity of a checkpoint\n"
     "  plan CONFIG --site NAME:GPU:N... --link RATE,RTT   what a run would achieve on those sites\n"
+    "  plot RUN_DIR... -o FILE.png                 charts of runs' metrics (gnuplot)\n"
     "\n"
     "'isthmus <command> --help' describes a command. Configuration keys: docs/configuration.md\n";
 
@@ -122,6 +124,16 @@ static const char *const usage_plan =
     "site's idle time, and the smallest H reaching --target (default 0.95).\n"
     "docs/planner.md derives the model and compares it with measured runs.\n"
     "GPU types (dense bf16 peak):\n";
+
+static const char *const usage_plot =
+    "usage: isthmus plot RUN_DIR... -o FILE.png [--size WIDTHxHEIGHT]\n"
+    "\n"
+    "Draws four panels from each RUN_DIR/metrics.jsonl (an out_dir of isthmus train):\n"
+    "bits per byte on the prose and tech eval sets and training loss against tokens,\n"
+    "and the cumulative inter-site bytes against steps (log scale), one line per run,\n"
+    "labelled with the directory's name, mode and codec. Needs gnuplot (Debian's\n"
+    "gnuplot-nox). Default size 1600x1000. The PNG is written under FILE.png.tmp and\n"
+    "renamed when complete.\n";
 
 static int wants_help(int argc, char **argv)
 {
@@ -451,6 +463,28 @@ static int cmd_plan(int argc, char **argv)
     return planner_run(&cfg, sites, n_sites, link, mfu, target);
 }
 
+static int cmd_plot(int argc, char **argv)
+{
+    if (wants_help(argc, argv)) {
+        fputs(usage_plot, stdout);
+        return ISTH_OK;
+    }
+    const char *overrides[MAX_OVERRIDES], *pos[32], *out = NULL, *size = NULL;
+    const Option opts[] = {{"-o", 1, &out}, {"--size", 1, &size}};
+    int n_over, n_pos;
+    CHECK(parse_common(argc, argv, overrides, &n_over, pos, 32, &n_pos, opts, 2));
+    if (n_over) return isth_fail(ISTH_EINPUT, "plot: --set does not apply");
+    if (!n_pos) return isth_fail(ISTH_EINPUT, "plot: no RUN_DIR given (see isthmus plot --help)");
+    if (!out) return isth_fail(ISTH_EINPUT, "plot: no -o FILE.png given");
+    int w = 1600, h = 1000;
+    char tail;
+    if (size && (sscanf(size, "%dx%d%c", &w, &h, &tail) != 2))
+        return isth_fail(ISTH_EINPUT, "plot: --size '%s': WIDTHxHEIGHT in pixels", size);
+    int rank;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    return rank == 0 ? plot_runs(pos, n_pos, out, w, h) : ISTH_OK;
+}
+
 int main(int argc, char **argv)
 {
     /* Blocks under 32 MiB (glibc's largest threshold on 64-bit) come from
@@ -502,6 +536,8 @@ int main(int argc, char **argv)
         rc = cmd_config(argc - 2, argv + 2);
     } else if (!strcmp(argv[1], "plan")) {
         rc = cmd_plan(argc - 2, argv + 2);
+    } else if (!strcmp(argv[1], "plot")) {
+        rc = cmd_plot(argc - 2, argv + 2);
     } else {
         rc = isth_fail(ISTH_EINPUT, "unknown command '%s' (try isthmus --help)", argv[1]);
     }

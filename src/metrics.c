@@ -99,11 +99,11 @@ int metrics_step(Metrics *mt, const StepLog *s)
             "{\"step\":%ld,\"loss\":%s,\"bpb\":%s,\"aux_loss\":%s,\"z_loss\":%s,\"lr\":%.6g,"
             "\"grad_norm\":%s,\"tokens_per_s\":%.1f,\"ms_per_step\":%.3f,\"tokens\":%.0f,"
             "\"dropped_frac\":%s,\"a2a_bytes\":%.0f,\"inter_site_bytes\":%.0f,\"link_wait_s\":%.6f,"
-            "\"compute_s\":%.6f%s%s}\n",
+            "\"compute_s\":%.6f,\"inter_site_bytes_total\":%.0f%s%s}\n",
             s->step, jnum("%.17g", s->loss).text, jnum("%.6f", bpb).text, jnum("%.6g", s->aux_loss).text,
             jnum("%.6g", s->z_loss).text, s->lr, jnum("%.6g", s->grad_norm).text, s->tokens_per_s,
             s->ms_per_step, s->tokens, jnum("%.6f", s->dropped_frac).text, s->a2a_bytes, s->inter_site_bytes,
-            s->link_wait_s, s->compute_s, json_sites, json_missed);
+            s->link_wait_s, s->compute_s, s->inter_site_total, json_sites, json_missed);
     return metrics_flush(mt);
 }
 

@@ -24,6 +24,7 @@ typedef struct {
     double dropped_frac;  /* share of routed copies dropped for capacity */
     double a2a_bytes;     /* expert all-to-all bytes, sent + received, all ranks */
     double inter_site_bytes, link_wait_s;
+    double inter_site_total; /* inter_site_bytes of every step since this start of the run (logged or not) */
     int sites_present, n_sites; /* federated launch: the sites still in the run */
     /* federated launch: deadlines each site has missed in this run (each a
      * loss, until it rejoined); site_names[s] for the line */

@@ -271,7 +271,7 @@ static void print_mode(const char *name, const char *shape, const PlanMode *m, c
 {
     double worst = 1;
     for (int s = 0; s < r->n_sites; s++) worst = fmin(worst, m->utilisation[s]);
-    printf("  %-10s %-24s %10.3g MB %9.3f s %9.3f s %8.1f%%", name, shape, m->payload_bytes / 1e6, m->transfer_s,
+    printf("  %-10s %-24s %12.6g MB %9.3f s %9.3f s %8.1f%%", name, shape, m->payload_bytes / 1e6, m->transfer_s,
            m->period_s, 100.0 * worst);
     for (int s = 0; s < r->n_sites; s++) printf(" | %s %5.1f%% idle %.2f s", cfg->sites[s].name, 100 * m->utilisation[s],
                                                  m->idle_s[s] + m->link_stall_s);
@@ -291,15 +291,13 @@ static long smallest_h(const Config *cfg0, const PlanSite *sites, int n, PlanLin
         const int rc = planner_compute(&c, sites, n, link, mfu, &r);
         status_set_quiet(was);
         if (rc != ISTH_OK) return -1;
+        /* the slowest site's: with the sites balanced (the line before says
+         * how) every site does as well; a faster site's idle time is the
+         * imbalance, not the link's */
         const PlanMode *m = streaming ? &r.streaming : &r.diloco;
-        double slowest = 1;
-        for (int s = 0; s < r.n_sites; s++) {
-            double site_u = m->utilisation[s];
-            /* a faster site's idle time is the sites' imbalance, not the link's */
-            site_u = m->steps * r.step_s[s] / (m->period_s - m->idle_s[s]);
-            slowest = fmin(slowest, site_u);
-        }
-        if (slowest >= target) return H;
+        double u = 1;
+        for (int s = 0; s < r.n_sites; s++) u = fmin(u, m->utilisation[s] + m->idle_s[s] / m->period_s);
+        if (u >= target) return H;
     }
     return -1;
 }
@@ -344,7 +342,7 @@ int planner_run(const Config *cfg0, const PlanSite *sites, int n_sites, PlanLink
 #endif
     printf("per mode (utilisation: inner-step time / wall time; idle: per period, waiting for a slower site or "
            "the link):\n");
-    printf("  %-10s %-24s %13s %11s %11s %9s\n", "mode", "shape", "payload", "transfer", "period", "slowest");
+    printf("  %-10s %-24s %15s %11s %11s %9s\n", "mode", "shape", "payload", "transfer", "period", "lowest");
     char shape[64];
     print_mode("sync", "every step", &r.sync, &r, &cfg);
     snprintf(shape, sizeof shape, "H=%d", oc->inner_steps);

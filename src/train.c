@@ -117,7 +117,14 @@ int trainer_create(Trainer *tr, const Config *cfg, int log, MPI_Comm world)
     tr->targets = isth_malloc(n * sizeof(int));
     CHECK_ALLOC(tr->tokens);
     CHECK_ALLOC(tr->targets);
-    if (tr->log) CHECK(metrics_open(&tr->metrics, tr->metrics_dir));
+    if (tr->log) {
+        CHECK(metrics_open(&tr->metrics, tr->metrics_dir));
+        /* what the run is, for tools that read the file alone (isthmus plot) */
+        fprintf(tr->metrics.f, "{\"run\":\"start\",\"site\":\"%s\",\"mode\":\"%s\",\"codec\":\"%s\","
+                "\"sites\":%d,\"learners\":%d,\"steps\":%d}\n", t->sites[t->site].name, cfg->outer.mode,
+                cfg->outer.codec, t->n_sites, t->n_learners, cfg->train.steps);
+        CHECK(metrics_flush(&tr->metrics));
+    }
     return ISTH_OK;
 }
 
@@ -277,6 +284,8 @@ int trainer_step(Trainer *tr, StepLog *out)
     out->dropped_frac = sums.dropped / (sums.scored * mc->top_k * mc->layers);
     out->a2a_bytes = sums.a2a_bytes;
     out->inter_site_bytes = sums.inter_site_bytes;
+    tr->inter_site_total += sums.inter_site_bytes;
+    out->inter_site_total = tr->inter_site_total;
     out->link_wait_s = wait;
     out->n_sites = t->n_sites;
     out->sites_present = t->n_sites;

@@ -1,0 +1,248 @@
+/* plot.c — see plot.h. */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include "plot.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "alloc.h"
+#include "status.h"
+
+#define PLOT_MAX_RUNS 32
+#define PLOT_PATH_MAX 4096
+
+/* The number after "key": in a JSON line, if there is one. */
+static int json_number(const char *line, const char *key, double *v)
+{
+    char pat[64];
+    snprintf(pat, sizeof pat, "\"%s\":", key);
+    const char *p = strstr(line, pat);
+    if (!p) return 0;
+    char *end;
+    *v = strtod(p + strlen(pat), &end);
+    return end != p + strlen(pat);
+}
+
+/* The string after "key": (no escapes: isthmus writes none in these). */
+static int json_string(const char *line, const char *key, char *out, size_t cap)
+{
+    char pat[64];
+    snprintf(pat, sizeof pat, "\"%s\":\"", key);
+    const char *p = strstr(line, pat);
+    if (!p) return 0;
+    p += strlen(pat);
+    const char *q = strchr(p, '"');
+    if (!q) return 0;
+    snprintf(out, cap, "%.*s", (int)(q - p), p);
+    return 1;
+}
+
+typedef struct {
+    char label[256];
+    int steps, evals[2];
+    int positive_bytes; /* some step moved bytes between sites (a log scale can show it) */
+} RunData;
+
+/* Read one run's metrics.jsonl into three data files in tmp (rI_steps,
+ * rI_prose, rI_tech). */
+static int read_run(const char *dir, int index, const char *tmp, RunData *rd)
+{
+    char path[PLOT_PATH_MAX], out[PLOT_PATH_MAX];
+    snprintf(path, sizeof path, "%s/metrics.jsonl", dir);
+    FILE *f = fopen(path, "r");
+    if (!f) return isth_fail(ISTH_EINPUT, "plot: %s: %s (a run directory holds metrics.jsonl)", path, strerror(errno));
+    memset(rd, 0, sizeof *rd);
+    const char *base = strrchr(dir, '/');
+    while (base && base[1] == '\0' && base > dir) { /* a trailing slash */
+        const char *b = base - 1;
+        while (b > dir && *b != '/') b--;
+        base = b;
+    }
+    base = base && *base == '/' ? base + 1 : dir;
+    snprintf(rd->label, sizeof rd->label, "%.*s", (int)strcspn(base, "/"), base);
+    snprintf(out, sizeof out, "%s/r%d_steps", tmp, index);
+    FILE *fs = fopen(out, "w");
+    snprintf(out, sizeof out, "%s/r%d_prose", tmp, index);
+    FILE *fe[2] = {fopen(out, "w"), NULL};
+    snprintf(out, sizeof out, "%s/r%d_tech", tmp, index);
+    fe[1] = fopen(out, "w");
+    if (!fs || !fe[0] || !fe[1]) {
+        if (fs) fclose(fs);
+        for (int i = 0; i < 2; i++)
+            if (fe[i]) fclose(fe[i]);
+        fclose(f);
+        return isth_fail(ISTH_ERUNTIME, "plot: cannot write into %s: %s", tmp, strerror(errno));
+    }
+    char *line = NULL;
+    size_t cap = 0;
+    int have_run = 0;
+    double last_total = 0, offset = 0, summed = 0, last_step = 0, last_tokens = 0;
+    /* eval lines may precede the step line of their step: keep them and place them after */
+    double *eval_step[2] = {NULL, NULL}, *eval_bpb[2] = {NULL, NULL};
+    int n_eval[2] = {0, 0}, cap_eval[2] = {0, 0}, rc = ISTH_OK;
+    while (rc == ISTH_OK && getline(&line, &cap, f) > 0) {
+        double step, v;
+        char s[64];
+        if (!have_run && json_string(line, "run", s, sizeof s)) {
+            char mode[32] = "?", codec[32] = "?";
+            json_string(line, "mode", mode, sizeof mode);
+            json_string(line, "codec", codec, sizeof codec);
+            const size_t n = strlen(rd->label);
+            snprintf(rd->label + n, sizeof rd->label - n, " (%s, %s)", mode, codec);
+            have_run = 1;
+        } else if (!strncmp(line, "{\"step\":", 8) && json_number(line, "step", &step)) {
+            double tokens = 0, loss = NAN, bytes = 0, total;
+            json_number(line, "tokens", &tokens);
+            json_number(line, "loss", &loss);
+            json_number(line, "inter_site_bytes", &bytes);
+            if (json_number(line, "inter_site_bytes_total", &total)) {
+                if (total < last_total) offset += last_total; /* a restart counts from 0 again */
+                last_total = total;
+                summed = offset + total;
+            } else {
+                summed += bytes; /* an older file: the logged steps' bytes only */
+            }
+            if (summed > 0) rd->positive_bytes = 1;
+            fprintf(fs, "%.0f %.0f %.9g %.0f\n", step, tokens, loss, summed);
+            last_step = step;
+            last_tokens = tokens;
+            rd->steps++;
+        } else if (json_string(line, "eval", s, sizeof s) && json_number(line, "step", &step) &&
+                   json_number(line, "bpb", &v)) {
+            const int k = !strcmp(s, "prose") ? 0 : !strcmp(s, "tech") ? 1 : -1;
+            if (k < 0) continue;
+            if (n_eval[k] == cap_eval[k]) {
+                cap_eval[k] = cap_eval[k] ? 2 * cap_eval[k] : 64;
+                double *a = isth_realloc(eval_step[k], sizeof(double) * (size_t)cap_eval[k]);
+                double *b = a ? isth_realloc(eval_bpb[k], sizeof(double) * (size_t)cap_eval[k]) : NULL;
+                if (a) eval_step[k] = a;
+                if (b) eval_bpb[k] = b;
+                if (!a || !b) rc = isth_fail(ISTH_ERUNTIME, "plot: out of memory reading %s", path);
+                if (rc != ISTH_OK) break;
+            }
+            eval_step[k][n_eval[k]] = step;
+            eval_bpb[k][n_eval[k]++] = v;
+        }
+    }
+    free(line);
+    fclose(f);
+    /* tokens at an eval's step: every step of a run trains the same number */
+    const double per_step = last_step > 0 ? last_tokens / last_step : 0;
+    for (int k = 0; k < 2; k++) {
+        for (int i = 0; i < n_eval[k]; i++) fprintf(fe[k], "%.0f %.9g\n", eval_step[k][i] * per_step, eval_bpb[k][i]);
+        rd->evals[k] = n_eval[k];
+        isth_free(eval_step[k]);
+        isth_free(eval_bpb[k]);
+    }
+    int closed = fclose(fs) == 0;
+    closed &= fclose(fe[0]) == 0;
+    closed &= fclose(fe[1]) == 0;
+    if (rc == ISTH_OK && !closed) rc = isth_fail(ISTH_ERUNTIME, "plot: writing into %s failed", tmp);
+    if (rc == ISTH_OK && rd->steps == 0 && n_eval[0] + n_eval[1] == 0)
+        rc = isth_fail(ISTH_EINPUT, "plot: %s has no step or eval lines", path);
+    return rc;
+}
+
+/* A gnuplot single-quoted string: ' doubled. */
+static void quoted(FILE *f, const char *s)
+{
+    fputc('\'', f);
+    for (; *s; s++) {
+        if (*s == '\'') fputc('\'', f);
+        fputc(*s, f);
+    }
+    fputc('\'', f);
+}
+
+/* One panel: every run that has data for it, or "no data". */
+static void panel(FILE *g, const char *title, const char *xlabel, const char *ylabel, const char *file,
+                  const char *columns, const RunData *rd, int n, int which /* 0 steps, 1 prose, 2 tech, 3 bytes */)
+{
+    fprintf(g, "set title ");
+    quoted(g, title);
+    fprintf(g, "\nset xlabel ");
+    quoted(g, xlabel);
+    fprintf(g, "\nset ylabel ");
+    quoted(g, ylabel);
+    fprintf(g, "\n%s\n", which == 3 ? "set logscale y" : "unset logscale y");
+    int any = 0;
+    for (int i = 0; i < n; i++) {
+        const int has = which == 0 ? rd[i].steps > 0 : which == 3 ? rd[i].positive_bytes : rd[i].evals[which - 1] > 0;
+        if (!has) continue;
+        fprintf(g, "%s'r%d_%s' using %s with %s lw 2 title ", any ? ", \\\n     " : "plot ", i, file, columns,
+                which == 1 || which == 2 ? "linespoints pt 7 ps 0.8" : "lines");
+        quoted(g, rd[i].label);
+        any = 1;
+    }
+    if (!any) fprintf(g, "set label 1 'no data' at graph 0.45, 0.5\nplot NaN notitle\nunset label 1");
+    fprintf(g, "\n");
+}
+
+int plot_runs(const char *const *runs, int n_runs, const char *png, int width, int height)
+{
+    if (n_runs < 1) return isth_fail(ISTH_EINPUT, "plot: no run directory given");
+    if (n_runs > PLOT_MAX_RUNS) return isth_fail(ISTH_EINPUT, "plot: %d runs: at most %d", n_runs, PLOT_MAX_RUNS);
+    if (width < 320 || width > 8000 || height < 240 || height > 8000)
+        return isth_fail(ISTH_EINPUT, "plot: size %dx%d: 320..8000 x 240..8000 pixels", width, height);
+    if (system("command -v gnuplot > /dev/null 2>&1") != 0)
+        return isth_fail(ISTH_ERUNTIME, "plot: gnuplot not found (apt-get install gnuplot-nox)");
+    char tmp[] = "/tmp/isthmus-plot.XXXXXX";
+    if (!mkdtemp(tmp)) return isth_fail(ISTH_ERUNTIME, "plot: cannot create a temporary directory: %s", strerror(errno));
+    RunData rd[PLOT_MAX_RUNS];
+    int rc = ISTH_OK;
+    for (int i = 0; i < n_runs && rc == ISTH_OK; i++) rc = read_run(runs[i], i, tmp, &rd[i]);
+    char script[PLOT_PATH_MAX], partial[PLOT_PATH_MAX + 8], cmd[2 * PLOT_PATH_MAX];
+    snprintf(script, sizeof script, "%s/plot.gp", tmp);
+    snprintf(partial, sizeof partial, "%s.tmp", png);
+    FILE *g = rc == ISTH_OK ? fopen(script, "w") : NULL;
+    if (rc == ISTH_OK && !g) rc = isth_fail(ISTH_ERUNTIME, "plot: cannot write %s: %s", script, strerror(errno));
+    if (rc == ISTH_OK) {
+        char cwd[PLOT_PATH_MAX], abs_png[2 * PLOT_PATH_MAX + 8];
+        if (partial[0] != '/' && getcwd(cwd, sizeof cwd)) snprintf(abs_png, sizeof abs_png, "%s/%s", cwd, partial);
+        else snprintf(abs_png, sizeof abs_png, "%s", partial);
+        fprintf(g, "set terminal pngcairo size %d,%d noenhanced font 'sans,10'\nset output ", width, height);
+        quoted(g, abs_png);
+        fprintf(g, "\nset datafile missing 'nan'\nset grid\nset key top right\nset format x '%%.1s%%c'\n");
+        fprintf(g, "set multiplot layout 2,2 title 'isthmus: %d run(s)'\n", n_runs);
+        panel(g, "bits per byte, prose (eval)", "tokens", "bpb", "prose", "1:2", rd, n_runs, 1);
+        panel(g, "bits per byte, tech (eval)", "tokens", "bpb", "tech", "1:2", rd, n_runs, 2);
+        panel(g, "training loss", "tokens", "loss (nats per byte)", "steps", "2:3", rd, n_runs, 0);
+        fprintf(g, "set format x '%%g'\n");
+        panel(g, "inter-site bytes, cumulative (sent + received)", "step", "bytes", "steps", "1:($4 > 0 ? $4 : NaN)",
+              rd, n_runs, 3);
+        fprintf(g, "unset multiplot\nset output\n");
+        if (fclose(g) != 0) rc = isth_fail(ISTH_ERUNTIME, "plot: writing %s failed", script);
+    }
+    if (rc == ISTH_OK) {
+        snprintf(cmd, sizeof cmd, "cd '%s' && gnuplot plot.gp > gnuplot.log 2>&1", tmp);
+        if (system(cmd) != 0) {
+            char log[512] = "";
+            snprintf(cmd, sizeof cmd, "%s/gnuplot.log", tmp);
+            FILE *l = fopen(cmd, "r");
+            if (l) {
+                if (!fgets(log, sizeof log, l)) log[0] = '\0';
+                fclose(l);
+            }
+            log[strcspn(log, "\n")] = '\0';
+            unlink(partial);
+            rc = isth_fail(ISTH_ERUNTIME, "plot: gnuplot failed writing %s: %s", png, log[0] ? log : "(no message)");
+        }
+    }
+    struct stat st;
+    if (rc == ISTH_OK && (stat(partial, &st) != 0 || st.st_size == 0))
+        rc = isth_fail(ISTH_ERUNTIME, "plot: gnuplot wrote no %s", partial);
+    if (rc == ISTH_OK && rename(partial, png) != 0)
+        rc = isth_fail(ISTH_ERUNTIME, "plot: cannot rename %s to %s: %s", partial, png, strerror(errno));
+    /* the temporary directory holds only what read_run and the script wrote */
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
+    if (system(cmd) != 0) fprintf(stderr, "isthmus: warning: plot: could not remove %s\n", tmp);
+    if (rc == ISTH_OK) printf("wrote %s (%d run(s), %dx%d)\n", png, n_runs, width, height);
+    return rc;
+}

@@ -1,0 +1,81 @@
+#!/bin/bash
+# cli_plan.sh — `isthmus plan` against arithmetic done here by hand (awk),
+# from the config's shape alone: parameters, FLOPs per token, each site's
+# step time, the fp4 payload of a streaming fragment and of the whole
+# model, transfer times and the utilisation of diloco and streaming; the
+# smallest H it names reaches the target and the one below does not; bad
+# sites and links are one line and exit 2.
+. "$TOP_SRCDIR/tests/lib.sh"
+C="$CONFIGS/moe-32b.ini"
+"$ISTHMUS" plan "$C" --site east:gb300:64 --site west:b300:64 --link 25Gbps,150ms > "$WORK/plan.txt" 2>&1 ||
+    fail "plan failed: $(tail -2 "$WORK/plan.txt")"
+# moe-32b: L=32 D=2560 E=64 k=2 F=2048 T=4096 V=256; 64 ranks x 1 seq x 8 micro-steps per site
+L=32 D=2560 E=64 K=2 F=2048 T=4096 V=256
+field() { sed -n "$1" "$WORK/plan.txt" | head -1; }
+within() { awk -v a="$1" -v b="$2" -v t="$3" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(b != 0 && d <= t * (b < 0 ? -b : b)) }'; }
+check() { # check WHAT GOT WANT TOL
+    if [ -n "$2" ] && within "$2" "$3" "$4"; then pass "$1: $2 (by hand $3)"; else fail "$1: plan says '$2', by hand $3"; fi
+}
+
+total=$(awk -v L=$L -v D=$D -v E=$E -v F=$F -v V=$V 'BEGIN { printf "%.6g", (V*D + L*(4*D*D + D*E + E*3*D*F + 2*D) + D) / 1e9 }')
+check "total parameters (B)" "$(field 's/^model: \([0-9.]*\) B parameters.*/\1/p')" "$total" 0.001
+active=$(awk -v L=$L -v D=$D -v E=$E -v K=$K -v F=$F -v V=$V 'BEGIN { printf "%.6g", (V*D + L*(4*D*D + D*E + K*3*D*F + 2*D) + D) / 1e9 }')
+check "active parameters per token (B)" "$(field 's/.*parameters, \([0-9.]*\) B active.*/\1/p')" "$active" 0.001
+# 6 x matrix parameters a token touches (attention, router, k experts, tied head) + 6 L T D of attention
+fpt=$(awk -v L=$L -v D=$D -v E=$E -v K=$K -v F=$F -v V=$V -v T=$T 'BEGIN { printf "%.6g", (6*(L*(4*D*D + D*E + K*3*D*F) + V*D) + 6*L*T*D) / 1e9 }')
+check "GFLOP per token" "$(field 's/.*sparsity), \([0-9.]*\) GFLOP per token.*/\1/p')" "$fpt" 0.001
+tokens=$((64 * 1 * 8 * T))
+for s in east:2500 west:2250; do
+    name=${s%:*} peak=${s#*:}
+    want=$(awk -v n=$tokens -v f="$fpt" -v p="$peak" 'BEGIN { printf "%.6g", n * f * 1e9 / (64 * p * 1e12 * 0.4) }')
+    check "$name step time (s)" "$(field "s/^  $name .* step \([0-9.]*\) s$/\1/p")" "$want" 0.002
+done
+t_west=$(awk -v n=$tokens -v f="$fpt" 'BEGIN { printf "%.9g", n * f * 1e9 / (64 * 2250e12 * 0.4) }')
+# fp4: half a byte per value + a 4-byte scale per 128 values
+fp4() { awk -v n="$1" 'BEGIN { printf "%.0f", int((n + 1) / 2) + 4 * int((n + 127) / 128) }'; }
+whole=$(fp4 "$(awk -v L=$L -v D=$D -v E=$E -v F=$F -v V=$V 'BEGIN { printf "%.0f", V*D + L*(4*D*D + D*E + E*3*D*F + 2*D) + D }')")
+# streaming, 8 fragments strided over 32 layers: fragment 0 holds layers 0, 8, 16, 24 and the embedding
+frag0=$(fp4 "$(awk -v D=$D -v E=$E -v F=$F -v V=$V 'BEGIN { printf "%.0f", V*D + 4*(4*D*D + D*E + E*3*D*F + 2*D) }')")
+x_whole=$(awk -v b="$whole" 'BEGIN { printf "%.6g", b * 8 / 25e9 + 2 * 0.15 }')
+x_frag=$(awk -v b="$frag0" 'BEGIN { printf "%.6g", b * 8 / 25e9 + 2 * 0.15 }')
+row() { grep "^  $1 " "$WORK/plan.txt" | head -1; }
+check "diloco payload (MB)" "$(row diloco | awk '{ print $3 }')" "$(awk -v b="$whole" 'BEGIN { print b / 1e6 }')" 0.002
+check "diloco transfer (s)" "$(row diloco | awk '{ print $5 }')" "$x_whole" 0.002
+check "streaming payload, largest fragment (MB)" "$(row streaming | awk '{ print $5 }')" \
+    "$(awk -v b="$frag0" 'BEGIN { print b / 1e6 }')" 0.002
+check "streaming transfer (s)" "$(row streaming | awk '{ print $7 }')" "$x_frag" 0.002
+# diloco: the slowest site's H steps against H steps + one blocking exchange
+u_d=$(awk -v t="$t_west" -v x="$x_whole" 'BEGIN { printf "%.4g", 100 * 100 * t / (100 * t + x) }')
+check "diloco utilisation of west (%)" "$(row diloco | sed 's/.*| west *\([0-9.]*\)%.*/\1/')" "$u_d" 0.002
+# streaming: each fragment's transfer (~1 s) hides behind overlap 5 x 0.48 s: no stall
+check "streaming utilisation of west (%)" "$(row streaming | sed 's/.*| west *\([0-9.]*\)%.*/\1/')" 100 0.001
+# the smallest H for 95%: diloco H >= 0.95 x / (0.05 t) (the faster site's imbalance aside)
+h=$(sed -n 's/.*utilisation (beside the sites. imbalance): diloco \([0-9]*\),.*/\1/p' "$WORK/plan.txt")
+hmin=$(awk -v t="$t_west" -v x="$x_whole" 'BEGIN { printf "%d", 0.95 * x / (0.05 * t) }')
+if [ -n "$h" ] && [ "$h" -ge "$hmin" ] && [ "$h" -le $((hmin + hmin / 8 + 1)) ]; then
+    pass "smallest diloco H for 95%: $h (by hand >= $hmin, in the planner's search steps of 1/8)"
+else
+    fail "smallest diloco H: plan '$h', by hand >= $hmin"
+fi
+u_at() { "$ISTHMUS" plan "$C" --site east:gb300:64 --site west:b300:64 --link 25Gbps,150ms --set outer.mode=diloco \
+    --set outer.fragments=1 --set outer.inner_steps="$1" 2>&1 | sed -n 's/^  diloco .*| west *\([0-9.]*\)%.*/\1/p'; }
+if [ -n "$h" ] && awk -v a="$(u_at "$h")" -v b="$(u_at $((h - h / 8 - 1)))" 'BEGIN { exit !(a >= 95 && b < 95) }'; then
+    pass "diloco at H=$h reaches 95% on the slowest site, a step of the search below does not"
+else
+    fail "diloco at H=$h: $(u_at "$h")%, below: $(u_at $((h - h / 8 - 1)))%"
+fi
+grep -q "memory of world rank .* predicted" "$WORK/plan.txt" && pass "memory per GPU printed by category" ||
+    fail "no memory table in the plan"
+grep -q "faster idles 10.0% of each period; give it 1.11x the tokens" "$WORK/plan.txt" &&
+    pass "the sites' imbalance (gb300 against b300) is named with the batch that balances it" ||
+    fail "no imbalance line: $(grep -i idle "$WORK/plan.txt" | tail -1)"
+
+expect_exit 2 "plan: --site 'east:tpu9:64': GPU 'tpu9'" -- "$ISTHMUS" plan "$C" --site east:tpu9:64 --site west:b300:64 --link 25Gbps,150ms
+expect_exit 2 "plan: --site 'east:gb300:x'" -- "$ISTHMUS" plan "$C" --site east:gb300:x --site west:b300:64 --link 25Gbps,150ms
+expect_exit 2 "plan: --link '25Gbps': expected RATE,RTT" -- "$ISTHMUS" plan "$C" --site east:gb300:64 --site west:b300:64 --link 25Gbps
+expect_exit 2 "plan: --link '25furlongs,150ms'" -- "$ISTHMUS" plan "$C" --site east:gb300:64 --site west:b300:64 --link 25furlongs,150ms
+expect_exit 2 "has 2 site\(s\); give one --site per" -- "$ISTHMUS" plan "$C" --site east:gb300:64 --link 25Gbps,150ms
+expect_exit 2 "--site north: .* has no \[site.north\]" -- "$ISTHMUS" plan "$C" --site east:gb300:64 --site north:b300:64 --link 25Gbps,150ms
+expect_exit 2 "not a whole number of learners" -- "$ISTHMUS" plan "$C" --site east:gb300:48 --site west:b300:64 --link 25Gbps,150ms
+expect_exit 2 "plan: --mfu '1.5'" -- "$ISTHMUS" plan "$C" --site east:gb300:64 --site west:b300:64 --link 25Gbps,150ms --mfu 1.5
+finish || exit 1
