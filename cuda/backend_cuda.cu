@@ -371,6 +371,9 @@ static int create(CudaBackend *c, const Config *cfg, int B, int expert_begin, in
 extern "C" int cuda_backend_create(Backend **out, const Config *cfg, int B, int expert_begin, int experts_local,
                                    Coll *ep)
 {
+    if (strcmp(cfg->train.optimizer, "adamw") && strcmp(cfg->train.optimizer, "sgd"))
+        return isth_fail(ISTH_EINPUT, "[train] optimizer = %s runs on the CPU backend only (set [train] backend = cpu; "
+                         "the CUDA backend has adamw and sgd)", cfg->train.optimizer);
     CudaBackend *c = (CudaBackend *)isth_calloc(1, sizeof *c);
     CHECK_ALLOC(c);
     c->base.ops = &cuda_ops;

@@ -41,8 +41,15 @@ typedef struct {
 } ForwardStats;
 
 /* The state a backend holds: params and grads laid out like the model
- * table, the AdamW moments packed by runs (optimizer_shard). */
-typedef enum { STATE_PARAMS, STATE_GRADS, STATE_ADAM_M, STATE_ADAM_V, STATE_KINDS } StateKind;
+ * table; the inner optimiser's state packed by runs (optimizer_shard): the
+ * AdamW moments (every optimiser but sgd), and with shampoo its
+ * statistics and inverse roots (src/cpu/precond.h). */
+typedef enum {
+    STATE_PARAMS, STATE_GRADS, STATE_ADAM_M, STATE_ADAM_V,
+    STATE_SHAMPOO_L, STATE_SHAMPOO_R, STATE_SHAMPOO_LROOT, STATE_SHAMPOO_RROOT, STATE_KINDS
+} StateKind;
+/* Is the state packed by the optimiser's runs (not laid out like the table)? */
+static inline int state_is_packed(StateKind k) { return k >= STATE_ADAM_M && k < STATE_KINDS; }
 
 typedef struct Backend Backend;
 
@@ -103,6 +110,8 @@ struct Backend {
     const BackendOps *ops;
     Model table;        /* shapes and offsets of this rank's state (no buffers) */
     long optimizer_t;   /* inner updates applied (AdamW's bias correction); checkpointed */
+    long precond_roots, precond_failures; /* shampoo: inverse roots computed; roots kept, statistics reset
+                                           * and directions fallen back (precond.h); this process */
     int threads;        /* compute threads per rank (for the log) */
     void *impl;
 };

@@ -152,7 +152,7 @@ static int no_chunk(const void *red, int c) { (void)red; (void)c; return 0; }
 static int transfer_state(H5File *f, const Trainer *tr, CkptScratch *sc, const char *group, StateKind which,
                           int active, int reading)
 {
-    const int moments = which == STATE_ADAM_M || which == STATE_ADAM_V;
+    const int moments = state_is_packed(which);
     StateView *v = &sc->view;
     state_view_begin(v, tr->be, which, moments ? tr->red.run_pos : NULL, active ? trainer_owns_chunk : no_chunk,
                      &tr->red, reading);
@@ -212,6 +212,28 @@ static int read_residual(H5File *f, Trainer *tr, const char *group)
 }
 
 
+/* Shampoo's statistics and roots beside the moments: under PREFIX (e.g.
+ * "/inner" or "/learner_3/inner") as shampoo_l, shampoo_r, shampoo_lroot,
+ * shampoo_rroot; nothing for the other optimisers. */
+static const struct {
+    const char *name;
+    StateKind kind;
+} shampoo_groups[] = {{"shampoo_l", STATE_SHAMPOO_L}, {"shampoo_r", STATE_SHAMPOO_R},
+                      {"shampoo_lroot", STATE_SHAMPOO_LROOT}, {"shampoo_rroot", STATE_SHAMPOO_RROOT}};
+#define SHAMPOO_GROUPS 4
+
+static int uses_shampoo(const Trainer *tr) { return !strcmp(tr->cfg.train.optimizer, "shampoo"); }
+
+static int transfer_shampoo(H5File *f, Trainer *tr, CkptScratch *sc, const char *prefix, int active, int reading)
+{
+    for (int i = 0; i < SHAMPOO_GROUPS && uses_shampoo(tr); i++) {
+        char g[96];
+        snprintf(g, sizeof g, "%s/%s", prefix, shampoo_groups[i].name);
+        CHECK(transfer_state(f, tr, sc, g, shampoo_groups[i].kind, active, reading));
+    }
+    return ISTH_OK;
+}
+
 /* Is an outer exchange in flight (drained, waiting for its step)? */
 static int exchanges_in_flight(const Trainer *tr)
 {
@@ -248,6 +270,7 @@ static int write_state(Trainer *tr, H5File *f, CkptScratch *sc)
         CHECK(write_state_of(f, tr, sc, "/model", STATE_PARAMS, first));
         CHECK(write_state_of(f, tr, sc, "/inner/m", STATE_ADAM_M, first));
         CHECK(write_state_of(f, tr, sc, "/inner/v", STATE_ADAM_V, first));
+        CHECK(transfer_shampoo(f, tr, sc, "/inner", first, 0));
         /* sync with a lossy codec: error feedback of the gradient sums */
         if (reduce_any_residual(&tr->red)) CHECK(write_residual(f, tr, "/outer/residual", first));
     } else {
@@ -282,6 +305,8 @@ static int write_state(Trainer *tr, H5File *f, CkptScratch *sc)
             CHECK(write_state_of(f, tr, sc, g, STATE_ADAM_M, mine));
             snprintf(g, sizeof g, "/learner_%d/inner/v", id);
             CHECK(write_state_of(f, tr, sc, g, STATE_ADAM_V, mine));
+            snprintf(g, sizeof g, "/learner_%d/inner", id);
+            CHECK(transfer_shampoo(f, tr, sc, g, mine, 0));
         }
     }
     /* per fragment: last outer start, and the start of the exchange in flight (-1: none) */
@@ -302,10 +327,11 @@ static int checkpoint_groups(const Trainer *tr)
 {
     const int learners = tr->topo.sites[tr->topo.site].learners, residual = reduce_any_residual(&tr->red);
     const int in_flight = exchanges_in_flight(tr);
-    if (tr->mode == MODE_SYNC) return 3 + residual;             /* model, inner m and v (+ residual) */
+    const int inner = 2 + (uses_shampoo(tr) ? SHAMPOO_GROUPS : 0); /* m, v (+ shampoo's) */
+    if (tr->mode == MODE_SYNC) return 1 + inner + residual;     /* model, inner state (+ residual) */
     if (tr->outer.butterfly)                              /* model; per learner anchor, momentum, residual, */
-        return 1 + learners * (6 + 2 * in_flight);        /* pending, sent, model, m, v */
-    return 3 + in_flight + 3 * learners;                  /* anchor, momentum, residual, pending; per learner 3 */
+        return 1 + learners * (4 + inner + 2 * in_flight); /* pending, sent, model, inner state */
+    return 3 + in_flight + (1 + inner) * learners;        /* anchor, momentum, residual, pending; per learner */
 }
 
 static void prune(const char *dir, int keep)
@@ -459,7 +485,7 @@ static int recv_file(Trainer *tr, const char *path, int peer)
     memcpy(&size, head + FRAME_ROOM, sizeof size);
     int most = 0;
     for (int s = 0; s < t->n_sites; s++) most = t->sites[s].learners > most ? t->sites[s].learners : most;
-    const double bound = H5IO_FILE_BYTES(model_total_params(&tr->cfg.model), 8 + 6 * most);
+    const double bound = H5IO_FILE_BYTES(model_total_params(&tr->cfg.model), 8 + (6 + SHAMPOO_GROUPS) * most);
     if ((double)size > bound)
         return isth_fail(ISTH_ERUNTIME, "rejoin: the live site announces a %llu-byte checkpoint; this config's "
                          "are at most %.0f bytes", (unsigned long long)size, bound);
@@ -651,6 +677,14 @@ static int compare_configs(Trainer *tr, const char *saved_text, const char *path
         if (fields[i].was != fields[i].now)
             return isth_fail(ISTH_EINPUT, "checkpoint %s: [model] %s = %g in the checkpoint, %g in the config (a different model)",
                              path, fields[i].key, fields[i].was, fields[i].now);
+    /* shampoo's statistics and roots are state of their own, laid out by its block */
+    if (strcmp(saved->train.optimizer, tr->cfg.train.optimizer) &&
+        (!strcmp(saved->train.optimizer, "shampoo") || uses_shampoo(tr)))
+        return isth_fail(ISTH_EINPUT, "checkpoint %s: [train] optimizer = %s in the checkpoint, %s in the config", path,
+                         saved->train.optimizer, tr->cfg.train.optimizer);
+    if (uses_shampoo(tr) && saved->train.precond_block != tr->cfg.train.precond_block)
+        return isth_fail(ISTH_EINPUT, "checkpoint %s: [train] precond_block = %d in the checkpoint, %d in the config",
+                         path, saved->train.precond_block, tr->cfg.train.precond_block);
     if (strcmp(saved->outer.mode, tr->cfg.outer.mode))
         return isth_fail(ISTH_EINPUT, "checkpoint %s: [outer] mode = %s in the checkpoint, %s in the config", path,
                          saved->outer.mode, tr->cfg.outer.mode);
@@ -803,6 +837,7 @@ static int load_checkpoint(Trainer *tr, const char *path, int from_site, int *da
         rc = read_params(&f, tr, &sc, "/model");
         if (rc == ISTH_OK) rc = read_moments(&f, tr, &sc, "/inner/m", STATE_ADAM_M);
         if (rc == ISTH_OK) rc = read_moments(&f, tr, &sc, "/inner/v", STATE_ADAM_V);
+        if (rc == ISTH_OK) rc = transfer_shampoo(&f, tr, &sc, "/inner", 1, 1);
         /* error feedback of a lossy codec; a checkpoint written with codec
          * none has none, and the residuals start at zero */
         const int has_residual = H5Lexists(f.file, "/outer", H5P_DEFAULT) > 0 &&
@@ -830,6 +865,8 @@ static int load_checkpoint(Trainer *tr, const char *path, int from_site, int *da
         if (rc == ISTH_OK) rc = read_moments(&f, tr, &sc, g, STATE_ADAM_M);
         snprintf(g, sizeof g, "/learner_%d/inner/v", k);
         if (rc == ISTH_OK) rc = read_moments(&f, tr, &sc, g, STATE_ADAM_V);
+        snprintf(g, sizeof g, "/learner_%d/inner", k);
+        if (rc == ISTH_OK) rc = transfer_shampoo(&f, tr, &sc, g, 1, 1);
         /* exchanges that were in flight (drained before the checkpoint):
          * their results wait in staging slots until their steps */
         if (rc == ISTH_OK) { /* a staging slot per drained fragment; a rank without memory must not

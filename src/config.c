@@ -65,7 +65,11 @@ static const KeySpec schema[] = {
     {"train", "warmup", KEY_INT, TR(warmup), 0, 0, INT_MAX, 0, NULL, "10"},
     {"train", "weight_decay", KEY_REAL, TR(weight_decay), 0, 0, 10, 0, NULL, "0.1"},
     {"train", "clip", KEY_REAL, TR(clip), 0, 0, 1e9, 0, NULL, "1.0"},
-    {"train", "optimizer", KEY_ENUM, TR(optimizer), STRSZ(train.optimizer), 0, 0, 0, "adamw|sgd|shampoo", "adamw"},
+    {"train", "optimizer", KEY_ENUM, TR(optimizer), STRSZ(train.optimizer), 0, 0, 0, "adamw|sgd|shampoo|muon", "adamw"},
+    {"train", "precond_block", KEY_INT, TR(precond_block), 0, 2, 8192, 0, NULL, "128"},
+    {"train", "precond_every", KEY_INT, TR(precond_every), 0, 1, 1 << 24, 0, NULL, "20"},
+    {"train", "precond_eps", KEY_REAL, TR(precond_eps), 0, 1e-12, 1, 0, NULL, "1e-6"},
+    {"train", "precond_beta2", KEY_REAL, TR(precond_beta2), 0, 0, 0.999999, 0, NULL, "0.99"},
     {"train", "backend", KEY_ENUM, TR(backend), STRSZ(train.backend), 0, 0, 0, "auto|cpu|cuda", "auto"},
     {"train", "precision", KEY_ENUM, TR(precision), STRSZ(train.precision), 0, 0, 0, "fp32|bf16", "fp32"},
     {"train", "gpu_share", KEY_INT, TR(gpu_share), 0, 0, 1, 0, NULL, "0"},
@@ -94,6 +98,9 @@ static const KeySpec schema[] = {
     {"outer", "run_id", KEY_STR, OU(run_id), STRSZ(outer.run_id), 0, 0, 0, NULL, ""},
     {"outer", "key_file", KEY_STR, OU(key_file), STRSZ(outer.key_file), 0, 0, 0, NULL, ""},
     {"outer", "join_timeout", KEY_REAL, OU(join_timeout), 0, 0, 1e7, 1, NULL, "120"},
+    {"outer", "progress", KEY_ENUM, OU(progress), STRSZ(outer.progress), 0, 0, 0, "step|thread", "thread"},
+    {"outer", "piece_bytes", KEY_LONG, OU(piece_bytes), 0, 4096, INT_MAX, 0, NULL, "262144"},
+    {"outer", "pace", KEY_ENUM, OU(pace), STRSZ(outer.pace), 0, 0, 0, "on|off", "on"},
 
     {"checkpoint", "dir", KEY_STR, CK(dir), STRSZ(checkpoint.dir), 0, 0, 0, NULL, ""},
     {"checkpoint", "every", KEY_INT, CK(every), 0, 0, INT_MAX, 0, NULL, "0"},
@@ -395,10 +402,12 @@ static int validate(const Config *c, EntryList *l)
     if (c->train.min_lr > c->train.lr)
         return isth_fail(ISTH_EINPUT, "config %s: [train] min_lr = %g exceeds lr = %g",
                          origin_of(l, "train", "min_lr"), c->train.min_lr, c->train.lr);
-    if (!strcmp(c->train.optimizer, "shampoo"))
+    if (!strcmp(c->train.optimizer, "shampoo") &&
+        (m->dim % c->train.precond_block || m->ffn % c->train.precond_block))
         return isth_fail(ISTH_EINPUT,
-                         "config %s: [train] optimizer = shampoo is not implemented yet (use adamw)",
-                         origin_of(l, "train", "optimizer"));
+                         "config %s: [train] precond_block = %d must divide [model] dim = %d and ffn = %d "
+                         "(Shampoo's blocks tile every matrix)", origin_of(l, "train", "precond_block"),
+                         c->train.precond_block, m->dim, m->ffn);
     if (!c->train.out_dir[0])
         return isth_fail(ISTH_EINPUT, "config %s: [train] out_dir is empty",
                          origin_of(l, "train", "out_dir"));

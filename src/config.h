@@ -40,7 +40,11 @@ typedef struct {
     int warmup;
     double weight_decay;
     double clip;
-    char optimizer[16];
+    char optimizer[16]; /* adamw | sgd | shampoo | muon */
+    int precond_block;  /* shampoo: rows and columns of a preconditioned block */
+    int precond_every;  /* shampoo: updates between inverse roots */
+    double precond_eps; /* shampoo: added to a statistic's eigenvalues, times its largest */
+    double precond_beta2; /* shampoo: decay of the statistics */
     char backend[8];   /* auto | cpu | cuda */
     char precision[8]; /* fp32 | bf16 (bf16: CUDA only) */
     int gpu_share;     /* 1: ranks on one host may share a GPU (tests) */
@@ -91,6 +95,9 @@ typedef struct {
     char run_id[64];    /* federated launch: the name published is isthmus-<run_id> ("" = the config fingerprint) */
     char key_file[CONFIG_PATH_MAX]; /* federated launch: the run's key ("" = <out_dir>/run.key) */
     double join_timeout; /* federated launch: seconds the sites wait for each other at start */
+    char progress[8];   /* step | thread: when MPI moves the exchanges in flight (docs/configuration.md) */
+    long piece_bytes;   /* the link's largest MPI message: frames go in pieces of this size */
+    char pace[4];       /* on | off: a streaming payload's pieces posted over its overlap window */
 } OuterConfig;
 
 typedef struct {

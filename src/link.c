@@ -1,6 +1,8 @@
 /* link.c — see link.h. */
 #include "link.h"
 
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -170,13 +172,19 @@ void link_corrupt(unsigned char *buf, size_t bytes)
     if (bytes > sizeof(LinkHeader)) buf[sizeof(LinkHeader) + (bytes - sizeof(LinkHeader)) / 2] ^= 0x5a;
 }
 
-/* Post `bytes` of buf in pieces of at most coll_max_message() bytes, in
- * order: MPI's non-overtaking rule matches the pieces of a send with the
- * pieces of the receive posted in the same order. */
-static int post_pieces(Link *l, unsigned char *buf, size_t bytes, int peer, int tag, int is_send,
-                       MPI_Request **req, int *pieces)
+/* A frame goes in pieces of at most this many bytes, in order: MPI's
+ * non-overtaking rule matches the pieces of a send with the pieces of the
+ * receive posted in the same order. */
+static size_t piece_of(const Link *l)
 {
-    const size_t piece = coll_max_message();
+    const size_t most = coll_max_message();
+    return l->piece_bytes && l->piece_bytes < most ? l->piece_bytes : most;
+}
+
+/* Requests for `bytes` in pieces, every one MPI_REQUEST_NULL (not posted). */
+static int alloc_pieces(const Link *l, size_t bytes, MPI_Request **req, int *pieces)
+{
+    const size_t piece = piece_of(l);
     const int n = bytes ? (int)((bytes + piece - 1) / piece) : 1;
     if (n > *pieces || !*req) {
         MPI_Request *r = isth_realloc(*req, sizeof(MPI_Request) * (size_t)n);
@@ -185,12 +193,20 @@ static int post_pieces(Link *l, unsigned char *buf, size_t bytes, int peer, int 
     }
     *pieces = n;
     for (int i = 0; i < n; i++) (*req)[i] = MPI_REQUEST_NULL;
-    for (int i = 0; i < n; i++) {
+    return ISTH_OK;
+}
+
+/* Post pieces [from, to) of buf. */
+static int post_range(Link *l, unsigned char *buf, size_t bytes, int peer, int tag, int is_send, MPI_Request *req,
+                      int from, int to)
+{
+    const size_t piece = piece_of(l);
+    for (int i = from; i < to; i++) {
         const size_t off = (size_t)i * piece, len = bytes - off < piece ? bytes - off : piece;
         if (is_send)
-            CHECK_MPI(MPI_Isend(buf + off, (int)len, MPI_BYTE, peer, tag, l->comm, &(*req)[i]));
+            CHECK_MPI(MPI_Isend(buf + off, (int)len, MPI_BYTE, peer, tag, l->comm, &req[i]));
         else
-            CHECK_MPI(MPI_Irecv(buf + off, (int)len, MPI_BYTE, peer, tag, l->comm, &(*req)[i]));
+            CHECK_MPI(MPI_Irecv(buf + off, (int)len, MPI_BYTE, peer, tag, l->comm, &req[i]));
     }
     return ISTH_OK;
 }
@@ -199,20 +215,40 @@ int link_post_recv(Link *l, LinkMsg *m)
 {
     m->recv_done = 0;
     m->recv_posted = 1;
-    return post_pieces(l, m->recv, m->recv_bytes, m->peer, m->tag, 0, &m->rr, &m->recv_pieces);
+    m->recv_pieces_done = 0;
+    CHECK(alloc_pieces(l, m->recv_bytes, &m->rr, &m->recv_pieces));
+    return post_range(l, m->recv, m->recv_bytes, m->peer, m->tag, 0, m->rr, 0, m->recv_pieces);
 }
 
-int link_post_send(Link *l, LinkMsg *m)
+int link_post_send_upto(Link *l, LinkMsg *m, size_t bytes)
 {
-    LinkHeader h;
-    memcpy(&h, m->send, sizeof h);
-    if (l->mute && (h.kind == LINK_SITE_VALUES || h.kind == LINK_PAIR_VALUES)) { /* test hook: values never leave */
-        m->send_posted = 2;
-        return ISTH_OK;
+    if (m->send_posted == 2) return ISTH_OK;
+    if (m->send_posted == 0) {
+        LinkHeader h;
+        memcpy(&h, m->send, sizeof h);
+        if (l->mute && (h.kind == LINK_SITE_VALUES || h.kind == LINK_PAIR_VALUES)) { /* test hook: values never leave */
+            m->send_posted = 2;
+            return ISTH_OK;
+        }
+        m->send_posted = 1;
+        m->send_next = 0;
+        *(m->local ? &l->intra_sent : &l->bytes_sent) += (double)m->send_bytes;
+        CHECK(alloc_pieces(l, m->send_bytes, &m->rs, &m->send_pieces));
     }
-    m->send_posted = 1;
-    *(m->local ? &l->intra_sent : &l->bytes_sent) += (double)m->send_bytes;
-    return post_pieces(l, m->send, m->send_bytes, m->peer, m->tag, 1, &m->rs, &m->send_pieces);
+    const size_t piece = piece_of(l);
+    int to = m->send_next;
+    while (to < m->send_pieces && (size_t)to * piece < bytes) to++;
+    CHECK(post_range(l, m->send, m->send_bytes, m->peer, m->tag, 1, m->rs, m->send_next, to));
+    m->send_next = to;
+    return ISTH_OK;
+}
+
+int link_post_send(Link *l, LinkMsg *m) { return link_post_send_upto(l, m, m->send_bytes); }
+
+double link_recv_fraction(const LinkMsg *m)
+{
+    if (m->recv_done || !m->recv_posted) return 1.0;
+    return m->recv_pieces > 0 ? (double)m->recv_pieces_done / m->recv_pieces : 0.0;
 }
 
 int link_test(Link *l, LinkMsg *const *msgs, int n, int *all)
@@ -220,10 +256,16 @@ int link_test(Link *l, LinkMsg *const *msgs, int n, int *all)
     *all = 1;
     for (int i = 0; i < n; i++) {
         LinkMsg *m = msgs[i];
-        if (!m->recv_done) {
-            int flag = 0;
-            if (m->recv_posted) CHECK_MPI(MPI_Testall(m->recv_pieces, m->rr, &flag, MPI_STATUSES_IGNORE));
-            if (flag) {
+        if (!m->recv_done && m->recv_posted) {
+            /* piece by piece, in order (they arrive in order): how far it
+             * has come is worth knowing (reduce.c warns of a late one) */
+            for (int k = m->recv_pieces_done; k < m->recv_pieces; k++) {
+                int flag = 0;
+                if (m->rr[k] != MPI_REQUEST_NULL) CHECK_MPI(MPI_Test(&m->rr[k], &flag, MPI_STATUS_IGNORE));
+                if (!flag && m->rr[k] != MPI_REQUEST_NULL) break;
+                m->recv_pieces_done = k + 1;
+            }
+            if (m->recv_pieces_done >= m->recv_pieces) {
                 m->recv_done = 1;
                 *(m->local ? &l->intra_recv : &l->bytes_recv) += (double)m->recv_bytes;
             }
@@ -231,8 +273,8 @@ int link_test(Link *l, LinkMsg *const *msgs, int n, int *all)
         if (!m->recv_done) *all = 0;
         if (m->send_posted == 1) {
             int flag = 0;
-            CHECK_MPI(MPI_Testall(m->send_pieces, m->rs, &flag, MPI_STATUSES_IGNORE));
-            if (flag) m->send_posted = 2;
+            CHECK_MPI(MPI_Testall(m->send_next, m->rs, &flag, MPI_STATUSES_IGNORE));
+            if (flag && m->send_next == m->send_pieces) m->send_posted = 2;
             else *all = 0;
         }
     }
@@ -243,8 +285,8 @@ int link_test(Link *l, LinkMsg *const *msgs, int n, int *all)
  * deadline: *all says which; the time blocked is counted. */
 static int complete_by_deadline(Link *l, LinkMsg *const *msgs, int n, int *all, double *waited)
 {
-    for (int i = 0; i < n; i++)
-        if (!msgs[i]->send_posted) CHECK(link_post_send(l, msgs[i]));
+    for (int i = 0; i < n; i++) /* sends not posted yet, or paced and not posted whole */
+        if (msgs[i]->send_posted != 2) CHECK(link_post_send(l, msgs[i]));
     const double t0 = now_s();
     for (;;) {
         CHECK(link_test(l, msgs, n, all));
@@ -412,4 +454,49 @@ int link_control(Link *l, const void *mine, size_t bytes, void *all, const int *
     CHECK(coll_bcast_bytes(site_comm, l->lost_what, sizeof l->lost_what[0] * (size_t)ns, 0));
     l->lost_new = 1;
     return ISTH_OK;
+}
+
+/* --- the progress thread ------------------------------------------------------- */
+
+static pthread_t progress_thread;
+static atomic_int progress_run; /* 1 while the thread should go on */
+static int progress_started;
+
+static void *progress_main(void *arg)
+{
+    (void)arg;
+    while (atomic_load(&progress_run)) {
+        int flag = 0;
+        /* no message is ever sent with this tag on MPI_COMM_SELF: the probe
+         * finds nothing, and on the way drives every transport's progress */
+        MPI_Iprobe(MPI_ANY_SOURCE, LINK_TAG_PROGRESS, MPI_COMM_SELF, &flag, MPI_STATUS_IGNORE);
+        struct timespec ts = {0, LINK_PROGRESS_US * 1000L};
+        nanosleep(&ts, NULL);
+    }
+    return NULL;
+}
+
+int link_progress_start(void)
+{
+    if (progress_started) return ISTH_OK;
+    int provided = MPI_THREAD_SINGLE;
+    MPI_Query_thread(&provided);
+    if (provided < MPI_THREAD_MULTIPLE)
+        return isth_fail(ISTH_EINPUT, "[outer] progress = thread needs MPI_THREAD_MULTIPLE; this MPI provides level %d "
+                         "(use progress = step)", provided);
+    atomic_store(&progress_run, 1);
+    if (pthread_create(&progress_thread, NULL, progress_main, NULL) != 0) {
+        atomic_store(&progress_run, 0);
+        return isth_fail(ISTH_ERUNTIME, "link: cannot start the progress thread");
+    }
+    progress_started = 1;
+    return ISTH_OK;
+}
+
+void link_progress_stop(void)
+{
+    if (!progress_started) return;
+    atomic_store(&progress_run, 0);
+    pthread_join(progress_thread, NULL);
+    progress_started = 0;
 }

@@ -39,6 +39,7 @@ enum {
 #define LINK_TAG_SPREAD LINK_TAG(LINK_CONTROL + 1, 0) /* the butterfly spread probe */
 #define LINK_TAG_DROPPED LINK_TAG(LINK_CONTROL + 2, 0) /* "you missed our deadline": to a lost site */
 #define LINK_TAG_REJOIN LINK_TAG(LINK_CONTROL + 3, 0)  /* the live site's checkpoint, to a rejoining site */
+#define LINK_TAG_PROGRESS LINK_TAG(LINK_CONTROL + 4, 0) /* never sent: the progress thread's probe */
 
 typedef struct {
     uint32_t magic;
@@ -62,8 +63,10 @@ typedef struct {
     int tag;
     unsigned char *send, *recv; /* header + payload */
     size_t send_bytes, recv_bytes;
-    MPI_Request *rs, *rr;  /* (pieces) */
+    MPI_Request *rs, *rr;  /* (pieces); pieces not posted yet are MPI_REQUEST_NULL */
     int send_pieces, recv_pieces;
+    int send_next;         /* pieces of the send posted so far (a paced send posts them over several polls) */
+    int recv_pieces_done;  /* pieces of the receive complete (how far an exchange has come) */
     int send_posted;       /* 0 not yet, 1 in flight, 2 complete (or muted) */
     int recv_posted, recv_done;
     int local;             /* both ends in the same site: counted as intra-site */
@@ -77,6 +80,7 @@ typedef struct {
 typedef struct {
     MPI_Comm comm;
     double timeout_s;
+    size_t piece_bytes;    /* largest MPI message of a frame ([outer] piece_bytes; at most coll_max_message) */
     /* the federated launch survives a site's loss (link_survive): a peer
      * site that misses a deadline is marked lost here, on every rank of
      * the site alike, and nothing is sent to or awaited from it again */
@@ -144,6 +148,22 @@ void link_corrupt(unsigned char *buf, size_t bytes);
 
 int link_post_recv(Link *l, LinkMsg *m);
 int link_post_send(Link *l, LinkMsg *m);
+/* Post the send's pieces up to its first `bytes` (the rest later, by
+ * another call or by the wait): a send paced over an overlap window. */
+int link_post_send_upto(Link *l, LinkMsg *m, size_t bytes);
+/* How far the message has come: pieces received of all of them. */
+double link_recv_fraction(const LinkMsg *m);
+
+/* The progress thread ([outer] progress = thread): while it runs, MPI is
+ * entered every LINK_PROGRESS_US microseconds from a thread of its own, so
+ * that sends and receives in flight move while the backend computes,
+ * instead of only when the step polls. Needs MPI_THREAD_MULTIPLE (main.c
+ * asks for it for `isthmus train`); it touches no request of the link (it
+ * probes MPI_COMM_SELF: Open MPI's progress engine serves every transport
+ * on any call). Start and stop are idempotent. */
+#define LINK_PROGRESS_US 250
+int link_progress_start(void);
+void link_progress_stop(void);
 /* Make progress; *all = 1 when every receive (and posted send) completed. */
 int link_test(Link *l, LinkMsg *const *msgs, int n, int *all);
 /* Complete all messages before the deadline; ISTH_ERUNTIME naming the peer

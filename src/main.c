@@ -23,6 +23,7 @@
 #include "eval.h"
 #include "fault.h"
 #include "h5io.h"
+#include "link.h"
 #include "memory.h"
 #include "metrics.h"
 #include "plan.h"
@@ -508,7 +509,11 @@ int main(int argc, char **argv)
      * to Open MPI's TCP transport, not kill this process (a lost site is
      * survivable in the federated launch; elsewhere the deadline reports it) */
     signal(SIGPIPE, SIG_IGN);
-    MPI_Init(&argc, &argv);
+    /* training may move the link's exchanges from a thread of its own
+     * ([outer] progress = thread): MPI must allow calls from two threads */
+    int provided;
+    MPI_Init_thread(&argc, &argv, argc > 1 && !strcmp(argv[1], "train") ? MPI_THREAD_MULTIPLE : MPI_THREAD_SINGLE,
+                    &provided);
     int rank;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     int world_size;
@@ -543,6 +548,7 @@ int main(int argc, char **argv)
     }
     /* a runtime failure on one rank must not leave the others waiting */
     rc = fault_end_job(rc);
+    link_progress_stop();
     MPI_Finalize();
     return rc;
 }

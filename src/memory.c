@@ -17,6 +17,7 @@
 #include "reduce.h"
 #include "status.h"
 #include "topology.h"
+#include "cpu/precond.h"     /* a matrix optimiser's state */
 #include "cpu/transformer.h" /* the CPU backend's activations */
 #include "autoconf.h"
 #if HAVE_CUDA
@@ -25,6 +26,29 @@ double cuda_acts_bytes(const ModelConfig *cfg, int B, int T, int G); /* cuda/tra
 
 static double floats(size_t n) { return (double)n * sizeof(float); }
 static double aligned64(double bytes) { return (double)(((size_t)bytes + 63) / 64 * 64); }
+
+/* A matrix optimiser's bytes beyond the moments (src/cpu/precond.c):
+ * shampoo's four packed buffers, both optimisers' scratch. */
+static double precond_bytes(const Config *cfg, const Model *m, size_t owned)
+{
+    const int shampoo = !strcmp(cfg->train.optimizer, "shampoo");
+    if (!shampoo && strcmp(cfg->train.optimizer, "muon")) return 0.0;
+    size_t largest = 0, side = 0;
+    for (int i = 0; i < N_TENSORS; i++) {
+        const Tensor *t = &m->tensors[i];
+        if (!(t->flags & PARAM_MATRIX)) continue;
+        const size_t r = t->local[t->ndim - 2], c = t->local[t->ndim - 1];
+        if (r * c > largest) largest = r * c;
+        if (r > side) side = r;
+        if (c > side) side = c;
+    }
+    const int threads = cfg->train.threads > 0 ? cfg->train.threads : omp_get_max_threads();
+    const size_t b = (size_t)cfg->train.precond_block;
+    double bytes = 2 * floats(largest + 1); /* the two directions */
+    if (!shampoo) return bytes + floats(2 * side * side + 1);
+    return bytes + 4 * floats(owned + 1) + floats(b * b * (size_t)threads + 1) +
+           sizeof(double) * (double)PRECOND_ROOT_WORK(b) * threads;
+}
 
 /* Staging, residual and outer-state bytes of the reducer and outer state. */
 static int plan_exchanges(const Config *cfg, const Topology *t, const Model *m, MemoryPlan *out)
@@ -79,6 +103,7 @@ static int plan_exchanges(const Config *cfg, const Topology *t, const Model *m, 
     CHECK(rc);
     out->bytes[ALLOC_RESIDUAL] = residual;
     out->bytes[ALLOC_OPTIMIZER] = 2 * floats(owned + 1); /* AdamW m, v of the owned chunks (ZeRO-1) */
+    out->bytes[ALLOC_OPTIMIZER] += precond_bytes(cfg, m, owned); /* shampoo's statistics and roots, scratch */
     if (outer_mode) out->bytes[ALLOC_OUTER] = floats(owned + 1) * (butterfly ? 3 : 2);
     /* staging: the learner's dense sums, the encoder's scratch, a file
      * view's tensor (checkpoints, the model file), outer merges, the pool */

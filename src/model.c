@@ -31,19 +31,19 @@ void model_describe(Model *m, const ModelConfig *cfg, int expert_begin, int expe
     /* GPT-2's initialisation: N(0, 0.02), output projections scaled down
      * by sqrt(2L) so the residual stream's variance does not grow with depth */
     const double std = MODEL_INIT_STD, out_std = MODEL_INIT_STD / sqrt(2.0 * cfg->layers);
-    const unsigned LY = PARAM_LAYERED, DEC = PARAM_DECAY, EX = PARAM_EXPERT;
+    const unsigned LY = PARAM_LAYERED, DEC = PARAM_DECAY, EX = PARAM_EXPERT, MX = PARAM_MATRIX;
     Tensor *t = m->tensors;
     set_shape(&t[T_EMBED], "embed", DEC, std, 2, V, D, 0, 0);
     set_shape(&t[T_ATTN_NORM], "attn_norm", LY, 0, 2, L, D, 0, 0);
-    set_shape(&t[T_WQ], "wq", LY | DEC, std, 3, L, D, D, 0);
-    set_shape(&t[T_WK], "wk", LY | DEC, std, 3, L, D, D, 0);
-    set_shape(&t[T_WV], "wv", LY | DEC, std, 3, L, D, D, 0);
-    set_shape(&t[T_WO], "wo", LY | DEC, out_std, 3, L, D, D, 0);
+    set_shape(&t[T_WQ], "wq", LY | DEC | MX, std, 3, L, D, D, 0);
+    set_shape(&t[T_WK], "wk", LY | DEC | MX, std, 3, L, D, D, 0);
+    set_shape(&t[T_WV], "wv", LY | DEC | MX, std, 3, L, D, D, 0);
+    set_shape(&t[T_WO], "wo", LY | DEC | MX, out_std, 3, L, D, D, 0);
     set_shape(&t[T_MOE_NORM], "moe_norm", LY, 0, 2, L, D, 0, 0);
     set_shape(&t[T_ROUTER], "router", LY | DEC, std, 3, L, D, E, 0);
-    set_shape(&t[T_W_GATE], "w_gate", LY | DEC | EX, std, 4, L, E, D, F);
-    set_shape(&t[T_W_UP], "w_up", LY | DEC | EX, std, 4, L, E, D, F);
-    set_shape(&t[T_W_DOWN], "w_down", LY | DEC | EX, out_std, 4, L, E, F, D);
+    set_shape(&t[T_W_GATE], "w_gate", LY | DEC | EX | MX, std, 4, L, E, D, F);
+    set_shape(&t[T_W_UP], "w_up", LY | DEC | EX | MX, std, 4, L, E, D, F);
+    set_shape(&t[T_W_DOWN], "w_down", LY | DEC | EX | MX, out_std, 4, L, E, F, D);
     set_shape(&t[T_FINAL_NORM], "final_norm", 0, 0, 1, D, 0, 0, 0);
 
     size_t offset = 0;

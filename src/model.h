@@ -20,7 +20,9 @@
 enum {
     PARAM_DECAY = 1u << 0,  /* AdamW weight decay applies (matrices only) */
     PARAM_EXPERT = 1u << 1, /* axis 1 is the expert axis, sharded in a learner */
-    PARAM_LAYERED = 1u << 2 /* axis 0 is the layer axis */
+    PARAM_LAYERED = 1u << 2, /* axis 0 is the layer axis */
+    PARAM_MATRIX = 1u << 3   /* each chunk is a matrix (the last two axes) that a matrix optimiser
+                              * (shampoo, muon) preconditions; the others take AdamW */
 };
 
 /* Storage order: every replicated ("dense") tensor first, then the expert

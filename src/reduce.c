@@ -3,6 +3,7 @@
  * verdicts). Butterfly mixing is in mix.c, norms and fingerprints in
  * norms.c, chunks and staging in plan.c. */
 #include "reduce.h"
+#include "clock.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -376,6 +377,60 @@ int reduce_start(Reducer *r, Backend *be, int f, StateKind which, int kind)
     return reduce_start_staged(r, f);
 }
 
+/* A paced exchange posts its sends across its window: after poll p, the
+ * first (p + 1) / (window - 1) of each payload (all of it one poll before
+ * the result is due, so the last pieces have a step to drain). A link
+ * slower than that pace simply holds them queued; a faster one is left
+ * free for the other fragments' exchanges and the control messages
+ * between them. */
+static int pace_sends(Reducer *r, FragPlan *fp)
+{
+    const double share = fmin(1.0, (double)(fp->polls + 1) / (double)(r->window_polls - 1));
+    for (int i = 0; i < fp->site.n; i++) {
+        LinkMsg *m = &fp->site.peers[i].msg;
+        if (m->send_posted == 2) continue;
+        CHECK(link_post_send_upto(&r->link, m, (size_t)ceil(share * (double)m->send_bytes)));
+    }
+    return ISTH_OK;
+}
+
+/* After a poll that found the exchange incomplete: will the rest arrive
+ * before its result is due (window_polls polls after its start)? The
+ * pieces received so far give its rate; once it is clear that it will
+ * not, this is logged once, before the step that waits for it. */
+static int warn_if_late(Reducer *r, int f, FragPlan *fp)
+{
+    if (fp->late_warned || r->window_polls < 1 || fp->polls >= r->window_polls || fp->polls < 1) return ISTH_OK;
+    double got = 0;
+    for (int i = 0; i < fp->site.n; i++) got += link_recv_fraction(&fp->site.peers[i].msg);
+    got /= fp->site.n;
+    const double elapsed = now_s() - fp->started_s, per_poll = elapsed / fp->polls;
+    const double left = (r->window_polls - fp->polls) * per_poll;
+    /* nothing yet is no rate: only past half the window is it a sign */
+    if (got <= 0 && 2 * fp->polls < r->window_polls) return ISTH_OK;
+    const double eta = got > 0 ? elapsed * (1.0 - got) / got : HUGE_VAL;
+    if (eta <= left) return ISTH_OK;
+    fp->late_warned = 1;
+    r->late_exchanges++;
+    if (!r->log) return ISTH_OK;
+    if (got > 0)
+        printf("link: exchange %llu (fragment %d) will not arrive within its window of %d step(s): %.0f%% after %.1f s "
+               "(%d step(s)), about %.1f s more at this rate, %.1f s past the step that applies it\n",
+               (unsigned long long)fp->exchange, f, r->window_polls, 100.0 * got, elapsed, fp->polls, eta, eta - left);
+    else
+        printf("link: exchange %llu (fragment %d) will not arrive within its window of %d step(s): nothing after %.1f s "
+               "(%d step(s))\n", (unsigned long long)fp->exchange, f, r->window_polls, elapsed, fp->polls);
+    fflush(stdout);
+    if (r->metrics && r->metrics->f) {
+        fprintf(r->metrics->f, "{\"link_late\":%llu,\"fragment\":%d,\"polls\":%d,\"window\":%d,"
+                "\"arrived_fraction\":%.4f,\"elapsed_s\":%.3f,\"eta_s\":%.3f,\"window_left_s\":%.3f}\n",
+                (unsigned long long)fp->exchange, f, fp->polls, r->window_polls, got, elapsed,
+                isfinite(eta) ? eta : -1.0, left);
+        CHECK(metrics_flush(r->metrics));
+    }
+    return ISTH_OK;
+}
+
 int reduce_start_staged(Reducer *r, int f)
 {
     const Topology *t = r->topo;
@@ -419,10 +474,14 @@ int reduce_start_staged(Reducer *r, int f)
     }
     peers_bind(&fp->site, fp->slot);
     const int corrupt = r->link.corrupt_exchange && (uint64_t)r->link.corrupt_exchange == fp->exchange;
+    const int paced = r->pace && r->window_polls > 1 && !r->link.delay_polls;
     CHECK(peers_post(&r->link, &r->table, &fp->own, (Encoded){r->codec, enc, fp->own.enc_off}, &fp->site, r->block,
-                     LINK_SITE_VALUES, f, (uint32_t)t->site, fp->exchange, !r->link.delay_polls, corrupt));
+                     LINK_SITE_VALUES, f, (uint32_t)t->site, fp->exchange, !r->link.delay_polls && !paced, corrupt));
     fp->sends_deferred = r->link.delay_polls > 0;
     fp->sent_poll = 0;
+    fp->started_s = now_s();
+    fp->late_warned = 0;
+    if (paced) CHECK(pace_sends(r, fp));
     return ISTH_OK;
 }
 
@@ -438,9 +497,11 @@ int reduce_poll(Reducer *r)
             fp->sends_deferred = 0;
             fp->sent_poll = fp->polls;
         }
+        if (!fp->sends_deferred && r->pace && r->window_polls > 1) CHECK(pace_sends(r, fp));
         int arrived = 0;
         if (fp->arrived_poll < 0) CHECK(link_test(&r->link, fp->site.links, fp->site.n, &arrived));
         if (arrived) fp->arrived_poll = fp->polls;
+        else CHECK(warn_if_late(r, f, fp));
     }
     return ISTH_OK;
 }

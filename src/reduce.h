@@ -45,6 +45,7 @@
 #include "backend.h"
 #include "codec.h"
 #include "link.h"
+#include "metrics.h"
 #include "model.h"
 #include "plan.h"
 #include "topology.h"
@@ -67,6 +68,8 @@ typedef struct {
     int slot_stuck;            /* a message into the slot could not be cancelled (lost site): renew it */
     uint64_t exchange;
     double err2, norm2;
+    double started_s;          /* now_s() when the exchange started */
+    int late_warned;           /* its lateness was logged */
 } FragPlan;
 
 typedef struct {
@@ -126,6 +129,15 @@ typedef struct {
     int stop_agreed;           /* a finished site exchange carried a stop request */
     unsigned char stop_sites[CONFIG_MAX_SITES]; /* which sites asked (site exchanges; not butterfly) */
     long stop_round;           /* butterfly: earliest round in which a learner asked to stop, -1 none */
+    /* a site exchange's window: the polls (inner steps) before its result
+     * is applied (streaming: overlap); 0 when it is awaited at once. With
+     * pace on, its pieces are posted across the window; either way an
+     * exchange that will not arrive in it is logged before it stalls */
+    int window_polls;
+    int pace;
+    int log;                   /* print and record warnings (the trainer's logging rank) */
+    Metrics *metrics;          /* where they are recorded; NULL: none */
+    long late_exchanges;       /* exchanges found late before their window ended */
 } Reducer;
 
 int reducer_create(Reducer *r, const Topology *t, const Model *m, int fragments, Codec codec,

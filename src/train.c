@@ -84,6 +84,13 @@ int trainer_create(Trainer *tr, const Config *cfg, int log, MPI_Comm world)
     /* one mpirun per site: losing a site is survivable (the joint launch's
      * mpirun ends the whole job instead) */
     link_survive(&tr->red.link, federated);
+    /* how the link moves a payload (docs/configuration.md, [outer]) */
+    tr->red.link.piece_bytes = (size_t)cfg->outer.piece_bytes;
+    tr->red.window_polls = cfg->outer.mode_id == MODE_STREAMING ? cfg->outer.overlap : 0;
+    tr->red.pace = !strcmp(cfg->outer.pace, "on");
+    tr->red.log = tr->log;
+    tr->red.metrics = &tr->metrics;
+    if (t->n_sites > 1 && !strcmp(cfg->outer.progress, "thread")) CHECK(link_progress_start());
     { /* the optimiser's state only for the chunks this rank owns (ZeRO-1) */
         const size_t *off, *len;
         int n;
@@ -130,6 +137,7 @@ int trainer_create(Trainer *tr, const Config *cfg, int log, MPI_Comm world)
 
 void trainer_destroy(Trainer *tr)
 {
+    link_progress_stop();
     metrics_close(&tr->metrics);
     isth_free(tr->tokens);
     isth_free(tr->targets);

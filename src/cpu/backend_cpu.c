@@ -9,6 +9,7 @@
 
 #include "alloc.h"
 #include "optim.h"
+#include "precond.h"
 #include "status.h"
 #include "transformer.h"
 
@@ -16,12 +17,14 @@ typedef struct {
     Backend base;
     Model model;       /* the table with the buffers */
     AdamW opt;
+    Precond pre;       /* shampoo, muon: their state for opt's runs */
     int sharded;       /* opt covers the runs optimizer_shard gave (else not yet created) */
+    const TrainConfig *train; /* the optimiser's settings */
     Activations acts;
     Coll *learner;     /* the learner's ranks (expert parallelism and state sums) */
     float *scratch;    /* (scratch_cap) batches of learner sums */
     size_t scratch_cap;
-    const char *optimizer; /* "adamw" or "sgd" */
+    const char *optimizer; /* "adamw", "sgd", "shampoo" or "muon" */
     double weight_decay;
 } CpuBackend;
 
@@ -31,6 +34,7 @@ static void cpu_destroy(Backend *b)
 {
     CpuBackend *c = cpu(b);
     acts_destroy(&c->acts);
+    precond_destroy(&c->pre);
     adamw_destroy(&c->opt);
     isth_free(c->scratch);
     model_destroy(&c->model);
@@ -60,16 +64,27 @@ static int cpu_zero_grads(Backend *b)
     return ISTH_OK;
 }
 
+/* The optimiser's state for n runs: the moments, and a matrix
+ * optimiser's own. */
+static int create_optimizer(CpuBackend *c, const size_t *off, const size_t *len, int n)
+{
+    precond_destroy(&c->pre);
+    adamw_destroy(&c->opt);
+    const AllocCategory was = alloc_category(ALLOC_OPTIMIZER);
+    int rc = adamw_create(&c->opt, off, len, n);
+    alloc_category(was);
+    if (rc == ISTH_OK && (!strcmp(c->optimizer, "shampoo") || !strcmp(c->optimizer, "muon")))
+        rc = precond_create(&c->pre, c->optimizer, &c->opt, &c->model, c->train);
+    c->sharded = rc == ISTH_OK;
+    return rc;
+}
+
 /* Until the trainer says which runs this rank updates: all of them. */
 static int ensure_optimizer(CpuBackend *c)
 {
     if (c->sharded) return ISTH_OK;
     const size_t off = 0, len = c->model.n_params;
-    const AllocCategory was = alloc_category(ALLOC_OPTIMIZER);
-    const int rc = adamw_create(&c->opt, &off, &len, 1);
-    alloc_category(was);
-    c->sharded = rc == ISTH_OK;
-    return rc;
+    return create_optimizer(c, &off, &len, 1);
 }
 
 static int cpu_optimizer_shard(Backend *b, const size_t *off, const size_t *len, int n)
@@ -79,30 +94,29 @@ static int cpu_optimizer_shard(Backend *b, const size_t *off, const size_t *len,
         if (off[r] + len[r] > c->model.n_params)
             return isth_fail(ISTH_ERUNTIME, "optimizer: run %d [%zu, +%zu) is outside the %zu parameters", r, off[r],
                              len[r], c->model.n_params);
-    adamw_destroy(&c->opt);
-    const AllocCategory was = alloc_category(ALLOC_OPTIMIZER);
-    const int rc = adamw_create(&c->opt, off, len, n);
-    alloc_category(was);
-    c->sharded = rc == ISTH_OK;
-    return rc;
+    return create_optimizer(c, off, len, n);
 }
 
 static float *cpu_state(CpuBackend *c, StateKind which)
 {
-    if ((which == STATE_ADAM_M || which == STATE_ADAM_V) && ensure_optimizer(c) != ISTH_OK) return NULL;
+    if (state_is_packed(which) && ensure_optimizer(c) != ISTH_OK) return NULL;
     switch (which) {
     case STATE_PARAMS: return c->model.params;
     case STATE_GRADS: return c->model.grads;
     case STATE_ADAM_M: return c->opt.m;
     case STATE_ADAM_V: return c->opt.v;
+    case STATE_SHAMPOO_L: return c->pre.l; /* NULL unless the optimiser is shampoo */
+    case STATE_SHAMPOO_R: return c->pre.r;
+    case STATE_SHAMPOO_LROOT: return c->pre.lroot;
+    case STATE_SHAMPOO_RROOT: return c->pre.rroot;
     default: return NULL;
     }
 }
 
-/* The state's length in floats (the model table, or the packed moments). */
+/* The state's length in floats (the model table, or the packed optimiser state). */
 static size_t state_len(const CpuBackend *c, StateKind which)
 {
-    return which == STATE_ADAM_M || which == STATE_ADAM_V ? c->opt.runs.total : c->model.n_params;
+    return state_is_packed(which) ? c->opt.runs.total : c->model.n_params;
 }
 
 static int check_runs(CpuBackend *c, StateKind which, const size_t *off, const size_t *len, int n, const char *verb)
@@ -231,8 +245,11 @@ static int cpu_optimizer_step(Backend *b, double lr)
     CHECK(ensure_optimizer(c));
     c->opt.t = b->optimizer_t;
     if (!strcmp(c->optimizer, "sgd")) sgd_step(&c->opt.runs, &c->model, lr, c->weight_decay); /* t stays 0 */
+    else if (c->pre.dir) precond_step(&c->pre, &c->opt, &c->model, lr, c->weight_decay);
     else adamw_step(&c->opt, &c->model, lr, c->weight_decay);
     b->optimizer_t = c->opt.t;
+    b->precond_roots = c->pre.roots;
+    b->precond_failures = c->pre.root_failures + c->pre.stat_resets + c->pre.fallbacks;
     return ISTH_OK;
 }
 
@@ -271,6 +288,7 @@ int cpu_backend_create(Backend **out, const Config *cfg, int B, int expert_begin
     c->base.ops = &cpu_ops;
     c->learner = ep;
     c->optimizer = cfg->train.optimizer;
+    c->train = &cfg->train;
     c->weight_decay = cfg->train.weight_decay;
     int rc = model_create(&c->model, &cfg->model, expert_begin, experts_local);
     if (rc == ISTH_OK) model_init(&c->model);

@@ -15,6 +15,8 @@
 #   wan.sh down DIR                  remove the namespaces and stop the forwarder
 #                                    (also what a failed `up` does)
 #
+# Environment: WAN_SLOW_START_AFTER_IDLE (0 or 1, the namespaces' TCP
+# setting; default 1 as on a stock host).
 # The namespaces' names carry DIR's own id, so several harnesses may run at
 # once; every address lives only inside them, and `down` leaves nothing
 # behind (the TUN devices go with the forwarder, the routes with the
@@ -88,9 +90,12 @@ ENV
             ip -n "$ns" link set "$dev" up &&
             tc -n "$ns" qdisc add dev "$dev" root tbf rate "$rate" burst "$burst" limit "$limit" ||
             { cmd_down "$dir"; die "configuring $dev in $ns failed"; }
-        # TCP may grow its windows to the bandwidth-delay product and more
+        # TCP may grow its windows to the bandwidth-delay product and more;
+        # WAN_SLOW_START_AFTER_IDLE=0 keeps a connection's window across the
+        # idle time between two exchanges (Linux's default, 1, starts over)
         ip netns exec "$ns" sysctl -q -w net.ipv4.tcp_rmem="4096 131072 268435456" \
-            net.ipv4.tcp_wmem="4096 65536 268435456" 2> /dev/null || true
+            net.ipv4.tcp_wmem="4096 65536 268435456" \
+            net.ipv4.tcp_slow_start_after_idle="${WAN_SLOW_START_AFTER_IDLE:-1}" 2> /dev/null || true
     done
     echo "wan.sh: sites a ($ns_a, 10.77.0.1) and b ($ns_b, 10.77.0.2): $rate each way, ${delay} ms one way, loss $loss"
 }

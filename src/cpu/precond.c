@@ -1,0 +1,269 @@
+/* precond.c — see precond.h. */
+#include "precond.h"
+
+#include <cblas.h>
+#include <lapacke.h>
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "alloc.h"
+#include "status.h"
+
+/* A matrix chunk of a tensor: rows x cols, the last two axes. */
+static void matrix_dims(const Tensor *t, size_t *rows, size_t *cols)
+{
+    *rows = t->local[t->ndim - 2];
+    *cols = t->local[t->ndim - 1];
+}
+
+int precond_create(Precond *p, const char *optimizer, const AdamW *opt, const Model *m, const TrainConfig *tc)
+{
+    memset(p, 0, sizeof *p);
+    p->shampoo = !strcmp(optimizer, "shampoo");
+    p->block = tc->precond_block;
+    p->every = tc->precond_every;
+    p->eps = tc->precond_eps;
+    p->beta2 = tc->precond_beta2;
+    p->threads = omp_get_max_threads();
+    size_t largest = 0, side = 0;
+    for (int i = 0; i < N_TENSORS; i++) {
+        const Tensor *t = &m->tensors[i];
+        if (!(t->flags & PARAM_MATRIX)) continue;
+        size_t r, c;
+        matrix_dims(t, &r, &c);
+        if (r * c > largest) largest = r * c;
+        if (r > side) side = r;
+        if (c > side) side = c;
+        if (p->shampoo && (r % (size_t)p->block || c % (size_t)p->block))
+            return isth_fail(ISTH_EINPUT, "[train] precond_block = %d does not divide %s's %zu x %zu matrices",
+                             p->block, t->name, r, c);
+    }
+    const size_t n = opt->runs.total + 1, b = (size_t)p->block;
+    const AllocCategory was = alloc_category(ALLOC_OPTIMIZER); /* memory.c predicts all of it there */
+    p->dir = isth_malloc(sizeof(float) * (largest + 1));
+    p->sdir = isth_malloc(sizeof(float) * (largest + 1));
+    /* shampoo: one b x b product per thread; muon: X X^T and its square (side^2 each) */
+    const size_t tmp = p->shampoo ? b * b * (size_t)p->threads : 2 * side * side;
+    p->tmp = isth_malloc(sizeof(float) * (tmp + 1));
+    if (p->shampoo) {
+        p->l = isth_calloc(n, sizeof(float));
+        p->r = isth_calloc(n, sizeof(float));
+        p->lroot = isth_calloc(n, sizeof(float));
+        p->rroot = isth_calloc(n, sizeof(float));
+        p->work = isth_malloc(sizeof(double) * PRECOND_ROOT_WORK(b) * (size_t)p->threads);
+    }
+    alloc_category(was);
+    if (p->dir && p->sdir && p->tmp && (!p->shampoo || (p->l && p->r && p->lroot && p->rroot && p->work)))
+        return ISTH_OK;
+    precond_destroy(p);
+    return isth_fail(ISTH_ERUNTIME, "out of memory for the %s optimiser's state (%zu params)", optimizer,
+                     opt->runs.total);
+}
+
+void precond_destroy(Precond *p)
+{
+    isth_free(p->l);
+    isth_free(p->r);
+    isth_free(p->lroot);
+    isth_free(p->rroot);
+    isth_free(p->dir);
+    isth_free(p->sdir);
+    isth_free(p->tmp);
+    isth_free(p->work);
+    memset(p, 0, sizeof *p);
+}
+
+int inverse_fourth_root(const float *a, int n, int lda, double eps, float *root, int ldr, double *work)
+{
+    const size_t nn = (size_t)n * n;
+    double *q = work, *qs = work + nn, *prod = work + 2 * nn, *w = work + 3 * nn;
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < n; j++) {
+            const double v = a[(size_t)i * lda + j];
+            if (!isfinite(v)) return -1;
+            q[(size_t)i * n + j] = v;
+        }
+    if (LAPACKE_dsyevd(LAPACK_ROW_MAJOR, 'V', 'U', n, q, n, w) != 0) return -1;
+    double lmax = 0;
+    for (int k = 0; k < n; k++) lmax = fmax(lmax, w[k]);
+    const double floor = eps * lmax;
+    if (!(floor > 0) || !isfinite(floor)) return -1; /* a zero (or broken) statistic has no root */
+    for (int k = 0; k < n; k++) w[k] = pow(fmax(w[k], 0.0) + floor, -0.25);
+    /* root = Q diag(w) Q^T: Q's columns scaled, times Q^T */
+    for (int i = 0; i < n; i++)
+        for (int k = 0; k < n; k++) qs[(size_t)i * n + k] = q[(size_t)i * n + k] * w[k];
+    cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, n, 1.0, qs, n, q, n, 0.0, prod, n);
+    for (size_t k = 0; k < nn; k++)
+        if (!isfinite(prod[k])) return -1;
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < n; j++) root[(size_t)i * ldr + j] = (float)prod[(size_t)i * n + j];
+    return 0;
+}
+
+/* Adam's moments of a matrix and its direction m^ / (sqrt(v^) + eps) into
+ * dir; returns the direction's sum of squares (fixed order: deterministic). */
+static double adam_direction(const float *g, float *m, float *v, size_t n, const AdamWStep *k, float *dir)
+{
+    double ss = 0;
+#pragma omp parallel for schedule(static) reduction(+ : ss)
+    for (size_t j = 0; j < n; j++) {
+        m[j] = k->b1 * m[j] + (1.0f - k->b1) * g[j];
+        v[j] = k->b2 * v[j] + (1.0f - k->b2) * g[j] * g[j];
+        dir[j] = m[j] * k->c1 / (sqrtf(v[j] * k->c2) + k->eps);
+    }
+    /* the sum apart from the loop above: an OpenMP reduction's order depends on the thread count only */
+    for (size_t j = 0; j < n; j++) ss += (double)dir[j] * dir[j];
+    return ss;
+}
+
+static double sumsq(const float *x, size_t n)
+{
+    double s = 0;
+    for (size_t j = 0; j < n; j++) s += (double)x[j] * x[j];
+    return s;
+}
+
+/* p <- p * decay - lr * scale * dir */
+static void apply(float *p, const float *dir, size_t n, float decay, float lr_scale)
+{
+#pragma omp parallel for schedule(static)
+    for (size_t j = 0; j < n; j++) p[j] = p[j] * decay - lr_scale * dir[j];
+}
+
+/* One matrix (rows x cols at params + at, its state at packed) by Shampoo. */
+static void shampoo_matrix(Precond *p, AdamW *opt, Model *m, size_t at, size_t packed, size_t rows, size_t cols,
+                           const AdamWStep *k)
+{
+    const size_t n = rows * cols, b = (size_t)p->block, nb_r = rows / b, nb_c = cols / b;
+    const float *g = m->grads + at;
+    float *mom = opt->m + packed, *L = p->l + packed, *R = p->r + packed, *Lr = p->lroot + packed,
+          *Rr = p->rroot + packed, *dir = p->dir;
+    const double adam2 = adam_direction(g, mom, opt->v + packed, n, k, dir);
+    const float beta = (float)p->beta2;
+    const long t = opt->t;
+    const int roots_now = t % p->every == 0, have_roots = t >= p->every;
+    /* statistics, and every `every` updates their roots, block by block */
+    long failures = 0, resets = 0;
+#pragma omp parallel for schedule(static) collapse(2) reduction(+ : failures, resets)
+    for (size_t bi = 0; bi < nb_r; bi++)
+        for (size_t bj = 0; bj < nb_c; bj++) {
+            const size_t o = bi * b * cols + bj * b; /* the block's first element in the matrix */
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)b, (int)b, (int)b, 1.0f - beta, g + o,
+                        (int)cols, g + o, (int)cols, beta, L + o, (int)cols);
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)b, (int)b, (int)b, 1.0f - beta, g + o,
+                        (int)cols, g + o, (int)cols, beta, R + o, (int)cols);
+            float *fac[2] = {L + o, R + o};
+            for (int s = 0; s < 2; s++) { /* a broken statistic starts over rather than poison the next roots */
+                int finite = 1;
+                for (size_t r = 0; r < b && finite; r++)
+                    for (size_t c = 0; c < b; c++) finite &= isfinite(fac[s][r * cols + c]);
+                if (finite) continue;
+                for (size_t r = 0; r < b; r++) memset(fac[s] + r * cols, 0, sizeof(float) * b);
+                resets++;
+            }
+            if (!roots_now) continue;
+            double *work = p->work + PRECOND_ROOT_WORK(b) * (size_t)omp_get_thread_num();
+            if (inverse_fourth_root(L + o, (int)b, (int)cols, p->eps, Lr + o, (int)cols, work) != 0) failures++;
+            if (inverse_fourth_root(R + o, (int)b, (int)cols, p->eps, Rr + o, (int)cols, work) != 0) failures++;
+        }
+    if (roots_now) p->roots += (long)(2 * nb_r * nb_c);
+    p->root_failures += failures;
+    p->stat_resets += resets;
+    if (!have_roots) { /* before the first roots: Adam */
+        apply(m->params + at, dir, n, k->decay, k->lr);
+        return;
+    }
+    /* the direction Lr (m^) Rr block by block into sdir; m^ = m c1 */
+    float *sdir = p->sdir;
+#pragma omp parallel for schedule(static) collapse(2)
+    for (size_t bi = 0; bi < nb_r; bi++)
+        for (size_t bj = 0; bj < nb_c; bj++) {
+            const size_t o = bi * b * cols + bj * b;
+            float *tmp = p->tmp + b * b * (size_t)omp_get_thread_num();
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)b, (int)b, (int)b, k->c1, Lr + o, (int)cols,
+                        mom + o, (int)cols, 0.0f, tmp, (int)b);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)b, (int)b, (int)b, 1.0f, tmp, (int)b, Rr + o,
+                        (int)cols, 0.0f, sdir + o, (int)cols);
+        }
+    /* grafting: Adam's step length over the matrix, Shampoo's direction */
+    const double s2 = sumsq(sdir, n);
+    const double scale = sqrt(adam2 / s2);
+    if (!(s2 > 0) || !isfinite(scale)) { /* no usable direction: Adam's, counted */
+        p->fallbacks++;
+        apply(m->params + at, dir, n, k->decay, k->lr);
+        return;
+    }
+    apply(m->params + at, sdir, n, k->decay, (float)(k->lr * scale));
+}
+
+/* One matrix by Muon: the Nesterov momentum orthogonalised by Newton-Schulz. */
+static void muon_matrix(Precond *p, AdamW *opt, Model *m, size_t at, size_t packed, size_t rows, size_t cols,
+                        const AdamWStep *k)
+{
+    static const float A = 3.4445f, B = -4.7750f, C = 2.0315f; /* the quintic's coefficients (Jordan et al.) */
+    const size_t n = rows * cols;
+    const float *g = m->grads + at;
+    float *mom = opt->m + packed, *x = p->sdir, *y = p->dir, *s = p->tmp;
+    const int wide = rows <= cols; /* work on the Gram matrix of the shorter side */
+    const size_t side = wide ? rows : cols;
+    float *q = s + side * side;
+    const float mu = (float)MUON_MOMENTUM;
+#pragma omp parallel for schedule(static)
+    for (size_t j = 0; j < n; j++) {
+        mom[j] = mu * mom[j] + g[j];
+        x[j] = g[j] + mu * mom[j];
+    }
+    const double norm = sqrt(sumsq(x, n));
+    const float inv = (float)(1.0 / (norm + 1e-7));
+#pragma omp parallel for schedule(static)
+    for (size_t j = 0; j < n; j++) x[j] *= inv;
+    const int R = (int)rows, Cc = (int)cols, S = (int)side;
+    for (int it = 0; it < MUON_NS_STEPS; it++) {
+        /* s = X X^T (wide) or X^T X; q = B s + C s s; y = A X + q X (wide) or A X + X q */
+        if (wide) cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, S, S, Cc, 1.0f, x, Cc, x, Cc, 0.0f, s, S);
+        else cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, S, S, R, 1.0f, x, Cc, x, Cc, 0.0f, s, S);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, S, S, S, C, s, S, s, S, 0.0f, q, S);
+#pragma omp parallel for schedule(static)
+        for (size_t j = 0; j < side * side; j++) q[j] += B * s[j];
+        memcpy(y, x, sizeof(float) * n);
+        if (wide) cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, R, Cc, R, 1.0f, q, S, x, Cc, A, y, Cc);
+        else cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, R, Cc, Cc, 1.0f, x, Cc, q, S, A, y, Cc);
+        float *t = x;
+        x = y;
+        y = t;
+    }
+    const double out = sqrt(sumsq(x, n));
+    if (!isfinite(out)) { /* a broken gradient: no step for this matrix, counted */
+        p->fallbacks++;
+        return;
+    }
+    apply(m->params + at, x, n, k->decay, (float)(k->lr * 0.2 * sqrt((double)(rows > cols ? rows : cols))));
+}
+
+void precond_step(Precond *p, AdamW *opt, Model *model, double lr, double weight_decay)
+{
+    opt->t++;
+    for (int i = 0; i < N_TENSORS; i++) {
+        const Tensor *t = &model->tensors[i];
+        const AdamWStep k = adamw_constants(opt->t, lr, weight_decay, t->flags & PARAM_DECAY);
+        size_t rows = 0, cols = 0;
+        if (t->flags & PARAM_MATRIX) matrix_dims(t, &rows, &cols);
+        for (int r = 0; r < opt->runs.n; r++) {
+            size_t at, packed, n;
+            if (!run_segment(&opt->runs, r, t, &at, &packed, &n)) continue;
+            if (!(t->flags & PARAM_MATRIX)) {
+                float *pp = model->params + at, *g = model->grads + at, *mm = opt->m + packed, *vv = opt->v + packed;
+#pragma omp parallel for schedule(static)
+                for (size_t j = 0; j < n; j++) adamw_update(&pp[j], &mm[j], &vv[j], g[j], &k);
+                continue;
+            }
+            /* runs hold whole chunks (owners are per chunk): one matrix after another */
+            for (size_t o = 0; o + rows * cols <= n; o += rows * cols) {
+                if (p->shampoo) shampoo_matrix(p, opt, model, at + o, packed + o, rows, cols, &k);
+                else muon_matrix(p, opt, model, at + o, packed + o, rows, cols, &k);
+            }
+        }
+    }
+}
