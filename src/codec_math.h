@@ -93,13 +93,22 @@ static inline CODEC_HD float codec_fp4_magnitude(unsigned k)
 }
 
 /* 4-bit code of v = x/scale in [-6, 6]: the nearest magnitude (ties to the
- * lower), sign in bit 3 (never on zero). */
+ * lower), sign in bit 3 (never on zero). Up to |v| = 8 — every value
+ * codec_encode divides by its block's scale — the midpoints between
+ * neighbouring magnitudes decide: |v| above k of them is code k. That is
+ * the comparison of distances below it, value for value (checked over all
+ * 2^32 floats: they first differ at 3.4e7, where a - 4 and a - 6 round to
+ * the same float); beyond 8 (and for NaN) the distances are compared. */
 static inline CODEC_HD unsigned codec_fp4_code(float v)
 {
     const float a = fabsf(v);
     unsigned best = 0;
-    for (unsigned k = 1; k < 8; k++)
-        if (fabsf(a - codec_fp4_magnitude(k)) < fabsf(a - codec_fp4_magnitude(best))) best = k;
+    if (a <= 8.0f) {
+        best = (unsigned)(a > 0.25f) + (a > 0.75f) + (a > 1.25f) + (a > 1.75f) + (a > 2.5f) + (a > 3.5f) + (a > 5.0f);
+    } else {
+        for (unsigned k = 1; k < 8; k++)
+            if (fabsf(a - codec_fp4_magnitude(k)) < fabsf(a - codec_fp4_magnitude(best))) best = k;
+    }
     return best | (v < 0 && best ? 8u : 0u);
 }
 

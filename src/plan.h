@@ -87,6 +87,7 @@ typedef struct {
     size_t values, enc_bytes;
     size_t send_off, recv_off; /* its frames in a slot's send/recv areas */
     LinkMsg msg, verdict;
+    int verdict_waited;        /* a verdict was posted to and is awaited from it (reduce.c) */
 } Peer;
 
 typedef struct {

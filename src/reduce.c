@@ -441,6 +441,8 @@ int reduce_start_staged(Reducer *r, int f)
     fp->in_flight = 1;
     fp->has_result = 0;
     fp->polls = 0;
+    fp->window_polls_seen = 0;
+    fp->verdict_posted = 0;
     fp->arrived_poll = -1;
     fp->err2 = fp->norm2 = 0.0;
     fp->exchange = ++r->exchanges;
@@ -485,23 +487,32 @@ int reduce_start_staged(Reducer *r, int f)
     return ISTH_OK;
 }
 
+static int verdict_early(Reducer *r, FragPlan *fp, int f);
+
 int reduce_poll(Reducer *r)
 {
+    const Topology *t = r->topo;
     CHECK(mix_poll(r));
     for (int f = 0; f < r->fragments; f++) {
         FragPlan *fp = &r->frag[f];
-        if (!fp->in_flight || !fp->site.n) continue;
-        fp->polls++;
-        if (fp->sends_deferred && fp->polls >= r->link.delay_polls) {
-            for (int i = 0; i < fp->site.n; i++) CHECK(link_post_send(&r->link, &fp->site.peers[i].msg));
-            fp->sends_deferred = 0;
-            fp->sent_poll = fp->polls;
+        if (!fp->in_flight) continue;
+        fp->window_polls_seen++; /* every rank of the site alike (the early verdict is collective) */
+        if (fp->site.n) {
+            fp->polls++;
+            if (fp->sends_deferred && fp->polls >= r->link.delay_polls) {
+                for (int i = 0; i < fp->site.n; i++) CHECK(link_post_send(&r->link, &fp->site.peers[i].msg));
+                fp->sends_deferred = 0;
+                fp->sent_poll = fp->polls;
+            }
+            if (!fp->sends_deferred && r->pace && r->window_polls > 1) CHECK(pace_sends(r, fp));
+            int arrived = 0;
+            if (fp->arrived_poll < 0) CHECK(link_test(&r->link, fp->site.links, fp->site.n, &arrived));
+            if (arrived) fp->arrived_poll = fp->polls;
+            else CHECK(warn_if_late(r, f, fp));
         }
-        if (!fp->sends_deferred && r->pace && r->window_polls > 1) CHECK(pace_sends(r, fp));
-        int arrived = 0;
-        if (fp->arrived_poll < 0) CHECK(link_test(&r->link, fp->site.links, fp->site.n, &arrived));
-        if (arrived) fp->arrived_poll = fp->polls;
-        else CHECK(warn_if_late(r, f, fp));
+        if (r->window_polls >= 2 && fp->window_polls_seen == r->window_polls - 1 && !r->link.delay_polls &&
+            !fp->verdict_posted && t->n_sites > 1 && t->n_learners > 1)
+            CHECK(verdict_early(r, fp, f));
     }
     return ISTH_OK;
 }
@@ -517,17 +528,44 @@ static void append_reason(char *buf, size_t cap, const char *site, const char *w
  * rides along (ok[n_sites + s] = 0 when site s asks to stop). alive[s] = 0 for
  * a site this rank found late (federated launch: lost from now on); a
  * verdict that misses the deadline makes its site late too. Both are
- * agreed inside the site, then lost sites are marked in the link. */
-static int agree(Reducer *r, FragPlan *fp, int f, unsigned char *ok, unsigned char *alive, double waited)
+ * agreed inside the site, then lost sites are marked in the link.
+ * (4a) the site's verdict, agreed and posted to the other sites: at the
+ * finish, or one poll before it when every payload had arrived by then
+ * (reduce_poll), so that the verdicts' round trip hides behind a step. */
+static int agree_post(Reducer *r, FragPlan *fp, int f, const unsigned char *ok, const unsigned char *alive)
 {
     const Topology *t = r->topo;
     const int S = t->n_sites;
     const size_t nv = site_verdict_bytes(t);
-    unsigned char buf[3 * CONFIG_MAX_SITES];
+    unsigned char *buf = fp->verdict;
     memcpy(buf, ok, (size_t)S);
     for (int s = 0; s < S; s++) buf[S + s] = s != t->site || !r->stop_request;
     memcpy(buf + nv, alive, (size_t)S);
     CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, buf, (int)nv + S, MPI_UNSIGNED_CHAR, MPI_MIN, t->site_comm));
+    fp->verdict_posted = 1;
+    if (!r->leader || !fp->site.n) return ISTH_OK;
+    for (int i = 0; i < fp->site.n; i++) {
+        Peer *p = &fp->site.peers[i];
+        p->verdict_waited = 0;
+        if (!buf[nv + p->site] || r->link.lost[p->site]) continue; /* no verdict to or from a lost site */
+        memcpy(p->verdict.send + sizeof(LinkHeader), buf, nv);
+        link_frame(p->verdict.send, 0, LINK_SITE_VERDICT, (uint32_t)f, (uint32_t)t->site, fp->exchange, nv, nv);
+        p->verdict.send_posted = 0;
+        CHECK(link_post_recv(&r->link, &p->verdict));
+        CHECK(link_post_send(&r->link, &p->verdict));
+        p->verdict_waited = 1;
+    }
+    return ISTH_OK;
+}
+
+/* (4b) the other sites' verdicts, awaited, and the site's final word. */
+static int agree_complete(Reducer *r, FragPlan *fp, int f, unsigned char *ok, unsigned char *alive, double waited)
+{
+    const Topology *t = r->topo;
+    const int S = t->n_sites;
+    const size_t nv = site_verdict_bytes(t);
+    unsigned char *buf = fp->verdict;
+    fp->verdict_posted = 0;
     if (r->leader && fp->site.n) {
         LinkMsg **wait = isth_malloc(sizeof(LinkMsg *) * (size_t)fp->site.n);
         int *peer_of = isth_malloc(sizeof(int) * (size_t)fp->site.n), n = 0;
@@ -541,12 +579,13 @@ static int agree(Reducer *r, FragPlan *fp, int f, unsigned char *ok, unsigned ch
         int rc = ISTH_OK;
         for (int i = 0; i < fp->site.n; i++) {
             Peer *p = &fp->site.peers[i];
-            if (!buf[nv + p->site] || r->link.lost[p->site]) continue; /* no verdict to or from a lost site */
-            memcpy(p->verdict.send + sizeof(LinkHeader), buf, nv);
-            link_frame(p->verdict.send, 0, LINK_SITE_VERDICT, (uint32_t)f, (uint32_t)t->site, fp->exchange, nv, nv);
-            p->verdict.send_posted = 0;
-            if (rc == ISTH_OK) rc = link_post_recv(&r->link, &p->verdict);
-            if (rc == ISTH_OK) rc = link_post_send(&r->link, &p->verdict);
+            if (!p->verdict_waited) continue;
+            if (r->link.lost[p->site]) { /* lost since the verdict was posted */
+                link_abandon(&p->verdict);
+                buf[nv + p->site] = 0;
+                buf[p->site] = 0;
+                continue;
+            }
             wait[n] = &p->verdict;
             peer_of[n++] = i;
         }
@@ -596,6 +635,48 @@ static int agree(Reducer *r, FragPlan *fp, int f, unsigned char *ok, unsigned ch
     return ISTH_OK;
 }
 
+/* Decode and check every arrived payload into the staging (a site found
+ * late or lost is not taken); ok[s] = 0 for a payload rejected, with why. */
+static void take_payloads(Reducer *r, FragPlan *fp, int f, unsigned char *ok, const unsigned char *alive,
+                          char *rejected, size_t cap)
+{
+    const size_t size = r->pool.size;
+    float *staging = fp->slot->values;
+    for (int i = 0; i < fp->site.n; i++) {
+        const Peer *p = &fp->site.peers[i];
+        if (!alive[p->site]) {
+            ok[p->site] = 0;
+            continue;
+        }
+        const char *bad = peer_take(&r->table, &fp->own, r->codec, r->block, p, LINK_SITE_VALUES, f, fp->exchange,
+                                    staging + (size_t)p->site * size);
+        if (bad) {
+            ok[p->site] = 0;
+            append_reason(rejected, cap, r->topo->sites[p->site].name, bad);
+        }
+    }
+}
+
+/* One poll before the finish, collectively over the site: if every
+ * payload has arrived at every rank of the site, take them and post the
+ * site's verdict now; the finish then only awaits the other sites'. */
+static int verdict_early(Reducer *r, FragPlan *fp, int f)
+{
+    const Topology *t = r->topo;
+    int here = 1;
+    if (r->leader && fp->site.n) CHECK(link_test(&r->link, fp->site.links, fp->site.n, &here));
+    for (int i = 0; here && r->leader && i < fp->site.n; i++) here = fp->site.peers[i].msg.recv_done;
+    CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &here, 1, MPI_INT, MPI_MIN, t->site_comm));
+    if (!here) return ISTH_OK; /* the finish does it all, as without a window */
+    memset(fp->early_ok, 1, sizeof fp->early_ok);
+    for (int s = 0; s < t->n_sites; s++) fp->early_alive[s] = !r->link.lost[s];
+    fp->early_rejected[0] = '\0';
+    reduce_abandon_lost(r, f, &fp->site);
+    if (r->leader && fp->site.n)
+        take_payloads(r, fp, f, fp->early_ok, fp->early_alive, fp->early_rejected, sizeof fp->early_rejected);
+    return agree_post(r, fp, f, fp->early_ok, fp->early_alive);
+}
+
 /* The report of fragment f's exchange as it finishes (before the link part). */
 static void report_begin(const Reducer *r, int f, ReduceReport *rep)
 {
@@ -634,29 +715,31 @@ int reduce_finish_staged(Reducer *r, int f, ReduceReport *rep, float **result)
     for (int s = 0; s < t->n_sites; s++) alive[s] = !r->link.lost[s];
     double waited = 0.0;
     reduce_abandon_lost(r, f, &fp->site); /* posted before a loss found elsewhere: not waited for again */
-    if (r->leader && fp->site.n) {
-        unsigned char *late = isth_calloc((size_t)fp->site.n, 1);
-        CHECK_ALLOC(late);
-        const int wrc = link_wait_live(&r->link, fp->site.links, fp->site.n, "payload exchange", late, &waited);
-        for (int i = 0; wrc == ISTH_OK && i < fp->site.n; i++)
-            if (late[i]) alive[fp->site.peers[i].site] = 0;
-        isth_free(late);
-        CHECK(wrc);
-        for (int i = 0; i < fp->site.n; i++) {
-            const Peer *p = &fp->site.peers[i];
-            if (!alive[p->site]) {
-                ok[p->site] = 0;
-                continue;
-            }
-            const char *bad = peer_take(&r->table, &fp->own, r->codec, r->block, p, LINK_SITE_VALUES, f, fp->exchange,
-                                        staging + (size_t)p->site * size);
-            if (bad) {
-                ok[p->site] = 0;
-                append_reason(rep->rejected, sizeof rep->rejected, t->sites[p->site].name, bad);
-            }
+    if (fp->verdict_posted) { /* taken and judged at the poll before: only our sends may still be going */
+        memcpy(ok, fp->early_ok, sizeof fp->early_ok);
+        memcpy(alive, fp->early_alive, sizeof fp->early_alive);
+        memcpy(rep->rejected, fp->early_rejected, sizeof rep->rejected);
+        if (r->leader && fp->site.n) {
+            unsigned char *late = isth_calloc((size_t)fp->site.n, 1);
+            CHECK_ALLOC(late);
+            const int wrc = link_wait_live(&r->link, fp->site.links, fp->site.n, "payload exchange", late, &waited);
+            isth_free(late); /* a send that never completes: its verdict, awaited next, says so */
+            CHECK(wrc);
         }
+    } else {
+        if (r->leader && fp->site.n) {
+            unsigned char *late = isth_calloc((size_t)fp->site.n, 1);
+            CHECK_ALLOC(late);
+            const int wrc = link_wait_live(&r->link, fp->site.links, fp->site.n, "payload exchange", late, &waited);
+            for (int i = 0; wrc == ISTH_OK && i < fp->site.n; i++)
+                if (late[i]) alive[fp->site.peers[i].site] = 0;
+            isth_free(late);
+            CHECK(wrc);
+            take_payloads(r, fp, f, ok, alive, rep->rejected, sizeof rep->rejected);
+        }
+        CHECK(agree_post(r, fp, f, ok, alive));
     }
-    CHECK(agree(r, fp, f, ok, alive, waited));
+    CHECK(agree_complete(r, fp, f, ok, alive, waited));
     reduce_abandon_lost(r, f, &fp->site); /* what the waits gave up on: stuck ones renew the slot */
     double wsum = 0.0;
     rep->accepted_sites = 0;

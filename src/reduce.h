@@ -70,6 +70,13 @@ typedef struct {
     double err2, norm2;
     double started_s;          /* now_s() when the exchange started */
     int late_warned;           /* its lateness was logged */
+    int window_polls_seen;     /* polls since the start on every rank of the site (polls: the leaders' own) */
+    /* the site's verdict: agreed and posted (at the finish, or one poll
+     * before it when everything had arrived), with what it was made of */
+    int verdict_posted;
+    unsigned char verdict[3 * CONFIG_MAX_SITES];
+    unsigned char early_ok[CONFIG_MAX_SITES + 1], early_alive[CONFIG_MAX_SITES];
+    char early_rejected[512];
 } FragPlan;
 
 typedef struct {

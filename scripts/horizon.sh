@@ -1,0 +1,96 @@
+#!/bin/bash
+# horizon.sh — the inner optimiser and the training horizon (docs/results.md,
+# "Shampoo, Muon and the horizon"): small.ini, 16 sequences of 256 bytes per
+# step in every run, two sites, AdamW against the matrix optimisers.
+#   scripts/horizon.sh OUT_DIR PHASE...      (needs a built ./isthmus; each run is
+#                                             skipped when its model.h5 exists)
+# Phases:
+#   sweep     400 steps: sync, diloco, butterfly with adamw and shampoo (and sync
+#             with muon) at two (sync shampoo: three) inner learning rates each
+#   400 | 1600 | 6400
+#             sync, diloco, butterfly with adamw and shampoo at the lr the sweep
+#             chose for each (LR_<mode>_<optimizer>, below)
+#   seeds     the longest horizon again with another data order (train.seed = 43)
+#   table     the markdown tables of every run present
+# Layouts (as scripts/results.sh): sync and diloco on two sites x 1 learner of 2
+# ranks (diloco: H=64, fp4, plain averaging: outer lr 1, no momentum), butterfly
+# on two sites x 4 learners of 1 rank (mixing every 10 steps).
+set -eu
+cd "$(dirname "$0")/.."
+OUT=${1:?usage: scripts/horizon.sh OUT_DIR PHASE...}
+shift
+ISTHMUS=${ISTHMUS:-./isthmus}
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 \
+    OMPI_MCA_mpi_yield_when_idle=1
+L2="--set train.micro_batch=4 --set site.a.ranks=2 --set site.a.learner_ranks=2 --set site.b.ranks=2
+ --set site.b.learner_ranks=2"
+L8="--set train.micro_batch=2 --set site.a.ranks=4 --set site.a.learner_ranks=1 --set site.b.ranks=4
+ --set site.b.learner_ranks=1"
+MODE_sync="$L2"
+MODE_diloco="$L2 --set outer.mode=diloco --set outer.inner_steps=64 --set outer.codec=fp4 --set outer.lr=1
+ --set outer.momentum=0"
+MODE_butterfly="$L8 --set outer.mode=butterfly --set outer.inner_steps=10"
+NP_sync=4 NP_diloco=4 NP_butterfly=8
+# the learning rates the 400-step sweep chose (docs/results.md)
+LR_sync_adamw=${LR_sync_adamw:-0.001} LR_sync_shampoo=${LR_sync_shampoo:-0.002}
+LR_diloco_adamw=${LR_diloco_adamw:-0.001} LR_diloco_shampoo=${LR_diloco_shampoo:-0.002}
+LR_butterfly_adamw=${LR_butterfly_adamw:-0.0014} LR_butterfly_shampoo=${LR_butterfly_shampoo:-0.002}
+
+run() { # run MODE OPTIMIZER LR STEPS SEED
+    local mode=$1 opt=$2 lr=$3 steps=$4 seed=$5 np layout dir min
+    np=$(eval echo "\$NP_$mode")
+    layout=$(eval echo "\$MODE_$mode")
+    dir=$OUT/${mode}_${opt}_lr${lr}_${steps}_s${seed}
+    [ -f "$dir/model.h5" ] && return 0
+    mkdir -p "$dir"
+    min=$(awk -v l="$lr" 'BEGIN { print l / 10 }')
+    echo "== $dir $(date +%T)" >&2
+    # shellcheck disable=SC2086
+    mpirun -q -np "$np" "$ISTHMUS" train share/configs/small.ini $layout --set train.out_dir="$dir" \
+        --set train.steps="$steps" --set train.warmup=20 --set train.threads=1 --set train.log_every=50 \
+        --set train.eval_every=0 --set data.eval_bytes=262144 --set train.optimizer="$opt" --set train.lr="$lr" \
+        --set train.min_lr="$min" --set train.seed="$seed" > "$dir/log" 2>&1 || echo "horizon.sh: $dir failed" >&2
+}
+
+best() { eval echo "\$LR_$1_$2"; }
+
+table() {
+    echo "| run | steps | prose bpb | tech bpb | inter-site bytes | ms/step (training wall / steps) | compute utilisation |"
+    echo "|---|---|---|---|---|---|---|"
+    for d in "$OUT"/*/; do
+        local m=$d/metrics.jsonl p t b s w
+        [ -f "$m" ] || continue
+        p=$(grep '"eval":"prose"' "$m" | tail -1 | sed 's/.*"bpb":\([^,]*\),.*/\1/')
+        t=$(grep '"eval":"tech"' "$m" | tail -1 | sed 's/.*"bpb":\([^,]*\),.*/\1/')
+        b=$(grep '"summary":"traffic"' "$m" | tail -1 | sed 's/.*"inter_site_bytes":\([0-9]*\).*/\1/')
+        s=$(grep '"summary":"compute"' "$m" | tail -1)
+        w=$(echo "$s" | sed 's/.*"steps":\([0-9]*\),"wall_s":\([0-9.]*\).*/\2 \1/' | awk '{ if ($2 > 0) printf "%.0f", 1000 * $1 / $2 }')
+        echo "| $(basename "$d") | $(echo "$s" | sed 's/.*"steps":\([0-9]*\).*/\1/') | ${p:-?} | ${t:-?} | ${b:-0} | ${w:-?} | $(echo "$s" | sed 's/.*"utilisation":\([0-9.]*\).*/\1/') |"
+    done
+}
+
+for phase in "$@"; do
+    case $phase in
+    sweep)
+        for lr in 0.001 0.002; do run sync adamw $lr 400 42; done
+        for lr in 0.001 0.002 0.004; do run sync shampoo $lr 400 42; done
+        for lr in 0.001 0.002; do run diloco adamw $lr 400 42; done
+        for lr in 0.001 0.002; do run diloco shampoo $lr 400 42; done
+        for lr in 0.0014 0.002; do run butterfly adamw $lr 400 42; done
+        for lr in 0.0014 0.002; do run butterfly shampoo $lr 400 42; done
+        for lr in 0.001 0.002; do run sync muon $lr 400 42; done
+        ;;
+    400 | 1600 | 6400)
+        for mode in sync diloco butterfly; do
+            for opt in adamw shampoo; do run $mode $opt "$(best $mode $opt)" "$phase" 42; done
+        done
+        ;;
+    seeds)
+        for mode in sync diloco butterfly; do
+            for opt in adamw shampoo; do run $mode $opt "$(best $mode $opt)" 6400 43; done
+        done
+        ;;
+    table) table ;;
+    *) echo "horizon.sh: unknown phase '$phase'" >&2; exit 2 ;;
+    esac
+done
