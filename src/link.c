@@ -281,6 +281,8 @@ int link_test(Link *l, LinkMsg *const *msgs, int n, int *all)
     return ISTH_OK;
 }
 
+static void progress_pause(int on);
+
 /* Complete the messages (posting sends still deferred) or reach the
  * deadline: *all says which; the time blocked is counted. */
 static int complete_by_deadline(Link *l, LinkMsg *const *msgs, int n, int *all, double *waited)
@@ -288,15 +290,18 @@ static int complete_by_deadline(Link *l, LinkMsg *const *msgs, int n, int *all, 
     for (int i = 0; i < n; i++) /* sends not posted yet, or paced and not posted whole */
         if (msgs[i]->send_posted != 2) CHECK(link_post_send(l, msgs[i]));
     const double t0 = now_s();
+    progress_pause(1);
+    int rc = ISTH_OK;
     for (;;) {
-        CHECK(link_test(l, msgs, n, all));
-        if (*all || now_s() - t0 > l->timeout_s) break;
+        rc = link_test(l, msgs, n, all);
+        if (rc != ISTH_OK || *all || now_s() - t0 > l->timeout_s) break;
         struct timespec ts = {0, 50000}; /* 50 us: yield the core to the ranks computing */
         nanosleep(&ts, NULL);
     }
+    progress_pause(0);
     *waited = now_s() - t0;
     l->wait_s += *waited;
-    return ISTH_OK;
+    return rc;
 }
 
 int link_wait(Link *l, LinkMsg *const *msgs, int n, const char *what)
@@ -459,6 +464,7 @@ int link_control(Link *l, const void *mine, size_t bytes, void *all, const int *
 /* --- the progress thread ------------------------------------------------------- */
 
 static pthread_t progress_thread;
+static atomic_int progress_paused; /* > 0 while the main thread completes messages itself */
 static atomic_int progress_run; /* 1 while the thread should go on */
 static int progress_started;
 
@@ -468,8 +474,10 @@ static void *progress_main(void *arg)
     while (atomic_load(&progress_run)) {
         int flag = 0;
         /* no message is ever sent with this tag on MPI_COMM_SELF: the probe
-         * finds nothing, and on the way drives every transport's progress */
-        MPI_Iprobe(MPI_ANY_SOURCE, LINK_TAG_PROGRESS, MPI_COMM_SELF, &flag, MPI_STATUS_IGNORE);
+         * finds nothing, and on the way drives every transport's progress;
+         * not while the main thread waits on the link itself (it polls then) */
+        if (!atomic_load(&progress_paused))
+            MPI_Iprobe(MPI_ANY_SOURCE, LINK_TAG_PROGRESS, MPI_COMM_SELF, &flag, MPI_STATUS_IGNORE);
         struct timespec ts = {0, LINK_PROGRESS_US * 1000L};
         nanosleep(&ts, NULL);
     }
@@ -500,3 +508,5 @@ void link_progress_stop(void)
     pthread_join(progress_thread, NULL);
     progress_started = 0;
 }
+
+static void progress_pause(int on) { atomic_fetch_add(&progress_paused, on ? 1 : -1); }
