@@ -100,6 +100,10 @@ typedef struct {
      * codec's bytes, decoded values and residual bit for bit. */
     int (*encode_ef)(Backend *b, Codec c, const float *x, float *residual, size_t n, int block, unsigned char *out,
                      float *decoded, double *err2, double *norm2);
+    /* Optional (NULL: not offered): call fn(ctx) between the layers of
+     * train_micro, on the calling thread, outside any collective; fn NULL
+     * stops it. The trainer's way to keep the link's messages moving. */
+    void (*set_progress)(Backend *b, void (*fn)(void *ctx), void *ctx);
 } BackendOps;
 
 /* The largest batch of a learner sum through host scratch, in floats (64

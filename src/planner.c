@@ -166,7 +166,8 @@ static int fragment_values(const ModelConfig *mc, int P, double *values, double 
 
 static double encoded(Codec c, double values, int block) { return (double)codec_encoded_size(c, (size_t)values, block); }
 
-static double transfer_s(double bytes, PlanLink l) { return bytes * 8.0 / l.bits_per_s + PLAN_LINK_RTTS * l.rtt_s; }
+static double wire_s(double bytes, PlanLink l) { return bytes * 8.0 / (l.bits_per_s * PLAN_TCP_EFFICIENCY); }
+static double transfer_s(double bytes, PlanLink l) { return wire_s(bytes, l) + PLAN_LINK_RTTS * l.rtt_s; }
 
 /* Utilisation and idle time of every site for a period of `steps` inner
  * steps paced by the slowest site, plus `stall` of waiting for the link. */
@@ -238,7 +239,7 @@ int planner_compute(const Config *cfg0, const PlanSite *sites, int n_sites, Plan
     for (int p = 0; p < P; p++) {
         const double bytes = encoded(codec, frag[p], block), x = peers ? transfer_s(bytes, link) : 0;
         stall += fmax(0.0, x - tau * slowest);
-        busy += peers ? bytes * 8.0 / link.bits_per_s : 0;
+        busy += peers ? wire_s(bytes, link) : 0;
         if (bytes > largest) largest = bytes;
     }
     m->payload_bytes = largest;
@@ -262,7 +263,7 @@ int planner_compute(const Config *cfg0, const PlanSite *sites, int n_sites, Plan
         m->payload_bytes = encoded(codec, frag[0], block) * per_site;
         m->transfer_s = transfer_s(m->payload_bytes, link);
         const double x_stall = fmax(0.0, m->transfer_s - tau * slowest);
-        fill_mode(m, r, (double)H * k, crossing * x_stall, crossing * m->payload_bytes * 8.0 / link.bits_per_s);
+        fill_mode(m, r, (double)H * k, crossing * x_stall, crossing * wire_s(m->payload_bytes, link));
     }
     return ISTH_OK;
 }
@@ -317,8 +318,8 @@ int planner_run(const Config *cfg0, const PlanSite *sites, int n_sites, PlanLink
     printf("model: %.4g B parameters, %.4g B active per token (%.1fx expert sparsity), %.4g GFLOP per token "
            "trained\n", total / 1e9, active / 1e9, (double)mc->experts / mc->top_k, r.flops_per_token / 1e9);
     printf("link: %.4g Gbit/s, %.4g ms round trip between every pair of sites (%.4g MB in flight per round trip); "
-           "an exchange costs bytes / rate + %.0f round trips\n", link.bits_per_s / 1e9, link.rtt_s * 1e3,
-           link.bits_per_s * link.rtt_s / 8e6, PLAN_LINK_RTTS);
+           "an exchange costs bytes / (rate x %.3f TCP payload per wire byte) + %.0f round trips\n",
+           link.bits_per_s / 1e9, link.rtt_s * 1e3, link.bits_per_s * link.rtt_s / 8e6, PLAN_TCP_EFFICIENCY, PLAN_LINK_RTTS);
     printf("sites (inner step = tokens x FLOP per token / (GPUs x peak x MFU %.2f)):\n", mfu);
     for (int s = 0; s < cfg.n_sites; s++) {
         const PlanSite *ps = NULL;

@@ -7,7 +7,8 @@
  * `--link RATE,RTT`, and the time model of each mode: inner-step time per
  * site (tokens per step x FLOPs per token / (GPUs x peak x MFU)), the
  * outer payload per fragment after the codec, its transfer time
- * (bytes / rate + PLAN_LINK_RTTS round trips), and from those the compute
+ * (bytes / (rate x PLAN_TCP_EFFICIENCY) + PLAN_LINK_RTTS round trips), and
+ * from those the compute
  * utilisation of each mode, each site's idle time, and the smallest H (or
  * largest overlap) for a target utilisation. docs/planner.md derives the
  * formulas; tests/cli_plan.sh checks them against hand arithmetic and
@@ -24,6 +25,9 @@
  * large MPI message (its request to send and the receiver's answer), then
  * the data's one way and the verdict's way back. */
 #define PLAN_LINK_RTTS 2.0
+/* Payload bytes per byte on the wire: a full TCP segment carries 1448 bytes
+ * in a 1500-byte IP packet (20 IP + 20 TCP + 12 timestamp option). */
+#define PLAN_TCP_EFFICIENCY (1448.0 / 1500.0)
 #define PLAN_MAX_SITES CONFIG_MAX_SITES
 
 typedef struct {
@@ -54,7 +58,7 @@ typedef struct {
     double idle_s[PLAN_MAX_SITES];      /* per period: waiting for a slower site */
     double link_stall_s;                /* per period: waiting for the link (every site) */
     double payload_bytes;               /* one site's encoded payload of one exchange */
-    double transfer_s;                  /* one exchange: bytes / rate + PLAN_LINK_RTTS round trips */
+    double transfer_s;                  /* one exchange: bytes / (rate x TCP efficiency) + PLAN_LINK_RTTS round trips */
     int link_bound;                     /* the link's busy time exceeds the compute time */
 } PlanMode;
 

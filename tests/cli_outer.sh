@@ -64,6 +64,19 @@ awk -v b="$bytes" -v s="$syncb" -v o="$outer" 'BEGIN { p = s / 8 / 16; per = b /
 echo "$s" | grep -q '"max_peer_learners":2}' && pass "a diloco outer step waits on every other learner (2 of 3)" ||
     fail "peers waited on: $s"
 
+# 2b. how the link moves payloads changes no number: progress poll or thread,
+# pace off, pieces of 4 KiB, against step / pace on / the default pieces
+train 6 stream_poll $HET $STREAM --set outer.progress=poll --set outer.pace=off --set outer.piece_bytes=4096
+train 6 stream_thread $HET $STREAM --set outer.progress=thread --set outer.pace=on --set outer.piece_bytes=4096
+for v in poll thread; do
+    if h5diff "$WORK/stream/model.h5" "$WORK/stream_$v/model.h5" /model /model > /dev/null 2>&1 &&
+        [ "$(losses "$WORK/stream")" = "$(losses "$WORK/stream_$v")" ]; then
+        pass "streaming with progress = $v, 4 KiB pieces: losses and weights bit-identical"
+    else
+        fail "streaming with progress = $v differs"
+    fi
+done
+
 # 3. a corrupted payload from site b in exchange 2: rejected by all, training continues
 ISTHMUS_LINK_CORRUPT=b:2 train 2 corrupt $TWO $STREAM --set outer.codec=int8
 M="$WORK/corrupt/metrics.jsonl"
@@ -82,13 +95,20 @@ grep -q "replicas identical at step 24" "$WORK/delay.log" && pass "delayed sends
 # a delay longer than tau: completion posts the held sends, no deadlock
 ISTHMUS_LINK_DELAY=b:5 train 2 delay_long $TWO $STREAM --set outer.overlap=2
 grep -q "replicas identical at step 24" "$WORK/delay_long.log" && pass "delay beyond tau completes" || fail "long delay: $(tail -3 "$WORK/delay_long.log")"
+# site b holds its payloads back 5 steps, the window is 2: site a says so before the step that waits
+grep -q '^link: exchange [0-9]* (fragment [0-9]) will not arrive within its window of 2 step(s): nothing after' "$WORK/delay_long.log" &&
+    grep -q '"link_late":[0-9]*,"fragment":[0-9],"polls":1,"window":2,"arrived_fraction":0.0000' "$WORK/delay_long/metrics.jsonl" &&
+    pass "a payload held back past the window is announced one step before it is due (log and link_late line)" ||
+    fail "no lateness warning: $(grep 'link:' "$WORK/delay_long.log" | head -2)"
 
 # 5. deadline: a site whose payloads never arrive is reported, not waited on forever
 rc=0
 ISTHMUS_LINK_MUTE=b:1 timeout 120 mpirun -q --oversubscribe -np 2 "$ISTHMUS" train "$T" \
     --set train.out_dir="$WORK/dead" $TWO --set outer.mode=diloco --set outer.inner_steps=2 \
     --set train.steps=4 --set outer.timeout=2 > "$WORK/dead.log" 2>&1 || rc=$?
-if [ "$rc" = 1 ] && grep -q "link: payload exchange: nothing from world rank 1 within \[outer\] timeout = 2 s" "$WORK/dead.log"; then
+# site a waits for b's payload, b (its payload muted) for a's verdict: both
+# deadlines fall due together, and whichever rank reports first ends the job
+if [ "$rc" = 1 ] && grep -Eq "link: (payload exchange: nothing from world rank 1|verdict exchange: nothing from world rank 0) within \[outer\] timeout = 2 s" "$WORK/dead.log"; then
     pass "a silent site hits the 2 s deadline: exit 1 naming the peer"
 else
     fail "deadline: exit $rc: $(grep error "$WORK/dead.log" | head -3)"

@@ -36,8 +36,9 @@ fp4() { awk -v n="$1" 'BEGIN { printf "%.0f", int((n + 1) / 2) + 4 * int((n + 12
 whole=$(fp4 "$(awk -v L=$L -v D=$D -v E=$E -v F=$F -v V=$V 'BEGIN { printf "%.0f", V*D + L*(4*D*D + D*E + E*3*D*F + 2*D) + D }')")
 # streaming, 8 fragments strided over 32 layers: fragment 0 holds layers 0, 8, 16, 24 and the embedding
 frag0=$(fp4 "$(awk -v D=$D -v E=$E -v F=$F -v V=$V 'BEGIN { printf "%.0f", V*D + 4*(4*D*D + D*E + E*3*D*F + 2*D) }')")
-x_whole=$(awk -v b="$whole" 'BEGIN { printf "%.6g", b * 8 / 25e9 + 2 * 0.15 }')
-x_frag=$(awk -v b="$frag0" 'BEGIN { printf "%.6g", b * 8 / 25e9 + 2 * 0.15 }')
+# bytes over the link's payload rate (1448 TCP bytes per 1500 on the wire) + two round trips
+x_whole=$(awk -v b="$whole" 'BEGIN { printf "%.6g", b * 8 / (25e9 * 1448 / 1500) + 2 * 0.15 }')
+x_frag=$(awk -v b="$frag0" 'BEGIN { printf "%.6g", b * 8 / (25e9 * 1448 / 1500) + 2 * 0.15 }')
 row() { grep "^  $1 " "$WORK/plan.txt" | head -1; }
 check "diloco payload (MB)" "$(row diloco | awk '{ print $3 }')" "$(awk -v b="$whole" 'BEGIN { print b / 1e6 }')" 0.002
 check "diloco transfer (s)" "$(row diloco | awk '{ print $5 }')" "$x_whole" 0.002

@@ -253,6 +253,12 @@ static int cpu_optimizer_step(Backend *b, double lr)
     return ISTH_OK;
 }
 
+static void cpu_set_progress(Backend *b, void (*fn)(void *ctx), void *ctx)
+{
+    cpu(b)->acts.progress = fn;
+    cpu(b)->acts.progress_ctx = ctx;
+}
+
 static const BackendOps cpu_ops = {
     .name = "cpu",
     .destroy = cpu_destroy,
@@ -270,6 +276,7 @@ static const BackendOps cpu_ops = {
     .share_runs = cpu_share_runs,
     .copy_state = cpu_copy_state,
     .encode_ef = NULL, /* the reducer's host codec is this backend's */
+    .set_progress = cpu_set_progress,
 };
 
 /* OpenMP and OpenBLAS thread counts (0 = leave the defaults). */

@@ -317,6 +317,7 @@ int transformer_forward(const Model *m, Activations *a, const int *tokens, const
      * and the attention blocks of B, H, T are used with this call's T. */
     encoder_forward(SLICE(a->x, 0, ND), tokens, model_param(m, T_EMBED, 0), N, D);
     for (int l = 0; l < L; l++) {
+        if (a->progress) a->progress(a->progress_ctx);
         float *x = SLICE(a->x, l, ND), *xn1 = SLICE(a->xn1, l, ND), *q = SLICE(a->q, l, ND),
               *k = SLICE(a->k, l, ND), *v = SLICE(a->v, l, ND), *ao = SLICE(a->ao, l, ND),
               *h = SLICE(a->h, l, ND), *xn2 = SLICE(a->xn2, l, ND),
@@ -406,6 +407,7 @@ int transformer_backward(Model *m, Activations *a, const int *tokens, const int 
                            model_param(m, T_FINAL_NORM, 0), a->rstdf, N, D));
 
     for (int l = L - 1; l >= 0; l--) {
+        if (a->progress) a->progress(a->progress_ctx);
         const float *x = SLICE(a->x, l, ND), *xn1 = SLICE(a->xn1, l, ND), *q = SLICE(a->q, l, ND),
                     *k = SLICE(a->k, l, ND), *v = SLICE(a->v, l, ND), *ao = SLICE(a->ao, l, ND),
                     *h = SLICE(a->h, l, ND), *att = SLICE(a->att, l, att_stride);

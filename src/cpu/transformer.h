@@ -50,6 +50,11 @@ typedef struct {
     float *ffn_scratch;                                 /* (3*n_recv*F) */
     size_t recv_caps[4], ffn_cap;
     int training;             /* capacity and aux losses were applied */
+    /* called before each layer of the forward and the backward pass, outside
+     * any parallel region and collective ([outer] progress = poll: the
+     * link's messages move while the layers compute); NULL: none */
+    void (*progress)(void *ctx);
+    void *progress_ctx;
     float *block;             /* the one allocation holding all of the above */
 } Activations;
 
