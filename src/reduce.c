@@ -377,15 +377,17 @@ int reduce_start(Reducer *r, Backend *be, int f, StateKind which, int kind)
     return reduce_start_staged(r, f);
 }
 
-/* A paced exchange posts its sends across its window: after poll p, the
- * first (p + 1) / (window - 1) of each payload (all of it one poll before
- * the result is due, so the last pieces have a step to drain). A link
+/* A paced exchange posts its sends across its window. Its polls: the
+ * first right at its start, then one after each inner step; its result is
+ * due one step after poll `window`. After poll p (and at the start) the
+ * first max(p, 1) / (window - 1) of each payload is posted: all of it at
+ * poll window - 1, so the last pieces have two steps to drain. A link
  * slower than that pace simply holds them queued; a faster one is left
  * free for the other fragments' exchanges and the control messages
  * between them. */
 static int pace_sends(Reducer *r, FragPlan *fp)
 {
-    const double share = fmin(1.0, (double)(fp->polls + 1) / (double)(r->window_polls - 1));
+    const double share = fmin(1.0, (double)(fp->polls > 1 ? fp->polls : 1) / (double)(r->window_polls - 1));
     for (int i = 0; i < fp->site.n; i++) {
         LinkMsg *m = &fp->site.peers[i].msg;
         if (m->send_posted == 2) continue;
@@ -395,19 +397,21 @@ static int pace_sends(Reducer *r, FragPlan *fp)
 }
 
 /* After a poll that found the exchange incomplete: will the rest arrive
- * before its result is due (window_polls polls after its start)? The
- * pieces received so far give its rate; once it is clear that it will
- * not, this is logged once, before the step that waits for it. */
+ * before its result is due? Poll p comes p - 1 inner steps after the
+ * start and the result is due `window` steps after it, so window - p + 1
+ * steps (of the length the last p - 1 took) are left; the pieces received
+ * so far give the payload's rate. Once it is clear that it will not
+ * arrive in time, this is logged once, before the step that waits for it. */
 static int warn_if_late(Reducer *r, int f, FragPlan *fp)
 {
-    if (fp->late_warned || r->window_polls < 1 || fp->polls >= r->window_polls || fp->polls < 1) return ISTH_OK;
+    if (fp->late_warned || r->window_polls < 1 || fp->polls > r->window_polls || fp->polls < 2) return ISTH_OK;
     double got = 0;
     for (int i = 0; i < fp->site.n; i++) got += link_recv_fraction(&fp->site.peers[i].msg);
     got /= fp->site.n;
-    const double elapsed = now_s() - fp->started_s, per_poll = elapsed / fp->polls;
-    const double left = (r->window_polls - fp->polls) * per_poll;
+    const double elapsed = now_s() - fp->started_s, per_step = elapsed / (fp->polls - 1);
+    const double left = (r->window_polls - fp->polls + 1) * per_step;
     /* nothing yet is no rate: only past half the window is it a sign */
-    if (got <= 0 && 2 * fp->polls < r->window_polls) return ISTH_OK;
+    if (got <= 0 && 2 * (fp->polls - 1) < r->window_polls) return ISTH_OK;
     const double eta = got > 0 ? elapsed * (1.0 - got) / got : HUGE_VAL;
     if (eta <= left) return ISTH_OK;
     fp->late_warned = 1;
@@ -416,15 +420,15 @@ static int warn_if_late(Reducer *r, int f, FragPlan *fp)
     if (got > 0)
         printf("link: exchange %llu (fragment %d) will not arrive within its window of %d step(s): %.0f%% after %.1f s "
                "(%d step(s)), about %.1f s more at this rate, %.1f s past the step that applies it\n",
-               (unsigned long long)fp->exchange, f, r->window_polls, 100.0 * got, elapsed, fp->polls, eta, eta - left);
+               (unsigned long long)fp->exchange, f, r->window_polls, 100.0 * got, elapsed, fp->polls - 1, eta, eta - left);
     else
         printf("link: exchange %llu (fragment %d) will not arrive within its window of %d step(s): nothing after %.1f s "
-               "(%d step(s))\n", (unsigned long long)fp->exchange, f, r->window_polls, elapsed, fp->polls);
+               "(%d step(s))\n", (unsigned long long)fp->exchange, f, r->window_polls, elapsed, fp->polls - 1);
     fflush(stdout);
     if (r->metrics && r->metrics->f) {
-        fprintf(r->metrics->f, "{\"link_late\":%llu,\"fragment\":%d,\"polls\":%d,\"window\":%d,"
+        fprintf(r->metrics->f, "{\"link_late\":%llu,\"fragment\":%d,\"steps\":%d,\"window\":%d,"
                 "\"arrived_fraction\":%.4f,\"elapsed_s\":%.3f,\"eta_s\":%.3f,\"window_left_s\":%.3f}\n",
-                (unsigned long long)fp->exchange, f, fp->polls, r->window_polls, got, elapsed,
+                (unsigned long long)fp->exchange, f, fp->polls - 1, r->window_polls, got, elapsed,
                 isfinite(eta) ? eta : -1.0, left);
         CHECK(metrics_flush(r->metrics));
     }
@@ -510,7 +514,7 @@ int reduce_poll(Reducer *r)
             if (arrived) fp->arrived_poll = fp->polls;
             else CHECK(warn_if_late(r, f, fp));
         }
-        if (r->window_polls >= 2 && fp->window_polls_seen == r->window_polls - 1 && !r->link.delay_polls &&
+        if (r->window_polls >= 2 && fp->window_polls_seen == r->window_polls && !r->link.delay_polls &&
             !fp->verdict_posted && t->n_sites > 1 && t->n_learners > 1)
             CHECK(verdict_early(r, fp, f));
     }
@@ -530,8 +534,9 @@ static void append_reason(char *buf, size_t cap, const char *site, const char *w
  * verdict that misses the deadline makes its site late too. Both are
  * agreed inside the site, then lost sites are marked in the link.
  * (4a) the site's verdict, agreed and posted to the other sites: at the
- * finish, or one poll before it when every payload had arrived by then
- * (reduce_poll), so that the verdicts' round trip hides behind a step. */
+ * finish, or at the last poll before it (a step earlier) when every
+ * payload had arrived by then (reduce_poll), so that the verdicts' round
+ * trip hides behind a step. */
 static int agree_post(Reducer *r, FragPlan *fp, int f, const unsigned char *ok, const unsigned char *alive)
 {
     const Topology *t = r->topo;
@@ -657,9 +662,10 @@ static void take_payloads(Reducer *r, FragPlan *fp, int f, unsigned char *ok, co
     }
 }
 
-/* One poll before the finish, collectively over the site: if every
- * payload has arrived at every rank of the site, take them and post the
- * site's verdict now; the finish then only awaits the other sites'. */
+/* At the last poll before the finish (a step before it), collectively over
+ * the site: if every payload has arrived at every rank of the site, take
+ * them and post the site's verdict now; the finish then only awaits the
+ * other sites'. */
 static int verdict_early(Reducer *r, FragPlan *fp, int f)
 {
     const Topology *t = r->topo;

@@ -97,7 +97,7 @@ ISTHMUS_LINK_DELAY=b:5 train 2 delay_long $TWO $STREAM --set outer.overlap=2
 grep -q "replicas identical at step 24" "$WORK/delay_long.log" && pass "delay beyond tau completes" || fail "long delay: $(tail -3 "$WORK/delay_long.log")"
 # site b holds its payloads back 5 steps, the window is 2: site a says so before the step that waits
 grep -q '^link: exchange [0-9]* (fragment [0-9]) will not arrive within its window of 2 step(s): nothing after' "$WORK/delay_long.log" &&
-    grep -q '"link_late":[0-9]*,"fragment":[0-9],"polls":1,"window":2,"arrived_fraction":0.0000' "$WORK/delay_long/metrics.jsonl" &&
+    grep -q '"link_late":[0-9]*,"fragment":[0-9],"steps":1,"window":2,"arrived_fraction":0.0000' "$WORK/delay_long/metrics.jsonl" &&
     pass "a payload held back past the window is announced one step before it is due (log and link_late line)" ||
     fail "no lateness warning: $(grep 'link:' "$WORK/delay_long.log" | head -2)"
 

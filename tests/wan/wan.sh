@@ -69,7 +69,12 @@ ENV
     [ -x "$here/tundelay" ] || die "$here/tundelay is not built (make tests/wan/tundelay)"
     ip netns add "$ns_a" && ip netns add "$ns_b" || { cmd_down "$dir"; die "ip netns add failed"; }
     rm -f "$dir/tundelay.ready"
-    "$here/tundelay" "$dev_a" "$dev_b" "$delay" --loss "$loss" --ready "$dir/tundelay.ready" \
+    # the forwarder is the link: it runs at a real-time priority where it
+    # may (as root), so a loaded machine delays its packets no more than
+    # the setting (a late packet would be a longer round trip)
+    local rt=()
+    command -v chrt > /dev/null && chrt -f 10 true 2> /dev/null && rt=(chrt -f 10)
+    "${rt[@]}" "$here/tundelay" "$dev_a" "$dev_b" "$delay" --loss "$loss" --ready "$dir/tundelay.ready" \
         2> "$dir/tundelay.log" &
     echo $! > "$dir/tundelay.pid"
     for _ in $(seq 1 100); do [ -s "$dir/tundelay.ready" ] && break; sleep 0.05; done
