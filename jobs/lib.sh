@@ -93,11 +93,23 @@ isthmus_run() {
         wait "$child"
         rc=$?
     done
-    trap - USR1 TERM INT
+    trap '' USR1 TERM INT # the run is over; the job ends below (a requeue's TERM may come)
     echo "isthmus job: exit $rc${signalled:+ after SIG$signalled}, $(date -u +%FT%TZ)"
     if [ "$signalled" = USR1 ] && [ $rc -eq 0 ] && [ "${ISTHMUS_REQUEUE:-1}" = 1 ] && [ -n "${SLURM_JOB_ID:-}" ]; then
         echo "isthmus job: stopped before the time limit; requeueing job $SLURM_JOB_ID to continue"
         scontrol requeue "$SLURM_JOB_ID"
     fi
+    [ -n "$signalled" ] && isthmus_leave_the_second
     return $rc
+}
+
+# slurmd (22.05) revokes a killed or requeued job's credential with a time
+# in whole seconds and refuses a launch whose credential is not newer
+# ("Job N already killed, do not launch batch job": the requeued job
+# FAILS). A job that stops quickly on a requeue can be started again within
+# the same second, so a stopped job ends only once that second is over.
+isthmus_leave_the_second() {
+    local now
+    now=$(date +%s)
+    while [ "$(date +%s)" -le "$now" ]; do sleep 0.1; done
 }

@@ -98,7 +98,7 @@ static const KeySpec schema[] = {
     {"outer", "run_id", KEY_STR, OU(run_id), STRSZ(outer.run_id), 0, 0, 0, NULL, ""},
     {"outer", "key_file", KEY_STR, OU(key_file), STRSZ(outer.key_file), 0, 0, 0, NULL, ""},
     {"outer", "join_timeout", KEY_REAL, OU(join_timeout), 0, 0, 1e7, 1, NULL, "120"},
-    {"outer", "progress", KEY_ENUM, OU(progress), STRSZ(outer.progress), 0, 0, 0, "step|poll|thread", "step"},
+    {"outer", "progress", KEY_ENUM, OU(progress), STRSZ(outer.progress), 0, 0, 0, "step|poll|thread", "poll"},
     {"outer", "piece_bytes", KEY_LONG, OU(piece_bytes), 0, 4096, INT_MAX, 0, NULL, "262144"},
     {"outer", "pace", KEY_ENUM, OU(pace), STRSZ(outer.pace), 0, 0, 0, "on|off", "on"},
 

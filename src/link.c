@@ -510,10 +510,3 @@ void link_progress_stop(void)
 }
 
 static void progress_pause(int on) { atomic_fetch_add(&progress_paused, on ? 1 : -1); }
-
-void link_progress_poke(void *ctx)
-{
-    (void)ctx;
-    int flag = 0;
-    MPI_Iprobe(MPI_ANY_SOURCE, LINK_TAG_PROGRESS, MPI_COMM_SELF, &flag, MPI_STATUS_IGNORE);
-}

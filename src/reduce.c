@@ -377,7 +377,9 @@ int reduce_start(Reducer *r, Backend *be, int f, StateKind which, int kind)
     return reduce_start_staged(r, f);
 }
 
-/* A paced exchange posts its sends across its window. Its polls: the
+/* A paced exchange posts its sends across its window (pace on, and the
+ * link carried this rank's last exchange within half its window: a link
+ * that needs more than that gets every piece at once). Its polls: the
  * first right at its start, then one after each inner step; its result is
  * due one step after poll `window`. After poll p (and at the start) the
  * first max(p, 1) / (window - 1) of each payload is posted: all of it at
@@ -480,7 +482,8 @@ int reduce_start_staged(Reducer *r, int f)
     }
     peers_bind(&fp->site, fp->slot);
     const int corrupt = r->link.corrupt_exchange && (uint64_t)r->link.corrupt_exchange == fp->exchange;
-    const int paced = r->pace && r->window_polls > 1 && !r->link.delay_polls;
+    const int paced = r->pace && r->pace_ok && r->window_polls > 1 && !r->link.delay_polls;
+    fp->paced = paced;
     CHECK(peers_post(&r->link, &r->table, &fp->own, (Encoded){r->codec, enc, fp->own.enc_off}, &fp->site, r->block,
                      LINK_SITE_VALUES, f, (uint32_t)t->site, fp->exchange, !r->link.delay_polls && !paced, corrupt));
     fp->sends_deferred = r->link.delay_polls > 0;
@@ -492,6 +495,17 @@ int reduce_start_staged(Reducer *r, int f)
 }
 
 static int verdict_early(Reducer *r, FragPlan *fp, int f);
+
+void reduce_progress(void *reducer)
+{
+    Reducer *r = reducer;
+    for (int f = 0; f < r->fragments; f++) {
+        FragPlan *fp = &r->frag[f];
+        int all;
+        /* an error here is found again by the next poll, which reports it */
+        if (fp->in_flight && fp->site.n) (void)link_test(&r->link, fp->site.links, fp->site.n, &all);
+    }
+}
 
 int reduce_poll(Reducer *r)
 {
@@ -508,7 +522,7 @@ int reduce_poll(Reducer *r)
                 fp->sends_deferred = 0;
                 fp->sent_poll = fp->polls;
             }
-            if (!fp->sends_deferred && r->pace && r->window_polls > 1) CHECK(pace_sends(r, fp));
+            if (!fp->sends_deferred && fp->paced) CHECK(pace_sends(r, fp));
             int arrived = 0;
             if (fp->arrived_poll < 0) CHECK(link_test(&r->link, fp->site.links, fp->site.n, &arrived));
             if (arrived) fp->arrived_poll = fp->polls;
@@ -706,6 +720,8 @@ int reduce_finish_staged(Reducer *r, int f, ReduceReport *rep, float **result)
     }
     rep->sent_poll = fp->sent_poll;
     if (!fp->in_flight) return isth_fail(ISTH_ERUNTIME, "reduce: fragment %d finished but not started", f);
+    /* the next exchange is paced when this one arrived within half its window */
+    if (fp->site.n) r->pace_ok = fp->arrived_poll > 0 && 2 * (fp->arrived_poll - 1) <= r->window_polls;
     fp->in_flight = 0;
     fp->has_result = 1;
     const size_t size = r->pool.size, n = fp->own.size;

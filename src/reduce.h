@@ -70,6 +70,7 @@ typedef struct {
     double err2, norm2;
     double started_s;          /* now_s() when the exchange started */
     int late_warned;           /* its lateness was logged */
+    int paced;                 /* its sends are posted across the window */
     int window_polls_seen;     /* polls since the start on every rank of the site (polls: the leaders' own) */
     /* the site's verdict: agreed and posted (at the finish, or one poll
      * before it when everything had arrived), with what it was made of */
@@ -142,6 +143,7 @@ typedef struct {
      * exchange that will not arrive in it is logged before it stalls */
     int window_polls;
     int pace;
+    int pace_ok;               /* this rank's last exchange arrived within half its window */
     int log;                   /* print and record warnings (the trainer's logging rank) */
     Metrics *metrics;          /* where they are recorded; NULL: none */
     long late_exchanges;       /* exchanges found late before their window ended */
@@ -177,6 +179,10 @@ int reduce_start_staged(Reducer *r, int f);
 int reduce_learner_sum(const Reducer *r, Backend *be);
 /* Progress every exchange in flight (call once per inner step). */
 int reduce_poll(Reducer *r);
+/* Test the messages of the site exchanges in flight, nothing else (MPI
+ * moves them on the way): what the backend calls between layers with
+ * [outer] progress = poll. No MPI call when nothing is in flight. */
+void reduce_progress(void *reducer);
 /* Finish fragment f: the reduced values of every chunk of f this rank holds
  * are written into the state. */
 int reduce_finish(Reducer *r, Backend *be, int f, StateKind which, ReduceReport *rep);

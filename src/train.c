@@ -92,10 +92,11 @@ int trainer_create(Trainer *tr, const Config *cfg, int log, MPI_Comm world)
     tr->red.metrics = &tr->metrics;
     if (t->n_sites > 1 && !strcmp(cfg->outer.progress, "thread")) CHECK(link_progress_start());
     if (t->n_sites > 1 && !strcmp(cfg->outer.progress, "poll")) {
-        if (!tr->be->ops->set_progress)
-            return isth_fail(ISTH_EINPUT, "[outer] progress = poll: the %s backend cannot poll between layers "
-                             "(use step)", tr->be->ops->name);
-        tr->be->ops->set_progress(tr->be, link_progress_poke, NULL);
+        if (tr->be->ops->set_progress)
+            tr->be->ops->set_progress(tr->be, reduce_progress, &tr->red);
+        else if (tr->log) /* poll is the default; such a backend still polls after each step */
+            printf("link: the %s backend cannot poll between layers; [outer] progress = poll acts as step\n",
+                   tr->be->ops->name);
     }
     { /* the optimiser's state only for the chunks this rank owns (ZeRO-1) */
         const size_t *off, *len;
