@@ -5,8 +5,8 @@
 #   scripts/horizon.sh OUT_DIR PHASE...      (needs a built ./isthmus; each run is
 #                                             skipped when its model.h5 exists)
 # Phases:
-#   sweep     400 steps: sync, diloco, butterfly with adamw and shampoo (and sync
-#             with muon) at two (sync shampoo: three) inner learning rates each
+#   sweep     400 steps: sync with adamw, shampoo and muon, diloco with each,
+#             then butterfly, at the inner learning rates listed below
 #   400 | 1600 | 6400
 #             sync, diloco, butterfly with adamw and shampoo at the lr the sweep
 #             chose for each (LR_<mode>_<optimizer>, below)
@@ -71,14 +71,19 @@ table() {
 
 for phase in "$@"; do
     case $phase in
-    sweep)
-        for lr in 0.001 0.002; do run sync adamw $lr 400 42; done
-        for lr in 0.001 0.002 0.004; do run sync shampoo $lr 400 42; done
-        for lr in 0.001 0.002; do run diloco adamw $lr 400 42; done
-        for lr in 0.001 0.002; do run diloco shampoo $lr 400 42; done
+    sweep) # in order of what the comparison needs first (each run ~10 min here)
+        run sync adamw 0.001 400 42
+        run sync shampoo 0.001 400 42
+        run sync shampoo 0.002 400 42
+        run sync muon 0.001 400 42
+        run diloco shampoo 0.001 400 42
+        run sync muon 0.002 400 42
+        run diloco adamw 0.001 400 42
+        run diloco muon 0.001 400 42
+        run sync adamw 0.002 400 42
+        run sync shampoo 0.004 400 42
         for lr in 0.0014 0.002; do run butterfly adamw $lr 400 42; done
         for lr in 0.0014 0.002; do run butterfly shampoo $lr 400 42; done
-        for lr in 0.001 0.002; do run sync muon $lr 400 42; done
         ;;
     400 | 1600 | 6400)
         for mode in sync diloco butterfly; do

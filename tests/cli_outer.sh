@@ -92,8 +92,12 @@ M="$WORK/delay/metrics.jsonl"
 grep '"outer":1,' "$M" | grep -q '"started_step":4,"step":7,.*"accepted_sites":2,"sites":2,"sent_after_polls":2,' &&
     pass "exchange started after step 4, sent after 2 more steps, applied after step 7" || fail "delay: $(grep '"outer":1,' "$M")"
 grep -q "replicas identical at step 24" "$WORK/delay.log" && pass "delayed sends: anchors still identical" || fail "delay replicas"
-# a delay longer than tau: completion posts the held sends, no deadlock
-ISTHMUS_LINK_DELAY=b:5 train 2 delay_long $TWO $STREAM --set outer.overlap=2
+# a delay longer than tau: completion posts the held sends, no deadlock.
+# progress = step: site b, 3x faster, posts what it held back at its own
+# completion, and site a's polls between layers (poll) may receive it in
+# time, which is right but leaves nothing late to announce; with step the
+# payload cannot complete by a's last poll of the window
+ISTHMUS_LINK_DELAY=b:5 train 2 delay_long $TWO $STREAM --set outer.overlap=2 --set outer.progress=step
 grep -q "replicas identical at step 24" "$WORK/delay_long.log" && pass "delay beyond tau completes" || fail "long delay: $(tail -3 "$WORK/delay_long.log")"
 # site b holds its payloads back 5 steps, the window is 2: site a says so before the step that waits
 grep -q '^link: exchange [0-9]* (fragment [0-9]) will not arrive within its window of 2 step(s): nothing after' "$WORK/delay_long.log" &&
