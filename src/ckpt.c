@@ -457,7 +457,9 @@ static int send_file(Trainer *tr, const char *path, int peer)
         return isth_fail(ISTH_ERUNTIME, "rejoin: cannot read %s: %s", path, strerror(errno));
     }
     const uint64_t size = (uint64_t)st.st_size;
-    unsigned char head[FRAME_ROOM + sizeof size];
+    /* static: a send that misses its deadline cannot be cancelled and must
+     * not point into a stack frame that is gone (as recv_file's buffer) */
+    static unsigned char head[FRAME_ROOM + sizeof size];
     memcpy(head + FRAME_ROOM, &size, sizeof size);
     int rc = link_send_blob(l, peer, LINK_TAG_REJOIN, head, sizeof size, 0, "the rejoin checkpoint's size");
     unsigned char *buf = rc == ISTH_OK ? isth_malloc(FRAME_ROOM + SHARE_PIECE) : NULL;
@@ -677,9 +679,9 @@ static int compare_configs(Trainer *tr, const char *saved_text, const char *path
         if (fields[i].was != fields[i].now)
             return isth_fail(ISTH_EINPUT, "checkpoint %s: [model] %s = %g in the checkpoint, %g in the config (a different model)",
                              path, fields[i].key, fields[i].was, fields[i].now);
-    /* shampoo's statistics and roots are state of their own, laid out by its block */
-    if (strcmp(saved->train.optimizer, tr->cfg.train.optimizer) &&
-        (!strcmp(saved->train.optimizer, "shampoo") || uses_shampoo(tr)))
+    /* each optimiser's state means something of its own (muon's momentum is
+     * not AdamW's first moment; shampoo's statistics are laid out by its block) */
+    if (strcmp(saved->train.optimizer, tr->cfg.train.optimizer))
         return isth_fail(ISTH_EINPUT, "checkpoint %s: [train] optimizer = %s in the checkpoint, %s in the config", path,
                          saved->train.optimizer, tr->cfg.train.optimizer);
     if (uses_shampoo(tr) && saved->train.precond_block != tr->cfg.train.precond_block)

@@ -505,6 +505,13 @@ int main(int argc, char **argv)
      * MPI's default would wait forever (values under 3 are not honoured) */
     for (int i = 1; i < argc; i++)
         if (!strcmp(argv[i], "--site")) setenv("OMPI_MCA_pmix_base_exchange_timeout", "3", 0);
+    /* the link's pieces ([outer] piece_bytes, 256 KiB by default) go over
+     * TCP at once into the receive posted for them: above the eager limit
+     * (64 KiB by default) each would first wait a round trip of the link
+     * and the receiver's next MPI call for its rendezvous (docs/planner.md,
+     * measured in docs/results.md). Every process of a run sets the same. */
+    setenv("OMPI_MCA_btl_tcp_eager_limit", "524288", 0);
+    setenv("OMPI_MCA_btl_tcp_rndv_eager_limit", "524288", 0);
     /* a write to the socket of a peer that died must come back as an error
      * to Open MPI's TCP transport, not kill this process (a lost site is
      * survivable in the federated launch; elsewhere the deadline reports it) */

@@ -683,8 +683,8 @@ static void take_payloads(Reducer *r, FragPlan *fp, int f, unsigned char *ok, co
 static int verdict_early(Reducer *r, FragPlan *fp, int f)
 {
     const Topology *t = r->topo;
-    int here = 1;
-    if (r->leader && fp->site.n) CHECK(link_test(&r->link, fp->site.links, fp->site.n, &here));
+    int here = 1, all; /* the payloads here; this site's own sends may still drain */
+    if (r->leader && fp->site.n) CHECK(link_test(&r->link, fp->site.links, fp->site.n, &all));
     for (int i = 0; here && r->leader && i < fp->site.n; i++) here = fp->site.peers[i].msg.recv_done;
     CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &here, 1, MPI_INT, MPI_MIN, t->site_comm));
     if (!here) return ISTH_OK; /* the finish does it all, as without a window */
@@ -721,7 +721,10 @@ int reduce_finish_staged(Reducer *r, int f, ReduceReport *rep, float **result)
     rep->sent_poll = fp->sent_poll;
     if (!fp->in_flight) return isth_fail(ISTH_ERUNTIME, "reduce: fragment %d finished but not started", f);
     /* the next exchange is paced when this one arrived within half its window */
-    if (fp->site.n) r->pace_ok = fp->arrived_poll > 0 && 2 * (fp->arrived_poll - 1) <= r->window_polls;
+    /* (a paced payload's last share goes at poll W - 1: it is judged by
+     * whether it arrived at a poll at all, an unpaced one by half the window) */
+    if (fp->site.n)
+        r->pace_ok = fp->arrived_poll > 0 && (fp->paced || 2 * (fp->arrived_poll - 1) <= r->window_polls);
     fp->in_flight = 0;
     fp->has_result = 1;
     const size_t size = r->pool.size, n = fp->own.size;

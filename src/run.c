@@ -196,16 +196,20 @@ static int traffic_summary(Trainer *tr)
  * rank spent in the inner steps' own work against the training's wall time
  * (evaluations and checkpoints taken out). What the link costs shows as
  * the rest: waits for it, and outer steps. */
-static int utilisation_summary(Trainer *tr, double wall_s, double compute_s, double wait_s, double paused_s)
+static int utilisation_summary(Trainer *tr, double wall_s, double compute_s, double wait_s, double paused_s,
+                               double final_s)
 {
     if (!tr->log || wall_s <= 0) return ISTH_OK;
+    /* the final outer step is once per run: a longer run spreads it thinner */
+    const double steady = wall_s > final_s ? compute_s / (wall_s - final_s) : 0.0;
     printf("compute utilisation: %.1f%% (inner steps %.1f s of %.1f s of training; link wait %.1f s; "
-           "evaluations and checkpoints, %.1f s, not counted)\n",
-           100.0 * compute_s / wall_s, compute_s, wall_s, wait_s, paused_s);
+           "evaluations and checkpoints, %.1f s, not counted); %.1f%% before the final outer step (%.1f s)\n",
+           100.0 * compute_s / wall_s, compute_s, wall_s, wait_s, paused_s, 100.0 * steady, final_s);
     if (tr->metrics.f)
         fprintf(tr->metrics.f, "{\"summary\":\"compute\",\"steps\":%ld,\"wall_s\":%.3f,\"compute_s\":%.3f,"
-                "\"utilisation\":%.5f,\"link_wait_s\":%.3f,\"paused_s\":%.3f}\n",
-                tr->step, wall_s, compute_s, compute_s / wall_s, wait_s, paused_s);
+                "\"utilisation\":%.5f,\"link_wait_s\":%.3f,\"paused_s\":%.3f,\"final_outer_s\":%.3f,"
+                "\"utilisation_before_final\":%.5f}\n",
+                tr->step, wall_s, compute_s, compute_s / wall_s, wait_s, paused_s, final_s, steady);
     return metrics_flush(&tr->metrics);
 }
 
@@ -328,12 +332,17 @@ static int take_back(Trainer *tr, Federation *fed, const Config *cfg, int site, 
     /* the run's traffic so far stays counted (the summary is of the whole run) */
     const double sent = tr->red.link.bytes_sent, recv = tr->red.link.bytes_recv;
     const double probes = tr->outer.spread.inter_site_bytes;
+    /* and so do the compute utilisation's parts */
+    const double compute = tr->compute_s, waited = tr->red.link.wait_s, total = tr->inter_site_total;
     trainer_destroy(tr);
     federation_free_world(&old);
     CHECK(trainer_start(tr, cfg, fed->world, 1, 0));
     tr->red.link.bytes_sent += sent;
     tr->red.link.bytes_recv += recv;
     tr->outer.spread.inter_site_bytes += probes;
+    tr->compute_s += compute;
+    tr->red.link.wait_s += waited;
+    tr->inter_site_total += total;
     char path[CONFIG_FILE_PATH_MAX + 64];
     CHECK(ckpt_share(tr, fed->site, step, path, sizeof path));
     int damaged = 0;
@@ -432,7 +441,9 @@ int train_run(const Config *cfg, const char *resume, const char *site)
         if (rc == ISTH_OK && fed.federated && cfg->n_sites == 2 && tr.red.link.lost[other] && tr.step < tc->steps &&
             fed.hosting && federation_knocking(&fed, other)) {
             int stop = 0;
+            const double t_back = now_s(); /* the knock and the handover are no training */
             rc = take_back(&tr, &fed, cfg, other, &vote, &stop);
+            paused_s += now_s() - t_back;
             if (stop) tr.red.stop_request = 1;
         }
         if (rc != ISTH_OK) break;
@@ -476,11 +487,12 @@ int train_run(const Config *cfg, const char *resume, const char *site)
     /* on an error the job ends (fault_end_job); waiting here could hang */
     if (vote.pending && rc == ISTH_OK) rc = MPI_Wait(&vote.req, MPI_STATUS_IGNORE) == MPI_SUCCESS ? ISTH_OK : ISTH_ERUNTIME;
     const int finished = rc == ISTH_OK && tr.step >= tc->steps;
+    const double t_final = now_s();
     if (finished && tr.mode != MODE_SYNC)
         rc = outer_finish(&tr.outer, &tr.red, tr.be, tr.step, &tr.metrics, tr.log);
     if (finished && rc == ISTH_OK)
         rc = utilisation_summary(&tr, now_s() - loop_start - paused_s, tr.compute_s - compute_start,
-                                 tr.red.link.wait_s - wait_start, paused_s);
+                                 tr.red.link.wait_s - wait_start, paused_s, now_s() - t_final);
     if (finished && rc == ISTH_OK && tc->check_replicas > 0) rc = check_replicas(&tr);
     if (finished && rc == ISTH_OK) rc = traffic_summary(&tr);
     if (finished && rc == ISTH_OK) rc = ckpt_write(&tr);

@@ -64,11 +64,13 @@ awk -v b="$bytes" -v s="$syncb" -v o="$outer" 'BEGIN { p = s / 8 / 16; per = b /
 echo "$s" | grep -q '"max_peer_learners":2}' && pass "a diloco outer step waits on every other learner (2 of 3)" ||
     fail "peers waited on: $s"
 
-# 2b. how the link moves payloads changes no number: progress poll or thread,
-# pace off, pieces of 4 KiB, against step / pace on / the default pieces
-train 6 stream_poll $HET $STREAM --set outer.progress=poll --set outer.pace=off --set outer.piece_bytes=4096
+# 2b. how the link moves payloads changes no number: progress step or
+# thread, pieces of 4 KiB, against the default (poll, pace on, 256 KiB);
+# and with a window of 4 steps a paced exchange posts its pieces in shares
+# (1/3, 2/3, all), against the same window unpaced
+train 6 stream_step $HET $STREAM --set outer.progress=step --set outer.pace=off --set outer.piece_bytes=4096
 train 6 stream_thread $HET $STREAM --set outer.progress=thread --set outer.pace=on --set outer.piece_bytes=4096
-for v in poll thread; do
+for v in step thread; do
     if h5diff "$WORK/stream/model.h5" "$WORK/stream_$v/model.h5" /model /model > /dev/null 2>&1 &&
         [ "$(losses "$WORK/stream")" = "$(losses "$WORK/stream_$v")" ]; then
         pass "streaming with progress = $v, 4 KiB pieces: losses and weights bit-identical"
@@ -76,6 +78,14 @@ for v in poll thread; do
         fail "streaming with progress = $v differs"
     fi
 done
+train 6 stream_w4 $HET $STREAM --set outer.overlap=4 --set outer.pace=off --set outer.piece_bytes=4096
+train 6 stream_w4_paced $HET $STREAM --set outer.overlap=4 --set outer.pace=on --set outer.piece_bytes=4096
+if h5diff "$WORK/stream_w4/model.h5" "$WORK/stream_w4_paced/model.h5" /model /model > /dev/null 2>&1 &&
+    [ "$(losses "$WORK/stream_w4")" = "$(losses "$WORK/stream_w4_paced")" ]; then
+    pass "streaming with a window of 4, pieces posted in shares: bit-identical to unpaced"
+else
+    fail "paced streaming (window 4) differs from unpaced"
+fi
 
 # 3. a corrupted payload from site b in exchange 2: rejected by all, training continues
 ISTHMUS_LINK_CORRUPT=b:2 train 2 corrupt $TWO $STREAM --set outer.codec=int8
