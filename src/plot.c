@@ -209,12 +209,15 @@ int plot_runs(const char *const *runs, int n_runs, const char *png, int width, i
         else snprintf(abs_png, sizeof abs_png, "%s", partial);
         fprintf(g, "set terminal pngcairo size %d,%d noenhanced font 'sans,10'\nset output ", width, height);
         quoted(g, abs_png);
-        fprintf(g, "\nset datafile missing 'nan'\nset grid\nset key top right\nset format x '%%.1s%%c'\n");
+        /* tokens from 0: a run evaluated only at its end is one point, and a
+         * range around it alone has ticks too close to tell apart */
+        fprintf(g, "\nset datafile missing 'nan'\nset grid\nset key top right\nset format x '%%.1s%%c'\n"
+                   "set xrange [0:*]\n");
         fprintf(g, "set multiplot layout 2,2 title 'isthmus: %d run(s)'\n", n_runs);
         panel(g, "bits per byte, prose (eval)", "tokens", "bpb", "prose", "1:2", rd, n_runs, 1);
         panel(g, "bits per byte, tech (eval)", "tokens", "bpb", "tech", "1:2", rd, n_runs, 2);
         panel(g, "training loss", "tokens", "loss (nats per byte)", "steps", "2:3", rd, n_runs, 0);
-        fprintf(g, "set format x '%%g'\n");
+        fprintf(g, "set format x '%%g'\nset xrange [*:*]\n");
         panel(g, "inter-site bytes, cumulative (sent + received)", "step", "bytes", "steps", "1:($4 > 0 ? $4 : NaN)",
               rd, n_runs, 3);
         fprintf(g, "unset multiplot\nset output\n");
