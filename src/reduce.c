@@ -378,8 +378,8 @@ int reduce_start(Reducer *r, Backend *be, int f, StateKind which, int kind)
 }
 
 /* A paced exchange posts its sends across its window (pace on, and the
- * link carried this rank's last exchange within half its window: a link
- * that needs more than that gets every piece at once). Its polls: the
+ * link kept up with this rank's last exchange: pace_ok, set as an exchange
+ * finishes; a link that does not gets every piece at once). Its polls: the
  * first right at its start, then one after each inner step; its result is
  * due one step after poll `window`. After poll p (and at the start) the
  * first max(p, 1) / (window - 1) of each payload is posted: all of it at
@@ -720,9 +720,9 @@ int reduce_finish_staged(Reducer *r, int f, ReduceReport *rep, float **result)
     }
     rep->sent_poll = fp->sent_poll;
     if (!fp->in_flight) return isth_fail(ISTH_ERUNTIME, "reduce: fragment %d finished but not started", f);
-    /* the next exchange is paced when this one arrived within half its window */
-    /* (a paced payload's last share goes at poll W - 1: it is judged by
-     * whether it arrived at a poll at all, an unpaced one by half the window) */
+    /* the next exchange is paced when the link kept up with this one: an
+     * unpaced payload arrived within half its window, a paced one (its last
+     * share goes at poll W - 1) at a poll at all */
     if (fp->site.n)
         r->pace_ok = fp->arrived_poll > 0 && (fp->paced || 2 * (fp->arrived_poll - 1) <= r->window_polls);
     fp->in_flight = 0;

@@ -143,7 +143,7 @@ typedef struct {
      * exchange that will not arrive in it is logged before it stalls */
     int window_polls;
     int pace;
-    int pace_ok;               /* this rank's last exchange arrived within half its window */
+    int pace_ok;               /* the link kept up with this rank's last exchange (reduce_finish_staged) */
     int log;                   /* print and record warnings (the trainer's logging rank) */
     Metrics *metrics;          /* where they are recorded; NULL: none */
     long late_exchanges;       /* exchanges found late before their window ended */
