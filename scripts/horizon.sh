@@ -10,6 +10,7 @@
 #   400 | 1600 | 6400
 #             sync, diloco, butterfly with adamw and shampoo at the lr the sweep
 #             chose for each (LR_<mode>_<optimizer>, below)
+#   step-time Shampoo with 64 x 64 blocks, and with roots every 40 updates, in sync
 #   seeds     the longest horizon again with another data order (train.seed = 43)
 #   table     the markdown tables of every run present
 # Layouts (as scripts/results.sh): sync and diloco on two sites x 1 learner of 2
@@ -36,8 +37,23 @@ LR_sync_adamw=${LR_sync_adamw:-0.001} LR_sync_shampoo=${LR_sync_shampoo:-0.001}
 LR_diloco_adamw=${LR_diloco_adamw:-0.001} LR_diloco_shampoo=${LR_diloco_shampoo:-0.001}
 LR_butterfly_adamw=${LR_butterfly_adamw:-0.0014} LR_butterfly_shampoo=${LR_butterfly_shampoo:-0.002}
 
+# OPTIMIZER may name a variant of Shampoo's settings: shampoo-b64 (train.precond_block = 64),
+# shampoo-e40 (train.precond_every = 40), or both (shampoo-b64-e40)
+variant() { # variant OPTIMIZER -> the --set flags beyond train.optimizer
+    local v
+    for v in $(echo "${1#*-}" | tr '-' ' '); do
+        [ "$v" = "$1" ] && return 0
+        case $v in
+        b[0-9]*) echo "--set train.precond_block=${v#b}" ;;
+        e[0-9]*) echo "--set train.precond_every=${v#e}" ;;
+        *) echo "horizon.sh: unknown optimiser variant '$v' in '$1'" >&2; exit 2 ;;
+        esac
+    done
+}
+
 run() { # run MODE OPTIMIZER LR STEPS SEED
-    local mode=$1 opt=$2 lr=$3 steps=$4 seed=$5 np layout dir min
+    local mode=$1 opt=$2 lr=$3 steps=$4 seed=$5 np layout dir min extra
+    extra=$(variant "$opt") || exit 2
     np=$(eval echo "\$NP_$mode")
     layout=$(eval echo "\$MODE_$mode")
     dir=$OUT/${mode}_${opt}_lr${lr}_${steps}_s${seed}
@@ -48,7 +64,7 @@ run() { # run MODE OPTIMIZER LR STEPS SEED
     # shellcheck disable=SC2086
     mpirun -q -np "$np" "$ISTHMUS" train share/configs/small.ini $layout --set train.out_dir="$dir" \
         --set train.steps="$steps" --set train.warmup=20 --set train.threads=1 --set train.log_every=50 \
-        --set train.eval_every=0 --set data.eval_bytes=262144 --set train.optimizer="$opt" --set train.lr="$lr" \
+        --set train.eval_every=0 --set data.eval_bytes=262144 --set train.optimizer="${opt%%-*}" $extra --set train.lr="$lr" \
         --set train.min_lr="$min" --set train.seed="$seed" > "$dir/log" 2>&1 || echo "horizon.sh: $dir failed" >&2
 }
 
@@ -84,6 +100,10 @@ for phase in "$@"; do
         run sync shampoo 0.004 400 42
         for lr in 0.0014 0.002; do run butterfly adamw $lr 400 42; done
         for lr in 0.0014 0.002; do run butterfly shampoo $lr 400 42; done
+        ;;
+    step-time) # Shampoo's blocks and root period against its step time (sync, 400 steps)
+        run sync shampoo-b64 0.001 400 42
+        run sync shampoo-e40 0.001 400 42
         ;;
     400 | 1600 | 6400)
         for mode in sync diloco butterfly; do

@@ -45,7 +45,16 @@ static double sgemm_gflops(void)
     return 2.0 * M * N * K * reps / dt / 1e9;
 }
 
-int bench_run(const Config *cfg, const int *threads, int n_threads, int steps, double peak_tflops)
+/* This process's CPU time, all its threads: on a shared machine it moves less
+ * with other jobs' load than the wall clock does. */
+static double process_cpu_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+int bench_run(const Config *cfg, const int *threads, int n_threads, int warmup, int steps, double peak_tflops)
 {
     const double fpt = model_flops_per_token(&cfg->model);
     const TrainConfig *tc = &cfg->train;
@@ -61,12 +70,14 @@ int bench_run(const Config *cfg, const int *threads, int n_threads, int steps, d
     printf("# model FLOPs per token: %.2f M (6 x %.3f M active matrix params + causal attention)\n",
            fpt / 1e6, model_active_matrix_params(&cfg->model) / 1e6);
     if (peak_tflops > 0) printf("# MFU: model FLOP/s per rank / %.1f TFLOP/s peak\n", peak_tflops);
-    printf("%-8s %10s %10s %10s %14s %9s %14s %16s%s\n", "threads", "ms/step", "tokens/s", "GFLOP/s",
+    printf("# %d warm-up step(s) untimed, then %d timed; cpu ms/step: rank 0's process CPU time\n", warmup, steps);
+    printf("%-8s %10s %12s %10s %10s %14s %9s %14s %16s%s\n", "threads", "ms/step", "cpu ms/step", "tokens/s",
+           "GFLOP/s",
            "sgemm GFLOP/s", "of sgemm", "a2a B/step", "inter-site B/step", peak_tflops > 0 ? "      MFU" : "");
     for (int i = 0; i < n_threads; i++) {
         Config c = *cfg;
         c.train.threads = threads[i];
-        c.train.steps = steps + 1;
+        c.train.steps = warmup + steps;
         Trainer tr;
         int rc = trainer_create(&tr, &c, 0, MPI_COMM_WORLD);
         if (rc != ISTH_OK) {
@@ -74,10 +85,12 @@ int bench_run(const Config *cfg, const int *threads, int n_threads, int steps, d
             return rc;
         }
         StepLog s;
-        rc = trainer_step(&tr, &s); /* warm-up: page faults, BLAS buffers */
+        /* warm-up: page faults, BLAS buffers (and a matrix optimiser's first roots) */
+        for (int k = 0; k < warmup && rc == ISTH_OK; k++) rc = trainer_step(&tr, &s);
         if (rc == ISTH_OK && MPI_Barrier(MPI_COMM_WORLD) != MPI_SUCCESS) rc = ISTH_ERUNTIME;
-        double t0 = now_s();
+        const double t0 = now_s(), c0 = process_cpu_s();
         for (int k = 0; k < steps && rc == ISTH_OK; k++) rc = trainer_step(&tr, &s);
+        const double cpu = (process_cpu_s() - c0) / steps;
         if (rc == ISTH_OK && MPI_Barrier(MPI_COMM_WORLD) != MPI_SUCCESS) rc = ISTH_ERUNTIME;
         double dt = (now_s() - t0) / steps;
         const double tokens = tr.topo.total_tokens_per_step;
@@ -85,7 +98,7 @@ int bench_run(const Config *cfg, const int *threads, int n_threads, int steps, d
         CHECK(rc);
         double gflops = tokens * fpt / dt / 1e9;
         double ref = sgemm_gflops();
-        printf("%-8d %10.1f %10.0f %10.1f %14.1f %8.0f%% %14.0f %16.0f", threads[i], 1e3 * dt,
+        printf("%-8d %10.1f %12.1f %10.0f %10.1f %14.1f %8.0f%% %14.0f %16.0f", threads[i], 1e3 * dt, 1e3 * cpu,
                tokens / dt, gflops, ref, 100.0 * gflops / ref, s.a2a_bytes, s.inter_site_bytes);
         if (peak_tflops > 0) printf(" %7.1f%%", 100.0 * gflops / size / (peak_tflops * 1e3));
         printf("\n");

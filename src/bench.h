@@ -5,7 +5,8 @@
  *   6 x active matrix parameters per token (attention projections, router,
  *   top_k experts, tied output head) + 6 L T D for causal attention
  *   (QK^T and PV over the ~T/2 visible positions, forward and backward).
- * An sgemm of the same size class is timed in the same run as a reference.
+ * An sgemm of the same size class is timed in the same run as a reference;
+ * rank 0's process CPU time per step is reported beside the wall time.
  * Must not: be used by tests to decide pass/fail (timings are noisy).
  */
 #ifndef ISTHMUS_BENCH_H
@@ -15,6 +16,7 @@
 
 double model_flops_per_token(const ModelConfig *mc);
 /* peak_tflops > 0: also MFU = model FLOP/s per rank / peak. */
-int bench_run(const Config *cfg, const int *threads, int n_threads, int steps, double peak_tflops);
+/* warmup untimed steps, then steps timed ones, for each thread count. */
+int bench_run(const Config *cfg, const int *threads, int n_threads, int warmup, int steps, double peak_tflops);
 
 #endif

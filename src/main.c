@@ -83,13 +83,18 @@ static const char *const usage_eval =
     "Exit status: 0 success, 1 runtime failure, 2 bad file or configuration.\n";
 
 static const char *const usage_bench =
-    "usage: isthmus bench CONFIG.ini [--threads LIST] [--steps N] [--peak-tflops P] [--set section.key=value]...\n"
+    "usage: isthmus bench CONFIG.ini [--threads LIST] [--steps N] [--warmup W] [--peak-tflops P]\n"
+    "                     [--set section.key=value]...\n"
     "\n"
-    "Times N training steps (default 5, after one warm-up step) for each thread count\n"
-    "in LIST (default 1,2) and prints ms/step, tokens/s and model GFLOP/s\n"
-    "(6 x active matrix parameters per token + causal attention), next to the\n"
-    "GFLOP/s of a reference sgemm measured in the same run. --peak-tflops P adds\n"
-    "MFU = model FLOP/s per rank / P (a GPU's datasheet peak for the precision run).\n";
+    "Times N training steps (default 5, after W untimed warm-up steps, default 1)\n"
+    "for each thread count in LIST (default 1,2) and prints ms/step, the CPU time\n"
+    "per step of rank 0's process (less sensitive than wall time to other jobs on a\n"
+    "shared machine), tokens/s and model GFLOP/s (6 x active matrix parameters per\n"
+    "token + causal attention), next to the GFLOP/s of a reference sgemm measured\n"
+    "in the same run. --peak-tflops P adds MFU = model FLOP/s per rank / P (a GPU's\n"
+    "datasheet peak for the precision run). A matrix optimiser reaches its steady\n"
+    "step (the preconditioned direction, roots every [train] precond_every) only\n"
+    "after precond_every updates: time it with W >= precond_every.\n";
 
 static const char *const usage_config =
     "usage: isthmus config [CONFIG.ini] [--set section.key=value]... [--keys]\n"
@@ -312,10 +317,13 @@ static int cmd_bench(int argc, char **argv)
         return ISTH_OK;
     }
     const char *overrides[MAX_OVERRIDES], *pos[1];
-    const char *values[3] = {"1,2", "5", "0"};
-    const Option opts[] = {{"--threads", 1, &values[0]}, {"--steps", 1, &values[1]}, {"--peak-tflops", 1, &values[2]}};
+    const char *values[4] = {"1,2", "5", "0", "1"};
+    const Option opts[] = {{"--threads", 1, &values[0]},
+                           {"--steps", 1, &values[1]},
+                           {"--peak-tflops", 1, &values[2]},
+                           {"--warmup", 1, &values[3]}};
     int n_over, n_pos;
-    CHECK(parse_common(argc, argv, overrides, &n_over, pos, 1, &n_pos, opts, 3));
+    CHECK(parse_common(argc, argv, overrides, &n_over, pos, 1, &n_pos, opts, 4));
     if (n_pos != 1) return isth_fail(ISTH_EINPUT, "bench: missing CONFIG.ini (see isthmus bench --help)");
     Config cfg;
     CHECK(config_load(&cfg, pos[0], overrides, n_over));
@@ -342,7 +350,10 @@ static int cmd_bench(int argc, char **argv)
     if (*end || !(peak >= 0 && peak <= 1e6))
         return isth_fail(ISTH_EINPUT, "bench: --peak-tflops '%s': expected the device's peak TFLOP/s (0: none)",
                          values[2]);
-    return bench_run(&cfg, threads, n_threads, (int)steps, peak);
+    const long warmup = strtol(values[3], &end, 10);
+    if (*end || warmup < 1 || warmup > 100000)
+        return isth_fail(ISTH_EINPUT, "bench: --warmup '%s': expected a positive integer", values[3]);
+    return bench_run(&cfg, threads, n_threads, (int)warmup, (int)steps, peak);
 }
 
 static int cmd_inspect(int argc, char **argv)

@@ -118,6 +118,7 @@ expect_exit 2 "layers = 9223372036854775808 is out of range \\[1, 1024\\]" -- "$
     --set model.layers=9223372036854775808
 expect_exit 2 "min_lr = 0.0003 exceeds lr" -- "$ISTHMUS" config "$T" --set train.lr=1e-320
 expect_exit 2 "bench: --threads '100000': expected a list like 1,2 of counts 1..1024" -- "$ISTHMUS" bench "$T" --threads 100000
+expect_exit 2 "bench: --warmup '0': expected a positive integer" -- "$ISTHMUS" bench "$T" --warmup 0
 expect_exit 2 "config /dev/zero: not a regular file" -- "$ISTHMUS" config /dev/zero
 printf '\357\273\277[model]\nlayers = 3\n' > "$WORK/bom.ini"
 "$ISTHMUS" config "$WORK/bom.ini" 2> "$WORK/bom.err" | grep -q '^layers = 3$' && pass "a UTF-8 byte-order mark is skipped" ||
