@@ -3,18 +3,22 @@
 # run (docs/benchmarks.md, "Optimisers"): one rank holding the whole learner
 # (all of its matrices' Shampoo blocks and roots), train.threads 1, the same
 # tokens per step as a learner of the horizon runs (small.ini: 8 x 256).
-#   scripts/bench_optim.sh [CONFIG] [STEPS]    (needs a built ./isthmus)
-# Each optimiser is timed after 41 untimed steps, so that Shampoo's timed
-# window has its steady share of roots (every 20 updates: 2 in 40 steps).
+#   scripts/bench_optim.sh [CONFIG] [STEPS] [--set ...]    (needs a built ./isthmus)
+# Each optimiser is timed over STEPS (default 20) after WARMUP (default 21)
+# untimed steps, so that Shampoo's timed window has its steady share of roots
+# (every 20 updates: one in 20 steps; with shampoo-e40, use STEPS 40).
+# VARIANTS (default "adamw shampoo muon") may add shampoo-b64, shampoo-e40.
 # Prints each bench line, then ms/step and CPU ms/step against AdamW's; the CPU
 # time is the figure to read on a shared machine (wall time moves with other
 # jobs' load, CPU time much less).
 set -eu
 cd "$(dirname "$0")/.."
 CONFIG=${1:-share/configs/small.ini}
-STEPS=${2:-40}
+STEPS=${2:-20}
+shift $(($# < 2 ? $# : 2))
+WARMUP=${WARMUP:-21}
 ISTHMUS=${ISTHMUS:-./isthmus}
-VARIANTS=${VARIANTS:-"adamw shampoo shampoo-b64 shampoo-e40 muon"}
+VARIANTS=${VARIANTS:-"adamw shampoo muon"}
 declare -A wall cpu
 for v in $VARIANTS; do
     flags="--set train.optimizer=${v%%-*}"
@@ -25,7 +29,7 @@ for v in $VARIANTS; do
     *-e40*) flags="$flags --set train.precond_every=40" ;;
     esac
     # shellcheck disable=SC2086
-    line=$("$ISTHMUS" bench "$CONFIG" --threads 1 --warmup 41 --steps "$STEPS" $flags | awk '$1 == 1')
+    line=$("$ISTHMUS" bench "$CONFIG" --threads 1 --warmup "$WARMUP" --steps "$STEPS" $flags "$@" | awk '$1 == 1')
     echo "$v: $line"
     wall[$v]=$(echo "$line" | awk '{ print $2 }')
     cpu[$v]=$(echo "$line" | awk '{ print $3 }')

@@ -5,6 +5,7 @@
 #include <lapacke.h>
 #include <math.h>
 #include <omp.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -132,6 +133,25 @@ static void apply(float *p, const float *dir, size_t n, float decay, float lr_sc
     for (size_t j = 0; j < n; j++) p[j] = p[j] * decay - lr_scale * dir[j];
 }
 
+/* Whether every value of the b x b block at x (row stride ld) is finite. An
+ * IEEE single is infinite or NaN exactly when its exponent bits are all
+ * ones; testing the bits with an integer OR lets the compiler vectorise the
+ * scan, which isfinite() with an early exit does not (it ran every step
+ * over both statistics of every block: ~2% of a step). */
+static int block_finite(const float *x, size_t b, size_t ld)
+{
+    uint32_t broken = 0;
+    for (size_t r = 0; r < b; r++) {
+        const float *row = x + r * ld;
+        for (size_t c = 0; c < b; c++) {
+            uint32_t bits;
+            memcpy(&bits, &row[c], sizeof bits);
+            broken |= (bits & 0x7f800000u) == 0x7f800000u;
+        }
+    }
+    return !broken;
+}
+
 /* One matrix (rows x cols at params + at, its state at packed) by Shampoo. */
 static void shampoo_matrix(Precond *p, AdamW *opt, Model *m, size_t at, size_t packed, size_t rows, size_t cols,
                            const AdamWStep *k)
@@ -156,10 +176,7 @@ static void shampoo_matrix(Precond *p, AdamW *opt, Model *m, size_t at, size_t p
                         (int)cols, g + o, (int)cols, beta, R + o, (int)cols);
             float *fac[2] = {L + o, R + o};
             for (int s = 0; s < 2; s++) { /* a broken statistic starts over rather than poison the next roots */
-                int finite = 1;
-                for (size_t r = 0; r < b && finite; r++)
-                    for (size_t c = 0; c < b; c++) finite &= isfinite(fac[s][r * cols + c]);
-                if (finite) continue;
+                if (block_finite(fac[s], b, cols)) continue;
                 for (size_t r = 0; r < b; r++) memset(fac[s] + r * cols, 0, sizeof(float) * b);
                 resets++;
             }
