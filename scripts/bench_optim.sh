@@ -39,6 +39,6 @@ echo "| optimiser | ms/step | vs AdamW | CPU ms/step | vs AdamW |"
 echo "|---|---|---|---|---|"
 for v in $VARIANTS; do
     awk -v v="$v" -v w="${wall[$v]}" -v c="${cpu[$v]}" -v w0="${wall[adamw]:-0}" -v c0="${cpu[adamw]:-0}" \
-        'BEGIN { printf "| %s | %.1f | %s | %.1f | %s |\n", v, w, w0 > 0 ? sprintf("%.2fx", w / w0) : "-", c,
-                 c0 > 0 ? sprintf("%.2fx", c / c0) : "-" }'
+        'BEGIN { printf "| %s | %.1f | %s | %.1f | %s |\n", v, w, (w0 > 0 ? sprintf("%.2fx", w / w0) : "-"), c,
+                 (c0 > 0 ? sprintf("%.2fx", c / c0) : "-") }'
 done
