@@ -3,33 +3,46 @@
 # run (docs/benchmarks.md, "Optimisers"): one rank holding the whole learner
 # (all of its matrices' Shampoo blocks and roots), train.threads 1, the same
 # tokens per step as a learner of the horizon runs (small.ini: 8 x 256).
-#   scripts/bench_optim.sh [CONFIG] [STEPS] [--set ...]    (needs a built ./isthmus)
-# Each optimiser is timed over STEPS (default 20) after WARMUP (default 21)
-# untimed steps, so that Shampoo's timed window has its steady share of roots
-# (every 20 updates: one in 20 steps; with shampoo-e40, use STEPS 40).
-# VARIANTS (default "adamw shampoo muon") may add shampoo-b64, shampoo-e40.
+#   scripts/bench_optim.sh [CONFIG [STEPS]] [--set section.key=value]...
+#                                                   (needs a built ./isthmus)
+# Each optimiser is timed over STEPS (default 40) after WARMUP (default 41)
+# untimed steps: Shampoo's window then has its steady share of roots (every
+# 20 updates: two in 40 steps; with shampoo-e40, one) and no step before its
+# first roots. VARIANTS (default "adamw shampoo muon") may name Shampoo's
+# variants as scripts/horizon.sh does (shampoo-b64, shampoo-e40, ...).
 # Prints each bench line, then ms/step and CPU ms/step against AdamW's; the CPU
 # time is the figure to read on a shared machine (wall time moves with other
-# jobs' load, CPU time much less).
-set -eu
+# jobs' load, one thread's CPU time much less). Run it twice: it still moves.
+set -euo pipefail
 cd "$(dirname "$0")/.."
-CONFIG=${1:-share/configs/small.ini}
-STEPS=${2:-20}
-shift $(($# < 2 ? $# : 2))
-WARMUP=${WARMUP:-21}
+CONFIG=share/configs/small.ini
+STEPS=40
+case ${1-} in --* | '') ;; *) CONFIG=$1; shift ;; esac
+case ${1-} in --* | '') ;; *) STEPS=$1; shift ;; esac
+WARMUP=${WARMUP:-41}
 ISTHMUS=${ISTHMUS:-./isthmus}
 VARIANTS=${VARIANTS:-"adamw shampoo muon"}
+
+variant() { # variant OPTIMIZER -> the --set flags of Shampoo's variant (as horizon.sh)
+    local v
+    case $1 in *-*) ;; *) return 0 ;; esac
+    case $1 in shampoo-*) ;; *) echo "bench_optim.sh: '$1': only shampoo has variants" >&2; exit 2 ;; esac
+    for v in $(echo "${1#*-}" | tr '-' ' '); do
+        case $v in
+        b[1-9] | b[1-9]*[0-9]) echo "--set train.precond_block=${v#b}" ;;
+        e[1-9] | e[1-9]*[0-9]) echo "--set train.precond_every=${v#e}" ;;
+        *) echo "bench_optim.sh: unknown variant '$v' in '$1'" >&2; exit 2 ;;
+        esac
+    done
+}
+
 declare -A wall cpu
 for v in $VARIANTS; do
-    flags="--set train.optimizer=${v%%-*}"
-    case $v in
-    *-b64*) flags="$flags --set train.precond_block=64" ;;
-    esac
-    case $v in
-    *-e40*) flags="$flags --set train.precond_every=40" ;;
-    esac
+    flags=$(variant "$v") || exit 2
     # shellcheck disable=SC2086
-    line=$("$ISTHMUS" bench "$CONFIG" --threads 1 --warmup "$WARMUP" --steps "$STEPS" $flags "$@" | awk '$1 == 1')
+    line=$("$ISTHMUS" bench "$CONFIG" --threads 1 --warmup "$WARMUP" --steps "$STEPS" \
+        --set train.optimizer="${v%%-*}" $flags "$@" | awk '$1 == 1')
+    [ -n "$line" ] || { echo "bench_optim.sh: $v: no result from isthmus bench" >&2; exit 1; }
     echo "$v: $line"
     wall[$v]=$(echo "$line" | awk '{ print $2 }')
     cpu[$v]=$(echo "$line" | awk '{ print $3 }')

@@ -41,11 +41,12 @@ LR_butterfly_adamw=${LR_butterfly_adamw:-0.0014} LR_butterfly_shampoo=${LR_butte
 # shampoo-e40 (train.precond_every = 40), or both (shampoo-b64-e40)
 variant() { # variant OPTIMIZER -> the --set flags beyond train.optimizer
     local v
+    case $1 in *-*) ;; *) return 0 ;; esac
+    case $1 in shampoo-*) ;; *) echo "horizon.sh: '$1': only shampoo has variants" >&2; exit 2 ;; esac
     for v in $(echo "${1#*-}" | tr '-' ' '); do
-        [ "$v" = "$1" ] && return 0
         case $v in
-        b[0-9]*) echo "--set train.precond_block=${v#b}" ;;
-        e[0-9]*) echo "--set train.precond_every=${v#e}" ;;
+        b[1-9] | b[1-9]*[0-9]) echo "--set train.precond_block=${v#b}" ;;
+        e[1-9] | e[1-9]*[0-9]) echo "--set train.precond_every=${v#e}" ;;
         *) echo "horizon.sh: unknown optimiser variant '$v' in '$1'" >&2; exit 2 ;;
         esac
     done
@@ -101,7 +102,8 @@ for phase in "$@"; do
         for lr in 0.0014 0.002; do run butterfly adamw $lr 400 42; done
         for lr in 0.0014 0.002; do run butterfly shampoo $lr 400 42; done
         ;;
-    step-time) # Shampoo's blocks and root period against its step time (sync, 400 steps)
+    step-time) # Shampoo's blocks and root period against its step time (sync, 400 steps; the
+        # baseline is the sweep's sync_shampoo_lr0.001 run, at the lr the sweep chose)
         run sync shampoo-b64 0.001 400 42
         run sync shampoo-e40 0.001 400 42
         ;;

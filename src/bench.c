@@ -72,8 +72,8 @@ int bench_run(const Config *cfg, const int *threads, int n_threads, int warmup, 
     if (peak_tflops > 0) printf("# MFU: model FLOP/s per rank / %.1f TFLOP/s peak\n", peak_tflops);
     printf("# %d warm-up step(s) untimed, then %d timed; cpu ms/step: rank 0's process CPU time\n", warmup, steps);
     printf("%-8s %10s %12s %10s %10s %14s %9s %14s %16s%s\n", "threads", "ms/step", "cpu ms/step", "tokens/s",
-           "GFLOP/s",
-           "sgemm GFLOP/s", "of sgemm", "a2a B/step", "inter-site B/step", peak_tflops > 0 ? "      MFU" : "");
+           "GFLOP/s", "sgemm GFLOP/s", "of sgemm", "a2a B/step", "inter-site B/step",
+           peak_tflops > 0 ? "      MFU" : "");
     for (int i = 0; i < n_threads; i++) {
         Config c = *cfg;
         c.train.threads = threads[i];

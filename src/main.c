@@ -88,13 +88,14 @@ static const char *const usage_bench =
     "\n"
     "Times N training steps (default 5, after W untimed warm-up steps, default 1)\n"
     "for each thread count in LIST (default 1,2) and prints ms/step, the CPU time\n"
-    "per step of rank 0's process (less sensitive than wall time to other jobs on a\n"
-    "shared machine), tokens/s and model GFLOP/s (6 x active matrix parameters per\n"
-    "token + causal attention), next to the GFLOP/s of a reference sgemm measured\n"
-    "in the same run. --peak-tflops P adds MFU = model FLOP/s per rank / P (a GPU's\n"
-    "datasheet peak for the precision run). A matrix optimiser reaches its steady\n"
-    "step (the preconditioned direction, roots every [train] precond_every) only\n"
-    "after precond_every updates: time it with W >= precond_every.\n";
+    "per step of rank 0's process (summed over its threads; at one thread it moves\n"
+    "less than wall time with other jobs on a shared machine), tokens/s and model\n"
+    "GFLOP/s (6 x active matrix parameters per token + causal attention), next to\n"
+    "the GFLOP/s of a reference sgemm measured in the same run. --peak-tflops P adds\n"
+    "MFU = model FLOP/s per rank / P (a GPU's datasheet peak for the precision run).\n"
+    "Shampoo reaches its steady step (the preconditioned direction, roots every\n"
+    "[train] precond_every) only after precond_every updates: time it with\n"
+    "W > precond_every. (--warmup is not [train] warmup, the learning rate's.)\n";
 
 static const char *const usage_config =
     "usage: isthmus config [CONFIG.ini] [--set section.key=value]... [--keys]\n"
