@@ -264,13 +264,20 @@ static void test_nan_statistic_does_not_reach_the_weights(void **state)
         precond_step(&p->pre, &p->opt, &p->m, 0.01, 0.0);
     }
     assert_true(p->pre.stat_resets > resets);
+    /* and an infinity in the right statistic (the other non-finite class) */
+    const long resets_nan = p->pre.stat_resets;
+    p->pre.r[packed + 5 * D + 7] = -INFINITY;
+    quadratic(p);
+    precond_step(&p->pre, &p->opt, &p->m, 0.01, 0.0);
+    assert_int_equal(p->pre.stat_resets, resets_nan + 1);
     int moved = 0;
     for (int i = 0; i < D * D; i++) {
         assert_true(isfinite(w[i]));
         moved |= w[i] != before[i];
     }
     assert_true(moved);
-    for (size_t i = 0; i < p->opt.runs.total; i++) assert_true(isfinite(p->pre.lroot[i]) && isfinite(p->pre.l[i]));
+    for (size_t i = 0; i < p->opt.runs.total; i++)
+        assert_true(isfinite(p->pre.lroot[i]) && isfinite(p->pre.l[i]) && isfinite(p->pre.r[i]));
     problem_destroy(p);
     free(p);
 }
