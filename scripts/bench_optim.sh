@@ -9,7 +9,7 @@
 # untimed steps: Shampoo's window then has its steady share of roots (every
 # 20 updates: two in 40 steps; with shampoo-e40, one) and no step before its
 # first roots. VARIANTS (default "adamw shampoo muon") may name Shampoo's
-# variants as scripts/horizon.sh does (shampoo-b64, shampoo-e40, ...).
+# variants (shampoo-b64, shampoo-e40, ...: scripts/optim_variant.sh).
 # Prints each bench line, then ms/step and CPU ms/step against AdamW's; the CPU
 # time is the figure to read on a shared machine (wall time moves with other
 # jobs' load, one thread's CPU time much less). Run it twice: it still moves.
@@ -23,22 +23,11 @@ WARMUP=${WARMUP:-41}
 ISTHMUS=${ISTHMUS:-./isthmus}
 VARIANTS=${VARIANTS:-"adamw shampoo muon"}
 
-variant() { # variant OPTIMIZER -> the --set flags of Shampoo's variant (as horizon.sh)
-    local v
-    case $1 in *-*) ;; *) return 0 ;; esac
-    case $1 in shampoo-*) ;; *) echo "bench_optim.sh: '$1': only shampoo has variants" >&2; exit 2 ;; esac
-    for v in $(echo "${1#*-}" | tr '-' ' '); do
-        case $v in
-        b[1-9] | b[1-9]*[0-9]) echo "--set train.precond_block=${v#b}" ;;
-        e[1-9] | e[1-9]*[0-9]) echo "--set train.precond_every=${v#e}" ;;
-        *) echo "bench_optim.sh: unknown variant '$v' in '$1'" >&2; exit 2 ;;
-        esac
-    done
-}
+. scripts/optim_variant.sh # optim_flags: Shampoo's variants (shampoo-b64, shampoo-e40)
 
 declare -A wall cpu
 for v in $VARIANTS; do
-    flags=$(variant "$v") || exit 2
+    flags=$(optim_flags "$v") || exit 2
     # shellcheck disable=SC2086
     line=$("$ISTHMUS" bench "$CONFIG" --threads 1 --warmup "$WARMUP" --steps "$STEPS" \
         --set train.optimizer="${v%%-*}" $flags "$@" | awk '$1 == 1')

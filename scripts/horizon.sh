@@ -37,24 +37,11 @@ LR_sync_adamw=${LR_sync_adamw:-0.001} LR_sync_shampoo=${LR_sync_shampoo:-0.001}
 LR_diloco_adamw=${LR_diloco_adamw:-0.001} LR_diloco_shampoo=${LR_diloco_shampoo:-0.001}
 LR_butterfly_adamw=${LR_butterfly_adamw:-0.0014} LR_butterfly_shampoo=${LR_butterfly_shampoo:-0.002}
 
-# OPTIMIZER may name a variant of Shampoo's settings: shampoo-b64 (train.precond_block = 64),
-# shampoo-e40 (train.precond_every = 40), or both (shampoo-b64-e40)
-variant() { # variant OPTIMIZER -> the --set flags beyond train.optimizer
-    local v
-    case $1 in *-*) ;; *) return 0 ;; esac
-    case $1 in shampoo-*) ;; *) echo "horizon.sh: '$1': only shampoo has variants" >&2; exit 2 ;; esac
-    for v in $(echo "${1#*-}" | tr '-' ' '); do
-        case $v in
-        b[1-9] | b[1-9]*[0-9]) echo "--set train.precond_block=${v#b}" ;;
-        e[1-9] | e[1-9]*[0-9]) echo "--set train.precond_every=${v#e}" ;;
-        *) echo "horizon.sh: unknown optimiser variant '$v' in '$1'" >&2; exit 2 ;;
-        esac
-    done
-}
+. scripts/optim_variant.sh # optim_flags: Shampoo's variants (shampoo-b64, shampoo-e40)
 
 run() { # run MODE OPTIMIZER LR STEPS SEED
     local mode=$1 opt=$2 lr=$3 steps=$4 seed=$5 np layout dir min extra
-    extra=$(variant "$opt") || exit 2
+    extra=$(optim_flags "$opt") || exit 2
     np=$(eval echo "\$NP_$mode")
     layout=$(eval echo "\$MODE_$mode")
     dir=$OUT/${mode}_${opt}_lr${lr}_${steps}_s${seed}
