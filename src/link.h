@@ -167,6 +167,7 @@ double link_recv_fraction(const LinkMsg *m);
 #define LINK_PROGRESS_US 250
 int link_progress_start(void);
 void link_progress_stop(void);
+
 /* Make progress; *all = 1 when every receive (and posted send) completed. */
 int link_test(Link *l, LinkMsg *const *msgs, int n, int *all);
 /* Complete all messages before the deadline; ISTH_ERUNTIME naming the peer
