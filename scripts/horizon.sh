@@ -6,7 +6,9 @@
 #                                             skipped when its model.h5 exists)
 # Phases:
 #   sweep     400 steps: sync with adamw, shampoo and muon, diloco with each,
-#             then butterfly, at the inner learning rates listed below
+#             then butterfly-sweep, at the inner learning rates listed below
+#   butterfly-sweep
+#             400 steps of butterfly with adamw and shampoo at lr 1e-3 and 1.4e-3
 #   400 | 1600 | 6400
 #             sync, diloco, butterfly with adamw and shampoo at the lr the sweep
 #             chose for each (LR_<mode>_<optimizer>, below)
@@ -56,6 +58,12 @@ run() { # run MODE OPTIMIZER LR STEPS SEED
         --set train.min_lr="$min" --set train.seed="$seed" > "$dir/log" 2>&1 || echo "horizon.sh: $dir failed" >&2
 }
 
+butterfly_sweep() { # butterfly's own lr (8 ranks; 15-30 min per run here)
+    for lr in 0.001 0.0014; do
+        for opt in adamw shampoo; do run butterfly $opt $lr 400 42; done
+    done
+}
+
 best() { eval echo "\$LR_$1_$2"; }
 
 table() {
@@ -86,9 +94,9 @@ for phase in "$@"; do
         run diloco muon 0.001 400 42
         run sync adamw 0.002 400 42
         run sync shampoo 0.004 400 42
-        for lr in 0.0014 0.002; do run butterfly adamw $lr 400 42; done
-        for lr in 0.0014 0.002; do run butterfly shampoo $lr 400 42; done
+        butterfly_sweep
         ;;
+    butterfly-sweep) butterfly_sweep ;;
     step-time) # Shampoo's blocks and root period against its step time (sync, 400 steps; the
         # baseline is the sweep's sync_shampoo_lr0.001 run, at the lr the sweep chose)
         run sync shampoo-b64 0.001 400 42

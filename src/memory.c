@@ -47,7 +47,7 @@ static double precond_bytes(const Config *cfg, const Model *m, size_t owned)
     double bytes = 2 * floats(largest + 1); /* the two directions */
     if (!shampoo) return bytes + floats(2 * side * side + 1);
     return bytes + 4 * floats(owned + 1) + floats(b * b * (size_t)threads + 1) +
-           sizeof(double) * (double)PRECOND_ROOT_WORK(b) * threads;
+           sizeof(float) * (double)PRECOND_ROOT_WORK(b) * threads;
 }
 
 /* Staging, residual and outer-state bytes of the reducer and outer state. */

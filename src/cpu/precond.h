@@ -6,9 +6,10 @@
  *
  * Shampoo (Gupta et al. 2018; the blocked form of Anil et al.'s
  * Distributed Shampoo), per b x b block G of a matrix's gradient:
- *   L <- beta2 L + (1 - beta2) G G^T,   R <- beta2 R + (1 - beta2) G^T G,
+ *   L <- beta2 L + (1 - beta2) G G^T,   R <- beta2 R + (1 - beta2) G^T G
+ * (symmetric: only the upper triangles are formed and kept, by ssyrk),
  * every `every` updates the inverse fourth roots by symmetric
- * eigendecomposition (LAPACKE_dsyevd) with eps * (largest eigenvalue)
+ * eigendecomposition (LAPACKE_ssyevd) with eps * (largest eigenvalue)
  * added, and the direction L^-1/4 M R^-1/4 on Adam's bias-corrected first
  * moment M, scaled to the norm of Adam's own direction over the matrix
  * (grafting); before the first roots, Adam's direction. A root whose
@@ -47,7 +48,7 @@ typedef struct {
     float *l, *r, *lroot, *rroot; /* shampoo: (runs.total), packed like the moments */
     float *dir, *sdir;            /* (largest matrix) Adam's direction; Shampoo's, or Muon's iterate */
     float *tmp;                   /* shampoo: a b x b product per thread; muon: the Newton-Schulz products */
-    double *work;                 /* per thread: a block's eigendecomposition */
+    float *work;                  /* per thread: a block's eigendecomposition */
     int threads;
     long roots, root_failures, stat_resets, fallbacks;
 } Precond;
@@ -61,10 +62,11 @@ void precond_destroy(Precond *p);
 void precond_step(Precond *p, AdamW *opt, Model *m, double lr, double weight_decay);
 
 /* root = (a + eps * lmax * I)^(-1/4) of a symmetric n x n matrix a
- * (row-major, stride lda; negative eigenvalues taken as 0), through
- * LAPACKE_dsyevd. work: PRECOND_ROOT_WORK(n) doubles. Returns 0, or -1 when the
- * decomposition fails or a value is not finite (root left untouched). */
+ * (row-major, stride lda; only its upper triangle is read; negative
+ * eigenvalues taken as 0), through LAPACKE_ssyevd. work: PRECOND_ROOT_WORK(n)
+ * floats. Returns 0, or -1 when the decomposition fails or a value is not
+ * finite (root left untouched). */
 #define PRECOND_ROOT_WORK(n) (3 * (size_t)(n) * (size_t)(n) + (size_t)(n))
-int inverse_fourth_root(const float *a, int n, int lda, double eps, float *root, int ldr, double *work);
+int inverse_fourth_root(const float *a, int n, int lda, double eps, float *root, int ldr, float *work);
 
 #endif
