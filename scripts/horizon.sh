@@ -14,6 +14,8 @@
 #             chose for each (LR_<mode>_<optimizer>, below)
 #   step-time Shampoo with 64 x 64 blocks, and with roots every 40 updates, in sync
 #   seeds     the longest horizon again with another data order (train.seed = 43)
+#   MODE:OPTIMIZER:STEPS[:SEED]
+#             one run at the chosen lr (e.g. sync:shampoo:400; seed 42 unless given)
 #   table     the markdown tables of every run present
 # Layouts (as scripts/results.sh): sync and diloco on two sites x 1 learner of 2
 # ranks (diloco: H=64, fp4, plain averaging: outer lr 1, no momentum), butterfly
@@ -113,6 +115,11 @@ for phase in "$@"; do
         done
         ;;
     table) table ;;
+    *:*:*)
+        IFS=: read -r mode opt steps seed <<< "$phase"
+        case $mode in sync | diloco | butterfly) ;; *) echo "horizon.sh: unknown mode '$mode'" >&2; exit 2 ;; esac
+        run "$mode" "$opt" "$(best "$mode" "${opt%%-*}")" "$steps" "${seed:-42}"
+        ;;
     *) echo "horizon.sh: unknown phase '$phase'" >&2; exit 2 ;;
     esac
 done

@@ -12,6 +12,8 @@
 #include "alloc.h"
 #include "status.h"
 
+_Static_assert(sizeof(lapack_int) == sizeof(float), "ssyevd's integer workspace is carved from a float buffer");
+
 /* A matrix chunk of a tensor: rows x cols, the last two axes. */
 static void matrix_dims(const Tensor *t, size_t *rows, size_t *cols)
 {
@@ -54,9 +56,10 @@ int precond_create(Precond *p, const char *optimizer, const AdamW *opt, const Mo
         p->lroot = isth_calloc(n, sizeof(float));
         p->rroot = isth_calloc(n, sizeof(float));
         p->work = isth_malloc(sizeof(float) * PRECOND_ROOT_WORK(b) * (size_t)p->threads);
+        p->block_sums = isth_malloc(sizeof(double) * 2 * (largest / (b * b) + 1));
     }
     alloc_category(was);
-    if (p->dir && p->sdir && p->tmp && (!p->shampoo || (p->l && p->r && p->lroot && p->rroot && p->work)))
+    if (p->dir && p->sdir && p->tmp && (!p->shampoo || (p->l && p->r && p->lroot && p->rroot && p->work && p->block_sums)))
         return ISTH_OK;
     precond_destroy(p);
     return isth_fail(ISTH_ERUNTIME, "out of memory for the %s optimiser's state (%zu params)", optimizer,
@@ -73,13 +76,17 @@ void precond_destroy(Precond *p)
     isth_free(p->sdir);
     isth_free(p->tmp);
     isth_free(p->work);
+    isth_free(p->block_sums);
     memset(p, 0, sizeof *p);
 }
 
 int inverse_fourth_root(const float *a, int n, int lda, double eps, float *root, int ldr, float *work)
 {
     const size_t nn = (size_t)n * n;
-    float *q = work, *qs = work + nn, *prod = work + 2 * nn, *w = work + 3 * nn;
+    float *q = work, *qs = work + nn, *prod = work + 2 * nn, *w = work + 3 * nn, *lwork = w + n;
+    /* ssyevd's own workspace from ours: LAPACKE_ssyevd would allocate it per
+     * call (fresh pages each time at these sizes) */
+    lapack_int *iwork = (lapack_int *)(lwork + PRECOND_SYEVD_LWORK(n));
     /* Single precision: the statistic is stored in float32, so its small
      * eigenvalues are already uncertain by ~2^-24 of the largest; dsyevd
      * would find the exact root of that perturbed matrix at 1.7x the time. */
@@ -91,7 +98,9 @@ int inverse_fourth_root(const float *a, int n, int lda, double eps, float *root,
             if (!isfinite(v)) return -1;
             q[(size_t)i * n + j] = v;
         }
-    if (LAPACKE_ssyevd(LAPACK_COL_MAJOR, 'V', 'L', n, q, n, w) != 0) return -1;
+    if (LAPACKE_ssyevd_work(LAPACK_COL_MAJOR, 'V', 'L', n, q, n, w, lwork, (lapack_int)PRECOND_SYEVD_LWORK(n), iwork,
+                            (lapack_int)PRECOND_SYEVD_LIWORK(n)) != 0)
+        return -1;
     double lmax = 0;
     for (int k = 0; k < n; k++) lmax = fmax(lmax, w[k]);
     const double floor = eps * lmax;
@@ -109,20 +118,53 @@ int inverse_fourth_root(const float *a, int n, int lda, double eps, float *root,
     return 0;
 }
 
-/* Adam's moments of a matrix and its direction m^ / (sqrt(v^) + eps) into
- * dir; returns the direction's sum of squares (fixed order: deterministic). */
-static double adam_direction(const float *g, float *m, float *v, size_t n, const AdamWStep *k, float *dir)
+/* The sum of squares of x[0 .. n), in eight float lanes (a vector loop)
+ * added in double in a fixed order. */
+static double sumsq_lanes(const float *x, size_t n)
+{
+    float lane[8] = {0};
+    size_t c = 0;
+    for (; c + 8 <= n; c += 8)
+        for (int l = 0; l < 8; l++) lane[l] += x[c + l] * x[c + l];
+    double s = 0;
+    for (int l = 0; l < 8; l++) s += lane[l];
+    for (; c < n; c++) s += (double)x[c] * x[c];
+    return s;
+}
+
+/* Adam's moments of a b x b block (row stride ld), its direction
+ * m^ / (sqrt(v^) + eps) row by row into dir (row stride ld_dir: the
+ * matrix's direction, or one row of scratch that each row overwrites);
+ * returns the direction's sum of squares. */
+static double adam_block(const float *g, float *m, float *v, size_t b, size_t ld, const AdamWStep *k, float *dir,
+                         size_t ld_dir)
 {
     double ss = 0;
-#pragma omp parallel for schedule(static) reduction(+ : ss)
-    for (size_t j = 0; j < n; j++) {
-        m[j] = k->b1 * m[j] + (1.0f - k->b1) * g[j];
-        v[j] = k->b2 * v[j] + (1.0f - k->b2) * g[j] * g[j];
-        dir[j] = m[j] * k->c1 / (sqrtf(v[j] * k->c2) + k->eps);
+    for (size_t r = 0; r < b; r++) {
+        const size_t o = r * ld;
+        float *d = dir + r * ld_dir;
+        for (size_t c = 0; c < b; c++) {
+            m[o + c] = k->b1 * m[o + c] + (1.0f - k->b1) * g[o + c];
+            v[o + c] = k->b2 * v[o + c] + (1.0f - k->b2) * g[o + c] * g[o + c];
+            d[c] = m[o + c] * k->c1 / (sqrtf(v[o + c] * k->c2) + k->eps);
+        }
+        ss += sumsq_lanes(d, b);
     }
-    /* the sum apart from the loop above: an OpenMP reduction's order depends on the thread count only */
-    for (size_t j = 0; j < n; j++) ss += (double)dir[j] * dir[j];
     return ss;
+}
+
+/* Adam's direction from moments already updated (the fallbacks' path). */
+static void adam_direction(const float *m, const float *v, size_t n, const AdamWStep *k, float *dir)
+{
+#pragma omp parallel for schedule(static)
+    for (size_t j = 0; j < n; j++) dir[j] = m[j] * k->c1 / (sqrtf(v[j] * k->c2) + k->eps);
+}
+
+static double sumsq_block(const float *x, size_t b, size_t ld)
+{
+    double s = 0;
+    for (size_t r = 0; r < b; r++) s += sumsq_lanes(x + r * ld, b);
+    return s;
 }
 
 static double sumsq(const float *x, size_t n)
@@ -157,24 +199,33 @@ static int block_finite(const float *x, size_t b, size_t ld)
     return !broken;
 }
 
-/* One matrix (rows x cols at params + at, its state at packed) by Shampoo. */
+/* One matrix (rows x cols at params + at, its state at packed) by Shampoo.
+ * Everything but the final step is done block by block, each block's
+ * gradient, moments and statistics once through the cache: Adam's moments,
+ * the statistics, the roots when due, the direction. The two norms of the
+ * grafting are summed per block and then in block order, so the result
+ * does not depend on the thread count. */
 static void shampoo_matrix(Precond *p, AdamW *opt, Model *m, size_t at, size_t packed, size_t rows, size_t cols,
                            const AdamWStep *k)
 {
     const size_t n = rows * cols, b = (size_t)p->block, nb_r = rows / b, nb_c = cols / b;
     const float *g = m->grads + at;
-    float *mom = opt->m + packed, *L = p->l + packed, *R = p->r + packed, *Lr = p->lroot + packed,
-          *Rr = p->rroot + packed, *dir = p->dir;
-    const double adam2 = adam_direction(g, mom, opt->v + packed, n, k, dir);
+    float *mom = opt->m + packed, *vel = opt->v + packed, *L = p->l + packed, *R = p->r + packed,
+          *Lr = p->lroot + packed, *Rr = p->rroot + packed, *dir = p->dir, *sdir = p->sdir;
+    double *adam_ss = p->block_sums, *shampoo_ss = p->block_sums + nb_r * nb_c;
     const float beta = (float)p->beta2;
     const long t = opt->t;
     const int roots_now = t % p->every == 0, have_roots = t >= p->every;
-    /* statistics, and every `every` updates their roots, block by block */
     long failures = 0, resets = 0;
 #pragma omp parallel for schedule(static) collapse(2) reduction(+ : failures, resets)
     for (size_t bi = 0; bi < nb_r; bi++)
         for (size_t bj = 0; bj < nb_c; bj++) {
-            const size_t o = bi * b * cols + bj * b; /* the block's first element in the matrix */
+            const size_t o = bi * b * cols + bj * b, blk = bi * nb_c + bj; /* the block's first element */
+            /* Adam's direction is kept only while it is the step (before the first roots);
+             * after that only its norm counts, and each row goes through the scratch */
+            float *tmp = p->tmp + b * b * (size_t)omp_get_thread_num();
+            adam_ss[blk] = have_roots ? adam_block(g + o, mom + o, vel + o, b, cols, k, tmp, 0)
+                                      : adam_block(g + o, mom + o, vel + o, b, cols, k, dir + o, cols);
             /* the upper triangles only (symmetric: half the products of a GEMM) */
             cblas_ssyrk(CblasRowMajor, CblasUpper, CblasNoTrans, (int)b, (int)b, 1.0f - beta, g + o, (int)cols, beta,
                         L + o, (int)cols);
@@ -186,35 +237,34 @@ static void shampoo_matrix(Precond *p, AdamW *opt, Model *m, size_t at, size_t p
                 for (size_t r = 0; r < b; r++) memset(fac[s] + r * cols, 0, sizeof(float) * b);
                 resets++;
             }
-            if (!roots_now) continue;
-            float *work = p->work + PRECOND_ROOT_WORK(b) * (size_t)omp_get_thread_num();
-            if (inverse_fourth_root(L + o, (int)b, (int)cols, p->eps, Lr + o, (int)cols, work) != 0) failures++;
-            if (inverse_fourth_root(R + o, (int)b, (int)cols, p->eps, Rr + o, (int)cols, work) != 0) failures++;
-        }
-    if (roots_now) p->roots += (long)(2 * nb_r * nb_c);
-    p->root_failures += failures;
-    p->stat_resets += resets;
-    if (!have_roots) { /* before the first roots: Adam */
-        apply(m->params + at, dir, n, k->decay, k->lr);
-        return;
-    }
-    /* the direction Lr (m^) Rr block by block into sdir; m^ = m c1 */
-    float *sdir = p->sdir;
-#pragma omp parallel for schedule(static) collapse(2)
-    for (size_t bi = 0; bi < nb_r; bi++)
-        for (size_t bj = 0; bj < nb_c; bj++) {
-            const size_t o = bi * b * cols + bj * b;
-            float *tmp = p->tmp + b * b * (size_t)omp_get_thread_num();
+            if (roots_now) {
+                float *work = p->work + PRECOND_ROOT_WORK(b) * (size_t)omp_get_thread_num();
+                if (inverse_fourth_root(L + o, (int)b, (int)cols, p->eps, Lr + o, (int)cols, work) != 0) failures++;
+                if (inverse_fourth_root(R + o, (int)b, (int)cols, p->eps, Rr + o, (int)cols, work) != 0) failures++;
+            }
+            if (!have_roots) continue;
+            /* the direction Lr m^ Rr, m^ = m c1 */
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)b, (int)b, (int)b, k->c1, Lr + o, (int)cols,
                         mom + o, (int)cols, 0.0f, tmp, (int)b);
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)b, (int)b, (int)b, 1.0f, tmp, (int)b, Rr + o,
                         (int)cols, 0.0f, sdir + o, (int)cols);
+            shampoo_ss[blk] = sumsq_block(sdir + o, b, cols);
         }
+    if (roots_now) p->roots += (long)(2 * nb_r * nb_c);
+    p->root_failures += failures;
+    p->stat_resets += resets;
+    double adam2 = 0, s2 = 0;
+    for (size_t blk = 0; blk < nb_r * nb_c; blk++) adam2 += adam_ss[blk];
+    if (!have_roots) { /* before the first roots: Adam */
+        apply(m->params + at, dir, n, k->decay, k->lr);
+        return;
+    }
+    for (size_t blk = 0; blk < nb_r * nb_c; blk++) s2 += shampoo_ss[blk];
     /* grafting: Adam's step length over the matrix, Shampoo's direction */
-    const double s2 = sumsq(sdir, n);
     const double scale = sqrt(adam2 / s2);
     if (!(s2 > 0) || !isfinite(scale)) { /* no usable direction: Adam's, counted */
         p->fallbacks++;
+        adam_direction(mom, vel, n, k, dir);
         apply(m->params + at, dir, n, k->decay, k->lr);
         return;
     }

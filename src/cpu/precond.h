@@ -49,6 +49,7 @@ typedef struct {
     float *dir, *sdir;            /* (largest matrix) Adam's direction; Shampoo's, or Muon's iterate */
     float *tmp;                   /* shampoo: a b x b product per thread; muon: the Newton-Schulz products */
     float *work;                  /* per thread: a block's eigendecomposition */
+    double *block_sums;           /* shampoo: (2, blocks of the largest matrix) the grafting's norms */
     int threads;
     long roots, root_failures, stat_resets, fallbacks;
 } Precond;
@@ -64,9 +65,13 @@ void precond_step(Precond *p, AdamW *opt, Model *m, double lr, double weight_dec
 /* root = (a + eps * lmax * I)^(-1/4) of a symmetric n x n matrix a
  * (row-major, stride lda; only its upper triangle is read; negative
  * eigenvalues taken as 0), through LAPACKE_ssyevd. work: PRECOND_ROOT_WORK(n)
- * floats. Returns 0, or -1 when the decomposition fails or a value is not
+ * floats (ssyevd's integer workspace included: lapack_int is 32-bit, as a
+ * float). Returns 0, or -1 when the decomposition fails or a value is not
  * finite (root left untouched). */
-#define PRECOND_ROOT_WORK(n) (3 * (size_t)(n) * (size_t)(n) + (size_t)(n))
+#define PRECOND_SYEVD_LWORK(n) (1 + 6 * (size_t)(n) + 2 * (size_t)(n) * (size_t)(n)) /* LAPACK's minimum, jobz 'V' */
+#define PRECOND_SYEVD_LIWORK(n) (3 + 5 * (size_t)(n))
+#define PRECOND_ROOT_WORK(n)                                                                                      \
+    (3 * (size_t)(n) * (size_t)(n) + (size_t)(n) + PRECOND_SYEVD_LWORK(n) + PRECOND_SYEVD_LIWORK(n))
 int inverse_fourth_root(const float *a, int n, int lda, double eps, float *root, int ldr, float *work);
 
 #endif
