@@ -28,7 +28,7 @@ static double floats(size_t n) { return (double)n * sizeof(float); }
 static double aligned64(double bytes) { return (double)(((size_t)bytes + 63) / 64 * 64); }
 
 /* A matrix optimiser's bytes beyond the moments (src/cpu/precond.c):
- * shampoo's four packed buffers, both optimisers' scratch. */
+ * shampoo's four packed buffers and block sums, both optimisers' scratch. */
 static double precond_bytes(const Config *cfg, const Model *m, size_t owned)
 {
     const int shampoo = !strcmp(cfg->train.optimizer, "shampoo");
@@ -47,7 +47,8 @@ static double precond_bytes(const Config *cfg, const Model *m, size_t owned)
     double bytes = 2 * floats(largest + 1); /* the two directions */
     if (!shampoo) return bytes + floats(2 * side * side + 1);
     return bytes + 4 * floats(owned + 1) + floats(b * b * (size_t)threads + 1) +
-           sizeof(float) * (double)PRECOND_ROOT_WORK(b) * threads;
+           sizeof(float) * (double)PRECOND_ROOT_WORK(b) * threads +
+           sizeof(double) * 2.0 * (double)(largest / (b * b) + 1); /* the grafting's block sums */
 }
 
 /* Staging, residual and outer-state bytes of the reducer and outer state. */

@@ -87,9 +87,6 @@ int inverse_fourth_root(const float *a, int n, int lda, double eps, float *root,
     /* ssyevd's own workspace from ours: LAPACKE_ssyevd would allocate it per
      * call (fresh pages each time at these sizes) */
     lapack_int *iwork = (lapack_int *)(lwork + PRECOND_SYEVD_LWORK(n));
-    /* Single precision: the statistic is stored in float32, so its small
-     * eigenvalues are already uncertain by ~2^-24 of the largest; dsyevd
-     * would find the exact root of that perturbed matrix at 1.7x the time. */
     /* a's upper triangle (row-major) is, read column-major, the lower one of
      * the same memory: LAPACK takes it as it is, with no transposed copies */
     for (int i = 0; i < n; i++)
@@ -98,6 +95,9 @@ int inverse_fourth_root(const float *a, int n, int lda, double eps, float *root,
             if (!isfinite(v)) return -1;
             q[(size_t)i * n + j] = v;
         }
+    /* Single precision: the statistic is stored in float32, so its small
+     * eigenvalues are already uncertain by ~2^-24 of the largest; dsyevd
+     * would find the exact root of that perturbed matrix at 1.7x the time. */
     if (LAPACKE_ssyevd_work(LAPACK_COL_MAJOR, 'V', 'L', n, q, n, w, lwork, (lapack_int)PRECOND_SYEVD_LWORK(n), iwork,
                             (lapack_int)PRECOND_SYEVD_LIWORK(n)) != 0)
         return -1;
