@@ -68,6 +68,7 @@ static const KeySpec schema[] = {
     {"train", "optimizer", KEY_ENUM, TR(optimizer), STRSZ(train.optimizer), 0, 0, 0, "adamw|sgd|shampoo|muon", "adamw"},
     {"train", "precond_block", KEY_INT, TR(precond_block), 0, 2, 8192, 0, NULL, "128"},
     {"train", "precond_every", KEY_INT, TR(precond_every), 0, 1, 1 << 24, 0, NULL, "20"},
+    {"train", "precond_stats_every", KEY_INT, TR(precond_stats_every), 0, 1, 1 << 24, 0, NULL, "1"},
     {"train", "precond_eps", KEY_REAL, TR(precond_eps), 0, 1e-12, 1, 0, NULL, "1e-6"},
     {"train", "precond_beta2", KEY_REAL, TR(precond_beta2), 0, 0, 0.999999, 0, NULL, "0.99"},
     {"train", "backend", KEY_ENUM, TR(backend), STRSZ(train.backend), 0, 0, 0, "auto|cpu|cuda", "auto"},
@@ -408,6 +409,11 @@ static int validate(const Config *c, EntryList *l)
                          "config %s: [train] precond_block = %d must divide [model] dim = %d and ffn = %d "
                          "(Shampoo's blocks tile every matrix)", origin_of(l, "train", "precond_block"),
                          c->train.precond_block, m->dim, m->ffn);
+    if (c->train.precond_stats_every > c->train.precond_every)
+        return isth_fail(ISTH_EINPUT,
+                         "config %s: [train] precond_stats_every = %d exceeds precond_every = %d (every root needs "
+                         "statistics newer than the last)", origin_of(l, "train", "precond_stats_every"),
+                         c->train.precond_stats_every, c->train.precond_every);
     if (!c->train.out_dir[0])
         return isth_fail(ISTH_EINPUT, "config %s: [train] out_dir is empty",
                          origin_of(l, "train", "out_dir"));

@@ -43,6 +43,7 @@ typedef struct {
     char optimizer[16]; /* adamw | sgd | shampoo | muon */
     int precond_block;  /* shampoo: rows and columns of a preconditioned block */
     int precond_every;  /* shampoo: updates between inverse roots */
+    int precond_stats_every; /* shampoo: updates between two updates of the statistics */
     double precond_eps; /* shampoo: added to a statistic's eigenvalues, times its largest */
     double precond_beta2; /* shampoo: decay of the statistics */
     char backend[8];   /* auto | cpu | cuda */

@@ -5,11 +5,13 @@
 #  - stop and --resume auto are bit-identical to a straight run: shampoo in
 #    sync with expert parallelism (2 ranks, each preconditioning the
 #    matrices it owns), shampoo in diloco over two sites (the statistics
-#    and roots per learner in the checkpoint), muon in sync;
+#    and roots per learner in the checkpoint; statistics every other
+#    update), muon in sync;
 #  - the checkpoint holds the statistics and roots in canonical shape;
 #  - a checkpoint of one optimiser is refused by a run of another (its
 #    state would be missing) and a precond_block that does not tile the
-#    matrices is refused, each in one line with exit 2.
+#    matrices is refused, as are statistics rarer than the roots, each in
+#    one line with exit 2.
 . "$TOP_SRCDIR/tests/lib.sh"
 T="$CONFIGS/tiny.ini"
 SH="--set train.optimizer=shampoo --set train.precond_block=32 --set train.precond_every=3"
@@ -35,7 +37,7 @@ awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < a - 0.5) }' &&
     pass "shampoo trains: loss $first -> $last in 14 steps" || fail "shampoo loss $first -> $last"
 # shellcheck disable=SC2086
 resume_case 2 shampoo_diloco 5 --set train.steps=12 --set site.a.ranks=1 --set site.b.ranks=1 \
-    --set outer.mode=diloco --set outer.inner_steps=4 --set outer.codec=int8 $SH
+    --set outer.mode=diloco --set outer.inner_steps=4 --set outer.codec=int8 $SH --set train.precond_stats_every=2
 resume_case 2 muon_sync 7 --set train.steps=14 --set train.micro_batch=4 --set train.optimizer=muon
 
 # the statistics and roots in the checkpoint, canonical shapes (like /model)
@@ -58,4 +60,7 @@ expect_exit 2 "optimizer = muon in the checkpoint, shampoo in the config" -- \
     "$ISTHMUS" train "$T" $SH --set train.out_dir="$WORK/switch" --resume "$ck_adam"
 expect_exit 2 "precond_block = 48 must divide \[model\] dim = 64 and ffn = 128" -- \
     "$ISTHMUS" train "$T" --set train.optimizer=shampoo --set train.precond_block=48 --set train.out_dir="$WORK/bad"
+# shellcheck disable=SC2086
+expect_exit 2 "precond_stats_every = 4 exceeds precond_every = 3" -- \
+    "$ISTHMUS" train "$T" $SH --set train.precond_stats_every=4 --set train.out_dir="$WORK/bad"
 finish || exit 1

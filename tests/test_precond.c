@@ -10,6 +10,8 @@
  *    the minimum in fewer steps than AdamW;
  *  - a NaN poked into a statistic never reaches the weights (reset,
  *    counted; the step still moves the weights, all finite);
+ *  - with statistics every other update: none after the first, exactly
+ *    (1 - beta2) G G^T and G^T G (upper triangles) after the second;
  *  - Muon's step is an orthogonalised matrix: its singular values, from
  *    the eigenvalues of X^T X, lie in the quintic's band around 1. */
 #include <setjmp.h>
@@ -285,6 +287,53 @@ static void test_nan_statistic_does_not_reach_the_weights(void **state)
     free(p);
 }
 
+/* With statistics every other update, the first update leaves them zero and
+ * the second forms L = (1 - beta2) G G^T and R = (1 - beta2) G^T G of its
+ * gradient per block, checked against sums in double: the upper triangles
+ * only, the rest stays zero. */
+static void test_statistics_every_other_step(void **state)
+{
+    (void)state;
+    Problem *p = calloc(1, sizeof *p);
+    problem_create(p, "shampoo");
+    precond_destroy(&p->pre);
+    TrainConfig tc = shampoo_settings();
+    tc.precond_stats_every = 2;
+    assert_int_equal(precond_create(&p->pre, "shampoo", &p->opt, &p->m, &tc), 0);
+    quadratic(p);
+    precond_step(&p->pre, &p->opt, &p->m, 0.01, 0.0);
+    for (size_t i = 0; i < p->opt.runs.total; i++) assert_true(p->pre.l[i] == 0.0f && p->pre.r[i] == 0.0f);
+    quadratic(p);
+    const float *g = model_grad(&p->m, T_WQ, 0);
+    precond_step(&p->pre, &p->opt, &p->m, 0.01, 0.0);
+    const int b = tc.precond_block;
+    const double w = 1.0 - tc.precond_beta2;
+    for (int bi = 0; bi < D / b; bi++)
+        for (int bj = 0; bj < D / b; bj++) {
+            const size_t o = (size_t)bi * b * D + (size_t)bj * b;
+            for (int i = 0; i < b; i++)
+                for (int j = 0; j < b; j++) {
+                    const float l = p->pre.l[o + (size_t)i * D + j], r = p->pre.r[o + (size_t)i * D + j];
+                    if (j < i) {
+                        assert_true(l == 0.0f && r == 0.0f);
+                        continue;
+                    }
+                    double el = 0, er = 0, scale = 0;
+                    for (int k = 0; k < b; k++) {
+                        el += (double)g[o + (size_t)i * D + k] * g[o + (size_t)j * D + k];
+                        er += (double)g[o + (size_t)k * D + i] * g[o + (size_t)k * D + j];
+                        scale += fabs((double)g[o + (size_t)i * D + k] * g[o + (size_t)j * D + k]) +
+                                 fabs((double)g[o + (size_t)k * D + i] * g[o + (size_t)k * D + j]);
+                    }
+                    /* float products summed in float: a few ulps of the sum of magnitudes */
+                    assert_true(fabs(l - w * el) <= 1e-6 * w * scale + 1e-30);
+                    assert_true(fabs(r - w * er) <= 1e-6 * w * scale + 1e-30);
+                }
+        }
+    problem_destroy(p);
+    free(p);
+}
+
 static void test_muon_step_is_orthogonal(void **state)
 {
     (void)state;
@@ -323,6 +372,7 @@ int main(void)
         cmocka_unit_test(test_broken_statistic_has_no_root),
         cmocka_unit_test(test_shampoo_beats_adam_on_an_ill_conditioned_quadratic),
         cmocka_unit_test(test_nan_statistic_does_not_reach_the_weights),
+        cmocka_unit_test(test_statistics_every_other_step),
         cmocka_unit_test(test_muon_step_is_orthogonal),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -27,6 +27,7 @@ int precond_create(Precond *p, const char *optimizer, const AdamW *opt, const Mo
     p->shampoo = !strcmp(optimizer, "shampoo");
     p->block = tc->precond_block;
     p->every = tc->precond_every;
+    p->stats_every = tc->precond_stats_every > 0 ? tc->precond_stats_every : 1;
     p->eps = tc->precond_eps;
     p->beta2 = tc->precond_beta2;
     p->threads = omp_get_max_threads();
@@ -215,7 +216,7 @@ static void shampoo_matrix(Precond *p, AdamW *opt, Model *m, size_t at, size_t p
     double *adam_ss = p->block_sums, *shampoo_ss = p->block_sums + nb_r * nb_c;
     const float beta = (float)p->beta2;
     const long t = opt->t;
-    const int roots_now = t % p->every == 0, have_roots = t >= p->every;
+    const int roots_now = t % p->every == 0, have_roots = t >= p->every, stats_now = t % p->stats_every == 0;
     long failures = 0, resets = 0;
 #pragma omp parallel for schedule(static) collapse(2) reduction(+ : failures, resets)
     for (size_t bi = 0; bi < nb_r; bi++)
@@ -226,16 +227,17 @@ static void shampoo_matrix(Precond *p, AdamW *opt, Model *m, size_t at, size_t p
             float *tmp = p->tmp + b * b * (size_t)omp_get_thread_num();
             adam_ss[blk] = have_roots ? adam_block(g + o, mom + o, vel + o, b, cols, k, tmp, 0)
                                       : adam_block(g + o, mom + o, vel + o, b, cols, k, dir + o, cols);
-            /* the upper triangles only (symmetric: half the products of a GEMM) */
-            cblas_ssyrk(CblasRowMajor, CblasUpper, CblasNoTrans, (int)b, (int)b, 1.0f - beta, g + o, (int)cols, beta,
-                        L + o, (int)cols);
-            cblas_ssyrk(CblasRowMajor, CblasUpper, CblasTrans, (int)b, (int)b, 1.0f - beta, g + o, (int)cols, beta,
-                        R + o, (int)cols);
-            float *fac[2] = {L + o, R + o};
-            for (int s = 0; s < 2; s++) { /* a broken statistic starts over rather than poison the next roots */
-                if (block_finite(fac[s], b, cols)) continue;
-                for (size_t r = 0; r < b; r++) memset(fac[s] + r * cols, 0, sizeof(float) * b);
-                resets++;
+            if (stats_now) { /* the upper triangles only (symmetric: half the products of a GEMM) */
+                cblas_ssyrk(CblasRowMajor, CblasUpper, CblasNoTrans, (int)b, (int)b, 1.0f - beta, g + o, (int)cols,
+                            beta, L + o, (int)cols);
+                cblas_ssyrk(CblasRowMajor, CblasUpper, CblasTrans, (int)b, (int)b, 1.0f - beta, g + o, (int)cols,
+                            beta, R + o, (int)cols);
+                float *fac[2] = {L + o, R + o};
+                for (int s = 0; s < 2; s++) { /* a broken statistic starts over rather than poison the next roots */
+                    if (block_finite(fac[s], b, cols)) continue;
+                    for (size_t r = 0; r < b; r++) memset(fac[s] + r * cols, 0, sizeof(float) * b);
+                    resets++;
+                }
             }
             if (roots_now) {
                 float *work = p->work + PRECOND_ROOT_WORK(b) * (size_t)omp_get_thread_num();

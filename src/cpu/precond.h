@@ -7,7 +7,8 @@
  * Shampoo (Gupta et al. 2018; the blocked form of Anil et al.'s
  * Distributed Shampoo), per b x b block G of a matrix's gradient:
  *   L <- beta2 L + (1 - beta2) G G^T,   R <- beta2 R + (1 - beta2) G^T G
- * (symmetric: only the upper triangles are formed and kept, by ssyrk),
+ * (symmetric: only the upper triangles are formed and kept, by ssyrk;
+ * every `stats_every` updates, the published statistics_compute_steps),
  * every `every` updates the inverse fourth roots by symmetric
  * eigendecomposition (LAPACKE_ssyevd) with eps * (largest eigenvalue)
  * added, and the direction L^-1/4 M R^-1/4 on Adam's bias-corrected first
@@ -43,7 +44,7 @@
 
 typedef struct {
     int shampoo;                  /* 1 shampoo, 0 muon */
-    int block, every;
+    int block, every, stats_every;
     double eps, beta2;
     float *l, *r, *lroot, *rroot; /* shampoo: (runs.total), packed like the moments */
     float *dir, *sdir;            /* (largest matrix) Adam's direction; Shampoo's, or Muon's iterate */
