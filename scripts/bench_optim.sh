@@ -12,7 +12,11 @@
 # variants (shampoo-b64, shampoo-e40, ...: scripts/optim_variant.sh).
 # Prints each bench line, then ms/step and CPU ms/step against AdamW's; the CPU
 # time is the figure to read on a shared machine (wall time moves with other
-# jobs' load, one thread's CPU time much less). Run it twice: it still moves.
+# jobs' load, one thread's CPU time much less, but still by 10%): ROUNDS=N
+# (default 1) runs every variant N times in turn and reports the median of each
+# round's ratio to that round's AdamW, and every round's ratio. LAUNCH (e.g.
+# "mpirun -q -np 4", with a layout's --set flags) runs each bench on several
+# ranks: then the wall time is the figure (ranks share the cores).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CONFIG=share/configs/small.ini
@@ -20,27 +24,39 @@ STEPS=40
 case ${1-} in --* | '') ;; *) CONFIG=$1; shift ;; esac
 case ${1-} in --* | '') ;; *) STEPS=$1; shift ;; esac
 WARMUP=${WARMUP:-41}
+ROUNDS=${ROUNDS:-1}
+LAUNCH=${LAUNCH:-}
 ISTHMUS=${ISTHMUS:-./isthmus}
 VARIANTS=${VARIANTS:-"adamw shampoo muon"}
 
 . scripts/optim_variant.sh # optim_flags: Shampoo's variants (shampoo-b64, shampoo-e40)
 
-declare -A wall cpu
-for v in $VARIANTS; do
-    flags=$(optim_flags "$v") || exit 2
-    # shellcheck disable=SC2086
-    line=$("$ISTHMUS" bench "$CONFIG" --threads 1 --warmup "$WARMUP" --steps "$STEPS" \
-        --set train.optimizer="${v%%-*}" $flags "$@" | awk '$1 == 1')
-    [ -n "$line" ] || { echo "bench_optim.sh: $v: no result from isthmus bench" >&2; exit 1; }
-    echo "$v: $line"
-    wall[$v]=$(echo "$line" | awk '{ print $2 }')
-    cpu[$v]=$(echo "$line" | awk '{ print $3 }')
+declare -A wall cpu ratio wratio
+for round in $(seq "$ROUNDS"); do
+    for v in $VARIANTS; do
+        flags=$(optim_flags "$v") || exit 2
+        # shellcheck disable=SC2086
+        line=$($LAUNCH "$ISTHMUS" bench "$CONFIG" --threads 1 --warmup "$WARMUP" --steps "$STEPS" \
+            --set train.optimizer="${v%%-*}" $flags "$@" | awk '$1 == 1')
+        [ -n "$line" ] || { echo "bench_optim.sh: $v: no result from isthmus bench" >&2; exit 1; }
+        echo "round $round $v: $line"
+        wall[$v]="${wall[$v]-} $(echo "$line" | awk '{ print $2 }')"
+        cpu[$v]="${cpu[$v]-} $(echo "$line" | awk '{ print $3 }')"
+    done
+    # each round's ratio to that round's AdamW: the load of the moment divides out
+    c0=$(echo "${cpu[adamw]-}" | awk '{ print $NF }')
+    w0=$(echo "${wall[adamw]-}" | awk '{ print $NF }')
+    for v in $VARIANTS; do
+        ratio[$v]="${ratio[$v]-} $(echo "${cpu[$v]}" | awk -v c0="${c0:-0}" '{ if (c0 > 0) printf "%.4f", $NF / c0 }')"
+        wratio[$v]="${wratio[$v]-} $(echo "${wall[$v]}" | awk -v w0="${w0:-0}" '{ if (w0 > 0) printf "%.4f", $NF / w0 }')"
+    done
 done
+median() { echo "$*" | tr ' ' '\n' | grep . | sort -g | awk '{ x[NR] = $1 } END { if (NR) print (NR % 2 ? x[(NR + 1) / 2] : (x[NR / 2] + x[NR / 2 + 1]) / 2) }'; }
+x() { [ -n "$1" ] && printf '%.2fx' "$1" || echo -; }
 echo
-echo "| optimiser | ms/step | vs AdamW | CPU ms/step | vs AdamW |"
-echo "|---|---|---|---|---|"
+echo "| optimiser | ms/step | vs AdamW | CPU ms/step | vs AdamW | CPU vs AdamW, each round |"
+echo "|---|---|---|---|---|---|"
 for v in $VARIANTS; do
-    awk -v v="$v" -v w="${wall[$v]}" -v c="${cpu[$v]}" -v w0="${wall[adamw]:-0}" -v c0="${cpu[adamw]:-0}" \
-        'BEGIN { printf "| %s | %.1f | %s | %.1f | %s |\n", v, w, (w0 > 0 ? sprintf("%.2fx", w / w0) : "-"), c,
-                 (c0 > 0 ? sprintf("%.2fx", c / c0) : "-") }'
+    echo "| $v | $(median ${wall[$v]}) | $(x "$(median ${wratio[$v]})") | $(median ${cpu[$v]}) | $(x "$(median ${ratio[$v]})") | ${ratio[$v]# } |"
 done
+echo "(medians of $ROUNDS round(s); each ratio is against the same round's AdamW)"

@@ -261,9 +261,9 @@ static void test_nan_statistic_does_not_reach_the_weights(void **state)
     const float *w = model_param(&p->m, T_WQ, 0);
     float before[D * D];
     memcpy(before, w, sizeof before);
-    /* poke NaN into the left statistic of block (0, 0) at the first rows' region */
+    /* poke NaN into the left statistic of block (0, 0), in its upper triangle (the statistic) */
     const size_t packed = 0;
-    p->pre.l[packed + 3 * D + 2] = NAN;
+    p->pre.l[packed + 2 * D + 3] = NAN;
     for (int t = 13; t <= 16; t++) { /* a root step at 15 */
         quadratic(p);
         precond_step(&p->pre, &p->opt, &p->m, 0.01, 0.0);

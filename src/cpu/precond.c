@@ -182,16 +182,18 @@ static void apply(float *p, const float *dir, size_t n, float decay, float lr_sc
     for (size_t j = 0; j < n; j++) p[j] = p[j] * decay - lr_scale * dir[j];
 }
 
-/* Whether every value of the b x b block at x (row stride ld) is finite. An
- * IEEE single is infinite or NaN exactly when its exponent bits are all
- * ones: an integer test with no branch per row, so each row is one vector
- * loop (the scan runs every step over both statistics of every block). */
-static int block_finite(const float *x, size_t b, size_t ld)
+/* Whether every value of the upper triangle of the b x b block at x (row
+ * stride ld: a statistic, all that ssyrk forms and the roots read) is
+ * finite. An IEEE single is infinite or NaN exactly when its exponent bits
+ * are all ones: an integer test with no branch per row, so each row is one
+ * vector loop (the scan runs every step over both statistics of every
+ * block). */
+static int upper_finite(const float *x, size_t b, size_t ld)
 {
     uint32_t broken = 0;
     for (size_t r = 0; r < b; r++) {
         const float *row = x + r * ld;
-        for (size_t c = 0; c < b; c++) {
+        for (size_t c = r; c < b; c++) {
             uint32_t bits;
             memcpy(&bits, &row[c], sizeof bits);
             broken |= (bits & 0x7f800000u) == 0x7f800000u;
@@ -234,7 +236,7 @@ static void shampoo_matrix(Precond *p, AdamW *opt, Model *m, size_t at, size_t p
                             beta, R + o, (int)cols);
                 float *fac[2] = {L + o, R + o};
                 for (int s = 0; s < 2; s++) { /* a broken statistic starts over rather than poison the next roots */
-                    if (block_finite(fac[s], b, cols)) continue;
+                    if (upper_finite(fac[s], b, cols)) continue;
                     for (size_t r = 0; r < b; r++) memset(fac[s] + r * cols, 0, sizeof(float) * b);
                     resets++;
                 }
