@@ -54,9 +54,10 @@ done
 median() { echo "$*" | tr ' ' '\n' | grep . | sort -g | awk '{ x[NR] = $1 } END { if (NR) print (NR % 2 ? x[(NR + 1) / 2] : (x[NR / 2] + x[NR / 2 + 1]) / 2) }'; }
 x() { [ -n "$1" ] && printf '%.2fx' "$1" || echo -; }
 echo
-echo "| optimiser | ms/step | vs AdamW | CPU ms/step | vs AdamW | CPU vs AdamW, each round |"
-echo "|---|---|---|---|---|---|"
+echo "| optimiser | ms/step | vs AdamW | CPU ms/step | vs AdamW | wall vs AdamW, each round | CPU vs AdamW, each round |"
+echo "|---|---|---|---|---|---|---|"
 for v in $VARIANTS; do
-    echo "| $v | $(median ${wall[$v]}) | $(x "$(median ${wratio[$v]})") | $(median ${cpu[$v]}) | $(x "$(median ${ratio[$v]})") | ${ratio[$v]# } |"
+    echo "| $v | $(median "${wall[$v]}") | $(x "$(median "${wratio[$v]}")") | $(median "${cpu[$v]}") |" \
+        "$(x "$(median "${ratio[$v]}")") | ${wratio[$v]# } | ${ratio[$v]# } |"
 done
 echo "(medians of $ROUNDS round(s); each ratio is against the same round's AdamW)"
