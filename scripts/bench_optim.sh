@@ -25,6 +25,7 @@ case ${1-} in --* | '') ;; *) CONFIG=$1; shift ;; esac
 case ${1-} in --* | '') ;; *) STEPS=$1; shift ;; esac
 WARMUP=${WARMUP:-41}
 ROUNDS=${ROUNDS:-1}
+case $ROUNDS in '' | 0 | *[!0-9]*) echo "bench_optim.sh: ROUNDS '$ROUNDS': expected a positive integer" >&2; exit 2 ;; esac
 LAUNCH=${LAUNCH:-}
 ISTHMUS=${ISTHMUS:-./isthmus}
 VARIANTS=${VARIANTS:-"adamw shampoo muon"}

@@ -118,7 +118,10 @@ for phase in "$@"; do
     *:*:*)
         IFS=: read -r mode opt steps seed <<< "$phase"
         case $mode in sync | diloco | butterfly) ;; *) echo "horizon.sh: unknown mode '$mode'" >&2; exit 2 ;; esac
-        run "$mode" "$opt" "$(best "$mode" "${opt%%-*}")" "$steps" "${seed:-42}"
+        case $steps in '' | *[!0-9]*) echo "horizon.sh: '$phase': steps '$steps' is not a number" >&2; exit 2 ;; esac
+        lr=$(eval echo "\${LR_${mode}_${opt%%-*}:-}")
+        [ -n "$lr" ] || { echo "horizon.sh: '$phase': no lr chosen for $mode with ${opt%%-*} (set LR_${mode}_${opt%%-*})" >&2; exit 2; }
+        run "$mode" "$opt" "$lr" "$steps" "${seed:-42}"
         ;;
     *) echo "horizon.sh: unknown phase '$phase'" >&2; exit 2 ;;
     esac

@@ -409,7 +409,7 @@ static int validate(const Config *c, EntryList *l)
                          "config %s: [train] precond_block = %d must divide [model] dim = %d and ffn = %d "
                          "(Shampoo's blocks tile every matrix)", origin_of(l, "train", "precond_block"),
                          c->train.precond_block, m->dim, m->ffn);
-    if (c->train.precond_stats_every > c->train.precond_every)
+    if (!strcmp(c->train.optimizer, "shampoo") && c->train.precond_stats_every > c->train.precond_every)
         return isth_fail(ISTH_EINPUT,
                          "config %s: [train] precond_stats_every = %d exceeds precond_every = %d (every root needs "
                          "statistics newer than the last)", origin_of(l, "train", "precond_stats_every"),

@@ -48,7 +48,8 @@ typedef struct {
     double eps, beta2;
     float *l, *r, *lroot, *rroot; /* shampoo: (runs.total), packed like the moments */
     float *dir, *sdir;            /* (largest matrix) Adam's direction; Shampoo's, or Muon's iterate */
-    float *tmp;                   /* shampoo: a b x b product per thread; muon: the Newton-Schulz products */
+    float *tmp;                   /* shampoo: a b x b product per thread (first Adam's row scratch);
+                                   * muon: the Newton-Schulz products */
     float *work;                  /* per thread: a block's eigendecomposition */
     double *block_sums;           /* shampoo: (2, blocks of the largest matrix) the grafting's norms */
     int threads;
