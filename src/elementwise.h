@@ -4,7 +4,7 @@
  * cover the GPU's arithmetic too (up to nvcc's fused multiply-adds and its
  * expf, within a few ulp).
  *
- * Owns: the AdamW update of one weight, SwiGLU of one element and its
+ * Owns: the AdamW update of one weight (its moments, Adam's direction), SwiGLU of one element and its
  * gradient, the rotary rotation of one pair, RMSNorm's scale of a row from
  * its sum of squares.
  * Must not: loop, allocate or know about tensors (callers do).
@@ -25,11 +25,24 @@ typedef struct {
     float b1, b2, c1, c2, lr, decay, eps;
 } AdamWStep;
 
-/* p, m, v of one weight after a step with gradient g. */
-static inline ISTH_HD void adamw_update(float *p, float *m, float *v, float g, const AdamWStep *k)
+/* Adam's moments m, v of one weight after a gradient g. */
+static inline ISTH_HD void adam_moments(float *m, float *v, float g, const AdamWStep *k)
 {
     *m = k->b1 * *m + (1.0f - k->b1) * g;
     *v = k->b2 * *v + (1.0f - k->b2) * g * g;
+}
+
+/* Adam's direction m^ / (sqrt(v^) + eps) of one weight (the matrix
+ * optimisers graft to its length). */
+static inline ISTH_HD float adam_direction_of(float m, float v, const AdamWStep *k)
+{
+    return m * k->c1 / (sqrtf(v * k->c2) + k->eps);
+}
+
+/* p, m, v of one weight after a step with gradient g. */
+static inline ISTH_HD void adamw_update(float *p, float *m, float *v, float g, const AdamWStep *k)
+{
+    adam_moments(m, v, g, k);
     const float mh = *m * k->c1, vh = *v * k->c2;
     *p = *p * k->decay - k->lr * mh / (sqrtf(vh) + k->eps);
 }

@@ -149,7 +149,7 @@ static TrainConfig shampoo_settings(void)
 {
     TrainConfig t;
     memset(&t, 0, sizeof t);
-    t.precond_block = 8, t.precond_every = 5, t.precond_eps = 1e-6, t.precond_beta2 = 0.99;
+    t.precond_block = 8, t.precond_every = 5, t.precond_stats_every = 1, t.precond_eps = 1e-6, t.precond_beta2 = 0.99;
     return t;
 }
 

@@ -27,7 +27,7 @@ int precond_create(Precond *p, const char *optimizer, const AdamW *opt, const Mo
     p->shampoo = !strcmp(optimizer, "shampoo");
     p->block = tc->precond_block;
     p->every = tc->precond_every;
-    p->stats_every = tc->precond_stats_every > 0 ? tc->precond_stats_every : 1;
+    p->stats_every = tc->precond_stats_every;
     p->eps = tc->precond_eps;
     p->beta2 = tc->precond_beta2;
     p->threads = omp_get_max_threads();
@@ -145,9 +145,8 @@ static double adam_block(const float *g, float *m, float *v, size_t b, size_t ld
         const size_t o = r * ld;
         float *d = dir + r * ld_dir;
         for (size_t c = 0; c < b; c++) {
-            m[o + c] = k->b1 * m[o + c] + (1.0f - k->b1) * g[o + c];
-            v[o + c] = k->b2 * v[o + c] + (1.0f - k->b2) * g[o + c] * g[o + c];
-            d[c] = m[o + c] * k->c1 / (sqrtf(v[o + c] * k->c2) + k->eps);
+            adam_moments(&m[o + c], &v[o + c], g[o + c], k);
+            d[c] = adam_direction_of(m[o + c], v[o + c], k);
         }
         ss += sumsq_lanes(d, b);
     }
@@ -158,7 +157,7 @@ static double adam_block(const float *g, float *m, float *v, size_t b, size_t ld
 static void adam_direction(const float *m, const float *v, size_t n, const AdamWStep *k, float *dir)
 {
 #pragma omp parallel for schedule(static)
-    for (size_t j = 0; j < n; j++) dir[j] = m[j] * k->c1 / (sqrtf(v[j] * k->c2) + k->eps);
+    for (size_t j = 0; j < n; j++) dir[j] = adam_direction_of(m[j], v[j], k);
 }
 
 static double sumsq_block(const float *x, size_t b, size_t ld)
