@@ -17,6 +17,9 @@
 #   MODE:OPTIMIZER:STEPS[:SEED]
 #             one run at the chosen lr (e.g. sync:shampoo:400; seed 42 unless given)
 #   table     the markdown tables of every run present
+# Runs are resumable: each writes a checkpoint every 400 steps and starts with
+# --resume auto, so a run that was stopped (or whose session ended) goes on from
+# its newest checkpoint when the same phase is given again (bit-identical).
 # Layouts (as scripts/results.sh): sync and diloco on two sites x 1 learner of 2
 # ranks (diloco: H=64, fp4, plain averaging: outer lr 1, no momentum), butterfly
 # on two sites x 4 learners of 1 rank (mixing every 10 steps).
@@ -53,12 +56,13 @@ run() { # run MODE OPTIMIZER LR STEPS SEED
     [ -f "$dir/model.h5" ] && return 0
     mkdir -p "$dir"
     min=$(awk -v l="$lr" 'BEGIN { print l / 10 }')
-    echo "== $dir $(date +%T)" >&2
+    echo "== $dir $(date +%T)" | tee -a "$dir/log" >&2
     # shellcheck disable=SC2086
     mpirun -q -np "$np" "$ISTHMUS" train share/configs/small.ini $layout --set train.out_dir="$dir" \
+        --set checkpoint.every=400 --resume auto \
         --set train.steps="$steps" --set train.warmup=20 --set train.threads=1 --set train.log_every=50 \
         --set train.eval_every=0 --set data.eval_bytes=262144 --set train.optimizer="${opt%%-*}" $extra --set train.lr="$lr" \
-        --set train.min_lr="$min" --set train.seed="$seed" > "$dir/log" 2>&1 || echo "horizon.sh: $dir failed" >&2
+        --set train.min_lr="$min" --set train.seed="$seed" >> "$dir/log" 2>&1 || echo "horizon.sh: $dir failed" >&2
 }
 
 butterfly_sweep() { # butterfly's own lr (8 ranks; 15-30 min per run here)

@@ -103,11 +103,15 @@ grep '"outer":1,' "$M" | grep -q '"started_step":4,"step":7,.*"accepted_sites":2
     pass "exchange started after step 4, sent after 2 more steps, applied after step 7" || fail "delay: $(grep '"outer":1,' "$M")"
 grep -q "replicas identical at step 24" "$WORK/delay.log" && pass "delayed sends: anchors still identical" || fail "delay replicas"
 # a delay longer than tau: completion posts the held sends, no deadlock.
-# progress = step: site b, 3x faster, posts what it held back at its own
-# completion, and site a's polls between layers (poll) may receive it in
-# time, which is right but leaves nothing late to announce; with step the
-# payload cannot complete by a's last poll of the window
-ISTHMUS_LINK_DELAY=b:5 train 2 delay_long $TWO $STREAM --set outer.overlap=2 --set outer.progress=step
+# The site that holds back (b) is the slower one here: it posts what it held
+# at its own completion, two of its steps after the start, and site a (3x
+# faster, the one that logs) makes its last poll of the window one of its
+# steps after the start, so nothing can have arrived by then. (With b the
+# faster site, b's completion could come before a's poll and the payload
+# arrive in time: right, but nothing late to announce; a race that went
+# either way per exchange.) progress = step: a polls only between steps.
+TWO_BSLOW="--set site.a.ranks=1 --set site.b.ranks=1 --set site.a.micro_batch=2 --set site.b.micro_batch=6"
+ISTHMUS_LINK_DELAY=b:5 train 2 delay_long $TWO_BSLOW $STREAM --set outer.overlap=2 --set outer.progress=step
 grep -q "replicas identical at step 24" "$WORK/delay_long.log" && pass "delay beyond tau completes" || fail "long delay: $(tail -3 "$WORK/delay_long.log")"
 # site b holds its payloads back 5 steps, the window is 2: site a says so before the step that waits
 grep -q '^link: exchange [0-9]* (fragment [0-9]) will not arrive within its window of 2 step(s): nothing after' "$WORK/delay_long.log" &&
