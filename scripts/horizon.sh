@@ -17,6 +17,9 @@
 #   MODE:OPTIMIZER:STEPS[:SEED]
 #             one run at the chosen lr (e.g. sync:shampoo:400; seed 42 unless given)
 #   table     the markdown tables of every run present
+#   gap       the gap to sync against tokens: for each run at its mode's chosen lr,
+#             bpb against sync with the same optimiser, steps and seed, and against
+#             sync with AdamW (a markdown table); with gnuplot, also OUT/gap.png
 # Runs are resumable: each writes a checkpoint every 400 steps and starts with
 # --resume auto, so a run that was stopped (or whose session ended) goes on from
 # its newest checkpoint when the same phase is given again (bit-identical).
@@ -88,6 +91,66 @@ table() {
     done
 }
 
+bpb_of() { # bpb_of RUN_DIR SET: the last evaluation's bpb, empty when none
+    grep "\"eval\":\"$2\"" "$1/metrics.jsonl" 2> /dev/null | tail -1 | sed 's/.*"bpb":\([^,]*\),.*/\1/'
+}
+
+gap() {
+    local data=$OUT/gap.dat d name mode opt lr steps seed p t ref sp st ap at
+    echo "| mode | optimiser | seed | steps | tokens | prose bpb | vs sync | tech bpb | vs sync | vs sync AdamW (prose / tech) |"
+    echo "|---|---|---|---|---|---|---|---|---|---|"
+    : > "$data.tmp"
+    : > "$data.rows"
+    for d in "$OUT"/*_lr*_*_s*/; do
+        name=$(basename "$d")
+        IFS=_ read -r mode opt lr steps seed <<< "$name"
+        lr=${lr#lr} seed=${seed#s}
+        case $opt in adamw | shampoo | muon) ;; *) continue ;; esac # variants are step-time rows
+        [ "$lr" = "$(eval echo "\${LR_${mode}_${opt}:-}")" ] || continue # sweep rows at other lrs
+        p=$(bpb_of "$d" prose) t=$(bpb_of "$d" tech)
+        [ -n "$p" ] && [ -n "$t" ] || continue # not finished
+        ref=$OUT/sync_${opt}_lr$(best sync "$opt")_${steps}_s$seed
+        sp=$(bpb_of "$ref" prose) st=$(bpb_of "$ref" tech)
+        ref=$OUT/sync_adamw_lr$(best sync adamw)_${steps}_s$seed
+        ap=$(bpb_of "$ref" prose) at=$(bpb_of "$ref" tech)
+        awk -v m="$mode" -v o="$opt" -v s="$seed" -v n="$steps" -v p="$p" -v t="$t" -v sp="$sp" -v st="$st" \
+            -v ap="$ap" -v at="$at" -v dat="$data.tmp" >> "$data.rows" 'function rel(x, y) { return y == "" ? "–" : sprintf("%+.2f%%", 100 * (x / y - 1)) }
+        BEGIN {
+            tokens = n * 16 * 256
+            same = m == "sync" ? "–" : rel(p, sp) " | " t " | " rel(t, st)
+            if (m == "sync") same = "– | " t " | –"
+            vs = o == "adamw" ? "–" : rel(p, ap) " / " rel(t, at)
+            printf "%s %s %s %d | %s | %s | %s | %d | %.2f M | %s | %s | %s |\n", m, o, s, n, m, o, s, n, tokens / 1e6, p, same, vs
+            if (m != "sync" && sp != "" && st != "")
+                printf "%s-%s-s%s %d %.4f %.4f\n", m, o, s, tokens, 100 * (p / sp - 1), 100 * (t / st - 1) >> dat
+        }'
+    done
+    sort -k1,3 -k4,4n "$data.rows" | cut -d' ' -f5-
+    sort -k1,1 -k2,2n "$data.tmp" > "$data" && rm -f "$data.tmp" "$data.rows"
+    command -v gnuplot > /dev/null && [ -s "$data" ] || return 0
+    local series
+    series=$(cut -d' ' -f1 "$data" | uniq | tr '\n' ' ')
+    gnuplot <<-PLOT || echo "horizon.sh: gnuplot failed; $data has the numbers" >&2
+	set terminal pngcairo size 1100,420 noenhanced font 'sans,10'
+	set output '$OUT/gap.png.tmp'
+	set multiplot layout 1,2
+	set logscale x 2
+	set format x '%g'
+	set offsets graph 0.08, graph 0.08, 0, 0
+	set xzeroaxis lt -1
+	set xlabel 'training tokens (millions)'
+	set ylabel 'bpb vs sync, same optimiser (%)'
+	set grid
+	set key top right
+	set title 'prose'
+	plot for [k in '$series'] sprintf("< grep '^%s ' $data", k) using (\$2 / 1e6):3 with linespoints title k
+	set title 'tech'
+	plot for [k in '$series'] sprintf("< grep '^%s ' $data", k) using (\$2 / 1e6):4 with linespoints title k
+	unset multiplot
+	PLOT
+    [ -s "$OUT/gap.png.tmp" ] && mv "$OUT/gap.png.tmp" "$OUT/gap.png"
+}
+
 for phase in "$@"; do
     case $phase in
     sweep) # in order of what the comparison needs first (each run ~10 min here)
@@ -120,6 +183,7 @@ for phase in "$@"; do
         done
         ;;
     table) table ;;
+    gap) gap ;;
     *:*:*)
         IFS=: read -r mode opt steps seed <<< "$phase"
         case $mode in sync | diloco | butterfly) ;; *) echo "horizon.sh: unknown mode '$mode'" >&2; exit 2 ;; esac
