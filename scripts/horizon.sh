@@ -20,6 +20,10 @@
 #   gap       the gap to sync against tokens: for each run at its mode's chosen lr,
 #             bpb against sync with the same optimiser, steps and seed, and against
 #             sync with AdamW (a markdown table); with gnuplot, also OUT/gap.png
+# MODEL=d384 trains the larger model instead (6 layers, D=384, 6 heads,
+# F=768: 3.4x the active matrix work per token) with everything else the same;
+# an OUT_DIR holds one model only (OUT_DIR/model records which; a mismatch is
+# refused).
 # Runs are resumable: each writes a checkpoint every 400 steps and starts with
 # --resume auto, so a run that was stopped (or whose session ended) goes on from
 # its newest checkpoint when the same phase is given again (bit-identical).
@@ -42,6 +46,19 @@ MODE_diloco="$L2 --set outer.mode=diloco --set outer.inner_steps=64 --set outer.
  --set outer.momentum=0"
 MODE_butterfly="$L8 --set outer.mode=butterfly --set outer.inner_steps=10"
 NP_sync=4 NP_diloco=4 NP_butterfly=8
+case ${MODEL:=small} in
+small) MODEL_FLAGS="" ;;
+d384) MODEL_FLAGS="--set model.layers=6 --set model.dim=384 --set model.heads=6 --set model.ffn=768" ;;
+*) echo "horizon.sh: MODEL '$MODEL' is not small or d384" >&2; exit 2 ;;
+esac
+mkdir -p "$OUT"
+# (a directory of runs from before the marker holds the small model's)
+if [ ! -f "$OUT/model" ]; then
+    held=small
+    [ -n "$(ls -A "$OUT")" ] || held=$MODEL
+    echo "$held" > "$OUT/model.tmp" && mv "$OUT/model.tmp" "$OUT/model"
+fi
+[ "$(cat "$OUT/model")" = "$MODEL" ] || { echo "horizon.sh: $OUT holds runs of the $(cat "$OUT/model") model, not MODEL=$MODEL" >&2; exit 2; }
 # the learning rates the 400-step sweep chose (docs/results.md; butterfly from 1e-3 and
 # 1.4e-3 only, by the mean of the two evals' bpb)
 LR_sync_adamw=${LR_sync_adamw:-0.001} LR_sync_shampoo=${LR_sync_shampoo:-0.001}
@@ -61,7 +78,7 @@ run() { # run MODE OPTIMIZER LR STEPS SEED
     min=$(awk -v l="$lr" 'BEGIN { print l / 10 }')
     echo "== $dir $(date +%T)" | tee -a "$dir/log" >&2
     # shellcheck disable=SC2086
-    mpirun -q -np "$np" "$ISTHMUS" train share/configs/small.ini $layout --set train.out_dir="$dir" \
+    mpirun -q -np "$np" "$ISTHMUS" train share/configs/small.ini $MODEL_FLAGS $layout --set train.out_dir="$dir" \
         --set checkpoint.every=400 --resume auto \
         --set train.steps="$steps" --set train.warmup=20 --set train.threads=1 --set train.log_every=50 \
         --set train.eval_every=0 --set data.eval_bytes=262144 --set train.optimizer="${opt%%-*}" $extra --set train.lr="$lr" \
