@@ -21,12 +21,14 @@
 #             bpb against sync with the same optimiser, steps and seed, and against
 #             sync with AdamW (a markdown table); with gnuplot, also OUT/gap.png
 # MODEL=d384 trains the larger model instead (6 layers, D=384, 6 heads,
-# F=768: 3.4x the active matrix work per token) with everything else the same;
-# an OUT_DIR holds one model only (OUT_DIR/model records which; a mismatch is
-# refused).
-# Runs are resumable: each writes a checkpoint every 400 steps and starts with
-# --resume auto, so a run that was stopped (or whose session ended) goes on from
-# its newest checkpoint when the same phase is given again (bit-identical).
+# F=768: 3.3x the active matrix work per token) with everything else the same;
+# an OUT_DIR holds one model only (OUT_DIR/model, written by its first run,
+# records which; a mismatch is refused; without MODEL, table and gap take it).
+# Runs are resumable: each writes a checkpoint every 400 steps (the newest one
+# kept; removed when the run is done) and starts with --resume auto, so a run
+# that was stopped (or whose session ended) goes on from its newest checkpoint
+# when the same phase is given again (bit-identical). USR1, INT or TERM to this
+# script stop the run at hand the same way (checkpoint) and end the script (exit 3).
 # Layouts (as scripts/results.sh): sync and diloco on two sites x 1 learner of 2
 # ranks (diloco: H=64, fp4, plain averaging: outer lr 1, no momentum), butterfly
 # on two sites x 4 learners of 1 rank (mixing every 10 steps).
@@ -46,19 +48,16 @@ MODE_diloco="$L2 --set outer.mode=diloco --set outer.inner_steps=64 --set outer.
  --set outer.momentum=0"
 MODE_butterfly="$L8 --set outer.mode=butterfly --set outer.inner_steps=10"
 NP_sync=4 NP_diloco=4 NP_butterfly=8
-case ${MODEL:=small} in
+# the model of OUT's runs: its marker; runs from before the marker are the small model's
+HELD=
+if [ -f "$OUT/model" ]; then HELD=$(cat "$OUT/model"); elif compgen -G "$OUT/*_lr*_s*/" > /dev/null; then HELD=small; fi
+: "${MODEL:=${HELD:-small}}"
+case $MODEL in
 small) MODEL_FLAGS="" ;;
 d384) MODEL_FLAGS="--set model.layers=6 --set model.dim=384 --set model.heads=6 --set model.ffn=768" ;;
 *) echo "horizon.sh: MODEL '$MODEL' is not small or d384" >&2; exit 2 ;;
 esac
-mkdir -p "$OUT"
-# (a directory of runs from before the marker holds the small model's)
-if [ ! -f "$OUT/model" ]; then
-    held=small
-    [ -n "$(ls -A "$OUT")" ] || held=$MODEL
-    echo "$held" > "$OUT/model.tmp" && mv "$OUT/model.tmp" "$OUT/model"
-fi
-[ "$(cat "$OUT/model")" = "$MODEL" ] || { echo "horizon.sh: $OUT holds runs of the $(cat "$OUT/model") model, not MODEL=$MODEL" >&2; exit 2; }
+[ -z "$HELD" ] || [ "$HELD" = "$MODEL" ] || { echo "horizon.sh: $OUT holds runs of the $HELD model, not MODEL=$MODEL" >&2; exit 2; }
 # the learning rates the 400-step sweep chose (docs/results.md; butterfly from 1e-3 and
 # 1.4e-3 only, by the mean of the two evals' bpb)
 LR_sync_adamw=${LR_sync_adamw:-0.001} LR_sync_shampoo=${LR_sync_shampoo:-0.001}
@@ -75,14 +74,29 @@ run() { # run MODE OPTIMIZER LR STEPS SEED
     dir=$OUT/${mode}_${opt}_lr${lr}_${steps}_s${seed}
     [ -f "$dir/model.h5" ] && return 0
     mkdir -p "$dir"
+    [ -f "$OUT/model" ] || { echo "$MODEL" > "$OUT/model.tmp" && mv "$OUT/model.tmp" "$OUT/model"; }
     min=$(awk -v l="$lr" 'BEGIN { print l / 10 }')
     echo "== $dir $(date +%T)" | tee -a "$dir/log" >&2
+    # USR1 goes on to mpirun, which forwards it to the ranks: checkpoint, exit 0
     # shellcheck disable=SC2086
     mpirun -q -np "$np" "$ISTHMUS" train share/configs/small.ini $MODEL_FLAGS $layout --set train.out_dir="$dir" \
-        --set checkpoint.every=400 --resume auto \
+        --set checkpoint.every=400 --set checkpoint.keep=1 --resume auto \
         --set train.steps="$steps" --set train.warmup=20 --set train.threads=1 --set train.log_every=50 \
         --set train.eval_every=0 --set data.eval_bytes=262144 --set train.optimizer="${opt%%-*}" $extra --set train.lr="$lr" \
-        --set train.min_lr="$min" --set train.seed="$seed" >> "$dir/log" 2>&1 || echo "horizon.sh: $dir failed" >&2
+        --set train.min_lr="$min" --set train.seed="$seed" >> "$dir/log" 2>&1 &
+    local child=$! rc=0
+    trap 'kill -USR1 "$child" 2> /dev/null' USR1 INT TERM
+    while kill -0 "$child" 2> /dev/null; do wait "$child" || :; done # a signal ends a wait early
+    wait "$child" || rc=$? # bash keeps the status of its exited child
+    trap - USR1 INT TERM
+    if [ -f "$dir/model.h5" ]; then
+        rm -rf "$dir/checkpoints" # done: the results are model.h5 and metrics.jsonl
+    elif [ "$rc" -eq 0 ]; then
+        echo "horizon.sh: $dir stopped at its checkpoint; give the phase again to go on" >&2
+        exit 3
+    else
+        echo "horizon.sh: $dir failed (exit $rc)" >&2
+    fi
 }
 
 butterfly_sweep() { # butterfly's own lr (8 ranks; 15-30 min per run here)
@@ -97,14 +111,18 @@ table() {
     echo "| run | steps | prose bpb | tech bpb | inter-site bytes | ms/step (training wall / steps) | compute utilisation |"
     echo "|---|---|---|---|---|---|---|"
     for d in "$OUT"/*/; do
-        local m=$d/metrics.jsonl p t b s w
+        local m=$d/metrics.jsonl p t b s w n f
         [ -f "$m" ] || continue
         p=$(grep '"eval":"prose"' "$m" | tail -1 | sed 's/.*"bpb":\([^,]*\),.*/\1/')
         t=$(grep '"eval":"tech"' "$m" | tail -1 | sed 's/.*"bpb":\([^,]*\),.*/\1/')
-        b=$(grep '"summary":"traffic"' "$m" | tail -1 | sed 's/.*"inter_site_bytes":\([0-9]*\).*/\1/')
+        b=$(grep '"summary":"traffic"' "$m" | tail -1 | sed -n 's/.*"inter_site_bytes":\([0-9]*\).*/\1/p')
         s=$(grep '"summary":"compute"' "$m" | tail -1)
-        w=$(echo "$s" | sed 's/.*"steps":\([0-9]*\),"wall_s":\([0-9.]*\).*/\2 \1/' | awk '{ if ($2 > 0) printf "%.0f", 1000 * $1 / $2 }')
-        echo "| $(basename "$d") | $(echo "$s" | sed 's/.*"steps":\([0-9]*\).*/\1/') | ${p:-?} | ${t:-?} | ${b:-0} | ${w:-?} | $(echo "$s" | sed 's/.*"utilisation":\([0-9.]*\).*/\1/') |"
+        n=$(echo "$s" | sed -n 's/.*"steps":\([0-9]*\).*/\1/p')
+        w=$(echo "$s" | sed -n 's/.*"wall_s":\([0-9.]*\).*/\1/p' | awk -v n="${n:-0}" '{ if (n > 0) printf "%.0f", 1000 * $1 / n }')
+        # a resumed run's summaries cover its last part only (from_step; older builds' did not say)
+        f=$(echo "$s" | sed -n 's/.*"from_step":\([0-9]*\).*/\1/p')
+        if [ "${f:-0}" -gt 0 ]; then n="$n after step $f"; elif grep -q '^resumed from' "$d/log" 2> /dev/null; then n="$n (resumed: bytes and ms/step of the last part)"; fi
+        echo "| $(basename "$d") | ${n:-?} | ${p:-?} | ${t:-?} | ${b:-0} | ${w:-?} | $(echo "$s" | sed -n 's/.*"utilisation":\([0-9.]*\).*/\1/p') |"
     done
 }
 
@@ -122,8 +140,9 @@ gap() {
         name=$(basename "$d")
         IFS=_ read -r mode opt lr steps seed <<< "$name"
         lr=${lr#lr} seed=${seed#s}
-        case $opt in adamw | shampoo | muon) ;; *) continue ;; esac # variants are step-time rows
-        [ "$lr" = "$(eval echo "\${LR_${mode}_${opt}:-}")" ] || continue # sweep rows at other lrs
+        case $mode in sync | diloco | butterfly) ;; *) continue ;; esac
+        case $opt in adamw | shampoo) ;; *) continue ;; esac # variants are step-time rows, muon has no horizon
+        [ "$lr" = "$(best "$mode" "$opt")" ] || continue # sweep rows at other lrs
         p=$(bpb_of "$d" prose) t=$(bpb_of "$d" tech)
         [ -n "$p" ] && [ -n "$t" ] || continue # not finished
         ref=$OUT/sync_${opt}_lr$(best sync "$opt")_${steps}_s$seed
@@ -160,12 +179,12 @@ gap() {
 	set grid
 	set key top right
 	set title 'prose'
-	plot for [k in '$series'] sprintf("< grep '^%s ' $data", k) using (\$2 / 1e6):3 with linespoints title k
+	plot for [k in '$series'] sprintf("< grep '^%s ' '$data'", k) using (\$2 / 1e6):3 with linespoints title k
 	set title 'tech'
-	plot for [k in '$series'] sprintf("< grep '^%s ' $data", k) using (\$2 / 1e6):4 with linespoints title k
+	plot for [k in '$series'] sprintf("< grep '^%s ' '$data'", k) using (\$2 / 1e6):4 with linespoints title k
 	unset multiplot
 	PLOT
-    [ -s "$OUT/gap.png.tmp" ] && mv "$OUT/gap.png.tmp" "$OUT/gap.png"
+    if [ -s "$OUT/gap.png.tmp" ]; then mv "$OUT/gap.png.tmp" "$OUT/gap.png"; else rm -f "$OUT/gap.png.tmp"; fi
 }
 
 for phase in "$@"; do

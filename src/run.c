@@ -157,8 +157,10 @@ static int report_lost_sites(Trainer *tr)
     return metrics_flush(&tr->metrics);
 }
 
-/* Total inter-site bytes of the run, and what `sync` would have moved. */
-static int traffic_summary(Trainer *tr)
+/* Inter-site bytes of the steps this process ran (after first_step: the
+ * link counters are not checkpointed, so a resumed run reports its own
+ * part, and says from which step), and what `sync` would have moved in them. */
+static int traffic_summary(Trainer *tr, long first_step)
 {
     const Topology *t = &tr->topo;
     const int S = t->n_sites;
@@ -180,36 +182,38 @@ static int traffic_summary(Trainer *tr)
     if (S < 2 || !tr->log) return ISTH_OK;
     /* sync: every step each site sends its summed gradient (float32, all
      * canonical parameters) to every other site; sent + received */
-    const double sync_bytes = (double)tr->step * 2.0 * S * (S - 1) * 4.0 * (double)reduce_canonical_params(&tr->red);
-    printf("inter-site traffic: %.0f bytes in %ld steps (sent + received, all ranks); sync would move %.0f: "
-           "%.1fx less; an exchange waited on at most %d other learner(s)\n", bytes, tr->step, sync_bytes,
-           bytes > 0 ? sync_bytes / bytes : 0.0, peers);
+    const long steps = tr->step - first_step;
+    const double sync_bytes = (double)steps * 2.0 * S * (S - 1) * 4.0 * (double)reduce_canonical_params(&tr->red);
+    printf("inter-site traffic: %.0f bytes in %ld steps after step %ld (sent + received, all ranks); sync would move "
+           "%.0f: %.1fx less; an exchange waited on at most %d other learner(s)\n", bytes, steps, first_step,
+           sync_bytes, bytes > 0 ? sync_bytes / bytes : 0.0, peers);
     if (tr->metrics.f) {
-        fprintf(tr->metrics.f, "{\"summary\":\"traffic\",\"steps\":%ld,\"inter_site_bytes\":%.0f,"
+        fprintf(tr->metrics.f, "{\"summary\":\"traffic\",\"steps\":%ld,\"from_step\":%ld,\"inter_site_bytes\":%.0f,"
                 "\"sync_equivalent_bytes\":%.0f,\"reduction\":%.3f,\"max_peer_learners\":%d}\n",
-                tr->step, bytes, sync_bytes, bytes > 0 ? sync_bytes / bytes : 0.0, peers);
+                steps, first_step, bytes, sync_bytes, bytes > 0 ? sync_bytes / bytes : 0.0, peers);
     }
     return metrics_flush(&tr->metrics);
 }
 
-/* This site's compute utilisation over the training: the time its first
- * rank spent in the inner steps' own work against the training's wall time
- * (evaluations and checkpoints taken out). What the link costs shows as
- * the rest: waits for it, and outer steps. */
-static int utilisation_summary(Trainer *tr, double wall_s, double compute_s, double wait_s, double paused_s,
-                               double final_s)
+/* This site's compute utilisation over the training this process ran (the
+ * steps after first_step): the time its first rank spent in the inner steps'
+ * own work against the training's wall time (evaluations and checkpoints
+ * taken out). What the link costs shows as the rest: waits for it, and outer
+ * steps. */
+static int utilisation_summary(Trainer *tr, long first_step, double wall_s, double compute_s, double wait_s,
+                               double paused_s, double final_s)
 {
     if (!tr->log || wall_s <= 0) return ISTH_OK;
     /* the final outer step is once per run: a longer run spreads it thinner */
     const double steady = wall_s > final_s ? compute_s / (wall_s - final_s) : 0.0;
-    printf("compute utilisation: %.1f%% (inner steps %.1f s of %.1f s of training; link wait %.1f s; "
+    printf("compute utilisation: %.1f%% over steps %ld-%ld (inner steps %.1f s of %.1f s of training; link wait %.1f s; "
            "evaluations and checkpoints, %.1f s, not counted); %.1f%% before the final outer step (%.1f s)\n",
-           100.0 * compute_s / wall_s, compute_s, wall_s, wait_s, paused_s, 100.0 * steady, final_s);
+           100.0 * compute_s / wall_s, first_step + 1, tr->step, compute_s, wall_s, wait_s, paused_s, 100.0 * steady, final_s);
     if (tr->metrics.f)
-        fprintf(tr->metrics.f, "{\"summary\":\"compute\",\"steps\":%ld,\"wall_s\":%.3f,\"compute_s\":%.3f,"
-                "\"utilisation\":%.5f,\"link_wait_s\":%.3f,\"paused_s\":%.3f,\"final_outer_s\":%.3f,"
+        fprintf(tr->metrics.f, "{\"summary\":\"compute\",\"steps\":%ld,\"from_step\":%ld,\"wall_s\":%.3f,"
+                "\"compute_s\":%.3f,\"utilisation\":%.5f,\"link_wait_s\":%.3f,\"paused_s\":%.3f,\"final_outer_s\":%.3f,"
                 "\"utilisation_before_final\":%.5f}\n",
-                tr->step, wall_s, compute_s, compute_s / wall_s, wait_s, paused_s, final_s, steady);
+                tr->step - first_step, first_step, wall_s, compute_s, compute_s / wall_s, wait_s, paused_s, final_s, steady);
     return metrics_flush(&tr->metrics);
 }
 
@@ -428,6 +432,7 @@ int train_run(const Config *cfg, const char *resume, const char *site)
     /* the training's wall time, less the evaluations and checkpoints in it
      * (paused_s): what compute utilisation is measured against */
     const double loop_start = now_s(), compute_start = tr.compute_s, wait_start = tr.red.link.wait_s;
+    const long first_step = tr.step; /* the summaries cover the steps from here */
     double paused_s = 0.0;
     while (rc == ISTH_OK && tr.step < tc->steps) {
         StepLog s;
@@ -491,10 +496,10 @@ int train_run(const Config *cfg, const char *resume, const char *site)
     if (finished && tr.mode != MODE_SYNC)
         rc = outer_finish(&tr.outer, &tr.red, tr.be, tr.step, &tr.metrics, tr.log);
     if (finished && rc == ISTH_OK)
-        rc = utilisation_summary(&tr, now_s() - loop_start - paused_s, tr.compute_s - compute_start,
+        rc = utilisation_summary(&tr, first_step, now_s() - loop_start - paused_s, tr.compute_s - compute_start,
                                  tr.red.link.wait_s - wait_start, paused_s, now_s() - t_final);
     if (finished && rc == ISTH_OK && tc->check_replicas > 0) rc = check_replicas(&tr);
-    if (finished && rc == ISTH_OK) rc = traffic_summary(&tr);
+    if (finished && rc == ISTH_OK) rc = traffic_summary(&tr, first_step);
     if (finished && rc == ISTH_OK) rc = ckpt_write(&tr);
     if (finished && rc == ISTH_OK) rc = trainer_eval(&tr, NULL, NULL);
     if (finished && rc == ISTH_OK) {

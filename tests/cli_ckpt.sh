@@ -3,6 +3,7 @@
 #  - exact restart: N steps straight = K steps, stop, --resume auto, the rest:
 #    identical losses and weights (sync with expert parallelism, diloco
 #    stopped between outer steps, streaming over two sites of different layouts);
+#    the resumed run's summaries cover its own steps (from_step);
 #  - resharded restart (4 ranks per learner -> 2): identical weights at load,
 #    training continues within tolerance; every rank's experts are saved;
 #  - truncated, flipped, missing-dataset and wrong-version files are detected
@@ -29,6 +30,23 @@ resume_case() { # resume_case NP NAME STOP [args...]
 resume_case 2 sync 5 --set train.steps=12 --set train.micro_batch=4
 resume_case 2 diloco 5 --set train.steps=12 --set site.a.ranks=1 --set site.b.ranks=1 \
     --set outer.mode=diloco --set outer.inner_steps=4 --set outer.codec=int8
+# a resumed run's summaries cover the steps it trained, and say from where
+# (the link's byte counters are not in checkpoints: the whole run's total
+# would be wrong, its own part is right)
+from=$(sed -n 's/^resumed from .*: step \([0-9]*\),.*/\1/p' "$WORK/diloco_stopped.log" | tail -1)
+summary_field() { sed -n "s/.*\"summary\":\"$2\".*\"$3\":\([0-9.]*\).*/\1/p" "$WORK/$1/metrics.jsonl" | tail -1; }
+all=$(summary_field diloco_straight traffic sync_equivalent_bytes) part=$(summary_field diloco_stopped traffic sync_equivalent_bytes)
+if [ -n "$from" ] && [ "$from" -gt 0 ] &&
+    grep -q "\"summary\":\"traffic\",\"steps\":$((12 - from)),\"from_step\":$from," "$WORK/diloco_stopped/metrics.jsonl" &&
+    grep -q "\"summary\":\"compute\",\"steps\":$((12 - from)),\"from_step\":$from," "$WORK/diloco_stopped/metrics.jsonl" &&
+    grep -q '"summary":"traffic","steps":12,"from_step":0,' "$WORK/diloco_straight/metrics.jsonl" &&
+    awk -v a="$all" -v p="$part" -v f="$from" 'BEGIN { exit !(a > 0 && p * 12 == a * (12 - f)) }' &&
+    awk -v a="$(summary_field diloco_straight traffic inter_site_bytes)" -v p="$(summary_field diloco_stopped traffic inter_site_bytes)" \
+        'BEGIN { exit !(p > 0 && p < a) }'; then
+    pass "resumed at step $from: traffic and compute summaries cover steps $((from + 1))-12 (from_step $from)"
+else
+    fail "resumed summaries (from step '$from'): $(grep '"summary"' "$WORK/diloco_stopped/metrics.jsonl" | tr '\n' ' ')"
+fi
 resume_case 6 streaming 9 --set train.steps=20 --set site.a.ranks=2 --set site.b.ranks=4 \
     --set site.b.learner_ranks=2 --set outer.mode=streaming --set outer.inner_steps=8 --set outer.overlap=2 \
     --set outer.codec=fp4
