@@ -65,6 +65,7 @@ LR_diloco_adamw=${LR_diloco_adamw:-0.001} LR_diloco_shampoo=${LR_diloco_shampoo:
 LR_butterfly_adamw=${LR_butterfly_adamw:-0.001} LR_butterfly_shampoo=${LR_butterfly_shampoo:-0.0014}
 
 . scripts/optim_variant.sh # optim_flags: Shampoo's variants (shampoo-b64, shampoo-e40)
+. jobs/lib.sh              # isthmus_run: USR1, INT, TERM passed on to the run as USR1
 
 run() { # run MODE OPTIMIZER LR STEPS SEED
     local mode=$1 opt=$2 lr=$3 steps=$4 seed=$5 np layout dir min extra
@@ -77,18 +78,15 @@ run() { # run MODE OPTIMIZER LR STEPS SEED
     [ -f "$OUT/model" ] || { echo "$MODEL" > "$OUT/model.tmp" && mv "$OUT/model.tmp" "$OUT/model"; }
     min=$(awk -v l="$lr" 'BEGIN { print l / 10 }')
     echo "== $dir $(date +%T)" | tee -a "$dir/log" >&2
-    # USR1 goes on to mpirun, which forwards it to the ranks: checkpoint, exit 0
+    # a stop goes on to mpirun as USR1, which it forwards to the ranks: checkpoint, exit 0
+    local rc=0
     # shellcheck disable=SC2086
-    mpirun -q -np "$np" "$ISTHMUS" train share/configs/small.ini $MODEL_FLAGS $layout --set train.out_dir="$dir" \
+    ISTHMUS_REQUEUE=0 isthmus_run mpirun -q -np "$np" "$ISTHMUS" train share/configs/small.ini $MODEL_FLAGS $layout --set train.out_dir="$dir" \
         --set checkpoint.every=400 --set checkpoint.keep=1 --resume auto \
         --set train.steps="$steps" --set train.warmup=20 --set train.threads=1 --set train.log_every=50 \
         --set train.eval_every=0 --set data.eval_bytes=262144 --set train.optimizer="${opt%%-*}" $extra --set train.lr="$lr" \
-        --set train.min_lr="$min" --set train.seed="$seed" >> "$dir/log" 2>&1 &
-    local child=$! rc=0
-    trap 'kill -USR1 "$child" 2> /dev/null' USR1 INT TERM
-    while kill -0 "$child" 2> /dev/null; do wait "$child" || :; done # a signal ends a wait early
-    wait "$child" || rc=$? # bash keeps the status of its exited child
-    trap - USR1 INT TERM
+        --set train.min_lr="$min" --set train.seed="$seed" >> "$dir/log" 2>&1 || rc=$?
+    trap - USR1 INT TERM # isthmus_run leaves them ignored
     if [ -f "$dir/model.h5" ]; then
         rm -rf "$dir/checkpoints" # done: the results are model.h5 and metrics.jsonl
     elif [ "$rc" -eq 0 ]; then
@@ -107,14 +105,17 @@ butterfly_sweep() { # butterfly's own lr (8 ranks; 15-30 min per run here)
 
 best() { eval echo "\$LR_$1_$2"; }
 
+bpb_of() { # bpb_of RUN_DIR SET: the last evaluation's bpb, empty when none
+    grep "\"eval\":\"$2\"" "$1/metrics.jsonl" 2> /dev/null | tail -1 | sed 's/.*"bpb":\([^,]*\),.*/\1/'
+}
+
 table() {
     echo "| run | steps | prose bpb | tech bpb | inter-site bytes | ms/step (training wall / steps) | compute utilisation |"
     echo "|---|---|---|---|---|---|---|"
     for d in "$OUT"/*/; do
         local m=$d/metrics.jsonl p t b s w n f
         [ -f "$m" ] || continue
-        p=$(grep '"eval":"prose"' "$m" | tail -1 | sed 's/.*"bpb":\([^,]*\),.*/\1/')
-        t=$(grep '"eval":"tech"' "$m" | tail -1 | sed 's/.*"bpb":\([^,]*\),.*/\1/')
+        p=$(bpb_of "$d" prose) t=$(bpb_of "$d" tech)
         b=$(grep '"summary":"traffic"' "$m" | tail -1 | sed -n 's/.*"inter_site_bytes":\([0-9]*\).*/\1/p')
         s=$(grep '"summary":"compute"' "$m" | tail -1)
         n=$(echo "$s" | sed -n 's/.*"steps":\([0-9]*\).*/\1/p')
@@ -124,10 +125,6 @@ table() {
         if [ "${f:-0}" -gt 0 ]; then n="$n after step $f"; elif grep -q '^resumed from' "$d/log" 2> /dev/null; then n="$n (resumed: bytes and ms/step of the last part)"; fi
         echo "| $(basename "$d") | ${n:-?} | ${p:-?} | ${t:-?} | ${b:-0} | ${w:-?} | $(echo "$s" | sed -n 's/.*"utilisation":\([0-9.]*\).*/\1/p') |"
     done
-}
-
-bpb_of() { # bpb_of RUN_DIR SET: the last evaluation's bpb, empty when none
-    grep "\"eval\":\"$2\"" "$1/metrics.jsonl" 2> /dev/null | tail -1 | sed 's/.*"bpb":\([^,]*\),.*/\1/'
 }
 
 gap() {
@@ -153,8 +150,7 @@ gap() {
             -v ap="$ap" -v at="$at" -v dat="$data.tmp" >> "$data.rows" 'function rel(x, y) { return y == "" ? "–" : sprintf("%+.2f%%", 100 * (x / y - 1)) }
         BEGIN {
             tokens = n * 16 * 256
-            same = m == "sync" ? "–" : rel(p, sp) " | " t " | " rel(t, st)
-            if (m == "sync") same = "– | " t " | –"
+            same = m == "sync" ? "– | " t " | –" : rel(p, sp) " | " t " | " rel(t, st)
             vs = o == "adamw" ? "–" : rel(p, ap) " / " rel(t, at)
             printf "%s %s %s %d | %s | %s | %s | %d | %.2f M | %s | %s | %s |\n", m, o, s, n, m, o, s, n, tokens / 1e6, p, same, vs
             if (m != "sync" && sp != "" && st != "")

@@ -39,7 +39,9 @@ static inline ISTH_HD float adam_direction_of(float m, float v, const AdamWStep 
     return m * k->c1 / (sqrtf(v * k->c2) + k->eps);
 }
 
-/* p, m, v of one weight after a step with gradient g. */
+/* p, m, v of one weight after a step with gradient g. (lr * m^ is divided,
+ * not lr times the direction above: another rounding, and AdamW's numbers
+ * are kept bit for bit.) */
 static inline ISTH_HD void adamw_update(float *p, float *m, float *v, float g, const AdamWStep *k)
 {
     adam_moments(m, v, g, k);
