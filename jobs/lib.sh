@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # lib.sh — what the isthmus job scripts share (sourced, not run): finding
 # the executable, choosing the launcher, waiting for ompi-server, and
 # running the launch with the signals Slurm sends passed on.
@@ -32,6 +33,7 @@ isthmus_train_args() {
     # shellcheck disable=SC2206
     [ -n "${ISTHMUS_ARGS:-}" ] && sets+=(${ISTHMUS_ARGS})
     args=(--resume auto "${sets[@]}")
+    # shellcheck disable=SC2034 # sets and args are for the caller
     [ "${ISTHMUS_RESUME:-auto}" = none ] && args=("${sets[@]}")
     return 0
 }
@@ -65,9 +67,10 @@ isthmus_launcher() {
         how=mpirun
         srun --mpi=list 2>&1 | grep -q pmix && how=srun
     fi
+    # ISTHMUS_MPIRUN_ARGS splits into words on purpose
+    # shellcheck disable=SC2206
     case $how in
     srun) LAUNCH=(srun --mpi=pmix --kill-on-bad-exit=1) ;;
-    # shellcheck disable=SC2206
     mpirun) LAUNCH=(mpirun ${ISTHMUS_MPIRUN_ARGS:-} -np "$ntasks") ;;
     *) echo "isthmus job: ISTHMUS_LAUNCHER=$how: srun, mpirun or auto" >&2; return 2 ;;
     esac

@@ -1,4 +1,5 @@
 #!/bin/bash
+# shellcheck disable=SC2034 # MODE_*, NP_* and LR_* are read through eval
 # horizon.sh — the inner optimiser and the training horizon (docs/results.md,
 # "Shampoo, Muon and the horizon"): small.ini, 16 sequences of 256 bytes per
 # step in every run, two sites, AdamW against the matrix optimisers.

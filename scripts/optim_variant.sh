@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # optim_variant.sh — sourced by horizon.sh and bench_optim.sh: the name of an
 # optimiser run may carry Shampoo's settings: shampoo-b64 (train.precond_block
 # = 64), shampoo-e40 (train.precond_every = 40), shampoo-s2

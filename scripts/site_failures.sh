@@ -11,7 +11,7 @@
 # tokens trained) and the failures' detection, rejoin and tokens lost.
 # On the 2-core VM each site is pinned to its own core (taskset).
 set -u
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 2
 OUT=${1:-runs/site_failures}
 STEPS=${2:-200}
 shift $(($# < 2 ? $# : 2))

@@ -14,7 +14,7 @@
 # e.g. "--mca btl_tcp_progress_thread 1"), WAN_CORES ("0 1": the cores of
 # sites a and b).
 set -u
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 2
 tree=$(pwd)
 die() { echo "wan_bench.sh: $*" >&2; exit 2; }
 [ $# -ge 3 ] || die "usage: scripts/wan_bench.sh OUT CONFIG LINK [train args...]"
