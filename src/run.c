@@ -159,38 +159,50 @@ static int report_lost_sites(Trainer *tr)
 
 /* Inter-site bytes of the steps this process ran (after first_step: the
  * link counters are not checkpointed, so a resumed run reports its own
- * part, and says from which step), and what `sync` would have moved in them. */
+ * part, and says from which step), and what `sync` would have moved in them.
+ * Each site counts from its own first step (a site that rejoined a federated
+ * run counts from its rejoin), so sync's bytes are summed site by site; a
+ * site lost on the way reports nothing and adds nothing to either side. */
 static int traffic_summary(Trainer *tr, long first_step)
 {
     const Topology *t = &tr->topo;
     const int S = t->n_sites;
-    double v[2] = {tr->red.link.bytes_sent + tr->red.link.bytes_recv + tr->outer.spread.inter_site_bytes,
-                   (double)tr->red.max_peer_learners};
-    CHECK(coll_allreduce_comm(t->site_comm, &v[0], 1, MPI_DOUBLE, sizeof(double), MPI_SUM));
-    CHECK(coll_allreduce_comm(t->site_comm, &v[1], 1, MPI_DOUBLE, sizeof(double), MPI_MAX));
+    enum { BYTES, PEERS, FROM, N_FIELDS };
+    double v[N_FIELDS] = {tr->red.link.bytes_sent + tr->red.link.bytes_recv + tr->outer.spread.inter_site_bytes,
+                          (double)tr->red.max_peer_learners, 0.0};
+    CHECK(coll_allreduce_comm(t->site_comm, &v[BYTES], 1, MPI_DOUBLE, sizeof(double), MPI_SUM));
+    CHECK(coll_allreduce_comm(t->site_comm, &v[PEERS], 1, MPI_DOUBLE, sizeof(double), MPI_MAX));
+    v[FROM] = (double)first_step + 1.0; /* 0: a lost site's empty slot */
     double *all = isth_malloc(sizeof v * (size_t)S);
     CHECK_ALLOC(all);
     const int rc = trainer_control(tr, v, sizeof v, all, "traffic summary");
-    double bytes = 0.0;
-    int peers = 0;
+    /* sync: every step each site sends its summed gradient (float32, all
+     * canonical parameters) to every other site and receives theirs */
+    const double per_site_step = 2.0 * (S - 1) * 4.0 * (double)reduce_canonical_params(&tr->red);
+    double bytes = 0.0, sync_bytes = 0.0;
+    int peers = 0, same_start = 1;
     for (int s = 0; s < S; s++) {
-        bytes += all[2 * s];
-        if (all[2 * s + 1] > peers) peers = (int)all[2 * s + 1];
+        const double *site = &all[(size_t)s * N_FIELDS];
+        if (site[FROM] == 0.0) continue;
+        const long from = (long)site[FROM] - 1;
+        bytes += site[BYTES];
+        sync_bytes += (double)(tr->step - from) * per_site_step;
+        if (site[PEERS] > peers) peers = (int)site[PEERS];
+        if (from != first_step) same_start = 0;
     }
     isth_free(all);
     CHECK(rc);
     if (S < 2 || !tr->log) return ISTH_OK;
-    /* sync: every step each site sends its summed gradient (float32, all
-     * canonical parameters) to every other site; sent + received */
     const long steps = tr->step - first_step;
-    const double sync_bytes = (double)steps * 2.0 * S * (S - 1) * 4.0 * (double)reduce_canonical_params(&tr->red);
-    printf("inter-site traffic: %.0f bytes in %ld steps after step %ld (sent + received, all ranks); sync would move "
+    printf("inter-site traffic: %.0f bytes in %ld steps after step %ld%s (sent + received, all ranks); sync would move "
            "%.0f: %.1fx less; an exchange waited on at most %d other learner(s)\n", bytes, steps, first_step,
-           sync_bytes, bytes > 0 ? sync_bytes / bytes : 0.0, peers);
+           same_start ? "" : " (here; other sites from their own first step)", sync_bytes,
+           bytes > 0 ? sync_bytes / bytes : 0.0, peers);
     if (tr->metrics.f) {
         fprintf(tr->metrics.f, "{\"summary\":\"traffic\",\"steps\":%ld,\"from_step\":%ld,\"inter_site_bytes\":%.0f,"
-                "\"sync_equivalent_bytes\":%.0f,\"reduction\":%.3f,\"max_peer_learners\":%d}\n",
-                steps, first_step, bytes, sync_bytes, bytes > 0 ? sync_bytes / bytes : 0.0, peers);
+                "\"sync_equivalent_bytes\":%.0f,\"reduction\":%.3f,\"same_start\":%s,\"max_peer_learners\":%d}\n",
+                steps, first_step, bytes, sync_bytes, bytes > 0 ? sync_bytes / bytes : 0.0,
+                same_start ? "true" : "false", peers);
     }
     return metrics_flush(&tr->metrics);
 }

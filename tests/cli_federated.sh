@@ -177,6 +177,18 @@ if [ $RB -eq 0 ] && grep -q '^site b rejoined at step [0-9]* (lost at step [0-9]
 else
     fail "rejoin after a kill: exits $RA/$RB: $(grep -h 'error\|rejoin' "$WORK"/killed_a.log "$WORK"/killed_b2.log | head -3)"
 fi
+# the traffic summary counts each site from its own first step: a from 0, b from its rejoin
+rejoin=$(sed -n 's/^site b rejoined at step \([0-9]*\) .*/\1/p' "$WORK/killed_a.log" | head -1)
+params=$("$ISTHMUS" inspect "$WORK/killed/model.h5" 2>/dev/null |
+    awk '$1 ~ /^\/model\/./ { gsub(/[][,]/, " "); n = 1; for (i = 2; i <= NF; i++) n *= $i; p += n } END { print p + 0 }')
+traffic=$(grep '"summary":"traffic"' "$WORK/killed/metrics.jsonl")
+want=$(awk -v r="${rejoin:-0}" -v p="$params" 'BEGIN { printf "%.0f", (1000 + 1000 - r) * 2 * 4 * p }')
+if [ -n "$rejoin" ] && [ "$params" -gt 0 ] && echo "$traffic" | grep -q '"steps":1000,"from_step":0,' &&
+    echo "$traffic" | grep -q "\"sync_equivalent_bytes\":$want,.*\"same_start\":false,"; then
+    pass "the traffic summary counts b's sync-equivalent bytes from its rejoin at step $rejoin (a: 1000 steps, b: $((1000 - rejoin)))"
+else
+    fail "traffic summary after a rejoin at step '$rejoin' ($params parameters, want $want sync-equivalent bytes): $traffic"
+fi
 lose butterfly KILL "" restart --set outer.mode=butterfly --set train.steps=1000
 if [ $RA -eq 0 ] && [ $RB -eq 0 ] && [ -f "$WORK/butterfly/model.h5" ] &&
     grep -q "rejected: learner 1: partner's site lost" "$WORK/butterfly_a.log" &&
