@@ -12,9 +12,6 @@ extern "C" {
 #include "status.h"
 }
 
-/* Expert-row buffers grow to a quarter more than asked (as the CPU's). */
-static size_t grow_target(size_t n) { return n + n / 4 + 64; }
-
 static void dims(CudaActivations *a, const ModelConfig *c, int B, int T, int G)
 {
     memset(a, 0, sizeof *a);
@@ -182,7 +179,7 @@ extern "C" void cuda_acts_destroy(CudaActivations *a)
 static int grow_device(float **p, size_t *cap, size_t n)
 {
     if (n <= *cap && *p) return ISTH_OK;
-    const size_t want = grow_target(n);
+    const size_t want = moe_rows_grow_target(n);
     if (*p) CHECK_CUDA(cudaFree(*p));
     *p = NULL;
     *cap = 0;
@@ -196,7 +193,7 @@ static int ensure_owner(CudaActivations *a, CudaRouting *r, int n_recv)
 {
     const size_t n = (size_t)n_recv, D = (size_t)a->D, F = (size_t)a->F;
     if (n > (size_t)r->recv_cap || !r->h_recv_expert) {
-        const size_t want = grow_target(n);
+        const size_t want = moe_rows_grow_target(n);
         void *dev[] = {r->d_recv_row, r->d_row_src, r->d_xrows, r->d_arows, r->d_urows, r->d_hrows};
         for (size_t i = 0; i < sizeof dev / sizeof *dev; i++)
             if (dev[i]) CHECK_CUDA(cudaFree(dev[i]));
@@ -228,10 +225,9 @@ static int ensure_owner(CudaActivations *a, CudaRouting *r, int n_recv)
 
 static void expert_weights(const Model *m, int l, int e, const float **wg, const float **wu, const float **wd)
 {
-    const size_t stride = (size_t)m->cfg.dim * m->cfg.ffn;
-    *wg = model_param(m, T_W_GATE, l) + (size_t)e * stride;
-    *wu = model_param(m, T_W_UP, l) + (size_t)e * stride;
-    *wd = model_param(m, T_W_DOWN, l) + (size_t)e * stride;
+    *wg = model_expert_param(m, T_W_GATE, l, e);
+    *wu = model_expert_param(m, T_W_UP, l, e);
+    *wd = model_expert_param(m, T_W_DOWN, l, e);
 }
 
 static int to_host(void *dst, const void *src, size_t bytes, cudaStream_t s)
@@ -385,13 +381,12 @@ static int moe_backward(float *dxn, Model *m, CudaActivations *a, int l, const f
     float *dyrows = a->row_tmp, *dxrows = a->row_tmp2;
     CHECK(cuda_rows_gather(dyrows, arrived, r->d_row_src, (size_t)r->rows, D, s));
     CHECK_CUDA(cudaMemsetAsync(dxrows, 0, (size_t)r->rows * D * sizeof(float), s));
-    const size_t stride = (size_t)D * F;
     for (int e = 0; e < El; e++) {
         const size_t r0 = (size_t)r->h_expert_start[e], n = (size_t)r->h_expert_start[e + 1] - r0;
         const float *wg, *wu, *wd;
         expert_weights(m, l, e, &wg, &wu, &wd);
-        CHECK(cuda_expert_backward(dxrows + r0 * D, model_grad(m, T_W_GATE, l) + e * stride,
-                                   model_grad(m, T_W_UP, l) + e * stride, model_grad(m, T_W_DOWN, l) + e * stride,
+        CHECK(cuda_expert_backward(dxrows + r0 * D, model_expert_grad(m, T_W_GATE, l, e),
+                                   model_expert_grad(m, T_W_UP, l, e), model_expert_grad(m, T_W_DOWN, l, e),
                                    a->ffn_scratch, dyrows + r0 * D, r->d_xrows + r0 * D, r->d_arows + r0 * F,
                                    r->d_urows + r0 * F, r->d_hrows + r0 * F, wg, wu, wd, n, D, F, blas));
     }

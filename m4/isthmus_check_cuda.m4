@@ -4,7 +4,7 @@
 # and libraries (DIR/include, DIR/lib64), a runtime of version 12.0 or
 # later, and nvcc able to build one fat binary for sm_90 (H100/H200),
 # sm_100 (B200) and sm_103 (B300). Sets and substitutes NVCC, CUDA_CFLAGS,
-# CUDA_LIBS and CUDA_GENCODE; defines HAVE_CUDA to 1. Stops configure naming
+# CUDA_LIBS and CUDA_GENCODE (configure.ac defines HAVE_CUDA). Stops configure naming
 # what is missing. CPPFLAGS, LDFLAGS and LIBS are restored.
 AC_DEFUN([ISTHMUS_CHECK_CUDA], [
   isthmus_cuda_dir=$1

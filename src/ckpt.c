@@ -274,7 +274,7 @@ static int write_state(Trainer *tr, H5File *f, CkptScratch *sc)
         /* sync with a lossy codec: error feedback of the gradient sums */
         if (reduce_any_residual(&tr->red)) CHECK(write_residual(f, tr, "/outer/residual", first));
     } else {
-        const int bf = tr->outer.butterfly; /* butterfly: outer state per learner */
+        const int bf = tr->outer.mode == MODE_BUTTERFLY; /* butterfly: outer state per learner */
         if (bf) CHECK(write_state_of(f, tr, sc, "/model", STATE_PARAMS, first));
         else CHECK(write_outer(f, tr, "/model", OUTER_ANCHOR, first));
         if (!bf) {
@@ -329,7 +329,7 @@ static int checkpoint_groups(const Trainer *tr)
     const int in_flight = exchanges_in_flight(tr);
     const int inner = 2 + (uses_shampoo(tr) ? SHAMPOO_GROUPS : 0); /* m, v (+ shampoo's) */
     if (tr->mode == MODE_SYNC) return 1 + inner + residual;     /* model, inner state (+ residual) */
-    if (tr->outer.butterfly)                              /* model; per learner anchor, momentum, residual, */
+    if (tr->outer.mode == MODE_BUTTERFLY) /* model; per learner anchor, momentum, residual, */
         return 1 + learners * (4 + inner + 2 * in_flight); /* pending, sent, model, inner state */
     return 3 + in_flight + (1 + inner) * learners;        /* anchor, momentum, residual, pending; per learner */
 }
@@ -383,9 +383,7 @@ static int write_checkpoint(Trainer *tr)
     const int was = status_set_quiet(site_rank0 != 0);
     int rc = make_dirs(dir);
     status_set_quiet(was);
-    int ok = rc == ISTH_OK;
-    CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_LAND, t->site_comm));
-    if (!ok) return ISTH_ERUNTIME;
+    if (!coll_all_ok(t->site_comm, rc == ISTH_OK)) return ISTH_ERUNTIME;
     ckpt_path(dir, tr->step, path, sizeof path);
     CkptScratch sc;
     CHECK(scratch_alloc(tr, &sc));
@@ -527,8 +525,7 @@ int ckpt_share(Trainer *tr, int from_site, long step, char *path, size_t cap)
     if (site_rank == 0 && !host) rc = make_dirs(dir);
     if (site_rank == 0 && rc == ISTH_OK)
         rc = host ? send_file(tr, path, tr->site_leaders[other]) : recv_file(tr, path, tr->site_leaders[from_site]);
-    int ok = rc == ISTH_OK;
-    CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_LAND, t->site_comm));
+    const int ok = coll_all_ok(t->site_comm, rc == ISTH_OK);
     fault_watchdog_disarm();
     return ok ? ISTH_OK : rc != ISTH_OK ? rc : ISTH_ERUNTIME;
 }
@@ -852,7 +849,7 @@ static int load_checkpoint(Trainer *tr, const char *path, int from_site, int *da
         }
     } else if (rc == ISTH_OK) {
         char g[64], ga[64], gm[64], gr[64];
-        const int bf = tr->outer.butterfly;
+        const int bf = tr->outer.mode == MODE_BUTTERFLY;
         /* whose state this learner takes: its own, or on a rejoin one of the live site's learners */
         const int k = from_site < 0 ? t->learner : (int)first + (t->learner - site->first_learner) % (int)learners;
         snprintf(ga, sizeof ga, "/learner_%d/outer/anchor", k);
@@ -875,9 +872,7 @@ static int load_checkpoint(Trainer *tr, const char *path, int from_site, int *da
                               * leave the others inside the next collective read */
             for (int p = 0; rc == ISTH_OK && p < P; p++)
                 if (frag[P + p] >= 0 && !reduce_hold(&tr->red, p)) rc = ISTH_ERUNTIME;
-            int held = rc == ISTH_OK;
-            CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &held, 1, MPI_INT, MPI_LAND, t->site_comm));
-            if (!held) rc = ISTH_ERUNTIME;
+            if (!coll_all_ok(t->site_comm, rc == ISTH_OK)) rc = ISTH_ERUNTIME;
         }
         snprintf(g, sizeof g, "/learner_%d/outer/pending", k);
         if (rc == ISTH_OK && in_flight) rc = read_outer(&f, tr, bf ? g : "/outer/pending", OUTER_PENDING);

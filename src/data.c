@@ -25,7 +25,7 @@ int corpus_open(Corpus *c, const char *dir, const char *name)
     int fd = open(c->path, O_RDONLY | O_NONBLOCK);
     if (fd < 0) {
         struct stat st;
-        char xz[CONFIG_FILE_PATH_MAX];
+        char xz[sizeof c->path + 3]; /* path.xz */
         snprintf(xz, sizeof xz, "%s.xz", c->path);
         if (errno == ENOENT && stat(xz, &st) == 0)
             return isth_fail(ISTH_EINPUT, "data file %s: missing (only %s exists; run 'make' to decompress it)",

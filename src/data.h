@@ -20,10 +20,12 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "config.h" /* CONFIG_FILE_PATH_MAX: a data_dir and a file name */
+
 typedef struct {
     int fd, is_open;
     size_t size;       /* at open; a shorter read later is an error */
-    char path[1024];
+    char path[CONFIG_FILE_PATH_MAX];
 } Corpus;
 
 typedef struct {

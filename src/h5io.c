@@ -12,6 +12,7 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
+#include "coll.h"
 #include "fletcher.h"
 #include "status.h"
 
@@ -30,15 +31,6 @@ static hid_t fapl_for(MPI_Comm comm)
     H5Pset_fapl_mpio(fapl, comm, info); /* HDF5 keeps its own copy */
     MPI_Info_free(&info);
     return fapl;
-}
-
-/* Every rank agrees whether all succeeded (a failure on one rank must not
- * leave the others inside the next collective call). */
-static int agree(MPI_Comm comm, int ok)
-{
-    int all = ok;
-    if (MPI_Allreduce(MPI_IN_PLACE, &all, 1, MPI_INT, MPI_LAND, comm) != MPI_SUCCESS) return 0;
-    return all;
 }
 
 const char *h5_not_readable(const char *path)
@@ -88,7 +80,7 @@ int h5_create(H5File *f, const char *path, double expect_bytes, MPI_Comm comm)
     hid_t fapl = fapl_for(comm);
     f->file = H5Fcreate(f->tmp, H5F_ACC_TRUNC, H5P_DEFAULT, fapl);
     H5Pclose(fapl);
-    if (!agree(comm, f->file >= 0)) {
+    if (!coll_all_ok(comm, f->file >= 0)) {
         if (f->file >= 0) H5Fclose(f->file);
         return f->rank == 0 ? isth_fail(ISTH_ERUNTIME, "file %s: cannot create (directory missing or not writable?)",
                                         f->tmp)
@@ -125,7 +117,7 @@ int h5_commit(H5File *f)
     /* flush first: a flush that fails (a full disk) leaves a file that can
      * still be abandoned cleanly, a close that fails does not */
     const int flushed = !f->failed && H5Fflush(f->file, H5F_SCOPE_LOCAL) >= 0;
-    if (!agree(f->comm, flushed)) {
+    if (!coll_all_ok(f->comm, flushed)) {
         const int reported = f->failed; /* the failed write printed its line */
         h5_abandon(f);
         return reported || f->rank != 0
@@ -134,7 +126,7 @@ int h5_commit(H5File *f)
     }
     H5Pclose(f->xfer);
     int ok = H5Fclose(f->file) >= 0;
-    if (!agree(f->comm, ok)) {
+    if (!coll_all_ok(f->comm, ok)) {
         if (f->rank == 0) unlink(f->tmp);
         return f->rank == 0 ? isth_fail(ISTH_ERUNTIME, "file %s: write failed (disk full?)", f->tmp) : ISTH_ERUNTIME;
     }
@@ -177,13 +169,13 @@ int h5_open(H5File *f, const char *path, MPI_Comm comm)
     MPI_Comm_rank(comm, &f->rank);
     snprintf(f->path, sizeof f->path, "%s", path);
     const char *why = h5_not_readable(path);
-    if (!agree(comm, why == NULL)) /* agreed before the collective open */
+    if (!coll_all_ok(comm, why == NULL)) /* agreed before the collective open */
         return why ? isth_fail(ISTH_EINPUT, "file %s: %s", path, why) : ISTH_EINPUT;
     fletcher_register();
     hid_t fapl = fapl_for(comm);
     f->file = H5Fopen(path, H5F_ACC_RDONLY, fapl);
     H5Pclose(fapl);
-    if (!agree(comm, f->file >= 0)) {
+    if (!coll_all_ok(comm, f->file >= 0)) {
         if (f->file >= 0) H5Fclose(f->file);
         return isth_fail(ISTH_EINPUT, "file %s: not a readable HDF5 file (truncated or corrupt?)", path);
     }
@@ -206,7 +198,7 @@ static int write_attr(H5File *f, const char *obj, const char *name, hid_t type, 
     herr_t err = attr < 0 ? -1 : H5Awrite(attr, type, value);
     if (attr >= 0) H5Aclose(attr);
     H5Sclose(space);
-    if (!agree(f->comm, err >= 0)) { /* agreed: no rank goes on into the next collective alone */
+    if (!coll_all_ok(f->comm, err >= 0)) { /* agreed: no rank goes on into the next collective alone */
         f->failed = 1;
         return f->rank == 0 ? isth_fail(ISTH_ERUNTIME, "file %s: cannot write attribute %s of %s", f->tmp, name, obj)
                             : ISTH_ERUNTIME;
@@ -429,7 +421,7 @@ static void plan_calls(H5File *f, const Model *m, const Tensor *t, hid_t fspace,
     c->whole_mem = NULL;
     c->whole_space = -1;
     c->whole = select_whole(m, t, fspace, at, ctx, &c->whole_mem, &c->whole_space);
-    c->one_call = agree(f->comm, c->whole != (size_t)-1);
+    c->one_call = coll_all_ok(f->comm, c->whole != (size_t)-1);
     if (!c->one_call && c->whole_space >= 0) H5Sclose(c->whole_space);
     c->calls = c->one_call ? 1 : n_layers(m, t);
 }
@@ -464,7 +456,7 @@ int h5_write_chunks(H5File *f, const char *group, const Model *m, ChunkAt at, vo
     H5Pset_create_intermediate_group(lcpl, 1);
     hid_t g = H5Gcreate2(f->file, group, lcpl, H5P_DEFAULT, H5P_DEFAULT);
     H5Pclose(lcpl);
-    if (!agree(f->comm, g >= 0)) {
+    if (!coll_all_ok(f->comm, g >= 0)) {
         f->failed = 1;
         if (g >= 0) H5Gclose(g);
         return f->rank == 0 ? isth_fail(ISTH_ERUNTIME, "file %s: cannot create group %s", f->tmp, group) : ISTH_ERUNTIME;
@@ -472,7 +464,7 @@ int h5_write_chunks(H5File *f, const char *group, const Model *m, ChunkAt at, vo
     float **ptrs = isth_malloc(sizeof(float *) * (size_t)(m->cfg.experts + 1)), *tmp = NULL;
     size_t tmp_cap = 0;
     int rc = ptrs ? ISTH_OK : isth_fail(ISTH_ERUNTIME, "out of memory writing %s", group);
-    if (!agree(f->comm, rc == ISTH_OK)) rc = ISTH_ERUNTIME;
+    if (!coll_all_ok(f->comm, rc == ISTH_OK)) rc = ISTH_ERUNTIME;
     for (int i = 0; i < N_TENSORS && rc == ISTH_OK; i++) {
         const Tensor *t = &m->tensors[i];
         hsize_t dims[TENSOR_MAX_DIMS], chunk[TENSOR_MAX_DIMS];
@@ -486,7 +478,7 @@ int h5_write_chunks(H5File *f, const char *group, const Model *m, ChunkAt at, vo
         H5Pset_fill_time(dcpl, H5D_FILL_TIME_NEVER); /* every chunk is written: no fill pass */
         hid_t dset = H5Dcreate2(g, t->name, H5T_NATIVE_FLOAT, fspace, H5P_DEFAULT, dcpl, H5P_DEFAULT);
         H5Pclose(dcpl);
-        if (!agree(f->comm, dset >= 0)) { /* nobody enters the collective write alone */
+        if (!coll_all_ok(f->comm, dset >= 0)) { /* nobody enters the collective write alone */
             if (dset >= 0) H5Dclose(dset);
             H5Sclose(fspace);
             f->failed = 1;
@@ -502,7 +494,7 @@ int h5_write_chunks(H5File *f, const char *group, const Model *m, ChunkAt at, vo
             hid_t mspace;
             const size_t n = select_call(&calls, l, m, t, fspace, at, ctx, &ptrs, &mem, &tmp, &tmp_cap, &mspace);
             const int ok = n != (size_t)-1;
-            if (!agree(f->comm, ok)) {
+            if (!coll_all_ok(f->comm, ok)) {
                 if (mspace >= 0) H5Sclose(mspace);
                 rc = ok ? ISTH_ERUNTIME : isth_fail(ISTH_ERUNTIME, "out of memory writing %s", group);
                 break;
@@ -511,7 +503,7 @@ int h5_write_chunks(H5File *f, const char *group, const Model *m, ChunkAt at, vo
             float dummy = 0.0f;
             herr_t err = H5Dwrite(dset, H5T_NATIVE_FLOAT, mspace, fspace, f->xfer, n ? mem : &dummy);
             H5Sclose(mspace);
-            if (!agree(f->comm, err >= 0)) { /* agreed: the file's first rank says so */
+            if (!coll_all_ok(f->comm, err >= 0)) { /* agreed: the file's first rank says so */
                 f->failed = 1;
                 rc = f->rank == 0 ? isth_fail(ISTH_ERUNTIME, "file %s: writing %s/%s failed (disk full?); the "
                                               "temporary file is removed", f->tmp, group, t->name)
@@ -532,7 +524,7 @@ int h5_read_chunks(H5File *f, const char *group, const Model *m, ChunkAt at, voi
     float **ptrs = isth_malloc(sizeof(float *) * (size_t)(m->cfg.experts + 1)), *tmp = NULL;
     size_t tmp_cap = 0;
     int rc = ptrs ? ISTH_OK : isth_fail(ISTH_ERUNTIME, "out of memory reading %s", group);
-    if (!agree(f->comm, rc == ISTH_OK)) rc = ISTH_ERUNTIME;
+    if (!coll_all_ok(f->comm, rc == ISTH_OK)) rc = ISTH_ERUNTIME;
     for (int i = 0; i < N_TENSORS && rc == ISTH_OK; i++) {
         const Tensor *t = &m->tensors[i];
         char name[300];
@@ -540,7 +532,7 @@ int h5_read_chunks(H5File *f, const char *group, const Model *m, ChunkAt at, voi
         hid_t dset = H5Lexists(f->file, group, H5P_DEFAULT) > 0 && H5Lexists(f->file, name, H5P_DEFAULT) > 0
                          ? H5Dopen2(f->file, name, H5P_DEFAULT)
                          : -1;
-        if (!agree(f->comm, dset >= 0)) {
+        if (!coll_all_ok(f->comm, dset >= 0)) {
             if (dset >= 0) H5Dclose(dset);
             rc = isth_fail(ISTH_EINPUT, "file %s: missing dataset %s", f->path, name);
             break;
@@ -552,7 +544,7 @@ int h5_read_chunks(H5File *f, const char *group, const Model *m, ChunkAt at, voi
             H5Sget_simple_extent_dims(fspace, dims, NULL);
             for (int d = 0; d < nd; d++) match &= dims[d] == t->shape[d];
         }
-        if (!agree(f->comm, match)) {
+        if (!coll_all_ok(f->comm, match)) {
             H5Sclose(fspace);
             H5Dclose(dset);
             rc = isth_fail(ISTH_EINPUT, "file %s: dataset %s has a different shape than the configured model",
@@ -563,7 +555,7 @@ int h5_read_chunks(H5File *f, const char *group, const Model *m, ChunkAt at, voi
         hid_t type = H5Dget_type(dset);
         const int f32 = type >= 0 && H5Tget_class(type) == H5T_FLOAT && H5Tget_size(type) == 4;
         if (type >= 0) H5Tclose(type);
-        if (!agree(f->comm, f32)) {
+        if (!coll_all_ok(f->comm, f32)) {
             H5Sclose(fspace);
             H5Dclose(dset);
             rc = isth_fail(ISTH_EINPUT, "file %s: dataset %s is not float32", f->path, name);
@@ -576,7 +568,7 @@ int h5_read_chunks(H5File *f, const char *group, const Model *m, ChunkAt at, voi
             hid_t mspace;
             const size_t n = select_call(&calls, l, m, t, fspace, at, ctx, &ptrs, &mem, &tmp, &tmp_cap, &mspace);
             const int got = n != (size_t)-1;
-            if (!agree(f->comm, got)) {
+            if (!coll_all_ok(f->comm, got)) {
                 if (mspace >= 0) H5Sclose(mspace);
                 rc = got ? ISTH_ERUNTIME : isth_fail(ISTH_ERUNTIME, "out of memory reading %s", group);
                 break;
@@ -594,14 +586,14 @@ int h5_read_chunks(H5File *f, const char *group, const Model *m, ChunkAt at, voi
                     isth_fail(ISTH_EINPUT, "file %s: reading %s failed (checksum mismatch or truncated data)", f->path,
                               name);
             }
-            if (!agree(f->comm, ok)) {
+            if (!coll_all_ok(f->comm, ok)) {
                 rc = ISTH_EINPUT;
                 break;
             }
             size_t bad = 0;
             while (bad < n && isfinite(mem[bad])) bad++;
             if (bad < n) f->damaged = 1;
-            if (!agree(f->comm, bad == n)) { /* each rank names what it read */
+            if (!coll_all_ok(f->comm, bad == n)) { /* each rank names what it read */
                 rc = bad == n   ? ISTH_EINPUT
                      : f->label ? isth_fail(ISTH_EINPUT, "%s %s: invalid: dataset %s holds NaN or Inf", f->label, f->path,
                                             name)
@@ -633,7 +625,7 @@ int h5_write_doubles(H5File *f, const char *name, const double *v, int n)
     H5Sclose(mspace);
     H5Sclose(space);
     if (dset >= 0) H5Dclose(dset);
-    if (!agree(f->comm, err >= 0)) {
+    if (!coll_all_ok(f->comm, err >= 0)) {
         f->failed = 1;
         return f->rank == 0 ? isth_fail(ISTH_ERUNTIME, "file %s: writing %s failed", f->tmp, name) : ISTH_ERUNTIME;
     }
@@ -655,7 +647,7 @@ int h5_read_doubles(H5File *f, const char *name, double *v, int n)
             if (!isfinite(v[i])) ok = 0, f->damaged = 1;
         H5Dclose(dset);
     }
-    if (!agree(f->comm, ok))
+    if (!coll_all_ok(f->comm, ok))
         return f->label ? isth_fail(ISTH_EINPUT, "%s %s: invalid: dataset %s missing or damaged", f->label, f->path, name)
                         : isth_fail(ISTH_EINPUT, "file %s: missing or damaged dataset %s", f->path, name);
     return ISTH_OK;

@@ -270,12 +270,15 @@ int mix_finish_staged(Reducer *r, int f, ReduceReport *rep, double *pair_distanc
         d2 += d * d;
         n2 += (double)mine[i] * mine[i];
     }
-    double stats[5] = {0.0, pp->err2, pp->norm2, d2, n2};
-    for (int i = 0; i < pp->peers.n; i++) stats[0] += (double)pp->peers.peers[i].msg.send_bytes;
-    CHECK(coll_allreduce_comm(t->learner_comm, stats, 5, MPI_DOUBLE, sizeof(double), MPI_SUM));
-    rep->payload_bytes = stats[0];
-    rep->codec_rel_error = stats[2] > 0 ? sqrt(stats[1] / stats[2]) : 0.0;
-    if (pair_distance) *pair_distance = stats[4] > 0 ? sqrt(stats[3] / stats[4]) : 0.0;
+    struct {
+        PayloadSums payload;
+        double dist2, norm2; /* the pair's distance and my values' energy */
+    } sums = {{0.0, pp->err2, pp->norm2}, d2, n2};
+    for (int i = 0; i < pp->peers.n; i++) sums.payload.bytes += (double)pp->peers.peers[i].msg.send_bytes;
+    CHECK(coll_allreduce_comm(t->learner_comm, &sums, sizeof sums / sizeof(double), MPI_DOUBLE, sizeof(double), MPI_SUM));
+    rep->payload_bytes = sums.payload.bytes;
+    rep->codec_rel_error = sums.payload.norm2 > 0 ? sqrt(sums.payload.err2 / sums.payload.norm2) : 0.0;
+    if (pair_distance) *pair_distance = sums.norm2 > 0 ? sqrt(sums.dist2 / sums.norm2) : 0.0;
     *accepted = ok;
     if (!ok) return ISTH_OK; /* both learners keep their own values */
     const int me_first = t->learner < pp->partner;

@@ -133,6 +133,16 @@ float *model_grad(const Model *m, TensorId t, int layer)
     return m->grads + x->offset + (size_t)layer * per_layer;
 }
 
+float *model_expert_param(const Model *m, TensorId t, int layer, int e)
+{
+    return model_param(m, t, layer) + (size_t)e * m->tensors[t].chunk_numel;
+}
+
+float *model_expert_grad(const Model *m, TensorId t, int layer, int e)
+{
+    return model_grad(m, t, layer) + (size_t)e * m->tensors[t].chunk_numel;
+}
+
 double model_active_matrix_params(const ModelConfig *c)
 {
     double D = c->dim, F = c->ffn;

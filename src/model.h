@@ -72,6 +72,9 @@ void model_init(Model *m);
 /* Pointer to layer `l` of a layered tensor (or the whole tensor). */
 float *model_param(const Model *m, TensorId t, int layer);
 float *model_grad(const Model *m, TensorId t, int layer);
+/* Local expert `e` of layer `l` of an expert tensor (one chunk). */
+float *model_expert_param(const Model *m, TensorId t, int layer, int e);
+float *model_expert_grad(const Model *m, TensorId t, int layer, int e);
 
 /* Canonical element count of a tensor (all experts). */
 size_t tensor_canonical_numel(const Tensor *t);

@@ -37,15 +37,14 @@ int outer_max_in_flight(const OuterConfig *cfg)
 int outer_create(Outer *o, const OuterConfig *cfg, Reducer *r, Backend *be, double learner_weight)
 {
     memset(o, 0, sizeof *o);
-    o->streaming = cfg->mode_id == MODE_STREAMING;
-    o->butterfly = cfg->mode_id == MODE_BUTTERFLY;
+    o->mode = cfg->mode_id;
     o->nesterov_mix = cfg->lr != 1.0 || cfg->momentum != 0.0;
     o->H = cfg->inner_steps;
     o->P = cfg->fragments;
-    o->tau = o->streaming || o->butterfly ? cfg->overlap : 0;
+    o->tau = o->mode == MODE_STREAMING || o->mode == MODE_BUTTERFLY ? cfg->overlap : 0;
     o->lr = cfg->lr;
     o->momentum = cfg->momentum;
-    o->alpha = o->streaming ? cfg->merge_alpha : 0.0;
+    o->alpha = o->mode == MODE_STREAMING ? cfg->merge_alpha : 0.0;
     o->learner_weight = learner_weight;
     const ChunkTable *ct = &r->table;
     o->off = isth_malloc(sizeof(size_t) * (size_t)o->P);
@@ -64,7 +63,7 @@ int outer_create(Outer *o, const OuterConfig *cfg, Reducer *r, Backend *be, doub
     AllocCategory was = alloc_category(ALLOC_OUTER);
     o->anchor = isth_malloc(sizeof(float) * (o->owned + 1));
     o->mom = isth_calloc(o->owned + 1, sizeof(float));
-    o->sent = o->butterfly ? isth_calloc(o->owned + 1, sizeof(float)) : NULL;
+    o->sent = o->mode == MODE_BUTTERFLY ? isth_calloc(o->owned + 1, sizeof(float)) : NULL;
     alloc_category(ALLOC_STAGING);
     o->theta = isth_malloc(sizeof(float) * (largest + 1)); /* one fragment's owned weights, for merges */
     alloc_category(was);
@@ -73,7 +72,7 @@ int outer_create(Outer *o, const OuterConfig *cfg, Reducer *r, Backend *be, doub
     o->reduced = isth_calloc((size_t)o->P, sizeof(int));
     o->pending = isth_calloc((size_t)o->P, sizeof(ReduceReport));
     o->pending_dist = isth_calloc((size_t)o->P, sizeof(double));
-    if (!o->anchor || !o->mom || (o->butterfly && !o->sent) || !o->theta || !o->started || !o->last_sync || !o->reduced ||
+    if (!o->anchor || !o->mom || (o->mode == MODE_BUTTERFLY && !o->sent) || !o->theta || !o->started || !o->last_sync || !o->reduced ||
         !o->pending || !o->pending_dist) {
         outer_destroy(o);
         return isth_fail(ISTH_ERUNTIME, "out of memory for the outer state");
@@ -186,7 +185,7 @@ int outer_set_butterfly(Outer *o, Reducer *r, int learner, int n_learners, const
     return reduce_enable_mixing(r);
 }
 
-int outer_drain_probes(Outer *o, Metrics *mt) { return o->butterfly ? spread_finish(&o->spread, mt) : ISTH_OK; }
+int outer_drain_probes(Outer *o, Metrics *mt) { return o->mode == MODE_BUTTERFLY ? spread_finish(&o->spread, mt) : ISTH_OK; }
 
 /* Tokens behind learner i's value before the round on dimension d of a
  * cycle: its subcube of learners agreeing on bits >= d. */
@@ -287,7 +286,7 @@ static int butterfly_after_step(Outer *o, Reducer *r, Backend *be, long step, Me
 
 int outer_after_step(Outer *o, Reducer *r, Backend *be, long step, Metrics *mt, int log)
 {
-    if (o->butterfly) return butterfly_after_step(o, r, be, step, mt, log);
+    if (o->mode == MODE_BUTTERFLY) return butterfly_after_step(o, r, be, step, mt, log);
     for (int p = 0; p < o->P; p++)
         if (o->started[p] >= 0 && step - o->started[p] >= o->tau)
             CHECK(finish_fragment(o, r, be, p, step, o->alpha, mt, log));
@@ -304,7 +303,7 @@ int outer_drain(Outer *o, Reducer *r)
 {
     for (int p = 0; p < o->P; p++) {
         if (o->started[p] < 0 || o->reduced[p]) continue;
-        if (o->butterfly) {
+        if (o->mode == MODE_BUTTERFLY) {
             CHECK(mix_complete(o, r, p, o->round - 1, &o->pending[p], &o->pending_dist[p]));
         } else {
             float *d;
@@ -317,7 +316,7 @@ int outer_drain(Outer *o, Reducer *r)
 
 int outer_finish(Outer *o, Reducer *r, Backend *be, long step, Metrics *mt, int log)
 {
-    if (o->butterfly) {
+    if (o->mode == MODE_BUTTERFLY) {
         for (int f = 0; f < o->P; f++)
             if (o->started[f] >= 0) CHECK(mix_end(o, r, be, f, o->round - 1, step, 1, mt, log));
         /* k rounds of every fragment without local updates, uncompressed:
@@ -359,5 +358,5 @@ void outer_restore(Outer *o, const double *last_sync, const double *started, int
         o->pending[p].n_sites = o->pending[p].accepted_sites = n_sites;
         o->pending[p].arrived_poll = -1;
     }
-    if (o->butterfly) o->round = step / o->H; /* rounds started by this step */
+    if (o->mode == MODE_BUTTERFLY) o->round = step / o->H; /* rounds started by this step */
 }

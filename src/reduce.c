@@ -787,12 +787,12 @@ int reduce_finish_staged(Reducer *r, int f, ReduceReport *rep, float **result)
         }
     }
     /* site-wide payload statistics for the log */
-    double stats[3] = {0.0, fp->err2, fp->norm2};
+    PayloadSums sums = {0.0, fp->err2, fp->norm2};
     if (r->leader)
-        for (int i = 0; i < fp->site.n; i++) stats[0] += (double)fp->site.peers[i].msg.send_bytes;
-    CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, stats, 3, MPI_DOUBLE, MPI_SUM, t->site_comm));
-    rep->payload_bytes = stats[0];
-    rep->codec_rel_error = stats[2] > 0 ? sqrt(stats[1] / stats[2]) : 0.0;
+        for (int i = 0; i < fp->site.n; i++) sums.bytes += (double)fp->site.peers[i].msg.send_bytes;
+    CHECK(coll_allreduce_comm(t->site_comm, &sums, PAYLOAD_SUMS, MPI_DOUBLE, sizeof(double), MPI_SUM));
+    rep->payload_bytes = sums.bytes;
+    rep->codec_rel_error = sums.norm2 > 0 ? sqrt(sums.err2 / sums.norm2) : 0.0;
     /* the first learner's total to the site's other learners */
     if (site->learners > 1) CHECK(coll_bcast_bytes(r->site_peers, total, n * sizeof(float), 0));
     return ISTH_OK;

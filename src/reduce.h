@@ -93,6 +93,13 @@ typedef struct {
     int sent_poll;             /* polls before this rank posted its sends (0: at start; test hook) */
 } ReduceReport;
 
+/* A payload's sums over ranks for its report (doubles only: reduced as an
+ * array): encoded bytes sent, and the codec's error and signal energies. */
+typedef struct {
+    double bytes, err2, norm2;
+} PayloadSums;
+#define PAYLOAD_SUMS (sizeof(PayloadSums) / sizeof(double))
+
 enum { REDUCE_GRADS, REDUCE_REPLICATED };
 
 /* A butterfly exchange of one fragment with one partner learner. */

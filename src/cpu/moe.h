@@ -101,4 +101,9 @@ void moe_combine_backward(float *dy_send, float *dprobs, const float *dout, cons
 /* dinp (N,D) += sum_k dx_send[slot of (t,k)] */
 void moe_scatter_add(float *dinp, const float *dx_send, const MoeRouting *r, size_t N, int K, int D);
 
+/* Expert-row buffers (every backend's) grow to a quarter more than asked,
+ * plus a little: a few growths cover the routing's drift instead of one per
+ * step. */
+static inline size_t moe_rows_grow_target(size_t n) { return n + n / 4 + 64; }
+
 #endif

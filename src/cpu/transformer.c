@@ -9,10 +9,6 @@
 #include "layers.h"
 #include "status.h"
 
-/* Expert-row buffers grow to a quarter more than asked (plus a little):
- * a few growths cover the routing's drift instead of one per step. */
-static size_t grow_target(size_t n) { return n + n / 4 + 64; }
-
 /* The dimensions of a (no buffers). */
 static void acts_dims(Activations *a, const ModelConfig *c, int B, int T, int G)
 {
@@ -132,9 +128,9 @@ int acts_create(Activations *a, const ModelConfig *c, int B, int T, Coll *ep)
 double acts_expert_row_bytes(const ModelConfig *c, double n)
 {
     const size_t rows_n = (size_t)n, D = (size_t)c->dim, F = (size_t)c->ffn;
-    const double rows = (double)grow_target(rows_n);
+    const double rows = (double)moe_rows_grow_target(rows_n);
     const double per_layer = rows * (3 * sizeof(int) + (double)D * 4 + 3.0 * F * 4);
-    const double shared = 4.0 * grow_target(rows_n * D) * 4 + (double)grow_target(3 * rows_n * F) * 4;
+    const double shared = 4.0 * moe_rows_grow_target(rows_n * D) * 4 + (double)moe_rows_grow_target(3 * rows_n * F) * 4;
     return c->layers * per_layer + shared;
 }
 
@@ -165,7 +161,7 @@ void acts_destroy(Activations *a)
 static int grow(void **p, size_t *cap, size_t n, size_t size)
 {
     if (n <= *cap && *p) return ISTH_OK;
-    size_t want = grow_target(n);
+    size_t want = moe_rows_grow_target(n);
     isth_free(*p);
     *p = isth_malloc(want * size);
     if (!*p) {
@@ -190,7 +186,7 @@ static int ensure_owner_rows(Activations *a, MoeRouting *r, int n_recv)
 {
     const size_t n = (size_t)n_recv, D = (size_t)a->D, F = (size_t)a->F;
     if (n > (size_t)r->recv_cap || !r->recv_expert) {
-        size_t want = grow_target(n);
+        size_t want = moe_rows_grow_target(n);
         isth_free(r->recv_expert);
         isth_free(r->recv_row);
         isth_free(r->row_src);
@@ -224,10 +220,9 @@ static int ensure_owner_rows(Activations *a, MoeRouting *r, int n_recv)
 static void expert_weights(const Model *m, int l, int e, const float **wg, const float **wu,
                            const float **wd)
 {
-    const size_t stride = (size_t)m->cfg.dim * m->cfg.ffn;
-    *wg = model_param(m, T_W_GATE, l) + (size_t)e * stride;
-    *wu = model_param(m, T_W_UP, l) + (size_t)e * stride;
-    *wd = model_param(m, T_W_DOWN, l) + (size_t)e * stride;
+    *wg = model_expert_param(m, T_W_GATE, l, e);
+    *wu = model_expert_param(m, T_W_UP, l, e);
+    *wd = model_expert_param(m, T_W_DOWN, l, e);
 }
 
 /* MoE layer forward with expert parallelism over the learner's G ranks:
@@ -363,13 +358,12 @@ static int moe_backward(float *dxn, Model *m, Activations *a, int l, const float
     float *dyrows = a->row_tmp, *dxrows = a->row_tmp2;
     rows_gather(dyrows, arrived, r->row_src, (size_t)r->rows, D);
     memset(dxrows, 0, (size_t)r->rows * D * sizeof(float));
-    const size_t stride = (size_t)D * F;
     for (int e = 0; e < El; e++) {
         const size_t r0 = (size_t)r->expert_start[e], n = (size_t)r->expert_start[e + 1] - r0;
         const float *wg, *wu, *wd;
         expert_weights(m, l, e, &wg, &wu, &wd);
-        expert_backward(dxrows + r0 * D, model_grad(m, T_W_GATE, l) + e * stride,
-                        model_grad(m, T_W_UP, l) + e * stride, model_grad(m, T_W_DOWN, l) + e * stride,
+        expert_backward(dxrows + r0 * D, model_expert_grad(m, T_W_GATE, l, e),
+                        model_expert_grad(m, T_W_UP, l, e), model_expert_grad(m, T_W_DOWN, l, e),
                         a->ffn_scratch, dyrows + r0 * D, r->xrows + r0 * D, r->arows + r0 * F,
                         r->urows + r0 * F, r->hrows + r0 * F, wg, wu, wd, n, D, F);
     }
