@@ -44,7 +44,7 @@ void model_describe(Model *m, const ModelConfig *cfg, int expert_begin, int expe
     set_shape(&t[T_W_GATE], "w_gate", LY | DEC | EX | MX, std, 4, L, E, D, F);
     set_shape(&t[T_W_UP], "w_up", LY | DEC | EX | MX, std, 4, L, E, D, F);
     set_shape(&t[T_W_DOWN], "w_down", LY | DEC | EX | MX, out_std, 4, L, E, F, D);
-    set_shape(&t[T_FINAL_NORM], "final_norm", 0, 0, 1, D, 0, 0, 0);
+    set_shape(&t[T_FINAL_NORM], "final_norm", PARAM_AT_END, 0, 1, D, 0, 0, 0);
 
     size_t offset = 0;
     m->dense_end = 0;

@@ -21,8 +21,10 @@ enum {
     PARAM_DECAY = 1u << 0,  /* AdamW weight decay applies (matrices only) */
     PARAM_EXPERT = 1u << 1, /* axis 1 is the expert axis, sharded in a learner */
     PARAM_LAYERED = 1u << 2, /* axis 0 is the layer axis */
-    PARAM_MATRIX = 1u << 3   /* each chunk is a matrix (the last two axes) that a matrix optimiser
+    PARAM_MATRIX = 1u << 3,  /* each chunk is a matrix (the last two axes) that a matrix optimiser
                               * (shampoo, muon) preconditions; the others take AdamW */
+    PARAM_AT_END = 1u << 4   /* not layered, but used after the last layer: it travels in that
+                              * layer's streaming fragment (unlayered others: layer 0's) */
 };
 
 /* Storage order: every replicated ("dense") tensor first, then the expert

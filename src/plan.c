@@ -9,10 +9,9 @@
 #include "coll.h"
 #include "status.h"
 
-int fragment_of(int tensor, int layer, int layers, int fragments)
+int fragment_of(unsigned flags, int layer, int layers, int fragments)
 {
-    if (tensor == T_EMBED) return 0;
-    if (tensor == T_FINAL_NORM) return (layers - 1) % fragments;
+    if (!(flags & PARAM_LAYERED)) return (flags & PARAM_AT_END) ? (layers - 1) % fragments : 0;
     return layer % fragments;
 }
 
@@ -40,7 +39,7 @@ int chunk_table_create(ChunkTable *ct, const Model *m, int fragments)
     for (int t = 0; t < N_TENSORS; t++) { /* canonical order: tensor, layer, expert */
         const Tensor *x = &m->tensors[t];
         for (int l = 0; l < layers_of(m, x); l++) {
-            const int f = fragment_of(t, l, m->cfg.layers, fragments);
+            const int f = fragment_of(x->flags, l, m->cfg.layers, fragments);
             if (x->flags & PARAM_EXPERT)
                 for (int e = 0; e < E; e++) ct->chunks[n++] = (Chunk){t, l, e, x->chunk_numel, f};
             else

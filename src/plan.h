@@ -47,9 +47,10 @@ typedef struct {
 int chunk_table_create(ChunkTable *ct, const Model *m, int fragments);
 void chunk_table_destroy(ChunkTable *ct);
 
-/* Fragment of (tensor, layer): layer mod fragments; embed -> 0;
- * final_norm -> the last layer's. */
-int fragment_of(int tensor, int layer, int layers, int fragments);
+/* Fragment of layer `layer` of a tensor with these PARAM_ flags: layer mod
+ * fragments; unlayered tensors layer 0's (embed), or with PARAM_AT_END the
+ * last layer's (final_norm). */
+int fragment_of(unsigned flags, int layer, int layers, int fragments);
 /* Index of chunk (tensor, layer, expert); layer 0 for unlayered tensors. */
 int chunk_index(const ChunkTable *ct, int tensor, int layer, int expert);
 /* Owner of chunk c inside a learner of G ranks: experts their shard; dense
