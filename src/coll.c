@@ -10,7 +10,11 @@
 int coll_all_ok(MPI_Comm comm, int ok)
 {
     int all = ok != 0;
-    if (MPI_Allreduce(MPI_IN_PLACE, &all, 1, MPI_INT, MPI_LAND, comm) != MPI_SUCCESS) return 0;
+    const int rc = MPI_Allreduce(MPI_IN_PLACE, &all, 1, MPI_INT, MPI_LAND, comm);
+    if (rc != MPI_SUCCESS) {
+        isth_fail_mpi(__FILE__, __LINE__, "MPI_Allreduce (the ranks' agreement)", rc); /* says why */
+        return 0;
+    }
     return all;
 }
 

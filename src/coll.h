@@ -50,8 +50,9 @@ size_t coll_max_message(void);
  * call (element-wise operations, pieces in order). */
 int coll_allreduce_comm(MPI_Comm comm, void *buf, size_t n, MPI_Datatype type, size_t elem, MPI_Op op);
 int coll_bcast_bytes(MPI_Comm comm, void *buf, size_t bytes, int root);
-/* 1 when every rank of comm passed ok != 0 (0 also when MPI fails): the
- * agreement before ranks go on into the next collective together. */
+/* 1 when every rank of comm passed ok != 0 (0 also when MPI fails, said
+ * in one line): the agreement before ranks go on into the next collective
+ * together. */
 int coll_all_ok(MPI_Comm comm, int ok);
 /* all[r * n + i] = rank r's mine[i] */
 int coll_allgather_floats(MPI_Comm comm, const float *mine, size_t n, float *all);

@@ -275,7 +275,8 @@ int mix_finish_staged(Reducer *r, int f, ReduceReport *rep, double *pair_distanc
         double dist2, norm2; /* the pair's distance and my values' energy */
     } sums = {{0.0, pp->err2, pp->norm2}, d2, n2};
     for (int i = 0; i < pp->peers.n; i++) sums.payload.bytes += (double)pp->peers.peers[i].msg.send_bytes;
-    CHECK(coll_allreduce_comm(t->learner_comm, &sums, sizeof sums / sizeof(double), MPI_DOUBLE, sizeof(double), MPI_SUM));
+    const size_t n_sums = sizeof sums / sizeof(double);
+    CHECK(coll_allreduce_comm(t->learner_comm, &sums, n_sums, MPI_DOUBLE, sizeof(double), MPI_SUM));
     rep->payload_bytes = sums.payload.bytes;
     rep->codec_rel_error = sums.payload.norm2 > 0 ? sqrt(sums.payload.err2 / sums.payload.norm2) : 0.0;
     if (pair_distance) *pair_distance = sums.norm2 > 0 ? sqrt(sums.dist2 / sums.norm2) : 0.0;

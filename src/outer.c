@@ -72,8 +72,8 @@ int outer_create(Outer *o, const OuterConfig *cfg, Reducer *r, Backend *be, doub
     o->reduced = isth_calloc((size_t)o->P, sizeof(int));
     o->pending = isth_calloc((size_t)o->P, sizeof(ReduceReport));
     o->pending_dist = isth_calloc((size_t)o->P, sizeof(double));
-    if (!o->anchor || !o->mom || (o->mode == MODE_BUTTERFLY && !o->sent) || !o->theta || !o->started || !o->last_sync || !o->reduced ||
-        !o->pending || !o->pending_dist) {
+    if (!o->anchor || !o->mom || (o->mode == MODE_BUTTERFLY && !o->sent) || !o->theta || !o->started ||
+        !o->last_sync || !o->reduced || !o->pending || !o->pending_dist) {
         outer_destroy(o);
         return isth_fail(ISTH_ERUNTIME, "out of memory for the outer state");
     }
@@ -185,7 +185,10 @@ int outer_set_butterfly(Outer *o, Reducer *r, int learner, int n_learners, const
     return reduce_enable_mixing(r);
 }
 
-int outer_drain_probes(Outer *o, Metrics *mt) { return o->mode == MODE_BUTTERFLY ? spread_finish(&o->spread, mt) : ISTH_OK; }
+int outer_drain_probes(Outer *o, Metrics *mt)
+{
+    return o->mode == MODE_BUTTERFLY ? spread_finish(&o->spread, mt) : ISTH_OK;
+}
 
 /* Tokens behind learner i's value before the round on dimension d of a
  * cycle: its subcube of learners agreeing on bits >= d. */

@@ -162,7 +162,8 @@ static int report_lost_sites(Trainer *tr)
  * part, and says from which step), and what `sync` would have moved in them.
  * Each site counts from its own first step (a site that rejoined a federated
  * run counts from its rejoin), so sync's bytes are summed site by site; a
- * site lost on the way reports nothing and adds nothing to either side. */
+ * site lost for good reports neither (what the others exchanged with it
+ * stays in theirs). */
 static int traffic_summary(Trainer *tr, long first_step)
 {
     const Topology *t = &tr->topo;
@@ -274,7 +275,8 @@ static int others_leave(Trainer *tr)
     Reducer *r = &tr->red;
     int any = 0;
     for (int s = 1; s < t->n_sites; s++) any |= r->stop_sites[s];
-    if (!r->link.survive || tr->outer.mode == MODE_BUTTERFLY || !any || r->stop_sites[0] || r->stop_sites[t->site]) return 0;
+    if (!r->link.survive || tr->outer.mode == MODE_BUTTERFLY || !any || r->stop_sites[0] || r->stop_sites[t->site])
+        return 0;
     for (int s = 1; s < t->n_sites; s++)
         if (r->stop_sites[s]) link_mark_left(&r->link, s);
     r->stop_agreed = 0;
@@ -468,7 +470,8 @@ int train_run(const Config *cfg, const char *resume, const char *site)
         if (tr.log && (s.step % tc->log_every == 0 || s.step == tc->steps)) rc = metrics_step(&tr.metrics, &s);
         if (rc != ISTH_OK) break;
         /* butterfly learners agree only at the end */
-        if (tc->check_replicas > 0 && tr.outer.mode != MODE_BUTTERFLY && (tr.step % tc->check_replicas == 0 || tr.step == tc->steps))
+        if (tc->check_replicas > 0 && tr.outer.mode != MODE_BUTTERFLY &&
+            (tr.step % tc->check_replicas == 0 || tr.step == tc->steps))
             rc = check_replicas(&tr);
         if (rc != ISTH_OK) break;
         int site_stop;

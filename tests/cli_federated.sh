@@ -180,7 +180,7 @@ fi
 # the traffic summary counts each site from its own first step: a from 0, b from its rejoin
 rejoin=$(sed -n 's/^site b rejoined at step \([0-9]*\) .*/\1/p' "$WORK/killed_a.log" | head -1)
 params=$("$ISTHMUS" inspect "$WORK/killed/model.h5" 2>/dev/null |
-    awk '$1 ~ /^\/model\/./ { gsub(/[][,]/, " "); n = 1; for (i = 2; i <= NF; i++) n *= $i; p += n } END { print p + 0 }')
+    awk '$1 ~ /^\/model\/./ { gsub(/[][,]/, " "); n = 1; for (i = 2; i <= NF; i++) n *= $i; p += n } END { printf "%.0f\n", p }')
 traffic=$(grep '"summary":"traffic"' "$WORK/killed/metrics.jsonl")
 want=$(awk -v r="${rejoin:-0}" -v p="$params" 'BEGIN { printf "%.0f", (1000 + 1000 - r) * 2 * 4 * p }')
 if [ -n "$rejoin" ] && [ "$params" -gt 0 ] && echo "$traffic" | grep -q '"steps":1000,"from_step":0,' &&
