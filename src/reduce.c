@@ -15,8 +15,6 @@
 #include "coll.h"
 #include "status.h"
 
-/* A site verdict: one byte per site (its payload accepted), then one byte
- * "go on" (0: this site asks every site to stop). */
 /* A verdict: per site, its payload was accepted; then per site, it does
  * not ask to stop (0 = it asks: the AND over sites keeps every request). */
 static size_t site_verdict_bytes(const Topology *t) { return 2 * (size_t)t->n_sites; }
