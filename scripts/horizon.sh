@@ -1,5 +1,4 @@
 #!/bin/bash
-# shellcheck disable=SC2034 # MODE_*, NP_* and LR_* are read through eval
 # horizon.sh — the inner optimiser and the training horizon (docs/results.md,
 # "Shampoo, Muon and the horizon"): small.ini, 16 sequences of 256 bytes per
 # step in every run, two sites, AdamW against the matrix optimisers.
@@ -44,11 +43,14 @@ L2="--set train.micro_batch=4 --set site.a.ranks=2 --set site.a.learner_ranks=2 
  --set site.b.learner_ranks=2"
 L8="--set train.micro_batch=2 --set site.a.ranks=4 --set site.a.learner_ranks=1 --set site.b.ranks=4
  --set site.b.learner_ranks=1"
-MODE_sync="$L2"
-MODE_diloco="$L2 --set outer.mode=diloco --set outer.inner_steps=64 --set outer.codec=fp4 --set outer.lr=1
- --set outer.momentum=0"
-MODE_butterfly="$L8 --set outer.mode=butterfly --set outer.inner_steps=10"
-NP_sync=4 NP_diloco=4 NP_butterfly=8
+# shellcheck disable=SC2034 # read through eval (run, best)
+{
+    MODE_sync="$L2"
+    MODE_diloco="$L2 --set outer.mode=diloco --set outer.inner_steps=64 --set outer.codec=fp4 --set outer.lr=1
+     --set outer.momentum=0"
+    MODE_butterfly="$L8 --set outer.mode=butterfly --set outer.inner_steps=10"
+    NP_sync=4 NP_diloco=4 NP_butterfly=8
+}
 # the model of OUT's runs: its marker; runs from before the marker are the small model's
 HELD=
 if [ -f "$OUT/model" ]; then HELD=$(cat "$OUT/model"); elif compgen -G "$OUT/*_lr*_s*/" > /dev/null; then HELD=small; fi
@@ -61,9 +63,12 @@ esac
 [ -z "$HELD" ] || [ "$HELD" = "$MODEL" ] || { echo "horizon.sh: $OUT holds runs of the $HELD model, not MODEL=$MODEL" >&2; exit 2; }
 # the learning rates the 400-step sweep chose (docs/results.md; butterfly from 1e-3 and
 # 1.4e-3 only, by the mean of the two evals' bpb)
-LR_sync_adamw=${LR_sync_adamw:-0.001} LR_sync_shampoo=${LR_sync_shampoo:-0.001}
-LR_diloco_adamw=${LR_diloco_adamw:-0.001} LR_diloco_shampoo=${LR_diloco_shampoo:-0.001}
-LR_butterfly_adamw=${LR_butterfly_adamw:-0.001} LR_butterfly_shampoo=${LR_butterfly_shampoo:-0.0014}
+# shellcheck disable=SC2034 # read through eval (run, best)
+{
+    LR_sync_adamw=${LR_sync_adamw:-0.001} LR_sync_shampoo=${LR_sync_shampoo:-0.001}
+    LR_diloco_adamw=${LR_diloco_adamw:-0.001} LR_diloco_shampoo=${LR_diloco_shampoo:-0.001}
+    LR_butterfly_adamw=${LR_butterfly_adamw:-0.001} LR_butterfly_shampoo=${LR_butterfly_shampoo:-0.0014}
+}
 
 . scripts/optim_variant.sh # optim_flags: Shampoo's variants (shampoo-b64, shampoo-e40)
 . jobs/lib.sh              # isthmus_run: USR1, INT, TERM passed on to the run as USR1

@@ -274,7 +274,7 @@ static int write_state(Trainer *tr, H5File *f, CkptScratch *sc)
         /* sync with a lossy codec: error feedback of the gradient sums */
         if (reduce_any_residual(&tr->red)) CHECK(write_residual(f, tr, "/outer/residual", first));
     } else {
-        const int bf = tr->outer.mode == MODE_BUTTERFLY; /* butterfly: outer state per learner */
+        const int bf = tr->mode == MODE_BUTTERFLY; /* butterfly: outer state per learner */
         if (bf) CHECK(write_state_of(f, tr, sc, "/model", STATE_PARAMS, first));
         else CHECK(write_outer(f, tr, "/model", OUTER_ANCHOR, first));
         if (!bf) {
@@ -329,7 +329,7 @@ static int checkpoint_groups(const Trainer *tr)
     const int in_flight = exchanges_in_flight(tr);
     const int inner = 2 + (uses_shampoo(tr) ? SHAMPOO_GROUPS : 0); /* m, v (+ shampoo's) */
     if (tr->mode == MODE_SYNC) return 1 + inner + residual;     /* model, inner state (+ residual) */
-    if (tr->outer.mode == MODE_BUTTERFLY) /* model; per learner anchor, momentum, residual, */
+    if (tr->mode == MODE_BUTTERFLY) /* model; per learner anchor, momentum, residual, */
         return 1 + learners * (4 + inner + 2 * in_flight); /* pending, sent, model, inner state */
     return 3 + in_flight + (1 + inner) * learners;        /* anchor, momentum, residual, pending; per learner */
 }
@@ -849,7 +849,7 @@ static int load_checkpoint(Trainer *tr, const char *path, int from_site, int *da
         }
     } else if (rc == ISTH_OK) {
         char g[64], ga[64], gm[64], gr[64];
-        const int bf = tr->outer.mode == MODE_BUTTERFLY;
+        const int bf = tr->mode == MODE_BUTTERFLY;
         /* whose state this learner takes: its own, or on a rejoin one of the live site's learners */
         const int k = from_site < 0 ? t->learner : (int)first + (t->learner - site->first_learner) % (int)learners;
         snprintf(ga, sizeof ga, "/learner_%d/outer/anchor", k);

@@ -40,7 +40,7 @@
 #include "spread.h"
 
 typedef struct {
-    OuterMode mode;            /* diloco, streaming or butterfly */
+    OuterMode mode;            /* diloco, streaming or butterfly (callers read Trainer.mode) */
     int learner, n_learners, k; /* butterfly: my id, N = 2^k */
     double *weights;           /* butterfly: token share of every learner */
     int nesterov_mix;          /* butterfly: apply Nesterov to the mixed change (lr != 1 or momentum != 0) */

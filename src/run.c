@@ -275,7 +275,7 @@ static int others_leave(Trainer *tr)
     Reducer *r = &tr->red;
     int any = 0;
     for (int s = 1; s < t->n_sites; s++) any |= r->stop_sites[s];
-    if (!r->link.survive || tr->outer.mode == MODE_BUTTERFLY || !any || r->stop_sites[0] || r->stop_sites[t->site])
+    if (!r->link.survive || tr->mode == MODE_BUTTERFLY || !any || r->stop_sites[0] || r->stop_sites[t->site])
         return 0;
     for (int s = 1; s < t->n_sites; s++)
         if (r->stop_sites[s]) link_mark_left(&r->link, s);
@@ -470,7 +470,7 @@ int train_run(const Config *cfg, const char *resume, const char *site)
         if (tr.log && (s.step % tc->log_every == 0 || s.step == tc->steps)) rc = metrics_step(&tr.metrics, &s);
         if (rc != ISTH_OK) break;
         /* butterfly learners agree only at the end */
-        if (tc->check_replicas > 0 && tr.outer.mode != MODE_BUTTERFLY &&
+        if (tc->check_replicas > 0 && tr.mode != MODE_BUTTERFLY &&
             (tr.step % tc->check_replicas == 0 || tr.step == tc->steps))
             rc = check_replicas(&tr);
         if (rc != ISTH_OK) break;

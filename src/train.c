@@ -112,7 +112,7 @@ int trainer_create(Trainer *tr, const Config *cfg, int log, MPI_Comm world)
         CHECK(outer_create(&tr->outer, &cfg->outer, &tr->red, tr->be, site->tokens_per_step / t->total_tokens_per_step));
         tr->outer.spread.tolerant = federated; /* a lost site's samples stop the probe, not the run */
     }
-    if (tr->mode != MODE_SYNC && tr->outer.mode == MODE_BUTTERFLY) {
+    if (tr->mode == MODE_BUTTERFLY) {
         const int N = t->n_learners;
         if (N < 2 || (N & (N - 1)))
             return isth_fail(ISTH_EINPUT,
@@ -328,7 +328,7 @@ int trainer_eval(Trainer *tr, double *bpb_prose, double *bpb_tech)
      * modes): learner 0 evaluates, its ranks splitting the windows; the
      * others go on to their next step */
     if (tr->topo.learner != tr->topo.sites[trainer_lead_site(tr)].first_learner) return ISTH_OK;
-    const int anchor = tr->mode != MODE_SYNC && tr->outer.mode != MODE_BUTTERFLY; /* butterfly: learner 0's own */
+    const int anchor = tr->mode == MODE_DILOCO || tr->mode == MODE_STREAMING; /* butterfly: learner 0's own */
     Backend *be = tr->be;
     if (anchor) CHECK(outer_view_anchor(&tr->outer, &tr->red, be));
     const Corpus *sets[2] = {&tr->eval_prose, &tr->eval_tech};
