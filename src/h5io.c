@@ -407,7 +407,8 @@ static void pack_layer(float **ptrs, size_t n, size_t per, float *mem, int dir)
 /* How a tensor's chunks move: one collective call for an expert tensor
  * held as one block (no staging), else one per layer (staging: one layer's
  * chunks). The choice is agreed over the file's ranks, so every rank makes
- * the same calls. */
+ * the same calls; the agreement is advisory (an MPI failure in it reads as
+ * "per layer", and the collective transfers that follow report it). */
 typedef struct {
     int calls, one_call;
     size_t whole;
