@@ -87,6 +87,7 @@ __device__ static float decode_one(Codec c, const unsigned char *codes, const fl
     case CODEC_BF16: return codec_from_bf16(((const uint16_t *)codes)[i]);
     case CODEC_INT8: return codec_int8_value(((const int8_t *)codes)[i], scale[i / (size_t)block]);
     case CODEC_FP4: return codec_fp4_value((codes[i / 2] >> (4 * (i & 1))) & 15u, scale[i / (size_t)block]);
+    case CODEC_TOPK: break; /* the host's (cuda_codec_encode_ef refuses it) */
     }
     return 0.0f;
 }
@@ -189,6 +190,7 @@ static int enqueue(CudaCodec *cc, Codec c, int feedback, size_t n, int block, si
     if (feedback) CHECK_CUDA(cudaMemcpyAsync(cc->d_res, h_res, f, cudaMemcpyHostToDevice, s));
     add_residual<<<grid_for(n), THREADS, 0, s>>>(cc->d_val, feedback ? cc->d_res : NULL, n);
     switch (c) {
+    case CODEC_TOPK: return isth_fail(ISTH_ERUNTIME, "cuda codec: topk is encoded on the host");
     case CODEC_NONE: break; /* the codes are the values */
     case CODEC_BF16: encode_bf16<<<grid_for(n), THREADS, 0, s>>>((uint16_t *)cc->d_codes, cc->d_val, n); break;
     case CODEC_INT8:
@@ -221,6 +223,7 @@ extern "C" int cuda_codec_encode_ef(CudaCodec *cc, Codec c, const float *x, floa
     *err2 = *norm2 = 0.0;
     if (n == 0) return ISTH_OK;
     if (block < 1) return isth_fail(ISTH_ERUNTIME, "cuda codec: block %d < 1", block);
+    if (c == CODEC_TOPK) return isth_fail(ISTH_ERUNTIME, "cuda codec: topk is encoded on the host (reduce.c)");
     CHECK(reserve(cc, n));
     const cudaStream_t s = cc->stream;
     const size_t f = sizeof(float) * n;

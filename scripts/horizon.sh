@@ -15,7 +15,9 @@
 #   step-time Shampoo with 64 x 64 blocks, and with roots every 40 updates, in sync
 #   seeds     the longest horizon again with another data order (train.seed = 43)
 #   MODE:OPTIMIZER:STEPS[:SEED]
-#             one run at the chosen lr (e.g. sync:shampoo:400; seed 42 unless given)
+#             one run at the chosen lr (e.g. sync:shampoo:400; seed 42 unless given);
+#             MODE is sync, diloco, butterfly or a DiLoCo variant (topk topkh32 topkall
+#             topknest nesterov nesterovh32: below), which takes diloco's inner lr
 #   table     the markdown tables of every run present
 #   gap       the gap to sync against tokens: for each run at its mode's chosen lr,
 #             bpb against sync with the same optimiser, steps and seed, and against
@@ -52,7 +54,25 @@ L8="--set train.micro_batch=2 --set site.a.ranks=4 --set site.a.learner_ranks=1 
      --set outer.momentum=0"
     MODE_butterfly="$L8 --set outer.mode=butterfly --set outer.inner_steps=10"
     NP_sync=4 NP_diloco=4 NP_butterfly=8
+    # DiLoCo with SparseLoCo's payloads (outer.codec = topk: 64 of 4,096 values
+    # at 2 bits, residual decay 0.95, each value averaged over its senders, no
+    # outer momentum, outer lr 1) at H = 64 and 32; with the averaging over all
+    # learners; with outer Nesterov momentum (0.9, lr 0.7) on top; and DiLoCo
+    # fp4 with outer Nesterov momentum (SNOO's outer optimiser) at H = 64 and 32
+    TOPK="--set outer.mode=diloco --set outer.codec=topk --set outer.ef_decay=0.95 --set outer.lr=1
+     --set outer.momentum=0"
+    MODE_topk="$L2 $TOPK --set outer.inner_steps=64"
+    MODE_topkh32="$L2 $TOPK --set outer.inner_steps=32"
+    MODE_topkall="$L2 $TOPK --set outer.inner_steps=64 --set outer.topk_mean=all"
+    MODE_topknest="$L2 $TOPK --set outer.inner_steps=64 --set outer.lr=0.7 --set outer.momentum=0.9"
+    MODE_nesterov="$L2 --set outer.mode=diloco --set outer.inner_steps=64 --set outer.codec=fp4 --set outer.lr=0.7
+     --set outer.momentum=0.9"
+    MODE_nesterovh32="$L2 --set outer.mode=diloco --set outer.inner_steps=32 --set outer.codec=fp4 --set outer.lr=0.7
+     --set outer.momentum=0.9"
+    NP_topk=4 NP_topkh32=4 NP_topkall=4 NP_topknest=4 NP_nesterov=4 NP_nesterovh32=4
 }
+# the two-site modes: everything but sync and butterfly (the DiLoCo variants above)
+DILOCO_MODES="diloco topk topkh32 topkall topknest nesterov nesterovh32"
 # the model of OUT's runs: its marker; runs from before the marker are the small model's
 HELD=
 if [ -f "$OUT/model" ]; then HELD=$(cat "$OUT/model"); elif compgen -G "$OUT/*_lr*_s*/" > /dev/null; then HELD=small; fi
@@ -111,7 +131,12 @@ butterfly_sweep() { # butterfly's own lr (8 ranks; 15-30 min per run here)
     done
 }
 
-best() { eval echo "\$LR_$1_$2"; }
+best() { # the inner lr of MODE OPTIMIZER: the DiLoCo variants take diloco's
+    local v
+    v=$(eval echo "\${LR_$1_$2:-}")
+    [ -n "$v" ] || v=$(eval echo "\${LR_diloco_$2:-}")
+    echo "$v"
+}
 
 # the bpb of runs reported in docs/results.md whose directories this machine does not hold
 RECORDED=${RECORDED:-docs/data/horizon-recorded.tsv}
@@ -162,7 +187,7 @@ gap() {
         d=$OUT/$name
         IFS=_ read -r mode opt lr steps seed <<< "$name"
         lr=${lr#lr} seed=${seed#s}
-        case $mode in sync | diloco | butterfly) ;; *) continue ;; esac
+        case " sync butterfly $DILOCO_MODES " in *" $mode "*) ;; *) continue ;; esac
         case $opt in adamw | shampoo) ;; *) continue ;; esac # variants are step-time rows, muon has no horizon
         [ "$lr" = "$(best "$mode" "$opt")" ] || continue # sweep rows at other lrs
         p=$(bpb_of "$d" prose) t=$(bpb_of "$d" tech)
@@ -243,9 +268,9 @@ for phase in "$@"; do
     gap) gap ;;
     *:*:*)
         IFS=: read -r mode opt steps seed <<< "$phase"
-        case $mode in sync | diloco | butterfly) ;; *) echo "horizon.sh: unknown mode '$mode'" >&2; exit 2 ;; esac
+        case " sync butterfly $DILOCO_MODES " in *" $mode "*) ;; *) echo "horizon.sh: unknown mode '$mode'" >&2; exit 2 ;; esac
         case $steps in '' | *[!0-9]*) echo "horizon.sh: '$phase': steps '$steps' is not a number" >&2; exit 2 ;; esac
-        lr=$(eval echo "\${LR_${mode}_${opt%%-*}:-}")
+        lr=$(best "$mode" "${opt%%-*}")
         [ -n "$lr" ] || { echo "horizon.sh: '$phase': no lr chosen for $mode with ${opt%%-*} (set LR_${mode}_${opt%%-*})" >&2; exit 2; }
         run "$mode" "$opt" "$lr" "$steps" "${seed:-42}"
         ;;

@@ -97,7 +97,9 @@ typedef struct {
     /* Optional (NULL: the reducer encodes on the host): codec.h's
      * codec_encode_ef on host buffers, computed where the backend computes
      * (the CUDA backend: kernels on its copy stream), producing the host
-     * codec's bytes, decoded values and residual bit for bit. */
+     * codec's bytes, decoded values and residual bit for bit. Called for
+     * the element-wise codecs (none, bf16, int8, fp4) with plain feedback
+     * (decay 1) only: topk and a decaying residual are encoded on the host. */
     int (*encode_ef)(Backend *b, Codec c, const float *x, float *residual, size_t n, int block, unsigned char *out,
                      float *decoded, double *err2, double *norm2);
     /* Optional (NULL: not offered): call fn(ctx) between the layers of

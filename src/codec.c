@@ -5,28 +5,31 @@
 #include <math.h>
 #include <string.h>
 
+static const char *const codec_names[CODEC_COUNT] = {"none", "bf16", "int8", "fp4", "topk"};
+
+CodecParams codec_params(int block)
+{
+    return (CodecParams){block, block / 64 > 1 ? block / 64 : 1, 2, 1.0f};
+}
+
 int codec_from_name(const char *name)
 {
-    static const char *const names[] = {"none", "bf16", "int8", "fp4"};
-    for (int i = 0; i < 4; i++)
-        if (!strcmp(name, names[i])) return i;
+    for (int i = 0; i < CODEC_COUNT; i++)
+        if (!strcmp(name, codec_names[i])) return i;
     return -1;
 }
 
-const char *codec_name(Codec c)
-{
-    static const char *const names[] = {"none", "bf16", "int8", "fp4"};
-    return names[c];
-}
+const char *codec_name(Codec c) { return codec_names[c]; }
 
-size_t codec_encoded_size(Codec c, size_t n, int block)
+size_t codec_encoded_size(Codec c, size_t n, CodecParams p)
 {
-    const size_t blocks = (n + (size_t)block - 1) / (size_t)block;
+    const size_t blocks = (n + (size_t)p.block - 1) / (size_t)p.block;
     switch (c) {
     case CODEC_NONE: return 4 * n;
     case CODEC_BF16: return 2 * n;
     case CODEC_INT8: return n + 4 * blocks;
     case CODEC_FP4: return (n + 1) / 2 + 4 * blocks;
+    case CODEC_TOPK: return codec_topk_size(n, p);
     }
     return 0;
 }
@@ -38,10 +41,11 @@ static float block_absmax(const float *x, size_t n)
     return m;
 }
 
-void codec_encode(Codec c, const float *x, size_t n, int block, unsigned char *out)
+void codec_encode(Codec c, const float *x, size_t n, CodecParams p, unsigned char *out)
 {
-    const size_t B = (size_t)block;
+    const size_t B = (size_t)p.block;
     switch (c) {
+    case CODEC_TOPK: codec_topk_encode(x, n, p, out); return;
     case CODEC_NONE: memcpy(out, x, 4 * n); return;
     case CODEC_BF16:
         for (size_t i = 0; i < n; i++) {
@@ -81,18 +85,19 @@ void codec_encode(Codec c, const float *x, size_t n, int block, unsigned char *o
     }
 }
 
-void codec_decode(Codec c, const unsigned char *in, size_t n, int block, float *x)
+int codec_decode(Codec c, const unsigned char *in, size_t n, CodecParams p, float *x)
 {
-    const size_t B = (size_t)block;
+    const size_t B = (size_t)p.block;
     switch (c) {
-    case CODEC_NONE: memcpy(x, in, 4 * n); return;
+    case CODEC_TOPK: return codec_topk_decode(in, n, p, x);
+    case CODEC_NONE: memcpy(x, in, 4 * n); return 0;
     case CODEC_BF16:
         for (size_t i = 0; i < n; i++) {
             uint16_t h;
             memcpy(&h, in + 2 * i, 2);
             x[i] = codec_from_bf16(h);
         }
-        return;
+        return 0;
     case CODEC_INT8: {
         const unsigned char *scales = in + n;
         for (size_t b0 = 0, bi = 0; b0 < n; b0 += B, bi++) {
@@ -101,7 +106,7 @@ void codec_decode(Codec c, const unsigned char *in, size_t n, int block, float *
             memcpy(&scale, scales + 4 * bi, 4);
             for (size_t i = 0; i < len; i++) x[b0 + i] = codec_int8_value((int8_t)in[b0 + i], scale);
         }
-        return;
+        return 0;
     }
     case CODEC_FP4: {
         const size_t codes = (n + 1) / 2;
@@ -116,30 +121,32 @@ void codec_decode(Codec c, const unsigned char *in, size_t n, int block, float *
                 x[j] = codec_fp4_value(code, scale);
             }
         }
-        return;
+        return 0;
     }
     }
+    return -1;
 }
 
-void codec_encode_ef(Codec c, const float *x, float *residual, size_t n, int block,
+void codec_encode_ef(Codec c, const float *x, float *residual, size_t n, CodecParams p,
                      unsigned char *out, float *decoded, double *err2, double *norm2)
 {
-    /* decoded doubles as the buffer for x + residual */
-    for (size_t i = 0; i < n; i++) decoded[i] = x[i] + (residual ? residual[i] : 0.0f);
+    /* decoded doubles as the buffer for x + decay*residual (a decay of 1
+     * multiplies exactly: plain feedback's bits are unchanged) */
+    for (size_t i = 0; i < n; i++) decoded[i] = x[i] + (residual ? p.decay * residual[i] : 0.0f);
     double nn = 0.0;
     for (size_t i = 0; i < n; i++) nn += (double)decoded[i] * decoded[i];
-    codec_encode(c, decoded, n, block, out);
+    codec_encode(c, decoded, n, p, out);
     double ee = 0.0;
     if (residual) {
         for (size_t i = 0; i < n; i++) residual[i] = decoded[i];
-        codec_decode(c, out, n, block, decoded);
+        (void)codec_decode(c, out, n, p, decoded); /* our own encoding: well formed */
         for (size_t i = 0; i < n; i++) {
             float r = residual[i] - decoded[i];
             residual[i] = r;
             ee += (double)r * r;
         }
     } else { /* without feedback the dropped part is only measured */
-        codec_decode(c, out, n, block, decoded);
+        (void)codec_decode(c, out, n, p, decoded);
         for (size_t i = 0; i < n; i++) {
             double r = (double)x[i] - decoded[i];
             ee += r * r;

@@ -92,9 +92,14 @@ static const KeySpec schema[] = {
     {"outer", "fragments", KEY_INT, OU(fragments), 0, 0, 1 << 20, 0, NULL, "0"},
     {"outer", "overlap", KEY_INT, OU(overlap), 0, 1, 1 << 24, 0, NULL, "1"},
     {"outer", "merge_alpha", KEY_REAL, OU(merge_alpha), 0, 0, 1, 0, NULL, "0.5"},
-    {"outer", "codec", KEY_ENUM, OU(codec), STRSZ(outer.codec), 0, 0, 0, "none|bf16|int8|fp4", "none"},
+    {"outer", "codec", KEY_ENUM, OU(codec), STRSZ(outer.codec), 0, 0, 0, "none|bf16|int8|fp4|topk", "none"},
     {"outer", "codec_block", KEY_INT, OU(codec_block), 0, 1, 1 << 24, 0, NULL, "128"},
+    {"outer", "topk_chunk", KEY_INT, OU(topk_chunk), 0, 2, 1 << 24, 0, NULL, "4096"},
+    {"outer", "topk_k", KEY_INT, OU(topk_k), 0, 1, 1 << 24, 0, NULL, "64"},
+    {"outer", "topk_bits", KEY_INT, OU(topk_bits), 0, 1, 8, 0, NULL, "2"},
+    {"outer", "topk_mean", KEY_ENUM, OU(topk_mean), STRSZ(outer.topk_mean), 0, 0, 0, "senders|all", "senders"},
     {"outer", "error_feedback", KEY_ENUM, OU(error_feedback), STRSZ(outer.error_feedback), 0, 0, 0, "on|off", "on"},
+    {"outer", "ef_decay", KEY_REAL, OU(ef_decay), 0, 0, 1, 0, NULL, "1"},
     {"outer", "timeout", KEY_REAL, OU(timeout), 0, 0, 1e7, 1, NULL, "600"},
     {"outer", "run_id", KEY_STR, OU(run_id), STRSZ(outer.run_id), 0, 0, 0, NULL, ""},
     {"outer", "key_file", KEY_STR, OU(key_file), STRSZ(outer.key_file), 0, 0, 0, NULL, ""},
@@ -504,6 +509,14 @@ static int validate_outer(Config *cfg, EntryList *l)
                          "config %s: [outer] overlap = %d must be less than inner_steps = %d (an exchange must "
                          "finish before the fragment's next one starts)",
                          origin_of(l, "outer", "overlap"), o->overlap, o->inner_steps);
+    if (!strcmp(o->codec, "topk") && o->topk_k > o->topk_chunk)
+        return isth_fail(ISTH_EINPUT, "config %s: [outer] topk_k = %d exceeds topk_chunk = %d (values sent per chunk)",
+                         origin_of(l, "outer", "topk_k"), o->topk_k, o->topk_chunk);
+    if (!strcmp(o->codec, "topk") && butterfly)
+        return isth_fail(ISTH_EINPUT,
+                         "config %s: [outer] codec = topk needs mode = diloco, streaming or sync (butterfly sends "
+                         "parameter values, which a sparse payload cannot carry; use bf16, int8 or fp4)",
+                         origin_of(l, "outer", "codec"));
     if (streaming && o->fragments > o->inner_steps)
         return isth_fail(ISTH_EINPUT, "config %s: [outer] fragments = %d exceeds inner_steps = %d (offsets would collide)",
                          origin_of(l, "outer", "fragments"), o->fragments, o->inner_steps);
@@ -567,6 +580,12 @@ static int load_entries(Config *cfg, EntryList *l, const char *const *overrides,
     CHECK(validate(cfg, l));
     CHECK(validate_outer(cfg, l));
     return validate_sites(cfg, l);
+}
+
+CodecParams config_codec_params(const OuterConfig *o)
+{
+    const int topk = !strcmp(o->codec, "topk");
+    return (CodecParams){topk ? o->topk_chunk : o->codec_block, o->topk_k, o->topk_bits, (float)o->ef_decay};
 }
 
 int config_load_text(Config *cfg, const char *text, const char *origin,

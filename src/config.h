@@ -12,6 +12,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "codec.h"
+
 #define CONFIG_PATH_MAX 1024
 /* a configured directory plus what isthmus adds under it (site, file name) */
 #define CONFIG_FILE_PATH_MAX (CONFIG_PATH_MAX + 256)
@@ -89,9 +91,14 @@ typedef struct {
     int fragments;      /* P (default by mode: 1, streaming: layers) */
     int overlap;        /* tau: inner steps a streaming exchange or butterfly round overlaps */
     double merge_alpha; /* streaming merge: theta = alpha*local + (1-alpha)*outer */
-    char codec[8];      /* none | bf16 | int8 | fp4 */
-    int codec_block;    /* values per scale */
+    char codec[8];      /* none | bf16 | int8 | fp4 | topk */
+    int codec_block;    /* values per scale (int8, fp4) */
+    int topk_chunk;     /* topk: values per chunk */
+    int topk_k;         /* topk: values sent per chunk */
+    int topk_bits;      /* topk: bits per sent value */
+    char topk_mean[8];  /* topk: senders | all (what a sum of sparse payloads is divided by) */
     char error_feedback[4]; /* on | off */
+    double ef_decay;    /* error feedback: residual decay per exchange (SparseLoCo's beta) */
     double timeout;     /* seconds an inter-site exchange may take */
     char run_id[64];    /* federated launch: the name published is isthmus-<run_id> ("" = the config fingerprint) */
     char key_file[CONFIG_PATH_MAX]; /* federated launch: the run's key ("" = <out_dir>/run.key) */
@@ -136,6 +143,10 @@ int config_load_text(Config *cfg, const char *text, const char *origin,
 /* The resolved configuration as INI text, every key, schema order.
  * Returns a malloc'd string. */
 char *config_to_text(const Config *cfg);
+
+/* The [outer] codec's parameters: the block is codec_block, or topk_chunk
+ * for topk; the decay is ef_decay. */
+CodecParams config_codec_params(const OuterConfig *o);
 
 /* Print "[section] key" for every public key, one per line (for docs/tests). */
 void config_print_keys(void);

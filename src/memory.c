@@ -57,7 +57,8 @@ static int plan_exchanges(const Config *cfg, const Topology *t, const Model *m, 
     const OuterConfig *oc = &cfg->outer;
     const int butterfly = oc->mode_id == MODE_BUTTERFLY, outer_mode = oc->mode_id != MODE_SYNC;
     const Codec codec = (Codec)codec_from_name(oc->codec);
-    const int block = oc->codec_block, ef = !strcmp(oc->error_feedback, "on") && codec != CODEC_NONE;
+    const CodecParams block = config_codec_params(oc);
+    const int ef = !strcmp(oc->error_feedback, "on") && codec != CODEC_NONE;
     const SiteInfo *site = &t->sites[t->site];
     const int leader = t->learner == site->first_learner, G = t->learner_size;
     int k = 0;

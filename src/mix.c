@@ -33,7 +33,7 @@ static int build_pair(Reducer *r, int f, int d, int exact)
     pp->crosses = topology_site_of_learner(t, partner) != t->site;
     pp->codec = exact ? CODEC_NONE : r->codec;
     CHECK(peers_add(&pp->peers, &r->table, &r->frag[f].own, G, first, topology_site_of_learner(t, partner), f,
-                    pp->codec, r->block, LINK_PAIR_VALUES, PAIR_VERDICT_BYTES, !pp->crosses));
+                    pp->codec, r->cp, LINK_PAIR_VALUES, PAIR_VERDICT_BYTES, !pp->crosses));
     return peers_index(&pp->peers);
 }
 
@@ -122,7 +122,7 @@ int mix_start(Reducer *r, int f, int partner, const float *values, double w_me, 
     /* both partners number their exchanges alike: learner rounds are in step */
     peers_bind(&pp->peers, fp->slot);
     const int corrupt = r->link.corrupt_exchange && (uint64_t)r->link.corrupt_exchange == pp->exchange;
-    return peers_post(&r->link, &r->table, &fp->own, enc, &pp->peers, r->block, LINK_PAIR_VALUES, f,
+    return peers_post(&r->link, &r->table, &fp->own, enc, &pp->peers, r->cp, LINK_PAIR_VALUES, f,
                       (uint32_t)t->learner, pp->exchange, 1, corrupt);
 }
 
@@ -180,7 +180,7 @@ int mix_finish_staged(Reducer *r, int f, ReduceReport *rep, double *pair_distanc
     unsigned char ok = alive[1];
     const char *why = alive[1] ? NULL : "partner's site lost";
     for (int i = 0; i < pp->peers.n && alive[1]; i++) {
-        const char *bad = peer_take(&r->table, &fp->own, pp->codec, r->block, &pp->peers.peers[i], LINK_PAIR_VALUES, f,
+        const char *bad = peer_take(&r->table, &fp->own, pp->codec, r->cp, &pp->peers.peers[i], LINK_PAIR_VALUES, f,
                                     pp->exchange, theirs);
         if (bad) {
             ok = 0;

@@ -118,7 +118,7 @@ size_t chunk_offset(const ChunkTable *ct, int c)
     return off;
 }
 
-int owned_build(Owned *o, ChunkTable *ct, int f, int G, int j, Codec codec, int block)
+int owned_build(Owned *o, ChunkTable *ct, int f, int G, int j, Codec codec, CodecParams cp)
 {
     memset(o, 0, sizeof *o);
     int n = 0;
@@ -139,7 +139,7 @@ int owned_build(Owned *o, ChunkTable *ct, int f, int G, int j, Codec codec, int 
         o->enc_off[o->n] = o->enc_size;
         o->chunk[o->n++] = c;
         o->size += ch->size;
-        o->enc_size += codec_encoded_size(codec, ch->size, block);
+        o->enc_size += codec_encoded_size(codec, ch->size, cp);
         if (ch->size > o->max_chunk) o->max_chunk = ch->size;
     }
     return ISTH_OK;
@@ -166,7 +166,7 @@ void owned_unpack(const ChunkTable *ct, const Owned *o, const float *packed, flo
 }
 
 int peers_add(PeerSet *ps, ChunkTable *ct, const Owned *own, int G, int first, int site, int f, Codec codec,
-              int block, uint8_t values_kind, size_t verdict_bytes, int local)
+              CodecParams cp, uint8_t values_kind, size_t verdict_bytes, int local)
 {
     Peer *grown = isth_realloc(ps->peers, sizeof(Peer) * (size_t)(ps->n + G));
     CHECK_ALLOC(grown);
@@ -182,7 +182,7 @@ int peers_add(PeerSet *ps, ChunkTable *ct, const Owned *own, int G, int first, i
             if (owner != j) continue;
             p->chunks[p->n++] = k;
             p->values += ct->chunks[own->chunk[k]].size;
-            p->enc_bytes += codec_encoded_size(codec, ct->chunks[own->chunk[k]].size, block);
+            p->enc_bytes += codec_encoded_size(codec, ct->chunks[own->chunk[k]].size, cp);
         }
         if (!p->n) { /* nothing in common */
             isth_free(p->chunks);
@@ -313,7 +313,7 @@ void pool_free(StagePool *p, int leak)
     memset(p, 0, sizeof *p);
 }
 
-int peers_post(Link *l, const ChunkTable *ct, const Owned *own, Encoded enc, PeerSet *ps, int block, uint8_t kind,
+int peers_post(Link *l, const ChunkTable *ct, const Owned *own, Encoded enc, PeerSet *ps, CodecParams cp, uint8_t kind,
                int f, uint32_t from, uint64_t exchange, int send_now, int corrupt)
 {
     for (int i = 0; i < ps->n; i++) {
@@ -328,7 +328,7 @@ int peers_post(Link *l, const ChunkTable *ct, const Owned *own, Encoded enc, Pee
         unsigned char *payload = p->msg.send + sizeof(LinkHeader);
         for (int j = 0; j < p->n; j++) {
             const int k = p->chunks[j];
-            const size_t bytes = codec_encoded_size(enc.codec, ct->chunks[own->chunk[k]].size, block);
+            const size_t bytes = codec_encoded_size(enc.codec, ct->chunks[own->chunk[k]].size, cp);
             memcpy(payload, enc.bytes + enc.off[k], bytes);
             payload += bytes;
         }
@@ -341,7 +341,7 @@ int peers_post(Link *l, const ChunkTable *ct, const Owned *own, Encoded enc, Pee
     return ISTH_OK;
 }
 
-const char *peer_take(const ChunkTable *ct, const Owned *own, Codec codec, int block, const Peer *p, uint8_t kind,
+const char *peer_take(const ChunkTable *ct, const Owned *own, Codec codec, CodecParams cp, const Peer *p, uint8_t kind,
                       int f, uint64_t exchange, float *dst)
 {
     const char *bad = link_check(p->msg.recv, p->msg.recv_bytes, kind, (uint32_t)f, exchange, p->values, p->enc_bytes);
@@ -350,8 +350,8 @@ const char *peer_take(const ChunkTable *ct, const Owned *own, Codec codec, int b
         const int k = p->chunks[j];
         const size_t n = ct->chunks[own->chunk[k]].size;
         float *d = dst + own->off[k];
-        codec_decode(codec, src, n, block, d);
-        src += codec_encoded_size(codec, n, block);
+        if (codec_decode(codec, src, n, cp, d)) return "malformed payload (codec layout)";
+        src += codec_encoded_size(codec, n, cp);
         for (size_t e = 0; e < n; e++)
             if (!isfinite(d[e])) return "NaN or Inf in payload";
     }
@@ -359,7 +359,7 @@ const char *peer_take(const ChunkTable *ct, const Owned *own, Codec codec, int b
 }
 
 /* Sum `n` floats at buf over the learner, in place. */
-size_t peers_frame_bytes(ChunkTable *ct, const Owned *own, int G, Codec codec, int block)
+size_t peers_frame_bytes(ChunkTable *ct, const Owned *own, int G, Codec codec, CodecParams cp)
 {
     size_t total = 0;
     for (int j = 0; j < G; j++) {
@@ -367,7 +367,7 @@ size_t peers_frame_bytes(ChunkTable *ct, const Owned *own, int G, Codec codec, i
         int n = 0;
         for (int k = 0; k < own->n; k++)
             if (chunk_owner(ct, own->chunk[k], G) == j) {
-                enc += codec_encoded_size(codec, ct->chunks[own->chunk[k]].size, block);
+                enc += codec_encoded_size(codec, ct->chunks[own->chunk[k]].size, cp);
                 n++;
             }
         if (n) total += sizeof(LinkHeader) + enc; /* as peers_add frames them */

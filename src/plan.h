@@ -72,7 +72,7 @@ typedef struct {
     size_t size, enc_size, max_chunk;
 } Owned;
 
-int owned_build(Owned *o, ChunkTable *ct, int f, int G, int j, Codec codec, int block);
+int owned_build(Owned *o, ChunkTable *ct, int f, int G, int j, Codec codec, CodecParams cp);
 void owned_free(Owned *o);
 
 /* Copy owned chunks between a params-shaped buffer and the packed layout. */
@@ -101,9 +101,9 @@ typedef struct {
 /* The peers among the G ranks of another learner (first world rank
  * `first`, at site `site`) for my owned chunks `own` of fragment f. */
 int peers_add(PeerSet *ps, ChunkTable *ct, const Owned *own, int G, int first, int site, int f, Codec codec,
-              int block, uint8_t values_kind, size_t verdict_bytes, int local);
+              CodecParams cp, uint8_t values_kind, size_t verdict_bytes, int local);
 /* The frame bytes peers_add would stage for those G ranks (planning). */
-size_t peers_frame_bytes(ChunkTable *ct, const Owned *own, int G, Codec codec, int block);
+size_t peers_frame_bytes(ChunkTable *ct, const Owned *own, int G, Codec codec, CodecParams cp);
 /* Build the link list once every peer is in. */
 int peers_index(PeerSet *ps);
 /* Returns 1 when every message was retired (borrowed buffers may go). */
@@ -147,11 +147,11 @@ typedef struct {
 
 /* Frame each peer's chunks of `enc` and post the receives (and the sends
  * unless send_now is 0). corrupt: the test hook flips a byte. */
-int peers_post(Link *l, const ChunkTable *ct, const Owned *own, Encoded enc, PeerSet *ps, int block, uint8_t kind,
+int peers_post(Link *l, const ChunkTable *ct, const Owned *own, Encoded enc, PeerSet *ps, CodecParams cp, uint8_t kind,
                int f, uint32_t from, uint64_t exchange, int send_now, int corrupt);
 /* Check a peer's frame and decode its chunks into dst (packed layout).
  * NULL, or the reason for rejecting it. */
-const char *peer_take(const ChunkTable *ct, const Owned *own, Codec codec, int block, const Peer *p, uint8_t kind,
+const char *peer_take(const ChunkTable *ct, const Owned *own, Codec codec, CodecParams cp, const Peer *p, uint8_t kind,
                       int f, uint64_t exchange, float *dst);
 
 #endif

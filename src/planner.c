@@ -147,24 +147,28 @@ static int planned_config(const Config *cfg, const PlanSite *sites, int n, Confi
     return ISTH_OK;
 }
 
-/* Canonical values of each fragment (values[p], p < P) and all of them. */
-static int fragment_values(const ModelConfig *mc, int P, double *values, double *all)
+/* Canonical values of each fragment (values[p], p < P) and all of them,
+ * and their encoded bytes under the codec, chunk by chunk as the
+ * reducer encodes them (bytes[p], *all_bytes). */
+static int fragment_values(const ModelConfig *mc, int P, Codec codec, CodecParams cp, double *values, double *all,
+                           double *bytes, double *all_bytes)
 {
     Model m;
     model_describe(&m, mc, 0, mc->experts);
     ChunkTable ct;
     CHECK(chunk_table_create(&ct, &m, P));
-    for (int p = 0; p < P; p++) values[p] = 0;
-    *all = 0;
+    for (int p = 0; p < P; p++) values[p] = bytes[p] = 0;
+    *all = *all_bytes = 0;
     for (int c = 0; c < ct.n_chunks; c++) {
+        const double b = (double)codec_encoded_size(codec, ct.chunks[c].size, cp);
         values[ct.chunks[c].fragment] += (double)ct.chunks[c].size;
+        bytes[ct.chunks[c].fragment] += b;
         *all += (double)ct.chunks[c].size;
+        *all_bytes += b;
     }
     chunk_table_destroy(&ct);
     return ISTH_OK;
 }
-
-static double encoded(Codec c, double values, int block) { return (double)codec_encoded_size(c, (size_t)values, block); }
 
 static double wire_s(double bytes, PlanLink l) { return bytes * 8.0 / (l.bits_per_s * PLAN_TCP_EFFICIENCY); }
 static double transfer_s(double bytes, PlanLink l) { return wire_s(bytes, l) + PLAN_LINK_RTTS * l.rtt_s; }
@@ -199,7 +203,8 @@ int planner_compute(const Config *cfg0, const PlanSite *sites, int n_sites, Plan
     const ModelConfig *mc = &cfg.model;
     const OuterConfig *oc = &cfg.outer;
     const Codec codec = (Codec)codec_from_name(oc->codec);
-    const int block = oc->codec_block, H = oc->inner_steps, tau = oc->overlap;
+    const CodecParams block = config_codec_params(oc);
+    const int H = oc->inner_steps, tau = oc->overlap;
     r->n_sites = cfg.n_sites;
     r->flops_per_token = model_flops_per_token(mc);
     int learners = 0;
@@ -215,29 +220,29 @@ int planner_compute(const Config *cfg0, const PlanSite *sites, int n_sites, Plan
     double slowest = 0;
     for (int s = 0; s < r->n_sites; s++) slowest = fmax(slowest, r->step_s[s]);
     const int S = r->n_sites, peers = S > 1 ? S - 1 : 0; /* every pair of sites has such a link */
-    double frag[LINK_MAX_FRAGMENTS], all;
+    double frag[LINK_MAX_FRAGMENTS], all, fbytes[LINK_MAX_FRAGMENTS], all_bytes;
 
     /* sync: every step, the summed gradient of every parameter (the codec applies) */
-    CHECK(fragment_values(mc, 1, frag, &all));
+    CHECK(fragment_values(mc, 1, codec, block, frag, &all, fbytes, &all_bytes));
     PlanMode *m = &r->sync;
-    m->payload_bytes = encoded(codec, all, block);
+    m->payload_bytes = all_bytes;
     m->transfer_s = peers ? transfer_s(m->payload_bytes, link) : 0;
     fill_mode(m, r, 1, m->transfer_s, 0);
 
     /* diloco: every H steps, the whole pseudo-gradient, blocking */
     m = &r->diloco;
-    m->payload_bytes = encoded(codec, all, block);
+    m->payload_bytes = all_bytes;
     m->transfer_s = peers ? transfer_s(m->payload_bytes, link) : 0;
     fill_mode(m, r, H, m->transfer_s, 0);
 
     /* streaming: P fragments, each once per H steps, each exchange hidden
      * behind tau inner steps; what it does not hide stalls the step */
     const int P = oc->mode_id == MODE_STREAMING ? oc->fragments : mc->layers;
-    CHECK(fragment_values(mc, P, frag, &all));
+    CHECK(fragment_values(mc, P, codec, block, frag, &all, fbytes, &all_bytes));
     m = &r->streaming;
     double stall = 0, busy = 0, largest = 0;
     for (int p = 0; p < P; p++) {
-        const double bytes = encoded(codec, frag[p], block), x = peers ? transfer_s(bytes, link) : 0;
+        const double bytes = fbytes[p], x = peers ? transfer_s(bytes, link) : 0;
         stall += fmax(0.0, x - tau * slowest);
         busy += peers ? wire_s(bytes, link) : 0;
         if (bytes > largest) largest = bytes;
@@ -255,12 +260,12 @@ int planner_compute(const Config *cfg0, const PlanSite *sites, int n_sites, Plan
         int k = 0;
         while ((1 << k) < learners) k++;
         const int Pb = oc->mode_id == MODE_BUTTERFLY ? oc->fragments : 1;
-        CHECK(fragment_values(mc, Pb, frag, &all));
+        CHECK(fragment_values(mc, Pb, codec, block, frag, &all, fbytes, &all_bytes));
         const int per_site = learners / S;
         int crossing = 0; /* rounds of k whose partner is at another site */
         for (int j = 0; j < k; j++) crossing += (1 << j) >= per_site;
         m = &r->butterfly;
-        m->payload_bytes = encoded(codec, frag[0], block) * per_site;
+        m->payload_bytes = fbytes[0] * per_site;
         m->transfer_s = transfer_s(m->payload_bytes, link);
         const double x_stall = fmax(0.0, m->transfer_s - tau * slowest);
         fill_mode(m, r, (double)H * k, crossing * x_stall, crossing * wire_s(m->payload_bytes, link));
@@ -313,8 +318,14 @@ int planner_run(const Config *cfg0, const PlanSite *sites, int n_sites, PlanLink
     const OuterConfig *oc = &cfg.outer;
     const double total = model_total_params(mc);
     const double active = total - (double)mc->layers * (mc->experts - mc->top_k) * 3.0 * mc->dim * mc->ffn;
-    printf("plan: %s (mode %s, H = %d, fragments %d, overlap %d, codec %s/%d)\n", cfg.source, oc->mode,
-           oc->inner_steps, oc->fragments, oc->overlap, oc->codec, oc->codec_block);
+    if (!strcmp(oc->codec, "topk"))
+        printf("plan: %s (mode %s, H = %d, fragments %d, overlap %d, codec topk: %d of %d values at %d bits, "
+               "%.3f bits per value)\n", cfg.source, oc->mode, oc->inner_steps, oc->fragments, oc->overlap,
+               oc->topk_k, oc->topk_chunk, oc->topk_bits,
+               8.0 * r.sync.payload_bytes / model_total_params(mc));
+    else
+        printf("plan: %s (mode %s, H = %d, fragments %d, overlap %d, codec %s/%d)\n", cfg.source, oc->mode,
+               oc->inner_steps, oc->fragments, oc->overlap, oc->codec, oc->codec_block);
     printf("model: %.4g B parameters, %.4g B active per token (%.1fx expert sparsity), %.4g GFLOP per token "
            "trained\n", total / 1e9, active / 1e9, (double)mc->experts / mc->top_k, r.flops_per_token / 1e9);
     printf("link: %.4g Gbit/s, %.4g ms round trip between every pair of sites (%.4g MB in flight per round trip); "
@@ -351,7 +362,9 @@ int planner_run(const Config *cfg0, const PlanSite *sites, int n_sites, PlanLink
     snprintf(shape, sizeof shape, "H=%d P=%d overlap=%d", oc->inner_steps,
              oc->mode_id == MODE_STREAMING ? oc->fragments : mc->layers, oc->overlap);
     print_mode("streaming", shape, &r.streaming, &r, &cfg);
-    if (r.butterfly_learners && r.n_sites > 1) {
+    if (r.butterfly_learners && r.n_sites > 1 && !strcmp(oc->codec, "topk")) {
+        printf("  butterfly  (not with codec topk: butterfly sends parameter values)\n");
+    } else if (r.butterfly_learners && r.n_sites > 1) {
         snprintf(shape, sizeof shape, "%d learners, H=%d", r.butterfly_learners, oc->inner_steps);
         print_mode("butterfly", shape, &r.butterfly, &r, &cfg);
     }

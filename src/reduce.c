@@ -24,7 +24,7 @@ static int build_fragment(Reducer *r, int f)
     const Topology *t = r->topo;
     ChunkTable *ct = &r->table;
     FragPlan *fp = &r->frag[f];
-    CHECK(owned_build(&fp->own, ct, f, t->learner_size, t->learner_rank, r->codec, r->block));
+    CHECK(owned_build(&fp->own, ct, f, t->learner_size, t->learner_rank, r->codec, r->cp));
     int n = 0;
     for (int c = 0; c < ct->n_chunks; c++) n += ct->chunks[c].fragment == f;
     fp->held_off = isth_malloc(sizeof(size_t) * (size_t)(n + 1));
@@ -74,7 +74,7 @@ static int build_fragment(Reducer *r, int f)
     for (int s = 0; s < t->n_sites; s++) {
         if (s == t->site) continue;
         const SiteInfo *o = &t->sites[s];
-        CHECK(peers_add(&fp->site, ct, &fp->own, o->learner_ranks, o->first_rank, s, f, r->codec, r->block,
+        CHECK(peers_add(&fp->site, ct, &fp->own, o->learner_ranks, o->first_rank, s, f, r->codec, r->cp,
                         LINK_SITE_VALUES, site_verdict_bytes(t), 0));
     }
     return peers_index(&fp->site);
@@ -129,14 +129,14 @@ static int build_runs(Reducer *r)
 }
 
 int reducer_create(Reducer *r, const Topology *t, const Model *m, int fragments, Codec codec,
-                   int block, int error_feedback, double timeout_s, MPI_Comm world)
+                   CodecParams cp, int error_feedback, double timeout_s, MPI_Comm world)
 {
     memset(r, 0, sizeof *r);
     r->topo = t;
     r->model = m;
     r->fragments = fragments;
     r->codec = codec;
-    r->block = block;
+    r->cp = cp;
     r->error_feedback = error_feedback && codec != CODEC_NONE;
     r->world = world;
     r->site_peers = MPI_COMM_NULL;
@@ -352,9 +352,12 @@ void reduce_encode_on(Reducer *r, Backend *be) { r->encoder = be && be->ops->enc
 int reduce_encode_chunk(const Reducer *r, const float *x, float *residual, size_t n, unsigned char *out,
                         float *decoded, double *err2, double *norm2)
 {
-    if (r->encoder)
-        return r->encoder->ops->encode_ef(r->encoder, r->codec, x, residual, n, r->block, out, decoded, err2, norm2);
-    codec_encode_ef(r->codec, x, residual, n, r->block, out, decoded, err2, norm2);
+    /* the backends encode the element-wise codecs with plain feedback; the
+     * sparse codec and a decaying residual are the host's */
+    if (r->encoder && r->codec != CODEC_TOPK && r->cp.decay == 1.0f)
+        return r->encoder->ops->encode_ef(r->encoder, r->codec, x, residual, n, r->cp.block, out, decoded, err2,
+                                          norm2);
+    codec_encode_ef(r->codec, x, residual, n, r->cp, out, decoded, err2, norm2);
     return ISTH_OK;
 }
 
@@ -482,7 +485,7 @@ int reduce_start_staged(Reducer *r, int f)
     const int corrupt = r->link.corrupt_exchange && (uint64_t)r->link.corrupt_exchange == fp->exchange;
     const int paced = r->pace && r->pace_ok && r->window_polls > 1 && !r->link.delay_polls;
     fp->paced = paced;
-    CHECK(peers_post(&r->link, &r->table, &fp->own, (Encoded){r->codec, enc, fp->own.enc_off}, &fp->site, r->block,
+    CHECK(peers_post(&r->link, &r->table, &fp->own, (Encoded){r->codec, enc, fp->own.enc_off}, &fp->site, r->cp,
                      LINK_SITE_VALUES, f, (uint32_t)t->site, fp->exchange, !r->link.delay_polls && !paced, corrupt));
     fp->sends_deferred = r->link.delay_polls > 0;
     fp->sent_poll = 0;
@@ -665,7 +668,7 @@ static void take_payloads(Reducer *r, FragPlan *fp, int f, unsigned char *ok, co
             ok[p->site] = 0;
             continue;
         }
-        const char *bad = peer_take(&r->table, &fp->own, r->codec, r->block, p, LINK_SITE_VALUES, f, fp->exchange,
+        const char *bad = peer_take(&r->table, &fp->own, r->codec, r->cp, p, LINK_SITE_VALUES, f, fp->exchange,
                                     staging + (size_t)p->site * size);
         if (bad) {
             ok[p->site] = 0;
@@ -775,7 +778,20 @@ int reduce_finish_staged(Reducer *r, int f, ReduceReport *rep, float **result)
                           alive[s] ? "rejected by a site" : "lost (missed the deadline)");
         }
     /* (5) sum the accepted sites in site order */
-    if (r->leader) { /* total overwrites my site's slot element by element */
+    if (r->leader && r->codec == CODEC_TOPK && r->sender_mean) {
+        /* each value over the sites that sent it: a sparse payload's zero is
+         * "not sent", not "zero" (the values arrive pre-scaled by their
+         * site's token share, so the divisor is the senders' share) */
+        for (size_t i = 0; i < n; i++) {
+            float s = 0.0f, w = 0.0f;
+            for (int st = 0; st < t->n_sites; st++)
+                if (ok[st] && staging[(size_t)st * size + i] != 0.0f) {
+                    s += staging[(size_t)st * size + i];
+                    w += (float)r->site_weight[st];
+                }
+            total[i] = w > 0.0f ? s / w : 0.0f;
+        }
+    } else if (r->leader) { /* total overwrites my site's slot element by element */
         const float rescale = rep->accepted_sites == t->n_sites ? 1.0f : (float)(1.0 / wsum);
         for (size_t i = 0; i < n; i++) {
             float s = 0.0f;

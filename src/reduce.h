@@ -131,7 +131,9 @@ typedef struct {
     float *scratch;            /* (largest owned chunk) decoded values while encoding */
     Backend *encoder;          /* encodes payloads (reduce_encode_on), NULL: the host codec */
     Codec codec;
-    int block, error_feedback;
+    CodecParams cp;            /* the codec's parameters (block, topk_k, topk_bits, decay) */
+    int error_feedback;
+    int sender_mean;           /* topk: each index averaged over the sites that sent it */
     int leader;                /* my learner is the first of its site */
     MPI_Comm world, site_peers;
     Link link;
@@ -157,7 +159,7 @@ typedef struct {
 } Reducer;
 
 int reducer_create(Reducer *r, const Topology *t, const Model *m, int fragments, Codec codec,
-                   int block, int error_feedback, double timeout_s, MPI_Comm world);
+                   CodecParams cp, int error_feedback, double timeout_s, MPI_Comm world);
 void reducer_destroy(Reducer *r);
 /* How many exchanges may be in flight at once (default 1); the staging pool
  * is allocated for that many at the first exchange. */

@@ -78,8 +78,9 @@ int trainer_create(Trainer *tr, const Config *cfg, int log, MPI_Comm world)
     CHECK(backend_create(&tr->be, cfg, tr->micro_batch, t->expert_begin, t->experts_local, &tr->ep));
     tr->model = tr->be->table;
     CHECK(reducer_create(&tr->red, t, &tr->model, cfg->outer.fragments, (Codec)codec_from_name(cfg->outer.codec),
-                         cfg->outer.codec_block, !strcmp(cfg->outer.error_feedback, "on"), cfg->outer.timeout,
-                         world));
+                         config_codec_params(&cfg->outer), !strcmp(cfg->outer.error_feedback, "on"),
+                         cfg->outer.timeout, world));
+    tr->red.sender_mean = !strcmp(cfg->outer.topk_mean, "senders");
     reduce_encode_on(&tr->red, tr->be);
     /* one mpirun per site: losing a site is survivable (the joint launch's
      * mpirun ends the whole job instead) */

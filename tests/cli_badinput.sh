@@ -24,6 +24,11 @@ cp "$DATA_DIR"/eval_prose.txt "$DATA_DIR"/eval_tech.txt "$WORK/data/"
 mkfifo "$WORK/data/train.txt"
 expect_exit 2 "data file $WORK/data/train.txt: not a regular file" -- "$ISTHMUS" train "$T" \
     --set data.dir="$WORK/data" --set train.out_dir="$WORK/r" --set train.steps=1
+expect_exit 2 "\\[outer\\] topk_k = 65 exceeds topk_chunk = 64" -- "$ISTHMUS" config "$T" --set outer.codec=topk \
+    --set outer.topk_chunk=64 --set outer.topk_k=65
+expect_exit 2 "\\[outer\\] codec = topk needs mode = diloco, streaming or sync" -- "$ISTHMUS" config "$T" \
+    --set outer.codec=topk --set outer.mode=butterfly
+expect_exit 2 "\\[outer\\] topk_bits = 9" -- "$ISTHMUS" config "$T" --set outer.topk_bits=9
 expect_exit 2 "eval_bytes = 1 leaves no byte to predict" -- "$ISTHMUS" train "$T" --set data.eval_bytes=1 \
     --set train.out_dir="$WORK/r"
 

@@ -96,6 +96,22 @@ grep '"outer":2,' "$M" | grep -q '"accepted_sites":1,"sites":2,.*"rejected":"b: 
 grep -q "replicas identical at step 24" "$WORK/corrupt.log" && [ -f "$WORK/corrupt/model.h5" ] &&
     pass "both sites agree after a rejection and finish" || fail "after corruption: $(tail -3 "$WORK/corrupt.log")"
 
+# 3b. sparse payloads (SparseLoCo's topk, averaged over senders) between the
+# sites of different layouts: every learner on the same anchor, far fewer
+# bytes than fp4, and a corrupted sparse payload rejected like any other
+TOPK="--set outer.codec=topk --set outer.topk_chunk=256 --set outer.topk_k=4 --set outer.ef_decay=0.95"
+train 6 topk $HET $STREAM $TOPK
+grep -q "replicas identical at step 24: 3 learner(s)" "$WORK/topk.log" &&
+    pass "topk: 3 learners on 2 sites share the same anchor" || fail "topk replicas: $(grep replicas "$WORK/topk.log")"
+red=$(sed -n 's/.*"summary":"traffic".*"reduction":\([0-9.]*\).*/\1/p' "$WORK/topk/metrics.jsonl")
+awk -v r="$red" 'BEGIN {exit !(r > 400)}' && pass "streaming topk H=8: $red x fewer inter-site bytes than sync" ||
+    fail "topk traffic reduction '$red'"
+ISTHMUS_LINK_CORRUPT=b:2 train 2 topk_corrupt $TWO $STREAM $TOPK
+grep '"outer":2,' "$WORK/topk_corrupt/metrics.jsonl" | grep -q '"accepted_sites":1,"sites":2,.*"rejected":"b: bad checksum"' &&
+    grep -q "replicas identical at step 24" "$WORK/topk_corrupt.log" &&
+    pass "topk: a corrupted sparse payload is rejected and both sites finish" ||
+    fail "topk corruption: $(grep '"outer":2,' "$WORK/topk_corrupt/metrics.jsonl")"
+
 # 4. overlap: site a posts its sends 2 inner steps late (tau 3): training runs meanwhile
 ISTHMUS_LINK_DELAY=a:2 train 2 delay $TWO $STREAM --set outer.overlap=3 --set outer.codec=none
 M="$WORK/delay/metrics.jsonl"

@@ -65,6 +65,23 @@ if [ -n "$h" ] && awk -v a="$(u_at "$h")" -v b="$(u_at $((h - h / 8 - 1)))" 'BEG
 else
     fail "diloco at H=$h: $(u_at "$h")%, below: $(u_at $((h - h / 8 - 1)))%"
 fi
+# topk (64 of 4,096 at 2 bits): per chunk, 4 float32 bin values, then per
+# run of 4,096 64 x (12 index + 2) bits, a short run ceil(64 len / 4096) x
+# (bits of len - 1 + 2), the chunk's stream rounded up to bytes
+topk() { awk -v n="$1" 'BEGIN { full = int(n / 4096); t = n - 4096 * full; bits = full * 64 * 14
+    if (t > 0) { k = int((64 * t + 4095) / 4096); if (k < 1) k = 1; ib = 0; while (2 ^ ib < t) ib++; bits += k * (ib + 2) }
+    printf "%.0f", 16 + int((bits + 7) / 8) }'; }
+topk_whole=$(awk -v V=$V -v D=$D -v L=$L -v E=$E -v F=$F -v emb="$(topk $((V * D)))" -v d="$(topk $D)" \
+    -v dd="$(topk $((D * D)))" -v de="$(topk $((D * E)))" -v df="$(topk $((D * F)))" \
+    'BEGIN { printf "%.0f", emb + d + L * (2 * d + 4 * dd + de + 3 * E * df) }')
+"$ISTHMUS" plan "$C" --site east:gb300:64 --site west:b300:64 --link 25Gbps,150ms --set outer.codec=topk \
+    --set outer.mode=diloco --set outer.fragments=1 > "$WORK/topk.txt" 2>&1 || fail "topk plan failed: $(tail -2 "$WORK/topk.txt")"
+check "diloco topk payload (MB)" "$(grep '^  diloco ' "$WORK/topk.txt" | awk '{ print $3 }')" \
+    "$(awk -v b="$topk_whole" 'BEGIN { print b / 1e6 }')" 1e-6
+check "topk bits per value" "$(sed -n 's/.*2 bits, \([0-9.]*\) bits per value.*/\1/p' "$WORK/topk.txt")" \
+    "$(awk -v b="$topk_whole" -v t="$total" 'BEGIN { print 8 * b / (t * 1e9) }')" 0.003
+grep -q "butterfly  (not with codec topk" "$WORK/topk.txt" && pass "no butterfly row with topk" ||
+    fail "butterfly row with topk: $(grep '^  butterfly' "$WORK/topk.txt")"
 grep -q "memory of world rank .* predicted" "$WORK/plan.txt" && pass "memory per GPU printed by category" ||
     fail "no memory table in the plan"
 grep -q "faster idles 10.0% of each period; give it 1.11x the tokens" "$WORK/plan.txt" &&

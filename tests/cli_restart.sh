@@ -7,6 +7,7 @@
 #    numbers; a restart from one taken mid-exchange continues exactly; a stop
 #    request ends the run within tau + 1 steps (butterfly: 1 + k*H) with
 #    exit 0, and the resumed run is bit-identical to a straight one;
+#  - the same with sparse (topk) payloads and a decaying residual;
 #  - 66 layers as 66 fragments (beyond the old limit of 64): the same;
 #  - sync with a lossy codec (int8, error feedback) restarts bit-exactly;
 #  - mpi_piece_bytes = 4 KiB (every transfer in many pieces) gives results
@@ -66,6 +67,11 @@ stop_case pheq 9 3 4 8 $EIGHT --set train.steps=$TOTAL --set outer.mode=streamin
     --set outer.fragments=8 --set outer.overlap=2 --set outer.codec=int8
 stop_case ptau 9 8 4 8 $EIGHT --set train.steps=$TOTAL --set outer.mode=streaming --set outer.inner_steps=8 \
     --set outer.fragments=2 --set outer.overlap=7 --set outer.codec=fp4
+# sparse payloads (topk, residual decay 0.95, averaged over senders): the
+# decaying residuals are in the checkpoint and the restart is exact
+stop_case topk 9 3 4 8 $EIGHT --set train.steps=$TOTAL --set outer.mode=streaming --set outer.inner_steps=8 \
+    --set outer.fragments=8 --set outer.overlap=2 --set outer.codec=topk --set outer.topk_chunk=64 \
+    --set outer.topk_k=4 --set outer.ef_decay=0.95
 
 # 66 fragments: state beyond the first 64 survives a restart
 DEEP="--set model.layers=66 --set model.dim=16 --set model.heads=1 --set model.experts=2 --set model.top_k=1

@@ -69,7 +69,7 @@ static void setup(World *w, int fragments, Codec codec)
     assert_int_equal(config_load_text(&w->cfg, "", "t", over, 5), 0);
     assert_int_equal(topology_create(&w->topo, &w->cfg, MPI_COMM_WORLD), 0);
     assert_int_equal(model_create(&w->m, &w->cfg.model, 0, w->cfg.model.experts), 0);
-    assert_int_equal(reducer_create(&w->r, &w->topo, &w->m, fragments, codec, 128, 1, 20, MPI_COMM_WORLD), 0);
+    assert_int_equal(reducer_create(&w->r, &w->topo, &w->m, fragments, codec, codec_params(128), 1, 20, MPI_COMM_WORLD), 0);
     assert_int_equal(reduce_enable_mixing(&w->r), 0);
     for (size_t i = 0; i < w->m.n_params; i++) w->m.params[i] = (float)rng_normal(5, (uint64_t)me, i);
 }

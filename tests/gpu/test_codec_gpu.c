@@ -28,7 +28,7 @@ static int close_rel(double a, double b) { return fabs(a - b) <= 1e-12 * fmax(fa
 /* One case: 3 rounds of n values in blocks of `block`; returns mismatches. */
 static int one_case(CudaCodec *cc, Codec c, size_t n, int block, int feedback, uint64_t seed)
 {
-    const size_t bytes = codec_encoded_size(c, n, block);
+    const size_t bytes = codec_encoded_size(c, n, codec_params(block));
     float *x = malloc(sizeof(float) * n), *res_h = calloc(n, sizeof(float)), *res_g = calloc(n, sizeof(float));
     float *dec_h = malloc(sizeof(float) * n), *dec_g = malloc(sizeof(float) * n);
     unsigned char *enc_h = malloc(bytes), *enc_g = malloc(bytes);
@@ -37,7 +37,7 @@ static int one_case(CudaCodec *cc, Codec c, size_t n, int block, int feedback, u
         for (size_t i = 0; i < n; i++) /* magnitudes over six decades, some exact zeros */
             x[i] = i % 17 == 3 ? 0.0f : (float)(rng_normal(seed, (uint64_t)round, i) * pow(10.0, (double)(i % 6) - 3.0));
         double e2h, n2h, e2g, n2g;
-        codec_encode_ef(c, x, feedback ? res_h : NULL, n, block, enc_h, dec_h, &e2h, &n2h);
+        codec_encode_ef(c, x, feedback ? res_h : NULL, n, codec_params(block), enc_h, dec_h, &e2h, &n2h);
         if (cuda_codec_encode_ef(cc, c, x, feedback ? res_g : NULL, n, block, enc_g, dec_g, &e2g, &n2g) != 0) {
             bad = 1;
             break;
