@@ -16,8 +16,9 @@
 #   seeds     the longest horizon again with another data order (train.seed = 43)
 #   MODE:OPTIMIZER:STEPS[:SEED]
 #             one run at the chosen lr (e.g. sync:shampoo:400; seed 42 unless given);
-#             MODE is sync, diloco, butterfly or a DiLoCo variant (topk topkh32 topkall
-#             topknest nesterov nesterovh32: below), which takes diloco's inner lr
+#             MODE is sync, diloco, butterfly or a variant (topk topkh32 topkall topknest
+#             nesterov nesterovh32 bflyfp4 bflymom: below), which takes its base mode's
+#             inner lr
 #   table     the markdown tables of every run present
 #   gap       the gap to sync against tokens: for each run at its mode's chosen lr,
 #             bpb against sync with the same optimiser, steps and seed, and against
@@ -70,9 +71,16 @@ L8="--set train.micro_batch=2 --set site.a.ranks=4 --set site.a.learner_ranks=1 
     MODE_nesterovh32="$L2 --set outer.mode=diloco --set outer.inner_steps=32 --set outer.codec=fp4 --set outer.lr=0.7
      --set outer.momentum=0.9"
     NP_topk=4 NP_topkh32=4 NP_topkall=4 NP_topknest=4 NP_nesterov=4 NP_nesterovh32=4
+    # butterfly with fp4 payloads and rounds every 20 steps (8x smaller payloads, 2x fewer
+    # rounds than butterfly's 10), alone and with per-learner outer Nesterov momentum
+    MODE_bflyfp4="$L8 --set outer.mode=butterfly --set outer.inner_steps=20 --set outer.codec=fp4"
+    MODE_bflymom="$MODE_bflyfp4 --set outer.lr=1 --set outer.momentum=0.5"
+    NP_bflyfp4=8 NP_bflymom=8
 }
-# the two-site modes: everything but sync and butterfly (the DiLoCo variants above)
-DILOCO_MODES="diloco topk topkh32 topkall topknest nesterov nesterovh32"
+# every mode but sync; a variant takes its base mode's inner lr (best)
+DILOCO_VARIANTS="topk topkh32 topkall topknest nesterov nesterovh32"
+BUTTERFLY_VARIANTS="bflyfp4 bflymom"
+OUTER_MODES="diloco $DILOCO_VARIANTS butterfly $BUTTERFLY_VARIANTS"
 # the model of OUT's runs: its marker; runs from before the marker are the small model's
 HELD=
 if [ -f "$OUT/model" ]; then HELD=$(cat "$OUT/model"); elif compgen -G "$OUT/*_lr*_s*/" > /dev/null; then HELD=small; fi
@@ -131,10 +139,11 @@ butterfly_sweep() { # butterfly's own lr (8 ranks; 15-30 min per run here)
     done
 }
 
-best() { # the inner lr of MODE OPTIMIZER: the DiLoCo variants take diloco's
-    local v
+best() { # the inner lr of MODE OPTIMIZER: a variant takes its base mode's
+    local v base=diloco
+    case " $BUTTERFLY_VARIANTS " in *" $1 "*) base=butterfly ;; esac
     v=$(eval echo "\${LR_$1_$2:-}")
-    [ -n "$v" ] || v=$(eval echo "\${LR_diloco_$2:-}")
+    [ -n "$v" ] || v=$(eval echo "\${LR_${base}_$2:-}")
     echo "$v"
 }
 
@@ -187,7 +196,7 @@ gap() {
         d=$OUT/$name
         IFS=_ read -r mode opt lr steps seed <<< "$name"
         lr=${lr#lr} seed=${seed#s}
-        case " sync butterfly $DILOCO_MODES " in *" $mode "*) ;; *) continue ;; esac
+        case " sync $OUTER_MODES " in *" $mode "*) ;; *) continue ;; esac
         case $opt in adamw | shampoo) ;; *) continue ;; esac # variants are step-time rows, muon has no horizon
         [ "$lr" = "$(best "$mode" "$opt")" ] || continue # sweep rows at other lrs
         p=$(bpb_of "$d" prose) t=$(bpb_of "$d" tech)
@@ -268,7 +277,7 @@ for phase in "$@"; do
     gap) gap ;;
     *:*:*)
         IFS=: read -r mode opt steps seed <<< "$phase"
-        case " sync butterfly $DILOCO_MODES " in *" $mode "*) ;; *) echo "horizon.sh: unknown mode '$mode'" >&2; exit 2 ;; esac
+        case " sync $OUTER_MODES " in *" $mode "*) ;; *) echo "horizon.sh: unknown mode '$mode'" >&2; exit 2 ;; esac
         case $steps in '' | *[!0-9]*) echo "horizon.sh: '$phase': steps '$steps' is not a number" >&2; exit 2 ;; esac
         lr=$(best "$mode" "${opt%%-*}")
         [ -n "$lr" ] || { echo "horizon.sh: '$phase': no lr chosen for $mode with ${opt%%-*} (set LR_${mode}_${opt%%-*})" >&2; exit 2; }
