@@ -79,7 +79,7 @@ int bench_run(const Config *cfg, const int *threads, int n_threads, int warmup, 
         c.train.threads = threads[i];
         c.train.steps = warmup + steps;
         Trainer tr;
-        int rc = trainer_create(&tr, &c, 0, MPI_COMM_WORLD);
+        int rc = trainer_create(&tr, &c, 0, MPI_COMM_WORLD, NULL);
         if (rc != ISTH_OK) {
             trainer_destroy(&tr);
             return rc;

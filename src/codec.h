@@ -76,7 +76,8 @@ size_t codec_topk_size(size_t n, CodecParams p);
 void codec_topk_encode(const float *x, size_t n, CodecParams p, unsigned char *out);
 int codec_topk_decode(const unsigned char *in, size_t n, CodecParams p, float *x);
 
-/* 64-bit FNV-1a over bytes. */
+/* 64-bit FNV-1a over bytes (a fingerprint, not a MAC: the link's frames
+ * are authenticated by seal.h). */
 uint64_t checksum64(const void *data, size_t n);
 
 #endif

@@ -17,10 +17,11 @@
 #include "codec.h" /* checksum64 */
 #include "fault.h"
 #include "metrics.h" /* make_dirs */
+#include "seal.h"
 #include "status.h"
 
 #define JOIN_MAGIC 0x6a6f696eu /* "join" */
-#define JOIN_VERSION 2u
+#define JOIN_VERSION 3u /* 3: the verdict carries the link keys' epoch */
 #define KEY_BYTES 32
 #define NONCE_BYTES 32
 #define TAG_NONCE 41
@@ -46,6 +47,7 @@ typedef struct {
     int32_t pad;
     int64_t rejoin_step; /* -1: the run is forming; else the live host's step to continue from */
     char reason[200];
+    unsigned char epoch[SEAL_EPOCH_BYTES]; /* the link keys' epoch (seal.h), fresh each time the sites meet */
     unsigned char mac[crypto_auth_hmacsha256_BYTES];
 } JoinVerdict;
 
@@ -185,6 +187,35 @@ static int ensure_key(const char *path)
     if (raced) return ISTH_OK;
     if (!linked) return isth_fail(ISTH_ERUNTIME, "key file %s: cannot write: %s", path, strerror(errno));
     printf("federation: created the run's key %s (mode 0600); every other site needs a copy\n", path);
+    return ISTH_OK;
+}
+
+int federation_joint_keys(Federation *f, const Config *cfg)
+{
+    int me;
+    CHECK_MPI(MPI_Comm_rank(MPI_COMM_WORLD, &me));
+    if (seal_init() != 0) return isth_fail(ISTH_ERUNTIME, "link: libsodium failed to initialise");
+    if (!cfg->outer.key_file[0]) { /* rank 0's random key, sent over MPI */
+        if (me == 0) seal_random(f->link_master, SEAL_KEY_BYTES);
+        CHECK_MPI(MPI_Bcast(f->link_master, SEAL_KEY_BYTES, MPI_BYTE, 0, MPI_COMM_WORLD));
+        return ISTH_OK;
+    }
+    /* every rank reads the key where it runs; the epoch, not secret, goes over MPI */
+    unsigned char key[KEY_BYTES], epoch[SEAL_EPOCH_BYTES];
+    const int was = status_set_quiet(me != 0); /* the same error on every rank: rank 0 says it */
+    int rc = read_key(cfg->outer.key_file, key), worst = rc;
+    status_set_quiet(was);
+    CHECK_MPI(MPI_Allreduce(&rc, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD));
+    if (worst != ISTH_OK) {
+        sodium_memzero(key, sizeof key);
+        return rc != ISTH_OK ? rc : isth_fail(worst, "key file %s: unreadable on another rank", cfg->outer.key_file);
+    }
+    if (me == 0) seal_random(epoch, sizeof epoch);
+    CHECK_MPI(MPI_Bcast(epoch, SEAL_EPOCH_BYTES, MPI_BYTE, 0, MPI_COMM_WORLD));
+    char run_id[64];
+    federation_run_id(cfg, run_id, sizeof run_id);
+    seal_master(f->link_master, key, run_id, epoch);
+    sodium_memzero(key, sizeof key);
     return ISTH_OK;
 }
 
@@ -363,7 +394,8 @@ static int check_hello(const Config *cfg, const JoinHello *h, int host, int knoc
  * broken (link freed). rejoin_step: -1 while the run forms, else the live
  * host's step the joiner continues from. */
 static int host_handshake(const Config *cfg, MPI_Comm c, int host, int knocked, const unsigned char key[KEY_BYTES],
-                          const char *run_id, uint64_t fingerprint, MPI_Comm *links, long rejoin_step)
+                          const char *run_id, uint64_t fingerprint, MPI_Comm *links, long rejoin_step,
+                          const unsigned char epoch[SEAL_EPOCH_BYTES])
 {
     const double deadline = now_s() + 30.0;
     unsigned char nonce[NONCE_BYTES];
@@ -373,6 +405,7 @@ static int host_handshake(const Config *cfg, MPI_Comm c, int host, int knocked, 
     JoinVerdict v;
     memset(&v, 0, sizeof v);
     v.rejoin_step = rejoin_step;
+    memcpy(v.epoch, epoch, sizeof v.epoch);
     if (send_within(nonce, NONCE_BYTES, TAG_NONCE, c, deadline, "sending the nonce") != ISTH_OK ||
         recv_within(&h, sizeof h, TAG_HELLO, c, deadline, "a joiner's hello") != ISTH_OK) {
         MPI_Comm_free(&c);
@@ -395,7 +428,8 @@ static int host_handshake(const Config *cfg, MPI_Comm c, int host, int knocked, 
 
 /* Try the knock of `site` if its value is new: 1 when the site is now in. */
 static int host_try_knock(Federation *f, const Config *cfg, int site, const unsigned char key[KEY_BYTES],
-                          const char *run_id, uint64_t fingerprint, long rejoin_step)
+                          const char *run_id, uint64_t fingerprint, long rejoin_step,
+                          const unsigned char epoch[SEAL_EPOCH_BYTES])
 {
     char value[MPI_MAX_PORT_NAME];
     knock_value(f, site, value);
@@ -408,7 +442,7 @@ static int host_try_knock(Federation *f, const Config *cfg, int site, const unsi
         fflush(stdout);
         return 0;
     }
-    return host_handshake(cfg, c, f->site, site, key, run_id, fingerprint, f->leader_link, rejoin_step) == site;
+    return host_handshake(cfg, c, f->site, site, key, run_id, fingerprint, f->leader_link, rejoin_step, epoch) == site;
 }
 
 static int host_accept_all(Federation *f, const Config *cfg, const unsigned char key[KEY_BYTES],
@@ -425,6 +459,9 @@ static int host_accept_all(Federation *f, const Config *cfg, const unsigned char
     fflush(stdout);
     const double deadline = now_s() + cfg->outer.join_timeout;
     int joined = 0;
+    unsigned char epoch[SEAL_EPOCH_BYTES]; /* one for the run as it forms: every site derives the same keys */
+    seal_random(epoch, sizeof epoch);
+    seal_master(f->link_master, key, run_id, epoch);
     while (joined < cfg->n_sites - 1) {
         if (now_s() > deadline) {
             char missing[256] = "";
@@ -437,7 +474,7 @@ static int host_accept_all(Federation *f, const Config *cfg, const unsigned char
         }
         const int before = joined;
         for (int s = 1; s < cfg->n_sites; s++)
-            if (f->leader_link[s] == MPI_COMM_NULL) joined += host_try_knock(f, cfg, s, key, run_id, fingerprint, -1);
+            if (f->leader_link[s] == MPI_COMM_NULL) joined += host_try_knock(f, cfg, s, key, run_id, fingerprint, -1, epoch);
         if (joined == before) sleep_s(POLL_S);
     }
     return ISTH_OK;
@@ -543,6 +580,7 @@ static int joiner_connect(Federation *f, const Config *cfg, int host, const char
         unsigned char mac[crypto_auth_hmacsha256_BYTES];
         verdict_mac(&v, nonce, h.nonce, key, mac);
         proven = sodium_memcmp(mac, v.mac, sizeof mac) == 0;
+        if (proven && v.ok) seal_master(f->link_master, key, run_id, v.epoch); /* the host's epoch, verified */
     }
     sodium_memzero(key, sizeof key);
     if (rc == ISTH_OK && !v.ok) { /* a refusal's reason is shown, verified or not: it grants nothing */
@@ -671,6 +709,9 @@ int federation_join(Federation *f, const Config *cfg, const char *site_name)
     }
     long outcome[4] = {rc, f->rejoin_step, f->host_site, f->hosting};
     if (MPI_Bcast(outcome, 4, MPI_LONG, 0, MPI_COMM_WORLD) != MPI_SUCCESS) outcome[0] = ISTH_ERUNTIME;
+    /* the link keys to the site's ranks (inside the site: its own mpirun) */
+    if (outcome[0] == ISTH_OK && MPI_Bcast(f->link_master, SEAL_KEY_BYTES, MPI_BYTE, 0, MPI_COMM_WORLD) != MPI_SUCCESS)
+        outcome[0] = ISTH_ERUNTIME;
     int site_rc = (int)outcome[0];
     f->rejoin_step = outcome[1];
     f->host_site = (int)outcome[2];
@@ -745,11 +786,16 @@ int federation_rejoin(Federation *f, const Config *cfg, int site, long step, int
         if (read_key(path, key) == ISTH_OK) {
             /* the old leaders' link goes (freed, not disconnected: the peer is dead) */
             if (f->leader_link[site] != MPI_COMM_NULL) MPI_Comm_free(&f->leader_link[site]);
-            in = host_try_knock(f, cfg, site, key, run_id, federation_fingerprint(cfg), step);
+            unsigned char epoch[SEAL_EPOCH_BYTES]; /* new keys: nothing from before the loss opens */
+            seal_random(epoch, sizeof epoch);
+            in = host_try_knock(f, cfg, site, key, run_id, federation_fingerprint(cfg), step, epoch);
+            if (in) seal_master(f->link_master, key, run_id, epoch);
         }
         sodium_memzero(key, sizeof key);
     }
     int rc = MPI_Bcast(&in, 1, MPI_INT, 0, MPI_COMM_WORLD) == MPI_SUCCESS ? ISTH_OK : ISTH_ERUNTIME;
+    if (rc == ISTH_OK && in && MPI_Bcast(f->link_master, SEAL_KEY_BYTES, MPI_BYTE, 0, MPI_COMM_WORLD) != MPI_SUCCESS)
+        rc = ISTH_ERUNTIME; /* inside the site: the new keys to every rank */
     if (rc == ISTH_OK && in) {
         MPI_Comm was = f->world;
         rc = build_pair_world(f, site); /* sets f->world */

@@ -36,8 +36,14 @@
  * and others cannot read (opened without following links). Every site must
  * hold the same file.
  *
+ * The link's keys: the host draws a random epoch for the run as it forms
+ * and a new one for every live rejoin, and sends it in its verdict (under
+ * its HMAC); each leader derives the link master key from the run key, the
+ * run id and the epoch (seal_master) and gives it to its site's ranks.
+ *
  * Owns: the run id and the published name, the key file, the handshake and
- * its wire structs, the leaders' communicators and the world made of them.
+ * its wire structs, the leaders' communicators and the world made of them,
+ * and the link's master key.
  * Must not: train or carry payloads (the link does, over this world), or
  * retry a join once it was refused.
  */
@@ -49,6 +55,7 @@
 #include <mpi.h>
 
 #include "config.h"
+#include "seal.h"
 
 typedef struct {
     int federated;       /* 0: the joint launch (world is MPI_COMM_WORLD) */
@@ -62,6 +69,10 @@ typedef struct {
     long rejoin_step;    /* joiner: the live host's step to continue from; -1 the run is forming */
     int hosting;         /* this site has a port open under the run's name (the first site; a survivor) */
     int host_site;       /* joiner: the site it joined */
+    /* the link's master key (seal.h) on every rank: federated, from the run
+     * key and the epoch of the sites' last meeting; joint, see
+     * federation_joint_keys */
+    unsigned char link_master[SEAL_KEY_BYTES];
 } Federation;
 
 /* How long a restarted first site waits for a live run to answer its knock
@@ -71,6 +82,13 @@ typedef struct {
 
 /* The joint launch: world = MPI_COMM_WORLD. */
 void federation_joint(Federation *f);
+/* The joint launch's link keys, collectively over MPI_COMM_WORLD: with
+ * outer.key_file set, every rank reads it and rank 0's random epoch is
+ * sent to all (frames authenticated as in the federated launch); without
+ * it, rank 0's random master key is sent to all over MPI — the path the
+ * frames take, so they are checked against accidents, not an attacker:
+ * the joint launch is for sites joined by a network they trust. */
+int federation_joint_keys(Federation *f, const Config *cfg);
 
 /* Join the federated run as [site.<site_name>] (this mpirun's ranks, all of
  * them, collectively). ISTH_EINPUT (exit 2) for a wrong site, rank count,

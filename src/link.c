@@ -27,11 +27,42 @@ void link_since_mark(const Link *l, double *bytes, double *wait_s)
     *wait_s = l->wait_s - l->mark_wait;
 }
 
+void link_set_keys(Link *l, const unsigned char master[SEAL_KEY_BYTES], int encrypt, int my_site,
+                   const int *site_first, int n_sites)
+{
+    l->n_sites = n_sites < LINK_MAX_SITES ? n_sites : LINK_MAX_SITES;
+    l->my_site = my_site;
+    l->encrypt = encrypt;
+    for (int s = 0; s <= l->n_sites; s++) l->site_first[s] = site_first[s];
+    for (int s = 0; s < l->n_sites; s++) {
+        seal_pair_key(l->tx_key[s], master, my_site, s);
+        seal_pair_key(l->rx_key[s], master, s, my_site);
+    }
+}
+
+/* The site of a rank of the link communicator (the last site for a rank
+ * beyond the table: its frames then fail to open, never crash). */
+static int site_of_rank(const Link *l, int rank)
+{
+    int s = 0;
+    while (s + 1 < l->n_sites && rank >= l->site_first[s + 1]) s++;
+    return s;
+}
+
 void link_init(Link *l, MPI_Comm comm, double timeout_s, const char *site_name)
 {
     memset(l, 0, sizeof *l);
     l->comm = comm;
     l->timeout_s = timeout_s;
+    int size = 1;
+    if (comm != MPI_COMM_NULL) {
+        MPI_Comm_rank(comm, &l->rank);
+        MPI_Comm_size(comm, &size);
+    }
+    (void)seal_init();
+    const unsigned char zero[SEAL_KEY_BYTES] = {0};
+    const int first[2] = {0, size};
+    link_set_keys(l, zero, 1, 0, first, 1);
     l->corrupt_exchange = (int)fault_hook_for("ISTHMUS_LINK_CORRUPT", site_name);
     l->delay_polls = (int)fault_hook_for("ISTHMUS_LINK_DELAY", site_name);
     l->mute = (int)fault_hook_for("ISTHMUS_LINK_MUTE", site_name);
@@ -159,12 +190,27 @@ int link_msg_free(LinkMsg *m)
     return free_recv && free_send;
 }
 
-void link_frame(unsigned char *buf, uint8_t codec, uint8_t kind, uint32_t fragment,
+void link_frame(Link *l, int peer, unsigned char *buf, uint8_t codec, uint8_t kind, uint32_t fragment,
                 uint32_t from_site, uint64_t exchange, uint64_t values, uint64_t payload_bytes)
 {
-    LinkHeader h = {LINK_MAGIC, LINK_VERSION, codec, kind, fragment, from_site, exchange, values,
-                    payload_bytes, checksum64(buf + sizeof h, payload_bytes)};
+    LinkHeader h;
+    memset(&h, 0, sizeof h);
+    h.magic = LINK_MAGIC;
+    h.version = LINK_VERSION;
+    h.codec = codec;
+    h.kind = kind;
+    h.fragment = fragment;
+    h.from_site = from_site;
+    h.exchange = exchange;
+    h.values = values;
+    h.payload_bytes = payload_bytes;
+    h.from_rank = (uint32_t)l->rank;
+    h.to_rank = (uint32_t)peer;
+    h.flags = l->encrypt ? LINK_ENCRYPTED : 0u;
     memcpy(buf, &h, sizeof h);
+    LinkHeader *wire = (LinkHeader *)buf; /* the nonce and tag are written in place */
+    seal_frame(l->tx_key[site_of_rank(l, peer)], l->encrypt, wire->nonce, wire->tag, buf + LINK_HEADER_AD_OFFSET,
+               sizeof h - LINK_HEADER_AD_OFFSET, buf + sizeof h, payload_bytes);
 }
 
 void link_corrupt(unsigned char *buf, size_t bytes)
@@ -351,7 +397,7 @@ int link_send_blob(Link *l, int peer, int tag, unsigned char *frame, size_t byte
     LinkMsg m;
     link_msg_init_borrowed(&m, peer, tag, sizeof(LinkHeader) + bytes, 0, 0);
     m.send = frame;
-    link_frame(frame, 0, LINK_CONTROL, 0, 0, seq, bytes, bytes);
+    link_frame(l, peer, frame, 0, LINK_CONTROL, 0, 0, seq, bytes, bytes);
     m.recv_done = 1; /* one way */
     LinkMsg *msgs[1] = {&m};
     const int rc = link_wait(l, msgs, 1, what);
@@ -368,23 +414,33 @@ int link_recv_blob(Link *l, int peer, int tag, unsigned char *frame, size_t byte
     int rc = link_post_recv(l, &m);
     LinkMsg *msgs[1] = {&m};
     if (rc == ISTH_OK) rc = link_wait(l, msgs, 1, what);
-    const char *bad = rc == ISTH_OK ? link_check(frame, m.recv_bytes, LINK_CONTROL, 0, seq, bytes, bytes) : NULL;
+    const char *bad = rc == ISTH_OK ? link_check(l, peer, frame, m.recv_bytes, LINK_CONTROL, 0, seq, bytes, bytes)
+                                    : NULL;
     if (bad) rc = isth_fail(ISTH_ERUNTIME, "link: %s: frame from world rank %d rejected: %s", what, peer, bad);
     link_msg_free(&m);
     return rc;
 }
 
-const char *link_check(const unsigned char *buf, size_t bytes, uint8_t kind, uint32_t fragment,
+const char *link_check(Link *l, int peer, unsigned char *buf, size_t bytes, uint8_t kind, uint32_t fragment,
                        uint64_t exchange, uint64_t values, uint64_t payload_bytes)
 {
     LinkHeader h;
     if (bytes < sizeof h) return "short frame";
     memcpy(&h, buf, sizeof h);
+    /* the size the frame claims decides how much is authenticated: it must
+     * be the size received; then nothing is trusted before the seal opens */
+    if (h.payload_bytes != bytes - sizeof h) return "wrong payload size";
+    if (seal_open(l->rx_key[site_of_rank(l, peer)], (h.flags & LINK_ENCRYPTED) != 0, h.nonce, h.tag,
+                  buf + LINK_HEADER_AD_OFFSET, sizeof h - LINK_HEADER_AD_OFFSET, buf + sizeof h, h.payload_bytes)) {
+        l->auth_failures++;
+        return "failed authentication";
+    }
     if (h.magic != LINK_MAGIC || h.version != LINK_VERSION) return "bad magic or version";
+    if (h.from_rank != (uint32_t)peer || h.to_rank != (uint32_t)l->rank) return "from or to the wrong rank";
+    if ((h.flags & LINK_ENCRYPTED) != (l->encrypt ? LINK_ENCRYPTED : 0u) || h.reserved)
+        return "encryption not as agreed";
     if (h.kind != kind || h.fragment != fragment || h.exchange != exchange) return "unexpected fragment or exchange";
-    if (h.values != values || h.payload_bytes != payload_bytes || bytes != sizeof h + payload_bytes)
-        return "wrong payload size";
-    if (checksum64(buf + sizeof h, payload_bytes) != h.checksum) return "bad checksum";
+    if (h.values != values || h.payload_bytes != payload_bytes) return "wrong payload size";
     return NULL;
 }
 
@@ -417,7 +473,7 @@ int link_control(Link *l, const void *mine, size_t bytes, void *all, const int *
             site_of[n] = s;
             ptrs[n++] = m;
             memcpy(m->send + sizeof(LinkHeader), mine, bytes);
-            link_frame(m->send, 0, LINK_CONTROL, 0, (uint32_t)my_site, seq, bytes, bytes);
+            link_frame(l, site_leaders[s], m->send, 0, LINK_CONTROL, 0, (uint32_t)my_site, seq, bytes, bytes);
             rc = link_post_recv(l, m);
             if (rc == ISTH_OK) rc = link_post_send(l, m);
             l->control_calls += 2;
@@ -430,7 +486,8 @@ int link_control(Link *l, const void *mine, size_t bytes, void *all, const int *
                 link_mark_lost(l, s, what, waited);
                 continue;
             }
-            const char *bad = link_check(ptrs[i]->recv, ptrs[i]->recv_bytes, LINK_CONTROL, 0, seq, bytes, bytes);
+            const char *bad = link_check(l, ptrs[i]->peer, ptrs[i]->recv, ptrs[i]->recv_bytes, LINK_CONTROL, 0, seq,
+                                         bytes, bytes);
             LinkHeader h;
             memcpy(&h, ptrs[i]->recv, sizeof h);
             if (!bad && h.from_site != (uint32_t)s) bad = "from the wrong site";

@@ -1,8 +1,9 @@
 /* link.h — the inter-site link: everything that crosses between sites goes
  * through here.
  *
- * Owns: payload framing (a fixed header, then the encoded values), the
- * checksum check, posting non-blocking sends and receives in pieces of at
+ * Owns: payload framing (a fixed header, then the encoded values), every
+ * frame sealed (seal.h: authenticated under its pair of sites' key, the
+ * payload encrypted unless outer.encrypt = off) and opened, posting non-blocking sends and receives in pieces of at
  * most coll_max_message() bytes (so no MPI count overflows an int), completing
  * them against a deadline, cancelling what a failed exchange left posted,
  * the small blocking control exchanges between the sites' first ranks
@@ -19,8 +20,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "seal.h"
+
 #define LINK_MAGIC 0x49534c4bu /* "ISLK" */
-#define LINK_VERSION 1
+#define LINK_VERSION 2
 
 /* Header `kind`: what a frame carries (a verdict is its values kind + 1). */
 enum {
@@ -41,7 +44,13 @@ enum {
 #define LINK_TAG_REJOIN LINK_TAG(LINK_CONTROL + 3, 0)  /* the live site's checkpoint, to a rejoining site */
 #define LINK_TAG_PROGRESS LINK_TAG(LINK_CONTROL + 4, 0) /* never sent: the progress thread's probe */
 
+/* A frame's header. The seal's nonce and tag come first so that the
+ * fields after them and the payload are one run of bytes (the associated
+ * data of an unencrypted frame). Every field is authenticated; the
+ * receiver checks each against what it expects (link_check). */
 typedef struct {
+    unsigned char nonce[SEAL_NONCE_BYTES];
+    unsigned char tag[SEAL_TAG_BYTES];
     uint32_t magic;
     uint16_t version;
     uint8_t codec;
@@ -51,8 +60,13 @@ typedef struct {
     uint64_t exchange;     /* sequence number of the exchange */
     uint64_t values;       /* number of encoded values */
     uint64_t payload_bytes;
-    uint64_t checksum;     /* checksum64 of the payload */
+    uint32_t from_rank, to_rank; /* sender and receiver, ranks of the link communicator */
+    uint32_t flags;        /* LINK_ENCRYPTED */
+    uint32_t reserved;     /* zero */
 } LinkHeader;
+#define LINK_ENCRYPTED 1u
+/* The authenticated fields: from magic to the end of the header. */
+#define LINK_HEADER_AD_OFFSET (SEAL_NONCE_BYTES + SEAL_TAG_BYTES)
 
 /* One framed message each way with one peer. The pieces' requests live in
  * rs/rr (n_pieces of each); the buffers belong to the owner of the message
@@ -79,7 +93,16 @@ typedef struct {
 
 typedef struct {
     MPI_Comm comm;
+    int rank;              /* mine in comm */
     double timeout_s;
+    /* the frames' keys (link_set_keys; until then a key every build knows:
+     * integrity only): per site, the key of frames to it and from it */
+    unsigned char tx_key[LINK_MAX_SITES][SEAL_KEY_BYTES], rx_key[LINK_MAX_SITES][SEAL_KEY_BYTES];
+    int encrypt;           /* payloads encrypted (outer.encrypt) */
+    int keyed;             /* link_set_keys was called */
+    int n_sites, my_site;
+    int site_first[LINK_MAX_SITES + 1]; /* site s's ranks are [site_first[s], site_first[s + 1]) */
+    double auth_failures;  /* frames that failed authentication (logged by their checkers) */
     size_t piece_bytes;    /* largest MPI message of a frame ([outer] piece_bytes; at most coll_max_message) */
     /* the federated launch survives a site's loss (link_survive): a peer
      * site that misses a deadline is marked lost here, on every rank of
@@ -102,8 +125,14 @@ typedef struct {
     int mute;                      /* test hook: never send values */
 } Link;
 
-/* Hooks apply when `site_name` matches the variable's SITE. */
+/* Hooks apply when `site_name` matches the variable's SITE. The keys are
+ * those of the zero master key, one site (link_set_keys sets the run's). */
 void link_init(Link *l, MPI_Comm comm, double timeout_s, const char *site_name);
+/* The run's keys: `master` (seal_master), this rank's site, the sites'
+ * first ranks in comm (n_sites + 1 entries: the last is comm's size), and
+ * whether payloads are encrypted. Every rank of every site the same. */
+void link_set_keys(Link *l, const unsigned char master[SEAL_KEY_BYTES], int encrypt, int my_site,
+                   const int *site_first, int n_sites);
 /* The federated launch: a site that misses a deadline is lost, not fatal. */
 void link_survive(Link *l, int on);
 /* Site s is lost: found by `what` after waiting `after_s` (idempotent). */
@@ -140,8 +169,9 @@ int link_msg_free(LinkMsg *m);
  * short grace period; 1 when all are retired and their buffers may go. */
 int link_retire(MPI_Request *req, int n);
 
-/* Fill a header + checksum in front of payload (already in buf + sizeof header). */
-void link_frame(unsigned char *buf, uint8_t codec, uint8_t kind, uint32_t fragment,
+/* Fill the header in front of the payload (already in buf + sizeof header)
+ * and seal the frame for `peer` (a rank of the link communicator). */
+void link_frame(Link *l, int peer, unsigned char *buf, uint8_t codec, uint8_t kind, uint32_t fragment,
                 uint32_t from_site, uint64_t exchange, uint64_t values, uint64_t payload_bytes);
 /* Test hook: corrupt one payload byte of a framed message. */
 void link_corrupt(unsigned char *buf, size_t bytes);
@@ -184,8 +214,12 @@ int link_wait_live(Link *l, LinkMsg *const *msgs, int n, const char *what, unsig
  * cancelled marks it stuck (its buffers must not be reused). */
 void link_abandon(LinkMsg *m);
 
-/* Check a received frame. Returns NULL when valid, else the reason. */
-const char *link_check(const unsigned char *buf, size_t bytes, uint8_t kind, uint32_t fragment,
+/* Open and check a frame received from `peer`: its size, its seal (the
+ * payload is decrypted in place: call once per frame received), then that
+ * it is the frame expected (version, kind, fragment, exchange, sender and
+ * receiver, sizes). Returns NULL when valid, else the reason; a failed
+ * seal counts in auth_failures. */
+const char *link_check(Link *l, int peer, unsigned char *buf, size_t bytes, uint8_t kind, uint32_t fragment,
                        uint64_t exchange, uint64_t values, uint64_t payload_bytes);
 
 /* One framed block one way, blocking, within the deadline. `frame` holds

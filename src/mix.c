@@ -180,7 +180,7 @@ int mix_finish_staged(Reducer *r, int f, ReduceReport *rep, double *pair_distanc
     unsigned char ok = alive[1];
     const char *why = alive[1] ? NULL : "partner's site lost";
     for (int i = 0; i < pp->peers.n && alive[1]; i++) {
-        const char *bad = peer_take(&r->table, &fp->own, pp->codec, r->cp, &pp->peers.peers[i], LINK_PAIR_VALUES, f,
+        const char *bad = peer_take(&r->link, &r->table, &fp->own, pp->codec, r->cp, &pp->peers.peers[i], LINK_PAIR_VALUES, f,
                                     pp->exchange, theirs);
         if (bad) {
             ok = 0;
@@ -197,7 +197,7 @@ int mix_finish_staged(Reducer *r, int f, ReduceReport *rep, double *pair_distanc
         Peer *p = &pp->peers.peers[i];
         p->verdict.send[sizeof(LinkHeader)] = ok;
         memcpy(p->verdict.send + sizeof(LinkHeader) + 1, &stop, sizeof stop);
-        link_frame(p->verdict.send, 0, LINK_PAIR_VERDICT, (uint32_t)f, (uint32_t)t->learner, pp->exchange,
+        link_frame(&r->link, p->world_rank, p->verdict.send, 0, LINK_PAIR_VERDICT, (uint32_t)f, (uint32_t)t->learner, pp->exchange,
                    PAIR_VERDICT_BYTES, PAIR_VERDICT_BYTES);
         p->verdict.send_posted = 0;
         CHECK(link_post_recv(&r->link, &p->verdict));
@@ -221,7 +221,7 @@ int mix_finish_staged(Reducer *r, int f, ReduceReport *rep, double *pair_distanc
     }
     for (int i = 0; i < pp->peers.n && alive[1]; i++) {
         const LinkMsg *v = &pp->peers.peers[i].verdict;
-        const char *bad = link_check(v->recv, v->recv_bytes, LINK_PAIR_VERDICT, (uint32_t)f, pp->exchange,
+        const char *bad = link_check(&r->link, pp->peers.peers[i].world_rank, v->recv, v->recv_bytes, LINK_PAIR_VERDICT, (uint32_t)f, pp->exchange,
                                      PAIR_VERDICT_BYTES, PAIR_VERDICT_BYTES);
         if (bad) /* the partners would disagree on the result: the run cannot go on */
             return isth_fail(ISTH_ERUNTIME, "link: butterfly verdict from world rank %d unreadable: %s",

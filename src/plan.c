@@ -332,7 +332,8 @@ int peers_post(Link *l, const ChunkTable *ct, const Owned *own, Encoded enc, Pee
             memcpy(payload, enc.bytes + enc.off[k], bytes);
             payload += bytes;
         }
-        link_frame(p->msg.send, (uint8_t)enc.codec, kind, (uint32_t)f, from, exchange, p->values, p->enc_bytes);
+        link_frame(l, p->world_rank, p->msg.send, (uint8_t)enc.codec, kind, (uint32_t)f, from, exchange, p->values,
+                   p->enc_bytes);
         if (corrupt) link_corrupt(p->msg.send, p->msg.send_bytes);
         p->msg.send_posted = 0;
         CHECK(link_post_recv(l, &p->msg));
@@ -341,10 +342,12 @@ int peers_post(Link *l, const ChunkTable *ct, const Owned *own, Encoded enc, Pee
     return ISTH_OK;
 }
 
-const char *peer_take(const ChunkTable *ct, const Owned *own, Codec codec, CodecParams cp, const Peer *p, uint8_t kind,
+const char *peer_take(Link *l, const ChunkTable *ct, const Owned *own, Codec codec, CodecParams cp, const Peer *p,
+                      uint8_t kind,
                       int f, uint64_t exchange, float *dst)
 {
-    const char *bad = link_check(p->msg.recv, p->msg.recv_bytes, kind, (uint32_t)f, exchange, p->values, p->enc_bytes);
+    const char *bad =
+        link_check(l, p->world_rank, p->msg.recv, p->msg.recv_bytes, kind, (uint32_t)f, exchange, p->values, p->enc_bytes);
     const unsigned char *src = p->msg.recv + sizeof(LinkHeader);
     for (int j = 0; j < p->n && !bad; j++) {
         const int k = p->chunks[j];

@@ -151,7 +151,8 @@ int peers_post(Link *l, const ChunkTable *ct, const Owned *own, Encoded enc, Pee
                int f, uint32_t from, uint64_t exchange, int send_now, int corrupt);
 /* Check a peer's frame and decode its chunks into dst (packed layout).
  * NULL, or the reason for rejecting it. */
-const char *peer_take(const ChunkTable *ct, const Owned *own, Codec codec, CodecParams cp, const Peer *p, uint8_t kind,
+const char *peer_take(Link *l, const ChunkTable *ct, const Owned *own, Codec codec, CodecParams cp, const Peer *p,
+                      uint8_t kind,
                       int f, uint64_t exchange, float *dst);
 
 #endif

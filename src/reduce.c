@@ -569,7 +569,7 @@ static int agree_post(Reducer *r, FragPlan *fp, int f, const unsigned char *ok, 
         p->verdict_waited = 0;
         if (!buf[nv + p->site] || r->link.lost[p->site]) continue; /* no verdict to or from a lost site */
         memcpy(p->verdict.send + sizeof(LinkHeader), buf, nv);
-        link_frame(p->verdict.send, 0, LINK_SITE_VERDICT, (uint32_t)f, (uint32_t)t->site, fp->exchange, nv, nv);
+        link_frame(&r->link, p->world_rank, p->verdict.send, 0, LINK_SITE_VERDICT, (uint32_t)f, (uint32_t)t->site, fp->exchange, nv, nv);
         p->verdict.send_posted = 0;
         CHECK(link_post_recv(&r->link, &p->verdict));
         CHECK(link_post_send(&r->link, &p->verdict));
@@ -620,7 +620,8 @@ static int agree_complete(Reducer *r, FragPlan *fp, int f, unsigned char *ok, un
                 continue;
             }
             const unsigned char *v = p->verdict.recv;
-            const char *bad = link_check(v, p->verdict.recv_bytes, LINK_SITE_VERDICT, (uint32_t)f, fp->exchange, nv, nv);
+            const char *bad = link_check(&r->link, p->world_rank, p->verdict.recv, p->verdict.recv_bytes,
+                                         LINK_SITE_VERDICT, (uint32_t)f, fp->exchange, nv, nv);
             /* a verdict we cannot read would leave the sites with different
              * sets of contributions (and stop votes): the run cannot go on */
             if (bad)
@@ -668,7 +669,7 @@ static void take_payloads(Reducer *r, FragPlan *fp, int f, unsigned char *ok, co
             ok[p->site] = 0;
             continue;
         }
-        const char *bad = peer_take(&r->table, &fp->own, r->codec, r->cp, p, LINK_SITE_VALUES, f, fp->exchange,
+        const char *bad = peer_take(&r->link, &r->table, &fp->own, r->codec, r->cp, p, LINK_SITE_VALUES, f, fp->exchange,
                                     staging + (size_t)p->site * size);
         if (bad) {
             ok[p->site] = 0;

@@ -168,10 +168,10 @@ static int traffic_summary(Trainer *tr, long first_step)
 {
     const Topology *t = &tr->topo;
     const int S = t->n_sites;
-    enum { BYTES, PEERS, FROM, N_FIELDS };
+    enum { BYTES, AUTH, PEERS, FROM, N_FIELDS };
     double v[N_FIELDS] = {tr->red.link.bytes_sent + tr->red.link.bytes_recv + tr->outer.spread.inter_site_bytes,
-                          (double)tr->red.max_peer_learners, 0.0};
-    CHECK(coll_allreduce_comm(t->site_comm, &v[BYTES], 1, MPI_DOUBLE, sizeof(double), MPI_SUM));
+                          tr->red.link.auth_failures, (double)tr->red.max_peer_learners, 0.0};
+    CHECK(coll_allreduce_comm(t->site_comm, &v[BYTES], 2, MPI_DOUBLE, sizeof(double), MPI_SUM));
     CHECK(coll_allreduce_comm(t->site_comm, &v[PEERS], 1, MPI_DOUBLE, sizeof(double), MPI_MAX));
     v[FROM] = (double)first_step + 1.0; /* 0: a lost site's empty slot */
     double *all = isth_malloc(sizeof v * (size_t)S);
@@ -180,13 +180,14 @@ static int traffic_summary(Trainer *tr, long first_step)
     /* sync: every step each site sends its summed gradient (float32, all
      * canonical parameters) to every other site and receives theirs */
     const double per_site_step = 2.0 * (S - 1) * 4.0 * (double)reduce_canonical_params(&tr->red);
-    double bytes = 0.0, sync_bytes = 0.0;
+    double bytes = 0.0, sync_bytes = 0.0, auth = 0.0;
     int peers = 0, same_start = 1;
     for (int s = 0; s < S; s++) {
         const double *site = &all[(size_t)s * N_FIELDS];
         if (site[FROM] == 0.0) continue;
         const long from = (long)site[FROM] - 1;
         bytes += site[BYTES];
+        auth += site[AUTH];
         sync_bytes += (double)(tr->step - from) * per_site_step;
         if (site[PEERS] > peers) peers = (int)site[PEERS];
         if (from != first_step) same_start = 0;
@@ -199,11 +200,13 @@ static int traffic_summary(Trainer *tr, long first_step)
            "%.0f: %.1fx less; an exchange waited on at most %d other learner(s)\n", bytes, steps, first_step,
            same_start ? "" : " (here; other sites from their own first step)", sync_bytes,
            bytes > 0 ? sync_bytes / bytes : 0.0, peers);
+    if (auth > 0) printf("link: %.0f frame(s) failed authentication (rejected; each logged where it arrived)\n", auth);
     if (tr->metrics.f) {
         fprintf(tr->metrics.f, "{\"summary\":\"traffic\",\"steps\":%ld,\"from_step\":%ld,\"inter_site_bytes\":%.0f,"
-                "\"sync_equivalent_bytes\":%.0f,\"reduction\":%.3f,\"same_start\":%s,\"max_peer_learners\":%d}\n",
+                "\"sync_equivalent_bytes\":%.0f,\"reduction\":%.3f,\"same_start\":%s,\"max_peer_learners\":%d,"
+                "\"auth_failures\":%.0f}\n",
                 steps, first_step, bytes, sync_bytes, bytes > 0 ? sync_bytes / bytes : 0.0,
-                same_start ? "true" : "false", peers);
+                same_start ? "true" : "false", peers, auth);
     }
     return metrics_flush(&tr->metrics);
 }
@@ -305,12 +308,13 @@ static int after_loss(Trainer *tr, Federation *fed, const Config *cfg)
 
 /* Create the trainer and check its outputs: world collectives, the same
  * on every site in the same order (a rejoin repeats them on both sides). */
-static int trainer_start(Trainer *tr, const Config *cfg, MPI_Comm world, int federated, int banner)
+static int trainer_start(Trainer *tr, const Config *cfg, MPI_Comm world, const unsigned char *link_master,
+                         int federated, int banner)
 {
     /* world-wide collectives (communicator splits): a site that fails in
      * them must not leave the others waiting without a deadline */
     if (federated) fault_watchdog_arm(cfg->outer.join_timeout + 60.0, "setting up the federated run");
-    int rc = trainer_create(tr, cfg, 1, world);
+    int rc = trainer_create(tr, cfg, 1, world, link_master);
     if (federated) fault_watchdog_disarm();
     if (rc == ISTH_OK && tr->log && banner) {
         printf("isthmus train: resolved configuration (%s)\n%s\n", cfg->source, tr->config_text);
@@ -354,7 +358,7 @@ static int take_back(Trainer *tr, Federation *fed, const Config *cfg, int site, 
     const double compute = tr->compute_s, waited = tr->red.link.wait_s, total = tr->inter_site_total;
     trainer_destroy(tr);
     federation_free_world(&old);
-    CHECK(trainer_start(tr, cfg, fed->world, 1, 0));
+    CHECK(trainer_start(tr, cfg, fed->world, fed->link_master, 1, 0));
     tr->red.link.bytes_sent += sent;
     tr->red.link.bytes_recv += recv;
     tr->outer.spread.inter_site_bytes += probes;
@@ -406,8 +410,9 @@ int train_run(const Config *cfg, const char *resume, const char *site)
     static Federation fed; /* static: the world outlives a failed run's frame (fault_end_job) */
     federation_joint(&fed);
     if (site) CHECK(federation_join(&fed, cfg, site));
+    else if (cfg->n_sites > 1) CHECK(federation_joint_keys(&fed, cfg));
     Trainer tr;
-    int rc = trainer_start(&tr, cfg, fed.world, site != NULL, 1);
+    int rc = trainer_start(&tr, cfg, fed.world, fed.link_master, site != NULL, 1);
     if (rc == ISTH_OK && fed.rejoin_step >= 0) {
         rc = rejoin_live(&tr, fed.host_site, fed.rejoin_step, started);
     } else if (rc == ISTH_OK && resume) {

@@ -27,7 +27,7 @@ double lr_at(const TrainConfig *tc, long step)
     return tc->min_lr + 0.5 * (tc->lr - tc->min_lr) * (1.0 + cos(M_PI * progress));
 }
 
-int trainer_create(Trainer *tr, const Config *cfg, int log, MPI_Comm world)
+int trainer_create(Trainer *tr, const Config *cfg, int log, MPI_Comm world, const unsigned char *link_master)
 {
     memset(tr, 0, sizeof *tr);
     tr->red.site_peers = MPI_COMM_NULL;
@@ -82,6 +82,14 @@ int trainer_create(Trainer *tr, const Config *cfg, int log, MPI_Comm world)
                          cfg->outer.timeout, world));
     tr->red.sender_mean = !strcmp(cfg->outer.topk_mean, "senders");
     reduce_encode_on(&tr->red, tr->be);
+    { /* the frames' keys: one per ordered pair of sites (seal.h) */
+        static const unsigned char public_key[SEAL_KEY_BYTES];
+        int first[CONFIG_MAX_SITES + 1];
+        for (int s = 0; s < t->n_sites; s++) first[s] = t->sites[s].first_rank;
+        first[t->n_sites] = t->world_size;
+        link_set_keys(&tr->red.link, link_master ? link_master : public_key, !strcmp(cfg->outer.encrypt, "on"),
+                      t->site, first, t->n_sites);
+    }
     /* one mpirun per site: losing a site is survivable (the joint launch's
      * mpirun ends the whole job instead) */
     link_survive(&tr->red.link, federated);

@@ -56,8 +56,10 @@ typedef struct {
 double lr_at(const TrainConfig *tc, long step);
 
 /* Build everything a run needs. `log`: write metrics and print lines. */
-/* `world`: every rank of the run (MPI_COMM_WORLD, or the federated world). */
-int trainer_create(Trainer *tr, const Config *cfg, int log, MPI_Comm world);
+/* `world`: every rank of the run (MPI_COMM_WORLD, or the federated world);
+ * `link_master`: the link's master key (federation.h), NULL: a key every
+ * build knows (one site, benchmarks: no frame crosses a site). */
+int trainer_create(Trainer *tr, const Config *cfg, int log, MPI_Comm world, const unsigned char *link_master);
 void trainer_destroy(Trainer *tr);
 
 /* A blocking control exchange between the sites through the link

@@ -90,8 +90,10 @@ fi
 # 3. a corrupted payload from site b in exchange 2: rejected by all, training continues
 ISTHMUS_LINK_CORRUPT=b:2 train 2 corrupt $TWO $STREAM --set outer.codec=int8
 M="$WORK/corrupt/metrics.jsonl"
-grep '"outer":2,' "$M" | grep -q '"accepted_sites":1,"sites":2,.*"rejected":"b: bad checksum"' &&
-    pass "corrupted payload rejected (bad checksum), left out of that outer step" || fail "corruption: $(grep '"outer":2,' "$M")"
+grep '"outer":2,' "$M" | grep -q '"accepted_sites":1,"sites":2,.*"rejected":"b: failed authentication"' &&
+    pass "corrupted payload rejected (failed authentication), left out of that outer step" || fail "corruption: $(grep '"outer":2,' "$M")"
+grep -q '"summary":"traffic".*"auth_failures":1}' "$M" && pass "the failed frame is counted in the traffic summary" ||
+    fail "auth_failures: $(grep '"summary":"traffic"' "$M")"
 [ "$(grep -c '"accepted_sites":2' "$M")" -ge 3 ] && pass "the other outer steps accept both sites" || fail "$(grep -c '"accepted_sites":2' "$M") full outer steps"
 grep -q "replicas identical at step 24" "$WORK/corrupt.log" && [ -f "$WORK/corrupt/model.h5" ] &&
     pass "both sites agree after a rejection and finish" || fail "after corruption: $(tail -3 "$WORK/corrupt.log")"
@@ -107,7 +109,7 @@ red=$(sed -n 's/.*"summary":"traffic".*"reduction":\([0-9.]*\).*/\1/p' "$WORK/to
 awk -v r="$red" 'BEGIN {exit !(r > 400)}' && pass "streaming topk H=8: $red x fewer inter-site bytes than sync" ||
     fail "topk traffic reduction '$red'"
 ISTHMUS_LINK_CORRUPT=b:2 train 2 topk_corrupt $TWO $STREAM $TOPK
-grep '"outer":2,' "$WORK/topk_corrupt/metrics.jsonl" | grep -q '"accepted_sites":1,"sites":2,.*"rejected":"b: bad checksum"' &&
+grep '"outer":2,' "$WORK/topk_corrupt/metrics.jsonl" | grep -q '"accepted_sites":1,"sites":2,.*"rejected":"b: failed authentication"' &&
     grep -q "replicas identical at step 24" "$WORK/topk_corrupt.log" &&
     pass "topk: a corrupted sparse payload is rejected and both sites finish" ||
     fail "topk corruption: $(grep '"outer":2,' "$WORK/topk_corrupt/metrics.jsonl")"
