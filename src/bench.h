@@ -16,6 +16,9 @@
 #include "config.h"
 
 double model_flops_per_token(const ModelConfig *mc);
+/* Bytes per second one core seals and opens (seal.h) in 64 MiB frames,
+ * encrypted or authenticated only; 0 when it could not be measured. */
+double bench_seal_rate(int encrypt);
 /* peak_tflops > 0: also MFU = model FLOP/s per rank / peak. */
 /* warmup untimed steps, then steps timed ones, for each thread count. */
 int bench_run(const Config *cfg, const int *threads, int n_threads, int warmup, int steps, double peak_tflops);

@@ -65,6 +65,10 @@ if [ -n "$h" ] && awk -v a="$(u_at "$h")" -v b="$(u_at $((h - h / 8 - 1)))" 'BEG
 else
     fail "diloco at H=$h: $(u_at "$h")%, below: $(u_at $((h - h / 8 - 1)))%"
 fi
+# sealing: each of a site's 64 first-learner ranks seals 1/64 of the payload and
+# opens the other site's share, at PLAN_SEAL_BYTES_PER_S = 0.6 GB/s
+seal=$(awk -v b="$whole" 'BEGIN { printf "%.6g", b / 64 * 2 / 0.6e9 }')
+check "link seal seconds per rank" "$(sed -n 's/^link seal .*: \([0-9.e-]*\) s per rank.*/\1/p' "$WORK/plan.txt")" "$seal" 0.002
 # topk (64 of 4,096 at 2 bits): per chunk, 4 float32 bin values, then per
 # run of 4,096 64 x (12 index + 2) bits, a short run ceil(64 len / 4096) x
 # (bits of len - 1 + 2), the chunk's stream rounded up to bytes
