@@ -60,7 +60,7 @@ L8="--set train.micro_batch=2 --set site.a.ranks=4 --set site.a.learner_ranks=1 
     # outer momentum, outer lr 1) at H = 64 and 32, and 32 of 4,096 at H = 16; with the averaging over all
     # learners; with outer Nesterov momentum (0.9, lr 0.7) on top; and DiLoCo
     # fp4 with outer Nesterov momentum (SNOO's outer optimiser) at H = 64 and 32
-    TOPK="--set outer.mode=diloco --set outer.codec=topk --set outer.ef_decay=0.95 --set outer.lr=1
+    TOPK="--set outer.mode=diloco --set outer.codec=topk --set outer.ef_decay=0.95 --set outer.topk_mean=senders --set outer.lr=1
      --set outer.momentum=0"
     MODE_topk="$L2 $TOPK --set outer.inner_steps=64"
     MODE_topkh32="$L2 $TOPK --set outer.inner_steps=32"

@@ -61,7 +61,7 @@ int ckpt_load(Trainer *tr, const char *path, int fallback, int *damaged);
  * site's (from_site's) first rank sends its checkpoint of `step` (just
  * written) through the link to the rejoining site's first rank, which writes it as
  * <its checkpoint dir>/rejoin-<step>.h5 (size bounded by the config, each
- * piece checksummed, a temporary name renamed when complete). *path: the
+ * piece sealed by the link, a temporary name renamed when complete). *path: the
  * host's file on the host's ranks, the received one on the joiner's. */
 int ckpt_share(Trainer *tr, int from_site, long step, char *path, size_t cap);
 

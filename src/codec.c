@@ -41,18 +41,18 @@ static float block_absmax(const float *x, size_t n)
     return m;
 }
 
-void codec_encode(Codec c, const float *x, size_t n, CodecParams p, unsigned char *out)
+int codec_encode(Codec c, const float *x, size_t n, CodecParams p, unsigned char *out)
 {
     const size_t B = (size_t)p.block;
     switch (c) {
-    case CODEC_TOPK: codec_topk_encode(x, n, p, out); return;
-    case CODEC_NONE: memcpy(out, x, 4 * n); return;
+    case CODEC_TOPK: return codec_topk_encode(x, n, p, out);
+    case CODEC_NONE: memcpy(out, x, 4 * n); return 0;
     case CODEC_BF16:
         for (size_t i = 0; i < n; i++) {
             uint16_t h = codec_to_bf16(x[i]);
             memcpy(out + 2 * i, &h, 2);
         }
-        return;
+        return 0;
     case CODEC_INT8: {
         unsigned char *q = out;
         unsigned char *scales = out + n;
@@ -64,7 +64,7 @@ void codec_encode(Codec c, const float *x, size_t n, CodecParams p, unsigned cha
                 q[b0 + i] = (unsigned char)codec_int8_code(scale > 0 ? codec_div(x[b0 + i], scale) : 0.0f);
             }
         }
-        return;
+        return 0;
     }
     case CODEC_FP4: {
         const size_t codes = (n + 1) / 2;
@@ -80,9 +80,10 @@ void codec_encode(Codec c, const float *x, size_t n, CodecParams p, unsigned cha
                 out[j / 2] |= (unsigned char)(code << (4 * (j & 1)));
             }
         }
-        return;
+        return 0;
     }
     }
+    return -1;
 }
 
 int codec_decode(Codec c, const unsigned char *in, size_t n, CodecParams p, float *x)
@@ -127,15 +128,16 @@ int codec_decode(Codec c, const unsigned char *in, size_t n, CodecParams p, floa
     return -1;
 }
 
-void codec_encode_ef(Codec c, const float *x, float *residual, size_t n, CodecParams p,
-                     unsigned char *out, float *decoded, double *err2, double *norm2)
+int codec_encode_ef(Codec c, const float *x, float *residual, size_t n, CodecParams p,
+                    unsigned char *out, float *decoded, double *err2, double *norm2)
 {
+    *err2 = *norm2 = 0.0;
     /* decoded doubles as the buffer for x + decay*residual (a decay of 1
      * multiplies exactly: plain feedback's bits are unchanged) */
     for (size_t i = 0; i < n; i++) decoded[i] = x[i] + (residual ? p.decay * residual[i] : 0.0f);
     double nn = 0.0;
     for (size_t i = 0; i < n; i++) nn += (double)decoded[i] * decoded[i];
-    codec_encode(c, decoded, n, p, out);
+    if (codec_encode(c, decoded, n, p, out)) return -1;
     double ee = 0.0;
     if (residual) {
         for (size_t i = 0; i < n; i++) residual[i] = decoded[i];
@@ -154,6 +156,7 @@ void codec_encode_ef(Codec c, const float *x, float *residual, size_t n, CodecPa
     }
     *err2 = ee;
     *norm2 = nn;
+    return 0;
 }
 
 uint64_t checksum64(const void *data, size_t n)

@@ -10,16 +10,17 @@
  *   fp4   4 bits/value (E2M1: 0, .5, 1, 1.5, 2, 3, 4, 6, signed) + 4
  *         bytes/block, scale = max|x|/6, |error| <= scale (half the widest
  *         gap, between 4 and 6)
- *   topk  SparseLoCo's sparse encoding (codec_topk.c): the values are cut
- *         into chunks of `block` consecutive values (the last may be
- *         short); of each chunk the topk_k largest in magnitude (ties to
- *         the lower index; a short chunk sends ceil(k*len/block)) are sent
- *         as their index in the chunk (the bits len-1 needs) and a
+ *   topk  SparseLoCo's sparse encoding (codec_topk.c): the n values are
+ *         cut into runs of `block` consecutive values (the last may be
+ *         short); of each run the topk_k largest in magnitude (ties to
+ *         the lower index; a short run sends ceil(k*len/block)) are sent
+ *         as their index in the run (the bits len-1 needs) and a
  *         topk_bits code: 2^bits equal bins spanning mean +- 3 sigma of all
  *         values sent in this call, each decoded as the mean of the values
- *         that fell in it (2^bits float32 before the codes). Every value
- *         not sent decodes to 0. k = 64 of 4,096 at 2 bits: 0.22 bits per
- *         value, 146x below float32.
+ *         that fell in it (2^bits float32 before the codes). A value not
+ *         sent decodes to +0.0; a value sent whose bin value is zero to
+ *         -0.0, so a receiver tells them apart (codec_topk_sent). k = 64 of
+ *         4,096 at 2 bits: 0.22 bits per value, 146x below float32.
  * Blocks start at the first value; the last block may be short. A block of
  * zeros has scale 0 and decodes to zeros. Encoding never produces NaN/Inf
  * from finite input. Sizes depend on n and the parameters only, so a
@@ -29,6 +30,7 @@
 #ifndef ISTHMUS_CODEC_H
 #define ISTHMUS_CODEC_H
 
+#include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -55,8 +57,9 @@ const char *codec_name(Codec c);
 /* Bytes needed to encode n values. */
 size_t codec_encoded_size(Codec c, size_t n, CodecParams p);
 
-/* out: codec_encoded_size bytes. */
-void codec_encode(Codec c, const float *x, size_t n, CodecParams p, unsigned char *out);
+/* out: codec_encoded_size bytes. Returns 0, or -1 when out of memory
+ * (topk's selection; out is then unspecified). */
+int codec_encode(Codec c, const float *x, size_t n, CodecParams p, unsigned char *out);
 /* Returns 0, or -1 when `in` is not an encoding of n values (topk: an index
  * outside its chunk or out of order); x is then unspecified. */
 int codec_decode(Codec c, const unsigned char *in, size_t n, CodecParams p, float *x);
@@ -64,16 +67,19 @@ int codec_decode(Codec c, const unsigned char *in, size_t n, CodecParams p, floa
 /* Error feedback: send x + decay*residual, keep what the codec dropped.
  * x (n) is the value to send; residual (n) is updated in place; out gets
  * the encoding and decoded (n) what every receiver will reconstruct.
- * Returns sum of squared codec error and sum of squares of what was
- * encoded (x + decay*residual). */
-void codec_encode_ef(Codec c, const float *x, float *residual, size_t n, CodecParams p,
+ * Gives the sum of squared codec error and sum of squares of what was
+ * encoded (x + decay*residual). Returns 0, or -1 as codec_encode (the
+ * residual is then unchanged). */
+int codec_encode_ef(Codec c, const float *x, float *residual, size_t n, CodecParams p,
                      unsigned char *out, float *decoded, double *err2, double *norm2);
 
 /* The topk codec (codec_topk.c; codec_encode and codec_decode dispatch to
  * it). Values sent in a chunk of len values under p. */
 size_t codec_topk_count(size_t len, CodecParams p);
 size_t codec_topk_size(size_t n, CodecParams p);
-void codec_topk_encode(const float *x, size_t n, CodecParams p, unsigned char *out);
+int codec_topk_encode(const float *x, size_t n, CodecParams p, unsigned char *out);
+/* Did a topk payload carry this decoded value (see above)? */
+static inline int codec_topk_sent(float v) { return v != 0.0f || signbit(v); }
 int codec_topk_decode(const unsigned char *in, size_t n, CodecParams p, float *x);
 
 /* 64-bit FNV-1a over bytes (a fingerprint, not a MAC: the link's frames

@@ -126,9 +126,9 @@ static unsigned bin_of(double v, double lo, double width, unsigned bins)
     return b < 0 ? 0u : b >= (double)bins ? bins - 1 : (unsigned)b;
 }
 
-void codec_topk_encode(const float *x, size_t n, CodecParams p, unsigned char *out)
+int codec_topk_encode(const float *x, size_t n, CodecParams p, unsigned char *out)
 {
-    if (!n) return;
+    if (!n) return 0;
     const size_t B = (size_t)p.block, total = codec_topk_size(n, p);
     const unsigned bins = 1u << p.topk_bits;
     memset(out, 0, total);
@@ -138,11 +138,9 @@ void codec_topk_encode(const float *x, size_t n, CodecParams p, unsigned char *o
     uint32_t *sel = malloc(sizeof(uint32_t) * (sent + 1));
     size_t *at = malloc(sizeof(size_t) * (sent + 1));
     unsigned char *code = malloc(sent + 1);
-    if (!sel || !at || !code) { /* no memory: a payload that decodes to zeros (its bins NaN: rejected) */
-        const float nan = NAN;
-        for (unsigned b = 0; b < bins; b++) memcpy(out + 4 * b, &nan, 4);
+    if (!sel || !at || !code) {
         free(sel), free(at), free(code);
-        return;
+        return -1;
     }
     size_t m = 0;
     double sum = 0.0;
@@ -172,7 +170,8 @@ void codec_topk_encode(const float *x, size_t n, CodecParams p, unsigned char *o
         bcount[code[i]]++;
     }
     for (unsigned b = 0; b < bins; b++) {
-        const float v = (float)(bcount[b] ? bsum[b] / (double)bcount[b] : lo + (b + 0.5) * width);
+        float v = (float)(bcount[b] ? bsum[b] / (double)bcount[b] : lo + (b + 0.5) * width);
+        if (v == 0.0f) v = -0.0f; /* a value sent is never +0.0: that is "not sent" (codec.h) */
         memcpy(out + 4 * b, &v, 4);
     }
     BitWriter w = {out + header_bytes(p), 0};
@@ -188,6 +187,7 @@ void codec_topk_encode(const float *x, size_t n, CodecParams p, unsigned char *o
     free(sel);
     free(at);
     free(code);
+    return 0;
 }
 
 int codec_topk_decode(const unsigned char *in, size_t n, CodecParams p, float *x)
@@ -207,7 +207,7 @@ int codec_topk_decode(const unsigned char *in, size_t n, CodecParams p, float *x
             const size_t idx = get_bits(s, &bit, ib);
             const unsigned b = get_bits(s, &bit, (unsigned)p.topk_bits);
             if (idx < next || idx >= len) return -1; /* out of its chunk, repeated or out of order */
-            x[c0 + idx] = bin[b];
+            x[c0 + idx] = bin[b] == 0.0f ? -0.0f : bin[b]; /* whatever the wire says: sent is never +0.0 */
             next = idx + 1;
         }
     }

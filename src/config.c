@@ -97,7 +97,7 @@ static const KeySpec schema[] = {
     {"outer", "topk_chunk", KEY_INT, OU(topk_chunk), 0, 2, 1 << 24, 0, NULL, "4096"},
     {"outer", "topk_k", KEY_INT, OU(topk_k), 0, 1, 1 << 24, 0, NULL, "64"},
     {"outer", "topk_bits", KEY_INT, OU(topk_bits), 0, 1, 8, 0, NULL, "2"},
-    {"outer", "topk_mean", KEY_ENUM, OU(topk_mean), STRSZ(outer.topk_mean), 0, 0, 0, "senders|all", "senders"},
+    {"outer", "topk_mean", KEY_ENUM, OU(topk_mean), STRSZ(outer.topk_mean), 0, 0, 0, "senders|all", "all"},
     {"outer", "error_feedback", KEY_ENUM, OU(error_feedback), STRSZ(outer.error_feedback), 0, 0, 0, "on|off", "on"},
     {"outer", "ef_decay", KEY_REAL, OU(ef_decay), 0, 0, 1, 0, NULL, "1"},
     {"outer", "timeout", KEY_REAL, OU(timeout), 0, 0, 1e7, 1, NULL, "600"},

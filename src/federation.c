@@ -194,7 +194,9 @@ int federation_joint_keys(Federation *f, const Config *cfg)
 {
     int me;
     CHECK_MPI(MPI_Comm_rank(MPI_COMM_WORLD, &me));
-    if (seal_init() != 0) return isth_fail(ISTH_ERUNTIME, "link: libsodium failed to initialise");
+    int ready = seal_init() == 0, all_ready = 0; /* agreed: no rank leaves the others in a broadcast */
+    CHECK_MPI(MPI_Allreduce(&ready, &all_ready, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD));
+    if (!all_ready) return isth_fail(ISTH_ERUNTIME, "link: libsodium failed to initialise on a rank");
     if (!cfg->outer.key_file[0]) { /* rank 0's random key, sent over MPI */
         if (me == 0) seal_random(f->link_master, SEAL_KEY_BYTES);
         CHECK_MPI(MPI_Bcast(f->link_master, SEAL_KEY_BYTES, MPI_BYTE, 0, MPI_COMM_WORLD));
@@ -216,7 +218,18 @@ int federation_joint_keys(Federation *f, const Config *cfg)
     federation_run_id(cfg, run_id, sizeof run_id);
     seal_master(f->link_master, key, run_id, epoch);
     sodium_memzero(key, sizeof key);
-    return ISTH_OK;
+    /* every rank must hold the same key file: a mismatch found now, by name,
+     * rather than as a frame that fails to open H steps in */
+    const unsigned long long mine = seal_fingerprint(f->link_master);
+    unsigned long long lo = 0, hi = 0;
+    CHECK_MPI(MPI_Allreduce(&mine, &lo, 1, MPI_UNSIGNED_LONG_LONG, MPI_MIN, MPI_COMM_WORLD));
+    CHECK_MPI(MPI_Allreduce(&mine, &hi, 1, MPI_UNSIGNED_LONG_LONG, MPI_MAX, MPI_COMM_WORLD));
+    if (lo == hi) return ISTH_OK;
+    const int quiet = status_set_quiet(me != 0); /* one line, from rank 0 */
+    const int rc_key = isth_fail(ISTH_EINPUT, "key file %s: not the same key on every rank (each site needs a copy "
+                                 "of the same file)", cfg->outer.key_file);
+    status_set_quiet(quiet);
+    return rc_key;
 }
 
 static void hello_mac(const JoinHello *h, const unsigned char nonce[NONCE_BYTES], const unsigned char key[KEY_BYTES],
@@ -818,6 +831,7 @@ void federation_free_world(MPI_Comm *world)
 
 void federation_destroy(Federation *f)
 {
+    seal_wipe(f->link_master, sizeof f->link_master);
     if (!f->federated) return;
     if (f->published) MPI_Unpublish_name(f->service, MPI_INFO_NULL, f->port);
     if (f->hosting) MPI_Close_port(f->port);

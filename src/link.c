@@ -2,6 +2,7 @@
 #include "link.h"
 
 #include <pthread.h>
+#include <stddef.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -38,6 +39,12 @@ void link_set_keys(Link *l, const unsigned char master[SEAL_KEY_BYTES], int encr
         seal_pair_key(l->tx_key[s], master, my_site, s);
         seal_pair_key(l->rx_key[s], master, s, my_site);
     }
+}
+
+void link_forget_keys(Link *l)
+{
+    seal_wipe(l->tx_key, sizeof l->tx_key);
+    seal_wipe(l->rx_key, sizeof l->rx_key);
 }
 
 /* The site of a rank of the link communicator (the last site for a rank
@@ -208,8 +215,9 @@ void link_frame(Link *l, int peer, unsigned char *buf, uint8_t codec, uint8_t ki
     h.to_rank = (uint32_t)peer;
     h.flags = l->encrypt ? LINK_ENCRYPTED : 0u;
     memcpy(buf, &h, sizeof h);
-    LinkHeader *wire = (LinkHeader *)buf; /* the nonce and tag are written in place */
-    seal_frame(l->tx_key[site_of_rank(l, peer)], l->encrypt, wire->nonce, wire->tag, buf + LINK_HEADER_AD_OFFSET,
+    /* the nonce and tag are written in place (buf need not be aligned for a LinkHeader) */
+    seal_frame(l->tx_key[site_of_rank(l, peer)], l->encrypt, buf + offsetof(LinkHeader, nonce),
+               buf + offsetof(LinkHeader, tag), buf + LINK_HEADER_AD_OFFSET,
                sizeof h - LINK_HEADER_AD_OFFSET, buf + sizeof h, payload_bytes);
 }
 

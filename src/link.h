@@ -98,8 +98,7 @@ typedef struct {
     /* the frames' keys (link_set_keys; until then a key every build knows:
      * integrity only): per site, the key of frames to it and from it */
     unsigned char tx_key[LINK_MAX_SITES][SEAL_KEY_BYTES], rx_key[LINK_MAX_SITES][SEAL_KEY_BYTES];
-    int encrypt;           /* payloads encrypted (outer.encrypt) */
-    int keyed;             /* link_set_keys was called */
+    int encrypt;           /* payloads encrypted (outer.encrypt); keys wiped by link_forget_keys */
     int n_sites, my_site;
     int site_first[LINK_MAX_SITES + 1]; /* site s's ranks are [site_first[s], site_first[s + 1]) */
     double auth_failures;  /* frames that failed authentication (logged by their checkers) */
@@ -133,6 +132,8 @@ void link_init(Link *l, MPI_Comm comm, double timeout_s, const char *site_name);
  * whether payloads are encrypted. Every rank of every site the same. */
 void link_set_keys(Link *l, const unsigned char master[SEAL_KEY_BYTES], int encrypt, int my_site,
                    const int *site_first, int n_sites);
+/* Wipe the keys (the link is done). */
+void link_forget_keys(Link *l);
 /* The federated launch: a site that misses a deadline is lost, not fatal. */
 void link_survive(Link *l, int on);
 /* Site s is lost: found by `what` after waiting `after_s` (idempotent). */

@@ -383,11 +383,12 @@ int planner_run(const Config *cfg0, const PlanSite *sites, int n_sites, PlanLink
     const double x = r.streaming.transfer_s;
     printf(" (P=%d, overlap %d); overlap that hides a streaming fragment: >= %.0f steps\n",
            oc->mode_id == MODE_STREAMING ? oc->fragments : mc->layers, oc->overlap, ceil(x / slowest));
-    if (r.n_sites > 1) { /* each rank of a site's first learner seals its share of every payload and opens the
-                          * other sites' shares: the whole model's bytes once per H steps in diloco and streaming */
+    if (r.n_sites > 1) { /* each rank of a site's first learner seals its share of a payload once for every
+                          * other site (a key per pair) and opens each other site's share: the whole model's
+                          * bytes once per H steps in diloco and streaming */
         int G = cfg.sites[0].learner_ranks;
         for (int s = 1; s < cfg.n_sites; s++) G = G < cfg.sites[s].learner_ranks ? G : cfg.sites[s].learner_ranks;
-        const double seal_s = r.diloco.payload_bytes / G * r.n_sites / PLAN_SEAL_BYTES_PER_S;
+        const double seal_s = r.diloco.payload_bytes / G * 2.0 * (r.n_sites - 1) / PLAN_SEAL_BYTES_PER_S;
         printf("link seal (%s, %.2g GB/s per core): %.3g s per rank every H steps, %.2f%% of the H steps' "
                "compute\n", strcmp(oc->encrypt, "on") ? "authenticated" : "encrypted and authenticated",
                PLAN_SEAL_BYTES_PER_S / 1e9, seal_s, 100.0 * seal_s / (oc->inner_steps * slowest));

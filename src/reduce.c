@@ -177,6 +177,7 @@ void reduce_restore(Reducer *r, uint64_t exchanges) { r->exchanges = exchanges; 
 
 void reducer_destroy(Reducer *r)
 {
+    link_forget_keys(&r->link);
     int retired = 1; /* messages still posted (a failed exchange) are cancelled before their buffers go */
     for (int f = 0; r->frag && f < r->fragments; f++) {
         FragPlan *fp = &r->frag[f];
@@ -357,7 +358,8 @@ int reduce_encode_chunk(const Reducer *r, const float *x, float *residual, size_
     if (r->encoder && r->codec != CODEC_TOPK && r->cp.decay == 1.0f)
         return r->encoder->ops->encode_ef(r->encoder, r->codec, x, residual, n, r->cp.block, out, decoded, err2,
                                           norm2);
-    codec_encode_ef(r->codec, x, residual, n, r->cp, out, decoded, err2, norm2);
+    if (codec_encode_ef(r->codec, x, residual, n, r->cp, out, decoded, err2, norm2))
+        return isth_fail(ISTH_ERUNTIME, "codec %s: out of memory encoding a %zu-value chunk", codec_name(r->codec), n);
     return ISTH_OK;
 }
 
@@ -786,7 +788,7 @@ int reduce_finish_staged(Reducer *r, int f, ReduceReport *rep, float **result)
         for (size_t i = 0; i < n; i++) {
             float s = 0.0f, w = 0.0f;
             for (int st = 0; st < t->n_sites; st++)
-                if (ok[st] && staging[(size_t)st * size + i] != 0.0f) {
+                if (ok[st] && codec_topk_sent(staging[(size_t)st * size + i])) {
                     s += staging[(size_t)st * size + i];
                     w += (float)r->site_weight[st];
                 }

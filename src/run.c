@@ -352,7 +352,7 @@ static int take_back(Trainer *tr, Federation *fed, const Config *cfg, int site, 
     CHECK(federation_rejoin(fed, cfg, site, step, &joined, &old));
     if (!joined) return ISTH_OK; /* it gave up or was refused: train on alone */
     /* the run's traffic so far stays counted (the summary is of the whole run) */
-    const double sent = tr->red.link.bytes_sent, recv = tr->red.link.bytes_recv;
+    const double sent = tr->red.link.bytes_sent, recv = tr->red.link.bytes_recv, auth = tr->red.link.auth_failures;
     const double probes = tr->outer.spread.inter_site_bytes;
     /* and so do the compute utilisation's parts */
     const double compute = tr->compute_s, waited = tr->red.link.wait_s, total = tr->inter_site_total;
@@ -361,6 +361,7 @@ static int take_back(Trainer *tr, Federation *fed, const Config *cfg, int site, 
     CHECK(trainer_start(tr, cfg, fed->world, fed->link_master, 1, 0));
     tr->red.link.bytes_sent += sent;
     tr->red.link.bytes_recv += recv;
+    tr->red.link.auth_failures += auth;
     tr->outer.spread.inter_site_bytes += probes;
     tr->compute_s += compute;
     tr->red.link.wait_s += waited;

@@ -15,6 +15,18 @@ int seal_init(void) { return sodium_init() < 0 ? -1 : 0; }
 
 void seal_random(void *buf, size_t n) { randombytes_buf(buf, n); }
 
+void seal_wipe(void *buf, size_t n) { sodium_memzero(buf, n); }
+
+unsigned long long seal_fingerprint(const unsigned char master[SEAL_KEY_BYTES])
+{
+    static const unsigned char label[] = "isthmus link key fingerprint v1";
+    unsigned char h[8];
+    crypto_generichash(h, sizeof h, label, sizeof label, master, SEAL_KEY_BYTES);
+    unsigned long long v = 0;
+    for (int i = 0; i < 8; i++) v = v << 8 | h[i];
+    return v;
+}
+
 void seal_master(unsigned char master[SEAL_KEY_BYTES], const unsigned char run_key[SEAL_KEY_BYTES],
                  const char *run_id, const unsigned char epoch[SEAL_EPOCH_BYTES])
 {

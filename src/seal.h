@@ -36,6 +36,11 @@ void seal_master(unsigned char master[SEAL_KEY_BYTES], const unsigned char run_k
 void seal_pair_key(unsigned char key[SEAL_KEY_BYTES], const unsigned char master[SEAL_KEY_BYTES], int from, int to);
 /* Random bytes (nonces, epochs, keys). */
 void seal_random(void *buf, size_t n);
+/* Zero key material (not optimised away). */
+void seal_wipe(void *buf, size_t n);
+/* A 64-bit fingerprint of a master key (a labelled hash: it reveals nothing
+ * of the key), for ranks to check that they hold the same one. */
+unsigned long long seal_fingerprint(const unsigned char master[SEAL_KEY_BYTES]);
 
 /* Seal: a fresh nonce into `nonce`, the tag into `tag`. `ad` (ad_len bytes)
  * is authenticated; the n bytes at `payload` are encrypted in place when

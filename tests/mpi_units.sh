@@ -17,4 +17,10 @@ for np in 2 4 8; do
         fail "test_butterfly with $np ranks: $(grep -E 'not ok|ERROR|error' "$WORK/bf$np.log" | head -5)"
     fi
 done
+SP=$(dirname "$ISTHMUS")/tests/test_sparse_sum
+if mpi 3 "$SP" > "$WORK/sp.log" 2>&1; then
+    pass "sparse (topk) sums over three sites, all and senders, one site rejected: bit-identical to direct sums"
+else
+    fail "test_sparse_sum: $(grep -E 'not ok|ERROR|error|differ' "$WORK/sp.log" | head -5)"
+fi
 finish || exit 1

@@ -111,7 +111,7 @@ static void frame_into(Link *from, int to_rank, unsigned char *buf, size_t n, ui
 static void frames_are_sealed_and_checked(void **state)
 {
     (void)state;
-    const int first[3] = {0, 1, 2}; /* site a: rank 0; site b: rank 1 */
+    const int first[3] = {0, 1, 3}; /* site a: rank 0; site b: ranks 1 and 2 */
     unsigned char key[SEAL_KEY_BYTES], epoch[SEAL_EPOCH_BYTES], master[SEAL_KEY_BYTES], other[SEAL_KEY_BYTES];
     for (int i = 0; i < SEAL_KEY_BYTES; i++) key[i] = (unsigned char)i, epoch[i] = (unsigned char)(200 - i);
     seal_master(master, key, "run-1", epoch);
@@ -147,6 +147,13 @@ static void frames_are_sealed_and_checked(void **state)
         memcpy(frame, copy, N);
         assert_string_equal(link_check(&b, 0, frame, N, LINK_SITE_VALUES, 2, 6, 77, 1000),
                             "unexpected fragment or exchange");
+        /* misdirected: the other rank of site b opens it (the same pair's key) and refuses it */
+        Link e;
+        link_init(&e, MPI_COMM_SELF, 1.0, "b");
+        link_set_keys(&e, master, encrypt, 1, first, 2);
+        e.rank = 2;
+        memcpy(frame, copy, N);
+        assert_string_equal(link_check(&e, 0, frame, N, LINK_SITE_VALUES, 2, 5, 77, 1000), "from or to the wrong rank");
         /* back to its sender, or opened by site a as if from b: the other direction's key */
         memcpy(frame, copy, N);
         assert_string_equal(link_check(&a, 1, frame, N, LINK_SITE_VALUES, 2, 5, 77, 1000), "failed authentication");
