@@ -57,16 +57,16 @@ L8="--set train.micro_batch=2 --set site.a.ranks=4 --set site.a.learner_ranks=1 
     NP_sync=4 NP_diloco=4 NP_butterfly=8
     # DiLoCo with SparseLoCo's payloads (outer.codec = topk: 64 of 4,096 values
     # at 2 bits, residual decay 0.95, each value averaged over its senders, no
-    # outer momentum, outer lr 1) at H = 64 and 32, and 32 of 4,096 at H = 16; with the averaging over all
-    # learners; with outer Nesterov momentum (0.9, lr 0.7) on top; and DiLoCo
+    # outer momentum, outer lr 1) at H = 64 and 32, and 32 of 4,096 at H = 16; at H = 16 also with the
+    # averaging over all learners, and with outer Nesterov momentum (0.9, lr 0.7) on top; and DiLoCo
     # fp4 with outer Nesterov momentum (SNOO's outer optimiser) at H = 64 and 32
     TOPK="--set outer.mode=diloco --set outer.codec=topk --set outer.ef_decay=0.95 --set outer.topk_mean=senders --set outer.lr=1
      --set outer.momentum=0"
     MODE_topk="$L2 $TOPK --set outer.inner_steps=64"
     MODE_topkh32="$L2 $TOPK --set outer.inner_steps=32"
     MODE_topkh16="$L2 $TOPK --set outer.inner_steps=16 --set outer.topk_k=32" # H=32's bytes
-    MODE_topkall="$L2 $TOPK --set outer.inner_steps=64 --set outer.topk_mean=all"
-    MODE_topknest="$L2 $TOPK --set outer.inner_steps=64 --set outer.lr=0.7 --set outer.momentum=0.9"
+    MODE_topkall="$MODE_topkh16 --set outer.topk_mean=all"
+    MODE_topknest="$MODE_topkh16 --set outer.lr=0.7 --set outer.momentum=0.9"
     MODE_nesterov="$L2 --set outer.mode=diloco --set outer.inner_steps=64 --set outer.codec=fp4 --set outer.lr=0.7
      --set outer.momentum=0.9"
     MODE_nesterovh32="$L2 --set outer.mode=diloco --set outer.inner_steps=32 --set outer.codec=fp4 --set outer.lr=0.7

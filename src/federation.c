@@ -154,10 +154,11 @@ static int read_key(const char *path, unsigned char key[KEY_BYTES])
     return rc;
 }
 
-/* The host's first launch makes the key: temporary name, then rename. */
-static int ensure_key(const char *path)
+/* A new key at `path`: temporary name, then link(). *made = 0 when a key
+ * appeared there meanwhile (another launch's: kept). */
+static int write_new_key(const char *path, int *made)
 {
-    if (access(path, F_OK) == 0) return ISTH_OK;
+    *made = 0;
     char dir[CONFIG_PATH_MAX + 16];
     snprintf(dir, sizeof dir, "%s", path);
     char *slash = strrchr(dir, '/');
@@ -186,7 +187,30 @@ static int ensure_key(const char *path)
     unlink(tmp);
     if (raced) return ISTH_OK;
     if (!linked) return isth_fail(ISTH_ERUNTIME, "key file %s: cannot write: %s", path, strerror(errno));
-    printf("federation: created the run's key %s (mode 0600); every other site needs a copy\n", path);
+    *made = 1;
+    return ISTH_OK;
+}
+
+/* The host's first launch makes the key when it has none. */
+static int ensure_key(const char *path)
+{
+    if (access(path, F_OK) == 0) return ISTH_OK;
+    int made;
+    CHECK(write_new_key(path, &made));
+    if (made) printf("federation: created the run's key %s (mode 0600); every other site needs a copy\n", path);
+    return ISTH_OK;
+}
+
+int federation_keygen(const char *path)
+{
+    if (sodium_init() < 0) return isth_fail(ISTH_ERUNTIME, "keygen: libsodium failed to initialise");
+    struct stat st;
+    if (lstat(path, &st) == 0)
+        return isth_fail(ISTH_EINPUT, "keygen: %s exists; a run's key is never overwritten (remove it first)", path);
+    int made;
+    CHECK(write_new_key(path, &made));
+    if (!made) return isth_fail(ISTH_EINPUT, "keygen: %s appeared meanwhile; not overwritten", path);
+    printf("keygen: wrote a new run key to %s (mode 0600): copy it to every site, set [outer] key_file\n", path);
     return ISTH_OK;
 }
 

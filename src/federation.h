@@ -117,6 +117,10 @@ void federation_free_world(MPI_Comm *world);
  * Open MPI 4.1's MPI_Comm_disconnect hangs on a dead peer). */
 void federation_destroy(Federation *f);
 
+/* `isthmus keygen FILE`: a new run key (32 random bytes in hex, mode 0600,
+ * directories made); an existing FILE is never overwritten (exit 2). */
+int federation_keygen(const char *path);
+
 /* What two sites must agree on to train together: the resolved config
  * without the keys each site may set for itself ([data], [checkpoint],
  * out_dir, threads, backend, precision, gpu_share, log_every, eval_every,

@@ -15,6 +15,7 @@
 
 #include "alloc.h"
 #include "bench.h"
+#include "federation.h"
 #include "backend.h"
 #include "cpu/blas_select.h"
 #include "ckpt.h"
@@ -52,6 +53,7 @@ static const char *const usage_main =
     "  inspect FILE                                attributes, datasets and validity of a checkpoint\n"
     "  plan CONFIG --site NAME:GPU:N... --link RATE,RTT   what a run would achieve on those sites\n"
     "  plot RUN_DIR... -o FILE.png                 charts of runs' metrics (gnuplot)\n"
+    "  keygen FILE                                 a new run key (mode 0600) for [outer] key_file\n"
     "\n"
     "'isthmus <command> --help' describes a command. Configuration keys: docs/configuration.md\n";
 
@@ -357,6 +359,31 @@ static int cmd_bench(int argc, char **argv)
     return bench_run(&cfg, threads, n_threads, (int)warmup, (int)steps, peak);
 }
 
+static const char *const usage_keygen =
+    "usage: isthmus keygen FILE\n"
+    "\n"
+    "Write a new run key to FILE: 32 random bytes in hex, mode 0600, missing directories made.\n"
+    "An existing FILE is never overwritten. Make the key before submitting the sites' jobs, copy it\n"
+    "to every site (scp; the same mode) and name it in [outer] key_file: the federated join proves\n"
+    "it, and every frame between the sites is authenticated and encrypted under keys derived from\n"
+    "it (docs/architecture.md). One rank only.\n";
+
+static int cmd_keygen(int argc, char **argv)
+{
+    if (wants_help(argc, argv)) {
+        fputs(usage_keygen, stdout);
+        return ISTH_OK;
+    }
+    const char *overrides[MAX_OVERRIDES], *pos[1];
+    int n_over, n_pos;
+    CHECK(parse_common(argc, argv, overrides, &n_over, pos, 1, &n_pos, NULL, 0));
+    if (n_pos != 1 || n_over) return isth_fail(ISTH_EINPUT, "keygen: expected one FILE (see isthmus keygen --help)");
+    int size;
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    if (size != 1) return isth_fail(ISTH_EINPUT, "keygen: run it as one process, not under mpirun -np %d", size);
+    return federation_keygen(pos[0]);
+}
+
 static int cmd_inspect(int argc, char **argv)
 {
     if (wants_help(argc, argv)) {
@@ -562,6 +589,8 @@ int main(int argc, char **argv)
         rc = cmd_plan(argc - 2, argv + 2);
     } else if (!strcmp(argv[1], "plot")) {
         rc = cmd_plot(argc - 2, argv + 2);
+    } else if (!strcmp(argv[1], "keygen")) {
+        rc = cmd_keygen(argc - 2, argv + 2);
     } else {
         rc = isth_fail(ISTH_EINPUT, "unknown command '%s' (try isthmus --help)", argv[1]);
     }

@@ -186,4 +186,28 @@ sums_now=$(cat "$WORK/m/model.h5" "$WORK/c/checkpoints/default/"*.h5 | md5sum)
 [ "$sums_now" = "$SUMS" ] && "$ISTHMUS" inspect "$WORK/m/model.h5" > /dev/null 2>&1 &&
     pass "model.h5 and the checkpoints written before the bad inputs are byte-identical and valid" ||
     fail "an earlier output changed"
+# the run key: keygen makes one (0600, 64 hex digits), never overwrites it;
+# a joint two-site run keys its frames from it; ranks holding different
+# key files are refused before training, by name
+"$ISTHMUS" keygen "$WORK/keys/run.key" > "$WORK/kg.out" 2>&1 &&
+    [ "$(stat -c %a "$WORK/keys/run.key")" = 600 ] && grep -Eq '^[0-9a-f]{64}$' "$WORK/keys/run.key" &&
+    pass "keygen: a 0600 key of 32 bytes in hex" || fail "keygen: $(cat "$WORK/kg.out")"
+expect_exit 2 "keygen: $WORK/keys/run.key exists; a run's key is never overwritten" -- "$ISTHMUS" keygen "$WORK/keys/run.key"
+TWO="--set site.a.ranks=1 --set site.b.ranks=1 --set train.steps=3 --set outer.mode=diloco --set outer.inner_steps=2"
+# shellcheck disable=SC2086
+if mpi 2 "$ISTHMUS" train "$T" $TWO --set outer.key_file="$WORK/keys/run.key" --set train.out_dir="$WORK/keyed" \
+    > "$WORK/keyed.log" 2>&1 && [ -f "$WORK/keyed/model.h5" ]; then
+    pass "a joint two-site run with outer.key_file trains (its frames keyed from the file)"
+else
+    fail "keyed joint run: $(tail -3 "$WORK/keyed.log")"
+fi
+"$ISTHMUS" keygen "$WORK/keys/other.key" > /dev/null 2>&1
+# shellcheck disable=SC2086
+rc=0
+timeout 120 mpirun -q --oversubscribe -np 1 "$ISTHMUS" train "$T" $TWO --set outer.key_file="$WORK/keys/run.key" \
+    --set train.out_dir="$WORK/mixed" : -np 1 "$ISTHMUS" train "$T" $TWO --set outer.key_file="$WORK/keys/other.key" \
+    --set train.out_dir="$WORK/mixed" > "$WORK/mixed.log" 2>&1 || rc=$?
+[ "$rc" = 2 ] && grep -q "not the same key on every rank" "$WORK/mixed.log" && [ ! -f "$WORK/mixed/model.h5" ] &&
+    pass "ranks holding different key files: exit 2 before training, named" ||
+    fail "different key files: exit $rc: $(grep -v '^$' "$WORK/mixed.log" | tail -3)"
 finish || exit 1

@@ -1,0 +1,150 @@
+#!/bin/bash
+# shellcheck disable=SC2046 # the process lists (pgrep) are meant to split into arguments
+# fault_matrix.sh — does the link survive a site's death at any moment?
+# Trials of a federated two-site run (one mpirun per site through
+# ompi-server, scripts/federated.sh) in which site b is hurt at a seeded
+# random moment of training, so that every phase of an exchange is hit:
+#   kill-rank  SIGKILL of b's ranks (its mpirun sees them die)
+#   kill-job   SIGKILL of b's mpirun, its launcher and its ranks at once
+#              (a node or a job gone)
+#   stop       SIGSTOP of b's ranks, SIGCONT after a's deadline has passed
+# in diloco, streaming, butterfly and sync, sites of 1 and of 2 ranks, with
+# small payloads (tiny.ini, fp4) and payloads of MBs per rank (small.ini,
+# codec none).
+# A trial passes when site a logs the loss within outer.timeout + 5 s of the
+# fault, trains 5 more steps, and site b — started again after a kill, woken
+# after a stop (it finds it was dropped, exits 3 and federated.sh starts it
+# again) — rejoins the live run; both sites are then stopped (TERM) and no
+# process may be left 60 s later.
+#   scripts/fault_matrix.sh OUT TRIALS [SEED]      (a built ./isthmus)
+# One row per trial in OUT/matrix.tsv (seed, mode, ranks, payload, fault,
+# fault time after the first step, detection, verdict); the logs of a failed
+# trial stay in OUT/trial-N; the last line counts passes and failures.
+# Environment: TIMEOUT (outer.timeout, default 5), WINDOW (the fault falls
+# uniformly in the first WINDOW seconds after the first logged step,
+# default 30).
+set -u
+cd "$(dirname "$0")/.." || exit 2
+OUT=${1:?usage: scripts/fault_matrix.sh OUT TRIALS [SEED]}
+TRIALS=${2:?usage: scripts/fault_matrix.sh OUT TRIALS [SEED]}
+SEED=${3:-1}
+TIMEOUT=${TIMEOUT:-5}
+WINDOW=${WINDOW:-30}
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 \
+    OMPI_MCA_mpi_yield_when_idle=1 MPIRUN_ARGS="-q --bind-to none" ISTHMUS_REJOINS=2
+ISTHMUS=${ISTHMUS:-$PWD/isthmus}
+export ISTHMUS
+FED=scripts/federated.sh
+mkdir -p "$OUT" || exit 2
+"$FED" server "$OUT/server" || exit 2
+trap '"$FED" stop "$OUT/server"' EXIT
+URI=$OUT/server/ompi-server.uri
+
+pick() { # pick SEED N: a number in 0..N-1 from the trial's seed
+    awk -v s="$1" -v n="$2" 'BEGIN { srand(s); print int(rand() * n) }'
+}
+uniform() { # uniform SEED MAX: a real in [0, MAX)
+    awk -v s="$1" -v m="$2" 'BEGIN { srand(s); rand(); printf "%.2f", rand() * m }'
+}
+now() { date +%s.%N; }
+since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }
+wait_line() { # wait_line FILE PATTERN SECONDS: 0 when PATTERN appears in time
+    local end
+    end=$(awk -v s="$3" -v t="$(now)" 'BEGIN { printf "%.0f", t + s }')
+    while [ "$(date +%s)" -le "$end" ]; do
+        grep -q "$2" "$1" 2>/dev/null && return 0
+        sleep 0.2
+    done
+    return 1
+}
+ranks_of() { pgrep -f "isthmus train .* --site $1 .*outer.run_id=$2( |$)"; }
+launcher_of() { pgrep -f "federated.sh site .* $1 .*outer.run_id=$2( |$)"; }
+mpirun_of() { pgrep -f "^mpirun .* --site $1 .*outer.run_id=$2( |$)"; }
+
+printf 'trial\tseed\tmode\tranks\tpayload\tfault\tat_s\tdetected_s\tverdict\n' > "$OUT/matrix.tsv"
+passed=0 failed=0
+for t in $(seq 1 "$TRIALS"); do
+    s=$((SEED * 100003 + t))
+    modes=(diloco streaming butterfly sync) faults=(kill-rank kill-job stop) payloads=(small large)
+    mode=${modes[$(pick "$s" 4)]}
+    fault=${faults[$(pick $((s + 1)) 3)]}
+    payload=${payloads[$(pick $((s + 2)) 2)]}
+    np=$(($(pick $((s + 3)) 2) + 1))
+    at=$(uniform $((s + 4)) "$WINDOW")
+    id=fm$SEED-$t
+    dir=$OUT/trial-$t
+    rm -rf "$dir"
+    mkdir -p "$dir"
+    if [ "$payload" = small ]; then
+        cfg=share/configs/tiny.ini codec=fp4
+    else
+        cfg=share/configs/small.ini codec=none
+    fi
+    set_args="--set site.a.ranks=$np --set site.b.ranks=$np --set outer.mode=$mode --set outer.codec=$codec
+     --set outer.inner_steps=10 --set outer.timeout=$TIMEOUT --set outer.join_timeout=120 --set train.steps=100000
+     --set train.log_every=1 --set train.eval_every=0 --set data.eval_bytes=4096 --set train.threads=1
+     --set train.out_dir=$dir --set outer.run_id=$id"
+    [ "$mode" = streaming ] && set_args="$set_args --set outer.fragments=2 --set outer.overlap=2"
+    # shellcheck disable=SC2086
+    "$FED" site "$URI" a "$np" "$cfg" $set_args > "$dir/a.log" 2>&1 &
+    pa=$!
+    # shellcheck disable=SC2086
+    "$FED" site "$URI" b "$np" "$cfg" $set_args > "$dir/b.log" 2>&1 &
+    pb=$!
+    verdict=pass detected=-
+    if ! wait_line "$dir/a.log" '^step  *1/' 300; then
+        verdict="fail: no first step"
+    else
+        sleep "$at"
+        t_fault=$(now)
+        case $fault in
+        kill-rank) kill -KILL $(ranks_of b "$id") 2> /dev/null ;;
+        kill-job) kill -KILL $(launcher_of b "$id") $(mpirun_of b "$id") $(ranks_of b "$id") 2> /dev/null ;;
+        stop) kill -STOP $(ranks_of b "$id") 2> /dev/null ;;
+        esac
+        if wait_line "$dir/a.log" '^site b lost at step' $((TIMEOUT + 5)); then
+            detected=$(since "$t_fault")
+        else
+            verdict="fail: loss not logged within $((TIMEOUT + 5)) s"
+        fi
+        if [ "$verdict" = pass ]; then
+            lost=$(grep -m1 '^site b lost at step' "$dir/a.log" | sed 's/^site b lost at step \([0-9]*\).*/\1/')
+            if ! wait_line "$dir/a.log" "^step  *$((lost + 5))/" 120; then verdict="fail: site a did not train on"; fi
+        fi
+        if [ "$verdict" = pass ]; then
+            case $fault in
+            stop) # woken after the deadline: b learns it was dropped (exit 3) and its launcher starts it again
+                kill -CONT $(ranks_of b "$id") 2> /dev/null ;;
+            *) # b's launcher has ended (or was killed): start the site again
+                wait "$pb" 2> /dev/null
+                # shellcheck disable=SC2086
+                "$FED" site "$URI" b "$np" "$cfg" $set_args --resume auto > "$dir/b2.log" 2>&1 &
+                pb=$! ;;
+            esac
+            wait_line "$dir/a.log" '^site b rejoined at step' 240 || verdict="fail: b did not rejoin"
+        fi
+    fi
+    # the end: both sites asked to stop; nothing may be left a minute later
+    kill -TERM $(ranks_of a "$id") $(ranks_of b "$id") 2> /dev/null
+    kill -CONT $(ranks_of b "$id") 2> /dev/null
+    for _ in $(seq 1 60); do
+        [ -z "$(ranks_of a "$id")$(ranks_of b "$id")" ] && break
+        sleep 1
+    done
+    if [ -n "$(ranks_of a "$id")$(ranks_of b "$id")" ]; then
+        [ "$verdict" = pass ] && verdict="fail: processes left 60 s after TERM"
+        kill -KILL $(ranks_of a "$id") $(ranks_of b "$id") $(mpirun_of a "$id") $(mpirun_of b "$id") 2> /dev/null
+    fi
+    kill -KILL $(launcher_of a "$id") $(launcher_of b "$id") 2> /dev/null
+    wait "$pa" "$pb" 2> /dev/null
+    printf '%d\t%d\t%s\t%d+%d\t%s\t%s\t%s\t%s\t%s\n' "$t" "$s" "$mode" "$np" "$np" "$payload" "$fault" "$at" \
+        "$detected" "$verdict" | tee -a "$OUT/matrix.tsv"
+    if [ "$verdict" = pass ]; then
+        passed=$((passed + 1))
+        rm -rf "$dir"
+    else
+        failed=$((failed + 1))
+    fi
+done
+echo "fault matrix: $passed passed, $failed failed ($TRIALS trials, seed $SEED, outer.timeout $TIMEOUT s)"
+[ "$failed" -eq 0 ]
