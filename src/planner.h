@@ -29,8 +29,8 @@
  * in a 1500-byte IP packet (20 IP + 20 TCP + 12 timestamp option). */
 #define PLAN_TCP_EFFICIENCY (1448.0 / 1500.0)
 /* Bytes per second one core seals or opens (XChaCha20-Poly1305, seal.h):
- * `isthmus bench` measures it (docs/benchmarks.md); this is a floor below
- * what it measured on a loaded 2-core Xeon. */
+ * `isthmus bench` measures it (docs/benchmarks.md: 1.39 GB/s on one core of
+ * the 2-core EPYC VM, unloaded); this floor is under half of that. */
 #define PLAN_SEAL_BYTES_PER_S 0.6e9
 #define PLAN_MAX_SITES CONFIG_MAX_SITES
 
