@@ -133,8 +133,7 @@ int codec_topk_encode(const float *x, size_t n, CodecParams p, unsigned char *ou
     const unsigned bins = 1u << p.topk_bits;
     memset(out, 0, total);
     /* the indices sent, chunk by chunk (absolute), and their statistics */
-    size_t sent = 0;
-    for (size_t c0 = 0; c0 < n; c0 += B) sent += codec_topk_count(n - c0 < B ? n - c0 : B, p);
+    const size_t sent = n / B * codec_topk_count(B, p) + codec_topk_count(n % B, p);
     uint32_t *sel = malloc(sizeof(uint32_t) * (sent + 1));
     size_t *at = malloc(sizeof(size_t) * (sent + 1));
     unsigned char *code = malloc(sent + 1);

@@ -368,33 +368,40 @@ static const char *const usage_keygen =
     "it, and every frame between the sites is authenticated and encrypted under keys derived from\n"
     "it (docs/architecture.md). One rank only.\n";
 
-static int cmd_keygen(int argc, char **argv)
+/* The one FILE argument of `cmd` (no --set): *path, or NULL when --help
+ * was asked for (usage printed). */
+static int one_file(int argc, char **argv, const char *cmd, const char *usage, const char **path)
 {
+    *path = NULL;
     if (wants_help(argc, argv)) {
-        fputs(usage_keygen, stdout);
+        fputs(usage, stdout);
         return ISTH_OK;
     }
     const char *overrides[MAX_OVERRIDES], *pos[1];
     int n_over, n_pos;
     CHECK(parse_common(argc, argv, overrides, &n_over, pos, 1, &n_pos, NULL, 0));
-    if (n_pos != 1 || n_over) return isth_fail(ISTH_EINPUT, "keygen: expected one FILE (see isthmus keygen --help)");
+    if (n_pos != 1 || n_over)
+        return isth_fail(ISTH_EINPUT, "%s: expected one FILE (see isthmus %s --help)", cmd, cmd);
+    *path = pos[0];
+    return ISTH_OK;
+}
+
+static int cmd_keygen(int argc, char **argv)
+{
+    const char *path;
+    CHECK(one_file(argc, argv, "keygen", usage_keygen, &path));
+    if (!path) return ISTH_OK;
     int size;
     MPI_Comm_size(MPI_COMM_WORLD, &size);
     if (size != 1) return isth_fail(ISTH_EINPUT, "keygen: run it as one process, not under mpirun -np %d", size);
-    return federation_keygen(pos[0]);
+    return federation_keygen(path);
 }
 
 static int cmd_inspect(int argc, char **argv)
 {
-    if (wants_help(argc, argv)) {
-        fputs(usage_inspect, stdout);
-        return ISTH_OK;
-    }
-    const char *overrides[MAX_OVERRIDES], *pos[1];
-    int n_over, n_pos;
-    CHECK(parse_common(argc, argv, overrides, &n_over, pos, 1, &n_pos, NULL, 0));
-    if (n_pos != 1 || n_over) return isth_fail(ISTH_EINPUT, "inspect: expected one FILE (see isthmus inspect --help)");
-    return ckpt_inspect(pos[0]);
+    const char *path;
+    CHECK(one_file(argc, argv, "inspect", usage_inspect, &path));
+    return path ? ckpt_inspect(path) : ISTH_OK;
 }
 
 static int cmd_config(int argc, char **argv)

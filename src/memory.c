@@ -57,7 +57,7 @@ static int plan_exchanges(const Config *cfg, const Topology *t, const Model *m, 
     const OuterConfig *oc = &cfg->outer;
     const int butterfly = oc->mode_id == MODE_BUTTERFLY, outer_mode = oc->mode_id != MODE_SYNC;
     const Codec codec = (Codec)codec_from_name(oc->codec);
-    const CodecParams block = config_codec_params(oc);
+    const CodecParams cp = config_codec_params(oc);
     const int ef = !strcmp(oc->error_feedback, "on") && codec != CODEC_NONE;
     const SiteInfo *site = &t->sites[t->site];
     const int leader = t->learner == site->first_learner, G = t->learner_size;
@@ -71,7 +71,7 @@ static int plan_exchanges(const Config *cfg, const Topology *t, const Model *m, 
     int rc = ISTH_OK;
     for (int f = 0; f < oc->fragments && rc == ISTH_OK; f++) {
         Owned own;
-        rc = owned_build(&own, &ct, f, G, t->learner_rank, codec, block);
+        rc = owned_build(&own, &ct, f, G, t->learner_rank, codec, cp);
         if (rc != ISTH_OK) break;
         owned += own.size;
         if (own.size > max_size) max_size = own.size;
@@ -87,8 +87,8 @@ static int plan_exchanges(const Config *cfg, const Topology *t, const Model *m, 
             for (int d = 0; d < k; d++) { /* the partner's ranks, lossy and exact plans */
                 int first, Gp;
                 topology_learner_ranks(t, t->learner ^ (1 << d), &first, &Gp);
-                const size_t lossy = peers_frame_bytes(&ct, &own, Gp, codec, block);
-                const size_t exact = peers_frame_bytes(&ct, &own, Gp, CODEC_NONE, block);
+                const size_t lossy = peers_frame_bytes(&ct, &own, Gp, codec, cp);
+                const size_t exact = peers_frame_bytes(&ct, &own, Gp, CODEC_NONE, cp);
                 const size_t most = lossy > exact ? lossy : exact;
                 if (most > send) send = recv = most;
             }
@@ -96,7 +96,7 @@ static int plan_exchanges(const Config *cfg, const Topology *t, const Model *m, 
             if (ef) residual += floats(own.size + 1);
             size_t frames = 0;
             for (int s = 0; s < t->n_sites; s++)
-                if (s != t->site) frames += peers_frame_bytes(&ct, &own, t->sites[s].learner_ranks, codec, block);
+                if (s != t->site) frames += peers_frame_bytes(&ct, &own, t->sites[s].learner_ranks, codec, cp);
             if (frames > send) send = recv = frames;
         }
         owned_free(&own);

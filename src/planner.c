@@ -203,7 +203,7 @@ int planner_compute(const Config *cfg0, const PlanSite *sites, int n_sites, Plan
     const ModelConfig *mc = &cfg.model;
     const OuterConfig *oc = &cfg.outer;
     const Codec codec = (Codec)codec_from_name(oc->codec);
-    const CodecParams block = config_codec_params(oc);
+    const CodecParams cp = config_codec_params(oc);
     const int H = oc->inner_steps, tau = oc->overlap;
     r->n_sites = cfg.n_sites;
     r->flops_per_token = model_flops_per_token(mc);
@@ -223,7 +223,7 @@ int planner_compute(const Config *cfg0, const PlanSite *sites, int n_sites, Plan
     double frag[LINK_MAX_FRAGMENTS], all, fbytes[LINK_MAX_FRAGMENTS], all_bytes;
 
     /* sync: every step, the summed gradient of every parameter (the codec applies) */
-    CHECK(fragment_values(mc, 1, codec, block, frag, &all, fbytes, &all_bytes));
+    CHECK(fragment_values(mc, 1, codec, cp, frag, &all, fbytes, &all_bytes));
     PlanMode *m = &r->sync;
     m->payload_bytes = all_bytes;
     m->transfer_s = peers ? transfer_s(m->payload_bytes, link) : 0;
@@ -238,7 +238,7 @@ int planner_compute(const Config *cfg0, const PlanSite *sites, int n_sites, Plan
     /* streaming: P fragments, each once per H steps, each exchange hidden
      * behind tau inner steps; what it does not hide stalls the step */
     const int P = oc->mode_id == MODE_STREAMING ? oc->fragments : mc->layers;
-    CHECK(fragment_values(mc, P, codec, block, frag, &all, fbytes, &all_bytes));
+    CHECK(fragment_values(mc, P, codec, cp, frag, &all, fbytes, &all_bytes));
     m = &r->streaming;
     double stall = 0, busy = 0, largest = 0;
     for (int p = 0; p < P; p++) {
@@ -260,7 +260,7 @@ int planner_compute(const Config *cfg0, const PlanSite *sites, int n_sites, Plan
         int k = 0;
         while ((1 << k) < learners) k++;
         const int Pb = oc->mode_id == MODE_BUTTERFLY ? oc->fragments : 1;
-        CHECK(fragment_values(mc, Pb, codec, block, frag, &all, fbytes, &all_bytes));
+        CHECK(fragment_values(mc, Pb, codec, cp, frag, &all, fbytes, &all_bytes));
         const int per_site = learners / S;
         int crossing = 0; /* rounds of k whose partner is at another site */
         for (int j = 0; j < k; j++) crossing += (1 << j) >= per_site;
