@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "status.h"
+#include "wire.h"
 
 #ifndef ISTHMUS_DATADIR
 #define ISTHMUS_DATADIR "share/data"
@@ -108,6 +109,11 @@ static const KeySpec schema[] = {
     {"outer", "progress", KEY_ENUM, OU(progress), STRSZ(outer.progress), 0, 0, 0, "step|poll|thread", "poll"},
     {"outer", "piece_bytes", KEY_LONG, OU(piece_bytes), 0, 4096, INT_MAX, 0, NULL, "262144"},
     {"outer", "pace", KEY_ENUM, OU(pace), STRSZ(outer.pace), 0, 0, 0, "on|off", "on"},
+    {"outer", "transport", KEY_ENUM, OU(transport), STRSZ(outer.transport), 0, 0, 0, "tcp|mpi", "tcp"},
+    {"outer", "streams", KEY_INT, OU(streams), 0, 1, 16, 0, NULL, "4"},
+    {"outer", "socket_buffer", KEY_LONG, OU(socket_buffer), 0, 0, INT_MAX, 0, NULL, "0"},
+    {"outer", "ports", KEY_STR, OU(ports), STRSZ(outer.ports), 0, 0, 0, NULL, "0"},
+    {"outer", "interface", KEY_STR, OU(interface), STRSZ(outer.interface), 0, 0, 0, NULL, ""},
 
     {"checkpoint", "dir", KEY_STR, CK(dir), STRSZ(checkpoint.dir), 0, 0, 0, NULL, ""},
     {"checkpoint", "every", KEY_INT, CK(every), 0, 0, INT_MAX, 0, NULL, "0"},
@@ -521,6 +527,10 @@ static int validate_outer(Config *cfg, EntryList *l)
     if (streaming && o->fragments > o->inner_steps)
         return isth_fail(ISTH_EINPUT, "config %s: [outer] fragments = %d exceeds inner_steps = %d (offsets would collide)",
                          origin_of(l, "outer", "fragments"), o->fragments, o->inner_steps);
+    int lo, hi;
+    if (wire_parse_ports(o->ports, &lo, &hi))
+        return isth_fail(ISTH_EINPUT, "config %s: [outer] ports = %s: give 0 (any free port), a port, or a range "
+                         "LO-HI within 1-65535", origin_of(l, "outer", "ports"), o->ports);
     return ISTH_OK;
 }
 

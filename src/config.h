@@ -107,6 +107,11 @@ typedef struct {
     char progress[8];   /* step | poll | thread: when MPI moves the exchanges in flight (docs/configuration.md) */
     long piece_bytes;   /* the link's largest MPI message: frames go in pieces of this size */
     char pace[4];       /* on | off: a streaming payload's pieces posted over its overlap window */
+    char transport[4];  /* tcp | mpi: what carries frames between sites (wire.h, or MPI) */
+    int streams;        /* tcp: connections per pair of ranks */
+    long socket_buffer; /* tcp: SO_SNDBUF/SO_RCVBUF bytes (0 = the kernel's autotuning) */
+    char ports[16];     /* tcp: listening ports, "0" (any), "N" or "LO-HI" */
+    char interface[32]; /* tcp: the interface whose IPv4 address other sites reach ("" = first non-loopback) */
 } OuterConfig;
 
 typedef struct {

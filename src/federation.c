@@ -65,7 +65,8 @@ static int site_local_line(const char *section, const char *line)
 {
     static const char *const train_local[] = {"out_dir", "threads", "backend", "precision", "gpu_share",
                                               "log_every", "eval_every"};
-    static const char *const outer_local[] = {"key_file", "join_timeout"};
+    /* the network of each site is its own: where it listens, its buffers */
+    static const char *const outer_local[] = {"key_file", "join_timeout", "ports", "interface", "socket_buffer"};
     /* checkpoint.every is shared: it decides when the sites drain and agree */
     static const char *const ckpt_local[] = {"dir", "keep", "timeout"};
     if (!strcmp(section, "[data]")) return 1;

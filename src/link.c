@@ -16,6 +16,20 @@
 #include "clock.h"
 #include "status.h"
 
+/* The site of a rank of the link communicator (the last site for a rank
+ * beyond the table: its frames then fail to open, never crash). */
+static int site_of_rank(const Link *l, int rank)
+{
+    int s = 0;
+    while (s + 1 < l->n_sites && rank >= l->site_first[s + 1]) s++;
+    return s;
+}
+
+/* Does a message to or from this peer go over the wire? */
+static int over_wire(const Link *l, int peer) { return l->wire && site_of_rank(l, peer) != l->my_site; }
+
+static int req_null(const LinkReq *r) { return !r->wire && r->mpi == MPI_REQUEST_NULL; }
+
 void link_mark(Link *l)
 {
     l->mark_bytes = l->bytes_sent + l->bytes_recv;
@@ -47,14 +61,24 @@ void link_forget_keys(Link *l)
     seal_wipe(l->rx_key, sizeof l->rx_key);
 }
 
-/* The site of a rank of the link communicator (the last site for a rank
- * beyond the table: its frames then fail to open, never crash). */
-static int site_of_rank(const Link *l, int rank)
+int link_open_wire(Link *l, const WireOptions *o)
 {
-    int s = 0;
-    while (s + 1 < l->n_sites && rank >= l->site_first[s + 1]) s++;
-    return s;
+    return wire_open(&l->wire, l->comm, l->site_first, l->n_sites, l->my_site,
+                     (const unsigned char (*)[SEAL_KEY_BYTES])l->tx_key,
+                     (const unsigned char (*)[SEAL_KEY_BYTES])l->rx_key, o);
 }
+
+void link_close_wire(Link *l)
+{
+    wire_close(l->wire);
+    l->wire = NULL;
+}
+
+void link_poll(Link *l)
+{
+    if (l->wire) wire_progress(l->wire, 0);
+}
+
 
 void link_init(Link *l, MPI_Comm comm, double timeout_s, const char *site_name)
 {
@@ -114,9 +138,25 @@ int link_take_lost(Link *l, unsigned char *out, int n_sites)
     return n;
 }
 
+/* The notice over the wire: a sealed control frame of the sender's site
+ * number, fragment 1 (never a control exchange's), exchange 0 (a notice
+ * comes once per epoch: a site lost is back only through a rejoin, which
+ * changes the keys). */
+#define NOTICE_BYTES (sizeof(LinkHeader) + sizeof(int32_t))
+
 void link_notify_dropped(Link *l, int peer, int my_site)
 {
     static int32_t from[LINK_MAX_SITES]; /* MPI reads it whenever it can: never on the stack */
+    static unsigned char notice[LINK_MAX_SITES][NOTICE_BYTES]; /* the same for the wire */
+    if (over_wire(l, peer)) {
+        unsigned char *f = notice[site_of_rank(l, peer) % LINK_MAX_SITES];
+        const int32_t me = my_site;
+        memcpy(f + sizeof(LinkHeader), &me, sizeof me);
+        link_frame(l, peer, f, 0, LINK_CONTROL, 1, (uint32_t)my_site, 0, sizeof me, sizeof me);
+        (void)wire_isend(l->wire, peer, LINK_TAG_DROPPED, f, NOTICE_BYTES, NULL); /* detached: never awaited */
+        wire_progress(l->wire, 0);
+        return;
+    }
     MPI_Request req;
     from[my_site % LINK_MAX_SITES] = my_site;
     if (MPI_Isend(&from[my_site % LINK_MAX_SITES], 1, MPI_INT32_T, peer, LINK_TAG_DROPPED, l->comm, &req) ==
@@ -126,6 +166,17 @@ void link_notify_dropped(Link *l, int peer, int my_site)
 
 int link_was_dropped(Link *l, int peer)
 {
+    if (over_wire(l, peer)) {
+        if (!wire_probe(l->wire, peer, LINK_TAG_DROPPED)) return 0;
+        unsigned char f[NOTICE_BYTES];
+        WireOp *op = NULL;
+        if (wire_irecv(l->wire, peer, LINK_TAG_DROPPED, f, sizeof f, &op) != ISTH_OK) return 0;
+        if (!wire_test(l->wire, &op)) {
+            wire_cancel(l->wire, &op);
+            return 0;
+        }
+        return link_check(l, peer, f, sizeof f, LINK_CONTROL, 1, 0, sizeof(int32_t), sizeof(int32_t)) == NULL;
+    }
     int flag = 0;
     MPI_Status st;
     if (MPI_Iprobe(peer, LINK_TAG_DROPPED, l->comm, &flag, &st) != MPI_SUCCESS || !flag) return 0;
@@ -160,6 +211,7 @@ int link_msg_alloc(LinkMsg *m, int peer, int tag, size_t send_bytes, size_t recv
 
 static int retire_within(MPI_Request *req, int n, double grace_s)
 {
+    if (n <= 0) return 1;
     for (int i = 0; i < n; i++)
         if (req[i] != MPI_REQUEST_NULL) MPI_Cancel(&req[i]);
     const double t0 = now_s();
@@ -174,6 +226,23 @@ static int retire_within(MPI_Request *req, int n, double grace_s)
 
 int link_retire(MPI_Request *req, int n) { return retire_within(req, n, 1.0); }
 
+/* Retire a message's pieces: those on the wire are cancelled at once (the
+ * wire never writes a buffer after that); MPI's within the grace period. */
+static int retire_pieces(Wire *w, LinkReq *req, int n, double grace_s)
+{
+    if (!req || n <= 0) return 1;
+    MPI_Request *mpi = isth_malloc(sizeof(MPI_Request) * (size_t)n);
+    if (!mpi) return 0;
+    for (int i = 0; i < n; i++) {
+        if (req[i].wire) wire_cancel(w, &req[i].wire);
+        mpi[i] = req[i].mpi;
+    }
+    const int done = retire_within(mpi, n, grace_s);
+    for (int i = 0; i < n; i++) req[i].mpi = mpi[i];
+    isth_free(mpi);
+    return done;
+}
+
 void link_msg_init_borrowed(LinkMsg *m, int peer, int tag, size_t send_bytes, size_t recv_bytes, int local)
 {
     msg_init(m, peer, tag, send_bytes, recv_bytes, local);
@@ -183,8 +252,8 @@ void link_msg_init_borrowed(LinkMsg *m, int peer, int tag, size_t send_bytes, si
 int link_msg_free(LinkMsg *m)
 {
     int free_recv = 1, free_send = 1;
-    if (m->recv_posted && !m->recv_done) free_recv = link_retire(m->rr, m->recv_pieces);
-    if (m->send_posted == 1) free_send = link_retire(m->rs, m->send_pieces);
+    if (m->recv_posted && !m->recv_done) free_recv = retire_pieces(m->wire, m->rr, m->recv_pieces, 1.0);
+    if (m->send_posted == 1) free_send = retire_pieces(m->wire, m->rs, m->send_pieces, 1.0);
     if (free_recv) {
         if (!m->borrowed) isth_free(m->recv);
         isth_free(m->rr);
@@ -235,32 +304,37 @@ static size_t piece_of(const Link *l)
     return l->piece_bytes && l->piece_bytes < most ? l->piece_bytes : most;
 }
 
-/* Requests for `bytes` in pieces, every one MPI_REQUEST_NULL (not posted). */
-static int alloc_pieces(const Link *l, size_t bytes, MPI_Request **req, int *pieces)
+/* Requests for `bytes` in pieces, every one null (not posted). */
+static int alloc_pieces(const Link *l, size_t bytes, LinkReq **req, int *pieces)
 {
     const size_t piece = piece_of(l);
     const int n = bytes ? (int)((bytes + piece - 1) / piece) : 1;
     if (n > *pieces || !*req) {
-        MPI_Request *r = isth_realloc(*req, sizeof(MPI_Request) * (size_t)n);
+        LinkReq *r = isth_realloc(*req, sizeof(LinkReq) * (size_t)n);
         CHECK_ALLOC(r);
         *req = r;
     }
     *pieces = n;
-    for (int i = 0; i < n; i++) (*req)[i] = MPI_REQUEST_NULL;
+    for (int i = 0; i < n; i++) (*req)[i] = (LinkReq){MPI_REQUEST_NULL, NULL};
     return ISTH_OK;
 }
 
 /* Post pieces [from, to) of buf. */
-static int post_range(Link *l, unsigned char *buf, size_t bytes, int peer, int tag, int is_send, MPI_Request *req,
+static int post_range(Link *l, unsigned char *buf, size_t bytes, int peer, int tag, int is_send, LinkReq *req,
                       int from, int to)
 {
     const size_t piece = piece_of(l);
+    const int wire = over_wire(l, peer);
     for (int i = from; i < to; i++) {
         const size_t off = (size_t)i * piece, len = bytes - off < piece ? bytes - off : piece;
-        if (is_send)
-            CHECK_MPI(MPI_Isend(buf + off, (int)len, MPI_BYTE, peer, tag, l->comm, &req[i]));
+        if (wire && is_send)
+            CHECK(wire_isend(l->wire, peer, tag, buf + off, len, &req[i].wire));
+        else if (wire)
+            CHECK(wire_irecv(l->wire, peer, tag, buf + off, len, &req[i].wire));
+        else if (is_send)
+            CHECK_MPI(MPI_Isend(buf + off, (int)len, MPI_BYTE, peer, tag, l->comm, &req[i].mpi));
         else
-            CHECK_MPI(MPI_Irecv(buf + off, (int)len, MPI_BYTE, peer, tag, l->comm, &req[i]));
+            CHECK_MPI(MPI_Irecv(buf + off, (int)len, MPI_BYTE, peer, tag, l->comm, &req[i].mpi));
     }
     return ISTH_OK;
 }
@@ -270,6 +344,7 @@ int link_post_recv(Link *l, LinkMsg *m)
     m->recv_done = 0;
     m->recv_posted = 1;
     m->recv_pieces_done = 0;
+    if (over_wire(l, m->peer)) m->wire = l->wire;
     CHECK(alloc_pieces(l, m->recv_bytes, &m->rr, &m->recv_pieces));
     return post_range(l, m->recv, m->recv_bytes, m->peer, m->tag, 0, m->rr, 0, m->recv_pieces);
 }
@@ -286,6 +361,7 @@ int link_post_send_upto(Link *l, LinkMsg *m, size_t bytes)
         }
         m->send_posted = 1;
         m->send_next = 0;
+        if (over_wire(l, m->peer)) m->wire = l->wire;
         *(m->local ? &l->intra_sent : &l->bytes_sent) += (double)m->send_bytes;
         CHECK(alloc_pieces(l, m->send_bytes, &m->rs, &m->send_pieces));
     }
@@ -305,9 +381,19 @@ double link_recv_fraction(const LinkMsg *m)
     return m->recv_pieces > 0 ? (double)m->recv_pieces_done / m->recv_pieces : 0.0;
 }
 
+/* Has this piece completed? (a null one has) */
+static int req_test(Wire *w, LinkReq *r, int *flag)
+{
+    *flag = 1;
+    if (r->wire) *flag = wire_test(w, &r->wire);
+    else if (r->mpi != MPI_REQUEST_NULL) CHECK_MPI(MPI_Test(&r->mpi, flag, MPI_STATUS_IGNORE));
+    return ISTH_OK;
+}
+
 int link_test(Link *l, LinkMsg *const *msgs, int n, int *all)
 {
     *all = 1;
+    if (l->wire) wire_progress(l->wire, 0);
     for (int i = 0; i < n; i++) {
         LinkMsg *m = msgs[i];
         if (!m->recv_done && m->recv_posted) {
@@ -315,8 +401,8 @@ int link_test(Link *l, LinkMsg *const *msgs, int n, int *all)
              * has come is worth knowing (reduce.c warns of a late one) */
             for (int k = m->recv_pieces_done; k < m->recv_pieces; k++) {
                 int flag = 0;
-                if (m->rr[k] != MPI_REQUEST_NULL) CHECK_MPI(MPI_Test(&m->rr[k], &flag, MPI_STATUS_IGNORE));
-                if (!flag && m->rr[k] != MPI_REQUEST_NULL) break;
+                CHECK(req_test(m->wire, &m->rr[k], &flag));
+                if (!flag) break;
                 m->recv_pieces_done = k + 1;
             }
             if (m->recv_pieces_done >= m->recv_pieces) {
@@ -326,8 +412,12 @@ int link_test(Link *l, LinkMsg *const *msgs, int n, int *all)
         }
         if (!m->recv_done) *all = 0;
         if (m->send_posted == 1) {
-            int flag = 0;
-            CHECK_MPI(MPI_Testall(m->send_next, m->rs, &flag, MPI_STATUSES_IGNORE));
+            int flag = 1;
+            for (int k = 0; k < m->send_next; k++) {
+                int one = 1;
+                if (!req_null(&m->rs[k])) CHECK(req_test(m->wire, &m->rs[k], &one));
+                flag &= one;
+            }
             if (flag && m->send_next == m->send_pieces) m->send_posted = 2;
             else *all = 0;
         }
@@ -378,8 +468,8 @@ void link_abandon(LinkMsg *m)
      * cannot be cancelled could still be written: either makes it stuck */
     /* a lost peer: no long grace (Open MPI cancels receives at once and
      * sends never), so detection stays close to the deadline */
-    if (m->recv_posted && !m->recv_done && !retire_within(m->rr, m->recv_pieces, 0.1)) m->stuck = 1;
-    if (m->send_posted == 1 && !retire_within(m->rs, m->send_pieces, 0.0)) m->stuck = 1;
+    if (m->recv_posted && !m->recv_done && !retire_pieces(m->wire, m->rr, m->recv_pieces, 0.1)) m->stuck = 1;
+    if (m->send_posted == 1 && !retire_pieces(m->wire, m->rs, m->send_pieces, 0.0)) m->stuck = 1;
     m->recv_done = 1;
     m->send_posted = 2;
 }
@@ -429,7 +519,7 @@ int link_recv_blob(Link *l, int peer, int tag, unsigned char *frame, size_t byte
     return rc;
 }
 
-const char *link_check(Link *l, int peer, unsigned char *buf, size_t bytes, uint8_t kind, uint32_t fragment,
+static const char *check_frame(Link *l, int peer, unsigned char *buf, size_t bytes, uint8_t kind, uint32_t fragment,
                        uint64_t exchange, uint64_t values, uint64_t payload_bytes)
 {
     LinkHeader h;
@@ -439,10 +529,8 @@ const char *link_check(Link *l, int peer, unsigned char *buf, size_t bytes, uint
      * be the size received; then nothing is trusted before the seal opens */
     if (h.payload_bytes != bytes - sizeof h) return "wrong payload size";
     if (seal_open(l->rx_key[site_of_rank(l, peer)], (h.flags & LINK_ENCRYPTED) != 0, h.nonce, h.tag,
-                  buf + LINK_HEADER_AD_OFFSET, sizeof h - LINK_HEADER_AD_OFFSET, buf + sizeof h, h.payload_bytes)) {
-        l->auth_failures++;
+                  buf + LINK_HEADER_AD_OFFSET, sizeof h - LINK_HEADER_AD_OFFSET, buf + sizeof h, h.payload_bytes))
         return "failed authentication";
-    }
     if (h.magic != LINK_MAGIC || h.version != LINK_VERSION) return "bad magic or version";
     if (h.from_rank != (uint32_t)peer || h.to_rank != (uint32_t)l->rank) return "from or to the wrong rank";
     if ((h.flags & LINK_ENCRYPTED) != (l->encrypt ? LINK_ENCRYPTED : 0u) || h.reserved)
@@ -450,6 +538,14 @@ const char *link_check(Link *l, int peer, unsigned char *buf, size_t bytes, uint
     if (h.kind != kind || h.fragment != fragment || h.exchange != exchange) return "unexpected fragment or exchange";
     if (h.values != values || h.payload_bytes != payload_bytes) return "wrong payload size";
     return NULL;
+}
+
+const char *link_check(Link *l, int peer, unsigned char *buf, size_t bytes, uint8_t kind, uint32_t fragment,
+                       uint64_t exchange, uint64_t values, uint64_t payload_bytes)
+{
+    const char *bad = check_frame(l, peer, buf, bytes, kind, fragment, exchange, values, payload_bytes);
+    if (bad) l->auth_failures++;
+    return bad;
 }
 
 int link_control(Link *l, const void *mine, size_t bytes, void *all, const int *site_leaders, int n_sites,

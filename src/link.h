@@ -4,7 +4,10 @@
  * Owns: payload framing (a fixed header, then the encoded values), every
  * frame sealed (seal.h: authenticated under its pair of sites' key, the
  * payload encrypted unless outer.encrypt = off) and opened, posting non-blocking sends and receives in pieces of at
- * most coll_max_message() bytes (so no MPI count overflows an int), completing
+ * most coll_max_message() bytes (so no MPI count overflows an int) — to
+ * another site over the wire (wire.h: isthmus's own TCP transport, whose
+ * waits no dead peer can prolong) unless outer.transport = mpi, within a
+ * site (butterfly's pairs) over MPI — completing
  * them against a deadline, cancelling what a failed exchange left posted,
  * the small blocking control exchanges between the sites' first ranks
  * (checkpoint outcomes, the resume step, step statistics, replica checks),
@@ -21,6 +24,7 @@
 #include <stdint.h>
 
 #include "seal.h"
+#include "wire.h"
 
 #define LINK_MAGIC 0x49534c4bu /* "ISLK" */
 #define LINK_VERSION 2
@@ -68,6 +72,12 @@ typedef struct {
 /* The authenticated fields: from magic to the end of the header. */
 #define LINK_HEADER_AD_OFFSET (SEAL_NONCE_BYTES + SEAL_TAG_BYTES)
 
+/* A piece in flight: over MPI, or over the wire (the other is null). */
+typedef struct {
+    MPI_Request mpi;
+    WireOp *wire;
+} LinkReq;
+
 /* One framed message each way with one peer. The pieces' requests live in
  * rs/rr (n_pieces of each); the buffers belong to the owner of the message
  * and are released with link_msg_free, which never frees a buffer MPI may
@@ -77,7 +87,8 @@ typedef struct {
     int tag;
     unsigned char *send, *recv; /* header + payload */
     size_t send_bytes, recv_bytes;
-    MPI_Request *rs, *rr;  /* (pieces); pieces not posted yet are MPI_REQUEST_NULL */
+    LinkReq *rs, *rr;      /* (pieces); pieces not posted yet are null */
+    Wire *wire;            /* the wire the pieces went on (NULL: MPI) */
     int send_pieces, recv_pieces;
     int send_next;         /* pieces of the send posted so far (a paced send posts them over several polls) */
     int recv_pieces_done;  /* pieces of the receive complete (how far an exchange has come) */
@@ -101,7 +112,7 @@ typedef struct {
     int encrypt;           /* payloads encrypted (outer.encrypt); keys wiped by link_forget_keys */
     int n_sites, my_site;
     int site_first[LINK_MAX_SITES + 1]; /* site s's ranks are [site_first[s], site_first[s + 1]) */
-    double auth_failures;  /* frames that failed authentication (logged by their checkers) */
+    double auth_failures;  /* frames rejected by link_check: a seal that did not open, or not the frame expected */
     size_t piece_bytes;    /* largest MPI message of a frame ([outer] piece_bytes; at most coll_max_message) */
     /* the federated launch survives a site's loss (link_survive): a peer
      * site that misses a deadline is marked lost here, on every rank of
@@ -122,6 +133,7 @@ typedef struct {
     int corrupt_exchange;          /* test hook: 0 = off */
     int delay_polls;               /* test hook: 0 = off */
     int mute;                      /* test hook: never send values */
+    Wire *wire;                    /* the transport to other sites (NULL: MPI) */
 } Link;
 
 /* Hooks apply when `site_name` matches the variable's SITE. The keys are
@@ -134,6 +146,14 @@ void link_set_keys(Link *l, const unsigned char master[SEAL_KEY_BYTES], int encr
                    const int *site_first, int n_sites);
 /* Wipe the keys (the link is done). */
 void link_forget_keys(Link *l);
+/* Collective over the link communicator, after link_set_keys: frames to
+ * other sites go over the wire (wire.h) from now on. */
+int link_open_wire(Link *l, const WireOptions *o);
+/* Close the wire (after every message is freed). */
+void link_close_wire(Link *l);
+/* Move what the wire has in flight (no wait): a site that trains alone
+ * still delivers its notices. */
+void link_poll(Link *l);
 /* The federated launch: a site that misses a deadline is lost, not fatal. */
 void link_survive(Link *l, int on);
 /* Site s is lost: found by `what` after waiting `after_s` (idempotent). */
@@ -166,7 +186,7 @@ void link_msg_init_borrowed(LinkMsg *m, int peer, int tag, size_t send_bytes, si
  * nothing is left posted (borrowed buffers may then go too). */
 int link_msg_free(LinkMsg *m);
 
-/* Cancel and retire n requests (MPI_REQUEST_NULL ones are skipped) within a
+/* Cancel and retire n MPI requests (MPI_REQUEST_NULL ones are skipped) within a
  * short grace period; 1 when all are retired and their buffers may go. */
 int link_retire(MPI_Request *req, int n);
 
@@ -219,7 +239,7 @@ void link_abandon(LinkMsg *m);
  * payload is decrypted in place: call once per frame received), then that
  * it is the frame expected (version, kind, fragment, exchange, sender and
  * receiver, sizes). Returns NULL when valid, else the reason; a failed
- * seal counts in auth_failures. */
+ * frame (any reason) counts in auth_failures. */
 const char *link_check(Link *l, int peer, unsigned char *buf, size_t bytes, uint8_t kind, uint32_t fragment,
                        uint64_t exchange, uint64_t values, uint64_t payload_bytes);
 

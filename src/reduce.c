@@ -201,6 +201,7 @@ void reducer_destroy(Reducer *r)
     isth_free(r->run_off);
     isth_free(r->run_len);
     chunk_table_destroy(&r->table);
+    link_close_wire(&r->link); /* after every message: nothing of the wire is held any more */
     if (r->site_peers != MPI_COMM_NULL) MPI_Comm_free(&r->site_peers);
     memset(r, 0, sizeof *r);
     r->site_peers = MPI_COMM_NULL;

@@ -200,7 +200,9 @@ static int traffic_summary(Trainer *tr, long first_step)
            "%.0f: %.1fx less; an exchange waited on at most %d other learner(s)\n", bytes, steps, first_step,
            same_start ? "" : " (here; other sites from their own first step)", sync_bytes,
            bytes > 0 ? sync_bytes / bytes : 0.0, peers);
-    if (auth > 0) printf("link: %.0f frame(s) failed authentication (rejected; each logged where it arrived)\n", auth);
+    if (auth > 0)
+        printf("link: %.0f frame(s) rejected: failed authentication, or not the frame expected (each logged where it "
+               "arrived)\n", auth);
     if (tr->metrics.f) {
         fprintf(tr->metrics.f, "{\"summary\":\"traffic\",\"steps\":%ld,\"from_step\":%ld,\"inter_site_bytes\":%.0f,"
                 "\"sync_equivalent_bytes\":%.0f,\"reduction\":%.3f,\"same_start\":%s,\"max_peer_learners\":%d,"

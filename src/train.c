@@ -93,6 +93,14 @@ int trainer_create(Trainer *tr, const Config *cfg, int log, MPI_Comm world, cons
     /* one mpirun per site: losing a site is survivable (the joint launch's
      * mpirun ends the whole job instead) */
     link_survive(&tr->red.link, federated);
+    if (t->n_sites > 1 && !strcmp(cfg->outer.transport, "tcp")) { /* collective: every rank of every site */
+        WireOptions wo = {.streams = cfg->outer.streams, .socket_buffer = cfg->outer.socket_buffer,
+                          .unexpected_max = (size_t)256 << 20,
+                          .port_shift = (int)fault_hook_for("ISTHMUS_WIRE_PORT_SHIFT", t->sites[t->site].name)};
+        snprintf(wo.interface, sizeof wo.interface, "%s", cfg->outer.interface);
+        (void)wire_parse_ports(cfg->outer.ports, &wo.port_lo, &wo.port_hi); /* checked by config_load */
+        CHECK(link_open_wire(&tr->red.link, &wo));
+    }
     /* how the link moves a payload (docs/configuration.md, [outer]) */
     tr->red.link.piece_bytes = (size_t)cfg->outer.piece_bytes;
     tr->red.window_polls = cfg->outer.mode_id == MODE_STREAMING ? cfg->outer.overlap : 0;

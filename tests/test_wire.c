@@ -1,0 +1,324 @@
+/* test_wire.c — run under mpirun with 3 ranks: site a = rank 0, site b =
+ * ranks 1 and 2; the inter-site transport (wire.h) between them.
+ *   messages    sizes around the chunk size, several tags interleaved, 3
+ *               streams, receives posted before and after the data came:
+ *               every byte as sent, each tag's messages in order
+ *   backpressure  more unexpected data than the wire may keep: it waits in
+ *               TCP until the receives are posted, nothing lost, no deadlock
+ *   raw peer    a connection made here by hand (this file's own hello and
+ *               chunk encoding, MAC by libsodium directly): a valid hello and
+ *               chunk are delivered; a hello with a wrong MAC is refused and
+ *               counted; a malformed chunk fails the peer; no wait hangs
+ *   dead peer   a rank that closes its wire: the other side's receive from it
+ *               never completes, the peer is marked failed, and nothing waits
+ * Every wait in this file has a deadline (a failing check, never a hang).
+ */
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+#include <mpi.h>
+#include <sodium.h>
+
+#include "wire.h"
+
+static const int site_first[3] = {0, 1, 3};
+static unsigned char keys[2][2][SEAL_KEY_BYTES]; /* [from][to] */
+static int me;
+
+static double now(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+static Wire *open_wire(int streams, size_t chunk, size_t unexpected)
+{
+    const int site = me == 0 ? 0 : 1;
+    unsigned char tx[2][SEAL_KEY_BYTES], rx[2][SEAL_KEY_BYTES];
+    for (int s = 0; s < 2; s++) {
+        memcpy(tx[s], keys[site][s], SEAL_KEY_BYTES);
+        memcpy(rx[s], keys[s][site], SEAL_KEY_BYTES);
+    }
+    WireOptions o = {.streams = streams, .chunk_bytes = chunk, .unexpected_max = unexpected};
+    Wire *w = NULL;
+    assert_int_equal(wire_open(&w, MPI_COMM_WORLD, site_first, 2, site, (const unsigned char (*)[SEAL_KEY_BYTES])tx,
+                               (const unsigned char (*)[SEAL_KEY_BYTES])rx, &o), 0);
+    return w;
+}
+
+static unsigned char pattern(int from, int to, int tag, int k, size_t i)
+{
+    return (unsigned char)(i * 131u + (size_t)k * 7u + (size_t)tag * 3u + (size_t)from * 11u + (size_t)to * 5u + 1u);
+}
+
+/* Progress until every op is done (NULL), within the deadline. */
+static int wait_all(Wire *w, WireOp **ops, int n, double seconds)
+{
+    const double t0 = now();
+    for (;;) {
+        wire_progress(w, 1);
+        int left = 0;
+        for (int i = 0; i < n; i++) left += !wire_test(w, &ops[i]);
+        if (!left) return 1;
+        if (now() - t0 > seconds) return 0;
+    }
+}
+
+enum { TAGS = 3, PER_TAG = 7 };
+static const size_t sizes[PER_TAG] = {0, 1, 1000, 4095, 4096, 4097, 5 * 4096 + 17};
+
+static void test_messages_arrive_whole_and_in_order(void **state)
+{
+    (void)state;
+    Wire *w = open_wire(3, 4096, (size_t)64 << 20);
+    /* rank 0 talks to 1 and 2; 1 and 2 to 0 (same site: never to each other) */
+    const int peers[2] = {me == 0 ? 1 : 0, me == 0 ? 2 : -1};
+    enum { N = 2 * TAGS * PER_TAG };
+    unsigned char *sbuf[N] = {0}, *rbuf[N] = {0};
+    WireOp *ops[2 * N] = {0};
+    int n = 0;
+    for (int late = 0; late < 2; late++) /* receives first, then sends; then the other way round */
+        for (int pi = 0; pi < 2; pi++) {
+            const int peer = peers[pi];
+            for (int t = 0; peer >= 0 && t < TAGS; t++)
+                for (int k = 0; k < PER_TAG; k++) {
+                    const int slot = (pi * TAGS + t) * PER_TAG + k;
+                    const size_t len = sizes[(k + t) % PER_TAG];
+                    const int recv_first = (t % 2) ^ late; /* per tag: each side posts a tag's messages in one order */
+                    if (recv_first && !rbuf[slot]) {
+                        rbuf[slot] = calloc(len + 1, 1);
+                        assert_int_equal(wire_irecv(w, peer, 100 + t, rbuf[slot], len, &ops[n++]), 0);
+                    } else if (!recv_first && !sbuf[slot]) {
+                        sbuf[slot] = malloc(len + 1);
+                        for (size_t i = 0; i < len; i++) sbuf[slot][i] = pattern(me, peer, t, k, i);
+                        assert_int_equal(wire_isend(w, peer, 100 + t, sbuf[slot], len, &ops[n++]), 0);
+                    }
+                }
+            MPI_Barrier(MPI_COMM_WORLD); /* the first half's data reaches the other side before its receives */
+        }
+    for (int pi = 0; pi < 2; pi++) /* what is not posted yet, in each tag's order */
+        for (int t = 0; t < TAGS; t++)
+            for (int k = 0; k < PER_TAG; k++) {
+                const int peer = peers[pi], slot = (pi * TAGS + t) * PER_TAG + k;
+                if (peer < 0) continue;
+                const size_t len = sizes[(k + t) % PER_TAG];
+                if (!rbuf[slot]) {
+                    rbuf[slot] = calloc(len + 1, 1);
+                    assert_int_equal(wire_irecv(w, peer, 100 + t, rbuf[slot], len, &ops[n++]), 0);
+                }
+                if (!sbuf[slot]) {
+                    sbuf[slot] = malloc(len + 1);
+                    for (size_t i = 0; i < len; i++) sbuf[slot][i] = pattern(me, peer, t, k, i);
+                    assert_int_equal(wire_isend(w, peer, 100 + t, sbuf[slot], len, &ops[n++]), 0);
+                }
+            }
+    assert_true(wait_all(w, ops, n, 30.0));
+    long bad = 0;
+    for (int pi = 0; pi < 2; pi++)
+        for (int t = 0; t < TAGS; t++)
+            for (int k = 0; k < PER_TAG; k++) {
+                const int peer = peers[pi], slot = (pi * TAGS + t) * PER_TAG + k;
+                if (peer < 0) continue;
+                const size_t len = sizes[(k + t) % PER_TAG];
+                for (size_t i = 0; i < len; i++) bad += rbuf[slot][i] != pattern(peer, me, t, k, i);
+                free(rbuf[slot]);
+                free(sbuf[slot]);
+            }
+    assert_int_equal(bad, 0);
+    assert_null(wire_peer_failed(w, peers[0]));
+    MPI_Barrier(MPI_COMM_WORLD);
+    wire_close(w);
+}
+
+static void test_backpressure_beyond_the_unexpected_bound(void **state)
+{
+    (void)state;
+    enum { M = 6, LEN = 40000 };
+    Wire *w = open_wire(2, 4096, 50000); /* room for one message, not six */
+    unsigned char *buf = malloc((size_t)M * LEN);
+    WireOp *ops[M] = {0};
+    if (me == 1) {
+        for (int k = 0; k < M; k++) {
+            for (size_t i = 0; i < LEN; i++) buf[(size_t)k * LEN + i] = pattern(1, 0, 9, k, i);
+            assert_int_equal(wire_isend(w, 0, 9, buf + (size_t)k * LEN, LEN, &ops[k]), 0);
+        }
+        assert_true(wait_all(w, ops, M, 30.0));
+    } else if (me == 0) {
+        const double t0 = now();
+        while (now() - t0 < 1.0) wire_progress(w, 10); /* the data comes before any receive */
+        for (int k = 0; k < M; k++) assert_int_equal(wire_irecv(w, 1, 9, buf + (size_t)k * LEN, LEN, &ops[k]), 0);
+        assert_true(wait_all(w, ops, M, 30.0));
+        long bad = 0;
+        for (int k = 0; k < M; k++)
+            for (size_t i = 0; i < LEN; i++) bad += buf[(size_t)k * LEN + i] != pattern(1, 0, 9, k, i);
+        assert_int_equal(bad, 0);
+    }
+    free(buf);
+    MPI_Barrier(MPI_COMM_WORLD);
+    wire_close(w);
+}
+
+/* This file's own encoding of the wire's first bytes and chunk header. */
+static void hello(unsigned char out[56], int from, int to, int stream, int streams, const unsigned char *key, int good)
+{
+    const uint32_t f[6] = {0x48575349u, 1u, (uint32_t)from, (uint32_t)to, (uint32_t)stream, (uint32_t)streams};
+    memcpy(out, f, 24);
+    crypto_generichash(out + 24, 32, out, 24, key, SEAL_KEY_BYTES);
+    if (!good) out[30] ^= 1;
+}
+
+static void chunk(unsigned char out[40], int tag, uint64_t seq, uint64_t off, uint64_t total, uint32_t len, int good)
+{
+    const uint32_t m[2] = {good ? 0x43575349u : 0xdeadbeefu, (uint32_t)tag};
+    const uint64_t q[3] = {seq, off, total};
+    const uint32_t l[2] = {len, 0};
+    memcpy(out, m, 8);
+    memcpy(out + 8, q, 24);
+    memcpy(out + 32, l, 8);
+}
+
+static int raw_connect(int port)
+{
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
+    return fd;
+}
+
+static void test_a_peer_by_hand(void **state)
+{
+    (void)state;
+    Wire *w = open_wire(1, 4096, 1 << 20);
+    int port1 = wire_listen_port(w);
+    MPI_Bcast(&port1, 1, MPI_INT, 1, MPI_COMM_WORLD); /* rank 1's port, to everyone */
+    if (me == 0) {
+        /* a wrong MAC: refused */
+        unsigned char h[56], c[40];
+        int fd = raw_connect(port1);
+        hello(h, 0, 1, 0, 1, keys[0][1], 0);
+        assert_int_equal(write(fd, h, sizeof h), (ssize_t)sizeof h);
+        char x;
+        assert_true(recv(fd, &x, 1, 0) <= 0); /* closed on us */
+        close(fd);
+        MPI_Barrier(MPI_COMM_WORLD);
+        /* a valid hello and chunk: delivered */
+        fd = raw_connect(port1);
+        hello(h, 0, 1, 0, 1, keys[0][1], 1);
+        const char msg[] = "twelve bytes";
+        chunk(c, 5, 0, 0, 12, 12, 1);
+        assert_int_equal(write(fd, h, sizeof h), (ssize_t)sizeof h);
+        assert_int_equal(write(fd, c, sizeof c), (ssize_t)sizeof c);
+        assert_int_equal(write(fd, msg, 12), 12);
+        MPI_Barrier(MPI_COMM_WORLD);
+        /* then a malformed chunk header: rank 1 fails us and closes */
+        chunk(c, 5, 1, 0, 12, 12, 0);
+        assert_int_equal(write(fd, c, sizeof c), (ssize_t)sizeof c);
+        assert_true(recv(fd, &x, 1, 0) <= 0);
+        close(fd);
+        MPI_Barrier(MPI_COMM_WORLD);
+    } else if (me == 1) {
+        const double t0 = now();
+        while (wire_refused(w) < 1 && now() - t0 < 10) wire_progress(w, 10);
+        assert_true(wire_refused(w) >= 1);
+        MPI_Barrier(MPI_COMM_WORLD);
+        char got[13] = {0};
+        WireOp *op = NULL;
+        assert_int_equal(wire_irecv(w, 0, 5, got, 12, &op), 0);
+        assert_true(wait_all(w, &op, 1, 10.0));
+        assert_string_equal(got, "twelve bytes");
+        MPI_Barrier(MPI_COMM_WORLD);
+        assert_int_equal(wire_irecv(w, 0, 5, got, 12, &op), 0);
+        const double t1 = now();
+        while (!wire_peer_failed(w, 0) && now() - t1 < 10) wire_progress(w, 10);
+        assert_non_null(wire_peer_failed(w, 0));
+        assert_non_null(strstr(wire_peer_failed(w, 0), "malformed"));
+        assert_int_equal(wire_test(w, &op), 0);
+        wire_cancel(w, &op);
+        assert_null(op);
+        MPI_Barrier(MPI_COMM_WORLD);
+    } else {
+        MPI_Barrier(MPI_COMM_WORLD);
+        MPI_Barrier(MPI_COMM_WORLD);
+        MPI_Barrier(MPI_COMM_WORLD);
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    wire_close(w);
+}
+
+static void test_a_dead_peer_never_blocks(void **state)
+{
+    (void)state;
+    Wire *w = open_wire(2, 4096, 1 << 20);
+    if (me == 2) {
+        /* connected (rank 0 reaches us first), then gone */
+        WireOp *op = NULL;
+        char one = 0;
+        assert_int_equal(wire_irecv(w, 0, 7, &one, 1, &op), 0);
+        assert_true(wait_all(w, &op, 1, 10.0));
+        MPI_Barrier(MPI_COMM_WORLD);
+        wire_close(w);
+        MPI_Barrier(MPI_COMM_WORLD);
+        return;
+    }
+    if (me == 0) {
+        char one = 1, big[100000];
+        WireOp *op = NULL, *r = NULL, *s = NULL;
+        assert_int_equal(wire_isend(w, 2, 7, &one, 1, &op), 0);
+        assert_true(wait_all(w, &op, 1, 10.0));
+        assert_int_equal(wire_irecv(w, 2, 8, big, sizeof big, &r), 0);
+        MPI_Barrier(MPI_COMM_WORLD);
+        MPI_Barrier(MPI_COMM_WORLD); /* rank 2 has closed */
+        const double t0 = now();
+        while (!wire_peer_failed(w, 2) && now() - t0 < 10) wire_progress(w, 10);
+        assert_non_null(wire_peer_failed(w, 2));
+        const double t1 = now();
+        assert_int_equal(wire_isend(w, 2, 8, big, sizeof big, &s), 0); /* to a failed peer: returns, never completes */
+        assert_false(wait_all(w, &r, 1, 0.2));
+        assert_int_equal(wire_test(w, &s), 0);
+        assert_true(now() - t1 < 2.0);
+        wire_cancel(w, &r);
+        wire_cancel(w, &s);
+    } else {
+        MPI_Barrier(MPI_COMM_WORLD);
+        MPI_Barrier(MPI_COMM_WORLD);
+    }
+    wire_close(w);
+}
+
+int main(int argc, char **argv)
+{
+    MPI_Init(&argc, &argv);
+    MPI_Comm_rank(MPI_COMM_WORLD, &me);
+    int n;
+    MPI_Comm_size(MPI_COMM_WORLD, &n);
+    if (n != 3 || sodium_init() < 0) {
+        fprintf(stderr, "test_wire: needs 3 ranks and libsodium\n");
+        MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+    for (int f = 0; f < 2; f++) /* distinct keys per direction, the same on every rank */
+        for (int t = 0; t < 2; t++)
+            for (int i = 0; i < SEAL_KEY_BYTES; i++) keys[f][t][i] = (unsigned char)(f * 64 + t * 32 + i);
+    if (me != 0 && !freopen("/dev/null", "w", stdout)) return 1;
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_messages_arrive_whole_and_in_order),
+        cmocka_unit_test(test_backpressure_beyond_the_unexpected_bound),
+        cmocka_unit_test(test_a_peer_by_hand),
+        cmocka_unit_test(test_a_dead_peer_never_blocks),
+    };
+    const int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    MPI_Finalize();
+    return rc;
+}
