@@ -317,12 +317,33 @@ extern "C" int cuda_device_count(void)
     return cudaGetDeviceCount(&n) == cudaSuccess ? n : 0;
 }
 
-/* This rank's GPU: its place among the ranks of its host. */
+extern "C" void cuda_visible_devices(VisibleDevices *v)
+{
+    memset(v, 0, sizeof *v);
+    int n = cuda_device_count();
+    if (n > DEVICE_MAX_VISIBLE) n = DEVICE_MAX_VISIBLE;
+    for (int i = 0; i < n; i++)
+        if (cudaDeviceGetPCIBusId(v->id[v->n], DEVICE_ID_BYTES, i) == cudaSuccess) v->n++;
+        else break; /* the order must stay CUDA's: stop at the first that cannot be named */
+}
+
+/* This rank's GPU: the first it sees that no lower local rank of its host
+ * drives (devices.h). Collective over the world. */
 static int select_device(const Config *cfg, int *device)
 {
+    VisibleDevices mine, *all = NULL;
+    cuda_visible_devices(&mine);
     int local, local_size;
-    CHECK(device_local_rank(MPI_COMM_WORLD, &local, &local_size));
-    CHECK(device_for_rank(local, local_size, cuda_device_count(), cfg->train.gpu_share, device));
+    CHECK(device_gather(MPI_COMM_WORLD, &mine, &all, &local, &local_size));
+    int *device_of = (int *)isth_malloc(sizeof(int) * (size_t)local_size);
+    char why[320];
+    int rc = !device_of ? isth_fail(ISTH_ERUNTIME, "devices: out of memory")
+             : device_assign(all, local_size, cfg->train.gpu_share, device_of, why, sizeof why) ? isth_fail(ISTH_EINPUT, "%s", why)
+                                                                                             : ISTH_OK;
+    if (rc == ISTH_OK) *device = device_of[local];
+    isth_free(device_of);
+    isth_free(all);
+    CHECK(rc);
     CHECK_CUDA(cudaSetDevice(*device));
     return ISTH_OK;
 }
@@ -341,6 +362,9 @@ static int create_state(CudaBackend *c, const Config *cfg, int expert_begin, int
     if (e == cudaSuccess) e = cudaMalloc((void **)&c->model.grads, bytes);
     if (e == cudaSuccess) e = cudaMemcpy(c->model.params, host.params, bytes, cudaMemcpyHostToDevice);
     if (e == cudaSuccess) e = cudaMemset(c->model.grads, 0, bytes);
+    /* legacy-stream copies and memsets: complete before the backend's
+     * non-blocking streams (which never wait for them) touch the state */
+    if (e == cudaSuccess) e = cudaDeviceSynchronize();
     model_destroy(&host);
     if (e != cudaSuccess)
         return isth_fail(ISTH_ERUNTIME, "cuda: the model's %zu MiB of weights and gradients: %s", 2 * bytes >> 20,

@@ -21,6 +21,19 @@ extern "C" void cuda_coll_destroy(CudaColl *c)
     c->comm = NULL;
 }
 
+/* Close a group whatever happened inside it (NCCL's group must end, or the
+ * next call on this thread joins a group that never completes), then
+ * report the first failure: the call inside, or the group's end. */
+static int group_end(ncclResult_t inside, const char *what)
+{
+    const ncclResult_t end = ncclGroupEnd();
+    if (inside != ncclSuccess)
+        return isth_fail(ISTH_ERUNTIME, "nccl: %s failed inside a group: %s", what ? what : "a call",
+                         ncclGetErrorString(inside));
+    if (end != ncclSuccess) return isth_fail(ISTH_ERUNTIME, "nccl: ncclGroupEnd failed: %s", ncclGetErrorString(end));
+    return ISTH_OK;
+}
+
 extern "C" int cuda_coll_alltoallv_rows(CudaColl *c, const float *send, const int *send_counts, float *recv,
                                         const int *recv_counts, int width, cudaStream_t stream)
 {
@@ -34,10 +47,13 @@ extern "C" int cuda_coll_alltoallv_rows(CudaColl *c, const float *send, const in
     }
     size_t s = 0, r = 0;
     CHECK_NCCL(ncclGroupStart());
-    for (int p = 0; p < m->size; p++) {
+    ncclResult_t bad = ncclSuccess; /* the first failure inside the group: the group is closed before returning */
+    const char *what = NULL;
+    for (int p = 0; p < m->size && bad == ncclSuccess; p++) {
         const size_t ns = (size_t)send_counts[p] * row, nr = (size_t)recv_counts[p] * row;
-        if (ns) CHECK_NCCL(ncclSend(send + s, ns, ncclFloat, p, c->comm, stream));
-        if (nr) CHECK_NCCL(ncclRecv(recv + r, nr, ncclFloat, p, c->comm, stream));
+        if (ns && (bad = ncclSend(send + s, ns, ncclFloat, p, c->comm, stream)) != ncclSuccess) what = "ncclSend";
+        if (bad == ncclSuccess && nr && (bad = ncclRecv(recv + r, nr, ncclFloat, p, c->comm, stream)) != ncclSuccess)
+            what = "ncclRecv";
         if (p != m->rank) {
             m->bytes_sent += (double)ns * sizeof(float);
             m->bytes_recv += (double)nr * sizeof(float);
@@ -45,8 +61,7 @@ extern "C" int cuda_coll_alltoallv_rows(CudaColl *c, const float *send, const in
         s += ns;
         r += nr;
     }
-    CHECK_NCCL(ncclGroupEnd());
-    return ISTH_OK;
+    return group_end(bad, what);
 }
 
 extern "C" int cuda_coll_allreduce_sum(CudaColl *c, float *v, size_t n, cudaStream_t stream)
@@ -60,8 +75,8 @@ extern "C" int cuda_coll_share(CudaColl *c, float *v, const size_t *off, const s
 {
     if (c->mpi->size == 1 || !n) return ISTH_OK;
     CHECK_NCCL(ncclGroupStart());
-    for (int i = 0; i < n; i++)
-        if (len[i]) CHECK_NCCL(ncclBroadcast(v + off[i], v + off[i], len[i], ncclFloat, owner[i], c->comm, stream));
-    CHECK_NCCL(ncclGroupEnd());
-    return ISTH_OK;
+    ncclResult_t bad = ncclSuccess;
+    for (int i = 0; i < n && bad == ncclSuccess; i++)
+        if (len[i]) bad = ncclBroadcast(v + off[i], v + off[i], len[i], ncclFloat, owner[i], c->comm, stream);
+    return group_end(bad, "ncclBroadcast");
 }

@@ -25,6 +25,10 @@ static int alloc_moments(CudaAdamW *opt, size_t bytes)
     CHECK_CUDA(cudaMalloc((void **)&opt->v, bytes));
     CHECK_CUDA(cudaMemset(opt->m, 0, bytes));
     CHECK_CUDA(cudaMemset(opt->v, 0, bytes));
+    /* the memsets ran on the legacy stream, which the backend's non-blocking
+     * streams do not wait for: done before anything (a resume's put of the
+     * moments, the first update) can be queued behind them */
+    CHECK_CUDA(cudaDeviceSynchronize());
     return ISTH_OK;
 }
 

@@ -128,9 +128,14 @@ static int create(CudaActivations *a, const ModelConfig *c, int B, int T)
     const cudaError_t e = cudaMemcpy(a->rope_cos, tab, sizeof(float) * (size_t)T * (Dh / 2), cudaMemcpyHostToDevice);
     const cudaError_t e2 = cudaMemcpy(a->rope_sin, tab + (size_t)T * (Dh / 2), sizeof(float) * (size_t)T * (Dh / 2),
                                       cudaMemcpyHostToDevice);
+    /* a pageable copy may still be in flight when cudaMemcpy returns, and the
+     * first rope kernel runs on a non-blocking stream that does not wait for
+     * the legacy one */
+    const cudaError_t e3 = cudaDeviceSynchronize();
     isth_free(tab);
     CHECK_CUDA(e);
     CHECK_CUDA(e2);
+    CHECK_CUDA(e3);
     return ISTH_OK;
 }
 

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "alloc.h"
 #include "devices.h"
 #include "status.h"
 
@@ -13,24 +14,34 @@ int cpu_backend_create(Backend **out, const Config *cfg, int B, int expert_begin
 #if HAVE_CUDA
 int cuda_backend_create(Backend **out, const Config *cfg, int B, int expert_begin, int experts_local, Coll *ep);
 int cuda_device_count(void);
+void cuda_visible_devices(VisibleDevices *v);
 #endif
 
 /* auto: the CUDA backend when this build has it and every rank of this
- * host can have a GPU of its own; else the CPU one (said once, by world
- * rank 0, when GPUs are visible but too few). Collective over the world. */
+ * host can have a GPU of its own (devices.h); else the CPU one (said once,
+ * by world rank 0, when GPUs are visible but too few). Collective over the
+ * world. */
 static int resolve_auto(const Config *cfg, const char **name)
 {
     *name = "cpu";
 #if HAVE_CUDA
+    VisibleDevices mine, *all = NULL;
+    cuda_visible_devices(&mine);
     int local, local_size;
-    CHECK(device_local_rank(MPI_COMM_WORLD, &local, &local_size));
-    const int devices = cuda_device_count();
-    if (devices >= local_size || (devices > 0 && cfg->train.gpu_share)) *name = "cuda";
+    CHECK(device_gather(MPI_COMM_WORLD, &mine, &all, &local, &local_size));
+    int *device_of = isth_malloc(sizeof(int) * (size_t)local_size);
+    int any = 0;
+    for (int r = 0; r < local_size; r++) any |= all[r].n > 0;
+    char why[320]; /* a refusal here means "use the CPU", not an error */
+    const int fits = device_of && device_assign(all, local_size, cfg->train.gpu_share, device_of, why, sizeof why) == 0;
+    isth_free(device_of);
+    isth_free(all);
+    if (fits) *name = "cuda";
     int world_rank = 0;
     MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
-    if (devices > 0 && !strcmp(*name, "cpu") && world_rank == 0)
-        fprintf(stderr, "isthmus: backend = auto: %d ranks on this host but %d GPU(s): the CPU backend "
-                "(backend = cuda with gpu_share = 1 to share them)\n", local_size, devices);
+    if (any && !fits && world_rank == 0)
+        fprintf(stderr, "isthmus: backend = auto: %d ranks on this host but not a GPU for each: the CPU backend "
+                "(backend = cuda says why; gpu_share = 1 lets ranks share)\n", local_size);
 #else
     (void)cfg;
 #endif

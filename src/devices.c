@@ -1,21 +1,49 @@
 /* devices.c — see devices.h. */
 #include "devices.h"
 
+#include <string.h>
+
+#include "alloc.h"
 #include "status.h"
 
-int device_for_rank(int local_rank, int local_size, int devices, int allow_shared, int *device)
+#include <stdio.h>
+
+int device_assign(const VisibleDevices *seen, int local_size, int allow_shared, int *device_of, char *why,
+                  size_t why_size)
 {
-    *device = -1;
-    if (devices <= 0)
-        return isth_fail(ISTH_EINPUT, "devices: no GPU is visible on this host (CUDA_VISIBLE_DEVICES, the driver); "
-                         "use [train] backend = cpu");
-    if (local_rank < 0 || local_rank >= local_size)
-        return isth_fail(ISTH_ERUNTIME, "devices: local rank %d is not among %d ranks", local_rank, local_size);
-    if (local_size > devices && !allow_shared)
-        return isth_fail(ISTH_EINPUT, "devices: %d ranks on this host but %d GPU(s): one rank per GPU (start %d "
-                         "ranks per host, or allow sharing for tests)", local_size, devices, devices);
-    *device = local_rank % devices;
-    return ISTH_OK;
+    for (int r = 0; r < local_size; r++) {
+        device_of[r] = -1;
+        if (seen[r].n <= 0)
+            return snprintf(why, why_size, "devices: local rank %d of this host sees no GPU (CUDA_VISIBLE_DEVICES, "
+                            "the job's GPU request, the driver); use [train] backend = cpu", r), -1;
+        for (int d = 0; d < seen[r].n && device_of[r] < 0; d++) {
+            int taken = 0;
+            for (int q = 0; q < r && !taken; q++)
+                taken = !strncmp(seen[q].id[device_of[q]], seen[r].id[d], DEVICE_ID_BYTES);
+            if (!taken) device_of[r] = d;
+        }
+        if (device_of[r] >= 0) continue;
+        if (allow_shared) {
+            device_of[r] = r % seen[r].n;
+            continue;
+        }
+        /* how many distinct GPUs the host's ranks see between them */
+        int distinct = 0;
+        for (int q = 0; q < local_size; q++)
+            for (int d = 0; d < seen[q].n; d++) {
+                int before = 0;
+                for (int p = 0; p <= q && !before; p++)
+                    for (int e = 0; e < (p == q ? d : seen[p].n) && !before; e++)
+                        before = !strncmp(seen[p].id[e], seen[q].id[d], DEVICE_ID_BYTES);
+                distinct += !before;
+            }
+        snprintf(why, why_size, "devices: %d ranks on this host but %d GPU(s) among them (local rank %d finds none "
+                 "of its %d free): one rank per GPU — start %d ranks per host, or give each task a GPU of its own "
+                 "(srun --gpus-per-task=1); [train] gpu_share = 1 lets ranks share (tests)",
+                 local_size, distinct, r, seen[r].n, distinct);
+        return -1;
+    }
+    return 0;
 }
 
 int device_local_rank(MPI_Comm comm, int *local_rank, int *local_size)
@@ -26,5 +54,28 @@ int device_local_rank(MPI_Comm comm, int *local_rank, int *local_size)
                  ? ISTH_OK
                  : isth_fail(ISTH_ERUNTIME, "devices: cannot query the host's communicator");
     MPI_Comm_free(&host);
+    return rc;
+}
+
+int device_gather(MPI_Comm comm, const VisibleDevices *mine, VisibleDevices **all, int *local_rank, int *local_size)
+{
+    *all = NULL;
+    MPI_Comm host;
+    CHECK_MPI(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &host));
+    int rc = MPI_Comm_rank(host, local_rank) == MPI_SUCCESS && MPI_Comm_size(host, local_size) == MPI_SUCCESS
+                 ? ISTH_OK
+                 : isth_fail(ISTH_ERUNTIME, "devices: cannot query the host's communicator");
+    if (rc == ISTH_OK) {
+        *all = isth_malloc(sizeof(VisibleDevices) * (size_t)*local_size);
+        if (!*all) rc = isth_fail(ISTH_ERUNTIME, "devices: out of memory");
+    }
+    if (rc == ISTH_OK && MPI_Allgather(mine, (int)sizeof *mine, MPI_BYTE, *all, (int)sizeof *mine, MPI_BYTE, host) !=
+                             MPI_SUCCESS)
+        rc = isth_fail(ISTH_ERUNTIME, "devices: cannot exchange the visible GPUs within the host");
+    MPI_Comm_free(&host);
+    if (rc != ISTH_OK) {
+        isth_free(*all);
+        *all = NULL;
+    }
     return rc;
 }

@@ -7,6 +7,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -127,30 +128,70 @@ static void test_bad_inputs(void **state)
     status_set_quiet(0);
 }
 
-/* devices.c: one GPU per rank by local rank; too few GPUs is an error
- * unless sharing is allowed, then ranks wrap around the devices. */
-static void test_device_for_rank(void **state)
+/* devices.c: one GPU per rank, by identity, under each launcher's view. */
+static VisibleDevices *sees(int ranks, int n, const char *const *ids_per_rank)
+{
+    /* ids_per_rank[r]: the bus ids rank r sees, space-separated */
+    VisibleDevices *v = calloc((size_t)ranks, sizeof *v);
+    for (int r = 0; r < ranks; r++) {
+        char buf[256];
+        snprintf(buf, sizeof buf, "%s", ids_per_rank[r < n ? r : n - 1]);
+        for (char *t = strtok(buf, " "); t; t = strtok(NULL, " ")) snprintf(v[r].id[v[r].n++], DEVICE_ID_BYTES, "%s", t);
+    }
+    return v;
+}
+
+static void test_device_assign(void **state)
 {
     (void)state;
-    int d;
-    for (int r = 0; r < 4; r++) {
-        assert_int_equal(device_for_rank(r, 4, 4, 0, &d), 0);
-        assert_int_equal(d, r);
-    }
-    assert_int_equal(device_for_rank(1, 2, 8, 0, &d), 0);
-    assert_int_equal(d, 1);
-    assert_int_not_equal(device_for_rank(5, 8, 4, 0, &d), 0);
-    assert_int_equal(d, -1);
-    assert_int_equal(device_for_rank(5, 8, 4, 1, &d), 0);
-    assert_int_equal(d, 1);
-    assert_int_not_equal(device_for_rank(0, 1, 0, 1, &d), 0);
-    assert_int_not_equal(device_for_rank(3, 2, 4, 0, &d), 0);
+    int d[8];
+    char why[320];
+    const char *all4[] = {"0:1b 0:1c 0:1d 0:1e"};
+    VisibleDevices *v = sees(4, 1, all4); /* --gpus-per-node=4 or mpirun: all see all: local rank r drives the r-th */
+    assert_int_equal(device_assign(v, 4, 0, d, why, sizeof why), 0);
+    for (int r = 0; r < 4; r++) assert_int_equal(d[r], r);
+    free(v);
+    const char *own[] = {"0:1b", "0:1c", "0:1d", "0:1e"};
+    v = sees(4, 4, own); /* --gpus-per-task=1: each sees one of its own: each drives it */
+    assert_int_equal(device_assign(v, 4, 0, d, why, sizeof why), 0);
+    for (int r = 0; r < 4; r++) assert_int_equal(d[r], 0);
+    free(v);
+    const char *bind[] = {"0:1b 0:1c", "0:1b 0:1c", "0:1e 0:1d", "0:1e 0:1d"};
+    v = sees(4, 4, bind); /* --gpu-bind: subsets, in an order of their own */
+    assert_int_equal(device_assign(v, 4, 0, d, why, sizeof why), 0);
+    assert_int_equal(d[0], 0), assert_int_equal(d[1], 1), assert_int_equal(d[2], 0), assert_int_equal(d[3], 1);
+    free(v);
+    const char *overlap[] = {"0:1c", "0:1b 0:1c"};
+    v = sees(2, 2, overlap); /* the second skips the GPU the first took */
+    assert_int_equal(device_assign(v, 2, 0, d, why, sizeof why), 0);
+    assert_int_equal(d[0], 0), assert_int_equal(d[1], 0);
+    free(v);
+    const char *one[] = {"0:1b"};
+    v = sees(8, 1, one); /* eight ranks, one GPU between them: refused, then shared when allowed */
+    assert_int_not_equal(device_assign(v, 8, 0, d, why, sizeof why), 0);
+    assert_non_null(strstr(why, "8 ranks on this host but 1 GPU(s)"));
+    assert_non_null(strstr(why, "--gpus-per-task=1"));
+    assert_int_equal(device_assign(v, 8, 1, d, why, sizeof why), 0);
+    for (int r = 0; r < 8; r++) assert_int_equal(d[r], 0);
+    free(v);
+    const char *two[] = {"0:1b 0:1c"};
+    v = sees(4, 1, two); /* four ranks, two GPUs: the third is the first left without one */
+    assert_int_not_equal(device_assign(v, 4, 0, d, why, sizeof why), 0);
+    assert_non_null(strstr(why, "4 ranks on this host but 2 GPU(s) among them (local rank 2"));
+    assert_int_equal(device_assign(v, 4, 1, d, why, sizeof why), 0);
+    assert_int_equal(d[2], 0), assert_int_equal(d[3], 1);
+    free(v);
+    VisibleDevices none[2];
+    memset(none, 0, sizeof none);
+    snprintf(none[0].id[none[0].n++], DEVICE_ID_BYTES, "0:1b");
+    assert_int_not_equal(device_assign(none, 2, 1, d, why, sizeof why), 0); /* a rank that sees none */
+    assert_non_null(strstr(why, "local rank 1 of this host sees no GPU"));
 }
 
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_device_for_rank),
+        cmocka_unit_test(test_device_assign),
         cmocka_unit_test(test_defaults_and_overrides),
         cmocka_unit_test(test_resolved_text_round_trip),
         cmocka_unit_test(test_sites_in_section_order),

@@ -42,7 +42,14 @@ orig_ld_path=${LD_LIBRARY_PATH:-}
 
 # --- the executables and what they load -----------------------------------
 if [ -f "$top/gpubundle/isthmus-gpu.tar.xz" ]; then
-    tar -C "$work" -xJf "$top/gpubundle/isthmus-gpu.tar.xz"
+    # Python's tarfile and lzma, not tar -J: the bare machine may lack xz
+    if ! python3 -c 'import sys, tarfile
+kw = {"filter": "fully_trusted"} if hasattr(tarfile, "fully_trusted_filter") else {}  # our own bundle: modes and links as packed
+tarfile.open(sys.argv[1], "r:xz").extractall(sys.argv[2], **kw)' \
+        "$top/gpubundle/isthmus-gpu.tar.xz" "$work"; then
+        say "cannot unpack $top/gpubundle/isthmus-gpu.tar.xz (python3 with lzma is needed)"
+        exit 1
+    fi
     b=$work/isthmus-gpu
     bin=$b/bin
     tests=$b/bin
@@ -62,6 +69,10 @@ else
     exit 1
 fi
 isthmus=$bin/isthmus
+if [ ! -x "$isthmus" ]; then
+    say "no executable at $isthmus: the bundle or the build is incomplete"
+    exit 1
+fi
 # CUDA's large libraries from the machine: NVIDIA's wheels, else the toolkit
 cuda_dirs=$(py - 2>/dev/null <<'EOF'
 import os

@@ -265,7 +265,7 @@ static int test_moe(CudaBlas *blas)
     moe_combine_forward(out, &r, N, E, K, D);
     if (cuda_moe_combine_forward(d_out, &cr, N, E, K, D, 0)) return 1;
     back(got, d_out, F4(N * D));
-    check_tol("moe_combine_forward", got, out, N * D, 1e-5, 0);
+    check_tol("moe_combine_forward", got, out, N * D, 1e-5, 1); /* gate-weighted sums: they can nearly cancel */
     moe_combine_backward(dysend, dpr, dout, &r, N, E, K, D);
     if (cuda_moe_combine_backward(d_dysend, d_dpr, d_dout, &cr, N, E, K, D, 0)) return 1;
     back(got, d_dysend, F4(NK * D));
@@ -319,12 +319,14 @@ static int test_moe(CudaBlas *blas)
     check_sums("expert_backward dx (+=)", got, dx, n * D);
     back(got, d_dwg, F4((size_t)D * F));
     check_sums("expert_backward dwg (+=)", got, dwg, (size_t)D * F);
+    back(got, d_dwu, F4((size_t)D * F));
+    check_sums("expert_backward dwu (+=)", got, dwu, (size_t)D * F);
     back(got, d_dwd, F4((size_t)F * D));
     check_sums("expert_backward dwd (+=)", got, dwd, (size_t)F * D);
     return 0;
 }
 
-#define PLAN 47 /* 2 x 6 products, 4 x 4 attention, 4 cross-entropy, 15 MoE */
+#define PLAN 48 /* 2 x 6 products, 4 x 4 attention, 4 cross-entropy, 16 MoE */
 
 int main(void)
 {

@@ -7,11 +7,17 @@
  * rotary embedding forward and backward (tables from rope_tables, T=33 so that rows and heads do not
  * line up with the grid).
  * Tolerance: the same float32 formulas (src/elementwise.h); the GPU's expf
- * and fused multiply-adds differ from the host's by a few ulp, so
- * |gpu - cpu| <= 1e-5 * max(|cpu|, 1e-3) (fp32, the issue's bound). The
- * RMSNorm gradients are sums taken in another order on the GPU: a sum that
- * nearly cancels moves by ulps of its terms, not of itself, so there the
- * scale is max(|cpu|, the vector's RMS).
+ * (2 ulp) and nvcc's contraction of a*b+c into one fused multiply-add (the
+ * host build does not contract) differ from the host's by a few ulp of the
+ * *terms*, so |gpu - cpu| <= 1e-5 * max(|cpu|, floor) (fp32, the issue's
+ * bound) with floor = the vector's RMS wherever a result is a sum or
+ * difference of products that can nearly cancel (SwiGLU's gradients, the
+ * rotations, RMSNorm's gradients: a value near zero there carries the
+ * rounding of terms of the vector's size). Decided over making the shared
+ * math round like the host (__fmul_rn/__fadd_rn everywhere): that would
+ * give up the FMAs in the hot element-wise kernels to make a test tighter
+ * than any indexing or logic error needs (those miss by the RMS, not by
+ * 1e-5 of it). Only the embedding, with no products, is bit-identical.
  * TAP output; without a CUDA device the plan is "1..0 # SKIP" with the
  * reason, never a pass. */
 #include <math.h>
@@ -70,10 +76,12 @@ static void from_device(float *h, const float *d, size_t n)
     cudaMemcpy(h, d, n * sizeof(float), cudaMemcpyDeviceToHost);
 }
 
+#define PLAN 11 /* embedding 2, rmsnorm 4, swiglu 3, rope 2 */
+
 int main(void)
 {
     if (!gpu_present_or_skip()) return 0;
-    printf("1..10\n");
+    printf("1..%d\n", PLAN);
     { /* embedding: repeated tokens so the scatter accumulates */
         const size_t N = 777;
         const int V = 256, D = 72;
@@ -139,7 +147,9 @@ int main(void)
     swiglu_backward(da, du, dh, a, u, n);
     if (cuda_swiglu_backward(d_da, d_du, d_dh, d_a, d_u, n, 0)) return 1;
     from_device(g, d_da, n);
-    check("swiglu_backward da (+=)", g, da, n);
+    check_scaled("swiglu_backward da (+=)", g, da, n, 1);
+    from_device(g, d_du, n);
+    check_scaled("swiglu_backward du (+=)", g, du, n, 1);
     /* rotary, forward then backward of another tensor */
     const int B = 2, T = 33, H = 3, Dh = 16;
     const size_t nx = (size_t)B * T * H * Dh, nt = (size_t)T * (Dh / 2);
@@ -152,10 +162,14 @@ int main(void)
     rope_forward(x, cos_t, sin_t, B, T, H, Dh);
     if (cuda_rope_forward(d_x, d_cos, d_sin, B, T, H, Dh, 0)) return 1;
     from_device(gx, d_x, nx);
-    check("rope_forward", gx, x, nx);
+    check_scaled("rope_forward", gx, x, nx, 1);
     rope_backward(x, cos_t, sin_t, B, T, H, Dh);
     if (cuda_rope_backward(d_x, d_cos, d_sin, B, T, H, Dh, 0)) return 1;
     from_device(gx, d_x, nx);
-    check("rope_backward", gx, x, nx);
+    check_scaled("rope_backward", gx, x, nx, 1);
+    if (test_no != PLAN) {
+        fprintf(stderr, "the plan counted %d checks, %d ran\n", PLAN, test_no);
+        return 1;
+    }
     return failures ? 1 : 0;
 }
