@@ -292,6 +292,12 @@ static int cuda_optimizer_step(Backend *b, double lr)
     return ISTH_OK;
 }
 
+static void cuda_set_progress(Backend *b, void (*fn)(void *ctx), void *ctx)
+{
+    cb(b)->acts.progress = fn;
+    cb(b)->acts.progress_ctx = ctx;
+}
+
 static const BackendOps cuda_ops = {
     "cuda",
     cuda_destroy,
@@ -309,6 +315,7 @@ static const BackendOps cuda_ops = {
     cuda_share_runs,
     cuda_copy_state,
     cuda_encode_ef,
+    cuda_set_progress,
 };
 
 extern "C" int cuda_device_count(void)

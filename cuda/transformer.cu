@@ -342,6 +342,7 @@ extern "C" int cuda_transformer_forward(const Model *m, CudaActivations *a, cons
 
     CHECK(cuda_encoder_forward(SLICE(a->x, 0, ND), a->tokens, model_param(m, T_EMBED, 0), N, D, s));
     for (int l = 0; l < L; l++) {
+        if (a->progress) a->progress(a->progress_ctx);
         float *x = SLICE(a->x, l, ND), *xn1 = SLICE(a->xn1, l, ND), *q = SLICE(a->q, l, ND), *k = SLICE(a->k, l, ND),
               *v = SLICE(a->v, l, ND), *ao = SLICE(a->ao, l, ND), *h = SLICE(a->h, l, ND),
               *xn2 = SLICE(a->xn2, l, ND), *lse = SLICE(a->att_lse, l, lse_stride), *xnext = SLICE(a->x, l + 1, ND);
@@ -425,6 +426,7 @@ extern "C" int cuda_transformer_backward(Model *m, CudaActivations *a, size_t n_
     CHECK(cuda_rmsnorm_backward(a->dx, model_grad(m, T_FINAL_NORM, 0), a->dxn, SLICE(a->x, L, ND),
                                 model_param(m, T_FINAL_NORM, 0), a->rstdf, N, D, s));
     for (int l = L - 1; l >= 0; l--) {
+        if (a->progress) a->progress(a->progress_ctx);
         const float *x = SLICE(a->x, l, ND), *xn1 = SLICE(a->xn1, l, ND), *q = SLICE(a->q, l, ND),
                     *k = SLICE(a->k, l, ND), *v = SLICE(a->v, l, ND), *ao = SLICE(a->ao, l, ND),
                     *h = SLICE(a->h, l, ND), *lse = SLICE(a->att_lse, l, lse_stride);

@@ -50,6 +50,11 @@ typedef struct {
     /* owner-side device scratch, grown on demand */
     float *recv_rows, *recv_rows2, *row_tmp, *row_tmp2, *ffn_scratch;
     size_t recv_caps[4], ffn_cap;
+    /* called on the host before each layer's launches, forward and backward
+     * ([outer] progress = poll, as the CPU backend): the link moves while
+     * the GPU works through what was queued; outside every collective */
+    void (*progress)(void *ctx);
+    void *progress_ctx;
 } CudaActivations;
 
 /* Buffers for up to B sequences of T tokens; the Dh the attention kernels
