@@ -329,9 +329,13 @@ extern "C" void cuda_visible_devices(VisibleDevices *v)
     memset(v, 0, sizeof *v);
     int n = cuda_device_count();
     if (n > DEVICE_MAX_VISIBLE) n = DEVICE_MAX_VISIBLE;
-    for (int i = 0; i < n; i++)
-        if (cudaDeviceGetPCIBusId(v->id[v->n], DEVICE_ID_BYTES, i) == cudaSuccess) v->n++;
-        else break; /* the order must stay CUDA's: stop at the first that cannot be named */
+    for (int i = 0; i < n; i++) {
+        cudaDeviceProp p;
+        if (cudaGetDeviceProperties(&p, i) != cudaSuccess) break; /* the order must stay CUDA's */
+        char *o = v->id[v->n++];
+        o += snprintf(o, DEVICE_ID_BYTES, "GPU-");
+        for (int b = 0; b < 16; b++) o += snprintf(o, 3, "%02x", (unsigned char)p.uuid.bytes[b]);
+    }
 }
 
 /* This rank's GPU: the first it sees that no lower local rank of its host

@@ -27,6 +27,7 @@ cat "$out/run/metrics.jsonl" "$out/run/site-b/metrics.jsonl" | grep '^{"step"' |
     { b = $0; sub(/.*"inter_site_bytes":/, "", b); sub(/,.*/, "", b)
       w = $0; sub(/.*"link_wait_s":/, "", w); sub(/,.*/, "", w)
       s = $0; sub(/^\{"step":/, "", s); sub(/,.*/, "", s)
+      b += 0; w += 0
       if (b > 1e6) { if (!(s in wait) || w < wait[s]) wait[s] = w; bytes[s] = b } }
     END { for (s in wait) steps[++n] = s + 0
           if (!n) { print "no exchange found"; exit 1 }

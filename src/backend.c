@@ -36,12 +36,16 @@ static int resolve_auto(const Config *cfg, const char **name)
     const int fits = device_of && device_assign(all, local_size, cfg->train.gpu_share, device_of, why, sizeof why) == 0;
     isth_free(device_of);
     isth_free(all);
-    if (fits) *name = "cuda";
+    /* one answer for the whole world: a CUDA rank's device selection is
+     * collective, and hosts may differ */
+    int every = fits;
+    CHECK_MPI(MPI_Allreduce(&fits, &every, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD));
+    if (every) *name = "cuda";
     int world_rank = 0;
     MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
-    if (any && !fits && world_rank == 0)
-        fprintf(stderr, "isthmus: backend = auto: %d ranks on this host but not a GPU for each: the CPU backend "
-                "(backend = cuda says why; gpu_share = 1 lets ranks share)\n", local_size);
+    if (any && !every && world_rank == 0)
+        fprintf(stderr, "isthmus: backend = auto: not every rank has a GPU of its own: the CPU backend "
+                "(backend = cuda says why; gpu_share = 1 lets ranks share)\n");
 #else
     (void)cfg;
 #endif

@@ -16,10 +16,18 @@ int device_assign(const VisibleDevices *seen, int local_size, int allow_shared, 
         if (seen[r].n <= 0)
             return snprintf(why, why_size, "devices: local rank %d of this host sees no GPU (CUDA_VISIBLE_DEVICES, "
                             "the job's GPU request, the driver); use [train] backend = cpu", r), -1;
+    }
+    /* ranks with fewer choices first (local-rank order among equals): all
+     * see all, or one each, reduce to local-rank order; a rank that sees
+     * one GPU another also sees gets it, and the other takes a different one */
+    for (int placed = 0; placed < local_size; placed++) {
+        int r = -1;
+        for (int q = 0; q < local_size; q++)
+            if (device_of[q] < 0 && (r < 0 || seen[q].n < seen[r].n)) r = q;
         for (int d = 0; d < seen[r].n && device_of[r] < 0; d++) {
             int taken = 0;
-            for (int q = 0; q < r && !taken; q++)
-                taken = !strncmp(seen[q].id[device_of[q]], seen[r].id[d], DEVICE_ID_BYTES);
+            for (int q = 0; q < local_size && !taken; q++)
+                taken = q != r && device_of[q] >= 0 && !strncmp(seen[q].id[device_of[q]], seen[r].id[d], DEVICE_ID_BYTES);
             if (!taken) device_of[r] = d;
         }
         if (device_of[r] >= 0) continue;
@@ -66,12 +74,15 @@ int device_gather(MPI_Comm comm, const VisibleDevices *mine, VisibleDevices **al
                  ? ISTH_OK
                  : isth_fail(ISTH_ERUNTIME, "devices: cannot query the host's communicator");
     if (rc == ISTH_OK) {
+        /* every rank of the host reaches the gather, or none does */
         *all = isth_malloc(sizeof(VisibleDevices) * (size_t)*local_size);
-        if (!*all) rc = isth_fail(ISTH_ERUNTIME, "devices: out of memory");
+        int ok = *all != NULL, all_ok = 0;
+        if (MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, host) != MPI_SUCCESS || !all_ok)
+            rc = isth_fail(ISTH_ERUNTIME, "devices: out of memory for the host's GPU lists");
+        else if (MPI_Allgather(mine, (int)sizeof *mine, MPI_BYTE, *all, (int)sizeof *mine, MPI_BYTE, host) !=
+                 MPI_SUCCESS)
+            rc = isth_fail(ISTH_ERUNTIME, "devices: cannot exchange the visible GPUs within the host");
     }
-    if (rc == ISTH_OK && MPI_Allgather(mine, (int)sizeof *mine, MPI_BYTE, *all, (int)sizeof *mine, MPI_BYTE, host) !=
-                             MPI_SUCCESS)
-        rc = isth_fail(ISTH_ERUNTIME, "devices: cannot exchange the visible GPUs within the host");
     MPI_Comm_free(&host);
     if (rc != ISTH_OK) {
         isth_free(*all);

@@ -6,10 +6,10 @@
  * `--gpus-per-node` and plain mpirun show every rank all of the host's
  * GPUs; `--gpu-bind` shows each task a subset, in an order of its own. So
  * the rule works on identities, not counts: the ranks of a host exchange
- * the PCI bus ids of the GPUs each sees, and, rank by rank in local-rank
- * order, each takes the first GPU it sees that no lower local rank took.
- * (All GPUs visible to all: local rank r drives the r-th; one each: each
- * drives its own.) A rank left without a GPU of its own is an error naming
+ * the UUIDs of the GPUs each sees, and, rank by rank — those that see fewer
+ * first, local-rank order among equals — each takes the first GPU it sees
+ * that no rank placed before it took. (All GPUs visible to all: local rank
+ * r drives the r-th; one each: each drives its own.) A rank left without a GPU of its own is an error naming
  * the counts and the remedies, unless sharing is allowed explicitly (for
  * tests that put several ranks on one GPU): it then drives its local rank
  * modulo the GPUs it sees.
@@ -24,7 +24,7 @@
 #include <stddef.h>
 
 #define DEVICE_MAX_VISIBLE 64
-#define DEVICE_ID_BYTES 32 /* "00000000:1b:00.0": a GPU's PCI bus id, unique on its host */
+#define DEVICE_ID_BYTES 48 /* "GPU-<32 hex digits>": a GPU's UUID (a MIG instance has its own) */
 
 /* The GPUs one rank sees, in its own (CUDA's) order. */
 typedef struct {

@@ -74,11 +74,6 @@ void link_close_wire(Link *l)
     l->wire = NULL;
 }
 
-void link_poll(Link *l)
-{
-    if (l->wire) wire_progress(l->wire, 0);
-}
-
 
 void link_init(Link *l, MPI_Comm comm, double timeout_s, const char *site_name)
 {
@@ -231,12 +226,11 @@ int link_retire(MPI_Request *req, int n) { return retire_within(req, n, 1.0); }
 static int retire_pieces(Wire *w, LinkReq *req, int n, double grace_s)
 {
     if (!req || n <= 0) return 1;
+    for (int i = 0; i < n; i++)
+        if (req[i].wire) wire_cancel(w, &req[i].wire);
     MPI_Request *mpi = isth_malloc(sizeof(MPI_Request) * (size_t)n);
     if (!mpi) return 0;
-    for (int i = 0; i < n; i++) {
-        if (req[i].wire) wire_cancel(w, &req[i].wire);
-        mpi[i] = req[i].mpi;
-    }
+    for (int i = 0; i < n; i++) mpi[i] = req[i].mpi;
     const int done = retire_within(mpi, n, grace_s);
     for (int i = 0; i < n; i++) req[i].mpi = mpi[i];
     isth_free(mpi);

@@ -151,9 +151,6 @@ void link_forget_keys(Link *l);
 int link_open_wire(Link *l, const WireOptions *o);
 /* Close the wire (after every message is freed). */
 void link_close_wire(Link *l);
-/* Move what the wire has in flight (no wait): a site that trains alone
- * still delivers its notices. */
-void link_poll(Link *l);
 /* The federated launch: a site that misses a deadline is lost, not fatal. */
 void link_survive(Link *l, int on);
 /* Site s is lost: found by `what` after waiting `after_s` (idempotent). */

@@ -96,7 +96,10 @@ int trainer_create(Trainer *tr, const Config *cfg, int log, MPI_Comm world, cons
     if (t->n_sites > 1 && !strcmp(cfg->outer.transport, "tcp")) { /* collective: every rank of every site */
         WireOptions wo = {.streams = cfg->outer.streams, .socket_buffer = cfg->outer.socket_buffer,
                           .unexpected_max = (size_t)256 << 20,
-                          .port_shift = (int)fault_hook_for("ISTHMUS_WIRE_PORT_SHIFT", t->sites[t->site].name)};
+                          .port_shift = (int)fault_hook_for("ISTHMUS_WIRE_PORT_SHIFT", t->sites[t->site].name),
+                          /* a connection is made when a pair first talks; the connecting rank
+                           * writes its hello at its next poll, which may be a step away */
+                          .hello_timeout_s = cfg->outer.timeout};
         snprintf(wo.interface, sizeof wo.interface, "%s", cfg->outer.interface);
         (void)wire_parse_ports(cfg->outer.ports, &wo.port_lo, &wo.port_hi); /* checked by config_load */
         CHECK(link_open_wire(&tr->red.link, &wo));

@@ -24,7 +24,7 @@
 #define CHUNK_MAGIC 0x43575349u /* "ISWC" */
 #define HELLO_MAGIC 0x48575349u /* "ISWH" */
 #define WIRE_VERSION 1u
-#define HELLO_DEADLINE_S 10.0   /* an accepted connection must say who it is within this */
+#define MAX_PENDING 1024        /* connections waiting for their hello: beyond this the oldest goes */
 #define MAX_MESSAGE ((uint64_t)1 << 40)
 
 /* In front of every chunk (little-endian hosts only, as the link header). */
@@ -70,7 +70,8 @@ struct WireOp {
 typedef struct {
     Ev ev;
     int fd, state, peer, stream;
-    unsigned events;      /* registered with epoll */
+    unsigned events;      /* asked of epoll */
+    int registered;       /* fd added to epoll */
     /* sending: owned bytes first (the hello; the rest of a cancelled chunk) */
     unsigned char *tail;
     size_t tail_len, tail_off;
@@ -133,11 +134,17 @@ static int site_of(const Wire *w, int rank)
 
 /* --- sockets ------------------------------------------------------------------------------ */
 
+static void fail_peer(Wire *w, int peer, const char *why);
+
 static void set_events(Wire *w, Conn *c, unsigned events)
 {
-    if (c->fd < 0 || c->events == events) return;
+    if (c->fd < 0 || (c->registered && c->events == events)) return;
     struct epoll_event e = {.events = events, .data.ptr = &c->ev};
-    epoll_ctl(w->ep, c->events ? EPOLL_CTL_MOD : EPOLL_CTL_ADD, c->fd, &e);
+    if (epoll_ctl(w->ep, c->registered ? EPOLL_CTL_MOD : EPOLL_CTL_ADD, c->fd, &e)) {
+        fail_peer(w, c->peer, "epoll_ctl failed"); /* a stream epoll cannot watch would stall unseen */
+        return;
+    }
+    c->registered = 1;
     c->events = events;
 }
 
@@ -177,15 +184,24 @@ static TagSeq *tag_seq(Peer *p, int tag)
     return t;
 }
 
+static void unlink_recv(Peer *p, WireOp *op);
+
 static void close_conn(Wire *w, Conn *c)
 {
     if (c->fd >= 0) {
-        epoll_ctl(w->ep, EPOLL_CTL_DEL, c->fd, NULL);
+        if (c->registered) epoll_ctl(w->ep, EPOLL_CTL_DEL, c->fd, NULL);
         close(c->fd);
     }
     c->fd = -1;
     c->events = 0;
+    c->registered = 0;
     c->state = CONN_IDLE;
+    c->stalled = 0;
+    if (c->rop) { /* the chunk being read will never finish */
+        c->rop->refs--;
+        c->rop = NULL;
+    }
+    c->rhdr_got = 0;
 }
 
 /* Nothing more to or from this peer: its messages never complete (the
@@ -196,6 +212,14 @@ static void fail_peer(Wire *w, int peer, const char *why)
     if (!p || p->failed[0]) return;
     snprintf(p->failed, sizeof p->failed, "%s", why);
     for (int s = 0; s < w->streams; s++) close_conn(w, &p->conn[s]);
+    /* what arrived early from it and nobody asked for: its room goes back */
+    for (WireOp *op = p->recvs, *next; op; op = next) {
+        next = op->next;
+        if (!op->unexpected || op->claimed || op->refs) continue;
+        unlink_recv(p, op);
+        w->unexpected_bytes -= op->len;
+        free_op(op);
+    }
 }
 
 static Peer *peer_get(Wire *w, int peer)
@@ -292,7 +316,7 @@ static void send_pump(Wire *w, Conn *c)
         }
         WireOp *op = c->qhead;
         if (!op) {
-            set_events(w, c, EPOLLIN);
+            set_events(w, c, c->stalled ? 0u : (unsigned)EPOLLIN);
             return;
         }
         const size_t k = op->next_chunk[c->stream];
@@ -314,7 +338,7 @@ static void send_pump(Wire *w, Conn *c)
         }
     }
     if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) {
-        set_events(w, c, EPOLLIN | EPOLLOUT);
+        set_events(w, c, (c->stalled ? 0u : (unsigned)EPOLLIN) | EPOLLOUT);
         return;
     }
     fail_peer(w, c->peer, p && errno == EPIPE ? "connection closed by the peer" : "send failed");
@@ -383,6 +407,11 @@ static int chunk_target(Wire *w, Peer *p, Conn *c)
     }
     WireOp *op = find_recv(p, (int)h->tag, h->seq);
     if (!op) {
+        const TagSeq *ts = tag_seq(p, (int)h->tag);
+        if (ts && h->seq < ts->recv) { /* its receive was posted and is gone: complete, a chunk again */
+            fail_peer(w, c->peer, "a chunk of a message already complete");
+            return -1;
+        }
         if (w->unexpected_bytes + h->total > w->o.unexpected_max) return 1;
         op = isth_calloc(1, sizeof *op);
         unsigned char *buf = op ? isth_malloc(h->total ? h->total : 1) : NULL;
@@ -401,6 +430,10 @@ static int chunk_target(Wire *w, Peer *p, Conn *c)
     }
     if (op->len != h->total) {
         fail_peer(w, c->peer, "message size differs from the receive posted");
+        return -1;
+    }
+    if (op->done || op->got + h->len > op->len) { /* a chunk again (a replay on the path) */
+        fail_peer(w, c->peer, "a chunk of a message already complete");
         return -1;
     }
     c->rop = op;
@@ -433,8 +466,12 @@ static void recv_pump(Wire *w, Conn *c)
                 if (c->rhdr_got < sizeof c->rhdr) continue;
             }
             const int t = chunk_target(w, p, c);
-            c->stalled = t == 1;
-            if (t) return;
+            if (t < 0) return;
+            if (t == 1) { /* no room: stop watching its input until a receive or room comes (unstall) */
+                c->stalled = 1;
+                set_events(w, c, c->events & ~(unsigned)EPOLLIN);
+                return;
+            }
             if (c->rleft == 0) chunk_done(w, p, c);
             continue;
         }
@@ -457,8 +494,9 @@ io:
 static void unstall(Wire *w, Peer *p)
 {
     for (int s = 0; s < w->streams; s++)
-        if (p->conn[s].stalled) {
+        if (p->conn[s].stalled && p->conn[s].fd >= 0) {
             p->conn[s].stalled = 0;
+            set_events(w, &p->conn[s], p->conn[s].events | EPOLLIN);
             recv_pump(w, &p->conn[s]);
         }
 }
@@ -492,6 +530,14 @@ static void accept_all(Wire *w)
         q->t0 = now_s();
         q->next = w->pending;
         w->pending = q;
+        int n = 0;
+        for (Pending *r = w->pending; r; r = r->next) n++;
+        if (n > MAX_PENDING) { /* the oldest (last in the list) goes */
+            Pending *last = w->pending;
+            while (last->next) last = last->next;
+            w->refused += 1;
+            pending_drop(w, last);
+        }
         struct epoll_event e = {.events = EPOLLIN, .data.ptr = &q->ev};
         epoll_ctl(w->ep, EPOLL_CTL_ADD, fd, &e);
     }
@@ -574,7 +620,7 @@ void wire_progress(Wire *w, int wait_ms)
     const double now = now_s();
     for (Pending *q = w->pending, *next; q; q = next) {
         next = q->next;
-        if (now - q->t0 > HELLO_DEADLINE_S) {
+        if (now - q->t0 > w->o.hello_timeout_s) {
             w->refused += 1;
             pending_drop(w, q);
         }
@@ -606,7 +652,10 @@ int wire_isend(Wire *w, int peer, int tag, const void *buf, size_t len, WireOp *
     op->detached = out == NULL;
     if (out) *out = op;
     peer_start(w, peer, p);
-    if (p->failed[0]) return ISTH_OK; /* never completes */
+    if (p->failed[0]) { /* never completes */
+        if (op->detached) isth_free(op);
+        return ISTH_OK;
+    }
     const size_t k = n_chunks(w, len);
     op->start = p->rr;
     p->rr = (int)((p->rr + k) % (size_t)w->streams);
@@ -641,7 +690,7 @@ int wire_irecv(Wire *w, int peer, int tag, void *buf, size_t len, WireOp **out)
         } else {
             op->claimed = 1;
             op->dest = buf;
-            if (op->done) recv_complete(w, p, op);
+            if (op->done && op->refs == 0) recv_complete(w, p, op);
             *out = op;
             return ISTH_OK;
         }
@@ -799,15 +848,17 @@ static int local_address(const char *interface, uint32_t *addr)
 
 static int listen_on(Wire *w, uint16_t *port, char *why, size_t why_len)
 {
-    w->lfd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (w->lfd < 0) {
-        snprintf(why, why_len, "cannot create a socket: %s", strerror(errno));
-        return -1;
-    }
-    const int one = 1;
-    setsockopt(w->lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    tune(w, w->lfd); /* accepted sockets inherit the buffers (the window scale is fixed at the handshake) */
+    int err = 0;
     for (int p = w->o.port_lo; p <= w->o.port_hi; p++) {
+        /* a fresh socket per try: one whose bind or listen failed cannot bind again */
+        w->lfd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+        if (w->lfd < 0) {
+            snprintf(why, why_len, "cannot create a socket: %s", strerror(errno));
+            return -1;
+        }
+        const int one = 1;
+        setsockopt(w->lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+        tune(w, w->lfd); /* accepted sockets inherit the buffers (the window scale is fixed at the handshake) */
         struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)p)};
         a.sin_addr.s_addr = htonl(INADDR_ANY);
         if (bind(w->lfd, (struct sockaddr *)&a, sizeof a) == 0 && listen(w->lfd, 256) == 0) {
@@ -816,9 +867,12 @@ static int listen_on(Wire *w, uint16_t *port, char *why, size_t why_len)
             *port = ntohs(a.sin_port);
             return 0;
         }
+        err = errno;
+        close(w->lfd);
+        w->lfd = -1;
     }
     if (w->o.port_lo == w->o.port_hi)
-        snprintf(why, why_len, "cannot listen on port %d: %s", w->o.port_lo, strerror(errno));
+        snprintf(why, why_len, "cannot listen on port %d: %s", w->o.port_lo, strerror(err));
     else
         snprintf(why, why_len, "no free port in [outer] ports = %d-%d", w->o.port_lo, w->o.port_hi);
     return -1;
@@ -829,24 +883,34 @@ int wire_open(Wire **out, MPI_Comm comm, const int *site_first, int n_sites, int
               const WireOptions *o)
 {
     *out = NULL;
-    Wire *w = isth_calloc(1, sizeof *w);
-    CHECK_ALLOC(w);
-    w->o = *o;
-    w->lfd = w->ep = -1;
-    w->listen_ev.kind = EV_LISTEN;
-    w->streams = o->streams < 1 ? 1 : o->streams > WIRE_MAX_STREAMS ? WIRE_MAX_STREAMS : o->streams;
-    if (!w->o.chunk_bytes) w->o.chunk_bytes = (size_t)1 << 20;
-    w->n_sites = n_sites < WIRE_MAX_SITES ? n_sites : WIRE_MAX_SITES;
-    w->my_site = my_site;
-    MPI_Comm_rank(comm, &w->rank);
-    MPI_Comm_size(comm, &w->size);
-    w->site_first = isth_malloc(sizeof(int) * (size_t)(w->n_sites + 1));
-    w->addr = isth_calloc((size_t)w->size, sizeof *w->addr);
-    w->port = isth_calloc((size_t)w->size, sizeof *w->port);
-    w->peers = isth_calloc((size_t)w->size, sizeof *w->peers);
+    int rank = 0, size = 1;
+    MPI_Comm_rank(comm, &rank);
+    MPI_Comm_size(comm, &size);
+    /* every rank reaches both collectives below, whatever failed here:
+     * a rank that returned early would leave the others waiting in them */
     char why[160] = "";
-    int ok = w->site_first && w->addr && w->port && w->peers;
+    Wire *w = isth_calloc(1, sizeof *w);
+    if (w) w->lfd = w->ep = -1;
+    uint64_t *all = isth_malloc(sizeof(uint64_t) * (size_t)size);
+    int ok = w && all;
     if (!ok) snprintf(why, sizeof why, "out of memory");
+    if (ok) {
+        w->o = *o;
+        w->listen_ev.kind = EV_LISTEN;
+        w->streams = o->streams < 1 ? 1 : o->streams > WIRE_MAX_STREAMS ? WIRE_MAX_STREAMS : o->streams;
+        if (!w->o.chunk_bytes) w->o.chunk_bytes = (size_t)1 << 20;
+        if (w->o.hello_timeout_s <= 0) w->o.hello_timeout_s = 600.0;
+        w->n_sites = n_sites < WIRE_MAX_SITES ? n_sites : WIRE_MAX_SITES;
+        w->my_site = my_site;
+        w->rank = rank;
+        w->size = size;
+        w->site_first = isth_malloc(sizeof(int) * (size_t)(w->n_sites + 1));
+        w->addr = isth_calloc((size_t)size, sizeof *w->addr);
+        w->port = isth_calloc((size_t)size, sizeof *w->port);
+        w->peers = isth_calloc((size_t)size, sizeof *w->peers);
+        ok = w->site_first && w->addr && w->port && w->peers;
+        if (!ok) snprintf(why, sizeof why, "out of memory");
+    }
     if (ok) {
         for (int s = 0; s <= w->n_sites; s++) w->site_first[s] = site_first[s];
         for (int s = 0; s < w->n_sites; s++) {
@@ -865,24 +929,24 @@ int wire_open(Wire **out, MPI_Comm comm, const int *site_first, int n_sites, int
     if (ok && listen_on(w, &me_port, why, sizeof why)) ok = 0;
     if (ok) {
         struct epoll_event e = {.events = EPOLLIN, .data.ptr = &w->listen_ev};
-        epoll_ctl(w->ep, EPOLL_CTL_ADD, w->lfd, &e);
+        if (epoll_ctl(w->ep, EPOLL_CTL_ADD, w->lfd, &e)) ok = 0, snprintf(why, sizeof why, "epoll_ctl: %s", strerror(errno));
     }
-    /* everyone's address and port, and whether everyone could listen */
-    uint64_t mine = ok ? ((uint64_t)me_addr << 32 | (uint64_t)me_port << 16 | 1u) : 0;
-    uint64_t *all = isth_malloc(sizeof(uint64_t) * (size_t)w->size);
-    int rc = all ? MPI_Allgather(&mine, 1, MPI_UINT64_T, all, 1, MPI_UINT64_T, comm) : MPI_ERR_NO_MEM;
-    int bad = -1;
-    for (int r = 0; rc == MPI_SUCCESS && r < w->size && bad < 0; r++) {
-        if (!(all[r] & 1u)) bad = r;
-        w->addr[r] = (uint32_t)(all[r] >> 32);
-        w->port[r] = (uint16_t)(all[r] >> 16);
+    int all_ok = 0;
+    int rc = MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, comm);
+    if (rc == MPI_SUCCESS && all_ok) { /* everyone's address and port */
+        const uint64_t mine = (uint64_t)me_addr << 32 | (uint64_t)me_port << 16;
+        rc = MPI_Allgather(&mine, 1, MPI_UINT64_T, all, 1, MPI_UINT64_T, comm);
+        for (int r = 0; rc == MPI_SUCCESS && r < size; r++) {
+            w->addr[r] = (uint32_t)(all[r] >> 32);
+            w->port[r] = (uint16_t)(all[r] >> 16);
+        }
     }
     isth_free(all);
-    if (rc != MPI_SUCCESS || bad >= 0) {
+    if (rc != MPI_SUCCESS || !all_ok) {
         wire_close(w);
-        if (!ok) return isth_fail(ISTH_EINPUT, "wire: rank %d: %s", w->rank, why);
+        if (!ok) return isth_fail(ISTH_EINPUT, "wire: rank %d: %s", rank, why);
         if (rc != MPI_SUCCESS) return isth_fail(ISTH_ERUNTIME, "wire: the address exchange failed");
-        return isth_fail(ISTH_ERUNTIME, "wire: rank %d could not listen (its own line says why)", bad);
+        return isth_fail(ISTH_ERUNTIME, "wire: another rank could not listen (its own line says why)");
     }
     *out = w;
     return ISTH_OK;
@@ -919,6 +983,7 @@ void wire_close(Wire *w)
     while (w->pending) pending_drop(w, w->pending);
     if (w->lfd >= 0) close(w->lfd);
     if (w->ep >= 0) close(w->ep);
+    w->lfd = w->ep = -1;
     sodium_memzero(w->tx, sizeof w->tx);
     sodium_memzero(w->rx, sizeof w->rx);
     isth_free(w->site_first);

@@ -20,9 +20,11 @@
  * total) striped over the streams, so one rank pair can fill a long fat
  * pipe that a single TCP window cannot. Receives are matched by (peer, tag)
  * in posted order, as MPI's non-overtaking rule does; chunks that arrive
- * before their receive is posted are kept (at most outer.unexpected bytes;
- * beyond that the stream is not read until a receive is posted). A peer
- * whose socket fails or closes is failed: nothing more to or from it.
+ * before their receive is posted are kept (at most unexpected_max bytes
+ * over all peers; beyond that a stream is not read until a receive is
+ * posted or room comes back). A peer whose socket fails or closes, or that
+ * sends a chunk that does not parse or repeats one, is failed: nothing more
+ * to or from it (its early arrivals are let go).
  * Owns: the sockets, their handshake, chunking, matching, buffering.
  * Must not: block; know what a message means (link.c frames and seals
  * them: a byte from the wire is untrusted until link_check opens it).
@@ -47,6 +49,7 @@ typedef struct {
     char interface[32];      /* the address advertised: an interface's IPv4 address ("" = first up non-loopback) */
     size_t unexpected_max;   /* bytes kept for messages whose receive is not posted yet */
     int port_shift;          /* test hook (ISTHMUS_WIRE_PORT_SHIFT): connect to a peer's port + this (a proxy) */
+    double hello_timeout_s;  /* an accepted connection must say who it is within this (0: 600 s) */
 } WireOptions;
 
 typedef struct Wire Wire;

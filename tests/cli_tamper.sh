@@ -26,7 +26,7 @@ proxy=
 trap '[ -n "$proxy" ] && kill $proxy 2> /dev/null; "$FED" stop "$SERVER"; rm -rf "$WORK"' EXIT
 "$FED" server "$SERVER" || { fail "ompi-server did not start"; finish; exit 1; }
 URI="$SERVER/ompi-server.uri"
-PB=$((20000 + $$ % 20000)) # b's port; the proxy listens 1000 above it
+PB=$((20000 + $$ % 10000)) # b's port, below Linux's ephemeral range; the proxy listens 1000 above it
 SHIFT=1000
 
 # run NAME [MODE K [FILE]]: both sites, through the proxy when a mode is given

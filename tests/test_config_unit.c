@@ -166,6 +166,11 @@ static void test_device_assign(void **state)
     assert_int_equal(device_assign(v, 2, 0, d, why, sizeof why), 0);
     assert_int_equal(d[0], 0), assert_int_equal(d[1], 0);
     free(v);
+    const char *fewer[] = {"0:1b 0:1c", "0:1b"};
+    v = sees(2, 2, fewer); /* the rank with fewer choices goes first: both get one */
+    assert_int_equal(device_assign(v, 2, 0, d, why, sizeof why), 0);
+    assert_int_equal(d[0], 1), assert_int_equal(d[1], 0);
+    free(v);
     const char *one[] = {"0:1b"};
     v = sees(8, 1, one); /* eight ranks, one GPU between them: refused, then shared when allowed */
     assert_int_not_equal(device_assign(v, 8, 0, d, why, sizeof why), 0);

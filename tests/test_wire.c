@@ -8,7 +8,8 @@
  *   raw peer    a connection made here by hand (this file's own hello and
  *               chunk encoding, MAC by libsodium directly): a valid hello and
  *               chunk are delivered; a hello with a wrong MAC is refused and
- *               counted; a malformed chunk fails the peer; no wait hangs
+ *               counted; a malformed chunk fails the peer, and so does a
+ *               chunk sent again (a replay on the path); no wait hangs
  *   dead peer   a rank that closes its wire: the other side's receive from it
  *               never completes, the peer is marked failed, and nothing waits
  * Every wait in this file has a deadline (a failing check, never a hang).
@@ -202,8 +203,9 @@ static void test_a_peer_by_hand(void **state)
 {
     (void)state;
     Wire *w = open_wire(1, 4096, 1 << 20);
-    int port1 = wire_listen_port(w);
+    int port1 = wire_listen_port(w), port2 = wire_listen_port(w);
     MPI_Bcast(&port1, 1, MPI_INT, 1, MPI_COMM_WORLD); /* rank 1's port, to everyone */
+    MPI_Bcast(&port2, 1, MPI_INT, 2, MPI_COMM_WORLD); /* and rank 2's */
     if (me == 0) {
         /* a wrong MAC: refused */
         unsigned char h[56], c[40];
@@ -226,6 +228,17 @@ static void test_a_peer_by_hand(void **state)
         /* then a malformed chunk header: rank 1 fails us and closes */
         chunk(c, 5, 1, 0, 12, 12, 0);
         assert_int_equal(write(fd, c, sizeof c), (ssize_t)sizeof c);
+        assert_true(recv(fd, &x, 1, 0) <= 0);
+        close(fd);
+        /* to rank 2: a valid chunk, then the same chunk again */
+        fd = raw_connect(port2);
+        hello(h, 0, 2, 0, 1, keys[0][1], 1);
+        chunk(c, 5, 0, 0, 12, 12, 1);
+        for (int again = 0; again < 2; again++) {
+            if (again == 0) assert_int_equal(write(fd, h, sizeof h), (ssize_t)sizeof h);
+            assert_int_equal(write(fd, c, sizeof c), (ssize_t)sizeof c);
+            assert_int_equal(write(fd, msg, 12), 12);
+        }
         assert_true(recv(fd, &x, 1, 0) <= 0);
         close(fd);
         MPI_Barrier(MPI_COMM_WORLD);
@@ -252,6 +265,15 @@ static void test_a_peer_by_hand(void **state)
     } else {
         MPI_Barrier(MPI_COMM_WORLD);
         MPI_Barrier(MPI_COMM_WORLD);
+        char got[13] = {0};
+        WireOp *op = NULL;
+        assert_int_equal(wire_irecv(w, 0, 5, got, 12, &op), 0);
+        assert_true(wait_all(w, &op, 1, 10.0));
+        assert_string_equal(got, "twelve bytes");
+        const double t1 = now();
+        while (!wire_peer_failed(w, 0) && now() - t1 < 10) wire_progress(w, 10);
+        assert_non_null(wire_peer_failed(w, 0));
+        assert_non_null(strstr(wire_peer_failed(w, 0), "already complete"));
         MPI_Barrier(MPI_COMM_WORLD);
     }
     MPI_Barrier(MPI_COMM_WORLD);
