@@ -1,0 +1,74 @@
+/* plans.h — the checks of the GPU kernel and layer tests, as data: the
+ * name of check i, in the order the test makes them, and how many there
+ * are. test_kernels_gpu and test_layers_gpu print their TAP plan from here
+ * and compare each check's name with the plan's next one, so a result
+ * computed and never compared, or a check added without its line here,
+ * fails the run; tests/test_gpu_plans.c counts these lists on the host
+ * (make check, no GPU) and checks that every output of every backward
+ * kernel has its line. Plain C: no CUDA needed to include it. */
+#ifndef ISTHMUS_GPU_PLANS_H
+#define ISTHMUS_GPU_PLANS_H
+
+#include <stdio.h>
+#include <string.h>
+
+/* sizes the attention checks run at (head dim, sequence length) */
+static const int plan_attention_dh[4] = {16, 32, 64, 128}, plan_attention_t[4] = {37, 100, 65, 130};
+
+static const char *const plan_products[] = {
+    "matmul_forward", "matmul_backward dinp (+=)", "matmul_backward dweight (+=)",
+    "tied_head_forward", "tied_head_backward dx (+=)", "tied_head_backward dembed (+=)",
+};
+static const char *const plan_attention[] = {
+    "attention_forward", "attention_backward dq (+=)", "attention_backward dk (+=)", "attention_backward dv (+=)",
+};
+static const char *const plan_crossentropy[] = {
+    "crossentropy_forward losses", "crossentropy_forward probs", "crossentropy_backward",
+};
+static const char *const plan_moe[] = {
+    "router_softmax_forward probs", "router_softmax_forward lse", "router_topk (ties to the lower index)",
+    "router_mean_prob", "moe_balance_backward (+=)", "router_softmax_backward", "moe_combine_forward",
+    "moe_combine_backward rows", "moe_combine_backward gates (+=)", "moe_scatter_add (+=)", "rows_gather",
+    "expert_forward", "expert_backward dx (+=)", "expert_backward dwg (+=)", "expert_backward dwu (+=)",
+    "expert_backward dwd (+=)",
+};
+static const char *const plan_layers[] = {
+    "encoder_forward", "encoder_backward (+=)", "rmsnorm_forward out", "rmsnorm_forward rstd",
+    "rmsnorm_backward dinp (+=)", "rmsnorm_backward dweight (+=)", "swiglu_forward", "swiglu_backward da (+=)",
+    "swiglu_backward du (+=)", "rope_forward", "rope_backward",
+};
+#define PLAN_LEN(a) ((int)(sizeof(a) / sizeof *(a)))
+
+/* test_kernels_gpu's check i (from 0) into out; returns the plan's length
+ * (out untouched when i is beyond it). */
+static inline int plan_kernels(int i, char *out, size_t size)
+{
+    int at = 0;
+    for (int bf16 = 0; bf16 < 2; bf16++)
+        for (int k = 0; k < PLAN_LEN(plan_products); k++, at++)
+            if (at == i) snprintf(out, size, "%s%s", plan_products[k], bf16 ? " (bf16)" : "");
+    for (int s = 0; s < 4; s++)
+        for (int k = 0; k < PLAN_LEN(plan_attention); k++, at++)
+            if (at == i) snprintf(out, size, "%s Dh=%d T=%d", plan_attention[k], plan_attention_dh[s], plan_attention_t[s]);
+    for (int k = 0; k < PLAN_LEN(plan_crossentropy); k++, at++)
+        if (at == i) snprintf(out, size, "%s", plan_crossentropy[k]);
+    for (int k = 0; k < PLAN_LEN(plan_moe); k++, at++)
+        if (at == i) snprintf(out, size, "%s", plan_moe[k]);
+    return at;
+}
+
+/* test_layers_gpu's check i, the same way. */
+static inline int plan_layer_checks(int i, char *out, size_t size)
+{
+    if (i >= 0 && i < PLAN_LEN(plan_layers)) snprintf(out, size, "%s", plan_layers[i]);
+    return PLAN_LEN(plan_layers);
+}
+
+/* Is `name` check number i (from 0) of the plan? */
+static inline int plan_matches(int (*plan)(int, char *, size_t), int i, const char *name)
+{
+    char want[128] = "";
+    return i < plan(i, want, sizeof want) && !strcmp(want, name);
+}
+
+#endif

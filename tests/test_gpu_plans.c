@@ -1,0 +1,81 @@
+/* test_gpu_plans.c — the GPU tests' check lists (tests/gpu/plans.h),
+ * counted on the host: no GPU is needed to find a plan that misses an
+ * output or counts wrong. On a GPU, test_kernels_gpu and test_layers_gpu
+ * then compare each check's name with these lists in order (a result
+ * computed and never compared leaves the run short of its plan: exit 1). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "gpu/plans.h"
+
+static int has(int (*plan)(int, char *, size_t), const char *name)
+{
+    char unused[8];
+    const int n = plan(-1, unused, sizeof unused);
+    for (int i = 0; i < n; i++)
+        if (plan_matches(plan, i, name)) return 1;
+    return 0;
+}
+
+static void unique(int (*plan)(int, char *, size_t))
+{
+    char a[128], b[128], unused[8];
+    const int n = plan(-1, unused, sizeof unused);
+    for (int i = 0; i < n; i++)
+        for (int j = i + 1; j < n; j++) {
+            plan(i, a, sizeof a);
+            plan(j, b, sizeof b);
+            if (!strcmp(a, b)) fail_msg("check '%s' twice (%d and %d)", a, i + 1, j + 1);
+        }
+}
+
+static void test_kernel_plan(void **state)
+{
+    (void)state;
+    char unused[8];
+    /* 2 precisions x 6 products, 4 sizes x 4 attention, 3 cross-entropy, 16 MoE */
+    assert_int_equal(plan_kernels(-1, unused, sizeof unused), 2 * 6 + 4 * 4 + 3 + 16);
+    unique(plan_kernels);
+    /* every output of every backward kernel is compared */
+    const char *outputs[] = {"matmul_backward dinp (+=)", "matmul_backward dweight (+=)",
+                             "matmul_backward dinp (+=) (bf16)", "matmul_backward dweight (+=) (bf16)",
+                             "tied_head_backward dx (+=)", "tied_head_backward dembed (+=)",
+                             "crossentropy_backward", "router_softmax_backward", "moe_balance_backward (+=)",
+                             "moe_combine_backward rows", "moe_combine_backward gates (+=)", "moe_scatter_add (+=)",
+                             "expert_backward dx (+=)", "expert_backward dwg (+=)", "expert_backward dwu (+=)",
+                             "expert_backward dwd (+=)"};
+    for (size_t i = 0; i < sizeof outputs / sizeof *outputs; i++)
+        if (!has(plan_kernels, outputs[i])) fail_msg("no check of %s", outputs[i]);
+    for (int s = 0; s < 4; s++)
+        for (int k = 0; k < 3; k++) {
+            char name[128];
+            snprintf(name, sizeof name, "attention_backward %s (+=) Dh=%d T=%d", k == 0 ? "dq" : k == 1 ? "dk" : "dv",
+                     plan_attention_dh[s], plan_attention_t[s]);
+            if (!has(plan_kernels, name)) fail_msg("no check of %s", name);
+        }
+    assert_false(plan_matches(plan_kernels, 47, "expert_backward dwd (+=)")); /* nothing beyond the plan */
+}
+
+static void test_layer_plan(void **state)
+{
+    (void)state;
+    char unused[8];
+    assert_int_equal(plan_layer_checks(-1, unused, sizeof unused), 2 + 4 + 3 + 2);
+    unique(plan_layer_checks);
+    const char *outputs[] = {"encoder_backward (+=)", "rmsnorm_backward dinp (+=)", "rmsnorm_backward dweight (+=)",
+                             "swiglu_backward da (+=)", "swiglu_backward du (+=)", "rope_backward"};
+    for (size_t i = 0; i < sizeof outputs / sizeof *outputs; i++)
+        if (!has(plan_layer_checks, outputs[i])) fail_msg("no check of %s", outputs[i]);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_kernel_plan), cmocka_unit_test(test_layer_plan)};
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
