@@ -68,7 +68,8 @@ wait_line() { # wait_line FILE PATTERN SECONDS: 0 when PATTERN appears in time
     done
     return 1
 }
-ranks_of() { pgrep -f "isthmus train .* --site $1 .*outer.run_id=$2( |$)"; }
+BIN_NAME=$(basename "$ISTHMUS") # the ranks' command name (a copied binary may have another)
+ranks_of() { pgrep -f "$BIN_NAME train .* --site $1 .*outer.run_id=$2( |$)"; }
 launcher_of() { pgrep -f "federated.sh site .* $1 .*outer.run_id=$2( |$)"; }
 mpirun_of() { pgrep -f "^mpirun .* --site $1 .*outer.run_id=$2( |$)"; }
 

@@ -221,6 +221,35 @@ static int retire_within(MPI_Request *req, int n, double grace_s)
 
 int link_retire(MPI_Request *req, int n) { return retire_within(req, n, 1.0); }
 
+int link_raw_post(Link *l, int peer, int tag, void *buf, size_t bytes, int is_send, LinkReq *r)
+{
+    *r = (LinkReq){MPI_REQUEST_NULL, NULL};
+    if (over_wire(l, peer))
+        return is_send ? wire_isend(l->wire, peer, tag, buf, bytes, &r->wire)
+                       : wire_irecv(l->wire, peer, tag, buf, bytes, &r->wire);
+    if (is_send) CHECK_MPI(MPI_Isend(buf, (int)bytes, MPI_BYTE, peer, tag, l->comm, &r->mpi));
+    else CHECK_MPI(MPI_Irecv(buf, (int)bytes, MPI_BYTE, peer, tag, l->comm, &r->mpi));
+    return ISTH_OK;
+}
+
+static int req_test(Wire *w, LinkReq *r, int *flag);
+
+int link_raw_test(Link *l, LinkReq *r, int n, int *done)
+{
+    if (l->wire) wire_progress(l->wire, 0);
+    *done = 1;
+    for (int i = 0; i < n; i++) {
+        int one = 1;
+        CHECK(req_test(l->wire, &r[i], &one));
+        *done &= one;
+    }
+    return ISTH_OK;
+}
+
+static int retire_pieces(Wire *w, LinkReq *req, int n, double grace_s);
+
+int link_raw_retire(Link *l, LinkReq *r, int n) { return retire_pieces(l->wire, r, n, 1.0); }
+
 /* Retire a message's pieces: those on the wire are cancelled at once (the
  * wire never writes a buffer after that); MPI's within the grace period. */
 static int retire_pieces(Wire *w, LinkReq *req, int n, double grace_s)

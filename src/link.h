@@ -187,6 +187,16 @@ int link_msg_free(LinkMsg *m);
  * short grace period; 1 when all are retired and their buffers may go. */
 int link_retire(MPI_Request *req, int n);
 
+/* Unframed messages for a diagnostic whose values are only logged (the
+ * butterfly spread probe): to or from another site's rank over the wire
+ * (when open), else MPI on the link communicator. A null request is
+ * {MPI_REQUEST_NULL, NULL}. */
+int link_raw_post(Link *l, int peer, int tag, void *buf, size_t bytes, int is_send, LinkReq *r);
+/* *done = 1 when every one of the n requests completed. */
+int link_raw_test(Link *l, LinkReq *r, int n, int *done);
+/* Cancel the n requests; 1 when all are retired and their buffers may go. */
+int link_raw_retire(Link *l, LinkReq *r, int n);
+
 /* Fill the header in front of the payload (already in buf + sizeof header)
  * and seal the frame for `peer` (a rank of the link communicator). */
 void link_frame(Link *l, int peer, unsigned char *buf, uint8_t codec, uint8_t kind, uint32_t fragment,

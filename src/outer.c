@@ -180,7 +180,7 @@ int outer_set_butterfly(Outer *o, Reducer *r, int learner, int n_learners, const
     o->weights = isth_malloc(sizeof(double) * (size_t)n_learners);
     CHECK_ALLOC(o->weights);
     memcpy(o->weights, weights, sizeof(double) * (size_t)n_learners);
-    CHECK(spread_create(&o->spread, r->topo, r->model, r->world, weights));
+    CHECK(spread_create(&o->spread, r->topo, r->model, &r->link, weights));
     o->spread.timeout_s = r->link.timeout_s;
     return reduce_enable_mixing(r);
 }

@@ -35,11 +35,11 @@ double spread_max_rel_distance(const float *rows, const double *w, int n, int le
     return norm2 > 0 ? sqrt(worst / norm2) : 0.0;
 }
 
-int spread_create(Spread *s, const Topology *t, const Model *m, MPI_Comm world, const double *weights)
+int spread_create(Spread *s, const Topology *t, const Model *m, Link *link, const double *weights)
 {
     memset(s, 0, sizeof *s);
     s->topo = t;
-    s->comm = world;
+    s->link = link;
     s->active = t->world_rank == 0 || t->learner_rank == 0;
     s->last_round = -1;
     s->timeout_s = 600.0;
@@ -61,10 +61,10 @@ int spread_create(Spread *s, const Topology *t, const Model *m, MPI_Comm world, 
     }
     for (int k = 0; k < SPREAD_QUEUE; k++) {
         s->q[k].values = isth_malloc(sizeof(float) * (size_t)rows * (size_t)s->samples);
-        s->q[k].req = isth_malloc(sizeof(MPI_Request) * (size_t)rows);
+        s->q[k].req = isth_malloc(sizeof(LinkReq) * (size_t)rows);
         CHECK_ALLOC(s->q[k].values);
         CHECK_ALLOC(s->q[k].req);
-        for (int i = 0; i < rows; i++) s->q[k].req[i] = MPI_REQUEST_NULL;
+        for (int i = 0; i < rows; i++) s->q[k].req[i] = (LinkReq){MPI_REQUEST_NULL, NULL};
     }
     return ISTH_OK;
 }
@@ -74,7 +74,7 @@ void spread_destroy(Spread *s)
     const int n = s->topo && s->topo->world_rank == 0 ? s->topo->n_learners : 1;
     for (int k = 0; k < SPREAD_QUEUE; k++) {
         /* a probe still posted (a failed run): retired first, else leaked */
-        if (s->q[k].req && !link_retire(s->q[k].req, n)) continue;
+        if (s->q[k].req && !link_raw_retire(s->link, s->q[k].req, n)) continue;
         isth_free(s->q[k].values);
         isth_free(s->q[k].req);
     }
@@ -116,7 +116,7 @@ static int retire_oldest(Spread *s, Metrics *mt, int wait, int *done)
     int flag = 0;
     const double t0 = MPI_Wtime();
     for (;;) {
-        CHECK_MPI(MPI_Testall(n, q->req, &flag, MPI_STATUSES_IGNORE));
+        CHECK(link_raw_test(s->link, q->req, n, &flag));
         if (flag || !wait) break;
         if (MPI_Wtime() - t0 > s->timeout_s) {
             if (s->tolerant) { /* a site is gone: the probe measures all learners or nothing */
@@ -156,17 +156,17 @@ int spread_round(Spread *s, long round, long step, Backend *be, Metrics *mt)
         for (int l = 0; l < t->n_learners; l++) {
             if (l == t->learner) {
                 CHECK(be->ops->get(be, STATE_PARAMS, s->pos, s->ones, s->samples, q->values + (size_t)l * s->samples));
-                q->req[l] = MPI_REQUEST_NULL;
+                q->req[l] = (LinkReq){MPI_REQUEST_NULL, NULL};
                 continue;
             }
             const int src = learner_first_rank(t, l);
-            CHECK_MPI(MPI_Irecv(q->values + (size_t)l * s->samples, s->samples, MPI_FLOAT, src, LINK_TAG_SPREAD, s->comm,
+            CHECK(link_raw_post(s->link, src, LINK_TAG_SPREAD, q->values + (size_t)l * s->samples, bytes, 0,
                                 &q->req[l]));
             if (topology_site_of(t, src) != t->site) s->inter_site_bytes += (double)bytes;
         }
     } else {
         CHECK(be->ops->get(be, STATE_PARAMS, s->pos, s->ones, s->samples, q->values));
-        CHECK_MPI(MPI_Isend(q->values, s->samples, MPI_FLOAT, 0, LINK_TAG_SPREAD, s->comm, &q->req[0]));
+        CHECK(link_raw_post(s->link, 0, LINK_TAG_SPREAD, q->values, bytes, 1, &q->req[0]));
         if (topology_site_of(t, 0) != t->site) s->inter_site_bytes += (double)bytes;
     }
     return spread_poll(s, mt);
@@ -184,7 +184,7 @@ void spread_stop(Spread *s)
     if (!s->active) return;
     const int n = s->topo->world_rank == 0 ? s->topo->n_learners : 1;
     for (; s->count > 0; s->count--, s->head = (s->head + 1) % SPREAD_QUEUE)
-        if (!link_retire(s->q[s->head].req, n)) /* MPI keeps what it cannot cancel: never freed */
+        if (!link_raw_retire(s->link, s->q[s->head].req, n)) /* MPI keeps what it cannot cancel: never freed */
             s->q[s->head].values = NULL, s->q[s->head].req = NULL;
     s->active = 0;
 }

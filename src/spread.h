@@ -4,7 +4,8 @@
  * the dense (replicated, identically laid out) parameters.
  *
  * Owns: the sample positions, one small point-to-point message per round
- * from the first rank of every learner to world rank 0, and rank 0's queue
+ * from the first rank of every learner to world rank 0 (through the link's
+ * raw messages: over the wire from another site), and rank 0's queue
  * of rounds still waiting for samples. Rank 0 only tests for arrivals
  * (never waits during training), so the probe adds no wait to any learner
  * and no collective across learners; it waits only in spread_finish, at the
@@ -18,6 +19,7 @@
 #include <stddef.h>
 
 #include "backend.h"
+#include "link.h"
 #include "metrics.h"
 #include "model.h"
 #include "topology.h"
@@ -28,12 +30,12 @@
 typedef struct {
     long round, step;
     float *values;                /* (learners, samples): row i = learner i */
-    MPI_Request *req;             /* (learners) rank 0: receives; a sender: req[0] */
+    LinkReq *req;                 /* (learners) rank 0: receives; a sender: req[0] */
 } SpreadRound;
 
 typedef struct {
     const Topology *topo;
-    MPI_Comm comm;
+    Link *link;                   /* samples from another site go over its wire (never MPI across sites) */
     size_t *pos;                  /* (samples) offsets into [0, dense_end) */
     size_t *ones;                 /* (samples) 1: each sample a run of one value */
     double *weights;              /* rank 0: (learners) token shares, the mean's weights */
@@ -48,7 +50,7 @@ typedef struct {
 } Spread;
 
 /* weights: every learner's token share (NULL: equal). */
-int spread_create(Spread *s, const Topology *t, const Model *m, MPI_Comm world, const double *weights);
+int spread_create(Spread *s, const Topology *t, const Model *m, Link *link, const double *weights);
 void spread_destroy(Spread *s);
 /* Round r starts after inner step `step`: send (or, on rank 0, keep) this
  * learner's sample of the weights (taken from the backend). */

@@ -199,7 +199,7 @@ static void test_spread_probe(void **state)
     const size_t all = 0, n = w.m.n_params;
     assert_int_equal(be->ops->put(be, STATE_PARAMS, &all, &n, 1, w.m.params), 0);
     Spread s;
-    assert_int_equal(spread_create(&s, &w.topo, &w.m, MPI_COMM_WORLD, NULL), 0);
+    assert_int_equal(spread_create(&s, &w.topo, &w.m, &w.r.link, NULL), 0);
     if (me == 0) { /* first: nobody else has sent; this must not wait */
         assert_int_equal(spread_round(&s, 0, 10, be, NULL), 0);
         assert_int_equal(s.last_round, N > 1 ? -1 : 0);
