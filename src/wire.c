@@ -659,8 +659,11 @@ int wire_isend(Wire *w, int peer, int tag, const void *buf, size_t len, WireOp *
     const size_t k = n_chunks(w, len);
     op->start = p->rr;
     p->rr = (int)((p->rr + k) % (size_t)w->streams);
-    op->streams_left = k < (size_t)w->streams ? (int)k : w->streams;
-    for (int i = 0; i < op->streams_left; i++) {
+    const int used = k < (size_t)w->streams ? (int)k : w->streams;
+    op->streams_left = used;
+    /* on every stream first, then pumped: a pump can finish the op (and
+     * free a detached one), which must not cut this loop short */
+    for (int i = 0; i < used; i++) {
         const int s = (op->start + i) % w->streams;
         Conn *c = &p->conn[s];
         op->next_chunk[s] = (size_t)i;
@@ -668,8 +671,9 @@ int wire_isend(Wire *w, int peer, int tag, const void *buf, size_t len, WireOp *
         if (c->qtail) c->qtail->qnext[s] = op;
         else c->qhead = op;
         c->qtail = op;
-        send_pump(w, c);
     }
+    const int start = op->start; /* op may be gone after the pumps */
+    for (int i = 0; i < used; i++) send_pump(w, &p->conn[(start + i) % w->streams]);
     return ISTH_OK;
 }
 
@@ -807,6 +811,28 @@ const char *wire_peer_failed(const Wire *w, int peer)
 }
 
 double wire_refused(const Wire *w) { return w->refused; }
+
+void wire_dump(const Wire *w, int peer, FILE *f)
+{
+    const Peer *p = peer >= 0 && peer < w->size ? w->peers[peer] : NULL;
+    if (!p) {
+        fprintf(f, "wire: rank %d: no state for peer %d\n", w->rank, peer);
+        return;
+    }
+    for (int s = 0; s < w->streams; s++) {
+        const Conn *c = &p->conn[s];
+        int queued = 0;
+        for (const WireOp *op = c->qhead; op; op = op->qnext[s]) queued++;
+        fprintf(f, "wire: rank %d peer %d stream %d: fd %d state %d events %u tail %zu/%zu queued %d ssent %zu "
+                "rhdr %zu rop %s roff %zu rleft %zu stalled %d\n", w->rank, peer, s, c->fd, c->state, c->events,
+                c->tail_off, c->tail_len, queued, c->ssent, c->rhdr_got, c->rop ? "set" : "-", c->roff, c->rleft,
+                c->stalled);
+    }
+    int posted = 0;
+    for (const WireOp *op = p->recvs; op; op = op->next) posted++;
+    fprintf(f, "wire: rank %d peer %d: %d receive(s) listed, %zu unexpected bytes, failed '%s'\n", w->rank, peer, posted,
+            w->unexpected_bytes, p->failed);
+}
 
 int wire_listen_port(const Wire *w) { return w->port[w->rank]; }
 

@@ -35,6 +35,7 @@
 #include <mpi.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "seal.h"
 
@@ -83,6 +84,9 @@ int wire_probe(Wire *w, int peer, int tag);
 const char *wire_peer_failed(const Wire *w, int peer);
 /* Connections refused (a hello that did not verify, or none in time). */
 double wire_refused(const Wire *w);
+/* One line per stream of `peer`: its state, queue and reading position
+ * (diagnostics for tests). */
+void wire_dump(const Wire *w, int peer, FILE *f);
 /* This rank's listening port (tests). */
 int wire_listen_port(const Wire *w);
 

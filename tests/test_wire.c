@@ -10,6 +10,10 @@
  *               chunk are delivered; a hello with a wrong MAC is refused and
  *               counted; a malformed chunk fails the peer, and so does a
  *               chunk sent again (a replay on the path); no wait hangs
+ *   cancel      a large send given up half-way (its receiver not reading):
+ *               the streams stay in step — the next message on the same
+ *               tag arrives whole, the receive of the abandoned one never
+ *               completes and is cancelled
  *   dead peer   a rank that closes its wire: the other side's receive from it
  *               never completes, the peer is marked failed, and nothing waits
  * Every wait in this file has a deadline (a failing check, never a hang).
@@ -280,6 +284,53 @@ static void test_a_peer_by_hand(void **state)
     wire_close(w);
 }
 
+static void test_a_cancelled_send_keeps_the_streams_in_step(void **state)
+{
+    (void)state;
+    enum { BIG = 8 << 20, SMALL = 50000 };
+    Wire *w = open_wire(2, 4096, 1 << 20); /* room for little: the big one waits in TCP */
+    unsigned char *big = malloc(BIG), *small = malloc(SMALL);
+    for (size_t i = 0; i < SMALL; i++) small[i] = pattern(0, 1, 4, 1, i);
+    memset(big, 0x5a, BIG);
+    if (me == 0) {
+        WireOp *a = NULL, *b = NULL;
+        assert_int_equal(wire_isend(w, 1, 4, big, BIG, &a), 0);
+        const double t0 = now();
+        while (now() - t0 < 1.0) wire_progress(w, 10); /* part of it goes, then the sockets fill */
+        assert_int_equal(wire_test(w, &a), 0);          /* 8 MB cannot all be in the kernel's buffers */
+        wire_cancel(w, &a);
+        memset(big, 0, BIG); /* the wire must not read it any more */
+        assert_int_equal(wire_isend(w, 1, 4, small, SMALL, &b), 0);
+        MPI_Barrier(MPI_COMM_WORLD);
+        const int sent = wait_all(w, &b, 1, 20.0);
+        if (!sent) wire_dump(w, 1, stderr);
+        assert_true(sent);
+    } else if (me == 1) {
+        MPI_Barrier(MPI_COMM_WORLD); /* only now read anything */
+        unsigned char *got_big = malloc(BIG), *got = calloc(SMALL, 1);
+        WireOp *a = NULL, *b = NULL;
+        assert_int_equal(wire_irecv(w, 0, 4, got_big, BIG, &a), 0);
+        assert_int_equal(wire_irecv(w, 0, 4, got, SMALL, &b), 0);
+        const int arrived = wait_all(w, &b, 1, 20.0);
+        if (!arrived) wire_dump(w, 0, stderr);
+        assert_true(arrived);
+        long bad = 0;
+        for (size_t i = 0; i < SMALL; i++) bad += got[i] != pattern(0, 1, 4, 1, i);
+        assert_int_equal(bad, 0);
+        assert_int_equal(wire_test(w, &a), 0); /* the abandoned one never completes */
+        assert_null(wire_peer_failed(w, 0));
+        wire_cancel(w, &a);
+        free(got_big);
+        free(got);
+    } else {
+        MPI_Barrier(MPI_COMM_WORLD);
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    wire_close(w);
+    free(big);
+    free(small);
+}
+
 static void test_a_dead_peer_never_blocks(void **state)
 {
     (void)state;
@@ -338,6 +389,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_messages_arrive_whole_and_in_order),
         cmocka_unit_test(test_backpressure_beyond_the_unexpected_bound),
         cmocka_unit_test(test_a_peer_by_hand),
+        cmocka_unit_test(test_a_cancelled_send_keeps_the_streams_in_step),
         cmocka_unit_test(test_a_dead_peer_never_blocks),
     };
     const int rc = cmocka_run_group_tests(tests, NULL, NULL);
