@@ -27,11 +27,13 @@ static int resolve_auto(const Config *cfg, const char **name)
 #if HAVE_CUDA
     VisibleDevices mine, *all = NULL;
     cuda_visible_devices(&mine);
-    int local, local_size;
-    CHECK(device_gather(MPI_COMM_WORLD, &mine, &all, &local, &local_size));
-    int *device_of = isth_malloc(sizeof(int) * (size_t)local_size);
+    int local = 0, local_size = 0;
+    /* a failure here still reaches the world-wide agreement below: ranks
+     * of other hosts wait in it */
+    const int gathered = device_gather(MPI_COMM_WORLD, &mine, &all, &local, &local_size);
+    int *device_of = gathered == ISTH_OK ? isth_malloc(sizeof(int) * (size_t)local_size) : NULL;
     int any = 0;
-    for (int r = 0; r < local_size; r++) any |= all[r].n > 0;
+    for (int r = 0; all && r < local_size; r++) any |= all[r].n > 0;
     char why[320]; /* a refusal here means "use the CPU", not an error */
     const int fits = device_of && device_assign(all, local_size, cfg->train.gpu_share, device_of, why, sizeof why) == 0;
     isth_free(device_of);
@@ -40,6 +42,7 @@ static int resolve_auto(const Config *cfg, const char **name)
      * collective, and hosts may differ */
     int every = fits;
     CHECK_MPI(MPI_Allreduce(&fits, &every, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD));
+    CHECK(gathered);
     if (every) *name = "cuda";
     int world_rank = 0;
     MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);

@@ -121,6 +121,7 @@ struct Wire {
     WireOptions o;
     unsigned char tx[WIRE_MAX_SITES][SEAL_KEY_BYTES], rx[WIRE_MAX_SITES][SEAL_KEY_BYTES];
     size_t unexpected_bytes;
+    int room_back;        /* a failed peer let early arrivals go: stalled streams may read again */
     double refused;
     unsigned char discard[65536];
 };
@@ -219,6 +220,7 @@ static void fail_peer(Wire *w, int peer, const char *why)
         unlink_recv(p, op);
         w->unexpected_bytes -= op->len;
         free_op(op);
+        w->room_back = 1; /* the stalled streams are woken at the end of the progress call */
     }
 }
 
@@ -272,6 +274,7 @@ static void peer_start(Wire *w, int peer, Peer *p)
         c->tail_len = sizeof h;
         c->tail_off = 0;
         set_events(w, c, EPOLLIN | EPOLLOUT);
+        if (p->failed[0]) return;
     }
 }
 
@@ -467,6 +470,10 @@ static void recv_pump(Wire *w, Conn *c)
             }
             const int t = chunk_target(w, p, c);
             if (t < 0) return;
+            if (t == 0 && c->stalled) {
+                c->stalled = 0;
+                set_events(w, c, c->events | EPOLLIN);
+            }
             if (t == 1) { /* no room: stop watching its input until a receive or room comes (unstall) */
                 c->stalled = 1;
                 set_events(w, c, c->events & ~(unsigned)EPOLLIN);
@@ -520,6 +527,13 @@ static void accept_all(Wire *w)
     for (;;) {
         const int fd = accept4(w->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) return;
+        int n = 0;
+        for (const Pending *r = w->pending; r; r = r->next) n++;
+        if (n >= MAX_PENDING) { /* a flood: refused at the door (the ones waiting keep their turn) */
+            close(fd);
+            w->refused += 1;
+            continue;
+        }
         Pending *q = isth_calloc(1, sizeof *q);
         if (!q) {
             close(fd);
@@ -530,14 +544,6 @@ static void accept_all(Wire *w)
         q->t0 = now_s();
         q->next = w->pending;
         w->pending = q;
-        int n = 0;
-        for (Pending *r = w->pending; r; r = r->next) n++;
-        if (n > MAX_PENDING) { /* the oldest (last in the list) goes */
-            Pending *last = w->pending;
-            while (last->next) last = last->next;
-            w->refused += 1;
-            pending_drop(w, last);
-        }
         struct epoll_event e = {.events = EPOLLIN, .data.ptr = &q->ev};
         epoll_ctl(w->ep, EPOLL_CTL_ADD, fd, &e);
     }
@@ -609,6 +615,15 @@ static void on_event(Wire *w, Ev *ev, unsigned events)
     if (c->fd >= 0 && (events & EPOLLOUT)) send_pump(w, c);
 }
 
+static void wake_stalled(Wire *w)
+{
+    while (w->room_back) {
+        w->room_back = 0;
+        for (int r = 0; r < w->size; r++)
+            if (w->peers[r]) unstall(w, w->peers[r]);
+    }
+}
+
 void wire_progress(Wire *w, int wait_ms)
 {
     struct epoll_event ev[64];
@@ -617,6 +632,7 @@ void wire_progress(Wire *w, int wait_ms)
         if (n <= 0) break;
         for (int i = 0; i < n; i++) on_event(w, ev[i].data.ptr, ev[i].events);
     }
+    wake_stalled(w);
     const double now = now_s();
     for (Pending *q = w->pending, *next; q; q = next) {
         next = q->next;
@@ -688,8 +704,7 @@ int wire_irecv(Wire *w, int peer, int tag, void *buf, size_t len, WireOp **out)
     WireOp *op = find_recv(p, tag, seq);
     if (op) { /* it came first */
         if (op->len != len) {
-            fail_peer(w, peer, "message size differs from the receive posted");
-            op->cancelled = 1; /* discarded from now on; freed when complete or at close */
+            fail_peer(w, peer, "message size differs from the receive posted"); /* which lets the op go */
             op = NULL;
         } else {
             op->claimed = 1;
