@@ -890,14 +890,21 @@ static int load_checkpoint(Trainer *tr, const char *path, int from_site, int *da
     const int fail = outcome[0];
     long mine[3] = {fail ? -1 : (long)step, fail, outcome[1]}, *all = isth_malloc(sizeof mine * (size_t)t->n_sites);
     CHECK_ALLOC(all);
+    /* the other sites are loading too, and a load may take as long as the
+     * checkpoint deadline, not an exchange's (a rejoining site loads a whole
+     * checkpoint it has just received while the host loads its own) */
+    const double exchange_deadline = tr->red.link.timeout_s;
+    if (tr->cfg.checkpoint.timeout > exchange_deadline) tr->red.link.timeout_s = tr->cfg.checkpoint.timeout;
     int crc = trainer_control(tr, mine, sizeof mine, all, "resume agreement");
+    tr->red.link.timeout_s = exchange_deadline;
     int any_fail = 0, same = 1, other = 0, any_damaged = 0;
     for (int s2 = 0; crc == ISTH_OK && s2 < t->n_sites; s2++) {
+        if (s2 < LINK_MAX_SITES && tr->red.link.lost[s2]) continue; /* it missed even that: its slot is empty */
         const long *site_outcome = all + 3 * s2;
         any_fail |= site_outcome[1] != 0;
         any_damaged |= site_outcome[2] != 0;
         other |= site_outcome[1] && !site_outcome[2]; /* failed for another reason */
-        same &= site_outcome[0] == all[0];
+        same &= site_outcome[0] == all[3 * t->site];
     }
     isth_free(all);
     CHECK(crc);
