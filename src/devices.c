@@ -54,17 +54,6 @@ int device_assign(const VisibleDevices *seen, int local_size, int allow_shared, 
     return 0;
 }
 
-int device_local_rank(MPI_Comm comm, int *local_rank, int *local_size)
-{
-    MPI_Comm host;
-    CHECK_MPI(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &host));
-    int rc = MPI_Comm_rank(host, local_rank) == MPI_SUCCESS && MPI_Comm_size(host, local_size) == MPI_SUCCESS
-                 ? ISTH_OK
-                 : isth_fail(ISTH_ERUNTIME, "devices: cannot query the host's communicator");
-    MPI_Comm_free(&host);
-    return rc;
-}
-
 int device_gather(MPI_Comm comm, const VisibleDevices *mine, VisibleDevices **all, int *local_rank, int *local_size)
 {
     *all = NULL;

@@ -44,7 +44,4 @@ int device_assign(const VisibleDevices *seen, int local_size, int allow_shared, 
  * every local rank's list (*all: local_size entries, isth_free it). */
 int device_gather(MPI_Comm comm, const VisibleDevices *mine, VisibleDevices **all, int *local_rank, int *local_size);
 
-/* This rank's place among the ranks of `comm` on its host. Collective. */
-int device_local_rank(MPI_Comm comm, int *local_rank, int *local_size);
-
 #endif

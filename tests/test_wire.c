@@ -81,6 +81,25 @@ static int wait_all(Wire *w, WireOp **ops, int n, double seconds)
     }
 }
 
+/* Progress until peer is failed (10 s at most) and check why. */
+static void expect_failed(Wire *w, int peer, const char *why)
+{
+    const double t0 = now();
+    while (!wire_peer_failed(w, peer) && now() - t0 < 10) wire_progress(w, 10);
+    assert_non_null(wire_peer_failed(w, peer));
+    if (why) assert_non_null(strstr(wire_peer_failed(w, peer), why));
+}
+
+/* Receive the hand-made 12-byte message from rank 0 (tag 5). */
+static void expect_twelve_bytes(Wire *w)
+{
+    char got[13] = {0};
+    WireOp *op = NULL;
+    assert_int_equal(wire_irecv(w, 0, 5, got, 12, &op), 0);
+    assert_true(wait_all(w, &op, 1, 10.0));
+    assert_string_equal(got, "twelve bytes");
+}
+
 enum { TAGS = 3, PER_TAG = 7 };
 static const size_t sizes[PER_TAG] = {0, 1, 1000, 4095, 4096, 4097, 5 * 4096 + 17};
 
@@ -251,17 +270,12 @@ static void test_a_peer_by_hand(void **state)
         while (wire_refused(w) < 1 && now() - t0 < 10) wire_progress(w, 10);
         assert_true(wire_refused(w) >= 1);
         MPI_Barrier(MPI_COMM_WORLD);
+        expect_twelve_bytes(w);
+        MPI_Barrier(MPI_COMM_WORLD);
         char got[13] = {0};
         WireOp *op = NULL;
         assert_int_equal(wire_irecv(w, 0, 5, got, 12, &op), 0);
-        assert_true(wait_all(w, &op, 1, 10.0));
-        assert_string_equal(got, "twelve bytes");
-        MPI_Barrier(MPI_COMM_WORLD);
-        assert_int_equal(wire_irecv(w, 0, 5, got, 12, &op), 0);
-        const double t1 = now();
-        while (!wire_peer_failed(w, 0) && now() - t1 < 10) wire_progress(w, 10);
-        assert_non_null(wire_peer_failed(w, 0));
-        assert_non_null(strstr(wire_peer_failed(w, 0), "malformed"));
+        expect_failed(w, 0, "malformed");
         assert_int_equal(wire_test(w, &op), 0);
         wire_cancel(w, &op);
         assert_null(op);
@@ -269,15 +283,8 @@ static void test_a_peer_by_hand(void **state)
     } else {
         MPI_Barrier(MPI_COMM_WORLD);
         MPI_Barrier(MPI_COMM_WORLD);
-        char got[13] = {0};
-        WireOp *op = NULL;
-        assert_int_equal(wire_irecv(w, 0, 5, got, 12, &op), 0);
-        assert_true(wait_all(w, &op, 1, 10.0));
-        assert_string_equal(got, "twelve bytes");
-        const double t1 = now();
-        while (!wire_peer_failed(w, 0) && now() - t1 < 10) wire_progress(w, 10);
-        assert_non_null(wire_peer_failed(w, 0));
-        assert_non_null(strstr(wire_peer_failed(w, 0), "already complete"));
+        expect_twelve_bytes(w);
+        expect_failed(w, 0, "already complete");
         MPI_Barrier(MPI_COMM_WORLD);
     }
     MPI_Barrier(MPI_COMM_WORLD);
@@ -354,9 +361,7 @@ static void test_a_dead_peer_never_blocks(void **state)
         assert_int_equal(wire_irecv(w, 2, 8, big, sizeof big, &r), 0);
         MPI_Barrier(MPI_COMM_WORLD);
         MPI_Barrier(MPI_COMM_WORLD); /* rank 2 has closed */
-        const double t0 = now();
-        while (!wire_peer_failed(w, 2) && now() - t0 < 10) wire_progress(w, 10);
-        assert_non_null(wire_peer_failed(w, 2));
+        expect_failed(w, 2, NULL);
         const double t1 = now();
         assert_int_equal(wire_isend(w, 2, 8, big, sizeof big, &s), 0); /* to a failed peer: returns, never completes */
         assert_false(wait_all(w, &r, 1, 0.2));

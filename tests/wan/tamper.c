@@ -139,6 +139,22 @@ static void upstream(Pair *c, const unsigned char *b, size_t n)
     }
 }
 
+/* What one side sent, on to the other (the connecting side's through
+ * upstream); a side that closed ends the pair. */
+static void relay(Pair *c, int from_up)
+{
+    unsigned char buf[1 << 16];
+    const ssize_t n = recv(from_up ? c->up : c->down, buf, sizeof buf, 0);
+    if (n <= 0) {
+        close(c->up), close(c->down);
+        c->up = c->down = -1;
+    } else if (from_up) {
+        upstream(c, buf, (size_t)n);
+    } else {
+        put(c->up, buf, (size_t)n);
+    }
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 5) {
@@ -184,28 +200,10 @@ int main(int argc, char **argv)
             }
             continue; /* the poll set changed */
         }
-        unsigned char buf[1 << 16];
         for (int i = 0; i < npairs; i++) {
             Pair *c = &pairs[i];
-            if (c->up < 0) continue;
-            if (p[1 + 2 * i].revents & (POLLIN | POLLHUP | POLLERR)) {
-                const ssize_t n = recv(c->up, buf, sizeof buf, 0);
-                if (n <= 0) {
-                    close(c->up), close(c->down);
-                    c->up = c->down = -1;
-                    continue;
-                }
-                upstream(c, buf, (size_t)n);
-            }
-            if (p[2 + 2 * i].revents & (POLLIN | POLLHUP | POLLERR)) {
-                const ssize_t n = recv(c->down, buf, sizeof buf, 0);
-                if (n <= 0) {
-                    close(c->up), close(c->down);
-                    c->up = c->down = -1;
-                    continue;
-                }
-                put(c->up, buf, (size_t)n);
-            }
+            if (c->up >= 0 && (p[1 + 2 * i].revents & (POLLIN | POLLHUP | POLLERR))) relay(c, 1);
+            if (c->up >= 0 && (p[2 + 2 * i].revents & (POLLIN | POLLHUP | POLLERR))) relay(c, 0);
         }
     }
 }
