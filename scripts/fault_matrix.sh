@@ -8,14 +8,17 @@
 #   kill-job   SIGKILL of b's mpirun, its launcher and its ranks at once
 #              (a node or a job gone)
 #   stop       SIGSTOP of b's ranks, SIGCONT after a's deadline has passed
+#   cut        b's link cut (every packet either way dropped by the emulated
+#              WAN's forwarder, tests/wan/wan.sh), mended after a has logged
+#              the loss and trained on
 # in diloco, streaming, butterfly and sync, sites of 1 and of 2 ranks, with
 # small payloads (tiny.ini, fp4) and payloads of MBs per rank (small.ini,
 # codec none).
 # A trial passes when site a logs the loss within outer.timeout + 5 s of the
 # exchange that first needs b after the fault (the bound allows H + overlap
 # inner steps, at 1.5x a's last step time, before it), trains 5 more steps, and site b — started again after a kill, woken
-# after a stop (it finds it was dropped, exits 3 and federated.sh starts it
-# again) — rejoins the live run; both sites are then stopped (TERM) and no
+# after a stop or a mended cut (it finds it was dropped, exits 3 and
+# federated.sh starts it again) — rejoins the live run; both sites are then stopped (TERM) and no
 # process may be left 60 s later.
 #   scripts/fault_matrix.sh OUT TRIALS [SEED]      (a built ./isthmus)
 # One row per trial in OUT/matrix.tsv (mode, ranks, payload, fault,
@@ -23,12 +26,15 @@
 # trial stay in OUT/trial-N; the last line counts passes and failures.
 # Environment: TIMEOUT (outer.timeout, default 5), WINDOW (the fault falls
 # uniformly in the first WINDOW seconds after the first logged step,
-# default 30); MODES, FAULTS, PAYLOADS, RANKS (space-separated lists to draw
+# default 30); KEEP_LOGS=1 keeps a passed trial's logs too; MODES, FAULTS, PAYLOADS, RANKS (space-separated lists to draw
 # from; default every mode, fault, payload and 1 2). Payloads: small
 # (tiny.ini, fp4: 131 KB per exchange), medium (tiny.ini, codec none: 986 KB,
 # the setting in which Open MPI's transport hung: 8 of 8 in the issue's
 # report, 3 of 4 here with outer.transport = mpi), large (small.ini, codec
 # none: 7.3 MB).
+# When the faults include cut (the default), every trial runs across the
+# emulated WAN (root, network namespaces: ompi-server and site a in one, b
+# in the other; 1 Gbit/s, 1 ms each way); otherwise over loopback.
 set -u
 cd "$(dirname "$0")/.." || exit 2
 OUT=${1:?usage: scripts/fault_matrix.sh OUT TRIALS [SEED]}
@@ -41,16 +47,26 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_
 ISTHMUS=${ISTHMUS:-$PWD/isthmus}
 export ISTHMUS
 FED=scripts/federated.sh
-mkdir -p "$OUT" || exit 2
-"$FED" server "$OUT/server" || exit 2
-trap '"$FED" stop "$OUT/server"' EXIT
+mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd) || exit 2
+FAULTS=${FAULTS:-kill-rank kill-job stop cut}
+WAN=$PWD/tests/wan/wan.sh
+in_a=() in_b=()
+case " $FAULTS " in
+*" cut "*)
+    make -s tests/wan/tundelay > /dev/null || { echo "fault_matrix.sh: cannot build tests/wan/tundelay" >&2; exit 2; }
+    "$WAN" up "$OUT/wan" 1gbit 1 > /dev/null || { echo "fault_matrix.sh: the cut fault needs the emulated WAN (root, network namespaces)" >&2; exit 2; }
+    in_a=("$WAN" exec "$OUT/wan" a) in_b=("$WAN" exec "$OUT/wan" b)
+    MPIRUN_ARGS="$MPIRUN_ARGS --mca btl self,tcp --mca btl_tcp_if_include 10.77.0.0/24" ;;
+esac
+"${in_a[@]}" "$FED" server "$OUT/server" || { [ ${#in_a[@]} -eq 0 ] || "$WAN" down "$OUT/wan"; exit 2; }
+trap '"${in_a[@]}" "$FED" stop "$OUT/server"; [ ${#in_a[@]} -eq 0 ] || "$WAN" down "$OUT/wan"' EXIT
 URI=$OUT/server/ompi-server.uri
 
 # every trial's draw, from one random stream of the seed: mode fault payload
 # ranks at (awk's rand() with nearby seeds starts nearby: one stream, not one
 # seed per trial)
 awk -v s="$SEED" -v n="$TRIALS" -v w="$WINDOW" -v M="${MODES:-diloco streaming butterfly sync}" \
-    -v F="${FAULTS:-kill-rank kill-job stop}" -v P="${PAYLOADS:-small medium large}" -v R="${RANKS:-1 2}" 'BEGIN {
+    -v F="$FAULTS" -v P="${PAYLOADS:-small medium large}" -v R="${RANKS:-1 2}" 'BEGIN {
     srand(s)
     nm = split(M, modes, " "); nf = split(F, faults, " "); np = split(P, payloads, " "); nr = split(R, ranks, " ")
     for (t = 1; t <= n; t++)
@@ -92,10 +108,10 @@ for t in $(seq 1 "$TRIALS"); do
      --set train.out_dir=$dir --set outer.run_id=$id"
     [ "$mode" = streaming ] && set_args="$set_args --set outer.fragments=2 --set outer.overlap=2"
     # shellcheck disable=SC2086
-    "$FED" site "$URI" a "$np" "$cfg" $set_args > "$dir/a.log" 2>&1 &
+    "${in_a[@]}" "$FED" site "$URI" a "$np" "$cfg" $set_args > "$dir/a.log" 2>&1 &
     pa=$!
     # shellcheck disable=SC2086
-    "$FED" site "$URI" b "$np" "$cfg" $set_args > "$dir/b.log" 2>&1 &
+    "${in_b[@]}" "$FED" site "$URI" b "$np" "$cfg" $set_args > "$dir/b.log" 2>&1 &
     pb=$!
     disown "$pb" # its death by SIGKILL is the point: no job notice
     verdict=pass detected=-
@@ -108,6 +124,7 @@ for t in $(seq 1 "$TRIALS"); do
         kill-rank) kill -KILL $(ranks_of b "$id") 2> /dev/null ;;
         kill-job) kill -KILL $(launcher_of b "$id") $(mpirun_of b "$id") $(ranks_of b "$id") 2> /dev/null ;;
         stop) kill -STOP $(ranks_of b "$id") 2> /dev/null ;;
+        cut) "$WAN" cut "$OUT/wan" ;;
         esac
         # a learns of the loss when it next needs b: at its next exchange, up
         # to H + overlap inner steps after the fault, then within the deadline
@@ -126,16 +143,19 @@ for t in $(seq 1 "$TRIALS"); do
             case $fault in
             stop) # woken after the deadline: b learns it was dropped (exit 3) and its launcher starts it again
                 kill -CONT $(ranks_of b "$id") 2> /dev/null ;;
+            cut) # the same once the link is back: a's notice reaches b
+                "$WAN" mend "$OUT/wan" ;;
             *) # b's launcher has ended (or was killed): start the site again
                 wait "$pb" 2> /dev/null
                 # shellcheck disable=SC2086
-                "$FED" site "$URI" b "$np" "$cfg" $set_args --resume auto > "$dir/b2.log" 2>&1 &
+                "${in_b[@]}" "$FED" site "$URI" b "$np" "$cfg" $set_args --resume auto > "$dir/b2.log" 2>&1 &
                 pb=$! ;;
             esac
             wait_line "$dir/a.log" '^site b rejoined at step' 240 || verdict="fail: b did not rejoin"
         fi
     fi
     # the end: both sites asked to stop; nothing may be left a minute later
+    [ "$fault" = cut ] && "$WAN" mend "$OUT/wan"
     kill -TERM $(ranks_of a "$id") $(ranks_of b "$id") 2> /dev/null
     kill -CONT $(ranks_of b "$id") 2> /dev/null
     for _ in $(seq 1 60); do
@@ -152,7 +172,7 @@ for t in $(seq 1 "$TRIALS"); do
         "$detected" "$verdict" | tee -a "$OUT/matrix.tsv"
     if [ "$verdict" = pass ]; then
         passed=$((passed + 1))
-        rm -rf "$dir"
+        [ -n "${KEEP_LOGS:-}" ] || rm -rf "$dir"
     else
         failed=$((failed + 1))
     fi

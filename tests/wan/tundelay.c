@@ -10,7 +10,9 @@
  * (tests/wan/wan.sh). Every IP packet the kernel sends out of one device is
  * written into the other DELAY_MS milliseconds later, in order; with --loss
  * a packet is dropped with probability P (a fixed-seed generator, so a run
- * is repeatable). Counters go to stderr on SIGTERM/SIGINT, which end it.
+ * is repeatable). SIGUSR1 cuts the link (every packet either way dropped,
+ * as when a site's uplink dies; those in flight are still delivered) and
+ * SIGUSR2 mends it. Counters go to stderr on SIGTERM/SIGINT, which end it.
  *
  * Owns: the two devices' file descriptors and the packets in flight.
  * Must not: touch any address, route or namespace (wan.sh does that), or
@@ -42,7 +44,7 @@
 typedef struct {
     unsigned char *ring;
     size_t head, tail, used; /* byte offsets; used = bytes held */
-    uint64_t packets, bytes, dropped, overflow;
+    uint64_t packets, bytes, dropped, overflow, cut;
 } Queue;
 
 typedef struct {
@@ -52,6 +54,8 @@ typedef struct {
 
 static volatile sig_atomic_t stop;
 static void on_signal(int sig) { (void)sig; stop = 1; }
+static volatile sig_atomic_t link_cut; /* SIGUSR1 sets it, SIGUSR2 clears it */
+static void on_cut(int sig) { link_cut = sig == SIGUSR1; }
 
 static int64_t now_ns(void)
 {
@@ -121,6 +125,10 @@ static void take(int from, Queue *q, int64_t delay_ns, double loss)
     for (;;) {
         const ssize_t n = read(from, buf, sizeof buf);
         if (n <= 0) return; /* EAGAIN: drained */
+        if (link_cut) {
+            q->cut++;
+            continue;
+        }
         if (loss > 0 && uniform() < loss) {
             q->dropped++;
             continue;
@@ -208,6 +216,8 @@ int main(int argc, char **argv)
     }
     signal(SIGTERM, on_signal);
     signal(SIGINT, on_signal);
+    signal(SIGUSR1, on_cut);
+    signal(SIGUSR2, on_cut);
     if (ready) {
         FILE *f = fopen(ready, "w");
         if (!f || fprintf(f, "%d\n", (int)getpid()) < 0 || fclose(f) != 0) {
@@ -241,8 +251,9 @@ int main(int argc, char **argv)
             if (n > 0 && (p[d].revents & POLLIN)) take(fd[d], &q[d], delay_ns, loss);
     }
     for (int d = 0; d < 2; d++)
-        fprintf(stderr, "tundelay: %s -> %s: %llu packets, %llu bytes delivered, %llu lost, %llu over the queue\n",
+        fprintf(stderr, "tundelay: %s -> %s: %llu packets, %llu bytes delivered, %llu lost, %llu over the queue, %llu cut\n",
                 dev[d], dev[1 - d], (unsigned long long)q[d].packets, (unsigned long long)q[d].bytes,
-                (unsigned long long)q[d].dropped, (unsigned long long)q[d].overflow);
+                (unsigned long long)q[d].dropped, (unsigned long long)q[d].overflow,
+                (unsigned long long)q[d].cut);
     return 0;
 }

@@ -12,6 +12,8 @@
 #   wan.sh exec DIR a|b COMMAND...   run COMMAND inside site A's / B's namespace
 #   wan.sh check DIR                 RTT (median of 20 round trips) and the steady
 #                                    rate of a 20 s TCP stream A -> B, against the settings
+#   wan.sh cut DIR | mend DIR        drop every packet either way from now on (a dead
+#                                    uplink: connections stay open, nothing passes) | pass them again
 #   wan.sh down DIR                  remove the namespaces and stop the forwarder
 #                                    (also what a failed `up` does)
 #
@@ -158,10 +160,18 @@ cmd_check() {
         'BEGIN { exit !(r != "" && m != "" && r >= 0.9 * wr && r <= 1.1 * wr && m >= 0.9 * wm && m <= 1.1 * wm) }'
 }
 
+cmd_cut() { # cmd_cut DIR SIGNAL: tundelay cuts (USR1) or mends (USR2) the link
+    [ $# -eq 2 ] || die "usage: wan.sh cut|mend DIR"
+    load "$1"
+    [ -f "$1/tundelay.pid" ] && kill -"$2" "$(cat "$1/tundelay.pid")" || die "no forwarder running for $1"
+}
+
 case "${1:-}" in
 up) shift; cmd_up "$@" ;;
 down) shift; cmd_down "$@" ;;
 exec) shift; cmd_exec "$@" ;;
 check) shift; cmd_check "$@" ;;
-*) sed -n '2,22p' "$0" >&2; exit 2 ;;
+cut) shift; cmd_cut "$@" USR1 ;;
+mend) shift; cmd_cut "$@" USR2 ;;
+*) sed -n '2,24p' "$0" >&2; exit 2 ;;
 esac
