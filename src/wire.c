@@ -55,6 +55,7 @@ struct WireOp {
     unsigned char *buf;   /* the caller's, or owned (unexpected) */
     size_t len;
     size_t got;           /* receive: bytes arrived */
+    size_t taken;         /* receive: bytes of the chunks begun (a chunk read twice at once cannot pass) */
     int streams_left;     /* send: streams still holding chunks of it */
     int start;            /* send: stream of chunk 0 */
     size_t next_chunk[WIRE_MAX_STREAMS];
@@ -140,6 +141,13 @@ static void fail_peer(Wire *w, int peer, const char *why);
 static void set_events(Wire *w, Conn *c, unsigned events)
 {
     if (c->fd < 0 || (c->registered && c->events == events)) return;
+    if (events == 0) { /* out of epoll: an error or hang-up is reported even for an empty mask, and a
+                        * stalled stream must not be woken by one it cannot read yet (unstall re-adds it) */
+        if (c->registered) epoll_ctl(w->ep, EPOLL_CTL_DEL, c->fd, NULL);
+        c->registered = 0;
+        c->events = 0;
+        return;
+    }
     struct epoll_event e = {.events = events, .data.ptr = &c->ev};
     if (epoll_ctl(w->ep, c->registered ? EPOLL_CTL_MOD : EPOLL_CTL_ADD, c->fd, &e)) {
         fail_peer(w, c->peer, "epoll_ctl failed"); /* a stream epoll cannot watch would stall unseen */
@@ -435,10 +443,11 @@ static int chunk_target(Wire *w, Peer *p, Conn *c)
         fail_peer(w, c->peer, "message size differs from the receive posted");
         return -1;
     }
-    if (op->done || op->got + h->len > op->len) { /* a chunk again (a replay on the path) */
+    if (op->done || op->taken + h->len > op->len) { /* a chunk again (a replay on the path) */
         fail_peer(w, c->peer, "a chunk of a message already complete");
         return -1;
     }
+    op->taken += h->len;
     c->rop = op;
     c->roff = h->offset;
     c->rleft = h->len;
@@ -613,6 +622,10 @@ static void on_event(Wire *w, Ev *ev, unsigned events)
     }
     if (events & (EPOLLIN | EPOLLERR | EPOLLHUP)) recv_pump(w, c);
     if (c->fd >= 0 && (events & EPOLLOUT)) send_pump(w, c);
+    /* still stalled (the error waits behind the chunk that has no room) and nothing to send:
+     * out of epoll, or the error would be reported at every call */
+    if (c->fd >= 0 && c->stalled && (events & (EPOLLERR | EPOLLHUP)) && !(c->events & EPOLLOUT))
+        set_events(w, c, 0);
 }
 
 static void wake_stalled(Wire *w)
@@ -748,6 +761,15 @@ void wire_cancel(Wire *w, WireOp **opp)
     }
     Peer *p = w->peers[op->peer];
     op->cancelled = 1;
+    if (!op->is_send && p->failed[0]) { /* nothing more comes: let it go now, with its room if it came early */
+        unlink_recv(p, op);
+        if (op->unexpected) {
+            w->unexpected_bytes -= op->len;
+            w->room_back = 1;
+        }
+        free_op(op);
+        return;
+    }
     if (!op->is_send) {
         /* stays matched (later chunks of it are read and dropped): freed
          * when its last byte is in, or at close */
@@ -826,6 +848,8 @@ const char *wire_peer_failed(const Wire *w, int peer)
 }
 
 double wire_refused(const Wire *w) { return w->refused; }
+
+size_t wire_held(const Wire *w) { return w->unexpected_bytes; }
 
 void wire_dump(const Wire *w, int peer, FILE *f)
 {

@@ -87,6 +87,9 @@ double wire_refused(const Wire *w);
 /* One line per stream of `peer`: its state, queue and reading position
  * (diagnostics for tests). */
 void wire_dump(const Wire *w, int peer, FILE *f);
+/* Bytes held for messages that came before their receive (bounded by
+ * unexpected_max; diagnostics and tests). */
+size_t wire_held(const Wire *w);
 /* This rank's listening port (tests). */
 int wire_listen_port(const Wire *w);
 

@@ -16,6 +16,12 @@
  *               completes and is cancelled
  *   dead peer   a rank that closes its wire: the other side's receive from it
  *               never completes, the peer is marked failed, and nothing waits
+ *   broken peer by hand: an early arrival half in when its sender dies gives
+ *               its room back once its claimed receive is cancelled; a stream
+ *               stalled for room whose peer resets it does not make every
+ *               progress call return at once (no spin); a chunk sent again on
+ *               another stream while the first copy is still being read
+ *               fails the peer
  * Every wait in this file has a deadline (a failing check, never a hang).
  */
 #include <arpa/inet.h>
@@ -376,6 +382,81 @@ static void test_a_dead_peer_never_blocks(void **state)
     wire_close(w);
 }
 
+/* Part `part` of the broken-peer test: rank 0 speaks to rank 1 by hand. */
+static void broken_peer_part(int part)
+{
+    Wire *w = open_wire(part == 2 ? 2 : 1, 4096, part == 1 ? 5000 : 100000);
+    int port = wire_listen_port(w);
+    MPI_Bcast(&port, 1, MPI_INT, 1, MPI_COMM_WORLD);
+    static unsigned char data[4096];
+    unsigned char h[56], c[40];
+    if (me == 0) {
+        int fd = raw_connect(port), fd2 = -1;
+        hello(h, 0, 1, 0, part == 2 ? 2 : 1, keys[0][1], 1);
+        assert_int_equal(write(fd, h, sizeof h), (ssize_t)sizeof h);
+        chunk(c, 5, 0, 0, part == 2 ? 4096 : 40000, 4096, 1); /* part 2: a message of one chunk */
+        assert_int_equal(write(fd, c, sizeof c), (ssize_t)sizeof c);
+        assert_int_equal(write(fd, data, part == 2 ? 2000 : 4096), part == 2 ? 2000 : 4096); /* part 2: half a chunk */
+        MPI_Barrier(MPI_COMM_WORLD); /* rank 1 has it (part 0: held; 1: stalled; 2: being read) */
+        if (part == 1) { /* a reset: the peer's error, seen by a stream that cannot read yet */
+            const struct linger l = {1, 0};
+            setsockopt(fd, SOL_SOCKET, SO_LINGER, &l, sizeof l);
+        }
+        if (part == 2) { /* the same chunk on the other stream */
+            fd2 = raw_connect(port);
+            hello(h, 0, 1, 1, 2, keys[0][1], 1);
+            assert_int_equal(write(fd2, h, sizeof h), (ssize_t)sizeof h);
+            assert_int_equal(write(fd2, c, sizeof c), (ssize_t)sizeof c);
+            assert_int_equal(write(fd2, data, 4096), 4096);
+        } else {
+            close(fd);
+            fd = -1;
+        }
+        MPI_Barrier(MPI_COMM_WORLD); /* rank 1 has checked */
+        if (fd >= 0) close(fd);
+        if (fd2 >= 0) close(fd2);
+    } else if (me == 1) {
+        static unsigned char got[40000];
+        WireOp *op = NULL;
+        double t0 = now();
+        if (part == 1)
+            while (now() - t0 < 0.5) wire_progress(w, 10); /* header read, no room: stalled */
+        else
+            while (wire_held(w) != (part == 2 ? 4096u : 40000u) && now() - t0 < 10) wire_progress(w, 10);
+        assert_int_equal(wire_held(w), part == 1 ? 0u : part == 2 ? 4096u : 40000u);
+        if (part == 0) assert_int_equal(wire_irecv(w, 0, 5, got, 40000, &op), 0); /* claimed, half in */
+        MPI_Barrier(MPI_COMM_WORLD);
+        if (part == 0) {
+            expect_failed(w, 0, "closed");
+            assert_int_equal(wire_held(w), 40000u); /* still the receive's */
+            wire_cancel(w, &op);
+            assert_int_equal(wire_held(w), 0u);
+        } else if (part == 1) {
+            int calls = 0;
+            t0 = now();
+            while (now() - t0 < 1.0) wire_progress(w, 50), calls++;
+            assert_true(calls < 100); /* ~20 when each call waits its 50 ms; a spin makes thousands */
+            assert_int_equal(wire_irecv(w, 0, 5, got, 40000, &op), 0); /* room now: the reset is read */
+            expect_failed(w, 0, NULL);
+            wire_cancel(w, &op);
+        } else {
+            expect_failed(w, 0, "already complete");
+        }
+        MPI_Barrier(MPI_COMM_WORLD);
+    } else {
+        MPI_Barrier(MPI_COMM_WORLD);
+        MPI_Barrier(MPI_COMM_WORLD);
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    wire_close(w);
+}
+
+static void test_what_a_broken_peer_leaves(void **state)
+{
+    (void)state;
+    for (int part = 0; part < 3; part++) broken_peer_part(part);
+}
+
 int main(int argc, char **argv)
 {
     MPI_Init(&argc, &argv);
@@ -396,6 +477,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_a_peer_by_hand),
         cmocka_unit_test(test_a_cancelled_send_keeps_the_streams_in_step),
         cmocka_unit_test(test_a_dead_peer_never_blocks),
+        cmocka_unit_test(test_what_a_broken_peer_leaves),
     };
     const int rc = cmocka_run_group_tests(tests, NULL, NULL);
     MPI_Finalize();
