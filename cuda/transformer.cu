@@ -1,5 +1,6 @@
 /* transformer.cu — see transformer.h. */
 #include "transformer.h"
+#include "acts_plan.h"
 #include "check.h"
 
 #include <stdlib.h>
@@ -28,67 +29,39 @@ static void dims(CudaActivations *a, const ModelConfig *c, int B, int T, int G)
     a->El = c->experts / G;
 }
 
-typedef struct {
-    void **p;
-    size_t bytes;
-} Carve;
-
-#define CUDA_CARVES 34
-
-/* The device block's pieces (256-byte aligned); returns the total. */
-static size_t plan(CudaActivations *a, Carve *out)
+/* The device block's buffers, in acts_plan.h's order. */
+static size_t plan(CudaActivations *a, void **where[CUDA_ACTS_PIECES], size_t bytes[CUDA_ACTS_PIECES])
 {
-    const size_t L = (size_t)a->L, D = (size_t)a->D, E = (size_t)a->E, K = (size_t)a->K, V = (size_t)a->V,
-                 B = (size_t)a->B, T = (size_t)a->T, N = B * T, H = (size_t)a->H;
-    const size_t Dh2 = D / H / 2, VE = V > E ? V : E, f = sizeof(float);
-    const Carve p[CUDA_CARVES] = {
-        {(void **)&a->x, (L + 1) * N * D * f}, {(void **)&a->xn1, L * N * D * f}, {(void **)&a->rstd1, L * N * f},
-        {(void **)&a->q, L * N * D * f}, {(void **)&a->k, L * N * D * f}, {(void **)&a->v, L * N * D * f},
-        {(void **)&a->ao, L * N * D * f}, {(void **)&a->att_lse, L * B * H * T * f},
-        {(void **)&a->h, L * N * D * f}, {(void **)&a->xn2, L * N * D * f}, {(void **)&a->rstd2, L * N * f},
-        {(void **)&a->xf, N * D * f}, {(void **)&a->rstdf, N * f}, {(void **)&a->probs, N * V * f},
-        {(void **)&a->losses, N * f}, {(void **)&a->rope_cos, T * Dh2 * f}, {(void **)&a->rope_sin, T * Dh2 * f},
-        {(void **)&a->dx, N * D * f}, {(void **)&a->dh, N * D * f}, {(void **)&a->dxn, N * D * f},
-        {(void **)&a->dq, N * D * f}, {(void **)&a->dk, N * D * f}, {(void **)&a->dv, N * D * f},
-        {(void **)&a->dao, N * D * f}, {(void **)&a->dtmp, N * D * f}, {(void **)&a->dlogits, N * VE * f},
-        {(void **)&a->dprobs, N * E * f}, {(void **)&a->router_logits, N * E * f},
-        {(void **)&a->send_rows, N * K * D * f}, {(void **)&a->back_rows, N * K * D * f},
-        {(void **)&a->tokens, N * sizeof(int)}, {(void **)&a->targets, N * sizeof(int)},
-        {(void **)&a->send_token, N * K * sizeof(int)}, {(void **)&a->block, 0},
+    void **const p[CUDA_ACTS_PIECES] = {
+        (void **)&a->x, (void **)&a->xn1, (void **)&a->rstd1, (void **)&a->q, (void **)&a->k, (void **)&a->v,
+        (void **)&a->ao, (void **)&a->att_lse, (void **)&a->h, (void **)&a->xn2, (void **)&a->rstd2,
+        (void **)&a->xf, (void **)&a->rstdf, (void **)&a->probs, (void **)&a->losses, (void **)&a->rope_cos,
+        (void **)&a->rope_sin, (void **)&a->dx, (void **)&a->dh, (void **)&a->dxn, (void **)&a->dq,
+        (void **)&a->dk, (void **)&a->dv, (void **)&a->dao, (void **)&a->dtmp, (void **)&a->dlogits,
+        (void **)&a->dprobs, (void **)&a->router_logits, (void **)&a->send_rows, (void **)&a->back_rows,
+        (void **)&a->tokens, (void **)&a->targets, (void **)&a->send_token, (void **)&a->block,
     };
-    size_t total = 0;
-    for (int i = 0; i < CUDA_CARVES; i++) {
-        out[i] = p[i];
-        total += (p[i].bytes + 255) & ~(size_t)255;
-    }
-    return total;
-}
-
-/* Device bytes of one layer's routing before arrivals. */
-static double route_bytes(const CudaActivations *a)
-{
-    const double N = (double)a->B * a->T, E = a->E, K = a->K, D = a->D;
-    return N * E * 4 + N * 4 + 2 * N * K * 4 + E * 8 + N * K * D * 4;
+    for (int i = 0; i < CUDA_ACTS_PIECES; i++) where[i] = p[i];
+    return cuda_acts_pieces(bytes, a->L, a->D, a->H, a->E, a->K, a->V, a->B, a->T);
 }
 
 extern "C" double cuda_acts_bytes(const ModelConfig *c, int B, int T, int G)
 {
-    CudaActivations a;
-    Carve p[CUDA_CARVES];
-    dims(&a, c, B, T, G);
-    return (double)plan(&a, p) + a.L * route_bytes(&a);
+    (void)G; /* the block does not depend on the learner's size (expert rows are counted apart) */
+    return cuda_acts_plan_bytes(c->layers, c->dim, c->heads, c->experts, c->top_k, c->vocab, B, T);
 }
 
 static int create(CudaActivations *a, const ModelConfig *c, int B, int T)
 {
-    Carve p[CUDA_CARVES];
-    const size_t total = plan(a, p);
+    void **where[CUDA_ACTS_PIECES];
+    size_t bytes[CUDA_ACTS_PIECES];
+    const size_t total = plan(a, where, bytes);
     char *block;
     CHECK_CUDA(cudaMalloc((void **)&block, total));
     size_t off = 0;
-    for (int i = 0; i < CUDA_CARVES; i++) {
-        *p[i].p = block + off;
-        off += (p[i].bytes + 255) & ~(size_t)255;
+    for (int i = 0; i < CUDA_ACTS_PIECES; i++) {
+        *where[i] = block + off;
+        off += (bytes[i] + 255) & ~(size_t)255;
     }
     a->block = (float *)block;
     const size_t L = (size_t)a->L, N = (size_t)B * T, E = (size_t)a->E, K = (size_t)a->K, D = (size_t)a->D,

@@ -74,6 +74,7 @@ static const KeySpec schema[] = {
     {"train", "precond_beta2", KEY_REAL, TR(precond_beta2), 0, 0, 0.999999, 0, NULL, "0.99"},
     {"train", "backend", KEY_ENUM, TR(backend), STRSZ(train.backend), 0, 0, 0, "auto|cpu|cuda", "auto"},
     {"train", "precision", KEY_ENUM, TR(precision), STRSZ(train.precision), 0, 0, 0, "fp32|bf16", "fp32"},
+    {"train", "recompute", KEY_ENUM, TR(recompute), STRSZ(train.recompute), 0, 0, 0, "none|attention", "none"},
     {"train", "gpu_share", KEY_INT, TR(gpu_share), 0, 0, 1, 0, NULL, "0"},
     {"train", "threads", KEY_INT, TR(threads), 0, 0, 4096, 0, NULL, "0"},
     {"train", "seed", KEY_U64, TR(seed), 0, 0, 0, 0, NULL, "42"},
@@ -725,4 +726,9 @@ void config_print_keys(void)
 {
     for (size_t i = 0; i < N_KEYS; i++) printf("[%s] %s\n", schema[i].section, schema[i].key);
     for (size_t i = 0; i < N_SITE_KEYS; i++) printf("[%s] %s\n", site_schema[i].section, site_schema[i].key);
+}
+
+Recompute config_recompute(const TrainConfig *t)
+{
+    return strcmp(t->recompute, "attention") ? RECOMPUTE_NONE : RECOMPUTE_ATTENTION;
 }

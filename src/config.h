@@ -50,6 +50,7 @@ typedef struct {
     double precond_beta2; /* shampoo: decay of the statistics */
     char backend[8];   /* auto | cpu | cuda */
     char precision[8]; /* fp32 | bf16 (bf16: CUDA only) */
+    char recompute[12]; /* none | attention: what backward computes again instead of keeping */
     int gpu_share;     /* 1: ranks on one host may share a GPU (tests) */
     int threads;
     uint64_t seed;
@@ -59,6 +60,10 @@ typedef struct {
     long mpi_piece_bytes; /* largest single MPI transfer; larger ones go in pieces */
     char out_dir[CONFIG_PATH_MAX];
 } TrainConfig;
+
+/* train.recompute as the backends take it */
+typedef enum { RECOMPUTE_NONE, RECOMPUTE_ATTENTION } Recompute;
+Recompute config_recompute(const TrainConfig *t);
 
 typedef struct {
     char dir[CONFIG_PATH_MAX];   /* holds train.txt eval_prose.txt eval_tech.txt */

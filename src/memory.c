@@ -19,10 +19,7 @@
 #include "topology.h"
 #include "cpu/precond.h"     /* a matrix optimiser's state */
 #include "cpu/transformer.h" /* the CPU backend's activations */
-#include "autoconf.h"
-#if HAVE_CUDA
-double cuda_acts_bytes(const ModelConfig *cfg, int B, int T, int G); /* cuda/transformer.h */
-#endif
+#include "../cuda/acts_plan.h" /* the CUDA backend's (plain arithmetic, any build) */
 
 static double floats(size_t n) { return (double)n * sizeof(float); }
 static double aligned64(double bytes) { return (double)(((size_t)bytes + 63) / 64 * 64); }
@@ -150,12 +147,11 @@ int memory_plan(const Config *cfg, int world_size, int rank, MemoryPlan *out)
     const SiteInfo *site = &t.sites[t.site];
     const int threads = cfg->train.threads > 0 ? cfg->train.threads : omp_get_max_threads();
     out->bytes[ALLOC_ACTIVATIONS] = acts_bytes(&cfg->model, site->micro_batch, cfg->model.context, t.learner_size,
-                                               threads);
-#if HAVE_CUDA /* the GPU's (device memory; its attention keeps O(T) per row) */
-    if (!strcmp(cfg->train.backend, "cuda"))
-        out->bytes[ALLOC_ACTIVATIONS] = cuda_acts_bytes(&cfg->model, site->micro_batch, cfg->model.context,
-                                                        t.learner_size);
-#endif
+                                               threads, config_recompute(&cfg->train));
+    if (!strcmp(cfg->train.backend, "cuda")) /* the GPU's (device memory; its attention keeps O(T) per row) */
+        out->bytes[ALLOC_ACTIVATIONS] = cuda_acts_plan_bytes(cfg->model.layers, cfg->model.dim, cfg->model.heads,
+                                                             cfg->model.experts, cfg->model.top_k, cfg->model.vocab,
+                                                             site->micro_batch, cfg->model.context);
     /* balanced routing: each of my experts receives its share of the learner's copies */
     const double copies = (double)site->micro_batch * cfg->model.context * t.learner_size * cfg->model.top_k;
     out->bytes[ALLOC_EXPERT_ROWS] = acts_expert_row_bytes(&cfg->model, copies * t.experts_local / cfg->model.experts);

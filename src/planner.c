@@ -14,7 +14,6 @@
 #include "model.h"
 #include "plan.h"
 #include "status.h"
-#include "autoconf.h"
 
 /* Dense (no sparsity) bf16 tensor-core peaks per GPU, TFLOP/s; sources in
  * docs/planner.md (vendor datasheets). */
@@ -143,7 +142,7 @@ static int planned_config(const Config *cfg, const PlanSite *sites, int n, Confi
                              "[site.%s] learner_ranks = %d", sites[i].name, sites[i].gpus, sc->name, sc->learner_ranks);
         sc->ranks = sites[i].gpus;
     }
-    snprintf(out->train.backend, sizeof out->train.backend, "cuda"); /* a --with-cuda build sizes device activations */
+    snprintf(out->train.backend, sizeof out->train.backend, "cuda"); /* memory: the GPU's activation layout */
     return ISTH_OK;
 }
 
@@ -348,10 +347,6 @@ int planner_run(const Config *cfg0, const PlanSite *sites, int n_sites, PlanLink
     CHECK(memory_plan_largest(&cfg, world, &mp, &rank));
     printf("memory per GPU (%s mode), ", oc->mode);
     memory_print(&mp, world, (int)rank);
-#if !HAVE_CUDA
-    printf("  (this build has no CUDA backend: activations are the CPU backend's layout; a --with-cuda build "
-           "reports the GPU's)\n");
-#endif
     printf("per mode (utilisation: inner-step time / wall time; idle: per period, waiting for a slower site or "
            "the link):\n");
     printf("  %-10s %-24s %15s %11s %11s %9s\n", "mode", "shape", "payload", "transfer", "period", "lowest");

@@ -9,6 +9,8 @@
 #    within 5%;
 #  - expert rows (grown with the routing) between 0.5x and 2x the balanced
 #    estimate: the estimate is the routing's mean, not a bound;
+#  - train.recompute = attention saves exactly the other layers' attention
+#    probabilities, predicted and measured;
 #  - outer state and residuals only where the mode uses them; staging in
 #    one-rank sync only what a file write stages (one tensor at a time);
 #  - bad --ranks / --rank values are one-line errors.
@@ -72,6 +74,14 @@ check tiny_streaming 4 "$T" $SHORT $TWO --set outer.mode=streaming --set outer.f
 check tiny_butterfly 4 "$T" $SHORT $TWO --set site.east.learner_ranks=1 --set outer.mode=butterfly --set outer.overlap=1 \
     --set outer.codec=int8
 check small_1rank 1 "$S" --set train.steps=2 --set train.log_every=2 --set train.threads=1 --set data.eval_bytes=4096
+check small_recompute 1 "$S" --set train.steps=2 --set train.log_every=2 --set train.threads=1 --set data.eval_bytes=4096 \
+    --set train.recompute=attention
+# recomputed attention keeps one layer's probabilities (B,H,T,T floats) instead of every layer's
+a0=$(field "$WORK/small_1rank.plan" activations) a1=$(field "$WORK/small_recompute.plan" activations)
+want=$("$ISTHMUS" config "$S" | awk '$1 == "layers" { L = $3 } $1 == "heads" { H = $3 } $1 == "context" { T = $3 }
+    $1 == "micro_batch" && !B { B = $3 } END { printf "%.0f", (L - 1) * B * H * T * T * 4 }')
+[ -n "$a0" ] && [ -n "$a1" ] && [ $((a0 - a1)) = "$want" ] && pass "train.recompute = attention: activations $a0 -> $a1 B (the other layers' attention probabilities, $want B)" ||
+    fail "train.recompute = attention: activations $a0 -> $a1, expected $want fewer"
 
 # what a mode does not use is not allocated (one-rank sync stages only the
 # tensor a checkpoint or the model file is writing, checked above)

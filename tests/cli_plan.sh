@@ -88,6 +88,16 @@ grep -q "butterfly  (not with codec topk" "$WORK/topk.txt" && pass "no butterfly
     fail "butterfly row with topk: $(grep '^  butterfly' "$WORK/topk.txt")"
 grep -q "memory of world rank .* predicted" "$WORK/plan.txt" && pass "memory per GPU printed by category" ||
     fail "no memory table in the plan"
+# the GPU's activations (any build): the residual stream (L+1 layers), seven
+# saved (N,D) tensors per layer, nine (N,D) scratch tensors, the rows sent
+# and returned (2 N K D) and each layer's returned rows (N K D), in floats;
+# the rest (norms, routing tables, log-sum-exps, logits) is under 1% here
+acts=$(awk '$1 == "activations" && $3 == "B" { print $2 }' "$WORK/plan.txt")
+check "GPU activations per rank (GB)" "$(awk -v a="$acts" 'BEGIN { print a / 1e9 }')" \
+    "$(awk 'BEGIN { L = 32; N = 4096; D = 2560; K = 2; print 4 * ((L + 1) * N * D + 7 * L * N * D + 9 * N * D + 2 * N * K * D + L * N * K * D) / 1e9 }')" 0.01
+total_gib=$(awk '$1 == "total" && $3 == "B" { printf "%.1f", $2 / 2^30 }' "$WORK/plan.txt")
+awk -v t="$total_gib" 'BEGIN { exit !(t > 0 && t < 80) }' && pass "moe-32b fits an 80 GB GPU: $total_gib GiB per rank" ||
+    fail "moe-32b needs $total_gib GiB per rank"
 grep -q "faster idles 10.0% of each period; give it 1.11x the tokens" "$WORK/plan.txt" &&
     pass "the sites' imbalance (gb300 against b300) is named with the batch that balances it" ||
     fail "no imbalance line: $(grep -i idle "$WORK/plan.txt" | tail -1)"

@@ -1,7 +1,8 @@
 #!/bin/sh
 # cli_train.sh — end to end on the bundled corpus with tiny.ini:
 #  - a few hundred steps lower the training loss and both eval bpb clearly;
-#  - the same config and seed twice give bit-identical losses and weights;
+#  - the same config and seed twice give bit-identical losses and weights,
+#    and so does train.recompute = attention;
 #  - `isthmus eval` on the written model reproduces the final bpb;
 #  - a truncated or corrupted model file is rejected with exit 2.
 . "$TOP_SRCDIR/tests/lib.sh"
@@ -42,6 +43,14 @@ fi
 if h5diff "$WORK/a/model.h5" "$WORK/b/model.h5" /model /model >/dev/null 2>&1; then pass "two runs: identical model.h5 tensors"; else fail "model files differ"; fi
 if [ "$(h5ls -r "$WORK/a/model.h5" | grep -c Dataset)" -eq 12 ]; then pass "model.h5 holds 12 /model datasets"; else fail "model.h5 datasets: $(h5ls -r "$WORK/a/model.h5")"; fi
 h5ls "$WORK/a/model.h5/model/w_gate" | grep -q '{2, 4, 64, 128}' && pass "w_gate canonical shape [L,E,D,F]" || fail "w_gate shape: $(h5ls "$WORK/a/model.h5/model/w_gate")"
+
+# recomputing the attention in backward changes no bit
+run r --set train.recompute=attention || fail "training run with train.recompute=attention failed: $(tail -3 "$WORK/r.log")"
+if [ "$(losses "$M")" = "$(losses "$WORK/r/metrics.jsonl")" ] && h5diff "$WORK/a/model.h5" "$WORK/r/model.h5" /model /model >/dev/null 2>&1; then
+    pass "train.recompute = attention: the same losses and model.h5, bit for bit"
+else
+    fail "train.recompute = attention changes the numbers"
+fi
 
 # a different seed changes the numbers (the check above is not vacuous)
 run c --set train.seed=7 || fail "training run c failed"

@@ -51,8 +51,8 @@ static double compare(const ModelConfig *c, int B, uint64_t seed, int zero_route
     assert_int_equal(model_create(&ep, c, me * El, El), 0);
     test_randomize(&ref, seed, zero_router);
     test_randomize(&ep, seed, zero_router);
-    assert_int_equal(acts_create(&ra, c, NB, T, &self), 0);
-    assert_int_equal(acts_create(&ea, c, B, T, &world), 0);
+    assert_int_equal(acts_create(&ra, c, NB, T, &self, RECOMPUTE_NONE), 0);
+    assert_int_equal(acts_create(&ea, c, B, T, &world, RECOMPUTE_NONE), 0);
     int *tok = malloc(sizeof(int) * NB * T), *tgt = malloc(sizeof(int) * NB * T);
     for (int i = 0; i < NB * T; i++) {
         tok[i] = (int)(rng_bits(seed, 10, (uint64_t)i) % 256);

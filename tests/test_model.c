@@ -58,7 +58,7 @@ static void gradient_check(const ModelConfig *cfg, int B, int T, uint64_t seed, 
     Model m;
     Activations a;
     assert_int_equal(model_create(&m, cfg, 0, cfg->experts), 0);
-    assert_int_equal(acts_create(&a, cfg, B, T, &self), 0);
+    assert_int_equal(acts_create(&a, cfg, B, T, &self, RECOMPUTE_NONE), 0);
     test_randomize(&m, seed, 0);
     const int N = B * T;
     int *tokens = malloc(sizeof(int) * N), *targets = malloc(sizeof(int) * N);
@@ -164,7 +164,7 @@ static void test_expert_without_tokens(void **state)
     Model m;
     Activations a;
     assert_int_equal(model_create(&m, &c, 0, c.experts), 0);
-    assert_int_equal(acts_create(&a, &c, 1, 3, &self), 0);
+    assert_int_equal(acts_create(&a, &c, 1, 3, &self, RECOMPUTE_NONE), 0);
     test_randomize(&m, 13, 0);
     int tokens[3], targets[3];
     make_batch(tokens, targets, 3, 13);
@@ -197,7 +197,7 @@ static void test_eval_forward_matches_reference(void **state)
     Activations a;
     const int B = 2, T = 6, N = B * T;
     assert_int_equal(model_create(&m, &c, 0, c.experts), 0);
-    assert_int_equal(acts_create(&a, &c, B, T, &self), 0);
+    assert_int_equal(acts_create(&a, &c, B, T, &self, RECOMPUTE_NONE), 0);
     test_randomize(&m, 21, 0);
     int tokens[12], targets[12];
     make_batch(tokens, targets, N, 21);
@@ -224,7 +224,7 @@ static void test_zero_embedding_is_uniform(void **state)
     Model m;
     Activations a;
     assert_int_equal(model_create(&m, &c, 0, c.experts), 0);
-    assert_int_equal(acts_create(&a, &c, 2, 6, &self), 0);
+    assert_int_equal(acts_create(&a, &c, 2, 6, &self, RECOMPUTE_NONE), 0);
     model_init(&m);
     memset(model_param(&m, T_EMBED, 0), 0, m.tensors[T_EMBED].numel * sizeof(float));
     int tokens[12], targets[12];

@@ -301,7 +301,7 @@ int cpu_backend_create(Backend **out, const Config *cfg, int B, int expert_begin
     if (rc == ISTH_OK) model_init(&c->model);
     /* the optimiser's state waits for optimizer_shard (or its first use) */
     AllocCategory was = alloc_category(ALLOC_ACTIVATIONS);
-    if (rc == ISTH_OK) rc = acts_create(&c->acts, &cfg->model, B, cfg->model.context, ep);
+    if (rc == ISTH_OK) rc = acts_create(&c->acts, &cfg->model, B, cfg->model.context, ep, config_recompute(&cfg->train));
     alloc_category(was);
     if (rc != ISTH_OK) {
         cpu_destroy(&c->base);

@@ -10,9 +10,10 @@
 #include "status.h"
 
 /* The dimensions of a (no buffers). */
-static void acts_dims(Activations *a, const ModelConfig *c, int B, int T, int G)
+static void acts_dims(Activations *a, const ModelConfig *c, int B, int T, int G, Recompute recompute)
 {
     memset(a, 0, sizeof *a);
+    a->recompute = recompute;
     a->B = B;
     a->T = T;
     a->L = c->layers;
@@ -43,7 +44,7 @@ static size_t block_plan(Activations *a, int threads, Carve *plan)
     const Carve p[ACTS_CARVES] = {
         {&a->x, (L + 1) * N * D}, {&a->xn1, L * N * D}, {&a->rstd1, L * N},
         {&a->q, L * N * D}, {&a->k, L * N * D}, {&a->v, L * N * D}, {&a->ao, L * N * D},
-        {&a->att, L * B * (size_t)a->H * T * T},
+        {&a->att, (a->recompute == RECOMPUTE_ATTENTION ? 1 : L) * B * (size_t)a->H * T * T},
         {&a->h, L * N * D}, {&a->xn2, L * N * D}, {&a->rstd2, L * N},
         {&a->xf, N * D}, {&a->rstdf, N}, {&a->probs, N * V}, {&a->losses, N},
         {&a->rope_cos, T * Dh2}, {&a->rope_sin, T * Dh2},
@@ -68,19 +69,19 @@ static double route_bytes(const Activations *a)
            (a->El + 1.0) * 4;
 }
 
-double acts_bytes(const ModelConfig *c, int B, int T, int G, int threads)
+double acts_bytes(const ModelConfig *c, int B, int T, int G, int threads, Recompute recompute)
 {
     Activations a;
     Carve plan[ACTS_CARVES];
-    acts_dims(&a, c, B, T, G);
+    acts_dims(&a, c, B, T, G, recompute);
     const double block = (double)block_plan(&a, threads, plan) * sizeof(float);
     return block + a.L * (route_bytes(&a) + (double)sizeof(MoeRouting)) + (double)B * T * a.K * sizeof(int) +
            (double)a.E * sizeof(int);
 }
 
-int acts_create(Activations *a, const ModelConfig *c, int B, int T, Coll *ep)
+int acts_create(Activations *a, const ModelConfig *c, int B, int T, Coll *ep, Recompute recompute)
 {
-    acts_dims(a, c, B, T, ep->size);
+    acts_dims(a, c, B, T, ep->size, recompute);
     a->ep = ep;
     const size_t L = (size_t)a->L, D = (size_t)a->D, E = (size_t)a->E, K = (size_t)a->K, N = (size_t)B * T;
     Carve plan[ACTS_CARVES];
@@ -301,7 +302,7 @@ int transformer_forward(const Model *m, Activations *a, const int *tokens, const
     const int L = a->L, D = a->D, H = a->H, V = a->V;
     const size_t N = (size_t)B * T, ND = (size_t)a->B * a->T * D; /* ND: per-layer stride */
     const size_t NmaxT = (size_t)a->B * a->T;
-    const size_t att_stride = (size_t)a->B * H * a->T * a->T;
+    const size_t att_stride = a->recompute == RECOMPUTE_ATTENTION ? 0 : (size_t)a->B * H * a->T * a->T;
     memset(st, 0, sizeof *st);
     a->N = N;
     a->B_cur = B;
@@ -385,7 +386,7 @@ int transformer_backward(Model *m, Activations *a, const int *tokens, const int 
 {
     const int L = a->L, D = a->D, H = a->H, V = a->V, B = a->B_cur;
     const size_t N = a->N, ND = (size_t)a->B * a->T * D, NmaxT = (size_t)a->B * a->T;
-    const size_t att_stride = (size_t)a->B * H * a->T * a->T;
+    const size_t att_stride = a->recompute == RECOMPUTE_ATTENTION ? 0 : (size_t)a->B * H * a->T * a->T;
     const size_t nbytes = N * D * sizeof(float);
     size_t n_targets = 0;
     for (size_t t = 0; t < N; t++) n_targets += targets[t] >= 0;
@@ -418,6 +419,8 @@ int transformer_backward(Model *m, Activations *a, const int *tokens, const int 
         memset(a->dq, 0, nbytes);
         memset(a->dk, 0, nbytes);
         memset(a->dv, 0, nbytes);
+        if (a->recompute == RECOMPUTE_ATTENTION) /* this layer's probabilities again (its output to scratch) */
+            attention_forward(a->dtmp, (float *)att, q, k, v, B, T, D, H);
         attention_backward(a->dq, a->dk, a->dv, a->att_scratch, a->dao, att, q, k, v, B, T, D, H);
         rope_backward(a->dq, a->rope_cos, a->rope_sin, B, T, H, D / H);
         rope_backward(a->dk, a->rope_cos, a->rope_sin, B, T, H, D / H);

@@ -28,7 +28,8 @@ typedef struct {
     float *x;                 /* (L+1,N,D) residual stream entering each layer */
     float *xn1, *rstd1;       /* (L,N,D), (L,N) */
     float *q, *k, *v, *ao;    /* (L,N,D) q,k rotated; ao = attention output */
-    float *att;               /* (L,B,H,T,T) */
+    float *att;               /* (L,B,H,T,T); (1,B,H,T,T) when recomputed */
+    Recompute recompute;      /* RECOMPUTE_ATTENTION: backward computes each layer's att again */
     float *h, *xn2, *rstd2;   /* (L,N,D), (L,N,D), (L,N) */
     MoeRouting *route;        /* (L) routing, dispatch and expert rows */
     float *xf, *rstdf;        /* (N,D), (N) final norm */
@@ -59,12 +60,15 @@ typedef struct {
 } Activations;
 
 /* Buffers for up to B sequences of T tokens on this rank; `ep` is the
- * learner's expert-parallel group (its size shards the experts). */
-int acts_create(Activations *a, const ModelConfig *cfg, int B, int T, Coll *ep);
+ * learner's expert-parallel group (its size shards the experts). With
+ * RECOMPUTE_ATTENTION one layer's attention probabilities are kept instead
+ * of every layer's (backward computes them again from q, k: the same
+ * function on the same inputs, so the same bits). */
+int acts_create(Activations *a, const ModelConfig *cfg, int B, int T, Coll *ep, Recompute recompute);
 void acts_destroy(Activations *a);
 /* Bytes acts_create allocates for that shape with G ranks per learner and
  * `threads` OpenMP threads (the memory report). */
-double acts_bytes(const ModelConfig *cfg, int B, int T, int G, int threads);
+double acts_bytes(const ModelConfig *cfg, int B, int T, int G, int threads, Recompute recompute);
 /* Bytes of the expert-row buffers once a layer has received n routed rows. */
 double acts_expert_row_bytes(const ModelConfig *cfg, double n);
 

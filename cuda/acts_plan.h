@@ -1,0 +1,66 @@
+/* acts_plan.h — the CUDA backend's activation layout as plain arithmetic:
+ * the bytes of each piece of its device block, in the order
+ * cuda/transformer.cu carves them, and of one layer's routing buffers.
+ * Plain C (no CUDA): src/memory.c includes it too, so a build without
+ * CUDA (a login node planning a GPU job) predicts the GPU's memory.
+ *
+ * Owns: the sizes only. Must not: allocate, or know any pointer
+ * (transformer.cu pairs each size with its buffer, in this order).
+ * The attention keeps one log-sum-exp per row (att_lse), never the T x T
+ * probabilities: backward computes them again, whatever train.recompute is.
+ */
+#ifndef ISTHMUS_CUDA_ACTS_PLAN_H
+#define ISTHMUS_CUDA_ACTS_PLAN_H
+
+#include <stddef.h>
+
+#define CUDA_ACTS_PIECES 34
+
+/* bytes[i] of each piece for up to B sequences of T tokens; returns the
+ * block's total (each piece 256-byte aligned). */
+static inline size_t cuda_acts_pieces(size_t bytes[CUDA_ACTS_PIECES], int layers, int dim, int heads, int experts,
+                                      int top_k, int vocab, int B, int T)
+{
+    const size_t L = (size_t)layers, D = (size_t)dim, H = (size_t)heads, E = (size_t)experts, K = (size_t)top_k,
+                 V = (size_t)vocab, N = (size_t)B * (size_t)T, f = sizeof(float);
+    const size_t Dh2 = D / H / 2, VE = V > E ? V : E;
+    const size_t p[CUDA_ACTS_PIECES] = {
+        (L + 1) * N * D * f /* x */, L * N * D * f /* xn1 */, L * N * f /* rstd1 */,
+        L * N * D * f /* q */, L * N * D * f /* k */, L * N * D * f /* v */,
+        L * N * D * f /* ao */, L * (size_t)B * H * (size_t)T * f /* att_lse */,
+        L * N * D * f /* h */, L * N * D * f /* xn2 */, L * N * f /* rstd2 */,
+        N * D * f /* xf */, N * f /* rstdf */, N * V * f /* probs */,
+        N * f /* losses */, (size_t)T * Dh2 * f /* rope_cos */, (size_t)T * Dh2 * f /* rope_sin */,
+        N * D * f /* dx */, N * D * f /* dh */, N * D * f /* dxn */,
+        N * D * f /* dq */, N * D * f /* dk */, N * D * f /* dv */,
+        N * D * f /* dao */, N * D * f /* dtmp */, N * VE * f /* dlogits */,
+        N * E * f /* dprobs */, N * E * f /* router_logits */,
+        N * K * D * f /* send_rows */, N * K * D * f /* back_rows */,
+        N * sizeof(int) /* tokens */, N * sizeof(int) /* targets */,
+        N * K * sizeof(int) /* send_token */, 0 /* block: the base */,
+    };
+    size_t total = 0;
+    for (int i = 0; i < CUDA_ACTS_PIECES; i++) {
+        bytes[i] = p[i];
+        total += (p[i] + 255) & ~(size_t)255;
+    }
+    return total;
+}
+
+/* Device bytes of one layer's routing buffers before any rows arrive. */
+static inline double cuda_route_bytes(int experts, int top_k, int dim, int B, int T)
+{
+    const double N = (double)B * T, E = experts, K = top_k, D = dim;
+    return N * E * 4 + N * 4 + 2 * N * K * 4 + E * 8 + N * K * D * 4;
+}
+
+/* The device block and every layer's routing buffers. */
+static inline double cuda_acts_plan_bytes(int layers, int dim, int heads, int experts, int top_k, int vocab, int B,
+                                          int T)
+{
+    size_t bytes[CUDA_ACTS_PIECES];
+    return (double)cuda_acts_pieces(bytes, layers, dim, heads, experts, top_k, vocab, B, T) +
+           layers * cuda_route_bytes(experts, top_k, dim, B, T);
+}
+
+#endif
