@@ -670,7 +670,7 @@ static int compare_configs(Trainer *tr, const char *saved_text, const char *path
     struct { const char *key; double was, now; } fields[] = {
         {"layers", a->layers, b->layers}, {"dim", a->dim, b->dim}, {"heads", a->heads, b->heads},
         {"experts", a->experts, b->experts}, {"top_k", a->top_k, b->top_k}, {"ffn", a->ffn, b->ffn},
-        {"context", a->context, b->context},
+        {"context", a->context, b->context}, {"vocab", a->vocab, b->vocab},
     };
     for (size_t i = 0; i < sizeof fields / sizeof *fields; i++)
         if (fields[i].was != fields[i].now)

@@ -53,6 +53,7 @@ static const KeySpec schema[] = {
     {"model", "top_k", KEY_INT, M(top_k), 0, 1, 4096, 0, NULL, "2"},
     {"model", "ffn", KEY_INT, M(ffn), 0, 1, 1 << 20, 0, NULL, "128"},
     {"model", "context", KEY_INT, M(context), 0, 1, 1 << 20, 0, NULL, "64"},
+    {"model", "vocab", KEY_INT, M(vocab), 0, 2, 1 << 24, 0, NULL, "256"},
     {"model", "capacity_factor", KEY_REAL, M(capacity_factor), 0, 0, 1e6, 1, NULL, "1.25"},
     {"model", "aux_loss", KEY_REAL, M(aux_loss), 0, 0, 1e6, 0, NULL, "0.01"},
     {"model", "z_loss", KEY_REAL, M(z_loss), 0, 0, 1e6, 0, NULL, "0.001"},
@@ -85,6 +86,7 @@ static const KeySpec schema[] = {
     {"train", "out_dir", KEY_STR, TR(out_dir), STRSZ(train.out_dir), 0, 0, 0, NULL, "run"},
 
     {"data", "dir", KEY_STR, DA(dir), STRSZ(data.dir), 0, 0, 0, NULL, ISTHMUS_DATADIR},
+    {"data", "train", KEY_STR, DA(train), STRSZ(data.train), 0, 0, 0, NULL, ""},
     {"data", "eval_bytes", KEY_LONG, DA(eval_bytes), 0, 0, (double)LONG_MAX, 0, NULL, "0"},
 
     {"outer", "mode", KEY_ENUM, OU(mode), STRSZ(outer.mode), 0, 0, 0, "sync|diloco|streaming|butterfly", "sync"},
@@ -571,7 +573,6 @@ static int load_entries(Config *cfg, EntryList *l, const char *const *overrides,
     memset(&cfg->checkpoint, 0, sizeof cfg->checkpoint);
     cfg->n_sites = 0;
     for (size_t i = 0; i < N_KEYS; i++) CHECK(apply_value(cfg, &schema[i], schema[i].dflt, "(default)"));
-    cfg->model.vocab = 256;
 
     for (int i = 0; i < l->n; i++) {
         Entry *e = &l->v[i];

@@ -26,7 +26,7 @@ typedef struct {
     int top_k;      /* k */
     int ffn;        /* F, hidden width of one SwiGLU expert */
     int context;    /* T */
-    int vocab;      /* V = 256 (bytes); not a key */
+    int vocab;      /* V: 256 = bytes, or the token shards' vocabulary */
     double capacity_factor;
     double aux_loss;
     double z_loss;
@@ -67,6 +67,7 @@ Recompute config_recompute(const TrainConfig *t);
 
 typedef struct {
     char dir[CONFIG_PATH_MAX];   /* holds train.txt eval_prose.txt eval_tech.txt */
+    char train[4 * CONFIG_PATH_MAX]; /* training files: paths and globs ("" = dir/train.txt) */
     long eval_bytes;             /* 0 = whole eval files */
 } DataConfig;
 

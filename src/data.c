@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <glob.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,15 +15,15 @@
 #include "rng.h"
 #include "status.h"
 
-int corpus_open(Corpus *c, const char *dir, const char *name)
+#define DATA_MAX_OPEN 128 /* files a dataset keeps open at once (a shard set may have thousands) */
+
+static uint32_t le32(const unsigned char *p) { return p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24; }
+
+/* open the path read-only; its size must be at least `want` (0: none yet) */
+static int open_checked(Corpus *c, size_t want)
 {
-    memset(c, 0, sizeof *c);
-    c->fd = -1;
-    int n = snprintf(c->path, sizeof c->path, "%s/%s", dir, name);
-    if (n < 0 || (size_t)n >= sizeof c->path)
-        return isth_fail(ISTH_EINPUT, "data: path too long: %s/%s", dir, name);
     /* O_NONBLOCK: opening a FIFO must not wait for a writer */
-    int fd = open(c->path, O_RDONLY | O_NONBLOCK);
+    int fd = open(c->path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
     if (fd < 0) {
         struct stat st;
         char xz[sizeof c->path + 3]; /* path.xz */
@@ -30,34 +31,75 @@ int corpus_open(Corpus *c, const char *dir, const char *name)
         if (errno == ENOENT && stat(xz, &st) == 0)
             return isth_fail(ISTH_EINPUT, "data file %s: missing (only %s exists; run 'make' to decompress it)",
                              c->path, xz);
-        return isth_fail(ISTH_EINPUT, "data file %s: cannot open: %s", c->path, strerror(errno));
+        return isth_fail(want ? ISTH_ERUNTIME : ISTH_EINPUT, "data file %s: cannot open: %s", c->path,
+                         strerror(errno));
     }
     struct stat st;
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
         close(fd);
         return isth_fail(ISTH_EINPUT, "data file %s: not a regular file", c->path);
     }
-    if (st.st_size < 2) {
+    if (want && (size_t)st.st_size < want) {
         close(fd);
-        return isth_fail(ISTH_EINPUT, "data file %s: %lld byte(s); a corpus needs at least 2 (one byte to predict)",
-                         c->path, (long long)st.st_size);
+        return isth_fail(ISTH_ERUNTIME, "data file %s: now %lld bytes, was %zu when the run opened it (truncated "
+                         "during the run)", c->path, (long long)st.st_size, want);
     }
     c->fd = fd;
-    c->is_open = 1;
-    c->size = (size_t)st.st_size;
+    c->size = want ? want : (size_t)st.st_size;
     return ISTH_OK;
+}
+
+/* a shard's header against its size */
+static int read_format(Corpus *c)
+{
+    unsigned char h[12] = {0};
+    if (c->size >= SHARD_HEADER_BYTES && pread(c->fd, h, sizeof h, 0) == (ssize_t)sizeof h &&
+        (le32(h) == SHARD_MAGIC_U16 || le32(h) == SHARD_MAGIC_U32)) {
+        const uint32_t magic = le32(h), version = le32(h + 4), want_version = magic == SHARD_MAGIC_U16 ? 1 : 7;
+        const int32_t count = (int32_t)le32(h + 8);
+        c->width = magic == SHARD_MAGIC_U16 ? 2 : 4;
+        c->header = SHARD_HEADER_BYTES;
+        if (version != want_version)
+            return isth_fail(ISTH_EINPUT, "data file %s: token shard (magic %u) of version %u at byte 4, expected %u",
+                             c->path, magic, version, want_version);
+        if (count < 0 || c->size != SHARD_HEADER_BYTES + (size_t)count * (size_t)c->width)
+            return isth_fail(ISTH_EINPUT, "data file %s: its header (byte 8) says %d tokens of %d bytes, %zu bytes "
+                             "with the header; the file has %zu", c->path, count, c->width,
+                             SHARD_HEADER_BYTES + (size_t)(count < 0 ? 0 : count) * (size_t)c->width, c->size);
+        c->n_tokens = (size_t)count;
+    } else {
+        c->width = 1;
+        c->header = 0;
+        c->n_tokens = c->size;
+    }
+    if (c->n_tokens < 2)
+        return isth_fail(ISTH_EINPUT, "data file %s: %zu token(s); a corpus needs at least 2 (one to predict)", c->path,
+                         c->n_tokens);
+    return ISTH_OK;
+}
+
+int corpus_open(Corpus *c, const char *dir, const char *name)
+{
+    memset(c, 0, sizeof *c);
+    c->fd = -1;
+    int n = name[0] == '/' || !dir[0] ? snprintf(c->path, sizeof c->path, "%s", name)
+                                      : snprintf(c->path, sizeof c->path, "%s/%s", dir, name);
+    if (n < 0 || (size_t)n >= sizeof c->path) return isth_fail(ISTH_EINPUT, "data: path too long: %s/%s", dir, name);
+    CHECK(open_checked(c, 0));
+    const int rc = read_format(c);
+    if (rc != ISTH_OK) corpus_close(c);
+    return rc;
 }
 
 void corpus_close(Corpus *c)
 {
-    if (c->is_open) close(c->fd);
-    c->is_open = 0;
+    if (c->fd >= 0) close(c->fd);
     c->fd = -1;
-    c->size = 0;
 }
 
-int corpus_read(const Corpus *c, size_t off, unsigned char *buf, size_t n)
+int corpus_read(Corpus *c, size_t off, unsigned char *buf, size_t n)
 {
+    if (c->fd < 0) CHECK(open_checked(c, c->size));
     size_t done = 0;
     while (done < n) {
         const ssize_t got = pread(c->fd, buf + done, n - done, (off_t)(off + done));
@@ -77,32 +119,172 @@ int corpus_read(const Corpus *c, size_t off, unsigned char *buf, size_t n)
     return ISTH_OK;
 }
 
-int data_check_windows(const Corpus *c, int T)
+int corpus_tokens(Corpus *c, size_t first, size_t n, int *out, int vocab)
 {
-    if (c->size < (size_t)T + 1)
-        return isth_fail(ISTH_EINPUT,
-                         "data file %s: %zu bytes, less than one window of context+1 = %d bytes",
-                         c->path, c->size, T + 1);
+    const size_t w = (size_t)c->width;
+    unsigned char *raw = (unsigned char *)out; /* n * w <= 4 n bytes: decoded in place, last first */
+    CHECK(corpus_read(c, c->header + first * w, raw, n * w));
+    for (size_t i = n; i-- > 0;) {
+        const unsigned char *p = raw + i * w;
+        const uint32_t t = w == 1 ? p[0] : w == 2 ? (uint32_t)(p[0] | p[1] << 8) : le32(p);
+        if (t >= (uint32_t)vocab)
+            return isth_fail(ISTH_EINPUT, "data file %s: token %u at token %zu (byte %zu) is not below model.vocab = %d",
+                             c->path, t, first + i, c->header + (first + i) * w, vocab);
+        out[i] = (int)t;
+    }
     return ISTH_OK;
 }
 
-int data_fill(const DataCursor *cur, const Corpus *c, uint64_t first_index, int *tokens,
-              int *targets, int B, int T)
+/* --- the training files ---------------------------------------------------- */
+
+/* `in` with each ${NAME} replaced by the environment's value */
+static int expand_env(const char *in, char *out, size_t cap)
 {
-    const uint64_t positions = (uint64_t)(c->size - (size_t)T); /* starts in [0, size-T-1] */
-    unsigned char *w = isth_malloc((size_t)T + 1);
+    size_t o = 0;
+    for (const char *p = in; *p;) {
+        if (p[0] == '$' && p[1] == '{') {
+            const char *end = strchr(p, '}');
+            if (!end) return isth_fail(ISTH_EINPUT, "data.train: '%s': a ${ without its }", in);
+            char name[256];
+            snprintf(name, sizeof name, "%.*s", (int)(end - p - 2 < 255 ? end - p - 2 : 255), p + 2);
+            const char *v = getenv(name);
+            if (!v) return isth_fail(ISTH_EINPUT, "data.train: '%s': ${%s} is not set in the environment", in, name);
+            const size_t n = strlen(v);
+            if (o + n >= cap) return isth_fail(ISTH_EINPUT, "data.train: '%s': path too long", in);
+            memcpy(out + o, v, n);
+            o += n;
+            p = end + 1;
+        } else {
+            if (o + 1 >= cap) return isth_fail(ISTH_EINPUT, "data.train: '%s': path too long", in);
+            out[o++] = *p++;
+        }
+    }
+    out[o] = '\0';
+    return ISTH_OK;
+}
+
+static int add_file(Dataset *d, const char *dir, const char *name, int T)
+{
+    Corpus *grown = isth_realloc(d->files, sizeof *grown * (size_t)(d->n_files + 1));
+    CHECK_ALLOC(grown);
+    d->files = grown;
+    Corpus *c = &d->files[d->n_files];
+    CHECK(corpus_open(c, dir, name));
+    d->n_files++;
+    d->n_open++;
+    if (d->n_files == 1) d->width = c->width;
+    if (c->width != d->width)
+        return isth_fail(ISTH_EINPUT, "data.train: %s holds %s and %s %s: one kind per run", c->path,
+                         c->width == 1 ? "raw bytes" : c->width == 2 ? "uint16 tokens" : "uint32 tokens",
+                         d->files[0].path,
+                         d->width == 1 ? "raw bytes" : d->width == 2 ? "uint16 tokens" : "uint32 tokens");
+    if (c->n_tokens < (size_t)T + 1)
+        return isth_fail(ISTH_EINPUT, "data file %s: %zu tokens, less than one window of context+1 = %d", c->path,
+                         c->n_tokens, T + 1);
+    if (d->n_open > DATA_MAX_OPEN) { /* opened again when a window needs it */
+        corpus_close(c);
+        d->n_open--;
+    }
+    return ISTH_OK;
+}
+
+int dataset_open(Dataset *d, const char *list, const char *dir, int T)
+{
+    memset(d, 0, sizeof *d);
+    char *copy = isth_malloc(strlen(list) + 1);
+    CHECK_ALLOC(copy);
+    strcpy(copy, list);
+    int rc = ISTH_OK;
+    char *save = NULL;
+    for (char *item = strtok_r(copy, " ,\t", &save); item && rc == ISTH_OK; item = strtok_r(NULL, " ,\t", &save)) {
+        char name[CONFIG_FILE_PATH_MAX], pattern[CONFIG_FILE_PATH_MAX];
+        rc = expand_env(item, name, sizeof name);
+        if (rc != ISTH_OK) break;
+        if (!strpbrk(name, "*?[")) { /* a plain path: its own message when it cannot be opened */
+            rc = add_file(d, dir, name, T);
+            continue;
+        }
+        const int n = name[0] == '/' || !dir[0] ? snprintf(pattern, sizeof pattern, "%s", name)
+                                                : snprintf(pattern, sizeof pattern, "%s/%s", dir, name);
+        if (n < 0 || (size_t)n >= sizeof pattern) {
+            rc = isth_fail(ISTH_EINPUT, "data.train: '%s': path too long", item);
+            break;
+        }
+        glob_t g;
+        const int grc = glob(pattern, 0, NULL, &g); /* sorted: the same file order on every rank and run */
+        if (grc == GLOB_NOMATCH) rc = isth_fail(ISTH_EINPUT, "data.train: '%s' matches no file", pattern);
+        else if (grc != 0) rc = isth_fail(ISTH_EINPUT, "data.train: '%s': glob failed", pattern);
+        for (size_t i = 0; grc == 0 && i < g.gl_pathc && rc == ISTH_OK; i++) rc = add_file(d, "", g.gl_pathv[i], T);
+        if (grc == 0) globfree(&g);
+    }
+    isth_free(copy);
+    if (rc == ISTH_OK && d->n_files == 0) rc = add_file(d, dir, "train.txt", T);
+    if (rc == ISTH_OK) {
+        d->first_start = isth_malloc(sizeof *d->first_start * (size_t)(d->n_files + 1));
+        if (!d->first_start) rc = isth_fail(ISTH_ERUNTIME, "out of memory for %d data files", d->n_files);
+    }
+    if (rc != ISTH_OK) {
+        dataset_close(d);
+        return rc;
+    }
+    d->first_start[0] = 0;
+    for (int i = 0; i < d->n_files; i++) /* a window starts at 0 .. n - T - 1 */
+        d->first_start[i + 1] = d->first_start[i] + (uint64_t)(d->files[i].n_tokens - (size_t)T);
+    return ISTH_OK;
+}
+
+void dataset_close(Dataset *d)
+{
+    for (int i = 0; i < d->n_files; i++) corpus_close(&d->files[i]);
+    isth_free(d->files);
+    isth_free(d->first_start);
+    memset(d, 0, sizeof *d);
+}
+
+uint64_t dataset_tokens(const Dataset *d)
+{
+    uint64_t n = 0;
+    for (int i = 0; i < d->n_files; i++) n += d->files[i].n_tokens;
+    return n;
+}
+
+/* file i, open (closing the least recently used one when too many are) */
+static Corpus *use_file(Dataset *d, int i)
+{
+    Corpus *c = &d->files[i];
+    c->last_use = ++d->uses;
+    if (c->fd >= 0 || d->n_open < DATA_MAX_OPEN) {
+        if (c->fd < 0) d->n_open++; /* corpus_read opens it */
+        return c;
+    }
+    int lru = -1;
+    for (int j = 0; j < d->n_files; j++)
+        if (d->files[j].fd >= 0 && (lru < 0 || d->files[j].last_use < d->files[lru].last_use)) lru = j;
+    if (lru >= 0) corpus_close(&d->files[lru]);
+    return c;
+}
+
+int data_fill(const DataCursor *cur, Dataset *d, uint64_t first_index, int *tokens, int *targets, int B, int T,
+              int vocab)
+{
+    const uint64_t starts = d->first_start[d->n_files];
+    int *w = isth_malloc(sizeof(int) * ((size_t)T + 1));
     CHECK_ALLOC(w);
     for (int b = 0; b < B; b++) {
-        uint64_t r = rng_bits(cur->seed, 0x5eed000000000000ull ^ cur->step, first_index + (uint64_t)b);
-        const int rc = corpus_read(c, (size_t)(r % positions), w, (size_t)T + 1);
+        const uint64_t pos = rng_bits(cur->seed, 0x5eed000000000000ull ^ cur->step, first_index + (uint64_t)b) % starts;
+        int lo = 0, hi = d->n_files - 1; /* the file whose starts hold pos */
+        while (lo < hi) {
+            const int mid = (lo + hi + 1) / 2;
+            if (d->first_start[mid] <= pos) lo = mid;
+            else hi = mid - 1;
+        }
+        const int rc = corpus_tokens(use_file(d, lo), (size_t)(pos - d->first_start[lo]), (size_t)T + 1, w, vocab);
         if (rc != ISTH_OK) {
             isth_free(w);
             return rc;
         }
-        for (int t = 0; t < T; t++) {
-            tokens[(size_t)b * T + t] = w[t];
-            targets[(size_t)b * T + t] = w[t + 1];
-        }
+        memcpy(tokens + (size_t)b * T, w, sizeof(int) * (size_t)T);
+        memcpy(targets + (size_t)b * T, w + 1, sizeof(int) * (size_t)T);
     }
     isth_free(w);
     return ISTH_OK;

@@ -1,17 +1,22 @@
-/* data.h — the byte corpus and the deterministic training windows.
+/* data.h — the training corpus and the deterministic training windows.
  *
  * Owns: reading corpus files (pread of each window: a file that shrinks
  * under a running job is a one-line error, never a SIGBUS as with a memory
- * map), and which training windows each rank
- * reads. Every optimiser step has one global batch of windows, numbered
- * 0, 1, 2, ... in (learner, micro-step, rank, sequence) order; window i of
- * step s starts at a position that is a pure function of (seed, s, i),
- * uniform over the file. Learners take disjoint index ranges of each step's
- * batch, so they read disjoint streams of windows; and because the global
- * batch does not depend on the layout, `sync` training with any split into
- * learners and ranks sees the same data as one learner with the combined
- * batch. The reader state is the step counter (DataCursor), a value a
- * checkpoint can store.
+ * map), their two formats, and which training windows each rank reads.
+ * A file is either raw bytes (each byte a token, vocabulary 256) or a token
+ * shard in llm.c's format: a header of 256 little-endian int32 (magic
+ * 20240520 with uint16 tokens, version 1; or 20240801 with uint32 tokens,
+ * version 7; then the token count), then the tokens. The training data is
+ * one or more such files ([data] train: paths and globs), all of one kind.
+ * Every optimiser step has one global batch of windows, numbered 0, 1, 2,
+ * ... in (learner, micro-step, rank, sequence) order; window i of step s
+ * starts at a position that is a pure function of (seed, s, i), uniform over
+ * every window start of every file (a window never spans two files).
+ * Learners take disjoint index ranges of each step's batch, so they read
+ * disjoint streams of windows; and because the global batch does not depend
+ * on the layout, `sync` training with any split into learners and ranks sees
+ * the same data as one learner with the combined batch. The reader state is
+ * the step counter (DataCursor), a value a checkpoint can store.
  * Must not: know about the model or MPI.
  */
 #ifndef ISTHMUS_DATA_H
@@ -22,9 +27,17 @@
 
 #include "config.h" /* CONFIG_FILE_PATH_MAX: a data_dir and a file name */
 
+#define SHARD_MAGIC_U16 20240520 /* llm.c's GPT-2 shards: uint16 tokens, version 1 */
+#define SHARD_MAGIC_U32 20240801 /* llm.c's LLaMA 3 shards: uint32 tokens, version 7 */
+#define SHARD_HEADER_BYTES 1024  /* 256 int32 */
+
 typedef struct {
-    int fd, is_open;
-    size_t size;       /* at open; a shorter read later is an error */
+    int fd;            /* -1 while closed (a dataset keeps a bounded number open) */
+    size_t size;       /* bytes at open; a shorter read later is an error */
+    int width;         /* bytes per token: 1 (raw bytes), 2 or 4 (a shard) */
+    size_t header;     /* bytes before the first token: 0 or SHARD_HEADER_BYTES */
+    size_t n_tokens;
+    uint64_t last_use; /* a dataset closes the least recently used file first */
     char path[CONFIG_FILE_PATH_MAX];
 } Corpus;
 
@@ -33,22 +46,42 @@ typedef struct {
     uint64_t step; /* optimiser steps whose windows were drawn */
 } DataCursor;
 
-/* Open `dir/name`; a missing, unreadable, non-regular (a FIFO: checked
- * without blocking) or too short file is ISTH_EINPUT with a message naming
- * the path. */
+/* Open `dir/name` (`name` alone when it is absolute or dir is empty) and
+ * read its format; a missing, unreadable, non-regular (a FIFO: checked
+ * without blocking) or too short file, or a shard whose header does not
+ * match its size, is ISTH_EINPUT with one line naming the path. */
 int corpus_open(Corpus *c, const char *dir, const char *name);
 void corpus_close(Corpus *c);
 
 /* Bytes [off, off + n) of the file; ISTH_ERUNTIME naming the file when it
  * no longer has them (truncated or failing during the run). */
-int corpus_read(const Corpus *c, size_t off, unsigned char *buf, size_t n);
+int corpus_read(Corpus *c, size_t off, unsigned char *buf, size_t n);
 
-/* Check that the file holds at least one window of T+1 bytes. */
-int data_check_windows(const Corpus *c, int T);
+/* Tokens [first, first + n) of the file into out; a token >= vocab is
+ * ISTH_EINPUT naming the file and the token's offset. */
+int corpus_tokens(Corpus *c, size_t first, size_t n, int *out, int vocab);
+
+/* The training files. */
+typedef struct {
+    Corpus *files;
+    int n_files, n_open;
+    uint64_t *first_start; /* [n_files + 1]: window starts in the files before file i */
+    uint64_t uses;
+    int width;
+} Dataset;
+
+/* The files of `list` (paths and globs separated by spaces or commas; a
+ * ${NAME} is the environment variable's value; relative to dir unless
+ * absolute; "" = dir/train.txt), each holding at least one window of T+1
+ * tokens, all of one width. ISTH_EINPUT with one line otherwise. */
+int dataset_open(Dataset *d, const char *list, const char *dir, int T);
+void dataset_close(Dataset *d);
+/* Tokens in all files. */
+uint64_t dataset_tokens(const Dataset *d);
 
 /* Fill tokens/targets (B,T) with windows first_index .. first_index+B-1 of
- * step cur->step. */
-int data_fill(const DataCursor *cur, const Corpus *c, uint64_t first_index, int *tokens,
-              int *targets, int B, int T);
+ * step cur->step; a token >= vocab is ISTH_EINPUT naming file and offset. */
+int data_fill(const DataCursor *cur, Dataset *d, uint64_t first_index, int *tokens, int *targets, int B, int T,
+              int vocab);
 
 #endif

@@ -10,8 +10,10 @@
 #include "clock.h"
 #include "status.h"
 
-int eval_corpus(Backend *be, Coll *ep, int B, int T, const Corpus *c, size_t max_bytes, EvalResult *out)
+int eval_corpus(Backend *be, Coll *ep, int B, int T, Corpus *c, size_t max_bytes, int vocab, EvalResult *out)
 {
+    if (c->width != 1) /* bits per byte needs the bytes the tokens stand for */
+        return isth_fail(ISTH_EINPUT, "eval file %s: a token shard; evaluation files are raw bytes", c->path);
     const double t0 = now_s();
     const int G = ep->size, me = ep->rank;
     const size_t size = max_bytes && max_bytes < c->size ? max_bytes : c->size;
@@ -21,7 +23,7 @@ int eval_corpus(Backend *be, Coll *ep, int B, int T, const Corpus *c, size_t max
     const size_t calls = (windows + per_call - 1) / per_call;
     int *tokens = isth_malloc((size_t)B * T * sizeof(int));
     int *targets = isth_malloc((size_t)B * T * sizeof(int));
-    unsigned char *bytes = isth_malloc((size_t)T + 1); /* one window and the byte after it */
+    int *bytes = isth_malloc(sizeof(int) * ((size_t)T + 1)); /* one window and the byte after it */
     float *losses = isth_malloc((size_t)B * T * sizeof(float));
     /* per-window sums: each window is scored by exactly one rank, so the
      * learner-wide sum of this array is exact and the total, added in window
@@ -43,7 +45,7 @@ int eval_corpus(Backend *be, Coll *ep, int B, int T, const Corpus *c, size_t max
         for (int b = 0; b < B && rc == ISTH_OK; b++) {
             const size_t w = w0 + (size_t)b, start = w * (size_t)T;
             const size_t have = w < windows ? (size - start < (size_t)T + 1 ? size - start : (size_t)T + 1) : 0;
-            if (have) rc = corpus_read(c, start, bytes, have);
+            if (have) rc = corpus_tokens(c, start, have, bytes, vocab);
             for (int t = 0; t < T; t++) {
                 /* padding: token 0, not scored; causal attention and
                  * capacity-free routing keep it from affecting real bytes */

@@ -29,6 +29,6 @@ typedef struct {
  * the activations' T, a->B windows per forward pass. */
 /* B sequences of T bytes per rank and forward (the learner's ranks split
  * the windows); learner collective over ep. */
-int eval_corpus(Backend *be, Coll *ep, int B, int T, const Corpus *c, size_t max_bytes, EvalResult *out);
+int eval_corpus(Backend *be, Coll *ep, int B, int T, Corpus *c, size_t max_bytes, int vocab, EvalResult *out);
 
 #endif

@@ -298,11 +298,12 @@ static int cmd_eval(int argc, char **argv)
     if (rc == ISTH_OK && rank == 0) rc = metrics_open(&mt, cfg.train.out_dir);
     if (rc == ISTH_OK && rank == 0)
         printf("isthmus eval: %s (step %ld, %.0f tokens trained)\n", model_path, meta.step, meta.tokens);
-    const Corpus *sets[2] = {&prose, &tech};
+    Corpus *sets[2] = {&prose, &tech};
     const char *names[2] = {"prose", "tech"};
     for (int i = 0; i < 2 && rc == ISTH_OK; i++) {
         EvalResult r;
-        rc = eval_corpus(be, &ep, cfg.train.micro_batch, cfg.model.context, sets[i], (size_t)cfg.data.eval_bytes, &r);
+        rc = eval_corpus(be, &ep, cfg.train.micro_batch, cfg.model.context, sets[i], (size_t)cfg.data.eval_bytes,
+                         cfg.model.vocab, &r);
         if (rc == ISTH_OK && rank == 0) rc = metrics_eval(&mt, names[i], meta.step, r.bpb, r.predicted, r.seconds);
     }
     const int closed = metrics_close(&mt);

@@ -324,6 +324,11 @@ static int trainer_start(Trainer *tr, const Config *cfg, MPI_Comm world, const u
         printf("model: %.3fM parameters, %.3fM active matrix parameters per token; %d threads per rank\n",
                model_total_params(&cfg->model) / 1e6, model_active_matrix_params(&cfg->model) / 1e6,
                tr->be ? tr->be->threads : 0);
+        const Dataset *d = &tr->train;
+        printf("data: %d file(s) of %s, %.0f tokens (%s%s)%s\n", d->n_files,
+               d->width == 1 ? "raw bytes" : d->width == 2 ? "uint16 tokens" : "uint32 tokens",
+               (double)dataset_tokens(d), d->files[0].path, d->n_files > 1 ? ", ..." : "",
+               tr->evals ? "" : "; evaluation off: the eval files are bytes, the model's tokens are not");
         fflush(stdout);
     }
     if (rc == ISTH_OK) rc = ckpt_check_outputs(tr);

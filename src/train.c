@@ -68,10 +68,16 @@ int trainer_create(Trainer *tr, const Config *cfg, int log, MPI_Comm world, cons
     CHECK_ALLOC(tr->site_leaders);
     for (int s = 0; s < t->n_sites; s++) tr->site_leaders[s] = t->sites[s].first_rank;
 
-    CHECK(corpus_open(&tr->train, cfg->data.dir, "train.txt"));
-    CHECK(corpus_open(&tr->eval_prose, cfg->data.dir, "eval_prose.txt"));
-    CHECK(corpus_open(&tr->eval_tech, cfg->data.dir, "eval_tech.txt"));
-    CHECK(data_check_windows(&tr->train, mc->context));
+    CHECK(dataset_open(&tr->train, cfg->data.train, cfg->data.dir, mc->context));
+    /* the eval files are bytes: they measure a byte model only (named token eval sets are to come) */
+    tr->evals = tr->train.width == 1;
+    if (tr->evals) {
+        CHECK(corpus_open(&tr->eval_prose, cfg->data.dir, "eval_prose.txt"));
+        CHECK(corpus_open(&tr->eval_tech, cfg->data.dir, "eval_tech.txt"));
+    }
+    if (tr->train.width == 1 && mc->vocab < 256)
+        return isth_fail(ISTH_EINPUT, "model.vocab = %d: the training data (%s) are raw bytes, which need 256",
+                         mc->vocab, tr->train.files[0].path);
     tr->cursor.seed = tc->seed;
     tr->cursor.step = 0;
 
@@ -175,7 +181,7 @@ void trainer_destroy(Trainer *tr)
         reducer_destroy(&tr->red);
         topology_destroy(&tr->topo);
     }
-    corpus_close(&tr->train);
+    dataset_close(&tr->train);
     corpus_close(&tr->eval_prose);
     corpus_close(&tr->eval_tech);
     isth_free(tr->config_text);
@@ -247,7 +253,7 @@ int trainer_step(Trainer *tr, StepLog *out)
     for (int micro = 0; micro < M; micro++) {
         const uint64_t first = tr->learner_first_window + (uint64_t)micro * B * G +
                                (uint64_t)t->learner_rank * B;
-        CHECK(data_fill(&tr->cursor, &tr->train, first, tr->tokens, tr->targets, B, T));
+        CHECK(data_fill(&tr->cursor, &tr->train, first, tr->tokens, tr->targets, B, T, mc->vocab));
         ForwardStats st;
         CHECK(be->ops->train_micro(be, tr->tokens, tr->targets, B, T, (float)(tr->loss_weight / M), &st));
         sums.ce_sum += st.ce_sum;
@@ -347,18 +353,18 @@ int trainer_eval(Trainer *tr, double *bpb_prose, double *bpb_tech)
     /* every learner holds the global model (sync) or its anchor (outer
      * modes): learner 0 evaluates, its ranks splitting the windows; the
      * others go on to their next step */
-    if (tr->topo.learner != tr->topo.sites[trainer_lead_site(tr)].first_learner) return ISTH_OK;
+    if (tr->topo.learner != tr->topo.sites[trainer_lead_site(tr)].first_learner || !tr->evals) return ISTH_OK;
     const int anchor = tr->mode == MODE_DILOCO || tr->mode == MODE_STREAMING; /* butterfly: learner 0's own */
     Backend *be = tr->be;
     if (anchor) CHECK(outer_view_anchor(&tr->outer, &tr->red, be));
-    const Corpus *sets[2] = {&tr->eval_prose, &tr->eval_tech};
+    Corpus *sets[2] = {&tr->eval_prose, &tr->eval_tech};
     const char *names[2] = {"prose", "tech"};
     double *outs[2] = {bpb_prose, bpb_tech};
     int rc = ISTH_OK;
     for (int i = 0; i < 2 && rc == ISTH_OK; i++) {
         EvalResult r;
         rc = eval_corpus(be, &tr->ep, tr->micro_batch, tr->cfg.model.context, sets[i], (size_t)tr->cfg.data.eval_bytes,
-                         &r);
+                         tr->cfg.model.vocab, &r);
         if (rc != ISTH_OK) break;
         if (tr->log) rc = metrics_eval(&tr->metrics, names[i], tr->step, r.bpb, r.predicted, r.seconds);
         if (outs[i]) *outs[i] = r.bpb;

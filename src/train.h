@@ -33,7 +33,9 @@ typedef struct {
     int *site_leaders;   /* world rank of each site's first rank: the ends of control exchanges */
     Backend *be;         /* computes; owns the weights, grads, optimiser state and activations */
     Model model;         /* the table of this rank's tensors (shapes, offsets; no buffers) */
-    Corpus train, eval_prose, eval_tech;
+    Dataset train;       /* the training files ([data] train) */
+    Corpus eval_prose, eval_tech;
+    int evals;           /* the byte eval files apply (byte training data): 1, else 0 */
     DataCursor cursor;
     int micro_batch, grad_accum; /* this rank's site's */
     double loss_weight;  /* scale of this rank's loss: its share of the tokens the update averages */

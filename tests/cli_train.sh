@@ -4,6 +4,8 @@
 #  - the same config and seed twice give bit-identical losses and weights,
 #    and so does train.recompute = attention;
 #  - `isthmus eval` on the written model reproduces the final bpb;
+#  - a uint16 token shard of the same bytes trains the same model; model.vocab
+#    sizes the embedding; bad shards and too small a vocabulary: exit 2;
 #  - a truncated or corrupted model file is rejected with exit 2.
 . "$TOP_SRCDIR/tests/lib.sh"
 
@@ -51,6 +53,39 @@ if [ "$(losses "$M")" = "$(losses "$WORK/r/metrics.jsonl")" ] && h5diff "$WORK/a
 else
     fail "train.recompute = attention changes the numbers"
 fi
+
+# token shards (llm.c's format, written here with perl): a uint16 shard of
+# the same bytes as a byte file trains the same model bit for bit (one file:
+# the same window starts); model.vocab sizes the embedding; bad shards and a
+# vocabulary too small for the data are one-line errors
+head -c 200000 "$CONFIGS/../data/train.txt" > "$WORK/piece.txt"
+perl -e 'local $/; open F, "<", $ARGV[0] or die; binmode F; $d = <F>; binmode STDOUT;
+    print pack("l<256", 20240520, 1, length $d), pack("v*", unpack("C*", $d))' "$WORK/piece.txt" > "$WORK/piece.bin"
+short() { # short NAME [--set ...]: 30 steps, no evaluation
+    local name=$1
+    shift
+    timeout 300 "$ISTHMUS" train "$T" --set train.out_dir="$WORK/$name" --set train.steps=30 --set train.eval_every=0 \
+        --set data.eval_bytes=4096 "$@" > "$WORK/$name.log" 2>&1
+}
+short bytes --set data.train="$WORK/piece.txt" || fail "training on piece.txt failed: $(tail -2 "$WORK/bytes.log")"
+short shard --set data.train="$WORK/piece.bin" || fail "training on piece.bin failed: $(tail -2 "$WORK/shard.log")"
+grep -q "^data: 1 file(s) of uint16 tokens, 200000 tokens" "$WORK/shard.log" && pass "a uint16 shard is read as 200,000 tokens" ||
+    fail "shard not read as tokens: $(grep '^data:' "$WORK/shard.log")"
+if h5diff "$WORK/bytes/model.h5" "$WORK/shard/model.h5" /model /model >/dev/null 2>&1; then
+    pass "a uint16 shard of the same bytes trains the same model, bit for bit"
+else
+    fail "shard and byte file of the same tokens train different models"
+fi
+short vocab --set model.vocab=300 || fail "model.vocab = 300 failed: $(tail -2 "$WORK/vocab.log")"
+h5ls "$WORK/vocab/model.h5/model/embed" | grep -q '{300, 64}' && pass "model.vocab = 300: embedding [300, 64]" ||
+    fail "embedding shape with model.vocab = 300: $(h5ls "$WORK/vocab/model.h5/model/embed")"
+expect_exit 2 "model.vocab = 100: the training data \\(.*piece.txt\\) are raw bytes, which need 256" -- \
+    "$ISTHMUS" train "$T" --set model.vocab=100 --set data.train="$WORK/piece.txt" --set train.out_dir="$WORK/v100"
+head -c 5000 "$WORK/piece.bin" > "$WORK/cut.bin"
+expect_exit 2 "data file .*cut.bin: its header \\(byte 8\\) says 200000 tokens" -- \
+    "$ISTHMUS" train "$T" --set data.train="$WORK/cut.bin" --set train.out_dir="$WORK/cut"
+expect_exit 2 "piece.txt holds raw bytes and .*piece.bin uint16 tokens: one kind per run" -- \
+    "$ISTHMUS" train "$T" --set data.train="$WORK/piece.bin $WORK/piece.txt" --set train.out_dir="$WORK/mixed"
 
 # a different seed changes the numbers (the check above is not vacuous)
 run c --set train.seed=7 || fail "training run c failed"
