@@ -3,36 +3,47 @@
 # emulated wide-area link (tests/wan/wan.sh), against tc's configured rate.
 # Two federated sites of one rank (scripts/wan_bench.sh) train small.ini
 # in diloco with float32 payloads (54.8 MB each way per exchange), H = 10,
-# 30 steps: three blocking exchanges. For each, the rate each way is a
-# rank's inter-site bytes of that step / 2 over the shorter of the two
-# sites' link waits of that step (the site that came last to the exchange
-# waited for the transfer alone; the wait also holds one round trip for
-# the verdicts: a small underestimate).
+# 60 steps: six blocking exchanges. Site a's end of the link is sampled
+# every 0.1 s (the device's byte counters, whatever the transport); the
+# achieved rate each way is over the busy samples (those that carried at
+# least a tenth of the configured rate): their median (the steady rate of
+# a transfer) and their mean (slow starts and tails included).
 #   scripts/link_bench.sh OUT RATE,ONE_WAY_MS [train args...]
 #     e.g. scripts/link_bench.sh /tmp/lb 1gbit,75 --set outer.transport=tcp --set outer.streams=4
-# Root only (network namespaces). Prints one line per exchange and the
-# median; the configured rate is RATE.
+# Root only (network namespaces). Prints the link check, the run's exit and
+# one line per direction; OUT.samples holds the samples (time, tx, rx bytes).
 set -u
 cd "$(dirname "$0")/.." || exit 2
 [ $# -ge 2 ] || { echo "usage: scripts/link_bench.sh OUT RATE,ONE_WAY_MS [train args...]" >&2; exit 2; }
 out=$1 link=$2
 shift 2
+rm -rf "$out/wan" "$out/a.log"
 scripts/wan_bench.sh "$out" share/configs/small.ini "$link" --set outer.mode=diloco --set outer.inner_steps=10 \
-    --set outer.codec=none --set train.steps=30 --set train.log_every=1 --set train.eval_every=0 \
-    --set data.eval_bytes=4096 "$@" > "$out.wan_bench" 2>&1
+    --set outer.codec=none --set train.steps=60 --set train.log_every=1 --set train.eval_every=0 \
+    --set data.eval_bytes=4096 "$@" > "$out.wan_bench" 2>&1 &
+bench=$!
+# the sites start once the harness is up and checked (its probe's stream must not count)
+for _ in $(seq 1 600); do [ -f "$out/a.log" ] && break; sleep 0.1; done
+[ -f "$out/wan/wan.env" ] && [ -f "$out/a.log" ] || { wait $bench; echo "link_bench.sh: the sites did not start: $(tail -3 "$out.wan_bench")" >&2; exit 1; }
+# shellcheck disable=SC1091
+. "$out/wan/wan.env"
+ip netns exec "$WAN_NS_A" sh -c "s=/sys/class/net/$WAN_DEV_A/statistics
+    while :; do echo \$(date +%s.%N) \$(cat \$s/tx_bytes) \$(cat \$s/rx_bytes); sleep 0.1; done" > "$out.samples" 2>/dev/null &
+sampler=$!
+wait $bench
 rc=$?
+kill $sampler 2>/dev/null
+wait $sampler 2>/dev/null
 grep '^link:' "$out.wan_bench"
 [ $rc -eq 0 ] || { echo "link_bench.sh: the run failed: $(tail -3 "$out.wan_bench")" >&2; exit 1; }
-cat "$out/run/metrics.jsonl" "$out/run/site-b/metrics.jsonl" | grep '^{"step"' | awk -v link="$link" '
-    { b = $0; sub(/.*"inter_site_bytes":/, "", b); sub(/,.*/, "", b)
-      w = $0; sub(/.*"link_wait_s":/, "", w); sub(/,.*/, "", w)
-      s = $0; sub(/^\{"step":/, "", s); sub(/,.*/, "", s)
-      b += 0; w += 0
-      if (b > 1e6) { if (!(s in wait) || w < wait[s]) wait[s] = w; bytes[s] = b } }
-    END { for (s in wait) steps[++n] = s + 0
-          if (!n) { print "no exchange found"; exit 1 }
-          for (i = 1; i <= n; i++) for (j = i + 1; j <= n; j++) if (steps[j] < steps[i]) { t = steps[i]; steps[i] = steps[j]; steps[j] = t }
-          for (i = 1; i <= n; i++) { s = steps[i]; r[i] = bytes[s] / 2 * 8 / wait[s] / 1e6
-              printf "exchange after step %d: %.1f MB each way in %.2f s: %.0f Mbit/s\n", s, bytes[s] / 2 / 1e6, wait[s], r[i] }
-          for (i = 1; i <= n; i++) for (j = i + 1; j <= n; j++) if (r[j] < r[i]) { t = r[i]; r[i] = r[j]; r[j] = t }
-          printf "median %.0f Mbit/s each way (configured %s)\n", r[int((n + 1) / 2)], link }'
+for dir in tx rx; do
+    awk -v col=$([ $dir = tx ] && echo 2 || echo 3) -v bps="$WAN_RATE_BPS" -v dir=$dir -v link="$link" '
+        NR > 1 && $1 > t { d = ($col - b) * 8 / ($1 - t); if (d >= 0.1 * bps) r[++n] = d }
+        { t = $1; b = $col }
+        END { if (!n) { print dir ": no busy sample"; exit 1 }
+              s = 0; for (i = 1; i <= n; i++) s += r[i]
+              for (i = 1; i <= n; i++) for (j = i + 1; j <= n; j++) if (r[j] < r[i]) { x = r[i]; r[i] = r[j]; r[j] = x }
+              printf "%s %s: %d busy samples of 0.1 s, median %.0f Mbit/s, mean %.0f Mbit/s (configured %.0f Mbit/s: %.0f%% / %.0f%%)\n",
+                  dir == "tx" ? "a -> b" : "b -> a", link, n, r[int((n + 1) / 2)] / 1e6, s / n / 1e6, bps / 1e6,
+                  100 * r[int((n + 1) / 2)] / bps, 100 * s / n / bps }' "$out.samples"
+done
