@@ -30,10 +30,10 @@ for _ in $(seq 1 600); do [ -f "$out/a.log" ] && break; sleep 0.1; done
 ip netns exec "$WAN_NS_A" sh -c "s=/sys/class/net/$WAN_DEV_A/statistics
     while :; do echo \$(date +%s.%N) \$(cat \$s/tx_bytes) \$(cat \$s/rx_bytes); sleep 0.1; done" > "$out.samples" 2>/dev/null &
 sampler=$!
+disown $sampler # its end below is not news
 wait $bench
 rc=$?
 kill $sampler 2>/dev/null
-wait $sampler 2>/dev/null
 grep '^link:' "$out.wan_bench"
 [ $rc -eq 0 ] || { echo "link_bench.sh: the run failed: $(tail -3 "$out.wan_bench")" >&2; exit 1; }
 for dir in tx rx; do

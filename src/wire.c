@@ -56,10 +56,11 @@ struct WireOp {
     size_t len;
     size_t got;           /* receive: bytes arrived */
     size_t taken;         /* receive: bytes of the chunks begun (a chunk read twice at once cannot pass) */
-    int streams_left;     /* send: streams still holding chunks of it */
-    int start;            /* send: stream of chunk 0 */
-    size_t next_chunk[WIRE_MAX_STREAMS];
-    WireOp *qnext[WIRE_MAX_STREAMS];
+    size_t chunks;        /* send: chunks of it */
+    size_t handed;        /* send: chunks a stream has taken */
+    size_t written;       /* send: chunks written whole */
+    int holders;          /* send: the peer's queue (while chunks are left) and each stream writing one */
+    WireOp *snext;        /* send: the peer's queue of messages with chunks left */
     int done, cancelled, detached;
     int unexpected;       /* created by the wire for a message nobody had asked for yet */
     int claimed;          /* unexpected, then asked for: copy into `dest` when done */
@@ -76,9 +77,10 @@ typedef struct {
     /* sending: owned bytes first (the hello; the rest of a cancelled chunk) */
     unsigned char *tail;
     size_t tail_len, tail_off;
-    WireOp *qhead, *qtail;
+    WireOp *sop;          /* the message of the chunk being written (NULL: none) */
+    size_t schunk;        /* its index */
     ChunkHeader shdr;
-    size_t ssent;         /* bytes of the head chunk (header + data) written */
+    size_t ssent;         /* bytes of that chunk (header + data) written */
     /* receiving */
     ChunkHeader rhdr;
     size_t rhdr_got;
@@ -93,7 +95,7 @@ typedef struct {
     char failed[96];
     WireOp *recvs, *recvs_tail;
     struct TagSeq *tags;
-    int rr;               /* the stream of the next message's first chunk */
+    WireOp *sq_head, *sq_tail; /* messages with chunks no stream has taken yet, in order */
 } Peer;
 
 typedef struct TagSeq {
@@ -290,17 +292,32 @@ static void peer_start(Wire *w, int peer, Peer *p)
 
 static size_t n_chunks(const Wire *w, size_t len) { return len ? (len + w->o.chunk_bytes - 1) / w->o.chunk_bytes : 1; }
 
-static void pop_send(Conn *c)
+/* One holder of a send lets it go: a detached or cancelled one is freed by the last. */
+static void release_send(WireOp *op)
 {
-    WireOp *op = c->qhead;
-    c->qhead = op->qnext[c->stream];
-    if (!c->qhead) c->qtail = NULL;
-    op->qnext[c->stream] = NULL;
-    c->ssent = 0;
-    if (--op->streams_left == 0) {
+    if (--op->holders == 0 && op->written == op->chunks) {
         op->done = 1;
         if (op->detached || op->cancelled) free_op(op);
     }
+}
+
+/* The next chunk for a stream with room: the oldest message's next one.
+ * Chunks go to whichever stream can take them, so a stream whose window
+ * is small (a loss, a slow start) carries less instead of holding up
+ * every message it has a fixed share of. */
+static WireOp *take_chunk(Peer *p, Conn *c)
+{
+    WireOp *op = p->sq_head;
+    if (!op) return NULL;
+    c->schunk = op->handed++;
+    op->holders++;
+    if (op->handed == op->chunks) { /* all taken: off the queue */
+        p->sq_head = op->snext;
+        if (!p->sq_head) p->sq_tail = NULL;
+        op->snext = NULL;
+        op->holders--; /* the queue's hold (the stream's keeps it alive) */
+    }
+    return op;
 }
 
 static ssize_t send_some(int fd, const void *a, size_t alen, const void *b, size_t blen)
@@ -325,16 +342,16 @@ static void send_pump(Wire *w, Conn *c)
             c->tail = NULL;
             continue;
         }
-        WireOp *op = c->qhead;
-        if (!op) {
-            set_events(w, c, c->stalled ? 0u : (unsigned)EPOLLIN);
-            return;
+        if (!c->sop) {
+            c->sop = p ? take_chunk(p, c) : NULL;
+            if (!c->sop) {
+                set_events(w, c, c->stalled ? 0u : (unsigned)EPOLLIN);
+                return;
+            }
+            c->ssent = 0;
         }
-        const size_t k = op->next_chunk[c->stream];
-        if (k >= n_chunks(w, op->len)) {
-            pop_send(c);
-            continue;
-        }
+        WireOp *op = c->sop;
+        const size_t k = c->schunk;
         const size_t off = k * w->o.chunk_bytes, len = op->len - off < w->o.chunk_bytes ? op->len - off : w->o.chunk_bytes;
         if (c->ssent == 0)
             c->shdr = (ChunkHeader){CHUNK_MAGIC, (uint32_t)op->tag, op->seq, off, op->len, (uint32_t)len, 0};
@@ -344,8 +361,10 @@ static void send_pump(Wire *w, Conn *c)
         if (n < 0) break;
         c->ssent += (size_t)n;
         if (c->ssent == h + len) {
-            op->next_chunk[c->stream] += (size_t)w->streams;
+            c->sop = NULL;
             c->ssent = 0;
+            op->written++;
+            release_send(op);
         }
     }
     if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) {
@@ -685,24 +704,15 @@ int wire_isend(Wire *w, int peer, int tag, const void *buf, size_t len, WireOp *
         if (op->detached) isth_free(op);
         return ISTH_OK;
     }
-    const size_t k = n_chunks(w, len);
-    op->start = p->rr;
-    p->rr = (int)((p->rr + k) % (size_t)w->streams);
-    const int used = k < (size_t)w->streams ? (int)k : w->streams;
-    op->streams_left = used;
-    /* on every stream first, then pumped: a pump can finish the op (and
-     * free a detached one), which must not cut this loop short */
-    for (int i = 0; i < used; i++) {
-        const int s = (op->start + i) % w->streams;
-        Conn *c = &p->conn[s];
-        op->next_chunk[s] = (size_t)i;
-        op->qnext[s] = NULL;
-        if (c->qtail) c->qtail->qnext[s] = op;
-        else c->qhead = op;
-        c->qtail = op;
-    }
-    const int start = op->start; /* op may be gone after the pumps */
-    for (int i = 0; i < used; i++) send_pump(w, &p->conn[(start + i) % w->streams]);
+    op->chunks = n_chunks(w, len);
+    op->holders = 1; /* the queue's */
+    if (p->sq_tail) p->sq_tail->snext = op;
+    else p->sq_head = op;
+    p->sq_tail = op;
+    /* every idle stream takes chunks while its socket has room (a pump may
+     * finish and free a detached op: it is not touched after) */
+    for (int s = 0; s < w->streams; s++)
+        if (!p->conn[s].sop) send_pump(w, &p->conn[s]);
     return ISTH_OK;
 }
 
@@ -776,16 +786,19 @@ void wire_cancel(Wire *w, WireOp **opp)
         if (op->unexpected) op->claimed = 0;
         return;
     }
-    /* a send: off every stream; a chunk half written goes on from a copy,
-     * so the stream stays in step */
-    int left = 0;
+    /* a send: off the queue and every stream; a chunk half written goes on
+     * from a copy, so the stream stays in step */
+    for (WireOp **pp = &p->sq_head, *prev = NULL; *pp; prev = *pp, pp = &(*pp)->snext)
+        if (*pp == op) {
+            *pp = op->snext;
+            if (p->sq_tail == op) p->sq_tail = prev;
+            break;
+        }
     for (int s = 0; s < w->streams; s++) {
         Conn *c = &p->conn[s];
-        WireOp **pp = &c->qhead, *prev = NULL;
-        while (*pp && *pp != op) prev = *pp, pp = &(*pp)->qnext[s];
-        if (!*pp) continue;
-        if (prev == NULL && c->ssent > 0 && c->fd >= 0) {
-            const size_t k = op->next_chunk[s], off = k * w->o.chunk_bytes;
+        if (c->sop != op) continue;
+        if (c->ssent > 0 && c->fd >= 0) {
+            const size_t off = c->schunk * w->o.chunk_bytes;
             const size_t len = op->len - off < w->o.chunk_bytes ? op->len - off : w->o.chunk_bytes;
             const size_t h = sizeof c->shdr, rest = h + len - c->ssent;
             unsigned char *t = isth_malloc(rest);
@@ -798,7 +811,7 @@ void wire_cancel(Wire *w, WireOp **opp)
                     o = h - c->ssent;
                 }
                 memcpy(t + o, op->buf + off + (c->ssent > h ? c->ssent - h : 0), rest - o);
-                /* an owned tail goes before the queue: only one can be pending (a hello is sent first) */
+                /* an owned tail goes before the chunks: only one can be pending (a hello is sent first) */
                 if (c->tail) {
                     unsigned char *both = isth_malloc(c->tail_len - c->tail_off + rest);
                     if (both) {
@@ -819,13 +832,10 @@ void wire_cancel(Wire *w, WireOp **opp)
                     c->tail_off = 0;
                 }
             }
-            c->ssent = 0;
         }
-        *pp = op->qnext[s];
-        if (c->qtail == op) c->qtail = prev;
-        left++;
+        c->sop = NULL;
+        c->ssent = 0;
     }
-    (void)left;
     isth_free(op);
 }
 
@@ -860,17 +870,16 @@ void wire_dump(const Wire *w, int peer, FILE *f)
     }
     for (int s = 0; s < w->streams; s++) {
         const Conn *c = &p->conn[s];
-        int queued = 0;
-        for (const WireOp *op = c->qhead; op; op = op->qnext[s]) queued++;
-        fprintf(f, "wire: rank %d peer %d stream %d: fd %d state %d events %u tail %zu/%zu queued %d ssent %zu "
+        fprintf(f, "wire: rank %d peer %d stream %d: fd %d state %d events %u tail %zu/%zu chunk %s%zu ssent %zu "
                 "rhdr %zu rop %s roff %zu rleft %zu stalled %d\n", w->rank, peer, s, c->fd, c->state, c->events,
-                c->tail_off, c->tail_len, queued, c->ssent, c->rhdr_got, c->rop ? "set" : "-", c->roff, c->rleft,
+                c->tail_off, c->tail_len, c->sop ? "" : "-", c->sop ? c->schunk : 0, c->ssent, c->rhdr_got, c->rop ? "set" : "-", c->roff, c->rleft,
                 c->stalled);
     }
-    int posted = 0;
+    int posted = 0, queued = 0;
     for (const WireOp *op = p->recvs; op; op = op->next) posted++;
-    fprintf(f, "wire: rank %d peer %d: %d receive(s) listed, %zu unexpected bytes, failed '%s'\n", w->rank, peer, posted,
-            w->unexpected_bytes, p->failed);
+    for (const WireOp *op = p->sq_head; op; op = op->snext) queued++;
+    fprintf(f, "wire: rank %d peer %d: %d receive(s) listed, %d send(s) with chunks untaken, %zu unexpected bytes, "
+            "failed '%s'\n", w->rank, peer, posted, queued, w->unexpected_bytes, p->failed);
 }
 
 int wire_listen_port(const Wire *w) { return w->port[w->rank]; }
@@ -1027,13 +1036,18 @@ void wire_close(Wire *w)
             Conn *c = &p->conn[s];
             close_conn(w, c);
             isth_free(c->tail);
-            /* sends still queued: the caller has cancelled or abandoned them; only
-             * the wire's own (detached, cancelled) are freed here */
-            for (WireOp *op = c->qhead, *next; op; op = next) {
-                next = op->qnext[s];
-                op->qnext[s] = NULL;
-                if (--op->streams_left <= 0 && op->detached) free_op(op);
+            /* a chunk being written: the stream lets its message go (a detached one,
+             * the wire's own, is freed by its last holder; the caller's are theirs) */
+            if (c->sop) {
+                WireOp *op = c->sop;
+                c->sop = NULL;
+                if (--op->holders == 0 && op->detached) free_op(op);
             }
+        }
+        for (WireOp *op = p->sq_head, *next; op; op = next) { /* and the queue its hold */
+            next = op->snext;
+            op->snext = NULL;
+            if (--op->holders == 0 && op->detached) free_op(op);
         }
         for (WireOp *op = p->recvs, *next; op; op = next) {
             next = op->next;

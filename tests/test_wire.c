@@ -16,6 +16,9 @@
  *               completes and is cancelled
  *   dead peer   a rank that closes its wire: the other side's receive from it
  *               never completes, the peer is marked failed, and nothing waits
+ *   balance     a receiver made here that reads one of four streams slowly:
+ *               the chunks go where there is room, so that stream carries
+ *               far fewer than its quarter, and the message arrives whole
  *   broken peer by hand: an early arrival half in when its sender dies gives
  *               its room back once its claimed receive is cancelled; a stream
  *               stalled for room whose peer resets it does not make every
@@ -382,6 +385,114 @@ static void test_a_dead_peer_never_blocks(void **state)
     wire_close(w);
 }
 
+/* Rank 0's wire sends to a receiver made here on rank 1 (at its wire's
+ * port + 1: rank 0 connects there through the port-shift hook). */
+static void test_chunks_go_where_there_is_room(void **state)
+{
+    (void)state;
+    enum { STREAMS = 4, CHUNK = 65536, LEN = 32 << 20 };
+    const int site = me == 0 ? 0 : 1;
+    unsigned char tx[2][SEAL_KEY_BYTES], rx[2][SEAL_KEY_BYTES];
+    for (int s = 0; s < 2; s++) {
+        memcpy(tx[s], keys[site][s], SEAL_KEY_BYTES);
+        memcpy(rx[s], keys[s][site], SEAL_KEY_BYTES);
+    }
+    /* small socket buffers: a stream that is not read cannot hide many chunks in them */
+    WireOptions o = {.streams = STREAMS, .chunk_bytes = CHUNK, .unexpected_max = 1 << 20, .port_shift = 1,
+                     .socket_buffer = 1 << 18};
+    Wire *w = NULL;
+    assert_int_equal(wire_open(&w, MPI_COMM_WORLD, site_first, 2, site, (const unsigned char (*)[SEAL_KEY_BYTES])tx,
+                               (const unsigned char (*)[SEAL_KEY_BYTES])rx, &o), 0);
+    int port = wire_listen_port(w), lfd = -1, ok = 1;
+    MPI_Bcast(&port, 1, MPI_INT, 1, MPI_COMM_WORLD);
+    if (me == 1) {
+        lfd = socket(AF_INET, SOCK_STREAM, 0);
+        const int one = 1;
+        setsockopt(lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+        struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)(port + 1))};
+        a.sin_addr.s_addr = htonl(INADDR_ANY); /* the wire connects to the address it was given */
+        ok = bind(lfd, (struct sockaddr *)&a, sizeof a) == 0 && listen(lfd, 8) == 0;
+    }
+    MPI_Bcast(&ok, 1, MPI_INT, 1, MPI_COMM_WORLD);
+    if (!ok) { /* the port above the wire's was taken: nothing to measure with */
+        if (lfd >= 0) close(lfd);
+        wire_close(w);
+        skip();
+    }
+    unsigned char *buf = malloc(LEN);
+    for (size_t i = 0; i < LEN; i++) buf[i] = pattern(0, 1, 3, 0, i);
+    if (me == 0) {
+        WireOp *op = NULL;
+        assert_int_equal(wire_isend(w, 1, 3, buf, LEN, &op), 0);
+        assert_true(wait_all(w, &op, 1, 60.0));
+    } else if (me == 1) {
+        int fd[STREAMS], got_chunks[STREAMS] = {0};
+        for (int s = 0; s < STREAMS; s++) { /* each connection's hello says its stream */
+            const int c = accept(lfd, NULL, NULL);
+            assert_true(c >= 0);
+            unsigned char h[56];
+            assert_int_equal(recv(c, h, sizeof h, MSG_WAITALL), (ssize_t)sizeof h);
+            uint32_t stream;
+            memcpy(&stream, h + 16, 4);
+            assert_true(stream < STREAMS);
+            fd[stream] = c;
+        }
+        unsigned char *got = calloc(LEN, 1);
+        size_t arrived = 0;
+        const double t0 = now();
+        /* streams 1-3 read at once, stream 0 16 KiB every 10 ms: a slow link */
+        unsigned char hdr[STREAMS][40];
+        size_t hgot[STREAMS] = {0}, left[STREAMS] = {0}, at[STREAMS] = {0};
+        double next_slow = t0;
+        while (arrived < LEN && now() - t0 < 60) {
+            for (int s = 0; s < STREAMS; s++) {
+                size_t budget = s == 0 ? (now() >= next_slow ? 16384 : 0) : (size_t)1 << 30;
+                if (s == 0 && budget) next_slow = now() + 0.01;
+                while (budget) {
+                    ssize_t n;
+                    if (left[s] == 0) {
+                        n = recv(fd[s], hdr[s] + hgot[s], 40 - hgot[s], MSG_DONTWAIT);
+                        if (n <= 0) break;
+                        hgot[s] += (size_t)n;
+                        if (hgot[s] < 40) continue;
+                        uint64_t off;
+                        uint32_t len;
+                        memcpy(&off, hdr[s] + 16, 8);
+                        memcpy(&len, hdr[s] + 32, 4);
+                        at[s] = off;
+                        left[s] = len;
+                        hgot[s] = 0;
+                        got_chunks[s]++;
+                        continue;
+                    }
+                    const size_t want = left[s] < budget ? left[s] : budget;
+                    n = recv(fd[s], got + at[s], want, MSG_DONTWAIT);
+                    if (n <= 0) break;
+                    at[s] += (size_t)n;
+                    left[s] -= (size_t)n;
+                    arrived += (size_t)n;
+                    budget -= s == 0 ? (size_t)n : 0;
+                }
+            }
+        }
+        if (arrived != LEN) fprintf(stderr, "arrived %zu of %d; chunks %d %d %d %d\n", arrived, LEN, got_chunks[0],
+                                    got_chunks[1], got_chunks[2], got_chunks[3]);
+        assert_int_equal(arrived, LEN);
+        assert_memory_equal(got, buf, LEN);
+        const int quarter = LEN / CHUNK / STREAMS;
+        fprintf(stderr, "chunks per stream: %d %d %d %d (a quarter: %d)\n", got_chunks[0], got_chunks[1], got_chunks[2],
+                got_chunks[3], quarter);
+        assert_true(got_chunks[0] < quarter / 2); /* fixed striping would give it a quarter */
+        assert_int_equal(got_chunks[0] + got_chunks[1] + got_chunks[2] + got_chunks[3], LEN / CHUNK);
+        for (int s = 0; s < STREAMS; s++) close(fd[s]);
+        free(got);
+    }
+    free(buf);
+    if (lfd >= 0) close(lfd);
+    MPI_Barrier(MPI_COMM_WORLD);
+    wire_close(w);
+}
+
 /* Part `part` of the broken-peer test: rank 0 speaks to rank 1 by hand. */
 static void broken_peer_part(int part)
 {
@@ -478,6 +589,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_a_cancelled_send_keeps_the_streams_in_step),
         cmocka_unit_test(test_a_dead_peer_never_blocks),
         cmocka_unit_test(test_what_a_broken_peer_leaves),
+        cmocka_unit_test(test_chunks_go_where_there_is_room),
     };
     const int rc = cmocka_run_group_tests(tests, NULL, NULL);
     MPI_Finalize();
