@@ -138,6 +138,14 @@ static const KeySpec site_schema[] = {
 };
 #define N_SITE_KEYS (sizeof site_schema / sizeof site_schema[0])
 
+/* Keys of an [eval.NAME] section (offsets into EvalConfig). */
+#define EV(field) offsetof(EvalConfig, field)
+static const KeySpec eval_schema[] = {
+    {"eval.*", "path", KEY_STR, EV(path), sizeof(((EvalConfig *)0)->path), 0, 0, 0, NULL, NULL},
+    {"eval.*", "bytes", KEY_LONG, EV(bytes), 0, 0, (double)LONG_MAX, 0, NULL, "0"},
+};
+#define N_EVAL_KEYS (sizeof eval_schema / sizeof eval_schema[0])
+
 typedef struct {
     char *section, *key, *value;
     char origin[CONFIG_PATH_MAX + 32];
@@ -463,6 +471,48 @@ static SiteConfig *site_get(Config *cfg, const char *name, const char *origin, i
     return site;
 }
 
+static int apply_eval_key(Config *cfg, const Entry *e)
+{
+    const char *name = e->section + 5;
+    const KeySpec *spec = NULL;
+    for (size_t k = 0; k < N_EVAL_KEYS; k++)
+        if (!strcmp(eval_schema[k].key, e->key)) spec = &eval_schema[k];
+    if (!spec)
+        return isth_fail(ISTH_EINPUT, "config %s: unknown key '%s' in [%s] (eval keys: path bytes)", e->origin, e->key,
+                         e->section);
+    EvalConfig *ev = NULL;
+    for (int i = 0; i < cfg->n_evals; i++)
+        if (!strcmp(cfg->evals[i].name, name)) ev = &cfg->evals[i];
+    if (!ev) {
+        /* a name becomes a metrics field and a plot's title: letters, digits, '_' and '-' */
+        if (!*name || strlen(name) >= CONFIG_NAME_MAX ||
+            strspn(name, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-") != strlen(name))
+            return isth_fail(ISTH_EINPUT, "config %s: eval set name '%s': 1 to %d letters, digits, '_' or '-'",
+                             e->origin, name, CONFIG_NAME_MAX - 1);
+        if (cfg->n_evals == CONFIG_MAX_EVALS)
+            return isth_fail(ISTH_EINPUT, "config %s: more than %d [eval.*] sections", e->origin, CONFIG_MAX_EVALS);
+        ev = &cfg->evals[cfg->n_evals++];
+        memset(ev, 0, sizeof *ev);
+        snprintf(ev->name, sizeof ev->name, "%s", name);
+    }
+    return apply_value_in(ev, spec, e->section, e->value, e->origin);
+}
+
+int config_eval_sets(const Config *cfg, EvalConfig out[CONFIG_MAX_EVALS])
+{
+    if (cfg->n_evals) {
+        memcpy(out, cfg->evals, sizeof *out * (size_t)cfg->n_evals);
+        return cfg->n_evals;
+    }
+    const char *names[2] = {"prose", "tech"}, *files[2] = {"eval_prose.txt", "eval_tech.txt"};
+    for (int i = 0; i < 2; i++) {
+        memset(&out[i], 0, sizeof out[i]);
+        snprintf(out[i].name, sizeof out[i].name, "%s", names[i]);
+        snprintf(out[i].path, sizeof out[i].path, "%s", files[i]);
+    }
+    return 2;
+}
+
 static int apply_site_key(Config *cfg, const Entry *e)
 {
     int rc = ISTH_OK;
@@ -572,6 +622,7 @@ static int load_entries(Config *cfg, EntryList *l, const char *const *overrides,
     memset(&cfg->outer, 0, sizeof cfg->outer);
     memset(&cfg->checkpoint, 0, sizeof cfg->checkpoint);
     cfg->n_sites = 0;
+    cfg->n_evals = 0;
     for (size_t i = 0; i < N_KEYS; i++) CHECK(apply_value(cfg, &schema[i], schema[i].dflt, "(default)"));
 
     for (int i = 0; i < l->n; i++) {
@@ -585,6 +636,10 @@ static int load_entries(Config *cfg, EntryList *l, const char *const *overrides,
             CHECK(apply_site_key(cfg, e));
             continue;
         }
+        if (!strncmp(e->section, "eval.", 5)) {
+            CHECK(apply_eval_key(cfg, e));
+            continue;
+        }
         if (!section_known(e->section))
             return isth_fail(ISTH_EINPUT, "config %s: unknown section [%s]", e->origin, e->section);
         return isth_fail(ISTH_EINPUT, "config %s: unknown key '%s' in [%s]", e->origin, e->key,
@@ -592,6 +647,9 @@ static int load_entries(Config *cfg, EntryList *l, const char *const *overrides,
     }
     CHECK(validate(cfg, l));
     CHECK(validate_outer(cfg, l));
+    for (int i = 0; i < cfg->n_evals; i++)
+        if (!cfg->evals[i].path[0])
+            return isth_fail(ISTH_EINPUT, "config %s: [eval.%s] path is required", cfg->source, cfg->evals[i].name);
     return validate_sites(cfg, l);
 }
 
@@ -720,6 +778,9 @@ char *config_to_text(const Config *cfg)
                "\n[site.%s]\nranks = %d\nlearner_ranks = %d\nmicro_batch = %d\ngrad_accum = %d\nspeed = %s\n",
                st->name, st->ranks, st->learner_ranks, st->micro_batch, st->grad_accum, num);
     }
+    for (int i = 0; i < cfg->n_evals; i++) /* none written for the implicit prose and tech: old texts stay as they were */
+        append(&buf, &len, &cap, "\n[eval.%s]\npath = %s\nbytes = %ld\n", cfg->evals[i].name, cfg->evals[i].path,
+               cfg->evals[i].bytes);
     return buf;
 }
 
@@ -727,6 +788,7 @@ void config_print_keys(void)
 {
     for (size_t i = 0; i < N_KEYS; i++) printf("[%s] %s\n", schema[i].section, schema[i].key);
     for (size_t i = 0; i < N_SITE_KEYS; i++) printf("[%s] %s\n", site_schema[i].section, site_schema[i].key);
+    for (size_t i = 0; i < N_EVAL_KEYS; i++) printf("[%s] %s\n", eval_schema[i].section, eval_schema[i].key);
 }
 
 Recompute config_recompute(const TrainConfig *t)

@@ -127,6 +127,14 @@ typedef struct {
     double timeout;     /* seconds a checkpoint (or model) write or load may take; then the job ends */
 } CheckpointConfig;
 
+/* An [eval.NAME] section: a set the model is evaluated on. */
+#define CONFIG_MAX_EVALS 16
+typedef struct {
+    char name[CONFIG_NAME_MAX];
+    char path[CONFIG_PATH_MAX]; /* relative to data.dir unless absolute; ${NAME} from the environment */
+    long bytes;                 /* bytes of text its tokens stand for (a token shard); 0: a byte file's own */
+} EvalConfig;
+
 typedef struct {
     ModelConfig model;
     TrainConfig train;
@@ -135,6 +143,8 @@ typedef struct {
     CheckpointConfig checkpoint;
     SiteConfig sites[CONFIG_MAX_SITES];
     int n_sites;        /* 0: one implicit site holding every rank as one learner */
+    EvalConfig evals[CONFIG_MAX_EVALS];
+    int n_evals;        /* 0: prose and tech (data.dir's eval_prose.txt and eval_tech.txt) */
     char source[CONFIG_PATH_MAX]; /* file the config came from, for messages */
 } Config;
 
@@ -142,6 +152,9 @@ typedef struct {
 typedef struct {
     const char *assignment;
 } ConfigOverride;
+
+/* The eval sets of a config: its [eval.*] sections, or prose and tech. */
+int config_eval_sets(const Config *cfg, EvalConfig out[CONFIG_MAX_EVALS]);
 
 /* Load `path` (may be NULL: defaults only), apply overrides in order, validate.
  * Returns ISTH_OK or ISTH_EINPUT after printing one line naming the key. */

@@ -39,11 +39,19 @@ static int open_checked(Corpus *c, size_t want)
         close(fd);
         return isth_fail(ISTH_EINPUT, "data file %s: not a regular file", c->path);
     }
+    const int64_t mtime = (int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec;
     if (want && (size_t)st.st_size < want) {
         close(fd);
         return isth_fail(ISTH_ERUNTIME, "data file %s: now %lld bytes, was %zu when the run opened it (truncated "
                          "during the run)", c->path, (long long)st.st_size, want);
     }
+    if (want && ((uint64_t)st.st_dev != c->dev || (uint64_t)st.st_ino != c->ino || mtime != c->mtime_ns)) {
+        close(fd); /* opened again (a dataset keeps a bounded number open): the run's data must not change */
+        return isth_fail(ISTH_ERUNTIME, "data file %s: replaced or modified since the run opened it", c->path);
+    }
+    c->dev = (uint64_t)st.st_dev;
+    c->ino = (uint64_t)st.st_ino;
+    c->mtime_ns = mtime;
     c->fd = fd;
     c->size = want ? want : (size_t)st.st_size;
     return ISTH_OK;
@@ -53,8 +61,9 @@ static int open_checked(Corpus *c, size_t want)
 static int read_format(Corpus *c)
 {
     unsigned char h[12] = {0};
-    if (c->size >= SHARD_HEADER_BYTES && pread(c->fd, h, sizeof h, 0) == (ssize_t)sizeof h &&
-        (le32(h) == SHARD_MAGIC_U16 || le32(h) == SHARD_MAGIC_U32)) {
+    if (c->size >= sizeof h && pread(c->fd, h, sizeof h, 0) != (ssize_t)sizeof h)
+        return isth_fail(ISTH_EINPUT, "data file %s: cannot read its first bytes: %s", c->path, strerror(errno));
+    if (c->size >= SHARD_HEADER_BYTES && (le32(h) == SHARD_MAGIC_U16 || le32(h) == SHARD_MAGIC_U32)) {
         const uint32_t magic = le32(h), version = le32(h + 4), want_version = magic == SHARD_MAGIC_U16 ? 1 : 7;
         const int32_t count = (int32_t)le32(h + 8);
         c->width = magic == SHARD_MAGIC_U16 ? 2 : 4;
@@ -138,24 +147,24 @@ int corpus_tokens(Corpus *c, size_t first, size_t n, int *out, int vocab)
 /* --- the training files ---------------------------------------------------- */
 
 /* `in` with each ${NAME} replaced by the environment's value */
-static int expand_env(const char *in, char *out, size_t cap)
+int data_expand(const char *in, char *out, size_t cap)
 {
     size_t o = 0;
     for (const char *p = in; *p;) {
         if (p[0] == '$' && p[1] == '{') {
             const char *end = strchr(p, '}');
-            if (!end) return isth_fail(ISTH_EINPUT, "data.train: '%s': a ${ without its }", in);
+            if (!end) return isth_fail(ISTH_EINPUT, "data path '%s': a ${ without its }", in);
             char name[256];
             snprintf(name, sizeof name, "%.*s", (int)(end - p - 2 < 255 ? end - p - 2 : 255), p + 2);
             const char *v = getenv(name);
-            if (!v) return isth_fail(ISTH_EINPUT, "data.train: '%s': ${%s} is not set in the environment", in, name);
+            if (!v) return isth_fail(ISTH_EINPUT, "data path '%s': ${%s} is not set in the environment", in, name);
             const size_t n = strlen(v);
-            if (o + n >= cap) return isth_fail(ISTH_EINPUT, "data.train: '%s': path too long", in);
+            if (o + n >= cap) return isth_fail(ISTH_EINPUT, "data path '%s': too long", in);
             memcpy(out + o, v, n);
             o += n;
             p = end + 1;
         } else {
-            if (o + 1 >= cap) return isth_fail(ISTH_EINPUT, "data.train: '%s': path too long", in);
+            if (o + 1 >= cap) return isth_fail(ISTH_EINPUT, "data path '%s': too long", in);
             out[o++] = *p++;
         }
     }
@@ -188,6 +197,29 @@ static int add_file(Dataset *d, const char *dir, const char *name, int T)
     return ISTH_OK;
 }
 
+static int by_file_id(const void *a, const void *b)
+{
+    const Corpus *x = *(Corpus *const *)a, *y = *(Corpus *const *)b;
+    if (x->dev != y->dev) return x->dev < y->dev ? -1 : 1;
+    return x->ino < y->ino ? -1 : x->ino > y->ino;
+}
+
+/* a file listed twice (or matched by two globs) would count twice as often */
+static int refuse_twice(const Dataset *d)
+{
+    const Corpus **order = isth_malloc(sizeof *order * (size_t)d->n_files);
+    CHECK_ALLOC(order);
+    for (int i = 0; i < d->n_files; i++) order[i] = &d->files[i];
+    qsort(order, (size_t)d->n_files, sizeof *order, by_file_id);
+    int rc = ISTH_OK;
+    for (int i = 1; i < d->n_files && rc == ISTH_OK; i++)
+        if (order[i]->dev == order[i - 1]->dev && order[i]->ino == order[i - 1]->ino)
+            rc = isth_fail(ISTH_EINPUT, "data.train: %s and %s are the same file (listed twice)", order[i - 1]->path,
+                           order[i]->path);
+    isth_free(order);
+    return rc;
+}
+
 int dataset_open(Dataset *d, const char *list, const char *dir, int T)
 {
     memset(d, 0, sizeof *d);
@@ -198,7 +230,7 @@ int dataset_open(Dataset *d, const char *list, const char *dir, int T)
     char *save = NULL;
     for (char *item = strtok_r(copy, " ,\t", &save); item && rc == ISTH_OK; item = strtok_r(NULL, " ,\t", &save)) {
         char name[CONFIG_FILE_PATH_MAX], pattern[CONFIG_FILE_PATH_MAX];
-        rc = expand_env(item, name, sizeof name);
+        rc = data_expand(item, name, sizeof name);
         if (rc != ISTH_OK) break;
         if (!strpbrk(name, "*?[")) { /* a plain path: its own message when it cannot be opened */
             rc = add_file(d, dir, name, T);
@@ -219,6 +251,7 @@ int dataset_open(Dataset *d, const char *list, const char *dir, int T)
     }
     isth_free(copy);
     if (rc == ISTH_OK && d->n_files == 0) rc = add_file(d, dir, "train.txt", T);
+    if (rc == ISTH_OK) rc = refuse_twice(d);
     if (rc == ISTH_OK) {
         d->first_start = isth_malloc(sizeof *d->first_start * (size_t)(d->n_files + 1));
         if (!d->first_start) rc = isth_fail(ISTH_ERUNTIME, "out of memory for %d data files", d->n_files);
@@ -249,19 +282,23 @@ uint64_t dataset_tokens(const Dataset *d)
 }
 
 /* file i, open (closing the least recently used one when too many are) */
-static Corpus *use_file(Dataset *d, int i)
+static int use_file(Dataset *d, int i)
 {
     Corpus *c = &d->files[i];
     c->last_use = ++d->uses;
-    if (c->fd >= 0 || d->n_open < DATA_MAX_OPEN) {
-        if (c->fd < 0) d->n_open++; /* corpus_read opens it */
-        return c;
+    if (c->fd >= 0) return ISTH_OK;
+    if (d->n_open >= DATA_MAX_OPEN) {
+        int lru = -1;
+        for (int j = 0; j < d->n_files; j++)
+            if (d->files[j].fd >= 0 && (lru < 0 || d->files[j].last_use < d->files[lru].last_use)) lru = j;
+        if (lru >= 0) {
+            corpus_close(&d->files[lru]);
+            d->n_open--;
+        }
     }
-    int lru = -1;
-    for (int j = 0; j < d->n_files; j++)
-        if (d->files[j].fd >= 0 && (lru < 0 || d->files[j].last_use < d->files[lru].last_use)) lru = j;
-    if (lru >= 0) corpus_close(&d->files[lru]);
-    return c;
+    CHECK(open_checked(c, c->size));
+    d->n_open++;
+    return ISTH_OK;
 }
 
 int data_fill(const DataCursor *cur, Dataset *d, uint64_t first_index, int *tokens, int *targets, int B, int T,
@@ -278,7 +315,8 @@ int data_fill(const DataCursor *cur, Dataset *d, uint64_t first_index, int *toke
             if (d->first_start[mid] <= pos) lo = mid;
             else hi = mid - 1;
         }
-        const int rc = corpus_tokens(use_file(d, lo), (size_t)(pos - d->first_start[lo]), (size_t)T + 1, w, vocab);
+        int rc = use_file(d, lo);
+        if (rc == ISTH_OK) rc = corpus_tokens(&d->files[lo], (size_t)(pos - d->first_start[lo]), (size_t)T + 1, w, vocab);
         if (rc != ISTH_OK) {
             isth_free(w);
             return rc;

@@ -38,6 +38,8 @@ typedef struct {
     size_t header;     /* bytes before the first token: 0 or SHARD_HEADER_BYTES */
     size_t n_tokens;
     uint64_t last_use; /* a dataset closes the least recently used file first */
+    uint64_t dev, ino;  /* the file opened first: a reopen must find the same one */
+    int64_t mtime_ns;
     char path[CONFIG_FILE_PATH_MAX];
 } Corpus;
 
@@ -60,6 +62,10 @@ int corpus_read(Corpus *c, size_t off, unsigned char *buf, size_t n);
 /* Tokens [first, first + n) of the file into out; a token >= vocab is
  * ISTH_EINPUT naming the file and the token's offset. */
 int corpus_tokens(Corpus *c, size_t first, size_t n, int *out, int vocab);
+
+/* `in` with each ${NAME} replaced by the environment variable's value;
+ * ISTH_EINPUT naming the path when one is not set. */
+int data_expand(const char *in, char *out, size_t cap);
 
 /* The training files. */
 typedef struct {

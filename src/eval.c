@@ -8,15 +8,14 @@
 #include <time.h>
 
 #include "clock.h"
+#include <string.h>
 #include "status.h"
 
 int eval_corpus(Backend *be, Coll *ep, int B, int T, Corpus *c, size_t max_bytes, int vocab, EvalResult *out)
 {
-    if (c->width != 1) /* bits per byte needs the bytes the tokens stand for */
-        return isth_fail(ISTH_EINPUT, "eval file %s: a token shard; evaluation files are raw bytes", c->path);
     const double t0 = now_s();
     const int G = ep->size, me = ep->rank;
-    const size_t size = max_bytes && max_bytes < c->size ? max_bytes : c->size;
+    const size_t size = c->width == 1 && max_bytes && max_bytes < c->n_tokens ? max_bytes : c->n_tokens; /* tokens */
     const size_t predicted = size - 1;
     const size_t windows = (predicted + (size_t)T - 1) / (size_t)T;
     const size_t per_call = (size_t)B * G; /* windows per forward over the learner */
@@ -84,11 +83,66 @@ int eval_corpus(Backend *be, Coll *ep, int B, int T, Corpus *c, size_t max_bytes
     isth_free(window_n);
     if (G > 1) CHECK(coll_allreduce_comm(ep->comm, &n_all, 1, MPI_UNSIGNED_LONG_LONG, sizeof n_all, MPI_SUM));
     if (n_all != predicted)
-        return isth_fail(ISTH_ERUNTIME, "eval %s: scored %llu bytes, expected %zu", c->path, n_all,
+        return isth_fail(ISTH_ERUNTIME, "eval %s: scored %llu tokens, expected %zu", c->path, n_all,
                          predicted);
     out->ce_sum = ce;
     out->predicted = predicted;
+    out->loss = ce / (double)predicted;
+    out->bytes = (double)predicted; /* a byte file; eval_set scales a shard's */
     out->bpb = ce / ((double)predicted * M_LN2);
     out->seconds = now_s() - t0;
     return ISTH_OK;
+}
+
+int eval_set(Backend *be, Coll *ep, int B, int T, EvalSet *s, size_t max_bytes, int vocab, EvalResult *out)
+{
+    CHECK(eval_corpus(be, ep, B, T, &s->file, s->file.width == 1 ? max_bytes : 0, vocab, out));
+    if (s->file.width != 1) {
+        out->bytes = (double)s->cfg.bytes * (double)out->predicted / (double)s->file.n_tokens;
+        out->bpb = out->ce_sum / (out->bytes * M_LN2);
+    }
+    return ISTH_OK;
+}
+
+int eval_sets_open(EvalSet sets[CONFIG_MAX_EVALS], int *n, const Config *cfg, int train_width)
+{
+    EvalConfig ec[CONFIG_MAX_EVALS];
+    const int count = config_eval_sets(cfg, ec);
+    *n = 0;
+    if (!cfg->n_evals && train_width > 1) return ISTH_OK; /* the bundled byte sets do not measure a token model */
+    for (int i = 0; i < count; i++) {
+        EvalSet *s = &sets[i];
+        memset(s, 0, sizeof *s);
+        s->cfg = ec[i];
+        s->file.fd = -1;
+        char path[CONFIG_FILE_PATH_MAX];
+        int rc = data_expand(ec[i].path, path, sizeof path);
+        if (rc == ISTH_OK) rc = corpus_open(&s->file, cfg->data.dir, path);
+        if (rc != ISTH_OK) {
+            eval_sets_close(sets, *n);
+            return rc;
+        }
+        (*n)++;
+        const Corpus *c = &s->file;
+        const char *kind = c->width == 1 ? "raw bytes" : c->width == 2 ? "uint16 tokens" : "uint32 tokens";
+        if (train_width && c->width != train_width)
+            rc = isth_fail(ISTH_EINPUT, "[eval.%s] %s holds %s, the training data %s", ec[i].name, c->path, kind,
+                           train_width == 1 ? "raw bytes" : train_width == 2 ? "uint16 tokens" : "uint32 tokens");
+        else if (c->width != 1 && ec[i].bytes <= 0)
+            rc = isth_fail(ISTH_EINPUT, "[eval.%s] %s holds tokens: give bytes = the bytes of text they stand for "
+                           "(bits per byte divides by it)", ec[i].name, c->path);
+        else if (c->width == 1 && ec[i].bytes && (size_t)ec[i].bytes != c->size)
+            rc = isth_fail(ISTH_EINPUT, "[eval.%s] bytes = %ld, but %s is a byte file of %zu bytes", ec[i].name,
+                           ec[i].bytes, c->path, c->size);
+        if (rc != ISTH_OK) {
+            eval_sets_close(sets, *n);
+            return rc;
+        }
+    }
+    return ISTH_OK;
+}
+
+void eval_sets_close(EvalSet *sets, int n)
+{
+    for (int i = 0; i < n; i++) corpus_close(&sets[i].file);
 }

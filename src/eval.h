@@ -20,15 +20,36 @@
 
 typedef struct {
     double bpb;
+    double loss;       /* nats per token */
     double ce_sum;     /* nats */
-    size_t predicted;  /* bytes predicted */
+    size_t predicted;  /* tokens predicted */
+    double bytes;      /* bytes of text they stand for (bits per byte divides by it) */
     double seconds;
 } EvalResult;
+
+/* One eval set of a config, opened. */
+typedef struct {
+    EvalConfig cfg;
+    Corpus file;
+} EvalSet;
+
+/* The config's eval sets ([eval.*], or data.dir's prose and tech) opened,
+ * paths expanded and relative to data.dir. train_width: the training
+ * data's bytes per token (0: not known); the implicit prose and tech are
+ * byte files and are left out (*n = 0) for token data; a set of another
+ * kind than the training data, a shard without `bytes`, a byte file whose
+ * `bytes` is not its size: ISTH_EINPUT with one line. */
+int eval_sets_open(EvalSet sets[CONFIG_MAX_EVALS], int *n, const Config *cfg, int train_width);
+void eval_sets_close(EvalSet *sets, int n);
 
 /* Evaluate the first `max_bytes` bytes of `c` (0 = all) with windows of
  * the activations' T, a->B windows per forward pass. */
 /* B sequences of T bytes per rank and forward (the learner's ranks split
  * the windows); learner collective over ep. */
 int eval_corpus(Backend *be, Coll *ep, int B, int T, Corpus *c, size_t max_bytes, int vocab, EvalResult *out);
+/* The same for an eval set: a byte file as eval_corpus (max_bytes applies);
+ * a token shard whole, its bits per byte over the bytes its predicted
+ * tokens stand for (the set's `bytes` x predicted / tokens). */
+int eval_set(Backend *be, Coll *ep, int B, int T, EvalSet *s, size_t max_bytes, int vocab, EvalResult *out);
 
 #endif

@@ -64,12 +64,12 @@ void federation_joint(Federation *f)
 static int site_local_line(const char *section, const char *line)
 {
     static const char *const train_local[] = {"out_dir", "threads", "backend", "precision", "gpu_share",
-                                              "log_every", "eval_every"};
+                                              "log_every", "eval_every", "recompute"};
     /* the network of each site is its own: where it listens, its buffers */
     static const char *const outer_local[] = {"key_file", "join_timeout", "ports", "interface", "socket_buffer"};
     /* checkpoint.every is shared: it decides when the sites drain and agree */
     static const char *const ckpt_local[] = {"dir", "keep", "timeout"};
-    if (!strcmp(section, "[data]")) return 1;
+    if (!strcmp(section, "[data]") || !strncmp(section, "[eval.", 6)) return 1; /* each site reads its own copy */
     const char *const *keys = NULL;
     size_t n = 0;
     if (!strcmp(section, "[train]")) keys = train_local, n = sizeof train_local / sizeof *train_local;
@@ -100,7 +100,8 @@ uint64_t federation_fingerprint(const Config *cfg)
         if (next) next++;
         if (line[0] == '[') {
             snprintf(section, sizeof section, "%.*s", (int)(len < 63 ? len : 63), line);
-            /* [site.NAME] sections are shared whole */
+            /* [site.NAME] sections are shared whole, [eval.NAME] ones not at all */
+            if (!strncmp(section, "[eval.", 6)) continue;
         } else if (site_local_line(section, line)) {
             continue;
         }

@@ -77,11 +77,13 @@ static const char *const usage_train =
 static const char *const usage_eval =
     "usage: isthmus eval --model FILE [--set section.key=value]...\n"
     "\n"
-    "Computes bits per byte of the model in FILE (written by 'isthmus train') on\n"
-    "eval_prose.txt and eval_tech.txt: consecutive windows of context+1 bytes\n"
-    "overlapping by one byte, no token dropping. The model's stored configuration is\n"
-    "used; --set may change [data] dir, [data] eval_bytes, [train] micro_batch,\n"
-    "[train] threads or [train] out_dir (results are appended to its metrics.jsonl).\n"
+    "Computes bits per byte (and loss per token) of the model in FILE (written by\n"
+    "'isthmus train') on its eval sets ([eval.NAME] sections, or data.dir's\n"
+    "eval_prose.txt and eval_tech.txt): consecutive windows of context+1 tokens\n"
+    "overlapping by one, no token dropping. The model's stored configuration is\n"
+    "used; --set may change [data] dir, [data] eval_bytes, [eval.NAME] path and\n"
+    "bytes, [train] micro_batch, [train] threads or [train] out_dir (results are\n"
+    "appended to its metrics.jsonl).\n"
     "Exit status: 0 success, 1 runtime failure, 2 bad file or configuration.\n";
 
 static const char *const usage_bench =
@@ -138,7 +140,8 @@ static const char *const usage_plot =
     "usage: isthmus plot RUN_DIR... -o FILE.png [--size WIDTHxHEIGHT]\n"
     "\n"
     "Draws four panels from each RUN_DIR/metrics.jsonl (an out_dir of isthmus train):\n"
-    "bits per byte on the prose and tech eval sets and training loss against tokens,\n"
+    "bits per byte on the first two eval sets (prose and tech unless [eval.NAME]\n"
+    "sections name others) and training loss against tokens,\n"
     "and the cumulative inter-site bytes against steps (log scale), one line per run,\n"
     "labelled with the directory's name, mode and codec. Needs gnuplot (Debian's\n"
     "gnuplot-nox). Default size 1600x1000. The PNG is written under FILE.png.tmp and\n"
@@ -230,11 +233,11 @@ static int cmd_eval(int argc, char **argv)
         static const char *const allowed[] = {"data.dir=", "data.eval_bytes=", "train.micro_batch=",
                                               "train.threads=", "train.out_dir=", "train.backend=",
                                               "train.precision=", "train.gpu_share="};
-        int ok = 0;
+        int ok = !strncmp(overrides[i], "eval.", 5); /* the sets to evaluate on */
         for (size_t a = 0; a < sizeof allowed / sizeof *allowed; a++)
             ok |= !strncmp(overrides[i], allowed[a], strlen(allowed[a]));
         if (!ok)
-            return isth_fail(ISTH_EINPUT, "eval: --set %s: only [data] dir/eval_bytes and [train] "
+            return isth_fail(ISTH_EINPUT, "eval: --set %s: only [data] dir/eval_bytes, [eval.*] and [train] "
                              "micro_batch/threads/out_dir/backend/precision/gpu_share can change for evaluation", overrides[i]);
     }
     int rank, size;
@@ -274,7 +277,8 @@ static int cmd_eval(int argc, char **argv)
     Coll ep;
     CHECK(coll_init(&ep, MPI_COMM_WORLD));
     Backend *be = NULL;
-    Corpus prose = {0}, tech = {0};
+    EvalSet sets[CONFIG_MAX_EVALS];
+    int n_sets = 0;
     Metrics mt = {0};
     const int El = cfg.model.experts / size;
     CHECK(backend_create(&be, &cfg, cfg.train.micro_batch, rank * El, El, &ep));
@@ -293,24 +297,26 @@ static int cmd_eval(int argc, char **argv)
     }
     state_view_destroy(&view);
     chunk_table_destroy(&ct);
-    if (rc == ISTH_OK) rc = corpus_open(&prose, cfg.data.dir, "eval_prose.txt");
-    if (rc == ISTH_OK) rc = corpus_open(&tech, cfg.data.dir, "eval_tech.txt");
+    /* the bundled sets are bytes: a model of another vocabulary names its own */
+    if (rc == ISTH_OK && !cfg.n_evals && cfg.model.vocab != 256)
+        rc = isth_fail(ISTH_EINPUT, "eval: %s has a vocabulary of %d, not bytes: name its eval sets "
+                       "(--set eval.NAME.path=FILE --set eval.NAME.bytes=N)", model_path, cfg.model.vocab);
+    if (rc == ISTH_OK) rc = eval_sets_open(sets, &n_sets, &cfg, 0);
     if (rc == ISTH_OK && rank == 0) rc = metrics_open(&mt, cfg.train.out_dir);
     if (rc == ISTH_OK && rank == 0)
         printf("isthmus eval: %s (step %ld, %.0f tokens trained)\n", model_path, meta.step, meta.tokens);
-    Corpus *sets[2] = {&prose, &tech};
-    const char *names[2] = {"prose", "tech"};
-    for (int i = 0; i < 2 && rc == ISTH_OK; i++) {
+    for (int i = 0; i < n_sets && rc == ISTH_OK; i++) {
         EvalResult r;
-        rc = eval_corpus(be, &ep, cfg.train.micro_batch, cfg.model.context, sets[i], (size_t)cfg.data.eval_bytes,
-                         cfg.model.vocab, &r);
-        if (rc == ISTH_OK && rank == 0) rc = metrics_eval(&mt, names[i], meta.step, r.bpb, r.predicted, r.seconds);
+        rc = eval_set(be, &ep, cfg.train.micro_batch, cfg.model.context, &sets[i], (size_t)cfg.data.eval_bytes,
+                      cfg.model.vocab, &r);
+        if (rc == ISTH_OK && rank == 0)
+            rc = metrics_eval(&mt, sets[i].cfg.name, sets[i].file.width == 1, meta.step, r.bpb, r.loss, r.predicted,
+                              r.bytes, r.seconds);
     }
     const int closed = metrics_close(&mt);
     if (rc == ISTH_OK) rc = closed;
     backend_destroy(be);
-    corpus_close(&prose);
-    corpus_close(&tech);
+    eval_sets_close(sets, n_sets);
     return rc;
 }
 

@@ -107,13 +107,18 @@ int metrics_step(Metrics *mt, const StepLog *s)
     return metrics_flush(mt);
 }
 
-int metrics_eval(Metrics *mt, const char *set, long step, double bpb, size_t bytes, double seconds)
+int metrics_eval(Metrics *mt, const char *set, int byte_set, long step, double bpb, double loss, size_t tokens,
+                 double bytes, double seconds)
 {
-    printf("eval %-5s step %6ld | bpb %.4f | %zu bytes | %.1f s\n", set, step, bpb, bytes, seconds);
+    if (byte_set) /* each token a byte */
+        printf("eval %-5s step %6ld | bpb %.4f | %zu bytes | %.1f s\n", set, step, bpb, tokens, seconds);
+    else
+        printf("eval %-5s step %6ld | bpb %.4f | loss %.4f per token | %zu tokens, %.0f bytes | %.1f s\n", set, step, bpb,
+               loss, tokens, bytes, seconds);
     fflush(stdout);
     if (!mt || !mt->f) return ISTH_OK;
-    fprintf(mt->f, "{\"eval\":\"%s\",\"step\":%ld,\"bpb\":%s,\"bytes\":%zu,\"seconds\":%.3f}\n", set,
-            step, jnum("%.9f", bpb).text, bytes, seconds);
+    fprintf(mt->f, "{\"eval\":\"%s\",\"step\":%ld,\"bpb\":%s,\"loss\":%s,\"tokens\":%zu,\"bytes\":%.0f,\"seconds\":%.3f}\n",
+            set, step, jnum("%.9f", bpb).text, jnum("%.9f", loss).text, tokens, bytes, seconds);
     return metrics_flush(mt);
 }
 

@@ -47,7 +47,8 @@ int metrics_flush(Metrics *mt);
 
 /* Print the human line to stdout and append the JSON object (checked). */
 int metrics_step(Metrics *mt, const StepLog *s);
-int metrics_eval(Metrics *mt, const char *set, long step, double bpb, size_t bytes, double seconds);
+int metrics_eval(Metrics *mt, const char *set, int byte_set, long step, double bpb, double loss, size_t tokens,
+                 double bytes, double seconds);
 
 /* One outer step of one fragment: started after inner step `started`,
  * applied after `step`. */

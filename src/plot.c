@@ -50,8 +50,21 @@ typedef struct {
     int positive_bytes; /* some step moved bytes between sites (a log scale can show it) */
 } RunData;
 
+/* The two eval sets the plot shows: the first two names met, in run order
+ * (prose and tech unless the runs named their own in [eval.*]). */
+static char set_names[2][64];
+
+static int set_slot(const char *name)
+{
+    for (int k = 0; k < 2; k++) {
+        if (!set_names[k][0]) snprintf(set_names[k], sizeof set_names[k], "%s", name);
+        if (!strcmp(set_names[k], name)) return k;
+    }
+    return -1; /* a third set: not plotted */
+}
+
 /* Read one run's metrics.jsonl into three data files in tmp (rI_steps,
- * rI_prose, rI_tech). */
+ * rI_e0, rI_e1: the two eval sets). */
 static int read_run(const char *dir, int index, const char *tmp, RunData *rd)
 {
     char path[PLOT_PATH_MAX], out[PLOT_PATH_MAX];
@@ -69,9 +82,9 @@ static int read_run(const char *dir, int index, const char *tmp, RunData *rd)
     snprintf(rd->label, sizeof rd->label, "%.*s", (int)strcspn(base, "/"), base);
     snprintf(out, sizeof out, "%s/r%d_steps", tmp, index);
     FILE *fs = fopen(out, "w");
-    snprintf(out, sizeof out, "%s/r%d_prose", tmp, index);
+    snprintf(out, sizeof out, "%s/r%d_e0", tmp, index);
     FILE *fe[2] = {fopen(out, "w"), NULL};
-    snprintf(out, sizeof out, "%s/r%d_tech", tmp, index);
+    snprintf(out, sizeof out, "%s/r%d_e1", tmp, index);
     fe[1] = fopen(out, "w");
     if (!fs || !fe[0] || !fe[1]) {
         if (fs) fclose(fs);
@@ -116,7 +129,7 @@ static int read_run(const char *dir, int index, const char *tmp, RunData *rd)
             rd->steps++;
         } else if (json_string(line, "eval", s, sizeof s) && json_number(line, "step", &step) &&
                    json_number(line, "bpb", &v)) {
-            const int k = !strcmp(s, "prose") ? 0 : !strcmp(s, "tech") ? 1 : -1;
+            const int k = set_slot(s);
             if (k < 0) continue;
             if (n_eval[k] == cap_eval[k]) {
                 cap_eval[k] = cap_eval[k] ? 2 * cap_eval[k] : 64;
@@ -163,7 +176,7 @@ static void quoted(FILE *f, const char *s)
 
 /* One panel: every run that has data for it, or "no data". */
 static void panel(FILE *g, const char *title, const char *xlabel, const char *ylabel, const char *file,
-                  const char *columns, const RunData *rd, int n, int which /* 0 steps, 1 prose, 2 tech, 3 bytes */)
+                  const char *columns, const RunData *rd, int n, int which /* 0 steps, 1 and 2 the eval sets, 3 bytes */)
 {
     fprintf(g, "set title ");
     quoted(g, title);
@@ -197,6 +210,7 @@ int plot_runs(const char *const *runs, int n_runs, const char *png, int width, i
     if (!mkdtemp(tmp)) return isth_fail(ISTH_ERUNTIME, "plot: cannot create a temporary directory: %s", strerror(errno));
     RunData rd[PLOT_MAX_RUNS];
     int rc = ISTH_OK;
+    memset(set_names, 0, sizeof set_names);
     for (int i = 0; i < n_runs && rc == ISTH_OK; i++) rc = read_run(runs[i], i, tmp, &rd[i]);
     char script[PLOT_PATH_MAX], partial[PLOT_PATH_MAX + 8], cmd[2 * PLOT_PATH_MAX];
     snprintf(script, sizeof script, "%s/plot.gp", tmp);
@@ -214,9 +228,12 @@ int plot_runs(const char *const *runs, int n_runs, const char *png, int width, i
         fprintf(g, "\nset datafile missing 'nan'\nset grid\nset key top right\nset format x '%%.1s%%c'\n"
                    "set xrange [0:*]\n");
         fprintf(g, "set multiplot layout 2,2 title 'isthmus: %d run(s)'\n", n_runs);
-        panel(g, "bits per byte, prose (eval)", "tokens", "bpb", "prose", "1:2", rd, n_runs, 1);
-        panel(g, "bits per byte, tech (eval)", "tokens", "bpb", "tech", "1:2", rd, n_runs, 2);
-        panel(g, "training loss", "tokens", "loss (nats per byte)", "steps", "2:3", rd, n_runs, 0);
+        char title[2][96];
+        for (int k = 0; k < 2; k++)
+            snprintf(title[k], sizeof title[k], "bits per byte, %s (eval)", set_names[k][0] ? set_names[k] : k ? "tech" : "prose");
+        panel(g, title[0], "tokens", "bpb", "e0", "1:2", rd, n_runs, 1);
+        panel(g, title[1], "tokens", "bpb", "e1", "1:2", rd, n_runs, 2);
+        panel(g, "training loss", "tokens", "loss (nats per token)", "steps", "2:3", rd, n_runs, 0);
         fprintf(g, "set format x '%%g'\nset xrange [*:*]\n");
         panel(g, "inter-site bytes, cumulative (sent + received)", "step", "bytes", "steps", "1:($4 > 0 ? $4 : NaN)",
               rd, n_runs, 3);

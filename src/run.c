@@ -328,7 +328,7 @@ static int trainer_start(Trainer *tr, const Config *cfg, MPI_Comm world, const u
         printf("data: %d file(s) of %s, %.0f tokens (%s%s)%s\n", d->n_files,
                d->width == 1 ? "raw bytes" : d->width == 2 ? "uint16 tokens" : "uint32 tokens",
                (double)dataset_tokens(d), d->files[0].path, d->n_files > 1 ? ", ..." : "",
-               tr->evals ? "" : "; evaluation off: the eval files are bytes, the model's tokens are not");
+               tr->n_evals ? "" : "; no evaluation: the bundled eval files are bytes (name token sets in [eval.*])");
         fflush(stdout);
     }
     if (rc == ISTH_OK) rc = ckpt_check_outputs(tr);

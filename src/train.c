@@ -69,12 +69,7 @@ int trainer_create(Trainer *tr, const Config *cfg, int log, MPI_Comm world, cons
     for (int s = 0; s < t->n_sites; s++) tr->site_leaders[s] = t->sites[s].first_rank;
 
     CHECK(dataset_open(&tr->train, cfg->data.train, cfg->data.dir, mc->context));
-    /* the eval files are bytes: they measure a byte model only (named token eval sets are to come) */
-    tr->evals = tr->train.width == 1;
-    if (tr->evals) {
-        CHECK(corpus_open(&tr->eval_prose, cfg->data.dir, "eval_prose.txt"));
-        CHECK(corpus_open(&tr->eval_tech, cfg->data.dir, "eval_tech.txt"));
-    }
+    CHECK(eval_sets_open(tr->evals, &tr->n_evals, cfg, tr->train.width));
     if (tr->train.width == 1 && mc->vocab < 256)
         return isth_fail(ISTH_EINPUT, "model.vocab = %d: the training data (%s) are raw bytes, which need 256",
                          mc->vocab, tr->train.files[0].path);
@@ -182,8 +177,7 @@ void trainer_destroy(Trainer *tr)
         topology_destroy(&tr->topo);
     }
     dataset_close(&tr->train);
-    corpus_close(&tr->eval_prose);
-    corpus_close(&tr->eval_tech);
+    eval_sets_close(tr->evals, tr->n_evals);
     isth_free(tr->config_text);
     isth_free(tr->site_leaders);
     tr->config_text = NULL;
@@ -348,26 +342,26 @@ void trainer_model_path(const Trainer *tr, char *out, size_t cap)
     else snprintf(out, cap, "%s/site-%s/model.h5", tr->cfg.train.out_dir, tr->topo.sites[s].name);
 }
 
-int trainer_eval(Trainer *tr, double *bpb_prose, double *bpb_tech)
+int trainer_eval(Trainer *tr, double *bpb_first, double *bpb_second)
 {
     /* every learner holds the global model (sync) or its anchor (outer
      * modes): learner 0 evaluates, its ranks splitting the windows; the
      * others go on to their next step */
-    if (tr->topo.learner != tr->topo.sites[trainer_lead_site(tr)].first_learner || !tr->evals) return ISTH_OK;
+    if (tr->topo.learner != tr->topo.sites[trainer_lead_site(tr)].first_learner || !tr->n_evals) return ISTH_OK;
     const int anchor = tr->mode == MODE_DILOCO || tr->mode == MODE_STREAMING; /* butterfly: learner 0's own */
     Backend *be = tr->be;
     if (anchor) CHECK(outer_view_anchor(&tr->outer, &tr->red, be));
-    Corpus *sets[2] = {&tr->eval_prose, &tr->eval_tech};
-    const char *names[2] = {"prose", "tech"};
-    double *outs[2] = {bpb_prose, bpb_tech};
     int rc = ISTH_OK;
-    for (int i = 0; i < 2 && rc == ISTH_OK; i++) {
+    for (int i = 0; i < tr->n_evals && rc == ISTH_OK; i++) {
         EvalResult r;
-        rc = eval_corpus(be, &tr->ep, tr->micro_batch, tr->cfg.model.context, sets[i], (size_t)tr->cfg.data.eval_bytes,
-                         tr->cfg.model.vocab, &r);
+        rc = eval_set(be, &tr->ep, tr->micro_batch, tr->cfg.model.context, &tr->evals[i], (size_t)tr->cfg.data.eval_bytes,
+                      tr->cfg.model.vocab, &r);
         if (rc != ISTH_OK) break;
-        if (tr->log) rc = metrics_eval(&tr->metrics, names[i], tr->step, r.bpb, r.predicted, r.seconds);
-        if (outs[i]) *outs[i] = r.bpb;
+        if (tr->log)
+            rc = metrics_eval(&tr->metrics, tr->evals[i].cfg.name, tr->evals[i].file.width == 1, tr->step, r.bpb,
+                              r.loss, r.predicted, r.bytes, r.seconds);
+        if (i == 0 && bpb_first) *bpb_first = r.bpb;
+        if (i == 1 && bpb_second) *bpb_second = r.bpb;
     }
     if (anchor) {
         const int vrc = outer_view_end(be);

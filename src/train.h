@@ -16,6 +16,7 @@
 #include "coll.h"
 #include "config.h"
 #include "data.h"
+#include "eval.h"
 #include "metrics.h"
 #include "model.h"
 #include "outer.h"
@@ -34,8 +35,8 @@ typedef struct {
     Backend *be;         /* computes; owns the weights, grads, optimiser state and activations */
     Model model;         /* the table of this rank's tensors (shapes, offsets; no buffers) */
     Dataset train;       /* the training files ([data] train) */
-    Corpus eval_prose, eval_tech;
-    int evals;           /* the byte eval files apply (byte training data): 1, else 0 */
+    EvalSet evals[CONFIG_MAX_EVALS]; /* [eval.*] (or prose and tech), opened */
+    int n_evals;         /* 0: none apply (token data without [eval.*] sections) */
     DataCursor cursor;
     int micro_batch, grad_accum; /* this rank's site's */
     double loss_weight;  /* scale of this rank's loss: its share of the tokens the update averages */
@@ -77,7 +78,7 @@ int trainer_step(Trainer *tr, StepLog *out);
  * trainer_model_path: <out_dir>/model.h5, or <out_dir>/site-NAME/model.h5. */
 int trainer_lead_site(const Trainer *tr);
 void trainer_model_path(const Trainer *tr, char *out, size_t cap);
-int trainer_eval(Trainer *tr, double *bpb_prose, double *bpb_tech);
+int trainer_eval(Trainer *tr, double *bpb_first, double *bpb_second);
 
 /* Write the model (learner 0's ranks write collectively; others return). */
 int trainer_write_model(Trainer *tr, const char *path);

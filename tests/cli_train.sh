@@ -6,6 +6,8 @@
 #  - `isthmus eval` on the written model reproduces the final bpb;
 #  - a uint16 token shard of the same bytes trains the same model; model.vocab
 #    sizes the embedding; bad shards and too small a vocabulary: exit 2;
+#  - [eval.NAME] sets: a byte file and a shard of its bytes score the same;
+#    mismatched kinds and missing keys: exit 2;
 #  - a truncated or corrupted model file is rejected with exit 2.
 . "$TOP_SRCDIR/tests/lib.sh"
 
@@ -86,6 +88,34 @@ expect_exit 2 "data file .*cut.bin: its header \\(byte 8\\) says 200000 tokens" 
     "$ISTHMUS" train "$T" --set data.train="$WORK/cut.bin" --set train.out_dir="$WORK/cut"
 expect_exit 2 "piece.txt holds raw bytes and .*piece.bin uint16 tokens: one kind per run" -- \
     "$ISTHMUS" train "$T" --set data.train="$WORK/piece.bin $WORK/piece.txt" --set train.out_dir="$WORK/mixed"
+
+# named eval sets: a byte set and a token shard of the same bytes (with the
+# bytes it stands for) give the same bits per byte, each model on its own
+# kind; the names reach metrics.jsonl; a set of the other kind, a shard
+# without its bytes, a section without a path: one line, exit 2
+short ebytes --set data.train="$WORK/piece.txt" --set eval.piece.path="$WORK/piece.txt" --set data.eval_bytes=0 ||
+    fail "byte run with [eval.piece] failed: $(tail -2 "$WORK/ebytes.log")"
+short etokens --set data.train="$WORK/piece.bin" --set eval.piece.path="$WORK/piece.bin" --set eval.piece.bytes=200000 ||
+    fail "token run with [eval.piece] failed: $(tail -2 "$WORK/etokens.log")"
+b1=$(grep '"eval":"piece"' "$WORK/ebytes/metrics.jsonl" | tail -1 | sed 's/.*"bpb":\([^,]*\),.*/\1/')
+b2=$(grep '"eval":"piece"' "$WORK/etokens/metrics.jsonl" | tail -1 | sed 's/.*"bpb":\([^,]*\),.*/\1/')
+if [ -n "$b1" ] && [ "$b1" = "$b2" ] && ! grep -q '"eval":"prose"' "$WORK/ebytes/metrics.jsonl"; then
+    pass "[eval.piece]: the byte file and the uint16 shard of its bytes (bytes = 200000) score the same, bpb $b1"
+else
+    fail "[eval.piece]: byte set bpb '$b1', token set '$b2' (or prose still evaluated)"
+fi
+grep -q '"eval":"piece".*"loss":.*"tokens":199999,"bytes":199999' "$WORK/etokens/metrics.jsonl" &&
+    pass "a token set reports loss per token, tokens predicted and the bytes they stand for" ||
+    fail "token set's eval record: $(grep '"eval":"piece"' "$WORK/etokens/metrics.jsonl" | tail -1)"
+"$ISTHMUS" eval --model "$WORK/etokens/model.h5" --set train.out_dir="$WORK/etokens-eval" > "$WORK/etokens-eval.log" 2>&1 &&
+    [ "$(grep '"eval":"piece"' "$WORK/etokens-eval/metrics.jsonl" | sed 's/.*"bpb":\([^,]*\),.*/\1/')" = "$b2" ] &&
+    pass "isthmus eval of the token model: the stored [eval.piece], the same bpb" ||
+    fail "isthmus eval of the token model: $(tail -2 "$WORK/etokens-eval.log")"
+expect_exit 2 "\\[eval.p\\] .*piece.txt holds raw bytes, the training data uint16 tokens" -- \
+    "$ISTHMUS" train "$T" --set data.train="$WORK/piece.bin" --set eval.p.path="$WORK/piece.txt" --set train.out_dir="$WORK/e1"
+expect_exit 2 "\\[eval.p\\] .*piece.bin holds tokens: give bytes" -- \
+    "$ISTHMUS" train "$T" --set data.train="$WORK/piece.bin" --set eval.p.path="$WORK/piece.bin" --set train.out_dir="$WORK/e2"
+expect_exit 2 "\\[eval.p\\] path is required" -- "$ISTHMUS" train "$T" --set eval.p.bytes=5 --set train.out_dir="$WORK/e3"
 
 # a different seed changes the numbers (the check above is not vacuous)
 run c --set train.seed=7 || fail "training run c failed"

@@ -43,7 +43,9 @@ finish() {
 mpi() { # mpi NP command...
     local np=$1
     shift
-    timeout 300 mpirun -q --oversubscribe -np "$np" "$@"
+    # -k: a rank that failed an assertion leaves the others in a barrier, and
+    # mpirun may not end on TERM alone
+    timeout -k 20 300 mpirun -q --oversubscribe -np "$np" "$@"
 }
 
 # value of a numeric JSON field on the metrics line of step N

@@ -14,8 +14,10 @@
  *               right, never more than the bound open at once
  *   bad input   a header whose count does not match the size, a wrong
  *               version, raw bytes mixed with shards, a shard shorter than a
- *               window, a token >= model.vocab, a glob that matches nothing:
- *               each ISTH_EINPUT with one line naming the file (and offset)
+ *               window, a token >= model.vocab, a glob that matches nothing,
+ *               a file listed twice: each ISTH_EINPUT with one line naming
+ *               the file (and offset); a file rewritten while the dataset
+ *               had it closed: ISTH_ERUNTIME when it is opened again
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -199,6 +201,7 @@ static void test_bad_input(void **state)
     write_shard("short.bin", 0, T, 2, SHARD_MAGIC_U16, 1, T);
     expect_input_error(dataset_open(&d, "short.bin", dir, T), "less than one window of context+1 = 17");
     expect_input_error(dataset_open(&d, "nothing-*.bin", dir, T), "matches no file");
+    expect_input_error(dataset_open(&d, "ok.bin a.bin ok.bin", dir, T), "are the same file (listed twice)");
     expect_input_error(dataset_open(&d, "missing.bin", dir, T), "missing.bin: cannot open");
     unsetenv("ISTHMUS_UNSET_VAR");
     expect_input_error(dataset_open(&d, "${ISTHMUS_UNSET_VAR}/a.bin", dir, T), "${ISTHMUS_UNSET_VAR} is not set");
@@ -208,6 +211,13 @@ static void test_bad_input(void **state)
     const DataCursor cur = {5, 0};
     expect_input_error(data_fill(&cur, &d, 0, tok, tgt, 50, T, 500), "is not below model.vocab = 500");
     assert_non_null(strstr(last_error(), "ok.bin: token "));
+    /* a file the dataset had closed (too many open) and that was rewritten meanwhile */
+    corpus_close(&d.files[0]);
+    d.n_open--;
+    usleep(20000); /* a later modification time */
+    write_shard("ok.bin", 0, 100, 2, SHARD_MAGIC_U16, 1, 100);
+    assert_int_equal(data_fill(&cur, &d, 0, tok, tgt, 1, T, 1000), ISTH_ERUNTIME);
+    assert_non_null(strstr(last_error(), "ok.bin: replaced or modified since the run opened it"));
     dataset_close(&d);
 }
 
