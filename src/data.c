@@ -82,8 +82,8 @@ static int read_format(Corpus *c)
         c->n_tokens = c->size;
     }
     if (c->n_tokens < 2)
-        return isth_fail(ISTH_EINPUT, "data file %s: %zu token(s); a corpus needs at least 2 (one to predict)", c->path,
-                         c->n_tokens);
+        return isth_fail(ISTH_EINPUT, "data file %s: %zu %s; a corpus needs at least 2 (one to predict)", c->path,
+                         c->n_tokens, c->width == 1 ? "byte(s)" : "token(s)");
     return ISTH_OK;
 }
 
@@ -188,8 +188,8 @@ static int add_file(Dataset *d, const char *dir, const char *name, int T)
                          d->files[0].path,
                          d->width == 1 ? "raw bytes" : d->width == 2 ? "uint16 tokens" : "uint32 tokens");
     if (c->n_tokens < (size_t)T + 1)
-        return isth_fail(ISTH_EINPUT, "data file %s: %zu tokens, less than one window of context+1 = %d", c->path,
-                         c->n_tokens, T + 1);
+        return isth_fail(ISTH_EINPUT, "data file %s: %zu %s, less than one window of context+1 = %d", c->path,
+                         c->n_tokens, c->width == 1 ? "bytes" : "tokens", T + 1);
     if (d->n_open > DATA_MAX_OPEN) { /* opened again when a window needs it */
         corpus_close(c);
         d->n_open--;
