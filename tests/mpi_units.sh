@@ -25,7 +25,7 @@ else
 fi
 WI=$(dirname "$ISTHMUS")/tests/test_wire
 if mpi 3 "$WI" > "$WORK/wire.log" 2>&1; then
-    pass "the inter-site TCP transport: whole messages in order over 3 streams, backpressure past its buffer, a hand-made peer (bad MAC refused, malformed chunk fails it), a dead peer never blocks, a broken one gives back its room, cannot make a stalled stream spin nor slip a chunk in twice ($(grep -c '^ok' "$WORK/wire.log") CMocka checks)"
+    pass "the inter-site TCP transport: whole messages in order over 3 streams, backpressure past its buffer, a hand-made peer (bad MAC refused, malformed chunk fails it), a dead peer never blocks, a broken one gives back its room, cannot make a stalled stream spin nor slip a chunk in twice, chunks go to the stream with room ($(grep -c '^ok' "$WORK/wire.log") CMocka checks)"
 else
     fail "test_wire: $(grep -E 'not ok|ERROR|error|Failure' "$WORK/wire.log" | head -5)"
 fi
