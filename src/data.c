@@ -87,6 +87,8 @@ static int read_format(Corpus *c)
     return ISTH_OK;
 }
 
+const char *corpus_kind(int width) { return width == 1 ? "raw bytes" : width == 2 ? "uint16 tokens" : "uint32 tokens"; }
+
 int corpus_open(Corpus *c, const char *dir, const char *name)
 {
     memset(c, 0, sizeof *c);
@@ -184,9 +186,7 @@ static int add_file(Dataset *d, const char *dir, const char *name, int T)
     if (d->n_files == 1) d->width = c->width;
     if (c->width != d->width)
         return isth_fail(ISTH_EINPUT, "data.train: %s holds %s and %s %s: one kind per run", c->path,
-                         c->width == 1 ? "raw bytes" : c->width == 2 ? "uint16 tokens" : "uint32 tokens",
-                         d->files[0].path,
-                         d->width == 1 ? "raw bytes" : d->width == 2 ? "uint16 tokens" : "uint32 tokens");
+                         corpus_kind(c->width), d->files[0].path, corpus_kind(d->width));
     if (c->n_tokens < (size_t)T + 1)
         return isth_fail(ISTH_EINPUT, "data file %s: %zu %s, less than one window of context+1 = %d", c->path,
                          c->n_tokens, c->width == 1 ? "bytes" : "tokens", T + 1);

@@ -53,6 +53,8 @@ typedef struct {
  * without blocking) or too short file, or a shard whose header does not
  * match its size, is ISTH_EINPUT with one line naming the path. */
 int corpus_open(Corpus *c, const char *dir, const char *name);
+/* What a file of `width` bytes per token holds, in words: "raw bytes", "uint16 tokens", "uint32 tokens". */
+const char *corpus_kind(int width);
 void corpus_close(Corpus *c);
 
 /* Bytes [off, off + n) of the file; ISTH_ERUNTIME naming the file when it

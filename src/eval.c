@@ -124,10 +124,9 @@ int eval_sets_open(EvalSet sets[CONFIG_MAX_EVALS], int *n, const Config *cfg, in
         }
         (*n)++;
         const Corpus *c = &s->file;
-        const char *kind = c->width == 1 ? "raw bytes" : c->width == 2 ? "uint16 tokens" : "uint32 tokens";
         if (train_width && c->width != train_width)
-            rc = isth_fail(ISTH_EINPUT, "[eval.%s] %s holds %s, the training data %s", ec[i].name, c->path, kind,
-                           train_width == 1 ? "raw bytes" : train_width == 2 ? "uint16 tokens" : "uint32 tokens");
+            rc = isth_fail(ISTH_EINPUT, "[eval.%s] %s holds %s, the training data %s", ec[i].name, c->path,
+                           corpus_kind(c->width), corpus_kind(train_width));
         else if (c->width != 1 && ec[i].bytes <= 0)
             rc = isth_fail(ISTH_EINPUT, "[eval.%s] %s holds tokens: give bytes = the bytes of text they stand for "
                            "(bits per byte divides by it)", ec[i].name, c->path);

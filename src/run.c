@@ -326,7 +326,7 @@ static int trainer_start(Trainer *tr, const Config *cfg, MPI_Comm world, const u
                tr->be ? tr->be->threads : 0);
         const Dataset *d = &tr->train;
         printf("data: %d file(s) of %s, %.0f tokens (%s%s)%s\n", d->n_files,
-               d->width == 1 ? "raw bytes" : d->width == 2 ? "uint16 tokens" : "uint32 tokens",
+               corpus_kind(d->width),
                (double)dataset_tokens(d), d->files[0].path, d->n_files > 1 ? ", ..." : "",
                tr->n_evals ? "" : "; no evaluation: the bundled eval files are bytes (name token sets in [eval.*])");
         fflush(stdout);
@@ -455,7 +455,7 @@ int train_run(const Config *cfg, const char *resume, const char *site)
     memset(&vote, 0, sizeof vote);
     int stopping = 0, ckpt_due = 0;
     fault_set_step(tr.step);
-    if (rc == ISTH_OK && tc->eval_every > 0 && tr.step == 0) rc = trainer_eval(&tr, NULL, NULL);
+    if (rc == ISTH_OK && tc->eval_every > 0 && tr.step == 0) rc = trainer_eval(&tr);
     /* the training's wall time, less the evaluations and checkpoints in it
      * (paused_s): what compute utilisation is measured against */
     const double loop_start = now_s(), compute_start = tr.compute_s, wait_start = tr.red.link.wait_s;
@@ -513,7 +513,7 @@ int train_run(const Config *cfg, const char *resume, const char *site)
         }
         if (tc->eval_every > 0 && tr.step % tc->eval_every == 0 && tr.step < tc->steps) {
             const double t_eval = now_s();
-            rc = trainer_eval(&tr, NULL, NULL);
+            rc = trainer_eval(&tr);
             paused_s += now_s() - t_eval;
         }
     }
@@ -529,7 +529,7 @@ int train_run(const Config *cfg, const char *resume, const char *site)
     if (finished && rc == ISTH_OK && tc->check_replicas > 0) rc = check_replicas(&tr);
     if (finished && rc == ISTH_OK) rc = traffic_summary(&tr, first_step);
     if (finished && rc == ISTH_OK) rc = ckpt_write(&tr);
-    if (finished && rc == ISTH_OK) rc = trainer_eval(&tr, NULL, NULL);
+    if (finished && rc == ISTH_OK) rc = trainer_eval(&tr);
     if (finished && rc == ISTH_OK) {
         char path[CONFIG_FILE_PATH_MAX + 80];
         trainer_model_path(&tr, path, sizeof path);

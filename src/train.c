@@ -342,7 +342,7 @@ void trainer_model_path(const Trainer *tr, char *out, size_t cap)
     else snprintf(out, cap, "%s/site-%s/model.h5", tr->cfg.train.out_dir, tr->topo.sites[s].name);
 }
 
-int trainer_eval(Trainer *tr, double *bpb_first, double *bpb_second)
+int trainer_eval(Trainer *tr)
 {
     /* every learner holds the global model (sync) or its anchor (outer
      * modes): learner 0 evaluates, its ranks splitting the windows; the
@@ -360,8 +360,6 @@ int trainer_eval(Trainer *tr, double *bpb_first, double *bpb_second)
         if (tr->log)
             rc = metrics_eval(&tr->metrics, tr->evals[i].cfg.name, tr->evals[i].file.width == 1, tr->step, r.bpb,
                               r.loss, r.predicted, r.bytes, r.seconds);
-        if (i == 0 && bpb_first) *bpb_first = r.bpb;
-        if (i == 1 && bpb_second) *bpb_second = r.bpb;
     }
     if (anchor) {
         const int vrc = outer_view_end(be);

@@ -78,7 +78,7 @@ int trainer_step(Trainer *tr, StepLog *out);
  * trainer_model_path: <out_dir>/model.h5, or <out_dir>/site-NAME/model.h5. */
 int trainer_lead_site(const Trainer *tr);
 void trainer_model_path(const Trainer *tr, char *out, size_t cap);
-int trainer_eval(Trainer *tr, double *bpb_first, double *bpb_second);
+int trainer_eval(Trainer *tr);
 
 /* Write the model (learner 0's ranks write collectively; others return). */
 int trainer_write_model(Trainer *tr, const char *path);
