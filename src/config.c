@@ -87,6 +87,7 @@ static const KeySpec schema[] = {
 
     {"data", "dir", KEY_STR, DA(dir), STRSZ(data.dir), 0, 0, 0, NULL, ISTHMUS_DATADIR},
     {"data", "train", KEY_STR, DA(train), STRSZ(data.train), 0, 0, 0, NULL, ""},
+    {"data", "tokenizer", KEY_STR, DA(tokenizer), STRSZ(data.tokenizer), 0, 0, 0, NULL, ""},
     {"data", "eval_bytes", KEY_LONG, DA(eval_bytes), 0, 0, (double)LONG_MAX, 0, NULL, "0"},
 
     {"outer", "mode", KEY_ENUM, OU(mode), STRSZ(outer.mode), 0, 0, 0, "sync|diloco|streaming|butterfly", "sync"},

@@ -68,6 +68,7 @@ Recompute config_recompute(const TrainConfig *t);
 typedef struct {
     char dir[CONFIG_PATH_MAX];   /* holds train.txt eval_prose.txt eval_tech.txt */
     char train[4 * CONFIG_PATH_MAX]; /* training files: paths and globs ("" = dir/train.txt) */
+    char tokenizer[CONFIG_PATH_MAX]; /* the sentencepiece model of token data ("" none) */
     long eval_bytes;             /* 0 = whole eval files */
 } DataConfig;
 

@@ -5,7 +5,10 @@
  * 2 bad input).
  * Must not: contain training, evaluation or file-format logic.
  */
+#include <cblas.h>
+#include <errno.h>
 #include <malloc.h>
+#include <math.h>
 #include <mpi.h>
 #include <omp.h>
 #include <signal.h>
@@ -19,6 +22,13 @@
 #include "backend.h"
 #include "cpu/blas_select.h"
 #include "ckpt.h"
+#include "clock.h"
+#include "data.h"
+#include "decoder.h"
+#include "export.h"
+#include "modelfile.h"
+#include "sample.h"
+#include "tokenizer.h"
 #include "coll.h"
 #include "config.h"
 #include "eval.h"
@@ -48,6 +58,8 @@ static const char *const usage_main =
     "commands:\n"
     "  train CONFIG [--set section.key=value]...   train, evaluate, write <out_dir>/model.h5\n"
     "  eval --model FILE [--set ...]...            bits per byte on both eval sets\n"
+    "  generate --model FILE [--prompt TEXT]       sample a continuation (KV cache, this process)\n"
+    "  export --model FILE -o DIR                  model.safetensors + config.json (PyTorch: python/)\n"
     "  bench CONFIG [--threads 1,2] [--steps N]    training-step throughput and GFLOP/s\n"
     "  config [CONFIG] [--set ...]... [--keys]     print the resolved configuration\n"
     "  inspect FILE                                attributes, datasets and validity of a checkpoint\n"
@@ -85,6 +97,24 @@ static const char *const usage_eval =
     "bytes, [train] micro_batch, [train] threads or [train] out_dir (results are\n"
     "appended to its metrics.jsonl).\n"
     "Exit status: 0 success, 1 runtime failure, 2 bad file or configuration.\n";
+
+static const char *const usage_generate =
+    "usage: isthmus generate --model FILE [--prompt TEXT] [--tokens N] [--temperature T] [--top-k K]\n"
+    "                        [--seed S] [--tokenizer FILE] [--ids] [--threads N]\n"
+    "\n"
+    "Sample N tokens (default 256) after the prompt from a model file of 'isthmus train'\n"
+    "(or a checkpoint), on this process's CPU with a KV cache. Temperature 0 is greedy;\n"
+    "otherwise the logits / T, cut to the K most likely (0 = all, the default), give\n"
+    "the distribution, and the draws are a function of --seed (default 1): the same\n"
+    "seed gives the same text. Default temperature 1.\n"
+    "Text: a byte model (vocab 256) reads and writes bytes; a token model uses its\n"
+    "sentencepiece tokenizer ([data] tokenizer in its config, or --tokenizer FILE),\n"
+    "and without one (or in a build without libsentencepiece) the prompt and the\n"
+    "sample are token ids separated by spaces. --ids prints ids in every case. The\n"
+    "default prompt is a newline for a byte model; a token model needs --prompt.\n"
+    "The prompt and the sample go to stdout, a summary line to stderr. When the\n"
+    "context fills, generation goes on from the last half of it. --threads: compute\n"
+    "threads (default 1: one token at a time is matrix-vector work).\n";
 
 static const char *const usage_bench =
     "usage: isthmus bench CONFIG.ini [--threads LIST] [--steps N] [--warmup W] [--peak-tflops P]\n"
@@ -317,6 +347,193 @@ static int cmd_eval(int argc, char **argv)
     if (rc == ISTH_OK) rc = closed;
     backend_destroy(be);
     eval_sets_close(sets, n_sets);
+    return rc;
+}
+
+/* A number option: the whole text a number in [lo, hi]. */
+static int number_option(const char *name, const char *text, double lo, double hi, int integer, double *out)
+{
+    char *end;
+    errno = 0;
+    const double v = strtod(text, &end);
+    if (end == text || *end || errno || !(v >= lo && v <= hi) || (integer && v != floor(v)))
+        return isth_fail(ISTH_EINPUT, "%s %s: expected %s in [%g, %g]", name, text, integer ? "an integer" : "a number",
+                         lo, hi);
+    *out = v;
+    return ISTH_OK;
+}
+
+/* The model's tokenizer: `given` (--tokenizer), else its config's [data]
+ * tokenizer (relative to its data.dir, ${NAME} expanded), else "". */
+static int tokenizer_path(const Config *cfg, const char *given, char *out, size_t cap)
+{
+    out[0] = '\0';
+    if (given) {
+        snprintf(out, cap, "%s", given);
+        return ISTH_OK;
+    }
+    if (!cfg->data.tokenizer[0]) return ISTH_OK;
+    char expanded[CONFIG_FILE_PATH_MAX];
+    CHECK(data_expand(cfg->data.tokenizer, expanded, sizeof expanded));
+    if (expanded[0] != '/' && cfg->data.dir[0]) snprintf(out, cap, "%s/%s", cfg->data.dir, expanded);
+    else snprintf(out, cap, "%s", expanded);
+    return ISTH_OK;
+}
+
+static const char *const usage_export =
+    "usage: isthmus export --model FILE -o DIR [--tokenizer FILE]\n"
+    "\n"
+    "Write the model of a model file (or checkpoint) as DIR/model.safetensors (every\n"
+    "tensor in float32 under its /model name, canonical shape) and DIR/config.json,\n"
+    "plus DIR/tokenizer.model when the model has a sentencepiece tokenizer ([data]\n"
+    "tokenizer, or --tokenizer). python/isthmus_model.py loads DIR into PyTorch.\n"
+    "Names and shapes: docs/architecture.md.\n";
+
+static int cmd_export(int argc, char **argv)
+{
+    if (wants_help(argc, argv)) {
+        fputs(usage_export, stdout);
+        return ISTH_OK;
+    }
+    const char *overrides[MAX_OVERRIDES], *pos[1];
+    const char *model_path = NULL, *dir = NULL, *tok_path = NULL;
+    const Option opts[] = {{"--model", 1, &model_path}, {"-o", 1, &dir}, {"--tokenizer", 1, &tok_path}};
+    int n_over, n_pos;
+    CHECK(parse_common(argc, argv, overrides, &n_over, pos, 1, &n_pos, opts, sizeof opts / sizeof *opts));
+    if (n_pos) return isth_fail(ISTH_EINPUT, "export: unexpected argument '%s'", pos[0]);
+    if (n_over) return isth_fail(ISTH_EINPUT, "export: --set does not apply (the model file holds the config)");
+    if (!model_path || !dir) return isth_fail(ISTH_EINPUT, "export: needs --model FILE and -o DIR (see isthmus export --help)");
+    int size;
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    if (size != 1) return isth_fail(ISTH_EINPUT, "export runs as one process (not under mpirun with %d ranks)", size);
+    Config cfg;
+    Model m;
+    H5Meta meta;
+    CHECK(modelfile_load(model_path, NULL, 0, &cfg, &m, &meta));
+    char tpath[2 * CONFIG_FILE_PATH_MAX + 2];
+    int rc = tokenizer_path(&cfg, tok_path, tpath, sizeof tpath);
+    /* the tokenizer must be this model's before it is shipped with it */
+    Tokenizer tok = {0};
+    if (rc == ISTH_OK && tpath[0]) rc = tokenizer_open(&tok, tpath, cfg.model.vocab);
+    tokenizer_close(&tok);
+    if (rc == ISTH_OK) rc = export_model(dir, &m, &meta, tpath);
+    if (rc == ISTH_OK)
+        printf("isthmus export: %s (step %ld) -> %s/model.safetensors, %s/config.json%s%s%s\n", model_path, meta.step,
+               dir, dir, tpath[0] ? ", " : "", tpath[0] ? dir : "", tpath[0] ? "/tokenizer.model" : "");
+    model_destroy(&m);
+    return rc;
+}
+
+static void emit_id(void *ctx, int token)
+{
+    printf(" %d", token);
+    fflush(stdout);
+}
+
+static void emit_byte(void *ctx, int token)
+{
+    putchar(token);
+    fflush(stdout);
+}
+
+static int cmd_generate(int argc, char **argv)
+{
+    if (wants_help(argc, argv)) {
+        fputs(usage_generate, stdout);
+        return ISTH_OK;
+    }
+    const char *overrides[MAX_OVERRIDES], *pos[1];
+    const char *model_path = NULL, *prompt = NULL, *tokens_text = "256", *temp_text = "1", *topk_text = "0",
+               *seed_text = "1", *tok_path = NULL, *ids_flag = NULL, *threads_text = "1";
+    const Option opts[] = {{"--model", 1, &model_path},     {"--prompt", 1, &prompt}, {"--tokens", 1, &tokens_text},
+                           {"--temperature", 1, &temp_text}, {"--top-k", 1, &topk_text}, {"--seed", 1, &seed_text},
+                           {"--tokenizer", 1, &tok_path},   {"--ids", 0, &ids_flag}, {"--threads", 1, &threads_text}};
+    int n_over, n_pos;
+    CHECK(parse_common(argc, argv, overrides, &n_over, pos, 1, &n_pos, opts, sizeof opts / sizeof *opts));
+    if (n_pos) return isth_fail(ISTH_EINPUT, "generate: unexpected argument '%s'", pos[0]);
+    if (n_over) return isth_fail(ISTH_EINPUT, "generate: --set does not apply (the model file holds the config)");
+    if (!model_path) return isth_fail(ISTH_EINPUT, "generate: missing --model FILE (see isthmus generate --help)");
+    int size;
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    if (size != 1) return isth_fail(ISTH_EINPUT, "generate runs as one process (not under mpirun with %d ranks)", size);
+    double count, temperature, top_k, seed;
+    CHECK(number_option("--tokens", tokens_text, 0, 1 << 30, 1, &count));
+    CHECK(number_option("--temperature", temp_text, 0, 1e6, 0, &temperature));
+    CHECK(number_option("--top-k", topk_text, 0, 1 << 30, 1, &top_k));
+    CHECK(number_option("--seed", seed_text, 0, 9007199254740992.0, 1, &seed));
+    double threads;
+    CHECK(number_option("--threads", threads_text, 1, 4096, 1, &threads));
+    /* one token at a time is matrix-vector work: one thread is the fastest on small models */
+    omp_set_num_threads((int)threads);
+    openblas_set_num_threads((int)threads);
+    Config cfg;
+    Model m;
+    H5Meta meta;
+    CHECK(modelfile_load(model_path, NULL, 0, &cfg, &m, &meta));
+    char tpath[2 * CONFIG_FILE_PATH_MAX + 2];
+    int rc = tokenizer_path(&cfg, tok_path, tpath, sizeof tpath);
+    Tokenizer tok = {0};
+    if (rc == ISTH_OK) rc = tokenizer_open(&tok, tpath, cfg.model.vocab);
+    if (rc == ISTH_OK && ids_flag) tok.kind = tok.kind == TOKENIZER_BYTES ? TOKENIZER_IDS : tok.kind;
+    if (rc == ISTH_OK && !prompt && tok.kind != TOKENIZER_BYTES && cfg.model.vocab != 256)
+        rc = isth_fail(ISTH_EINPUT, "generate: a token model needs --prompt (text, or token ids without its tokenizer)");
+    int *ids = NULL, *out = NULL;
+    size_t n_ids = 0;
+    if (rc == ISTH_OK) rc = tokenizer_encode(&tok, prompt ? prompt : "\n", &ids, &n_ids);
+    if (rc == ISTH_OK && n_ids == 0) rc = isth_fail(ISTH_EINPUT, "generate: the prompt is no tokens");
+    Decoder d = {0};
+    if (rc == ISTH_OK) rc = decoder_create(&d, &m);
+    if (rc == ISTH_OK && !(out = isth_malloc(((size_t)count + 1) * sizeof(int))))
+        rc = isth_fail(ISTH_ERUNTIME, "out of memory for %.0f tokens", count);
+    if (rc == ISTH_OK) {
+        const int as_ids = ids_flag || tok.kind == TOKENIZER_IDS;
+        char *text = NULL;
+        size_t len = 0;
+        if (as_ids) {
+            for (size_t i = 0; i < n_ids; i++) printf("%s%d", i ? " " : "", ids[i]);
+        } else if ((rc = tokenizer_decode(&tok, ids, n_ids, &text, &len)) == ISTH_OK) {
+            fwrite(text, 1, len, stdout);
+        }
+        isth_free(text);
+        fflush(stdout);
+        const SampleRule rule = {temperature, (int)top_k, (uint64_t)seed};
+        const double t0 = now_s();
+        /* bytes and ids appear as they are drawn; sentencepiece text at the end */
+        if (rc == ISTH_OK)
+            rc = sample_generate(&d, ids, n_ids, (int)count, &rule, out,
+                                 as_ids ? emit_id : tok.kind == TOKENIZER_BYTES ? emit_byte : NULL, NULL);
+        const double secs = now_s() - t0;
+        if (rc == ISTH_OK && !as_ids && tok.kind == TOKENIZER_SENTENCEPIECE) {
+            /* the continuation decoded after the prompt's tokens (a piece's space depends on its neighbours) */
+            int *all = isth_malloc((n_ids + (size_t)count) * sizeof(int));
+            char *full = NULL, *head = NULL;
+            size_t full_len = 0, head_len = 0;
+            if (!all) rc = isth_fail(ISTH_ERUNTIME, "out of memory for the sample");
+            if (rc == ISTH_OK) {
+                memcpy(all, ids, n_ids * sizeof(int));
+                memcpy(all + n_ids, out, (size_t)count * sizeof(int));
+                rc = tokenizer_decode(&tok, all, n_ids + (size_t)count, &full, &full_len);
+            }
+            if (rc == ISTH_OK) rc = tokenizer_decode(&tok, ids, n_ids, &head, &head_len);
+            if (rc == ISTH_OK) fwrite(full + head_len, 1, full_len - head_len, stdout);
+            isth_free(all);
+            isth_free(full);
+            isth_free(head);
+        }
+        putchar('\n');
+        fflush(stdout);
+        if (rc == ISTH_OK)
+            fprintf(stderr, "isthmus generate: %s (step %ld), %zu prompt + %.0f sampled tokens, %s, temperature %g, "
+                    "top-k %d, seed %.0f: %.1f tokens/s\n", model_path, meta.step, n_ids, count,
+                    tok.kind == TOKENIZER_BYTES ? "bytes" : tok.kind == TOKENIZER_SENTENCEPIECE ? "sentencepiece"
+                                                                                            : "token ids",
+                    temperature, (int)top_k, seed, secs > 0 ? count / secs : 0.0);
+    }
+    decoder_destroy(&d);
+    isth_free(ids);
+    isth_free(out);
+    tokenizer_close(&tok);
+    model_destroy(&m);
     return rc;
 }
 
@@ -593,6 +810,10 @@ int main(int argc, char **argv)
         rc = cmd_train(argc - 2, argv + 2);
     } else if (!strcmp(argv[1], "eval")) {
         rc = cmd_eval(argc - 2, argv + 2);
+    } else if (!strcmp(argv[1], "generate")) {
+        rc = cmd_generate(argc - 2, argv + 2);
+    } else if (!strcmp(argv[1], "export")) {
+        rc = cmd_export(argc - 2, argv + 2);
     } else if (!strcmp(argv[1], "bench")) {
         rc = cmd_bench(argc - 2, argv + 2);
     } else if (!strcmp(argv[1], "inspect")) {
