@@ -82,6 +82,24 @@ static int cuda_score(Backend *b, const int *tokens, const int *targets, int B, 
     return ISTH_OK;
 }
 
+static int cuda_predict(Backend *b, const int *tokens, int T, float *probs)
+{
+    CudaBackend *c = cb(b);
+    int *targets = (int *)isth_malloc((size_t)T * sizeof(int));
+    if (!targets) return isth_fail(ISTH_ERUNTIME, "out of memory for a prediction");
+    for (int t = 0; t < T; t++) targets[t] = -1;
+    ForwardStats st;
+    const int rc = cuda_transformer_forward(&c->model, &c->acts, tokens, targets, 1, T, 0, &st);
+    isth_free(targets);
+    CHECK(rc);
+    /* the forward leaves every position's softmax in probs (device) */
+    const size_t V = (size_t)c->model.cfg.vocab;
+    CHECK_CUDA(cudaMemcpyAsync(probs, c->acts.probs + (size_t)(T - 1) * V, V * sizeof(float), cudaMemcpyDeviceToHost,
+                               c->stream));
+    CHECK_CUDA(cudaStreamSynchronize(c->stream));
+    return ISTH_OK;
+}
+
 static int cuda_zero_grads(Backend *b)
 {
     CudaBackend *c = cb(b);
@@ -316,6 +334,7 @@ static const BackendOps cuda_ops = {
     cuda_copy_state,
     cuda_encode_ef,
     cuda_set_progress,
+    cuda_predict,
 };
 
 extern "C" int cuda_device_count(void)

@@ -125,11 +125,18 @@ class IsthmusModel(torch.nn.Module):
         first predicted once. Returns (nats summed, tokens predicted)."""
         tokens = torch.as_tensor(tokens, dtype=torch.int64)
         T, total, n = self.context, 0.0, 0
-        for start in range(0, len(tokens) - 1, T):
-            w = tokens[start:start + T + 1]
+        starts = list(range(0, len(tokens) - 1, T))
+        full = [s for s in starts if s + T + 1 <= len(tokens)]
+        for b in range(0, len(full), 64):  # whole windows in batches, the short last one alone
+            w = torch.stack([tokens[s:s + T + 1] for s in full[b:b + 64]])
+            logits = self(w[:, :-1])
+            total += float(torch.nn.functional.cross_entropy(logits.reshape(-1, self.vocab).double(),
+                                                             w[:, 1:].reshape(-1), reduction="sum"))
+            n += w.shape[0] * T
+        for s in starts[len(full):]:
+            w = tokens[s:s + T + 1]
             logits = self(w[None, :-1])[0]
-            ce = torch.nn.functional.cross_entropy(logits.double(), w[1:], reduction="sum")
-            total += float(ce)
+            total += float(torch.nn.functional.cross_entropy(logits.double(), w[1:], reduction="sum"))
             n += len(w) - 1
         return total, n
 

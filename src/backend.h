@@ -106,6 +106,10 @@ typedef struct {
      * train_micro, on the calling thread, outside any collective; fn NULL
      * stops it. The trainer's way to keep the link's messages moving. */
     void (*set_progress)(Backend *b, void (*fn)(void *ctx), void *ctx);
+    /* Forward of one sequence of T tokens without capacity limits; probs
+     * (V, host) = the distribution of the token after the last (what
+     * train.sample_every draws from). Learner collective. */
+    int (*predict)(Backend *b, const int *tokens, int T, float *probs);
 } BackendOps;
 
 /* The largest batch of a learner sum through host scratch, in floats (64

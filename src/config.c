@@ -80,6 +80,8 @@ static const KeySpec schema[] = {
     {"train", "threads", KEY_INT, TR(threads), 0, 0, 4096, 0, NULL, "0"},
     {"train", "seed", KEY_U64, TR(seed), 0, 0, 0, 0, NULL, "42"},
     {"train", "eval_every", KEY_INT, TR(eval_every), 0, 0, INT_MAX, 0, NULL, "0"},
+    {"train", "sample_every", KEY_INT, TR(sample_every), 0, 0, INT_MAX, 0, NULL, "0"},
+    {"train", "sample_tokens", KEY_INT, TR(sample_tokens), 0, 1, 1 << 16, 0, NULL, "64"},
     {"train", "log_every", KEY_INT, TR(log_every), 0, 1, INT_MAX, 0, NULL, "1"},
     {"train", "check_replicas", KEY_INT, TR(check_replicas), 0, 0, INT_MAX, 0, NULL, "0"},
     {"train", "mpi_piece_bytes", KEY_LONG, TR(mpi_piece_bytes), 0, 1024, INT_MAX, 0, NULL, "1073741824"},

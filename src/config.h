@@ -56,6 +56,8 @@ typedef struct {
     uint64_t seed;
     int eval_every;
     int log_every;
+    int sample_every;    /* steps between samples printed during training (0 = none) */
+    int sample_tokens;   /* tokens per sample */
     int check_replicas;  /* every N steps: verify all learners hold identical models (0 = off) */
     long mpi_piece_bytes; /* largest single MPI transfer; larger ones go in pieces */
     char out_dir[CONFIG_PATH_MAX];

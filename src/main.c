@@ -363,23 +363,6 @@ static int number_option(const char *name, const char *text, double lo, double h
     return ISTH_OK;
 }
 
-/* The model's tokenizer: `given` (--tokenizer), else its config's [data]
- * tokenizer (relative to its data.dir, ${NAME} expanded), else "". */
-static int tokenizer_path(const Config *cfg, const char *given, char *out, size_t cap)
-{
-    out[0] = '\0';
-    if (given) {
-        snprintf(out, cap, "%s", given);
-        return ISTH_OK;
-    }
-    if (!cfg->data.tokenizer[0]) return ISTH_OK;
-    char expanded[CONFIG_FILE_PATH_MAX];
-    CHECK(data_expand(cfg->data.tokenizer, expanded, sizeof expanded));
-    if (expanded[0] != '/' && cfg->data.dir[0]) snprintf(out, cap, "%s/%s", cfg->data.dir, expanded);
-    else snprintf(out, cap, "%s", expanded);
-    return ISTH_OK;
-}
-
 static const char *const usage_export =
     "usage: isthmus export --model FILE -o DIR [--tokenizer FILE]\n"
     "\n"
@@ -411,7 +394,8 @@ static int cmd_export(int argc, char **argv)
     H5Meta meta;
     CHECK(modelfile_load(model_path, NULL, 0, &cfg, &m, &meta));
     char tpath[2 * CONFIG_FILE_PATH_MAX + 2];
-    int rc = tokenizer_path(&cfg, tok_path, tpath, sizeof tpath);
+    int rc = tok_path ? (snprintf(tpath, sizeof tpath, "%s", tok_path), ISTH_OK)
+                       : tokenizer_resolve(cfg.data.tokenizer, cfg.data.dir, tpath, sizeof tpath);
     /* the tokenizer must be this model's before it is shipped with it */
     Tokenizer tok = {0};
     if (rc == ISTH_OK && tpath[0]) rc = tokenizer_open(&tok, tpath, cfg.model.vocab);
@@ -471,7 +455,8 @@ static int cmd_generate(int argc, char **argv)
     H5Meta meta;
     CHECK(modelfile_load(model_path, NULL, 0, &cfg, &m, &meta));
     char tpath[2 * CONFIG_FILE_PATH_MAX + 2];
-    int rc = tokenizer_path(&cfg, tok_path, tpath, sizeof tpath);
+    int rc = tok_path ? (snprintf(tpath, sizeof tpath, "%s", tok_path), ISTH_OK)
+                       : tokenizer_resolve(cfg.data.tokenizer, cfg.data.dir, tpath, sizeof tpath);
     Tokenizer tok = {0};
     if (rc == ISTH_OK) rc = tokenizer_open(&tok, tpath, cfg.model.vocab);
     if (rc == ISTH_OK && ids_flag) tok.kind = tok.kind == TOKENIZER_BYTES ? TOKENIZER_IDS : tok.kind;

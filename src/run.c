@@ -516,6 +516,11 @@ int train_run(const Config *cfg, const char *resume, const char *site)
             rc = trainer_eval(&tr);
             paused_s += now_s() - t_eval;
         }
+        if (rc == ISTH_OK && tc->sample_every > 0 && tr.step % tc->sample_every == 0 && tr.step < tc->steps) {
+            const double t_sample = now_s();
+            rc = trainer_sample(&tr);
+            paused_s += now_s() - t_sample;
+        }
     }
     /* on an error the job ends (fault_end_job); waiting here could hang */
     if (vote.pending && rc == ISTH_OK) rc = MPI_Wait(&vote.req, MPI_STATUS_IGNORE) == MPI_SUCCESS ? ISTH_OK : ISTH_ERUNTIME;
@@ -530,6 +535,7 @@ int train_run(const Config *cfg, const char *resume, const char *site)
     if (finished && rc == ISTH_OK) rc = traffic_summary(&tr, first_step);
     if (finished && rc == ISTH_OK) rc = ckpt_write(&tr);
     if (finished && rc == ISTH_OK) rc = trainer_eval(&tr);
+    if (finished && rc == ISTH_OK && tc->sample_every > 0) rc = trainer_sample(&tr);
     if (finished && rc == ISTH_OK) {
         char path[CONFIG_FILE_PATH_MAX + 80];
         trainer_model_path(&tr, path, sizeof path);

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "alloc.h"
+#include "data.h"
 #include "status.h"
 
 int tokenizer_have_sentencepiece(void) { return HAVE_SENTENCEPIECE; }
@@ -47,6 +48,18 @@ int tokenizer_open(Tokenizer *t, const char *path, int vocab)
                          "tokenizer", path, n, vocab);
     }
     t->kind = TOKENIZER_SENTENCEPIECE;
+    return ISTH_OK;
+}
+
+int tokenizer_resolve(const char *configured, const char *dir, char *out, size_t cap)
+{
+    out[0] = '\0';
+    if (!configured[0]) return ISTH_OK;
+    char expanded[CONFIG_FILE_PATH_MAX];
+    CHECK(data_expand(configured, expanded, sizeof expanded));
+    const int n = expanded[0] != '/' && dir[0] ? snprintf(out, cap, "%s/%s", dir, expanded)
+                                               : snprintf(out, cap, "%s", expanded);
+    if (n < 0 || (size_t)n >= cap) return isth_fail(ISTH_EINPUT, "tokenizer %s: path too long", configured);
     return ISTH_OK;
 }
 

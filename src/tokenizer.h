@@ -33,6 +33,10 @@ int tokenizer_have_sentencepiece(void);
 int tokenizer_open(Tokenizer *t, const char *path, int vocab);
 void tokenizer_close(Tokenizer *t);
 
+/* A configured tokenizer path ([data] tokenizer) as a file name: ${NAME}
+ * expanded, relative to `dir` unless absolute; "" stays "". */
+int tokenizer_resolve(const char *configured, const char *dir, char *out, size_t cap);
+
 /* text -> ids (*ids allocated, *n set); ids outside the vocabulary or a
  * malformed id list: ISTH_EINPUT naming the token. */
 int tokenizer_encode(const Tokenizer *t, const char *text, int **ids, size_t *n);

@@ -10,6 +10,7 @@
 #include <time.h>
 
 #include "eval.h"
+#include "sample.h"
 #include "fault.h"
 #include "h5io.h"
 #include "clock.h"
@@ -73,6 +74,18 @@ int trainer_create(Trainer *tr, const Config *cfg, int log, MPI_Comm world, cons
     if (tr->train.width == 1 && mc->vocab < 256)
         return isth_fail(ISTH_EINPUT, "model.vocab = %d: the training data (%s) are raw bytes, which need 256",
                          mc->vocab, tr->train.files[0].path);
+    /* the tokenizer must be the model's (its vocabulary); a build without
+     * sentencepiece shows samples as ids rather than refusing to train */
+    if (cfg->data.tokenizer[0] && !tokenizer_have_sentencepiece()) {
+        if (t->world_rank == 0)
+            printf("data: [data] tokenizer %s is not used: this isthmus was built without libsentencepiece "
+                   "(samples are token ids)\n", cfg->data.tokenizer);
+        CHECK(tokenizer_open(&tr->tokenizer, "", mc->vocab));
+    } else {
+        char tpath[2 * CONFIG_FILE_PATH_MAX + 2];
+        CHECK(tokenizer_resolve(cfg->data.tokenizer, cfg->data.dir, tpath, sizeof tpath));
+        CHECK(tokenizer_open(&tr->tokenizer, tpath, mc->vocab));
+    }
     tr->cursor.seed = tc->seed;
     tr->cursor.step = 0;
 
@@ -178,6 +191,7 @@ void trainer_destroy(Trainer *tr)
     }
     dataset_close(&tr->train);
     eval_sets_close(tr->evals, tr->n_evals);
+    tokenizer_close(&tr->tokenizer);
     isth_free(tr->config_text);
     isth_free(tr->site_leaders);
     tr->config_text = NULL;
@@ -365,6 +379,81 @@ int trainer_eval(Trainer *tr)
         const int vrc = outer_view_end(be);
         if (rc == ISTH_OK) rc = vrc;
     }
+    return rc;
+}
+
+/* Bytes in a valid UTF-8 sequence starting at s (n left), 0 if none. */
+static size_t utf8_sequence(const unsigned char *s, size_t n)
+{
+    const size_t len = s[0] < 0xc2 ? 0 : s[0] < 0xe0 ? 2 : s[0] < 0xf0 ? 3 : s[0] < 0xf5 ? 4 : 0;
+    if (!len || len > n) return 0;
+    for (size_t i = 1; i < len; i++)
+        if ((s[i] & 0xc0) != 0x80) return 0;
+    return len;
+}
+
+/* The sample's text on one line: newlines, control bytes and bytes that
+ * are not UTF-8 escaped (a byte model draws any byte). */
+static void print_sample(long step, const char *text, size_t len)
+{
+    const unsigned char *s = (const unsigned char *)text;
+    printf("sample step %ld | ", step);
+    for (size_t i = 0; i < len;) {
+        const size_t seq = s[i] >= 0x80 ? utf8_sequence(s + i, len - i) : 1;
+        if (s[i] == '\n') fputs("\\n", stdout);
+        else if (s[i] == '\\') fputs("\\\\", stdout);
+        else if (s[i] < 0x20 || s[i] == 0x7f || !seq) printf("\\x%02x", s[i]);
+        else fwrite(s + i, 1, seq, stdout);
+        i += seq ? seq : 1;
+    }
+    putchar('\n');
+    fflush(stdout);
+}
+
+int trainer_sample(Trainer *tr)
+{
+    if (tr->topo.learner != tr->topo.sites[trainer_lead_site(tr)].first_learner) return ISTH_OK;
+    const ModelConfig *mc = &tr->cfg.model;
+    const int T = mc->context, n = tr->cfg.train.sample_tokens, V = mc->vocab;
+    /* the prompt: the first eighth of the first eval set's first window (a newline without one) */
+    int prompt_n = tr->n_evals ? T / 8 : 1;
+    if (prompt_n < 1) prompt_n = 1;
+    if (tr->n_evals && (size_t)prompt_n > tr->evals[0].file.n_tokens) prompt_n = (int)tr->evals[0].file.n_tokens;
+    int *window = isth_malloc((size_t)(T + n) * sizeof(int));
+    float *probs = isth_malloc((size_t)V * sizeof(float));
+    double *scratch = isth_malloc((size_t)V * sizeof(double));
+    int rc = window && probs && scratch ? ISTH_OK : isth_fail(ISTH_ERUNTIME, "out of memory for a sample");
+    if (rc == ISTH_OK && tr->n_evals) rc = corpus_tokens(&tr->evals[0].file, 0, (size_t)prompt_n, window, V);
+    else if (rc == ISTH_OK) window[0] = '\n' < V ? '\n' : 0;
+    const int anchor = tr->mode == MODE_DILOCO || tr->mode == MODE_STREAMING;
+    if (rc == ISTH_OK && anchor) rc = outer_view_anchor(&tr->outer, &tr->red, tr->be);
+    /* temperature 1, every token: the model's own distribution, drawn from (seed, step) */
+    const SampleRule rule = {1.0, 0, tr->cfg.train.seed ^ ((uint64_t)tr->step * 0x9e3779b97f4a7c15ull)};
+    int len = prompt_n;
+    for (int g = 0; g < n && rc == ISTH_OK; g++) {
+        const int start = len > T ? len - T : 0; /* the last context's tokens */
+        rc = tr->be->ops->predict(tr->be, window + start, len - start, probs);
+        if (rc != ISTH_OK) break;
+        for (int v = 0; v < V; v++) probs[v] = logf(probs[v]); /* log-probabilities are logits */
+        int tok = sample_draw(probs, V, &rule, (uint64_t)g, scratch);
+        /* the learner's ranks computed the same distribution; rank 0's draw is the one */
+        rc = coll_bcast_bytes(tr->topo.learner_comm, &tok, sizeof tok, 0);
+        window[len++] = tok;
+    }
+    if (anchor) {
+        const int vrc = outer_view_end(tr->be);
+        if (rc == ISTH_OK) rc = vrc;
+    }
+    if (rc == ISTH_OK && tr->log) {
+        char *text = NULL;
+        size_t text_len = 0;
+        rc = tokenizer_decode(&tr->tokenizer, window + prompt_n, (size_t)n, &text, &text_len);
+        if (rc == ISTH_OK) print_sample(tr->step, text, text_len);
+        isth_free(text);
+    }
+    isth_free(window);
+    isth_free(probs);
+    isth_free(scratch);
     return rc;
 }
 

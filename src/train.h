@@ -17,6 +17,7 @@
 #include "config.h"
 #include "data.h"
 #include "eval.h"
+#include "tokenizer.h"
 #include "metrics.h"
 #include "model.h"
 #include "outer.h"
@@ -28,6 +29,7 @@ typedef struct {
     char *config_text;   /* resolved config, stored in output files */
     Topology topo;
     Coll ep;             /* the learner: expert-parallel group */
+    Tokenizer tokenizer; /* the samples' text ([data] tokenizer; bytes; or ids) */
     Reducer red;         /* reductions over all learners (sync and outer modes) */
     Outer outer;         /* diloco / streaming state */
     OuterMode mode;      /* [outer] mode */
@@ -79,6 +81,11 @@ int trainer_step(Trainer *tr, StepLog *out);
 int trainer_lead_site(const Trainer *tr);
 void trainer_model_path(const Trainer *tr, char *out, size_t cap);
 int trainer_eval(Trainer *tr);
+/* train.sample_every: the first learner of the lead site draws
+ * train.sample_tokens tokens after a prompt (the start of the first eval
+ * set) from the model it evaluates, at temperature 1; the log prints them
+ * decoded, one line. Learner collective; the others return. */
+int trainer_sample(Trainer *tr);
 
 /* Write the model (learner 0's ranks write collectively; others return). */
 int trainer_write_model(Trainer *tr, const char *path);

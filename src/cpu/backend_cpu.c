@@ -58,6 +58,21 @@ static int cpu_score(Backend *b, const int *tokens, const int *targets, int B, i
     return ISTH_OK;
 }
 
+static int cpu_predict(Backend *b, const int *tokens, int T, float *probs)
+{
+    CpuBackend *c = cpu(b);
+    int *targets = isth_malloc((size_t)T * sizeof(int));
+    if (!targets) return isth_fail(ISTH_ERUNTIME, "out of memory for a prediction");
+    for (int t = 0; t < T; t++) targets[t] = -1;
+    ForwardStats st;
+    const int rc = transformer_forward(&c->model, &c->acts, tokens, targets, 1, T, 0, &st);
+    isth_free(targets);
+    CHECK(rc);
+    /* the forward leaves every position's softmax in probs */
+    memcpy(probs, c->acts.probs + (size_t)(T - 1) * c->model.cfg.vocab, sizeof(float) * (size_t)c->model.cfg.vocab);
+    return ISTH_OK;
+}
+
 static int cpu_zero_grads(Backend *b)
 {
     memset(cpu(b)->model.grads, 0, cpu(b)->model.n_params * sizeof(float));
@@ -277,6 +292,7 @@ static const BackendOps cpu_ops = {
     .copy_state = cpu_copy_state,
     .encode_ef = NULL, /* the reducer's host codec is this backend's */
     .set_progress = cpu_set_progress,
+    .predict = cpu_predict,
 };
 
 /* OpenMP and OpenBLAS thread counts (0 = leave the defaults). */
