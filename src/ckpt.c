@@ -256,6 +256,7 @@ static int write_state(Trainer *tr, H5File *f, CkptScratch *sc)
     CHECK(h5_attr_write_long(f, "/", "step", tr->step));
     CHECK(h5_attr_write_long(f, "/", "outer_steps", tr->outer.outer_steps));
     CHECK(h5_attr_write_double(f, "/", "tokens", tr->tokens_seen));
+    CHECK(h5_attr_write_long(f, "/", "data_width", tr->train.width));
     CHECK(h5_attr_write_string(f, "/", "written", stamp));
     CHECK(h5_attr_write_string(f, "/", "site", site->name));
     CHECK(h5_attr_write_string(f, "/", "mode", tr->cfg.outer.mode));

@@ -664,6 +664,7 @@ int h5model_create(H5File *f, const char *path, const Model *m, const char *conf
     if (rc == ISTH_OK) rc = h5_attr_write_string(f, "/", "config", config_text);
     if (rc == ISTH_OK) rc = h5_attr_write_long(f, "/", "step", meta->step);
     if (rc == ISTH_OK) rc = h5_attr_write_double(f, "/", "tokens", meta->tokens);
+    if (rc == ISTH_OK && meta->data_width) rc = h5_attr_write_long(f, "/", "data_width", meta->data_width);
     if (rc != ISTH_OK) { /* the temporary file goes */
         f->failed = 1;
         h5_commit(f);
@@ -701,6 +702,12 @@ int h5model_read(const char *path, const Model *m, ChunkAt at, void *ctx, H5Meta
     meta->step = (long)step;
     meta->tokens = 0;
     if (rc == ISTH_OK) rc = h5_attr_read_double(&f, "/", "tokens", &meta->tokens);
+    /* the training data's kind (files before it was recorded: not known) */
+    long long width = 0;
+    meta->data_width = 0;
+    if (rc == ISTH_OK && H5Aexists_by_name(f.file, "/", "data_width", H5P_DEFAULT) > 0 &&
+        (rc = h5_attr_read_long(&f, "/", "data_width", &width)) == ISTH_OK)
+        meta->data_width = (int)width;
     if (rc == ISTH_OK) rc = h5_read_chunks(&f, "/model", m, at, ctx);
     h5_close(&f);
     return rc;

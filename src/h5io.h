@@ -83,6 +83,7 @@ int h5_read_chunks(H5File *f, const char *group, const Model *m, ChunkAt at, voi
 typedef struct {
     long step;
     double tokens;
+    int data_width;  /* bytes per token of the training data: 1 raw bytes, 2 or 4 a shard; 0 not recorded */
 } H5Meta;
 
 /* Collective over comm: create the model file at `path` (temporary name

@@ -331,7 +331,8 @@ static int cmd_eval(int argc, char **argv)
     if (rc == ISTH_OK && !cfg.n_evals && cfg.model.vocab != 256)
         rc = isth_fail(ISTH_EINPUT, "eval: %s has a vocabulary of %d, not bytes: name its eval sets "
                        "(--set eval.NAME.path=FILE --set eval.NAME.bytes=N)", model_path, cfg.model.vocab);
-    if (rc == ISTH_OK) rc = eval_sets_open(sets, &n_sets, &cfg, 0);
+    /* the sets must be of the data the model was trained on (its file records the kind) */
+    if (rc == ISTH_OK) rc = eval_sets_open(sets, &n_sets, &cfg, meta.data_width);
     if (rc == ISTH_OK && rank == 0) rc = metrics_open(&mt, cfg.train.out_dir);
     if (rc == ISTH_OK && rank == 0)
         printf("isthmus eval: %s (step %ld, %.0f tokens trained)\n", model_path, meta.step, meta.tokens);
@@ -459,7 +460,6 @@ static int cmd_generate(int argc, char **argv)
                        : tokenizer_resolve(cfg.data.tokenizer, cfg.data.dir, tpath, sizeof tpath);
     Tokenizer tok = {0};
     if (rc == ISTH_OK) rc = tokenizer_open(&tok, tpath, cfg.model.vocab);
-    if (rc == ISTH_OK && ids_flag) tok.kind = tok.kind == TOKENIZER_BYTES ? TOKENIZER_IDS : tok.kind;
     if (rc == ISTH_OK && !prompt && tok.kind != TOKENIZER_BYTES && cfg.model.vocab != 256)
         rc = isth_fail(ISTH_EINPUT, "generate: a token model needs --prompt (text, or token ids without its tokenizer)");
     int *ids = NULL, *out = NULL;
