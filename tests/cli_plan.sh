@@ -9,8 +9,8 @@
 C="$CONFIGS/moe-32b.ini"
 "$ISTHMUS" plan "$C" --site east:gb300:64 --site west:b300:64 --link 25Gbps,150ms > "$WORK/plan.txt" 2>&1 ||
     fail "plan failed: $(tail -2 "$WORK/plan.txt")"
-# moe-32b: L=32 D=2560 E=64 k=2 F=2048 T=4096 V=256; 64 ranks x 1 seq x 8 micro-steps per site
-L=32 D=2560 E=64 K=2 F=2048 T=4096 V=256
+# moe-32b: L=32 D=2560 E=64 k=2 F=2048 T=4096 V=32768; 64 ranks x 1 seq x 8 micro-steps per site
+L=32 D=2560 E=64 K=2 F=2048 T=4096 V=32768
 field() { sed -n "$1" "$WORK/plan.txt" | head -1; }
 within() { awk -v a="$1" -v b="$2" -v t="$3" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(b != 0 && d <= t * (b < 0 ? -b : b)) }'; }
 check() { # check WHAT GOT WANT TOL
@@ -90,11 +90,12 @@ grep -q "memory of world rank .* predicted" "$WORK/plan.txt" && pass "memory per
     fail "no memory table in the plan"
 # the GPU's activations (any build): the residual stream (L+1 layers), seven
 # saved (N,D) tensors per layer, nine (N,D) scratch tensors, the rows sent
-# and returned (2 N K D) and each layer's returned rows (N K D), in floats;
-# the rest (norms, routing tables, log-sum-exps, logits) is under 1% here
+# and returned (2 N K D), each layer's returned rows (N K D), and the head's
+# probabilities and their gradient (2 N V), in floats; the rest (norms,
+# routing tables, log-sum-exps) is under 1% here
 acts=$(awk '$1 == "activations" && $3 == "B" { print $2 }' "$WORK/plan.txt")
 check "GPU activations per rank (GB)" "$(awk -v a="$acts" 'BEGIN { print a / 1e9 }')" \
-    "$(awk 'BEGIN { L = 32; N = 4096; D = 2560; K = 2; print 4 * ((L + 1) * N * D + 7 * L * N * D + 9 * N * D + 2 * N * K * D + L * N * K * D) / 1e9 }')" 0.01
+    "$(awk -v V=$V 'BEGIN { L = 32; N = 4096; D = 2560; K = 2; print 4 * ((L + 1) * N * D + 7 * L * N * D + 9 * N * D + 2 * N * K * D + L * N * K * D + 2 * N * V) / 1e9 }')" 0.01
 total_gib=$(awk '$1 == "total" && $3 == "B" { printf "%.1f", $2 / 2^30 }' "$WORK/plan.txt")
 awk -v t="$total_gib" 'BEGIN { exit !(t > 0 && t < 80) }' && pass "moe-32b fits an 80 GB GPU: $total_gib GiB per rank" ||
     fail "moe-32b needs $total_gib GiB per rank"
