@@ -282,6 +282,35 @@ uint64_t dataset_tokens(const Dataset *d)
 }
 
 /* file i, open (closing the least recently used one when too many are) */
+static int use_file(Dataset *d, int i);
+
+/* FNV-1a, 64 bits, continued from h. */
+static uint64_t fnv1a(uint64_t h, const void *p, size_t n)
+{
+    const unsigned char *b = p;
+    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 0x100000001b3ull;
+    return h;
+}
+
+int dataset_identity(Dataset *d, uint64_t *id)
+{
+    uint64_t h = 0xcbf29ce484222325ull;
+    const uint64_t head[2] = {(uint64_t)d->width, (uint64_t)d->n_files};
+    h = fnv1a(h, head, sizeof head);
+    unsigned char block[DATA_IDENTITY_BLOCK];
+    for (int i = 0; i < d->n_files; i++) {
+        Corpus *c = &d->files[i];
+        CHECK(use_file(d, i));
+        const size_t n = c->size < sizeof block ? c->size : sizeof block;
+        CHECK(corpus_read(c, 0, block, n));
+        const uint64_t size = c->size;
+        h = fnv1a(h, &size, sizeof size);
+        h = fnv1a(h, block, n);
+    }
+    *id = h;
+    return ISTH_OK;
+}
+
 static int use_file(Dataset *d, int i)
 {
     Corpus *c = &d->files[i];

@@ -87,6 +87,13 @@ void dataset_close(Dataset *d);
 /* Tokens in all files. */
 uint64_t dataset_tokens(const Dataset *d);
 
+/* The data's identity, what the sites of a run must agree on (their paths
+ * may differ): a hash of the kind, the number of files and, in order, each
+ * file's size and first DATA_IDENTITY_BLOCK bytes (a shard's header and
+ * its first tokens). */
+#define DATA_IDENTITY_BLOCK 8192
+int dataset_identity(Dataset *d, uint64_t *id);
+
 /* Fill tokens/targets (B,T) with windows first_index .. first_index+B-1 of
  * step cur->step; a token >= vocab is ISTH_EINPUT naming file and offset. */
 int data_fill(const DataCursor *cur, Dataset *d, uint64_t first_index, int *tokens, int *targets, int B, int T,

@@ -71,6 +71,24 @@ int trainer_create(Trainer *tr, const Config *cfg, int log, MPI_Comm world, cons
 
     CHECK(dataset_open(&tr->train, cfg->data.train, cfg->data.dir, mc->context));
     CHECK(eval_sets_open(tr->evals, &tr->n_evals, cfg, tr->train.width));
+    /* every site reads its own copy ([data] is site-local): the copies must
+     * be the same data (the vocabulary is in [model], checked with the config) */
+    uint64_t id;
+    CHECK(dataset_identity(&tr->train, &id));
+    uint64_t *ids = isth_malloc(sizeof(uint64_t) * (size_t)t->world_size);
+    CHECK_ALLOC(ids);
+    int rc = MPI_Allgather(&id, 1, MPI_UINT64_T, ids, 1, MPI_UINT64_T, world) == MPI_SUCCESS ? ISTH_OK : ISTH_ERUNTIME;
+    for (int r = 1; r < t->world_size && rc == ISTH_OK; r++)
+        if (ids[r] != ids[0]) {
+            const int s = topology_site_of(t, r);
+            rc = isth_fail(ISTH_EINPUT, "data: world rank %d (site %s) reads other training data than world rank 0 "
+                           "(site %s): identity %016llx against %016llx (the number of files, each one's size and "
+                           "first %d bytes, in order, must match; the paths may differ)", r, cfg->sites[s].name,
+                           cfg->sites[topology_site_of(t, 0)].name, (unsigned long long)ids[r],
+                           (unsigned long long)ids[0], DATA_IDENTITY_BLOCK);
+        }
+    isth_free(ids);
+    CHECK(rc);
     if (tr->train.width == 1 && mc->vocab < 256)
         return isth_fail(ISTH_EINPUT, "model.vocab = %d: the training data (%s) are raw bytes, which need 256",
                          mc->vocab, tr->train.files[0].path);

@@ -61,6 +61,27 @@ fi
 if [ "$(grep -c '^sample step \(120\|240\) | .' "$WORK/train.log")" = 2 ]; then pass "train.sample_every printed two samples"
 else fail "samples: $(grep '^sample' "$WORK/train.log")"; fi
 
+# each site its own copy (paths differ through ${TD}): the same data trains; a copy
+# that differs in one byte is refused when the sites meet
+mkdir -p "$WORK/copy"
+cp "$TOK"/train_*.bin "$WORK/copy/"
+two_copies() { # two_copies OUT: site a reads $TOK, site b $WORK/copy
+    local args="$TOK/tiny.ini --set data.train=\${TD}/train_*.bin --set site.a.ranks=1 --set site.b.ranks=1 --set train.steps=2 --set train.out_dir=$1"
+    # shellcheck disable=SC2086
+    timeout -k 20 300 mpirun -q --oversubscribe -np 1 -x TD="$TOK" "$ISTHMUS" train $args : \
+        -np 1 -x TD="$WORK/copy" "$ISTHMUS" train $args
+}
+if two_copies "$WORK/copies" > "$WORK/copies.log" 2>&1; then pass "each site reads its own copy of the shards (other paths)"
+else fail "two copies: $(tail -3 "$WORK/copies.log")"; fi
+printf 'x' | dd of="$WORK/copy/train_000000.bin" bs=1 seek=3000 conv=notrunc 2>/dev/null
+rc=0
+two_copies "$WORK/differ" > "$WORK/differ.log" 2>&1 || rc=$?
+if [ "$rc" = 2 ] && grep -q "data: world rank 1 (site b) reads other training data than world rank 0 (site a)" "$WORK/differ.log"; then
+    pass "a site whose copy differs in one byte is refused (exit 2)"
+else
+    fail "differing copies: exit $rc: $(tail -3 "$WORK/differ.log")"
+fi
+
 MODEL="$WORK/run/model.h5"
 g() { "$ISTHMUS" generate --model "$MODEL" --tokens 24 "$@" 2>"$WORK/gen.err"; }
 g --prompt "The package" --seed 5 > "$WORK/g1" && g --prompt "The package" --seed 5 > "$WORK/g2" &&
