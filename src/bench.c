@@ -97,8 +97,9 @@ int bench_run(const Config *cfg, const int *threads, int n_threads, int warmup, 
            fpt / 1e6, model_active_matrix_params(&cfg->model) / 1e6);
     if (peak_tflops > 0) printf("# MFU: model FLOP/s per rank / %.1f TFLOP/s peak\n", peak_tflops);
     printf("# %d warm-up step(s) untimed, then %d timed; cpu ms/step: rank 0's process CPU time\n", warmup, steps);
-    printf("%-8s %10s %12s %10s %10s %14s %9s %14s %16s%s\n", "threads", "ms/step", "cpu ms/step", "tokens/s",
-           "GFLOP/s", "sgemm GFLOP/s", "of sgemm", "a2a B/step", "inter-site B/step",
+    printf("# data: rank 0's time reading training windows (data_fill), per step and as a share of it\n");
+    printf("%-8s %10s %12s %10s %10s %14s %9s %14s %16s %13s %7s%s\n", "threads", "ms/step", "cpu ms/step", "tokens/s",
+           "GFLOP/s", "sgemm GFLOP/s", "of sgemm", "a2a B/step", "inter-site B/step", "data ms/step", "data",
            peak_tflops > 0 ? "      MFU" : "");
     for (int i = 0; i < n_threads; i++) {
         Config c = *cfg;
@@ -114,8 +115,9 @@ int bench_run(const Config *cfg, const int *threads, int n_threads, int warmup, 
         /* warm-up: page faults, BLAS buffers (and a matrix optimiser's first roots) */
         for (int k = 0; k < warmup && rc == ISTH_OK; k++) rc = trainer_step(&tr, &s);
         if (rc == ISTH_OK && MPI_Barrier(MPI_COMM_WORLD) != MPI_SUCCESS) rc = ISTH_ERUNTIME;
-        const double t0 = now_s(), c0 = process_cpu_s();
+        const double t0 = now_s(), c0 = process_cpu_s(), d0 = tr.data_s;
         for (int k = 0; k < steps && rc == ISTH_OK; k++) rc = trainer_step(&tr, &s);
+        const double data = (tr.data_s - d0) / steps;
         const double cpu = (process_cpu_s() - c0) / steps;
         if (rc == ISTH_OK && MPI_Barrier(MPI_COMM_WORLD) != MPI_SUCCESS) rc = ISTH_ERUNTIME;
         double dt = (now_s() - t0) / steps;
@@ -124,8 +126,9 @@ int bench_run(const Config *cfg, const int *threads, int n_threads, int warmup, 
         CHECK(rc);
         double gflops = tokens * fpt / dt / 1e9;
         double ref = sgemm_gflops();
-        printf("%-8d %10.1f %12.1f %10.0f %10.1f %14.1f %8.0f%% %14.0f %16.0f", threads[i], 1e3 * dt, 1e3 * cpu,
-               tokens / dt, gflops, ref, 100.0 * gflops / ref, s.a2a_bytes, s.inter_site_bytes);
+        printf("%-8d %10.1f %12.1f %10.0f %10.1f %14.1f %8.0f%% %14.0f %16.0f %13.3f %6.2f%%", threads[i], 1e3 * dt,
+               1e3 * cpu, tokens / dt, gflops, ref, 100.0 * gflops / ref, s.a2a_bytes, s.inter_site_bytes, 1e3 * data,
+               100.0 * data / dt);
         if (peak_tflops > 0) printf(" %7.1f%%", 100.0 * gflops / size / (peak_tflops * 1e3));
         printf("\n");
         fflush(stdout);

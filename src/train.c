@@ -279,7 +279,9 @@ int trainer_step(Trainer *tr, StepLog *out)
     for (int micro = 0; micro < M; micro++) {
         const uint64_t first = tr->learner_first_window + (uint64_t)micro * B * G +
                                (uint64_t)t->learner_rank * B;
+        const double t_data = now_s();
         CHECK(data_fill(&tr->cursor, &tr->train, first, tr->tokens, tr->targets, B, T, mc->vocab));
+        tr->data_s += now_s() - t_data;
         ForwardStats st;
         CHECK(be->ops->train_micro(be, tr->tokens, tr->targets, B, T, (float)(tr->loss_weight / M), &st));
         sums.ce_sum += st.ce_sum;

@@ -47,6 +47,7 @@ typedef struct {
     Metrics metrics;
     long step;           /* optimiser steps done */
     double compute_s;    /* this rank's time in the inner steps' own work so far (trainer_step) */
+    double data_s;       /* of which reading training windows (data_fill) */
     double inter_site_total; /* the step lines' inter_site_bytes summed over every step of this start */
     double tokens_seen;  /* all learners */
     int rank;            /* rank in the run's world (federation.h; MPI_COMM_WORLD in the joint launch) */
