@@ -1,5 +1,6 @@
 /* federation.c — see federation.h. */
 #include "federation.h"
+#include "version.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -21,7 +22,7 @@
 #include "status.h"
 
 #define JOIN_MAGIC 0x6a6f696eu /* "join" */
-#define JOIN_VERSION 3u /* 3: the verdict carries the link keys' epoch */
+#define JOIN_VERSION 4u /* 3: the verdict carries the link keys' epoch; 4: the hello the build */
 #define KEY_BYTES 32
 #define NONCE_BYTES 32
 #define TAG_NONCE 41
@@ -35,6 +36,7 @@ typedef struct {
     int32_t site, ranks;
     uint64_t fingerprint;
     char run_id[64];
+    char build[64];   /* isthmus_build(): both sites run the same program */
     unsigned char nonce[NONCE_BYTES]; /* the joiner's: the host proves the key over it */
     unsigned char mac[crypto_auth_hmacsha256_BYTES];
 } JoinHello;
@@ -405,6 +407,11 @@ static int check_hello(const Config *cfg, const JoinHello *h, int host, int knoc
         snprintf(reason, size, "run id '%.63s' is not this run's '%s'", h->run_id, run_id);
         return 0;
     }
+    if (strncmp(h->build, isthmus_build(), sizeof h->build - 1)) {
+        snprintf(reason, size, "site %d runs isthmus %.63s, this site %s: every site of a run must run the same build",
+                 (int)h->site, h->build, isthmus_build());
+        return 0;
+    }
     if (h->fingerprint != fingerprint) {
         snprintf(reason, size, "config fingerprint %016llx differs from this run's %016llx ([model], [outer], "
                  "[site.*] and the schedule must match)", (unsigned long long)h->fingerprint,
@@ -605,6 +612,7 @@ static int joiner_connect(Federation *f, const Config *cfg, int host, const char
     h.ranks = cfg->sites[f->site].ranks;
     h.fingerprint = fingerprint;
     snprintf(h.run_id, sizeof h.run_id, "%s", run_id);
+    snprintf(h.build, sizeof h.build, "%s", isthmus_build());
     randombytes_buf(h.nonce, sizeof h.nonce);
     JoinVerdict v;
     memset(&v, 0, sizeof v);

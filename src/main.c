@@ -29,6 +29,8 @@
 #include "modelfile.h"
 #include "sample.h"
 #include "tokenizer.h"
+#include "version.h"
+#include "autoconf.h"
 #include "coll.h"
 #include "config.h"
 #include "eval.h"
@@ -67,6 +69,7 @@ static const char *const usage_main =
     "  plot RUN_DIR... -o FILE.png                 charts of runs' metrics (gnuplot)\n"
     "  keygen FILE                                 a new run key (mode 0600) for [outer] key_file\n"
     "\n"
+    "'isthmus --version' names the build (sites of one run must run the same).\n"
     "'isthmus <command> --help' describes a command. Configuration keys: docs/configuration.md\n";
 
 static const char *const usage_train =
@@ -788,6 +791,12 @@ int main(int argc, char **argv)
     } else if (argc < 2) {
         fputs(usage_main, stderr);
         rc = ISTH_EINPUT;
+    } else if (!strcmp(argv[1], "--version") || !strcmp(argv[1], "version")) {
+        if (rank == 0)
+            printf("isthmus %s\nconfigure:%s%s\nbackends: cpu%s; sentencepiece: %s\n", isthmus_build(),
+                   isthmus_configure_args()[0] ? " " : " (no options)", isthmus_configure_args(),
+                   HAVE_CUDA ? ", cuda" : "", tokenizer_have_sentencepiece() ? "yes" : "no (token ids)");
+        rc = ISTH_OK;
     } else if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
         if (rank == 0) fputs(usage_main, stdout);
         rc = ISTH_OK;

@@ -44,7 +44,16 @@ expect_exit 2 "model /nonexistent.h5: invalid: cannot open" -- "$ISTHMUS" eval -
 printf 'not hdf5 at all' > "$WORK/junk.h5"
 expect_exit 2 "model .*junk.h5: invalid: not a readable HDF5 file" -- "$ISTHMUS" eval --model "$WORK/junk.h5"
 
-for cmd in train eval bench config inspect; do
+# --version: the package version and the commit built (a git checkout: HEAD's, -dirty with changes)
+"$ISTHMUS" --version > "$WORK/version" 2>&1
+head_commit=$(git -C "$TOP_SRCDIR" rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
+if grep -Eq "^isthmus [0-9]+\.[0-9]+\.[0-9]+\+$head_commit(-dirty)?$" "$WORK/version" && grep -q "^configure:" "$WORK/version"; then
+    pass "--version names the build: $(head -1 "$WORK/version")"
+else
+    fail "--version: $(cat "$WORK/version"), HEAD $head_commit"
+fi
+
+for cmd in train eval bench config inspect generate export; do
     if "$ISTHMUS" "$cmd" --help | grep -q "^usage: isthmus $cmd"; then pass "$cmd --help"; else fail "$cmd --help"; fi
 done
 finish || exit 1

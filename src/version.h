@@ -1,0 +1,14 @@
+/* version.h — which build this is: `isthmus --version`, the metrics' start
+ * record and the federated join (both sites must run the same build).
+ * Owns: the version text. Must not: anything else.
+ */
+#ifndef ISTHMUS_VERSION_H
+#define ISTHMUS_VERSION_H
+
+/* "0.1.0+<commit>" (commit: git's short hash, "-dirty" with local changes,
+ * "unknown" outside a git checkout): what the sites compare. */
+const char *isthmus_build(void);
+/* The configure options this build was made with. */
+const char *isthmus_configure_args(void);
+
+#endif
