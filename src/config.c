@@ -554,6 +554,9 @@ static int validate_outer(Config *cfg, EntryList *l)
     if (cfg->data.eval_bytes == 1)
         return isth_fail(ISTH_EINPUT, "config %s: [data] eval_bytes = 1 leaves no byte to predict; use 0 (whole "
                          "files) or at least 2", origin_of(l, "data", "eval_bytes"));
+    if (o->fragments == 0 && entries_find(l, "outer", "fragments"))
+        return isth_fail(ISTH_EINPUT, "config %s: [outer] fragments = 0: at least 1 (leave the key out for the "
+                         "mode's default)", origin_of(l, "outer", "fragments"));
     if (o->fragments == 0) o->fragments = streaming ? cfg->model.layers : 1;
     if (!streaming && !butterfly && o->fragments != 1)
         return isth_fail(ISTH_EINPUT, "config %s: [outer] fragments = %d needs mode = streaming or butterfly (mode is %s)",

@@ -545,6 +545,10 @@ static int cmd_bench(int argc, char **argv)
     int threads[64], n_threads = 0;
     char list[256];
     snprintf(list, sizeof list, "%s", values[0]);
+    /* strtok would pass over an empty count: refuse it here */
+    const size_t vl = strlen(values[0]);
+    if (strstr(values[0], ",,") || (vl && (values[0][0] == ',' || values[0][vl - 1] == ',')))
+        return isth_fail(ISTH_EINPUT, "bench: --threads '%s': expected a list like 1,2 of counts 1..1024", values[0]);
     for (char *tok = strtok(list, ","); tok; tok = strtok(NULL, ",")) {
         char *end;
         long t = strtol(tok, &end, 10);

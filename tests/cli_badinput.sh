@@ -138,6 +138,9 @@ expect_exit 2 "data file $WORK/one/train.txt: 1 byte\\(s\\); a corpus needs at l
 printf '[site...]\nranks = 1\n' | cat "$T" - > "$WORK/dotdot.ini"
 expect_exit 2 "site name '\.\.' may only hold letters, digits" -- "$ISTHMUS" config "$WORK/dotdot.ini"
 expect_exit 2 "bench: --threads '': expected a list like 1,2" -- "$ISTHMUS" bench "$T" --threads ''
+expect_exit 2 "bench: --threads '1,,2': expected a list like 1,2" -- "$ISTHMUS" bench "$T" --threads 1,,2
+expect_exit 2 "bench: --threads '2,': expected a list like 1,2" -- "$ISTHMUS" bench "$T" --threads 2,
+expect_exit 2 "\\[outer\\] fragments = 0: at least 1" -- "$ISTHMUS" config "$T" --set outer.fragments=0
 
 # a full disk under metrics.jsonl: eval must not exit 0 with its lines lost
 mkdir -p "$WORK/full"
