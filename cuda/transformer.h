@@ -1,6 +1,6 @@
 /* transformer.h (cuda/) — the whole-model forward and backward on the GPU,
- * mirroring src/cpu/transformer.h: the same layer order (DESIGN.md
- * "Model"), the same expert parallelism over the learner (rows over NCCL,
+ * mirroring src/cpu/transformer.h: the same layer order, the
+ * same expert parallelism over the learner (rows over NCCL,
  * the routing's integers over MPI on the host), the same ForwardStats.
  *
  * Owns: the device activations of one micro-batch (the attention keeps each

@@ -42,7 +42,7 @@ typedef struct {
 #define CK(field) offsetof(Config, checkpoint.field)
 #define STRSZ(field) sizeof(((Config *)0)->field)
 
-/* The public configuration keys. Names are a stable interface (DESIGN.md):
+/* The public configuration keys. Names are a stable interface:
  * add freely, rename never. docs/configuration.md documents each one and a
  * test checks that it lists all of them. */
 static const KeySpec schema[] = {

@@ -85,7 +85,7 @@ typedef struct {
     int learner_ranks;  /* ranks per learner = expert-parallel degree; default: ranks */
     int micro_batch;    /* sequences per rank per micro-step; default [train] micro_batch */
     int grad_accum;     /* micro-steps per step; default [train] grad_accum */
-    double speed;       /* relative speed (planning, scheduling); default 1 */
+    double speed;       /* relative speed: parsed, printed, stored; nothing computes with it; default 1 */
 } SiteConfig;
 
 /* [outer] mode, parsed once (config_load). */

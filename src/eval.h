@@ -1,6 +1,6 @@
 /* eval.h — bits per byte on an evaluation file.
  *
- * Owns: the evaluation protocol of DESIGN.md. The file is cut into
+ * Owns: the evaluation protocol. The file is cut into
  * consecutive windows of T+1 bytes overlapping by one byte (inputs bytes
  * j*T .. j*T+T-1, targets one byte later; the last window may be shorter;
  * rotary positions restart at 0 in each window). Every byte after the first

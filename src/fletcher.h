@@ -1,7 +1,7 @@
 /* fletcher.h — HDF5's Fletcher-32 checksum filter (H5Z_FILTER_FLETCHER32),
  * the same bytes on disk, computed faster.
  *
- * Why: checkpoints carry a Fletcher-32 checksum per chunk (DESIGN.md), and
+ * Why: checkpoints carry a Fletcher-32 checksum per chunk (the file format), and
  * HDF5's own filter sums two bytes at a time and then copies every chunk
  * into a fresh buffer to append four bytes; at checkpoint sizes that was a
  * third of the write's CPU time. This filter computes the identical value

@@ -2,7 +2,7 @@
  *
  * Owns: argument parsing, --help texts, MPI start-up and shutdown, and the
  * mapping from status codes to exit codes (0 ok, 1 runtime failure,
- * 2 bad input).
+ * 2 bad input, 3 a federated site dropped from a live run).
  * Must not: contain training, evaluation or file-format logic.
  */
 #include <cblas.h>
@@ -87,7 +87,8 @@ static const char *const usage_train =
     "--site NAME: the federated launch, one mpirun per site (started with --ompi-server,\n"
     "see scripts/federated.sh): this mpirun is [site.NAME]; the first site hosts, the\n"
     "others join it with the run's key (outer.key_file) within outer.join_timeout.\n"
-    "Exit status: 0 success, 1 runtime failure, 2 bad configuration, data or checkpoint.\n";
+    "Exit status: 0 success, 1 runtime failure, 2 bad configuration, data or checkpoint,\n"
+    "3 this site was dropped from a live federated run (start it again and it rejoins).\n";
 
 static const char *const usage_eval =
     "usage: isthmus eval --model FILE [--set section.key=value]...\n"

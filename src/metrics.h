@@ -2,7 +2,7 @@
  *
  * Owns: the format of what rank 0 prints per step and appends to
  * <out_dir>/metrics.jsonl (one JSON object per line; field names are a
- * public interface, DESIGN.md "Interfaces").
+ * public interface, docs/configuration.md "metrics.jsonl").
  * Must not: compute any of the numbers it reports.
  */
 #ifndef ISTHMUS_METRICS_H

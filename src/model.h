@@ -1,6 +1,6 @@
 /* model.h — the parameter table and the flat parameter buffer.
  *
- * Owns: the list of model tensors (DESIGN.md names and canonical shapes),
+ * Owns: the list of model tensors (their stable names and canonical shapes),
  * where each lives in this rank's flat buffer, per-tensor flags, and
  * initialisation. Optimisers, reductions and checkpoints are loops over
  * model->tensors; nothing else hard-codes a tensor's position.

@@ -1,7 +1,7 @@
 /* topology.h — who is who: sites, learners and ranks, derived from
  * MPI_COMM_WORLD and the run configuration alone.
  *
- * Owns: the process hierarchy of DESIGN.md (world → site → learner → rank),
+ * Owns: the process hierarchy (world → site → learner → rank),
  * the communicators for each level, and each rank's expert shard. Ranks are
  * assigned to sites in [site.*] section order, and inside a site to learners
  * in blocks of learner_ranks consecutive ranks. Learners are numbered

@@ -53,7 +53,7 @@ for np in 2 4; do
 done
 
 # Capacity and the balancing statistics are defined per learner micro-step
-# (DESIGN.md), so learners of different sizes route differently; with no
+# (docs/architecture.md, Decisions), so learners of different sizes route differently; with no
 # drops and no balancing loss the objectives coincide exactly.
 NODROP="--set model.capacity_factor=8 --set model.aux_loss=0"
 train 1 one8 --set train.micro_batch=8 $NODROP

@@ -1,5 +1,5 @@
 /* refmodel.h — an independent, naive double-precision implementation of the
- * model, written from DESIGN.md's equations with plain loops (no BLAS, no
+ * model, written from the model's equations with plain loops (no BLAS, no
  * OpenMP, no shared code with src/ beyond the parameter table's offsets).
  * Tests differentiate it with central finite differences and compare with
  * the float32 analytic backward of the CPU backend.

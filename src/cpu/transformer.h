@@ -1,7 +1,7 @@
 /* transformer.h — the CPU backend's whole-model forward and backward.
  *
  * Owns: the activation buffers of one micro-batch and the order in which the
- * layers of layers.c and moe.c are applied (DESIGN.md "Model"):
+ * layers of layers.c and moe.c are applied:
  *   x = embed[byte]; per layer h = x + Attn(RMSNorm(x)), x = h + MoE(RMSNorm(h));
  *   logits = RMSNorm(x) . embed^T ; cross-entropy on the next byte,
  *   plus per-layer load-balancing and z losses while training.

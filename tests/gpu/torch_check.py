@@ -1,10 +1,10 @@
 """torch_check.py — an independent forward of an isthmus model file in PyTorch.
 
-Reads /model/* of MODEL.h5 (h5py; the stable tensor names of DESIGN.md),
+Reads /model/* of MODEL.h5 (h5py; the model file's stable tensor names),
 scores the first EVAL_BYTES bytes of EVAL_FILE the way `isthmus eval` does
 (windows of T+1 bytes overlapping by one, rotary positions restarting in
 every window, no expert capacity) in float64, and prints the bits per byte.
-Written from DESIGN.md's model section, not from isthmus' code: it checks
+Written from the model's equations, not from isthmus' code: it checks
 the GPU backend (and the file layout) against a second implementation.
 
 usage: python3 torch_check.py MODEL.h5 EVAL_FILE EVAL_BYTES T TOP_K
