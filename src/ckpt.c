@@ -571,6 +571,13 @@ int ckpt_check_outputs(Trainer *tr)
         site_dir(tr, dir, sizeof dir);
         mine = probe_dir("[train] out_dir", tr->cfg.train.out_dir);
         if (mine == ISTH_OK) mine = probe_dir(tr->cfg.checkpoint.dir[0] ? "[checkpoint] dir" : "checkpoint directory", dir);
+        /* the model file is written at the end: a directory (or device) in its place is found now */
+        char model[CONFIG_FILE_PATH_MAX + 80];
+        trainer_model_path(tr, model, sizeof model);
+        struct stat st;
+        if (mine == ISTH_OK && lstat(model, &st) == 0 && !S_ISREG(st.st_mode))
+            mine = isth_fail(ISTH_EINPUT, "model file %s: exists and is not a regular file (training would end "
+                             "unable to write it)", model);
         status_set_quiet(was);
     }
     int *all = isth_malloc(sizeof(int) * (size_t)t->n_sites);

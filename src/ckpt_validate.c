@@ -14,6 +14,8 @@
 #include "h5io.h"
 #include "status.h"
 
+static int counters_valid(hid_t file, char *reason, size_t cap);
+
 /* ---- validation ----------------------------------------------------------- */
 
 typedef struct {
@@ -220,7 +222,19 @@ static int check_structure(hid_t file, char *reason, size_t cap)
     /* the site's learners, as the stored config lays them out */
     char *site_name = NULL;
     long long want_first = 0, want_learners = 1;
-    if (read_string_attr(file, "site", &site_name) == 0 && cfg.n_sites > 0) {
+    const int has_site = read_string_attr(file, "site", &site_name) == 0;
+    /* a name that becomes a directory: the config's own rule, whatever the layout */
+    int legal = has_site && site_name[0] != '\0';
+    for (const char *p = has_site ? site_name : ""; *p; p++)
+        legal &= (*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') || *p == '_' ||
+                 *p == '-';
+    if (has_site && !legal) {
+        snprintf(reason, cap, "attribute site = '%.64s' is not a site name (letters, digits, '_' and '-')", site_name);
+        isth_free(site_name);
+        isth_free(mode);
+        return ISTH_EINPUT;
+    }
+    if (has_site && cfg.n_sites > 0) {
         want_learners = -1;
         for (int s = 0, l = 0; s < cfg.n_sites; s++) {
             const SiteConfig *sc = &cfg.sites[s];
@@ -314,6 +328,8 @@ int ckpt_check(const char *path, char *reason, size_t cap, long *step, int read_
     } else if (s < 0 || H5Aexists(file, "config") <= 0) {
         snprintf(reason, cap, "missing attributes (step, config)");
         rc = ISTH_EINPUT;
+    } else if (!counters_valid(file, reason, cap)) {
+        rc = ISTH_EINPUT;
     } else {
         rc = check_structure(file, reason, cap);
         VisitCtx v = {reason, cap, 0};
@@ -322,6 +338,33 @@ int ckpt_check(const char *path, char *reason, size_t cap, long *step, int read_
     }
     H5Fclose(file);
     return rc;
+}
+
+/* The counters a resume carries on: tokens finite and not negative, the
+ * data's kind one the reader knows. */
+static int counters_valid(hid_t file, char *reason, size_t cap)
+{
+    if (H5Aexists(file, "tokens") > 0) {
+        double tokens = 0;
+        hid_t a = H5Aopen(file, "tokens", H5P_DEFAULT);
+        const herr_t e = a >= 0 ? H5Aread(a, H5T_NATIVE_DOUBLE, &tokens) : -1;
+        if (a >= 0) H5Aclose(a);
+        if (e < 0 || !isfinite(tokens) || tokens < 0) {
+            snprintf(reason, cap, "attribute tokens = %g is not a count of tokens", tokens);
+            return 0;
+        }
+    }
+    if (H5Aexists(file, "data_width") > 0) {
+        long long w = 0;
+        hid_t a = H5Aopen(file, "data_width", H5P_DEFAULT);
+        const herr_t e = a >= 0 ? H5Aread(a, H5T_NATIVE_LLONG, &w) : -1;
+        if (a >= 0) H5Aclose(a);
+        if (e < 0 || (w != 1 && w != 2 && w != 4)) {
+            snprintf(reason, cap, "attribute data_width = %lld is not 1, 2 or 4 bytes per token", w);
+            return 0;
+        }
+    }
+    return 1;
 }
 
 /* ---- inspect ------------------------------------------------------------------ */

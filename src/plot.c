@@ -194,7 +194,10 @@ static void panel(FILE *g, const char *title, const char *xlabel, const char *yl
         quoted(g, rd[i].label);
         any = 1;
     }
-    if (!any) fprintf(g, "set label 1 'no data' at graph 0.45, 0.5\nplot NaN notitle\nunset label 1");
+    /* an empty panel: fixed ranges and a function outside them (gnuplot refuses a plot of no defined point) */
+    if (!any)
+        fprintf(g, "set label 1 'no data' at graph 0.45, 0.5\nset xrange [0:1]\nset yrange [1:10]\nplot 100 notitle\n"
+                   "unset label 1\nset autoscale x\nset autoscale y");
     fprintf(g, "\n");
 }
 
@@ -204,6 +207,18 @@ int plot_runs(const char *const *runs, int n_runs, const char *png, int width, i
     if (n_runs > PLOT_MAX_RUNS) return isth_fail(ISTH_EINPUT, "plot: %d runs: at most %d", n_runs, PLOT_MAX_RUNS);
     if (width < 320 || width > 8000 || height < 240 || height > 8000)
         return isth_fail(ISTH_EINPUT, "plot: size %dx%d: 320..8000 x 240..8000 pixels", width, height);
+    /* the output's directory must exist and be writable (gnuplot would fail late, with no message) */
+    char dir[PLOT_PATH_MAX];
+    snprintf(dir, sizeof dir, "%s", png);
+    char *slash = strrchr(dir, '/');
+    if (slash == dir) dir[1] = '\0';
+    else if (slash) *slash = '\0';
+    else snprintf(dir, sizeof dir, ".");
+    struct stat dst;
+    if (stat(dir, &dst) != 0 || !S_ISDIR(dst.st_mode))
+        return isth_fail(ISTH_EINPUT, "plot: -o %s: the directory %s does not exist", png, dir);
+    if (access(dir, W_OK) != 0)
+        return isth_fail(ISTH_EINPUT, "plot: -o %s: the directory %s is not writable", png, dir);
     if (system("command -v gnuplot > /dev/null 2>&1") != 0)
         return isth_fail(ISTH_ERUNTIME, "plot: gnuplot not found (apt-get install gnuplot-nox)");
     char tmp[] = "/tmp/isthmus-plot.XXXXXX";
@@ -246,8 +261,13 @@ int plot_runs(const char *const *runs, int n_runs, const char *png, int width, i
             char log[512] = "";
             snprintf(cmd, sizeof cmd, "%s/gnuplot.log", tmp);
             FILE *l = fopen(cmd, "r");
-            if (l) {
-                if (!fgets(log, sizeof log, l)) log[0] = '\0';
+            if (l) { /* the last line that says something: gnuplot's warnings come before its error */
+                char line[512];
+                while (fgets(line, sizeof line, l)) {
+                    line[strcspn(line, "\n")] = '\0';
+                    const char *p = line + strspn(line, " ^");
+                    if (*p) snprintf(log, sizeof log, "%s", p);
+                }
                 fclose(l);
             }
             log[strcspn(log, "\n")] = '\0';

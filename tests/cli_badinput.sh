@@ -67,6 +67,10 @@ if grep -Eqi '(:|,)[-+]?(nan|inf)' "$WORK/m/metrics.jsonl" "$WORK"/e/metrics.jso
 else
     pass "metrics.jsonl holds no nan/inf token"
 fi
+# a directory where the model file goes is found before training, not after it
+mkdir -p "$WORK/mdir/model.h5"
+expect_exit 2 "model file .*mdir/model.h5: exists and is not a regular file" -- \
+    "$ISTHMUS" train "$T" --set train.out_dir="$WORK/mdir" --set train.steps=2
 # tampered checkpoint attributes are refused on resume, naming them; the
 # original checkpoint is untouched
 timeout 120 "$ISTHMUS" train "$T" --set train.out_dir="$WORK/c" --set train.steps=4 --set checkpoint.every=2 \
@@ -75,7 +79,9 @@ ORIG="$WORK/c/checkpoints/default/ckpt-00000002.h5"
 SUMS=$(cat "$WORK/m/model.h5" "$WORK/c/checkpoints/default/"*.h5 | md5sum)
 cp "$ORIG" "$WORK/orig.h5"
 for a in "mode xyz:invalid: attribute mode = 'xyz', its stored config has \\[outer\\] mode = sync" "site other:attribute site = 'other'" "adam_t 0:attribute adam_t = 0, expected 2" \
-         "data_step 1:attribute data_step = 1" \
+         "data_step 1:attribute data_step = 1" "tokens nan:invalid: attribute tokens = nan is not a count of tokens" \
+         "site ../x:invalid: attribute site = '../x' is not a site name" \
+         "data_width 3:invalid: attribute data_width = 3 is not 1, 2 or 4" \
          "learners 5:invalid: attributes first_learner = 0, learners = 5; its stored config gives 0, 1"; do
     cp "$ORIG" "$WORK/tam.h5"
     "$TAMPER" "$WORK/tam.h5" attr ${a%%:*} || fail "h5tamper attr ${a%%:*} failed"

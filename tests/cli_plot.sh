@@ -56,4 +56,14 @@ expect_exit 2 "plot: --size 'big'" -- "$ISTHMUS" plot "$WORK/sync1" -o "$WORK/x.
 : > "$WORK/empty/metrics.jsonl" 2> /dev/null || { mkdir -p "$WORK/empty" && : > "$WORK/empty/metrics.jsonl"; }
 expect_exit 2 "plot: .*empty/metrics.jsonl has no step or eval lines" -- "$ISTHMUS" plot "$WORK/empty" -o "$WORK/x.png"
 [ ! -e "$WORK/x.png" ] && pass "no PNG from a failed plot" || fail "a failed plot left x.png"
+expect_exit 2 "plot: -o .*/missing/x.png: the directory .*/missing does not exist" -- \
+    "$ISTHMUS" plot "$WORK/sync1" -o "$WORK/missing/x.png"
+# a run evaluated once (at its end), with no inter-site traffic: one point per set, an empty traffic panel
+timeout 120 "$ISTHMUS" train "$T" --set train.steps=4 --set train.eval_every=0 --set data.eval_bytes=4096 \
+    --set train.out_dir="$WORK/once" > "$WORK/once.log" 2>&1 || fail "the run evaluated once failed"
+if "$ISTHMUS" plot "$WORK/once" -o "$WORK/once.png" > "$WORK/once.plot" 2>&1 && [ -s "$WORK/once.png" ]; then
+    pass "a run evaluated once and without inter-site traffic plots"
+else
+    fail "plot of a run evaluated once: $(cat "$WORK/once.plot")"
+fi
 finish || exit 1

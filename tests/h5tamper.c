@@ -3,7 +3,7 @@
  *   h5tamper FILE version N            set the format_version attribute
  *   h5tamper FILE nan DATASET           set the first element of a float dataset to NaN
  *   h5tamper FILE int DATASET           replace a dataset by an int32 one of the same shape
- *   h5tamper FILE attr NAME VALUE       rewrite a root attribute (string or integer, as it is)
+ *   h5tamper FILE attr NAME VALUE       rewrite a root attribute (string, float or integer, as it is)
  *   h5tamper FILE nofilter DATASET      rewrite a float dataset without the fletcher32 filter
  *   h5tamper FILE shape DATASET         replace a dataset by a float one with one more row
  * (Truncation and flipped bytes need no HDF5: the tests use head and dd.)
@@ -28,6 +28,9 @@ int main(int argc, char **argv)
             strncpy(v, argv[4], n);
             rc = H5Awrite(a, type, v) < 0;
             free(v);
+        } else if (!rc && H5Tget_class(type) == H5T_FLOAT) {
+            double v = strtod(argv[4], NULL); /* "nan" and "inf" too */
+            rc = H5Awrite(a, H5T_NATIVE_DOUBLE, &v) < 0;
         } else if (!rc) {
             long long v = atoll(argv[4]);
             rc = H5Awrite(a, H5T_NATIVE_LLONG, &v) < 0;
