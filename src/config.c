@@ -33,6 +33,10 @@ typedef struct {
     int min_exclusive;    /* min is exclusive (e.g. capacity_factor > 0) */
     const char *choices;  /* KEY_ENUM: '|'-separated */
     const char *dflt;
+    const char *help;        /* one line for `config --keys` (docs/configuration.md has the full text) */
+    const char *dflt_words;  /* the default as `config --keys` shows it where dflt is a sentinel
+                                resolved later ("-1", "0", "") or NULL (required); else NULL */
+    const char *type_words;  /* the accepted values where [min, max] includes such a sentinel */
 } KeySpec;
 
 #define M(field) offsetof(Config, model.field)
@@ -44,87 +48,90 @@ typedef struct {
 
 /* The public configuration keys. Names are a stable interface:
  * add freely, rename never. docs/configuration.md documents each one and a
- * test checks that it lists all of them. */
+ * test checks that it lists all of them, with the defaults `config --keys`
+ * prints. Fields: section, key, type, offset, size, min, max, min_exclusive,
+ * choices, default, then .help (one line, at most 90 characters) and, where
+ * needed, .dflt_words and .type_words. */
 static const KeySpec schema[] = {
-    {"model", "layers", KEY_INT, M(layers), 0, 1, 1024, 0, NULL, "2"},
-    {"model", "dim", KEY_INT, M(dim), 0, 2, 65536, 0, NULL, "64"},
-    {"model", "heads", KEY_INT, M(heads), 0, 1, 1024, 0, NULL, "2"},
-    {"model", "experts", KEY_INT, M(experts), 0, 1, 4096, 0, NULL, "4"},
-    {"model", "top_k", KEY_INT, M(top_k), 0, 1, 4096, 0, NULL, "2"},
-    {"model", "ffn", KEY_INT, M(ffn), 0, 1, 1 << 20, 0, NULL, "128"},
-    {"model", "context", KEY_INT, M(context), 0, 1, 1 << 20, 0, NULL, "64"},
-    {"model", "vocab", KEY_INT, M(vocab), 0, 2, 1 << 24, 0, NULL, "256"},
-    {"model", "capacity_factor", KEY_REAL, M(capacity_factor), 0, 0, 1e6, 1, NULL, "1.25"},
-    {"model", "aux_loss", KEY_REAL, M(aux_loss), 0, 0, 1e6, 0, NULL, "0.01"},
-    {"model", "z_loss", KEY_REAL, M(z_loss), 0, 0, 1e6, 0, NULL, "0.001"},
-    {"model", "init_seed", KEY_U64, M(init_seed), 0, 0, 0, 0, NULL, "1234"},
+    {"model", "layers", KEY_INT, M(layers), 0, 1, 1024, 0, NULL, "2", .help = "L, transformer blocks"},
+    {"model", "dim", KEY_INT, M(dim), 0, 2, 65536, 0, NULL, "64", .help = "D, model width; divisible by heads, with an even head dim D/H"},
+    {"model", "heads", KEY_INT, M(heads), 0, 1, 1024, 0, NULL, "2", .help = "H, attention heads"},
+    {"model", "experts", KEY_INT, M(experts), 0, 1, 4096, 0, NULL, "4", .help = "E, experts per MoE layer"},
+    {"model", "top_k", KEY_INT, M(top_k), 0, 1, 4096, 0, NULL, "2", .help = "k, experts per token (at most experts); sparsity is E/k"},
+    {"model", "ffn", KEY_INT, M(ffn), 0, 1, 1 << 20, 0, NULL, "128", .help = "F, hidden width of one SwiGLU expert"},
+    {"model", "context", KEY_INT, M(context), 0, 1, 1 << 20, 0, NULL, "64", .help = "T, tokens per training and eval window (bytes for byte data)"},
+    {"model", "vocab", KEY_INT, M(vocab), 0, 2, 1 << 24, 0, NULL, "256", .help = "V, vocabulary size: 256 for bytes, else the tokenizer's size"},
+    {"model", "capacity_factor", KEY_REAL, M(capacity_factor), 0, 0, 1e6, 1, NULL, "1.25", .help = "expert capacity per micro-step = ceil(cf * tokens * k / E); training only"},
+    {"model", "aux_loss", KEY_REAL, M(aux_loss), 0, 0, 1e6, 0, NULL, "0.01", .help = "coefficient of the Switch load-balancing loss"},
+    {"model", "z_loss", KEY_REAL, M(z_loss), 0, 0, 1e6, 0, NULL, "0.001", .help = "coefficient of the router z-loss mean(logsumexp^2)"},
+    {"model", "init_seed", KEY_U64, M(init_seed), 0, 0, 0, 0, NULL, "1234", .help = "seed of the N(0, 0.02) parameter initialisation"},
 
-    {"train", "steps", KEY_INT, TR(steps), 0, 0, INT_MAX, 0, NULL, "100"},
-    {"train", "micro_batch", KEY_INT, TR(micro_batch), 0, 1, 1 << 20, 0, NULL, "8"},
-    {"train", "grad_accum", KEY_INT, TR(grad_accum), 0, 1, 1 << 20, 0, NULL, "1"},
-    {"train", "lr", KEY_REAL, TR(lr), 0, 0, 10, 1, NULL, "0.001"},
-    {"train", "min_lr", KEY_REAL, TR(min_lr), 0, 0, 10, 0, NULL, "0.0001"},
-    {"train", "warmup", KEY_INT, TR(warmup), 0, 0, INT_MAX, 0, NULL, "10"},
-    {"train", "weight_decay", KEY_REAL, TR(weight_decay), 0, 0, 10, 0, NULL, "0.1"},
-    {"train", "clip", KEY_REAL, TR(clip), 0, 0, 1e9, 0, NULL, "1.0"},
-    {"train", "optimizer", KEY_ENUM, TR(optimizer), STRSZ(train.optimizer), 0, 0, 0, "adamw|sgd|shampoo|muon", "adamw"},
-    {"train", "precond_block", KEY_INT, TR(precond_block), 0, 2, 8192, 0, NULL, "128"},
-    {"train", "precond_every", KEY_INT, TR(precond_every), 0, 1, 1 << 24, 0, NULL, "20"},
-    {"train", "precond_stats_every", KEY_INT, TR(precond_stats_every), 0, 1, 1 << 24, 0, NULL, "1"},
-    {"train", "precond_eps", KEY_REAL, TR(precond_eps), 0, 1e-12, 1, 0, NULL, "1e-6"},
-    {"train", "precond_beta2", KEY_REAL, TR(precond_beta2), 0, 0, 0.999999, 0, NULL, "0.99"},
-    {"train", "backend", KEY_ENUM, TR(backend), STRSZ(train.backend), 0, 0, 0, "auto|cpu|cuda", "auto"},
-    {"train", "precision", KEY_ENUM, TR(precision), STRSZ(train.precision), 0, 0, 0, "fp32|bf16", "fp32"},
-    {"train", "recompute", KEY_ENUM, TR(recompute), STRSZ(train.recompute), 0, 0, 0, "none|attention", "none"},
-    {"train", "gpu_share", KEY_INT, TR(gpu_share), 0, 0, 1, 0, NULL, "0"},
-    {"train", "threads", KEY_INT, TR(threads), 0, 0, 4096, 0, NULL, "0"},
-    {"train", "seed", KEY_U64, TR(seed), 0, 0, 0, 0, NULL, "42"},
-    {"train", "eval_every", KEY_INT, TR(eval_every), 0, 0, INT_MAX, 0, NULL, "0"},
-    {"train", "sample_every", KEY_INT, TR(sample_every), 0, 0, INT_MAX, 0, NULL, "0"},
-    {"train", "sample_tokens", KEY_INT, TR(sample_tokens), 0, 1, 1 << 16, 0, NULL, "64"},
-    {"train", "log_every", KEY_INT, TR(log_every), 0, 1, INT_MAX, 0, NULL, "1"},
-    {"train", "check_replicas", KEY_INT, TR(check_replicas), 0, 0, INT_MAX, 0, NULL, "0"},
-    {"train", "mpi_piece_bytes", KEY_LONG, TR(mpi_piece_bytes), 0, 1024, INT_MAX, 0, NULL, "1073741824"},
-    {"train", "out_dir", KEY_STR, TR(out_dir), STRSZ(train.out_dir), 0, 0, 0, NULL, "run"},
+    {"train", "steps", KEY_INT, TR(steps), 0, 0, INT_MAX, 0, NULL, "100", .help = "optimiser steps"},
+    {"train", "micro_batch", KEY_INT, TR(micro_batch), 0, 1, 1 << 20, 0, NULL, "8", .help = "sequences per rank per micro-step"},
+    {"train", "grad_accum", KEY_INT, TR(grad_accum), 0, 1, 1 << 20, 0, NULL, "1", .help = "micro-steps accumulated per optimiser step"},
+    {"train", "lr", KEY_REAL, TR(lr), 0, 0, 10, 1, NULL, "0.001", .help = "peak learning rate"},
+    {"train", "min_lr", KEY_REAL, TR(min_lr), 0, 0, 10, 0, NULL, "0.0001", .help = "learning rate at the end of the cosine decay (at most lr)"},
+    {"train", "warmup", KEY_INT, TR(warmup), 0, 0, INT_MAX, 0, NULL, "10", .help = "linear warm-up steps, then cosine decay to min_lr at steps"},
+    {"train", "weight_decay", KEY_REAL, TR(weight_decay), 0, 0, 10, 0, NULL, "0.1", .help = "decoupled weight decay, applied to matrices only (never norm gains)"},
+    {"train", "clip", KEY_REAL, TR(clip), 0, 0, 1e9, 0, NULL, "1.0", .help = "global gradient-norm clip; 0 disables"},
+    {"train", "optimizer", KEY_ENUM, TR(optimizer), STRSZ(train.optimizer), 0, 0, 0, "adamw|sgd|shampoo|muon", "adamw", .help = "inner optimiser; shampoo and muon precondition the matrices (CPU backend only)"},
+    {"train", "precond_block", KEY_INT, TR(precond_block), 0, 2, 8192, 0, NULL, "128", .help = "shampoo: side of a preconditioned block; must divide model.dim and model.ffn"},
+    {"train", "precond_every", KEY_INT, TR(precond_every), 0, 1, 1 << 24, 0, NULL, "20", .help = "shampoo: updates between two computations of the inverse roots"},
+    {"train", "precond_stats_every", KEY_INT, TR(precond_stats_every), 0, 1, 1 << 24, 0, NULL, "1", .help = "shampoo: updates between two updates of the statistics (at most precond_every)"},
+    {"train", "precond_eps", KEY_REAL, TR(precond_eps), 0, 1e-12, 1, 0, NULL, "1e-6", .help = "shampoo: added to each eigenvalue before the root, times the largest one"},
+    {"train", "precond_beta2", KEY_REAL, TR(precond_beta2), 0, 0, 0.999999, 0, NULL, "0.99", .help = "shampoo: decay of the statistics L and R"},
+    {"train", "backend", KEY_ENUM, TR(backend), STRSZ(train.backend), 0, 0, 0, "auto|cpu|cuda", "auto", .help = "cpu, cuda (one GPU per rank), or auto: cuda when built in and every rank gets a GPU"},
+    {"train", "precision", KEY_ENUM, TR(precision), STRSZ(train.precision), 0, 0, 0, "fp32|bf16", "fp32", .help = "matrix products in fp32, or bf16 tensor cores with fp32 accumulation (CUDA only)"},
+    {"train", "recompute", KEY_ENUM, TR(recompute), STRSZ(train.recompute), 0, 0, 0, "none|attention", "none", .help = "attention: backward recomputes attention probabilities instead of keeping them"},
+    {"train", "gpu_share", KEY_INT, TR(gpu_share), 0, 0, 1, 0, NULL, "0", .help = "1 lets several ranks of one host share a GPU (tests on a one-GPU machine)"},
+    {"train", "threads", KEY_INT, TR(threads), 0, 0, 4096, 0, NULL, "0", .help = "OpenMP and OpenBLAS threads per rank; 0 = OMP_NUM_THREADS, else all cores"},
+    {"train", "seed", KEY_U64, TR(seed), 0, 0, 0, 0, NULL, "42", .help = "seed of the training-window sampler"},
+    {"train", "eval_every", KEY_INT, TR(eval_every), 0, 0, INT_MAX, 0, NULL, "0", .help = "evaluate every eval set at step 0 and every N steps; 0 = only at the end"},
+    {"train", "sample_every", KEY_INT, TR(sample_every), 0, 0, INT_MAX, 0, NULL, "0", .help = "print a text sample every N steps and at the end; 0 = never"},
+    {"train", "sample_tokens", KEY_INT, TR(sample_tokens), 0, 1, 1 << 16, 0, NULL, "64", .help = "tokens per sample"},
+    {"train", "log_every", KEY_INT, TR(log_every), 0, 1, INT_MAX, 0, NULL, "1", .help = "print a step line every N steps"},
+    {"train", "check_replicas", KEY_INT, TR(check_replicas), 0, 0, INT_MAX, 0, NULL, "0", .help = "every N steps verify that all learners hold identical models; 0 = off"},
+    {"train", "mpi_piece_bytes", KEY_LONG, TR(mpi_piece_bytes), 0, 1024, INT_MAX, 0, NULL, "1073741824", .help = "largest single MPI transfer in bytes; larger messages go in pieces"},
+    {"train", "out_dir", KEY_STR, TR(out_dir), STRSZ(train.out_dir), 0, 0, 0, NULL, "run", .help = "run directory: metrics.jsonl and model.h5"},
 
-    {"data", "dir", KEY_STR, DA(dir), STRSZ(data.dir), 0, 0, 0, NULL, ISTHMUS_DATADIR},
-    {"data", "train", KEY_STR, DA(train), STRSZ(data.train), 0, 0, 0, NULL, ""},
-    {"data", "tokenizer", KEY_STR, DA(tokenizer), STRSZ(data.tokenizer), 0, 0, 0, NULL, ""},
-    {"data", "eval_bytes", KEY_LONG, DA(eval_bytes), 0, 0, (double)LONG_MAX, 0, NULL, "0"},
+    {"data", "dir", KEY_STR, DA(dir), STRSZ(data.dir), 0, 0, 0, NULL, ISTHMUS_DATADIR, .help = "directory of eval_prose.txt, eval_tech.txt and train.txt"},
+    {"data", "train", KEY_STR, DA(train), STRSZ(data.train), 0, 0, 0, NULL, "", .help = "training files (spaces or commas, globs, ${NAME}), relative to data.dir", .dflt_words = "(empty: data.dir/train.txt)"},
+    {"data", "tokenizer", KEY_STR, DA(tokenizer), STRSZ(data.tokenizer), 0, 0, 0, NULL, "", .help = "sentencepiece model of token data, to decode samples and generate's output", .dflt_words = "(empty: none)"},
+    {"data", "eval_bytes", KEY_LONG, DA(eval_bytes), 0, 0, (double)LONG_MAX, 0, NULL, "0", .help = "evaluate only the first N bytes of each byte eval file; 0 = whole files"},
 
-    {"outer", "mode", KEY_ENUM, OU(mode), STRSZ(outer.mode), 0, 0, 0, "sync|diloco|streaming|butterfly", "sync"},
-    {"outer", "inner_steps", KEY_INT, OU(inner_steps), 0, 1, 1 << 24, 0, NULL, "50"},
-    {"outer", "lr", KEY_REAL, OU(lr), 0, -1, 100, 0, NULL, "-1"},
-    {"outer", "momentum", KEY_REAL, OU(momentum), 0, -1, 0.999999, 0, NULL, "-1"},
-    {"outer", "fragments", KEY_INT, OU(fragments), 0, 0, 1 << 20, 0, NULL, "0"},
-    {"outer", "overlap", KEY_INT, OU(overlap), 0, 1, 1 << 24, 0, NULL, "1"},
-    {"outer", "merge_alpha", KEY_REAL, OU(merge_alpha), 0, 0, 1, 0, NULL, "0.5"},
-    {"outer", "codec", KEY_ENUM, OU(codec), STRSZ(outer.codec), 0, 0, 0, "none|bf16|int8|fp4|topk", "none"},
-    {"outer", "codec_block", KEY_INT, OU(codec_block), 0, 1, 1 << 24, 0, NULL, "128"},
-    {"outer", "topk_chunk", KEY_INT, OU(topk_chunk), 0, 2, 1 << 24, 0, NULL, "4096"},
-    {"outer", "topk_k", KEY_INT, OU(topk_k), 0, 1, 1 << 24, 0, NULL, "64"},
-    {"outer", "topk_bits", KEY_INT, OU(topk_bits), 0, 1, 8, 0, NULL, "2"},
-    {"outer", "topk_mean", KEY_ENUM, OU(topk_mean), STRSZ(outer.topk_mean), 0, 0, 0, "senders|all", "all"},
-    {"outer", "error_feedback", KEY_ENUM, OU(error_feedback), STRSZ(outer.error_feedback), 0, 0, 0, "on|off", "on"},
-    {"outer", "ef_decay", KEY_REAL, OU(ef_decay), 0, 0, 1, 0, NULL, "1"},
-    {"outer", "timeout", KEY_REAL, OU(timeout), 0, 0, 1e7, 1, NULL, "600"},
-    {"outer", "run_id", KEY_STR, OU(run_id), STRSZ(outer.run_id), 0, 0, 0, NULL, ""},
-    {"outer", "key_file", KEY_STR, OU(key_file), STRSZ(outer.key_file), 0, 0, 0, NULL, ""},
-    {"outer", "encrypt", KEY_ENUM, OU(encrypt), STRSZ(outer.encrypt), 0, 0, 0, "on|off", "on"},
-    {"outer", "join_timeout", KEY_REAL, OU(join_timeout), 0, 0, 1e7, 1, NULL, "120"},
-    {"outer", "progress", KEY_ENUM, OU(progress), STRSZ(outer.progress), 0, 0, 0, "step|poll|thread", "poll"},
-    {"outer", "piece_bytes", KEY_LONG, OU(piece_bytes), 0, 4096, INT_MAX, 0, NULL, "262144"},
-    {"outer", "pace", KEY_ENUM, OU(pace), STRSZ(outer.pace), 0, 0, 0, "on|off", "on"},
-    {"outer", "transport", KEY_ENUM, OU(transport), STRSZ(outer.transport), 0, 0, 0, "tcp|mpi", "tcp"},
-    {"outer", "streams", KEY_INT, OU(streams), 0, 1, 16, 0, NULL, "4"},
-    {"outer", "socket_buffer", KEY_LONG, OU(socket_buffer), 0, 0, INT_MAX, 0, NULL, "0"},
-    {"outer", "ports", KEY_STR, OU(ports), STRSZ(outer.ports), 0, 0, 0, NULL, "0"},
-    {"outer", "interface", KEY_STR, OU(interface), STRSZ(outer.interface), 0, 0, 0, NULL, ""},
+    {"outer", "mode", KEY_ENUM, OU(mode), STRSZ(outer.mode), 0, 0, 0, "sync|diloco|streaming|butterfly", "sync", .help = "sync (gradients every step), diloco, streaming (fragments) or butterfly (pairwise)"},
+    {"outer", "inner_steps", KEY_INT, OU(inner_steps), 0, 1, 1 << 24, 0, NULL, "50", .help = "H: inner steps between two outer steps of a fragment (butterfly: mixing rounds)"},
+    {"outer", "lr", KEY_REAL, OU(lr), 0, -1, 100, 0, NULL, "-1", .help = "outer learning rate", .dflt_words = "by mode: diloco 0.7, streaming 0.4, else 1", .type_words = "real (0, 100]"},
+    {"outer", "momentum", KEY_REAL, OU(momentum), 0, -1, 0.999999, 0, NULL, "-1", .help = "outer Nesterov momentum", .dflt_words = "by mode: 0.9, butterfly 0", .type_words = "real [0, 0.999999]"},
+    {"outer", "fragments", KEY_INT, OU(fragments), 0, 0, 1 << 20, 0, NULL, "0", .help = "P: fragments strided over layers (streaming, butterfly); at most layers, inner_steps", .dflt_words = "by mode: 1, streaming = layers", .type_words = "int 1..1048576"},
+    {"outer", "overlap", KEY_INT, OU(overlap), 0, 1, 1 << 24, 0, NULL, "1", .help = "tau: inner steps an exchange overlaps with training; less than inner_steps"},
+    {"outer", "merge_alpha", KEY_REAL, OU(merge_alpha), 0, 0, 1, 0, NULL, "0.5", .help = "streaming merge: theta = alpha * local + (1 - alpha) * outer"},
+    {"outer", "codec", KEY_ENUM, OU(codec), STRSZ(outer.codec), 0, 0, 0, "none|bf16|int8|fp4|topk", "none", .help = "encoding of inter-site payloads: float32, bf16, int8, fp4 (E2M1) or sparse topk"},
+    {"outer", "codec_block", KEY_INT, OU(codec_block), 0, 1, 1 << 24, 0, NULL, "128", .help = "values per scale (int8, fp4)"},
+    {"outer", "topk_chunk", KEY_INT, OU(topk_chunk), 0, 2, 1 << 24, 0, NULL, "4096", .help = "topk: values per run; each run sends its topk_k largest"},
+    {"outer", "topk_k", KEY_INT, OU(topk_k), 0, 1, 1 << 24, 0, NULL, "64", .help = "topk: values sent per run (at most topk_chunk)"},
+    {"outer", "topk_bits", KEY_INT, OU(topk_bits), 0, 1, 8, 0, NULL, "2", .help = "topk: bits per value sent"},
+    {"outer", "topk_mean", KEY_ENUM, OU(topk_mean), STRSZ(outer.topk_mean), 0, 0, 0, "senders|all", "all", .help = "topk: average the sparse values over all sites (unsent = 0) or only the senders"},
+    {"outer", "error_feedback", KEY_ENUM, OU(error_feedback), STRSZ(outer.error_feedback), 0, 0, 0, "on|off", "on", .help = "keep what the codec dropped and add it to the next payload"},
+    {"outer", "ef_decay", KEY_REAL, OU(ef_decay), 0, 0, 1, 0, NULL, "1", .help = "error feedback: the kept residual is multiplied by this before it is resent"},
+    {"outer", "timeout", KEY_REAL, OU(timeout), 0, 0, 1e7, 1, NULL, "600", .help = "deadline (s) of an inter-site exchange, then exit 1 or go on without the silent site"},
+    {"outer", "run_id", KEY_STR, OU(run_id), STRSZ(outer.run_id), 0, 0, 0, NULL, "", .help = "federated launch: the name the sites meet under in ompi-server", .dflt_words = "(empty: the config's fingerprint)"},
+    {"outer", "key_file", KEY_STR, OU(key_file), STRSZ(outer.key_file), 0, 0, 0, NULL, "", .help = "the run's shared secret (isthmus keygen FILE makes one)", .dflt_words = "(empty: <out_dir>/run.key)"},
+    {"outer", "encrypt", KEY_ENUM, OU(encrypt), STRSZ(outer.encrypt), 0, 0, 0, "on|off", "on", .help = "encrypt the link's payloads (off still authenticates every frame)"},
+    {"outer", "join_timeout", KEY_REAL, OU(join_timeout), 0, 0, 1e7, 1, NULL, "120", .help = "federated launch: seconds to wait at start for the other sites"},
+    {"outer", "progress", KEY_ENUM, OU(progress), STRSZ(outer.progress), 0, 0, 0, "step|poll|thread", "poll", .help = "when messages in flight move on: after each step, also between layers, or by a thread"},
+    {"outer", "piece_bytes", KEY_LONG, OU(piece_bytes), 0, 4096, INT_MAX, 0, NULL, "262144", .help = "the link's largest MPI message in bytes (at most train.mpi_piece_bytes)"},
+    {"outer", "pace", KEY_ENUM, OU(pace), STRSZ(outer.pace), 0, 0, 0, "on|off", "on", .help = "streaming: spread a payload's pieces over its overlap window"},
+    {"outer", "transport", KEY_ENUM, OU(transport), STRSZ(outer.transport), 0, 0, 0, "tcp|mpi", "tcp", .help = "what carries frames between sites: isthmus's own TCP, or Open MPI point-to-point"},
+    {"outer", "streams", KEY_INT, OU(streams), 0, 1, 16, 0, NULL, "4", .help = "tcp: connections per pair of ranks of different sites"},
+    {"outer", "socket_buffer", KEY_LONG, OU(socket_buffer), 0, 0, INT_MAX, 0, NULL, "0", .help = "tcp: SO_SNDBUF and SO_RCVBUF of each connection in bytes; 0 = Linux autotuning"},
+    {"outer", "ports", KEY_STR, OU(ports), STRSZ(outer.ports), 0, 0, 0, NULL, "0", .help = "tcp: the listening port: 0 = any free port, N, or the first free one of LO-HI"},
+    {"outer", "interface", KEY_STR, OU(interface), STRSZ(outer.interface), 0, 0, 0, NULL, "", .help = "tcp: the interface whose IPv4 address a rank gives the other sites", .dflt_words = "(empty: the first non-loopback interface)"},
 
-    {"checkpoint", "dir", KEY_STR, CK(dir), STRSZ(checkpoint.dir), 0, 0, 0, NULL, ""},
-    {"checkpoint", "every", KEY_INT, CK(every), 0, 0, INT_MAX, 0, NULL, "0"},
-    {"checkpoint", "keep", KEY_INT, CK(keep), 0, 1, 1000000, 0, NULL, "3"},
-    {"checkpoint", "timeout", KEY_REAL, CK(timeout), 0, 0, 1e7, 1, NULL, "3600"},
+    {"checkpoint", "dir", KEY_STR, CK(dir), STRSZ(checkpoint.dir), 0, 0, 0, NULL, "", .help = "checkpoint directory; each site writes <dir>/<site>/ckpt-<step>.h5", .dflt_words = "(empty: <out_dir>/checkpoints)"},
+    {"checkpoint", "every", KEY_INT, CK(every), 0, 0, INT_MAX, 0, NULL, "0", .help = "write a checkpoint every N steps; 0 = only at the end and on SIGTERM/SIGUSR1"},
+    {"checkpoint", "keep", KEY_INT, CK(keep), 0, 1, 1000000, 0, NULL, "3", .help = "newest checkpoints kept per site"},
+    {"checkpoint", "timeout", KEY_REAL, CK(timeout), 0, 0, 1e7, 1, NULL, "3600", .help = "deadline (s) of a checkpoint write or load; past it a watchdog ends the job"},
 };
 #define N_KEYS (sizeof schema / sizeof schema[0])
 
@@ -133,19 +140,19 @@ static const KeySpec schema[] = {
  * mean "inherit" (resolved after all sections are read). */
 #define SI(field) offsetof(SiteConfig, field)
 static const KeySpec site_schema[] = {
-    {"site.*", "ranks", KEY_INT, SI(ranks), 0, 1, 1 << 24, 0, NULL, NULL},
-    {"site.*", "learner_ranks", KEY_INT, SI(learner_ranks), 0, 1, 1 << 24, 0, NULL, "-1"},
-    {"site.*", "micro_batch", KEY_INT, SI(micro_batch), 0, 1, 1 << 20, 0, NULL, "-1"},
-    {"site.*", "grad_accum", KEY_INT, SI(grad_accum), 0, 1, 1 << 20, 0, NULL, "-1"},
-    {"site.*", "speed", KEY_REAL, SI(speed), 0, 0, 1e6, 1, NULL, "1"},
+    {"site.*", "ranks", KEY_INT, SI(ranks), 0, 1, 1 << 24, 0, NULL, NULL, .help = "ranks (GPUs) of this site", .dflt_words = "required"},
+    {"site.*", "learner_ranks", KEY_INT, SI(learner_ranks), 0, 1, 1 << 24, 0, NULL, "-1", .help = "ranks per learner (expert-parallel degree); divides ranks and [model] experts", .dflt_words = "ranks"},
+    {"site.*", "micro_batch", KEY_INT, SI(micro_batch), 0, 1, 1 << 20, 0, NULL, "-1", .help = "sequences per rank per micro-step", .dflt_words = "[train] micro_batch"},
+    {"site.*", "grad_accum", KEY_INT, SI(grad_accum), 0, 1, 1 << 20, 0, NULL, "-1", .help = "micro-steps per optimiser step", .dflt_words = "[train] grad_accum"},
+    {"site.*", "speed", KEY_REAL, SI(speed), 0, 0, 1e6, 1, NULL, "1", .help = "relative speed of the site's GPUs, for your records (nothing computes with it)"},
 };
 #define N_SITE_KEYS (sizeof site_schema / sizeof site_schema[0])
 
 /* Keys of an [eval.NAME] section (offsets into EvalConfig). */
 #define EV(field) offsetof(EvalConfig, field)
 static const KeySpec eval_schema[] = {
-    {"eval.*", "path", KEY_STR, EV(path), sizeof(((EvalConfig *)0)->path), 0, 0, 0, NULL, NULL},
-    {"eval.*", "bytes", KEY_LONG, EV(bytes), 0, 0, (double)LONG_MAX, 0, NULL, "0"},
+    {"eval.*", "path", KEY_STR, EV(path), sizeof(((EvalConfig *)0)->path), 0, 0, 0, NULL, NULL, .help = "the set's file: raw bytes or an llm.c token shard; relative to data.dir", .dflt_words = "required"},
+    {"eval.*", "bytes", KEY_LONG, EV(bytes), 0, 0, (double)LONG_MAX, 0, NULL, "0", .help = "token shard: bytes of text its tokens stand for (bits per byte); 0 for bytes"},
 };
 #define N_EVAL_KEYS (sizeof eval_schema / sizeof eval_schema[0])
 
@@ -790,11 +797,65 @@ char *config_to_text(const Config *cfg)
     return buf;
 }
 
+/* The type column of `config --keys`: "int 1..1024", "real (0, 10]", "enum a|b" ... */
+static void key_type_text(const KeySpec *s, char *buf, size_t cap)
+{
+    char lo[32], hi[32];
+    if (s->type_words) {
+        snprintf(buf, cap, "%s", s->type_words);
+        return;
+    }
+    switch (s->type) {
+    case KEY_INT:
+    case KEY_LONG: {
+        const char *name = s->type == KEY_LONG ? "long" : "int";
+        bound_text(lo, sizeof lo, s->min, 1);
+        if (s->max >= (s->type == KEY_LONG ? (double)LONG_MAX : (double)INT_MAX)) /* no bound but the type's */
+            snprintf(buf, cap, "%s >= %s", name, lo);
+        else
+            snprintf(buf, cap, "%s %s..%s", name, lo, bound_text(hi, sizeof hi, s->max, 1));
+        break;
+    }
+    case KEY_REAL:
+        snprintf(buf, cap, "real %s%s, %s]", s->min_exclusive ? "(" : "[", bound_text(lo, sizeof lo, s->min, 0),
+                 bound_text(hi, sizeof hi, s->max, 0));
+        break;
+    case KEY_U64: snprintf(buf, cap, "u64"); break;
+    case KEY_STR: snprintf(buf, cap, "string"); break;
+    case KEY_ENUM: snprintf(buf, cap, "enum %s", s->choices); break;
+    }
+}
+
+static const char *key_default_text(const KeySpec *s)
+{
+    return s->dflt_words ? s->dflt_words : s->dflt && *s->dflt ? s->dflt : "(empty)";
+}
+
+/* One line per key: "[section] key", its type, "default X" and its meaning,
+ * columns separated by at least two spaces (no field holds two in a row). */
 void config_print_keys(void)
 {
-    for (size_t i = 0; i < N_KEYS; i++) printf("[%s] %s\n", schema[i].section, schema[i].key);
-    for (size_t i = 0; i < N_SITE_KEYS; i++) printf("[%s] %s\n", site_schema[i].section, site_schema[i].key);
-    for (size_t i = 0; i < N_EVAL_KEYS; i++) printf("[%s] %s\n", eval_schema[i].section, eval_schema[i].key);
+    const KeySpec *all[N_KEYS + N_SITE_KEYS + N_EVAL_KEYS];
+    size_t n = 0;
+    for (size_t i = 0; i < N_KEYS; i++) all[n++] = &schema[i];
+    for (size_t i = 0; i < N_SITE_KEYS; i++) all[n++] = &site_schema[i];
+    for (size_t i = 0; i < N_EVAL_KEYS; i++) all[n++] = &eval_schema[i];
+    int w_name = 0, w_type = 0, w_dflt = 0;
+    char type[128], name[128];
+    for (size_t i = 0; i < n; i++) {
+        const int len_name = snprintf(name, sizeof name, "[%s] %s", all[i]->section, all[i]->key);
+        key_type_text(all[i], type, sizeof type);
+        const int len_type = (int)strlen(type), len_dflt = (int)strlen(key_default_text(all[i]));
+        if (len_name > w_name) w_name = len_name;
+        if (len_type > w_type) w_type = len_type;
+        if (len_dflt > w_dflt && len_dflt <= 12) w_dflt = len_dflt; /* longer ones overflow their column */
+    }
+    for (size_t i = 0; i < n; i++) {
+        snprintf(name, sizeof name, "[%s] %s", all[i]->section, all[i]->key);
+        key_type_text(all[i], type, sizeof type);
+        printf("%-*s  %-*s  default %-*s  %s\n", w_name, name, w_type, type, w_dflt, key_default_text(all[i]),
+               all[i]->help);
+    }
 }
 
 Recompute config_recompute(const TrainConfig *t)
