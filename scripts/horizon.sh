@@ -16,7 +16,7 @@
 #   seeds     the longest horizon again with another data order (train.seed = 43)
 #   MODE:OPTIMIZER:STEPS[:SEED]
 #             one run at the chosen lr (e.g. sync:shampoo:400; seed 42 unless given);
-#             MODE is sync, diloco, butterfly or a variant (topk topkh32 topkh16 topkall topknest
+#             MODE is sync, diloco, butterfly or a variant (topk topkh32 topkh16 topkall topknest topkm5
 #             nesterov nesterovh32 bflyfp4 bflymom: below), which takes its base mode's
 #             inner lr
 #   table     the markdown tables of every run present
@@ -67,11 +67,14 @@ L8="--set train.micro_batch=2 --set site.a.ranks=4 --set site.a.learner_ranks=1 
     MODE_topkh16="$L2 $TOPK --set outer.inner_steps=16 --set outer.topk_k=32" # H=32's bytes
     MODE_topkall="$MODE_topkh16 --set outer.topk_mean=all"
     MODE_topknest="$MODE_topkh16 --set outer.lr=0.7 --set outer.momentum=0.9"
+    # and with a gentle outer Nesterov momentum (0.5, lr 0.5: the same step as plain averaging
+    # once the momentum has built up)
+    MODE_topkm5="$MODE_topkh16 --set outer.lr=0.5 --set outer.momentum=0.5"
     MODE_nesterov="$L2 --set outer.mode=diloco --set outer.inner_steps=64 --set outer.codec=fp4 --set outer.lr=0.7
      --set outer.momentum=0.9"
     MODE_nesterovh32="$L2 --set outer.mode=diloco --set outer.inner_steps=32 --set outer.codec=fp4 --set outer.lr=0.7
      --set outer.momentum=0.9"
-    NP_topk=4 NP_topkh32=4 NP_topkh16=4 NP_topkall=4 NP_topknest=4 NP_nesterov=4 NP_nesterovh32=4
+    NP_topk=4 NP_topkh32=4 NP_topkh16=4 NP_topkall=4 NP_topknest=4 NP_topkm5=4 NP_nesterov=4 NP_nesterovh32=4
     # butterfly with fp4 payloads and rounds every 20 steps (8x smaller payloads, 2x fewer
     # rounds than butterfly's 10), alone and with per-learner outer Nesterov momentum
     MODE_bflyfp4="$L8 --set outer.mode=butterfly --set outer.inner_steps=20 --set outer.codec=fp4"
@@ -79,7 +82,7 @@ L8="--set train.micro_batch=2 --set site.a.ranks=4 --set site.a.learner_ranks=1 
     NP_bflyfp4=8 NP_bflymom=8
 }
 # every mode but sync; a variant takes its base mode's inner lr (best)
-DILOCO_VARIANTS="topk topkh32 topkh16 topkall topknest nesterov nesterovh32"
+DILOCO_VARIANTS="topk topkh32 topkh16 topkall topknest topkm5 nesterov nesterovh32"
 BUTTERFLY_VARIANTS="bflyfp4 bflymom"
 OUTER_MODES="diloco $DILOCO_VARIANTS butterfly $BUTTERFLY_VARIANTS"
 # the model of OUT's runs: its marker; runs from before the marker are the small model's
