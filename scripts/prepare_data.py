@@ -22,13 +22,14 @@ text (Debian's python3-sentencepiece; or applies FILE.model), then writes:
 The tokenizer round-trips text exactly (identity normalisation, no added
 prefix, byte fallback for anything outside its pieces): decoding an eval shard
 gives the file back, byte for byte, which the script checks before it writes
-the byte count that bits per byte divide by. Text is split into lines (each
-keeps its newline) and encoded line by line; a line is never split across
-shards. Exit 2 with one line on bad input.
+the byte count that bits per byte divide by. Text is read and encoded a
+batch of lines at a time (each line keeps its newline; no file is held whole);
+a line is never split across shards. Exit 2 with one line on bad input.
 """
 import argparse
 import configparser
 import glob
+import io
 import os
 import struct
 import sys
@@ -53,6 +54,25 @@ def read_text(path):
         fail(f"{path}: not UTF-8 at byte {e.start}")
 
 
+def read_lines(path, batch=65536):
+    """The file's lines (each with its newline), in batches: a corpus is never held whole."""
+    try:
+        with open(path, "r", encoding="utf-8", newline="") as f:
+            lines, n = [], 0
+            for line in f:
+                lines.append(line)
+                n += 1
+                if len(lines) == batch:
+                    yield lines
+                    lines = []
+            if lines:
+                yield lines
+    except OSError as e:
+        fail(f"{path}: cannot read: {e.strerror}")
+    except UnicodeDecodeError as e:
+        fail(f"{path}: not UTF-8 (after line {n}, byte {e.start} of a read block)")
+
+
 def write_shard(path, tokens, vocab):
     wide = vocab > 65536
     header = [0] * HEADER_INTS
@@ -71,7 +91,8 @@ def write_shard(path, tokens, vocab):
 
 
 def encode_lines(sp, text):
-    lines = text.splitlines(keepends=True)
+    """text encoded line by line, split as read_lines splits a file (at \\n, \\r\\n, \\r)."""
+    lines = list(io.StringIO(text, newline=""))
     return sp.encode(lines) if lines else []
 
 
@@ -112,7 +133,9 @@ def main():
     os.makedirs(a.out, exist_ok=True)
     out = os.path.abspath(a.out)
 
-    texts = [(p, read_text(p)) for p in files]
+    for p in files:
+        if not os.path.isfile(p):
+            fail(f"{p}: not a regular file")
     if a.tokenizer:
         tok_path = os.path.abspath(a.tokenizer)
         try:
@@ -122,13 +145,16 @@ def main():
     else:
         # the trainer reads lines; the sample is the files' first lines up to --sample-bytes
         sample, size = [], 0
-        for _, t in texts:
-            for line in t.splitlines():
+        for p in files:
+            for batch in read_lines(p):
+                for line in batch:
+                    if size < a.sample_bytes and line.strip():
+                        sample.append(line.rstrip("\r\n"))
+                        size += len(line)
                 if size >= a.sample_bytes:
                     break
-                if line.strip():
-                    sample.append(line)
-                    size += len(line)
+            if size >= a.sample_bytes:
+                break
         if not sample:
             fail("the training text has no lines to learn a tokenizer from")
         prefix = os.path.join(out, "tokenizer")
@@ -155,14 +181,15 @@ def main():
             n_shard += 1
             shard = []
 
-    for path, text in texts:
-        for ids in encode_lines(sp, text):
-            if len(shard) + len(ids) > a.shard_tokens:
-                flush()
-            shard.extend(ids)
-            total += len(ids)
+    for path in files:
+        for batch in read_lines(path):
+            for ids in sp.encode(batch):
+                if len(shard) + len(ids) > a.shard_tokens:
+                    flush()
+                shard.extend(ids)
+                total += len(ids)
     flush()
-    train_bytes = sum(len(t.encode("utf-8")) for _, t in texts)
+    train_bytes = sum(os.path.getsize(p) for p in files)
 
     ini = configparser.ConfigParser(interpolation=None)
     ini.optionxform = str
