@@ -431,14 +431,9 @@ static int write_checkpoint(Trainer *tr)
         if (t->n_sites > 1) printf("; every site's file: %.1f MB in %.2f s, %.0f MB/s", mb_all, dt_all, mb_all / dt_all);
         printf("\n");
         fflush(stdout);
-        if (tr->metrics.f) {
-            fprintf(tr->metrics.f,
-                    "{\"checkpoint\":\"%s\",\"step\":%ld,\"mb\":%.3f,\"seconds\":%.3f,\"mb_all_sites\":%.3f,"
-                    "\"seconds_all_sites\":%.3f}\n",
-                    path, tr->step, mb, dt, mb_all, dt_all);
-        }
+        return metrics_checkpoint(&tr->metrics, path, tr->step, mb, dt, mb_all, dt_all);
     }
-    return tr->log ? metrics_flush(&tr->metrics) : ISTH_OK;
+    return ISTH_OK;
 }
 
 /* --- the live rejoin: the live site's file to the joining site ------------------ */

@@ -1,7 +1,8 @@
 /* clock.h — the one clock for durations: monotonic seconds (deadlines,
  * step times, throughput). Never the wall clock, which can jump; wall_s
  * only for times that are compared across processes (sites on one host,
- * or hosts kept in step by NTP), and never for a deadline. */
+ * or hosts kept in step by NTP) and the metrics records' timestamps, and
+ * never for a deadline. */
 #ifndef ISTHMUS_CLOCK_H
 #define ISTHMUS_CLOCK_H
 

@@ -340,7 +340,12 @@ static int cmd_eval(int argc, char **argv)
                        "(--set eval.NAME.path=FILE --set eval.NAME.bytes=N)", model_path, cfg.model.vocab);
     /* the sets must be of the data the model was trained on (its file records the kind) */
     if (rc == ISTH_OK) rc = eval_sets_open(sets, &n_sets, &cfg, meta.data_width);
-    if (rc == ISTH_OK && rank == 0) rc = metrics_open(&mt, cfg.train.out_dir);
+    if (rc == ISTH_OK && rank == 0) {
+        char run_id[CONFIG_PATH_MAX];
+        federation_run_id(&cfg, run_id, sizeof run_id);
+        const MetricsStart st = {"eval", origin, (unsigned long long)federation_fingerprint(&cfg), run_id, NULL, size, -1};
+        rc = metrics_open(&mt, cfg.train.out_dir, &st);
+    }
     if (rc == ISTH_OK && rank == 0)
         printf("isthmus eval: %s (step %ld, %.0f tokens trained)\n", model_path, meta.step, meta.tokens);
     for (int i = 0; i < n_sets && rc == ISTH_OK; i++) {

@@ -431,14 +431,8 @@ static int warn_if_late(Reducer *r, int f, FragPlan *fp)
         printf("link: exchange %llu (fragment %d) will not arrive within its window of %d step(s): nothing after %.1f s "
                "(%d step(s))\n", (unsigned long long)fp->exchange, f, r->window_polls, elapsed, fp->polls - 1);
     fflush(stdout);
-    if (r->metrics && r->metrics->f) {
-        fprintf(r->metrics->f, "{\"link_late\":%llu,\"fragment\":%d,\"steps\":%d,\"window\":%d,"
-                "\"arrived_fraction\":%.4f,\"elapsed_s\":%.3f,\"eta_s\":%.3f,\"window_left_s\":%.3f}\n",
-                (unsigned long long)fp->exchange, f, fp->polls - 1, r->window_polls, got, elapsed,
-                isfinite(eta) ? eta : -1.0, left);
-        CHECK(metrics_flush(r->metrics));
-    }
-    return ISTH_OK;
+    return metrics_link_late(r->metrics, (unsigned long long)fp->exchange, f, fp->polls - 1, r->window_polls, got,
+                             elapsed, eta, left);
 }
 
 int reduce_start_staged(Reducer *r, int f)

@@ -149,9 +149,9 @@ static int report_lost_sites(Trainer *tr)
         else
             printf("site %s lost at step %ld: nothing from it in the %s within %.1f s; training on with %d site(s)\n",
                    t->sites[s].name, tr->step, tr->red.link.lost_what[s], tr->red.link.lost_after_s[s], left);
-        if (tr->metrics.f)
-            fprintf(tr->metrics.f, "{\"site_lost\":\"%s\",\"step\":%ld,\"what\":\"%s\",\"after_s\":%.3f,\"sites_left\":%d}\n",
-                    t->sites[s].name, tr->step, tr->red.link.lost_what[s], tr->red.link.lost_after_s[s], left);
+        fflush(stdout);
+        CHECK(metrics_site_lost(&tr->metrics, t->sites[s].name, tr->step, tr->red.link.lost_what[s],
+                                tr->red.link.lost_after_s[s], left));
     }
     fflush(stdout);
     return metrics_flush(&tr->metrics);
@@ -203,14 +203,9 @@ static int traffic_summary(Trainer *tr, long first_step)
     if (auth > 0)
         printf("link: %.0f frame(s) rejected: failed authentication, or not the frame expected (each logged where it "
                "arrived)\n", auth);
-    if (tr->metrics.f) {
-        fprintf(tr->metrics.f, "{\"summary\":\"traffic\",\"steps\":%ld,\"from_step\":%ld,\"inter_site_bytes\":%.0f,"
-                "\"sync_equivalent_bytes\":%.0f,\"reduction\":%.3f,\"same_start\":%s,\"max_peer_learners\":%d,"
-                "\"auth_failures\":%.0f}\n",
-                steps, first_step, bytes, sync_bytes, bytes > 0 ? sync_bytes / bytes : 0.0,
-                same_start ? "true" : "false", peers, auth);
-    }
-    return metrics_flush(&tr->metrics);
+    fflush(stdout);
+    return metrics_summary_traffic(&tr->metrics, steps, first_step, bytes, sync_bytes,
+                                   bytes > 0 ? sync_bytes / bytes : 0.0, same_start, peers, auth);
 }
 
 /* This site's compute utilisation over the training this process ran (the
@@ -227,12 +222,9 @@ static int utilisation_summary(Trainer *tr, long first_step, double wall_s, doub
     printf("compute utilisation: %.1f%% over steps %ld-%ld (inner steps %.1f s of %.1f s of training; link wait %.1f s; "
            "evaluations and checkpoints, %.1f s, not counted); %.1f%% before the final outer step (%.1f s)\n",
            100.0 * compute_s / wall_s, first_step + 1, tr->step, compute_s, wall_s, wait_s, paused_s, 100.0 * steady, final_s);
-    if (tr->metrics.f)
-        fprintf(tr->metrics.f, "{\"summary\":\"compute\",\"steps\":%ld,\"from_step\":%ld,\"wall_s\":%.3f,"
-                "\"compute_s\":%.3f,\"utilisation\":%.5f,\"link_wait_s\":%.3f,\"paused_s\":%.3f,\"final_outer_s\":%.3f,"
-                "\"utilisation_before_final\":%.5f}\n",
-                tr->step - first_step, first_step, wall_s, compute_s, compute_s / wall_s, wait_s, paused_s, final_s, steady);
-    return metrics_flush(&tr->metrics);
+    fflush(stdout);
+    return metrics_summary_compute(&tr->metrics, tr->step - first_step, first_step, wall_s, compute_s,
+                                   compute_s / wall_s, wait_s, paused_s, final_s, steady);
 }
 
 /* SIGTERM / SIGUSR1 (what Slurm sends before the time limit): finish the
@@ -308,6 +300,22 @@ static int after_loss(Trainer *tr, Federation *fed, const Config *cfg)
     return ISTH_OK;
 }
 
+/* Open this start's metrics.jsonl (the log's rank): the start record, with
+ * the checkpoint step it resumed from (< 0: none), then the run's shape,
+ * what tools that read the file alone label it with (isthmus plot). */
+static int open_log(Trainer *tr, const Config *cfg, long resumed_from)
+{
+    if (!tr->log) return ISTH_OK;
+    const Topology *t = &tr->topo;
+    char run_id[CONFIG_PATH_MAX];
+    federation_run_id(cfg, run_id, sizeof run_id);
+    const MetricsStart st = {"train", cfg->source, (unsigned long long)federation_fingerprint(cfg), run_id,
+                             t->sites[t->site].name, t->world_size, resumed_from};
+    CHECK(metrics_open(&tr->metrics, tr->metrics_dir, &st));
+    return metrics_run(&tr->metrics, t->sites[t->site].name, cfg->outer.mode, cfg->outer.codec, t->n_sites,
+                       t->n_learners, cfg->train.steps);
+}
+
 /* Create the trainer and check its outputs: world collectives, the same
  * on every site in the same order (a rejoin repeats them on both sides). */
 static int trainer_start(Trainer *tr, const Config *cfg, MPI_Comm world, const unsigned char *link_master,
@@ -377,18 +385,16 @@ static int take_back(Trainer *tr, Federation *fed, const Config *cfg, int site, 
     CHECK(ckpt_share(tr, fed->site, step, path, sizeof path));
     int damaged = 0;
     CHECK(ckpt_load(tr, path, 0, &damaged));
+    CHECK(open_log(tr, cfg, step)); /* the trainer was made again: its log opens again */
     static double tokens_lost_total;
     tokens_lost_total += tokens;
     if (tr->log) {
         printf("site %s rejoined at step %ld (lost at step %ld): %.0f of its tokens not trained (%.0f in all), "
                "%.1f s from its knock to training\n", cfg->sites[site].name, step, lost_at_step[site], tokens,
                tokens_lost_total, now_s() - t0);
-        if (tr->metrics.f)
-            fprintf(tr->metrics.f, "{\"site_rejoined\":\"%s\",\"step\":%ld,\"lost_at\":%ld,\"tokens_lost\":%.0f,"
-                    "\"tokens_lost_total\":%.0f,\"rejoin_s\":%.3f}\n", cfg->sites[site].name, step,
-                    lost_at_step[site], tokens, tokens_lost_total, now_s() - t0);
         fflush(stdout);
-        CHECK(metrics_flush(&tr->metrics));
+        CHECK(metrics_site_rejoined(&tr->metrics, cfg->sites[site].name, step, lost_at_step[site], tokens,
+                                    tokens_lost_total, now_s() - t0));
     }
     return ISTH_OK;
 }
@@ -421,8 +427,10 @@ int train_run(const Config *cfg, const char *resume, const char *site)
     else if (cfg->n_sites > 1) CHECK(federation_joint_keys(&fed, cfg));
     Trainer tr;
     int rc = trainer_start(&tr, cfg, fed.world, fed.link_master, site != NULL, 1);
+    long resumed_from = -1; /* the checkpoint step this start loaded, for the log's start record */
     if (rc == ISTH_OK && fed.rejoin_step >= 0) {
         rc = rejoin_live(&tr, fed.host_site, fed.rejoin_step, started);
+        resumed_from = fed.rejoin_step;
     } else if (rc == ISTH_OK && resume) {
         /* --resume auto: a step whose values a load finds damaged is passed
          * over and the sites agree on the next one; the chosen file is read
@@ -443,7 +451,9 @@ int train_run(const Config *cfg, const char *resume, const char *site)
                            "one left; remove them (isthmus inspect names them) or start without --resume", n_skip);
         else if (rc == ISTH_OK && !path[0] && tr.log)
             printf("resume: no valid checkpoint found; starting from step 0\n");
+        if (rc == ISTH_OK && path[0]) resumed_from = tr.step;
     }
+    if (rc == ISTH_OK) rc = open_log(&tr, cfg, resumed_from);
     const TrainConfig *tc = &cfg->train;
     const char *hook = getenv("ISTHMUS_STOP_AT_STEP"); /* test hook: behave as if signalled */
     const long stop_at = hook ? atol(hook) : -1;

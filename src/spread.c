@@ -99,11 +99,8 @@ static void log_round(Spread *s, SpreadRound *q, Metrics *mt)
     printf("spread after step %ld (round %ld): max relative distance to the learners' mean %.5f (%d samples)\n",
            q->step, q->round, v, s->samples);
     fflush(stdout);
-    if (mt && mt->f) {
-        fprintf(mt->f, "{\"spread\":%ld,\"step\":%ld,\"learners\":%d,\"samples\":%d,\"max_rel_dist_to_mean\":%.6g}\n",
-                q->round, q->step, s->topo->n_learners, s->samples, v);
-        metrics_flush(mt); /* a failed write is reported by the next checked line */
-    }
+    /* a failed write is reported by the next checked line */
+    (void)metrics_spread(mt, q->round, q->step, s->topo->n_learners, s->samples, v);
 }
 
 void spread_stop(Spread *s);

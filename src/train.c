@@ -183,14 +183,7 @@ int trainer_create(Trainer *tr, const Config *cfg, int log, MPI_Comm world, cons
     tr->targets = isth_malloc(n * sizeof(int));
     CHECK_ALLOC(tr->tokens);
     CHECK_ALLOC(tr->targets);
-    if (tr->log) {
-        CHECK(metrics_open(&tr->metrics, tr->metrics_dir));
-        /* what the run is, for tools that read the file alone (isthmus plot) */
-        fprintf(tr->metrics.f, "{\"run\":\"start\",\"site\":\"%s\",\"mode\":\"%s\",\"codec\":\"%s\","
-                "\"sites\":%d,\"learners\":%d,\"steps\":%d}\n", t->sites[t->site].name, cfg->outer.mode,
-                cfg->outer.codec, t->n_sites, t->n_learners, cfg->train.steps);
-        CHECK(metrics_flush(&tr->metrics));
-    }
+    /* metrics.jsonl opens once the start's step is known (train_run) */
     return ISTH_OK;
 }
 

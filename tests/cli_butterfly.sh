@@ -27,7 +27,7 @@ grep '^{"mix"' "$M" | head -3 | grep -q '"partner":4,"crossed_sites":1' && grep 
 maxd=$(grep '^{"mix"' "$M" | sed 's/.*"pair_distance":\([^,]*\),.*/\1/' | sort -g | tail -1)
 awk -v d="$maxd" 'BEGIN {exit !(d > 0 && d < 0.3)}' && pass "pair distance bounded over the run (max $maxd)" || fail "pair distance $maxd"
 n=$(grep -c '^{"spread"' "$M")
-maxs=$(grep '^{"spread"' "$M" | sed 's/.*"max_rel_dist_to_mean":\([^}]*\)}/\1/' | sort -g | tail -1)
+maxs=$(grep '^{"spread"' "$M" | sed 's/.*"max_rel_dist_to_mean":\([^,}]*\).*/\1/' | sort -g | tail -1)
 [ "$n" = 12 ] && awk -v d="$maxs" 'BEGIN {exit !(d > 0 && d < 0.3)}' &&
     pass "spread (max distance to the 8 learners' mean) logged for all 12 rounds, bounded (max $maxs)" || fail "spread: $n lines, max '$maxs'"
 grep -q "replicas identical at step 24: 8 learner(s)" "$WORK/eight.log" && pass "8 learners end on the same (exact mean) model" || fail "final replicas"
