@@ -39,16 +39,16 @@ grep -q "^vocab = 4096" "$TOK/tiny.ini" && pass "the written config has model.vo
 
 # two sites, DiLoCo, samples every 60 steps
 mpi 2 "$ISTHMUS" train "$TOK/tiny.ini" --set site.a.ranks=1 --set site.b.ranks=1 --set outer.mode=diloco \
-    --set outer.inner_steps=20 --set train.steps=240 --set train.eval_every=240 --set train.sample_every=120 \
+    --set outer.inner_steps=20 --set train.steps=180 --set train.eval_every=180 --set train.sample_every=90 \
     --set train.sample_tokens=24 --set train.out_dir="$WORK/run" > "$WORK/train.log" 2>&1 ||
     fail "training on the shards failed: $(tail -5 "$WORK/train.log")"
 M="$WORK/run/metrics.jsonl"
 b0=$(grep '"eval":"tech","step":0,' "$M" | sed 's/.*"bpb":\([^,]*\),.*/\1/')
-b1=$(grep '"eval":"tech","step":240,' "$M" | sed 's/.*"bpb":\([^,]*\),.*/\1/')
+b1=$(grep '"eval":"tech","step":180,' "$M" | sed 's/.*"bpb":\([^,]*\),.*/\1/')
 note "tech bpb $b0 -> $b1"
 if awk -v a="$b0" -v b="$b1" 'BEGIN {exit !(b < a - 0.5)}'; then pass "bits per byte fell on the token set"; else fail "bpb $b0 -> $b1"; fi
 # bytes: the set's bytes x predicted / tokens (every token after the first is predicted)
-line=$(grep '"eval":"tech","step":240,' "$M")
+line=$(grep '"eval":"tech","step":180,' "$M")
 ntok=$("$PY" -c "import struct; print(struct.unpack('<3i', open('$TOK/eval_tech.bin','rb').read(12))[2])")
 rep_tokens=$(echo "$line" | sed 's/.*"tokens":\([^,]*\),.*/\1/')
 rep_bytes=$(echo "$line" | sed 's/.*"bytes":\([^,]*\),.*/\1/')
@@ -58,7 +58,7 @@ if [ "$rep_tokens" = "$((ntok - 1))" ] && [ "$rep_bytes" = "$want" ]; then
 else
     fail "reported tokens $rep_tokens bytes $rep_bytes, expected $((ntok - 1)) and $want"
 fi
-if [ "$(grep -c '^sample step \(120\|240\) | .' "$WORK/train.log")" = 2 ]; then pass "train.sample_every printed two samples"
+if [ "$(grep -c '^sample step \(90\|180\) | .' "$WORK/train.log")" = 2 ]; then pass "train.sample_every printed two samples"
 else fail "samples: $(grep '^sample' "$WORK/train.log")"; fi
 
 # each site its own copy (paths differ through ${TD}): the same data trains; a copy
