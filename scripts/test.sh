@@ -2,7 +2,7 @@
 # test.sh — set up, build and run the whole test suite (make check).
 set -eu
 cd "$(dirname "$0")/.."
-ISTHMUS_SETUP_SLURM=1 ISTHMUS_SETUP_TORCH=1 sh scripts/setup.sh
+ISTHMUS_SETUP_SLURM=1 sh scripts/setup.sh
 sh scripts/build.sh
 status=0
 make check -j"$(nproc)" --no-print-directory || status=$?

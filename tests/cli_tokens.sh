@@ -117,7 +117,7 @@ else
 fi
 
 if [ "$HAVE_TORCH" = 0 ]; then
-    note "SKIP: python3-torch is not installed: the PyTorch checks did not run (scripts/setup.sh with ISTHMUS_SETUP_TORCH=1)"
+    note "SKIP: python3-torch is not installed: the PyTorch checks did not run (ISTHMUS_SETUP_TORCH=1 sh scripts/test.sh installs it)"
     echo "ok $((NCHECK + 1)) # SKIP PyTorch loader: python3-torch not installed"
     NCHECK=$((NCHECK + 1))
     finish || exit 1
