@@ -144,16 +144,17 @@ class IsthmusModel(torch.nn.Module):
     def generate(self, prompt, count):
         """Greedy continuation of `prompt` (token ids): `count` ids, the context
         restarting on its last half when full (as isthmus generate)."""
+        keep = self.context // 2
         window = list(prompt)
         if len(window) > self.context:
-            window = window[-(self.context // 2):]
+            window = window[len(window) - max(keep, 1):]
         out = []
         for _ in range(count):
-            logits = self(torch.tensor([window]))[0, -1]
+            logits = self(torch.tensor([window], dtype=torch.int64))[0, -1]
             t = int(torch.argmax(logits))
             out.append(t)
             if len(window) == self.context:
-                window = window[-(self.context // 2):]
+                window = window[len(window) - keep:]
             window.append(t)
         return out
 

@@ -128,8 +128,8 @@ def main():
         evals.append((name, path))
     if a.vocab < 260 or a.vocab > (1 << 24):
         fail(f"--vocab {a.vocab}: expected 260 .. 16777216 (byte fallback needs 256 pieces)")
-    if a.shard_tokens < 1024:
-        fail(f"--shard-tokens {a.shard_tokens}: expected at least 1024")
+    if a.shard_tokens < 1024 or a.shard_tokens > 2**31 - 1:
+        fail(f"--shard-tokens {a.shard_tokens}: expected 1024 .. 2147483647 (a shard's header counts in int32)")
     os.makedirs(a.out, exist_ok=True)
     out = os.path.abspath(a.out)
 
@@ -198,6 +198,8 @@ def main():
     for name, path in evals:
         text = read_text(path)
         ids = [i for line in encode_lines(sp, text) for i in line]
+        if len(ids) > 2**31 - 1:
+            fail(f"{path}: {len(ids)} tokens, more than a shard's int32 count holds: split the set")
         if sp.decode(ids) != text:
             fail(f"{path}: the tokenizer does not give the text back (not a tokenizer that round-trips; "
                  "train one here)")

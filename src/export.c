@@ -28,10 +28,10 @@ static int write_file(const char *path, const void *head, size_t head_n, const M
     ok = fflush(f) == 0 && ok;
     ok = fsync(fileno(f)) == 0 && ok;
     ok = fclose(f) == 0 && ok;
-    if (!ok || rename(tmp, path)) {
+    if (!ok || rename(tmp, path)) { /* a failing disk, not the user's input */
         const int e = errno;
         unlink(tmp);
-        return isth_fail(ISTH_EINPUT, "export: cannot write %s: %s", path, strerror(e));
+        return isth_fail(ISTH_ERUNTIME, "export: cannot write %s: %s", path, strerror(e));
     }
     return ISTH_OK;
 }
@@ -69,8 +69,9 @@ static int copy_file(const char *from, const char *to)
     ok = fflush(out) == 0 && fsync(fileno(out)) == 0 && ok;
     ok = fclose(out) == 0 && ok;
     if (!ok || rename(tmp, to)) {
+        const int e = errno;
         unlink(tmp);
-        return isth_fail(ISTH_EINPUT, "export: cannot write %s", to);
+        return isth_fail(ISTH_ERUNTIME, "export: cannot write %s: %s", to, strerror(e));
     }
     return ISTH_OK;
 }

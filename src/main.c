@@ -409,9 +409,12 @@ static int cmd_export(int argc, char **argv)
     char tpath[2 * CONFIG_FILE_PATH_MAX + 2];
     int rc = tok_path ? (snprintf(tpath, sizeof tpath, "%s", tok_path), ISTH_OK)
                        : tokenizer_resolve(cfg.data.tokenizer, cfg.data.dir, tpath, sizeof tpath);
-    /* the tokenizer must be this model's before it is shipped with it */
+    /* the tokenizer must be this model's before it is shipped with it (a build without
+     * sentencepiece cannot check it: copied as it is, said so) */
     Tokenizer tok = {0};
-    if (rc == ISTH_OK && tpath[0]) rc = tokenizer_open(&tok, tpath, cfg.model.vocab);
+    if (rc == ISTH_OK && tpath[0] && tokenizer_have_sentencepiece()) rc = tokenizer_open(&tok, tpath, cfg.model.vocab);
+    else if (rc == ISTH_OK && tpath[0])
+        fprintf(stderr, "isthmus export: this build has no libsentencepiece: %s is copied unchecked\n", tpath);
     tokenizer_close(&tok);
     if (rc == ISTH_OK) rc = export_model(dir, &m, &meta, tpath);
     if (rc == ISTH_OK)
@@ -470,6 +473,13 @@ static int cmd_generate(int argc, char **argv)
     char tpath[2 * CONFIG_FILE_PATH_MAX + 2];
     int rc = tok_path ? (snprintf(tpath, sizeof tpath, "%s", tok_path), ISTH_OK)
                        : tokenizer_resolve(cfg.data.tokenizer, cfg.data.dir, tpath, sizeof tpath);
+    /* the model's own tokenizer in a build without sentencepiece: ids, said plainly (an
+     * explicit --tokenizer is refused by tokenizer_open, naming why) */
+    if (rc == ISTH_OK && !tok_path && tpath[0] && !tokenizer_have_sentencepiece()) {
+        fprintf(stderr, "isthmus generate: this build has no libsentencepiece: the prompt and the sample are "
+                        "token ids, not text (the model's tokenizer %s is not used)\n", tpath);
+        tpath[0] = '\0';
+    }
     Tokenizer tok = {0};
     if (rc == ISTH_OK) rc = tokenizer_open(&tok, tpath, cfg.model.vocab);
     if (rc == ISTH_OK && !prompt && tok.kind != TOKENIZER_BYTES && cfg.model.vocab != 256)
@@ -512,7 +522,14 @@ static int cmd_generate(int argc, char **argv)
                 rc = tokenizer_decode(&tok, all, n_ids + (size_t)count, &full, &full_len);
             }
             if (rc == ISTH_OK) rc = tokenizer_decode(&tok, ids, n_ids, &head, &head_len);
-            if (rc == ISTH_OK) fwrite(full + head_len, 1, full_len - head_len, stdout);
+            /* the continuation is what follows the prompt's own text; a tokenizer for which it
+             * does not (decoding is not a prefix): the whole text after a newline */
+            if (rc == ISTH_OK && full_len >= head_len && !memcmp(full, head, head_len))
+                fwrite(full + head_len, 1, full_len - head_len, stdout);
+            else if (rc == ISTH_OK) {
+                putchar('\n');
+                fwrite(full, 1, full_len, stdout);
+            }
             isth_free(all);
             isth_free(full);
             isth_free(head);

@@ -75,7 +75,8 @@ int sample_generate(Decoder *d, const int *prompt, size_t n, int count, const Sa
                     void (*emit)(void *ctx, int token), void *ctx)
 {
     if (n == 0) return isth_fail(ISTH_EINPUT, "generate: the prompt has no tokens");
-    const size_t T = (size_t)d->T, keep = T / 2 > 0 ? T / 2 : 1;
+    /* a restart keeps the last half of the context (none at context 1) */
+    const size_t T = (size_t)d->T, keep = T / 2;
     /* the tokens of the window in the cache, to start again from its last half */
     int *window = isth_malloc(T * sizeof(int));
     float *logits = isth_malloc((size_t)d->V * sizeof(float));
@@ -83,8 +84,8 @@ int sample_generate(Decoder *d, const int *prompt, size_t n, int count, const Sa
     int rc = window && logits && scratch ? ISTH_OK : isth_fail(ISTH_ERUNTIME, "out of memory for sampling");
     decoder_reset(d);
     size_t in_window = 0;
-    /* a prompt longer than the context: its last `keep` tokens (as if generated past it) */
-    const size_t first = n > T ? n - keep : 0;
+    /* a prompt longer than the context: its last `keep` tokens (as if generated past it), at least one */
+    const size_t first = n > T ? n - (keep > 0 ? keep : 1) : 0;
     for (size_t i = first; i < n && rc == ISTH_OK; i++) {
         window[in_window++] = prompt[i];
         rc = decoder_step(d, prompt[i], logits);

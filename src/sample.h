@@ -32,8 +32,9 @@ int sample_draw(const float *logits, int V, const SampleRule *r, uint64_t draw, 
 /* Feed the prompt's n (>= 1) tokens, then draw `count` more, each passed
  * to emit(ctx, token) as it is drawn; out (count) receives them too when
  * not NULL. When the context fills, the decoder restarts on the last half
- * of the context's tokens (prompt and continuation alike), so generation
- * is not limited by it. */
+ * of the context's tokens (T/2, rounded down; prompt and continuation
+ * alike), so generation is not limited by it; a prompt longer than the
+ * context starts from its last T/2 tokens (at least one). */
 int sample_generate(Decoder *d, const int *prompt, size_t n, int count, const SampleRule *r, int *out,
                     void (*emit)(void *ctx, int token), void *ctx);
 

@@ -28,6 +28,28 @@ double lr_at(const TrainConfig *tc, long step)
     return tc->min_lr + 0.5 * (tc->lr - tc->min_lr) * (1.0 + cos(M_PI * progress));
 }
 
+/* This rank's training files, eval sets and tokenizer (no collective). */
+static int data_open(Trainer *tr, const Config *cfg, int say)
+{
+    const ModelConfig *mc = &cfg->model;
+    CHECK(dataset_open(&tr->train, cfg->data.train, cfg->data.dir, mc->context));
+    CHECK(eval_sets_open(tr->evals, &tr->n_evals, cfg, tr->train.width));
+    if (tr->train.width == 1 && mc->vocab < 256)
+        return isth_fail(ISTH_EINPUT, "model.vocab = %d: the training data (%s) are raw bytes, which need 256",
+                         mc->vocab, tr->train.files[0].path);
+    /* the tokenizer must be the model's (its vocabulary); a build without
+     * sentencepiece shows samples as ids rather than refusing to train */
+    if (cfg->data.tokenizer[0] && !tokenizer_have_sentencepiece()) {
+        if (say)
+            printf("data: [data] tokenizer %s is not used: this isthmus was built without libsentencepiece "
+                   "(samples are token ids)\n", cfg->data.tokenizer);
+        return tokenizer_open(&tr->tokenizer, "", mc->vocab);
+    }
+    char tpath[2 * CONFIG_FILE_PATH_MAX + 2];
+    CHECK(tokenizer_resolve(cfg->data.tokenizer, cfg->data.dir, tpath, sizeof tpath));
+    return tokenizer_open(&tr->tokenizer, tpath, mc->vocab);
+}
+
 int trainer_create(Trainer *tr, const Config *cfg, int log, MPI_Comm world, const unsigned char *link_master)
 {
     memset(tr, 0, sizeof *tr);
@@ -69,41 +91,39 @@ int trainer_create(Trainer *tr, const Config *cfg, int log, MPI_Comm world, cons
     CHECK_ALLOC(tr->site_leaders);
     for (int s = 0; s < t->n_sites; s++) tr->site_leaders[s] = t->sites[s].first_rank;
 
-    CHECK(dataset_open(&tr->train, cfg->data.train, cfg->data.dir, mc->context));
-    CHECK(eval_sets_open(tr->evals, &tr->n_evals, cfg, tr->train.width));
-    /* every site reads its own copy ([data] is site-local): the copies must
-     * be the same data (the vocabulary is in [model], checked with the config) */
-    uint64_t id;
-    CHECK(dataset_identity(&tr->train, &id));
-    uint64_t *ids = isth_malloc(sizeof(uint64_t) * (size_t)t->world_size);
-    CHECK_ALLOC(ids);
-    int rc = MPI_Allgather(&id, 1, MPI_UINT64_T, ids, 1, MPI_UINT64_T, world) == MPI_SUCCESS ? ISTH_OK : ISTH_ERUNTIME;
+    /* [data] is site-local: what one site finds wrong with its files the
+     * others learn from the agreement below, so no rank waits for one that
+     * returned (the failing rank printed why; the others return its code) */
+    int rc = data_open(tr, cfg, t->world_rank == 0);
+    uint64_t mine[2] = {(uint64_t)rc, 0};
+    if (rc == ISTH_OK) rc = dataset_identity(&tr->train, &mine[1]);
+    mine[0] = (uint64_t)rc;
+    uint64_t *all = isth_malloc(2 * sizeof(uint64_t) * (size_t)t->world_size);
+    CHECK_ALLOC(all);
+    if (MPI_Allgather(mine, 2, MPI_UINT64_T, all, 2, MPI_UINT64_T, world) != MPI_SUCCESS) {
+        isth_free(all);
+        return isth_fail(ISTH_ERUNTIME, "data: the ranks could not agree on their training data (MPI)");
+    }
+    int first_failed = -1;
+    for (int r = 0; r < t->world_size && first_failed < 0; r++)
+        if (all[2 * r] != ISTH_OK) first_failed = r;
+    /* rank 0 printed its own reason; else the first failing rank prints the
+     * one quiet mode held back (an input only its site saw) */
+    if (first_failed > 0 && t->world_rank == first_failed && status_has_suppressed()) status_print_suppressed();
+    if (first_failed >= 0 && rc == ISTH_OK) rc = (int)all[2 * first_failed];
+    /* every site reads its own copy: the copies must be the same data (the
+     * vocabulary is in [model], checked with the config) */
     for (int r = 1; r < t->world_size && rc == ISTH_OK; r++)
-        if (ids[r] != ids[0]) {
+        if (all[2 * r + 1] != all[1]) {
             const int s = topology_site_of(t, r);
             rc = isth_fail(ISTH_EINPUT, "data: world rank %d (site %s) reads other training data than world rank 0 "
                            "(site %s): identity %016llx against %016llx (the number of files, each one's size and "
                            "first %d bytes, in order, must match; the paths may differ)", r, cfg->sites[s].name,
-                           cfg->sites[topology_site_of(t, 0)].name, (unsigned long long)ids[r],
-                           (unsigned long long)ids[0], DATA_IDENTITY_BLOCK);
+                           cfg->sites[topology_site_of(t, 0)].name, (unsigned long long)all[2 * r + 1],
+                           (unsigned long long)all[1], DATA_IDENTITY_BLOCK);
         }
-    isth_free(ids);
+    isth_free(all);
     CHECK(rc);
-    if (tr->train.width == 1 && mc->vocab < 256)
-        return isth_fail(ISTH_EINPUT, "model.vocab = %d: the training data (%s) are raw bytes, which need 256",
-                         mc->vocab, tr->train.files[0].path);
-    /* the tokenizer must be the model's (its vocabulary); a build without
-     * sentencepiece shows samples as ids rather than refusing to train */
-    if (cfg->data.tokenizer[0] && !tokenizer_have_sentencepiece()) {
-        if (t->world_rank == 0)
-            printf("data: [data] tokenizer %s is not used: this isthmus was built without libsentencepiece "
-                   "(samples are token ids)\n", cfg->data.tokenizer);
-        CHECK(tokenizer_open(&tr->tokenizer, "", mc->vocab));
-    } else {
-        char tpath[2 * CONFIG_FILE_PATH_MAX + 2];
-        CHECK(tokenizer_resolve(cfg->data.tokenizer, cfg->data.dir, tpath, sizeof tpath));
-        CHECK(tokenizer_open(&tr->tokenizer, tpath, mc->vocab));
-    }
     tr->cursor.seed = tc->seed;
     tr->cursor.step = 0;
 

@@ -103,6 +103,55 @@ static void test_greedy_matches_full_forward(void **state)
     model_destroy(&m);
 }
 
+/* Past the context: greedy generation equals argmax of the full forward
+ * over the window the rule keeps (the last T/2 tokens when it is full),
+ * token for token across two restarts; and a context of one runs. */
+static void test_greedy_past_context_matches_full_forward(void **state)
+{
+    const int T = 8, n_prompt = 3, count = 20;
+    ModelConfig c = test_model_config(T, 7);
+    Model m;
+    Activations a;
+    assert_int_equal(model_create(&m, &c, 0, c.experts), 0);
+    assert_int_equal(acts_create(&a, &c, 1, T, &self, RECOMPUTE_NONE), 0);
+    test_randomize(&m, 59, 0);
+    int win[8], targets[8], prompt[3], out[20];
+    window(prompt, n_prompt, c.vocab, 4);
+    Decoder d;
+    assert_int_equal(decoder_create(&d, &m), 0);
+    const SampleRule greedy = {0.0, 0, 1};
+    assert_int_equal(sample_generate(&d, prompt, n_prompt, count, &greedy, out, NULL, NULL), 0);
+    int n = n_prompt;
+    memcpy(win, prompt, sizeof prompt);
+    for (int g = 0; g < count; g++) {
+        for (int t = 0; t < n; t++) targets[t] = -1;
+        ForwardStats st;
+        assert_int_equal(transformer_forward(&m, &a, win, targets, 1, n, 0, &st), 0);
+        const float *p = a.probs + (size_t)(n - 1) * c.vocab;
+        int best = 0;
+        for (int v = 1; v < c.vocab; v++)
+            if (p[v] > p[best]) best = v;
+        assert_int_equal(out[g], best);
+        if (n == T) { /* full: its last half, then the new token */
+            memmove(win, win + T - T / 2, (size_t)(T / 2) * sizeof(int));
+            n = T / 2;
+        }
+        win[n++] = best;
+    }
+    decoder_destroy(&d);
+    acts_destroy(&a);
+    model_destroy(&m);
+    /* context 1: every token starts afresh (nothing kept), no write past the window */
+    ModelConfig one = test_model_config(1, 7);
+    assert_int_equal(model_create(&m, &one, 0, one.experts), 0);
+    test_randomize(&m, 5, 0);
+    assert_int_equal(decoder_create(&d, &m), 0);
+    const int two[2] = {3, 4};
+    assert_int_equal(sample_generate(&d, two, 2, 5, &greedy, out, NULL, NULL), 0);
+    decoder_destroy(&d);
+    model_destroy(&m);
+}
+
 /* Past the context the decoder restarts on the last half: generation goes
  * on, and the same seed gives the same tokens. */
 static void test_generation_past_context_is_deterministic(void **state)
@@ -196,6 +245,7 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_decoder_matches_full_forward),
         cmocka_unit_test(test_greedy_matches_full_forward),
+        cmocka_unit_test(test_greedy_past_context_matches_full_forward),
         cmocka_unit_test(test_generation_past_context_is_deterministic),
         cmocka_unit_test(test_sample_rule),
         cmocka_unit_test(test_tokenizer_ids_and_bytes),
