@@ -749,6 +749,19 @@ static int cmd_plan(int argc, char **argv)
         return isth_fail(ISTH_EINPUT, "plan: --target '%s': a fraction in (0, 1)", target_text);
     Config cfg;
     CHECK(config_load(&cfg, config, overrides, n_over));
+    /* the layout the --site counts give, validated as `train --set site.NAME.ranks=N` would be: a
+     * plan for a layout training refuses is refused the same way (names the config lacks are
+     * reported by the planner) */
+    static char layout[PLAN_MAX_SITES][CONFIG_NAME_MAX + 40];
+    int n_all = n_over;
+    for (int i = 0; i < n_sites && n_all < MAX_OVERRIDES; i++) {
+        int known = cfg.n_sites == 0 && n_sites == 1;
+        for (int s = 0; s < cfg.n_sites; s++) known |= !strcmp(cfg.sites[s].name, sites[i].name);
+        if (!known) continue;
+        snprintf(layout[i], sizeof layout[i], "site.%.64s.ranks=%d", sites[i].name, sites[i].gpus);
+        overrides[n_all++] = layout[i];
+    }
+    if (n_all > n_over) CHECK(config_load(&cfg, config, overrides, n_all));
     return planner_run(&cfg, sites, n_sites, link, mfu, target);
 }
 

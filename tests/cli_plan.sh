@@ -109,6 +109,9 @@ expect_exit 2 "plan: --link '25Gbps': expected RATE,RTT" -- "$ISTHMUS" plan "$C"
 expect_exit 2 "plan: --link '25furlongs,150ms'" -- "$ISTHMUS" plan "$C" --site east:gb300:64 --site west:b300:64 --link 25furlongs,150ms
 expect_exit 2 "has 2 site\(s\); give one --site per" -- "$ISTHMUS" plan "$C" --site east:gb300:64 --link 25Gbps,150ms
 expect_exit 2 "--site north: .* has no \[site.north\]" -- "$ISTHMUS" plan "$C" --site east:gb300:64 --site north:b300:64 --link 25Gbps,150ms
-expect_exit 2 "not a whole number of learners" -- "$ISTHMUS" plan "$C" --site east:gb300:48 --site west:b300:64 --link 25Gbps,150ms
+# a layout training would refuse is refused the same way (the config's own check, as for train --set site.NAME.ranks=N)
+expect_exit 2 "\\[site.east\\] learner_ranks = 64 does not divide ranks = 48" -- "$ISTHMUS" plan "$C" --site east:gb300:48 --site west:b300:64 --link 25Gbps,150ms
+expect_exit 2 "\\[site.a\\] learner_ranks = 3 does not divide \\[model\\] experts = 4" -- \
+    "$ISTHMUS" plan "$CONFIGS/tiny.ini" --site a:h100:3 --link 1Gbps,10ms
 expect_exit 2 "plan: --mfu '1.5'" -- "$ISTHMUS" plan "$C" --site east:gb300:64 --site west:b300:64 --link 25Gbps,150ms --mfu 1.5
 finish || exit 1
