@@ -210,7 +210,7 @@ if [ $RA -eq 0 ] && [ $RB -eq 0 ] && grep -q '^site b left at step [0-9]*: its j
     grep -q '^rejoined the live run at step' "$WORK/left_b2.log" && same_model "$WORK/left"; then
     pass "SIGTERM to site b: b checkpoints and leaves (exit 0), a trains on at once ($(grep -m1 '^site b left' "$WORK/left_a.log" | cut -d: -f1)); b started again rejoins"
 else
-    fail "site b left: exits $RA/$RB: $(grep -h 'error\|left\|rejoin' "$WORK"/left_?.log "$WORK"/left_b2.log | head -3)"
+    fail "site b left: exits $RA/$RB: $(grep -h 'error\|^site b\|^stopping after\|^rejoined\|^resume' "$WORK"/left_?.log "$WORK"/left_b2.log | head -6 | tr '\n' ' '); same model: $(same_model "$WORK/left" && echo yes || echo no)"
 fi
 # the host itself killed: b hosts from then on; a started again rejoins there
 HK="--set outer.run_id=hostkill $LONG --set train.steps=1000 --set train.log_every=5"
