@@ -49,30 +49,20 @@ static int append(char *buf, size_t cap, size_t *len, const char *fmt, ...)
     return ISTH_OK;
 }
 
-static int copy_file(const char *from, const char *to)
+/* A small file (the tokenizer) into memory, to be written like the others. */
+static int read_small(const char *path, char **buf, size_t *n)
 {
-    FILE *in = fopen(from, "rb");
-    if (!in) return isth_fail(ISTH_EINPUT, "export: cannot read the tokenizer %s: %s", from, strerror(errno));
-    char tmp[CONFIG_FILE_PATH_MAX + 64];
-    snprintf(tmp, sizeof tmp, "%s.tmp", to);
-    FILE *out = fopen(tmp, "wb");
-    if (!out) {
-        fclose(in);
-        return isth_fail(ISTH_EINPUT, "export: cannot create %s: %s", tmp, strerror(errno));
-    }
-    char buf[65536];
-    size_t n;
-    int ok = 1;
-    while (ok && (n = fread(buf, 1, sizeof buf, in)) > 0) ok = fwrite(buf, 1, n, out) == n;
-    ok = !ferror(in) && ok;
+    FILE *in = fopen(path, "rb");
+    if (!in) return isth_fail(ISTH_EINPUT, "export: cannot read the tokenizer %s: %s", path, strerror(errno));
+    long size = fseek(in, 0, SEEK_END) == 0 ? ftell(in) : -1;
+    *buf = size >= 0 && fseek(in, 0, SEEK_SET) == 0 ? isth_malloc((size_t)size + 1) : NULL;
+    const int ok = *buf && fread(*buf, 1, (size_t)size, in) == (size_t)size;
     fclose(in);
-    ok = fflush(out) == 0 && fsync(fileno(out)) == 0 && ok;
-    ok = fclose(out) == 0 && ok;
-    if (!ok || rename(tmp, to)) {
-        const int e = errno;
-        unlink(tmp);
-        return isth_fail(ISTH_ERUNTIME, "export: cannot write %s: %s", to, strerror(e));
+    if (!ok) {
+        isth_free(*buf);
+        return isth_fail(ISTH_EINPUT, "export: cannot read the tokenizer %s", path);
     }
+    *n = (size_t)size;
     return ISTH_OK;
 }
 
@@ -115,8 +105,13 @@ int export_model(const char *dir, const Model *m, const H5Meta *meta, const char
     snprintf(path, sizeof path, "%s/config.json", dir);
     CHECK(write_file(path, js, jl, NULL));
     if (tokenizer && *tokenizer) {
+        char *bytes = NULL;
+        size_t n = 0;
+        CHECK(read_small(tokenizer, &bytes, &n));
         snprintf(path, sizeof path, "%s/tokenizer.model", dir);
-        CHECK(copy_file(tokenizer, path));
+        const int rc = write_file(path, bytes, n, NULL);
+        isth_free(bytes);
+        CHECK(rc);
     }
     return ISTH_OK;
 }

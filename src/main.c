@@ -376,6 +376,21 @@ static int number_option(const char *name, const char *text, double lo, double h
     return ISTH_OK;
 }
 
+/* generate and export: one process, the model file whole in host memory,
+ * and the tokenizer's path (--tokenizer, else the model's [data] tokenizer). */
+static int open_model_alone(const char *cmd, const char *model_path, const char *tok_path, Config *cfg, Model *m,
+                            H5Meta *meta, char *tpath, size_t cap)
+{
+    int size;
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    if (size != 1) return isth_fail(ISTH_EINPUT, "%s runs as one process (not under mpirun with %d ranks)", cmd, size);
+    CHECK(modelfile_load(model_path, NULL, 0, cfg, m, meta));
+    const int rc = tok_path ? (snprintf(tpath, cap, "%s", tok_path), ISTH_OK)
+                            : tokenizer_resolve(cfg->data.tokenizer, cfg->data.dir, tpath, cap);
+    if (rc != ISTH_OK) model_destroy(m);
+    return rc;
+}
+
 static const char *const usage_export =
     "usage: isthmus export --model FILE -o DIR [--tokenizer FILE]\n"
     "\n"
@@ -399,16 +414,12 @@ static int cmd_export(int argc, char **argv)
     if (n_pos) return isth_fail(ISTH_EINPUT, "export: unexpected argument '%s'", pos[0]);
     if (n_over) return isth_fail(ISTH_EINPUT, "export: --set does not apply (the model file holds the config)");
     if (!model_path || !dir) return isth_fail(ISTH_EINPUT, "export: needs --model FILE and -o DIR (see isthmus export --help)");
-    int size;
-    MPI_Comm_size(MPI_COMM_WORLD, &size);
-    if (size != 1) return isth_fail(ISTH_EINPUT, "export runs as one process (not under mpirun with %d ranks)", size);
     Config cfg;
     Model m;
     H5Meta meta;
-    CHECK(modelfile_load(model_path, NULL, 0, &cfg, &m, &meta));
     char tpath[2 * CONFIG_FILE_PATH_MAX + 2];
-    int rc = tok_path ? (snprintf(tpath, sizeof tpath, "%s", tok_path), ISTH_OK)
-                       : tokenizer_resolve(cfg.data.tokenizer, cfg.data.dir, tpath, sizeof tpath);
+    CHECK(open_model_alone("export", model_path, tok_path, &cfg, &m, &meta, tpath, sizeof tpath));
+    int rc = ISTH_OK;
     /* the tokenizer must be this model's before it is shipped with it (a build without
      * sentencepiece cannot check it: copied as it is, said so) */
     Tokenizer tok = {0};
@@ -453,9 +464,6 @@ static int cmd_generate(int argc, char **argv)
     if (n_pos) return isth_fail(ISTH_EINPUT, "generate: unexpected argument '%s'", pos[0]);
     if (n_over) return isth_fail(ISTH_EINPUT, "generate: --set does not apply (the model file holds the config)");
     if (!model_path) return isth_fail(ISTH_EINPUT, "generate: missing --model FILE (see isthmus generate --help)");
-    int size;
-    MPI_Comm_size(MPI_COMM_WORLD, &size);
-    if (size != 1) return isth_fail(ISTH_EINPUT, "generate runs as one process (not under mpirun with %d ranks)", size);
     double count, temperature, top_k, seed;
     CHECK(number_option("--tokens", tokens_text, 0, 1 << 30, 1, &count));
     CHECK(number_option("--temperature", temp_text, 0, 1e6, 0, &temperature));
@@ -469,10 +477,9 @@ static int cmd_generate(int argc, char **argv)
     Config cfg;
     Model m;
     H5Meta meta;
-    CHECK(modelfile_load(model_path, NULL, 0, &cfg, &m, &meta));
     char tpath[2 * CONFIG_FILE_PATH_MAX + 2];
-    int rc = tok_path ? (snprintf(tpath, sizeof tpath, "%s", tok_path), ISTH_OK)
-                       : tokenizer_resolve(cfg.data.tokenizer, cfg.data.dir, tpath, sizeof tpath);
+    CHECK(open_model_alone("generate", model_path, tok_path, &cfg, &m, &meta, tpath, sizeof tpath));
+    int rc = ISTH_OK;
     /* the model's own tokenizer in a build without sentencepiece: ids, said plainly (an
      * explicit --tokenizer is refused by tokenizer_open, naming why) */
     if (rc == ISTH_OK && !tok_path && tpath[0] && !tokenizer_have_sentencepiece()) {
