@@ -16,7 +16,7 @@
 #   seeds     the longest horizon again with another data order (train.seed = 43)
 #   MODE:OPTIMIZER:STEPS[:SEED]
 #             one run at the chosen lr (e.g. sync:shampoo:400; seed 42 unless given);
-#             MODE is sync, diloco, butterfly or a variant (topk topkh32 topkh16 topkall topknest topkm5
+#             MODE is sync, diloco, butterfly or a variant (topk topkh32 topkh16 topkh8 topkall topknest topkm5
 #             nesterov nesterovh32 bflyfp4 bflymom: below), which takes its base mode's
 #             inner lr
 #   table     the markdown tables of every run present
@@ -57,7 +57,7 @@ L8="--set train.micro_batch=2 --set site.a.ranks=4 --set site.a.learner_ranks=1 
     NP_sync=4 NP_diloco=4 NP_butterfly=8
     # DiLoCo with SparseLoCo's payloads (outer.codec = topk: 64 of 4,096 values
     # at 2 bits, residual decay 0.95, each value averaged over its senders, no
-    # outer momentum, outer lr 1) at H = 64 and 32, and 32 of 4,096 at H = 16; at H = 16 also with the
+    # outer momentum, outer lr 1) at H = 64 and 32, 32 of 4,096 at H = 16 and 16 at H = 8; at H = 16 also with the
     # averaging over all learners, and with outer Nesterov momentum (0.9, lr 0.7) on top; and DiLoCo
     # fp4 with outer Nesterov momentum (SNOO's outer optimiser) at H = 64 and 32
     TOPK="--set outer.mode=diloco --set outer.codec=topk --set outer.ef_decay=0.95 --set outer.topk_mean=senders --set outer.lr=1
@@ -65,6 +65,7 @@ L8="--set train.micro_batch=2 --set site.a.ranks=4 --set site.a.learner_ranks=1 
     MODE_topk="$L2 $TOPK --set outer.inner_steps=64"
     MODE_topkh32="$L2 $TOPK --set outer.inner_steps=32"
     MODE_topkh16="$L2 $TOPK --set outer.inner_steps=16 --set outer.topk_k=32" # H=32's bytes
+    MODE_topkh8="$L2 $TOPK --set outer.inner_steps=8 --set outer.topk_k=16" # H=16's bytes again
     MODE_topkall="$MODE_topkh16 --set outer.topk_mean=all"
     MODE_topknest="$MODE_topkh16 --set outer.lr=0.7 --set outer.momentum=0.9"
     # and with a gentle outer Nesterov momentum (0.5, lr 0.5: the same step as plain averaging
@@ -74,7 +75,7 @@ L8="--set train.micro_batch=2 --set site.a.ranks=4 --set site.a.learner_ranks=1 
      --set outer.momentum=0.9"
     MODE_nesterovh32="$L2 --set outer.mode=diloco --set outer.inner_steps=32 --set outer.codec=fp4 --set outer.lr=0.7
      --set outer.momentum=0.9"
-    NP_topk=4 NP_topkh32=4 NP_topkh16=4 NP_topkall=4 NP_topknest=4 NP_topkm5=4 NP_nesterov=4 NP_nesterovh32=4
+    NP_topk=4 NP_topkh32=4 NP_topkh16=4 NP_topkh8=4 NP_topkall=4 NP_topknest=4 NP_topkm5=4 NP_nesterov=4 NP_nesterovh32=4
     # butterfly with fp4 payloads and rounds every 20 steps (8x smaller payloads, 2x fewer
     # rounds than butterfly's 10), alone and with per-learner outer Nesterov momentum
     MODE_bflyfp4="$L8 --set outer.mode=butterfly --set outer.inner_steps=20 --set outer.codec=fp4"
@@ -82,7 +83,7 @@ L8="--set train.micro_batch=2 --set site.a.ranks=4 --set site.a.learner_ranks=1 
     NP_bflyfp4=8 NP_bflymom=8
 }
 # every mode but sync; a variant takes its base mode's inner lr (best)
-DILOCO_VARIANTS="topk topkh32 topkh16 topkall topknest topkm5 nesterov nesterovh32"
+DILOCO_VARIANTS="topk topkh32 topkh16 topkh8 topkall topknest topkm5 nesterov nesterovh32"
 BUTTERFLY_VARIANTS="bflyfp4 bflymom"
 OUTER_MODES="diloco $DILOCO_VARIANTS butterfly $BUTTERFLY_VARIANTS"
 # the model of OUT's runs: its marker; runs from before the marker are the small model's
