@@ -16,12 +16,39 @@
 # the live run dropped (isthmus exits 3) is started again, with --resume
 # auto, and rejoins; ISTHMUS_REJOINS (default 3) bounds how often.
 # Environment: ISTHMUS (the executable; default: the one in the tree),
-# MPIRUN_ARGS (extra mpirun options, e.g. --oversubscribe).
+# MPIRUN_ARGS (extra mpirun options, e.g. --oversubscribe), ISTHMUS_PORTS.
+#
+# ISTHMUS_PORTS=LO-HI keeps every listening socket that the other site
+# connects to inside that range (jobs/README.md, "Cross-site networking"):
+# LO is ompi-server's port (`server`), LO+1..LO+3 Open MPI's out-of-band
+# channel of each site's mpirun and daemons, then half of the rest Open
+# MPI's TCP transport (one port per rank of a node) and the other half
+# isthmus's own (`[outer] ports`, one per rank of a node). A firewall
+# between the sites opens LO-HI (TCP, inbound, at both ends); the range
+# needs at least 4 + 2 x (ranks per node) ports.
 set -u
 here=$(cd "$(dirname "$0")/.." && pwd)
 isthmus=${ISTHMUS:-$here/isthmus}
 
 die() { echo "federated.sh: $*" >&2; exit 2; }
+
+# ISTHMUS_PORTS split into its parts: port_server, port_oob (LO-HI),
+# port_btl_min and port_btl_count, port_wire (LO-HI); nothing when unset
+ports_split() {
+    port_server=
+    [ -n "${ISTHMUS_PORTS:-}" ] || return 0
+    local lo hi n half
+    echo "$ISTHMUS_PORTS" | grep -Eq '^[0-9]+-[0-9]+$' || die "ISTHMUS_PORTS='$ISTHMUS_PORTS': a range LO-HI"
+    lo=${ISTHMUS_PORTS%-*} hi=${ISTHMUS_PORTS#*-}
+    [ "$lo" -ge 1024 ] && [ "$hi" -le 65535 ] && [ "$hi" -ge $((lo + 5)) ] ||
+        die "ISTHMUS_PORTS='$ISTHMUS_PORTS': LO-HI within 1024-65535 and at least 6 ports (4 + 2 x ranks per node)"
+    n=$((hi - lo + 1 - 4))
+    half=$((n / 2))
+    port_server=$lo
+    port_oob="$((lo + 1))-$((lo + 3))"
+    port_btl_min=$((lo + 4)) port_btl_count=$half
+    port_wire="$((lo + 4 + half))-$hi"
+}
 
 # some tcp://HOST[,HOST...]:PORT of an ompi-server URI file answers within 3 s
 reachable() {
@@ -41,6 +68,9 @@ cmd_server() {
     local dir=$1
     mkdir -p "$dir" || die "cannot create $dir"
     rm -f "$dir/ompi-server.uri"
+    ports_split
+    # ompi-server reads its MCA parameters from the environment
+    if [ -n "$port_server" ]; then export OMPI_MCA_oob_tcp_static_ipv4_ports=$port_server; fi
     setsid ompi-server --no-daemonize -r "$dir/ompi-server.uri" > "$dir/ompi-server.log" 2>&1 < /dev/null &
     echo $! > "$dir/ompi-server.pid"
     for _ in $(seq 1 100); do
@@ -62,15 +92,18 @@ cmd_site() {
     [ $# -ge 4 ] || die "usage: federated.sh site URI SITE NP CONFIG [train args...]"
     local uri=$1 site=$2 np=$3 config=$4
     shift 4
+    ports_split
     [ -s "$uri" ] || die "ompi-server URI file $uri is missing or empty: start the server first (federated.sh server DIR)"
     reachable "$uri" || die "ompi-server at $(cut -d';' -f2 "$uri") (from $uri) does not answer: is it running?"
     # exit 3: the live run dropped this site (it stalled past the other
     # site's deadline); started again, it rejoins (ISTHMUS_REJOINS times)
-    local tries=0 rc child extra=()
+    local tries=0 rc child extra=() pinned=()
+    [ -n "$port_server" ] && pinned=(--mca oob_tcp_dynamic_ipv4_ports "$port_oob" --mca btl_tcp_port_min_v4 "$port_btl_min"
+        --mca btl_tcp_port_range_v4 "$port_btl_count")
     while :; do
         # shellcheck disable=SC2086
-        mpirun ${MPIRUN_ARGS:-} -np "$np" --ompi-server "file:$uri" "$isthmus" train "$config" --site "$site" "$@" \
-            "${extra[@]}" &
+        mpirun ${MPIRUN_ARGS:-} "${pinned[@]}" -np "$np" --ompi-server "file:$uri" "$isthmus" train "$config" \
+            --site "$site" "$@" ${port_wire:+--set "outer.ports=$port_wire"} "${extra[@]}" &
         child=$!
         # a signal to this script (timeout, scancel) goes on to mpirun; USR1
         # (the job scripts' stop: checkpoint and leave) as it is, which

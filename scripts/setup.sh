@@ -4,7 +4,7 @@
 set -eu
 PACKAGES="build-essential openmpi-bin libopenmpi-dev libhdf5-openmpi-dev hdf5-tools libcmocka-dev
 libopenblas-dev libopenblas-openmp-dev libsodium-dev autoconf automake libtool pkg-config xz-utils procps
-liblapacke-dev gnuplot-nox netpbm iproute2 libsentencepiece-dev python3-sentencepiece"
+liblapacke-dev gnuplot-nox netpbm iproute2 nftables libsentencepiece-dev python3-sentencepiece"
 missing=""
 for p in $PACKAGES; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing="$missing $p"

@@ -363,7 +363,7 @@ int ckpt_write(Trainer *tr)
 {
     char what[64];
     snprintf(what, sizeof what, "checkpoint of step %ld", tr->step);
-    fault_watchdog_arm(tr->cfg.checkpoint.timeout, what);
+    fault_watchdog_arm(tr->cfg.checkpoint.timeout, what, FAULT_HINT_IO);
     const long stall = fault_hook_for("ISTHMUS_CKPT_STALL", tr->topo.sites[tr->topo.site].name);
     if (stall > 0) sleep((unsigned)stall); /* test hook: a write that hangs */
     const int rc = write_checkpoint(tr);
@@ -516,7 +516,8 @@ int ckpt_share(Trainer *tr, int from_site, long step, char *path, size_t cap)
     else snprintf(path, cap, "%s/rejoin-%08ld.h5", dir, step);
     int site_rank;
     CHECK_MPI(MPI_Comm_rank(t->site_comm, &site_rank));
-    fault_watchdog_arm(tr->cfg.checkpoint.timeout, "passing the live site's checkpoint to the rejoining site");
+    fault_watchdog_arm(tr->cfg.checkpoint.timeout, "passing the live site's checkpoint to the rejoining site",
+                       FAULT_HINT_IO);
     int rc = ISTH_OK;
     if (site_rank == 0 && !host) rc = make_dirs(dir);
     if (site_rank == 0 && rc == ISTH_OK)
@@ -755,7 +756,7 @@ int ckpt_load_copy(Trainer *tr, const char *path, int from_site)
 
 static int load_reported(Trainer *tr, const char *path, int from_site, int fallback, int *damaged)
 {
-    fault_watchdog_arm(tr->cfg.checkpoint.timeout, "loading the checkpoint");
+    fault_watchdog_arm(tr->cfg.checkpoint.timeout, "loading the checkpoint", FAULT_HINT_IO);
     int site_rank = 0;
     MPI_Comm_rank(tr->topo.site_comm, &site_rank);
     /* what is wrong with this site's file only its ranks see, and any of

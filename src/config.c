@@ -118,7 +118,7 @@ static const KeySpec schema[] = {
     {"outer", "run_id", KEY_STR, OU(run_id), STRSZ(outer.run_id), 0, 0, 0, NULL, "", .help = "federated launch: the name the sites meet under in ompi-server", .dflt_words = "(empty: the config's fingerprint)"},
     {"outer", "key_file", KEY_STR, OU(key_file), STRSZ(outer.key_file), 0, 0, 0, NULL, "", .help = "the run's shared secret (isthmus keygen FILE makes one)", .dflt_words = "(empty: <out_dir>/run.key)"},
     {"outer", "encrypt", KEY_ENUM, OU(encrypt), STRSZ(outer.encrypt), 0, 0, 0, "on|off", "on", .help = "encrypt the link's payloads (off still authenticates every frame)"},
-    {"outer", "join_timeout", KEY_REAL, OU(join_timeout), 0, 0, 1e7, 1, NULL, "120", .help = "federated launch: seconds to wait at start for the other sites"},
+    {"outer", "join_timeout", KEY_REAL, OU(join_timeout), 0, 0, 1e7, 0, NULL, "120", .help = "federated launch: seconds the sites wait for each other at start; 0 = until stopped"},
     {"outer", "progress", KEY_ENUM, OU(progress), STRSZ(outer.progress), 0, 0, 0, "step|poll|thread", "poll", .help = "when messages in flight move on: after each step, also between layers, or by a thread"},
     {"outer", "piece_bytes", KEY_LONG, OU(piece_bytes), 0, 4096, INT_MAX, 0, NULL, "262144", .help = "the link's largest MPI message in bytes (at most train.mpi_piece_bytes)"},
     {"outer", "pace", KEY_ENUM, OU(pace), STRSZ(outer.pace), 0, 0, 0, "on|off", "on", .help = "streaming: spread a payload's pieces over its overlap window"},

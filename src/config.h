@@ -112,7 +112,7 @@ typedef struct {
     char run_id[64];    /* federated launch: the name published is isthmus-<run_id> ("" = the config fingerprint) */
     char key_file[CONFIG_PATH_MAX]; /* federated launch: the run's key ("" = <out_dir>/run.key) */
     char encrypt[4];    /* on | off: the link's payloads encrypted (always authenticated) */
-    double join_timeout; /* federated launch: seconds the sites wait for each other at start */
+    double join_timeout; /* federated launch: seconds the sites wait for each other at start; 0 no limit */
     char progress[8];   /* step | poll | thread: when MPI moves the exchanges in flight (docs/configuration.md) */
     long piece_bytes;   /* the link's largest MPI message: frames go in pieces of this size */
     char pace[4];       /* on | off: a streaming payload's pieces posted over its overlap window */

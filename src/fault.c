@@ -86,7 +86,7 @@ static pthread_cond_t dog_cond; /* on CLOCK_MONOTONIC: a clock change must not f
 static pthread_t dog_thread;
 static int dog_armed, dog_started;
 static struct timespec dog_deadline;
-static char dog_what[256];
+static char dog_what[256], dog_hint[160];
 static double dog_seconds;
 
 static void *watchdog(void *arg)
@@ -97,8 +97,8 @@ static void *watchdog(void *arg)
         while (!dog_armed) pthread_cond_wait(&dog_cond, &dog_lock);
         const int rc = pthread_cond_timedwait(&dog_cond, &dog_lock, &dog_deadline);
         if (rc == ETIMEDOUT && dog_armed) {
-            isth_fail(ISTH_ERUNTIME, "%s did not finish within %g s (a rank stuck in parallel I/O?); ending the job",
-                      dog_what, dog_seconds);
+            isth_fail(ISTH_ERUNTIME, "%s did not finish within %g s (%s); ending the job", dog_what, dog_seconds,
+                      dog_hint);
             fflush(stdout);
             _exit(ISTH_ERUNTIME); /* mpirun ends the other ranks */
         }
@@ -106,7 +106,7 @@ static void *watchdog(void *arg)
     return NULL;
 }
 
-void fault_watchdog_arm(double seconds, const char *what)
+void fault_watchdog_arm(double seconds, const char *what, const char *hint)
 {
     pthread_mutex_lock(&dog_lock);
     if (!dog_started) {
@@ -126,6 +126,7 @@ void fault_watchdog_arm(double seconds, const char *what)
         dog_deadline.tv_nsec -= 1000000000L;
     }
     snprintf(dog_what, sizeof dog_what, "%s", what);
+    snprintf(dog_hint, sizeof dog_hint, "%s", hint);
     dog_seconds = seconds;
     dog_armed = dog_started;
     pthread_cond_broadcast(&dog_cond);

@@ -44,12 +44,18 @@ int fault_nan_now(void);
 /* ISTHMUS_FAIL_ALLOC: should this allocation fail (once)? */
 int fault_alloc_fails(void);
 
-/* A deadline for work that waits inside a site without one of its own (a
- * checkpoint's parallel HDF5 collectives: a rank that fails inside one
- * leaves the others there). When `seconds` pass before the disarm, a
- * watchdog thread prints one line naming `what` and ends the process with
- * exit 1; mpirun then ends the rest of the job. One armed at a time. */
-void fault_watchdog_arm(double seconds, const char *what);
+/* A deadline for work that waits without one of its own (a checkpoint's
+ * parallel HDF5 collectives: a rank that fails inside one leaves the others
+ * there; the federated set-up's collectives across sites). When `seconds`
+ * pass before the disarm, a watchdog thread prints one line naming `what`
+ * and the likely cause (`hint`) and ends the process with exit 1; mpirun
+ * then ends the rest of the job. One armed at a time; arming again moves
+ * the deadline. */
+#define FAULT_HINT_IO "a rank stuck in parallel I/O?"
+#define FAULT_HINT_NET                                                                                           \
+    "no traffic between the sites' ranks? Open MPI's and the wire's ports must be open between the sites: "      \
+    "jobs/README.md, Cross-site networking"
+void fault_watchdog_arm(double seconds, const char *what, const char *hint);
 void fault_watchdog_disarm(void);
 
 /* End the job for status `rc`: in a multi-rank job any failure aborts every

@@ -302,7 +302,7 @@ static int wait_deadline(MPI_Request *req, double deadline, const char *what, in
         if (now_s() > deadline) {
             MPI_Cancel(req);
             MPI_Request_free(req);
-            return isth_fail(ISTH_ERUNTIME, "federation: %s: no answer before the deadline", what);
+            return isth_fail(ISTH_ERUNTIME, "federation: %s: no answer before the deadline (%s)", what, FAULT_HINT_NET);
         }
         struct timespec ts = {0, 1000000};
         nanosleep(&ts, NULL);
@@ -386,7 +386,65 @@ static int host_accept_knock(Federation *f, int site, const char *value, MPI_Com
     return 1;
 }
 
-/* --- the host (first site's first rank) ------------------------------------------ */
+/* --- waiting for the other sites ---------------------------------------------------- */
+
+double federation_setup_s(const Config *cfg)
+{
+    return cfg->outer.join_timeout > 0 ? cfg->outer.join_timeout + 60.0 : FEDERATION_SETUP_S;
+}
+
+/* The sites that have not joined the host yet, comma-separated. */
+static void missing_sites(const Federation *f, const Config *cfg, char *out, size_t size)
+{
+    out[0] = '\0';
+    for (int s = 1; s < cfg->n_sites; s++)
+        if (f->leader_link[s] == MPI_COMM_NULL)
+            snprintf(out + strlen(out), size - strlen(out), "%s%s", out[0] ? ", " : "", cfg->sites[s].name);
+}
+
+/* A leader's wait for the other sites: until outer.join_timeout, or without
+ * a limit (0) until a stop signal, saying every minute whom it waits for. */
+typedef struct {
+    double started, deadline, next_note;
+    char limit[64]; /* "up to 120 s" or "no limit: until stopped" */
+} JoinWait;
+
+#define JOIN_NOTE_S 60.0
+
+static void join_wait_start(JoinWait *w, const Config *cfg)
+{
+    w->started = now_s();
+    w->next_note = w->started + JOIN_NOTE_S;
+    w->deadline = cfg->outer.join_timeout > 0 ? w->started + cfg->outer.join_timeout : -1.0;
+    if (w->deadline < 0) snprintf(w->limit, sizeof w->limit, "no limit: until stopped");
+    else snprintf(w->limit, sizeof w->limit, "up to %.0f s", cfg->outer.join_timeout);
+}
+
+/* Called at every poll of the wait: 1 to poll again; 0 when the wait is
+ * over, on a stop signal (f->stopped set) or past the deadline. */
+static int join_wait_on(Federation *f, JoinWait *w, const char *whom)
+{
+    const double t = now_s();
+    if (f->stopped) return 0;
+    if (f->stop_flag && *f->stop_flag) {
+        f->stopped = 1;
+        printf("federation: stopped by a signal while waiting for %s (%.0f s): the run did not form, nothing "
+               "trained\n", whom, t - w->started);
+        fflush(stdout);
+        return 0;
+    }
+    if (w->deadline >= 0 && t > w->deadline) return 0;
+    if (w->deadline < 0) fault_watchdog_arm(FEDERATION_HEARTBEAT_S, "one poll of the wait for the other sites",
+                                            FAULT_HINT_NET);
+    if (t >= w->next_note) {
+        printf("federation: still waiting for %s (%.0f min so far; %s)\n", whom, (t - w->started) / 60.0, w->limit);
+        fflush(stdout);
+        w->next_note += JOIN_NOTE_S;
+    }
+    return 1;
+}
+
+/* --- the host (the first site's first rank) ------------------------------------------ */
 
 /* Check one joiner's hello; on refusal `reason` says why. */
 static int check_hello(const Config *cfg, const JoinHello *h, int host, int knocked, const unsigned char nonce[NONCE_BYTES],
@@ -500,24 +558,25 @@ static int host_accept_all(Federation *f, const Config *cfg, const unsigned char
                          "--ompi-server file:URI of a running ompi-server (scripts/federated.sh), and no other "
                          "run with this run id", f->service);
     f->published = f->hosting = 1;
-    printf("federation: site %s hosts run %s; waiting up to %.0f s for %d site(s)\n", cfg->sites[0].name, run_id,
-           cfg->outer.join_timeout, cfg->n_sites - 1);
+    char missing[256];
+    missing_sites(f, cfg, missing, sizeof missing);
+    JoinWait w;
+    join_wait_start(&w, cfg);
+    printf("federation: site %s hosts run %s; waiting for site(s) %s (%s)\n", cfg->sites[0].name, run_id, missing,
+           w.limit);
     fflush(stdout);
-    const double deadline = now_s() + cfg->outer.join_timeout;
     int joined = 0;
     unsigned char epoch[SEAL_EPOCH_BYTES]; /* one for the run as it forms: every site derives the same keys */
     seal_random(epoch, sizeof epoch);
     seal_master(f->link_master, key, run_id, epoch);
     while (joined < cfg->n_sites - 1) {
-        if (now_s() > deadline) {
-            char missing[256] = "";
-            for (int s = 1; s < cfg->n_sites; s++)
-                if (f->leader_link[s] == MPI_COMM_NULL)
-                    snprintf(missing + strlen(missing), sizeof missing - strlen(missing), "%s%s",
-                             missing[0] ? ", " : "", cfg->sites[s].name);
-            return isth_fail(ISTH_ERUNTIME, "federation: site(s) %s did not join within %.0f s (outer.join_timeout)",
-                             missing, cfg->outer.join_timeout);
-        }
+        missing_sites(f, cfg, missing, sizeof missing);
+        char whom[300];
+        snprintf(whom, sizeof whom, "site(s) %s", missing);
+        if (!join_wait_on(f, &w, whom))
+            return f->stopped ? ISTH_OK
+                              : isth_fail(ISTH_ERUNTIME, "federation: %s did not join within %.0f s (outer.join_timeout)",
+                                          whom, cfg->outer.join_timeout);
         const int before = joined;
         for (int s = 1; s < cfg->n_sites; s++)
             if (f->leader_link[s] == MPI_COMM_NULL) joined += host_try_knock(f, cfg, s, key, run_id, fingerprint, -1, epoch);
@@ -531,7 +590,7 @@ static int host_accept_all(Federation *f, const Config *cfg, const unsigned char
 /* Knock, wait for the host's answer with our value, connect. probe_s > 0:
  * give up after that long unless a live host has answered "busy" (it will
  * come once its checkpoint is written); *c stays MPI_COMM_NULL then. */
-static int joiner_knock_connect(Federation *f, double deadline, double probe_s, MPI_Comm *c)
+static int joiner_knock_connect(Federation *f, JoinWait *w, const char *whom, double probe_s, MPI_Comm *c)
 {
     unsigned char raw[16];
     char value[2 * sizeof raw + 1], come[MPI_MAX_PORT_NAME], name[160];
@@ -542,8 +601,8 @@ static int joiner_knock_connect(Federation *f, double deadline, double probe_s, 
         return isth_fail(ISTH_ERUNTIME, "federation: cannot publish '%s' in the name service", name);
     knock_name(f, "come", f->site, name, sizeof name);
     int answered = 0, busy = 0;
-    const double give_up = probe_s > 0 ? now_s() + probe_s : deadline;
-    while (!answered && now_s() < deadline && (busy || now_s() < give_up)) {
+    const double give_up = now_s() + probe_s;
+    while (!answered && (busy || probe_s <= 0 || now_s() < give_up) && join_wait_on(f, w, whom)) {
         const int found = MPI_Lookup_name(name, MPI_INFO_NULL, come) == MPI_SUCCESS;
         const size_t n = strlen(value);
         if (found && !strncmp(come, value, n) && come[n] == '|' && come[n + 1]) {
@@ -567,19 +626,27 @@ static int joiner_knock_connect(Federation *f, double deadline, double probe_s, 
 static int joiner_connect(Federation *f, const Config *cfg, int host, const char *key_file, const char *run_id,
                           uint64_t fingerprint, double probe_s, int *joined)
 {
-    const double deadline = now_s() + cfg->outer.join_timeout;
+    JoinWait w;
+    join_wait_start(&w, cfg);
+    char whom[200];
+    snprintf(whom, sizeof whom, "the host of run %s (site %s)", run_id, cfg->sites[host].name);
+    if (probe_s <= 0) {
+        printf("federation: site %s waits for %s (%s)\n", cfg->sites[f->site].name, whom, w.limit);
+        fflush(stdout);
+    }
     MPI_Comm c = MPI_COMM_NULL;
     int found = 0, have_key = 0;
     unsigned char key[KEY_BYTES];
     int rc = ISTH_OK;
     *joined = 0;
     while (c == MPI_COMM_NULL) {
-        if (probe_s > 0 && (found || now_s() > deadline)) { /* one knock: a live host answered it or not */
+        if (probe_s > 0 && (found || now_s() > w.started + probe_s)) { /* one knock: a live host answered it or not */
             if (have_key) sodium_memzero(key, sizeof key);
             return ISTH_OK;
         }
-        if (now_s() > deadline) {
+        if (!join_wait_on(f, &w, whom)) {
             if (have_key) sodium_memzero(key, sizeof key);
+            if (f->stopped) return ISTH_OK;
             return isth_fail(ISTH_ERUNTIME, "federation: %s: no host %s within %.0f s (outer.join_timeout)",
                              found ? "could not connect to" : "the name service does not know", f->service,
                              cfg->outer.join_timeout);
@@ -595,7 +662,7 @@ static int joiner_connect(Federation *f, const Config *cfg, int host, const char
             CHECK(read_key(key_file, key));
             have_key = 1;
         }
-        rc = joiner_knock_connect(f, deadline, probe_s, &c);
+        rc = joiner_knock_connect(f, &w, whom, probe_s, &c);
         if (rc != ISTH_OK) {
             sodium_memzero(key, sizeof key);
             return rc;
@@ -706,9 +773,10 @@ static int build_pair_world(Federation *f, int other)
     return ISTH_OK;
 }
 
-int federation_join(Federation *f, const Config *cfg, const char *site_name)
+int federation_join(Federation *f, const Config *cfg, const char *site_name, const volatile sig_atomic_t *stop_flag)
 {
     federation_joint(f);
+    f->stop_flag = stop_flag;
     int me, ranks;
     MPI_Comm_rank(MPI_COMM_WORLD, &me);
     MPI_Comm_size(MPI_COMM_WORLD, &ranks);
@@ -734,7 +802,10 @@ int federation_join(Federation *f, const Config *cfg, const char *site_name)
 
     /* the leader does the talking; the site agrees on its outcome */
     int rc = ISTH_OK;
-    fault_watchdog_arm(cfg->outer.join_timeout + 60.0, "joining the federated run");
+    /* without a limit the leader's polls re-arm it (join_wait_on); the
+     * others wait in the outcome's broadcast for as long as it waits */
+    if (cfg->outer.join_timeout > 0)
+        fault_watchdog_arm(federation_setup_s(cfg), "joining the federated run", FAULT_HINT_NET);
     if (me == 0) {
         char path[CONFIG_PATH_MAX + 16];
         key_path(cfg, path, sizeof path);
@@ -747,15 +818,21 @@ int federation_join(Federation *f, const Config *cfg, const char *site_name)
             if (rc == ISTH_OK && cfg->n_sites == 2)
                 rc = joiner_connect(f, cfg, 1, path, run_id, fingerprint, FEDERATION_PROBE_S, &joined);
             unsigned char key[KEY_BYTES];
-            if (rc == ISTH_OK && !joined) rc = read_key(path, key);
-            if (rc == ISTH_OK && !joined) rc = host_accept_all(f, cfg, key, run_id, fingerprint);
+            if (rc == ISTH_OK && !joined && !f->stopped) rc = read_key(path, key);
+            if (rc == ISTH_OK && !joined && !f->stopped) rc = host_accept_all(f, cfg, key, run_id, fingerprint);
             sodium_memzero(key, sizeof key);
         } else {
             rc = joiner_connect(f, cfg, 0, path, run_id, fingerprint, 0.0, &joined);
         }
     }
-    long outcome[4] = {rc, f->rejoin_step, f->host_site, f->hosting};
-    if (MPI_Bcast(outcome, 4, MPI_LONG, 0, MPI_COMM_WORLD) != MPI_SUCCESS) outcome[0] = ISTH_ERUNTIME;
+    long outcome[5] = {rc, f->rejoin_step, f->host_site, f->hosting, f->stopped};
+    if (MPI_Bcast(outcome, 5, MPI_LONG, 0, MPI_COMM_WORLD) != MPI_SUCCESS) outcome[0] = ISTH_ERUNTIME;
+    f->stopped = (int)outcome[4];
+    if (outcome[0] == ISTH_OK && f->stopped) {
+        fault_watchdog_disarm();
+        return ISTH_OK;
+    }
+    fault_watchdog_arm(federation_setup_s(cfg), "joining the federated run", FAULT_HINT_NET);
     /* the link keys to the site's ranks (inside the site: its own mpirun) */
     if (outcome[0] == ISTH_OK && MPI_Bcast(f->link_master, SEAL_KEY_BYTES, MPI_BYTE, 0, MPI_COMM_WORLD) != MPI_SUCCESS)
         outcome[0] = ISTH_ERUNTIME;
@@ -823,7 +900,7 @@ int federation_rejoin(Federation *f, const Config *cfg, int site, long step, int
     *old_world = MPI_COMM_NULL;
     if (cfg->n_sites != 2 || site != 1 - f->site || !f->hosting)
         return isth_fail(ISTH_EINPUT, "federation: a live rejoin needs a two-site run and its live site hosting");
-    fault_watchdog_arm(cfg->outer.join_timeout + 60.0, "taking a site back into the run");
+    fault_watchdog_arm(federation_setup_s(cfg), "taking a site back into the run", FAULT_HINT_NET);
     int in = 0;
     if (me == 0) {
         char path[CONFIG_PATH_MAX + 16], run_id[64];

@@ -50,6 +50,7 @@
 #ifndef ISTHMUS_FEDERATION_H
 #define ISTHMUS_FEDERATION_H
 
+#include <signal.h>
 #include <stdint.h>
 
 #include <mpi.h>
@@ -73,12 +74,27 @@ typedef struct {
      * key and the epoch of the sites' last meeting; joint, see
      * federation_joint_keys */
     unsigned char link_master[SEAL_KEY_BYTES];
+    /* the caller's flag, raised by a stop signal (SIGUSR1, SIGTERM): it
+     * ends a wait for the other sites */
+    const volatile sig_atomic_t *stop_flag;
+    int stopped;         /* the join ended on that signal before the run formed */
 } Federation;
 
 /* How long a restarted first site waits for a live run to answer its knock
  * (a "busy" answer, given within the host's next step, extends it to
  * outer.join_timeout) before it hosts the run's forming itself. */
 #define FEDERATION_PROBE_S 10.0
+
+/* outer.join_timeout = 0: the sites wait for each other without a limit,
+ * until a stop signal (a job's time limit: it exits 0 and requeues). The
+ * leader's every poll then re-arms the watchdog for this long (an accept,
+ * a connect and the 30 s handshake fit), and the collectives that make the
+ * world get FEDERATION_SETUP_S. */
+#define FEDERATION_HEARTBEAT_S 120.0
+#define FEDERATION_SETUP_S 180.0
+/* the bound on the federated set-up's collectives across sites (joining,
+ * the trainer's communicators, a rejoin) */
+double federation_setup_s(const Config *cfg);
 
 /* The joint launch: world = MPI_COMM_WORLD. */
 void federation_joint(Federation *f);
@@ -93,8 +109,11 @@ int federation_joint_keys(Federation *f, const Config *cfg);
 /* Join the federated run as [site.<site_name>] (this mpirun's ranks, all of
  * them, collectively). ISTH_EINPUT (exit 2) for a wrong site, rank count,
  * key or config, and when the host refuses us; ISTH_ERUNTIME when a site
- * does not join within outer.join_timeout or the name service fails. */
-int federation_join(Federation *f, const Config *cfg, const char *site_name);
+ * does not join within outer.join_timeout or the name service fails.
+ * ISTH_OK with f->stopped set when *stop_flag ended the wait (every rank
+ * of the site learns it): the run did not form, nothing was trained. The
+ * leader prints who it waits for when it starts and every minute after. */
+int federation_join(Federation *f, const Config *cfg, const char *site_name, const volatile sig_atomic_t *stop_flag);
 
 /* The live rejoin, host side (two-site runs; the live site is alone after
  * the other was lost). On each loss the survivor hosts: it opens a port if

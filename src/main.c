@@ -171,7 +171,7 @@ static const char *const usage_plan =
     "time, the compute utilisation of sync, diloco, streaming and butterfly with each\n"
     "site's idle time, and the smallest H reaching --target (default 0.95).\n"
     "docs/planner.md derives the model and compares it with measured runs.\n"
-    "GPU types (dense bf16 peak):\n";
+    "GPU types (dense peaks; a plan uses the one of the config's train.precision):\n";
 
 static const char *const usage_plot =
     "usage: isthmus plot RUN_DIR... -o FILE.png [--size WIDTHxHEIGHT]\n"

@@ -15,28 +15,30 @@
 #include "plan.h"
 #include "status.h"
 
-/* Dense (no sparsity) bf16 tensor-core peaks per GPU, TFLOP/s; sources in
- * docs/planner.md (vendor datasheets). */
+/* Dense (no sparsity) peaks per GPU, TFLOP/s, sources in docs/planner.md
+ * (vendor datasheets): bf16 on tensor cores, and fp32 on CUDA cores — the
+ * CUDA backend's fp32 runs without TF32 (cuda/layers.cu). */
 static const struct {
     const char *name;
-    double tflops;
+    double bf16, fp32;
     const char *what;
 } gpu_types[] = {
-    {"a100", 312, "NVIDIA A100 SXM"},
-    {"h100", 989, "NVIDIA H100 SXM"},
-    {"h200", 989, "NVIDIA H200 SXM"},
-    {"b200", 2250, "NVIDIA B200 (HGX)"},
-    {"b300", 2250, "NVIDIA B300 (HGX Blackwell Ultra)"},
-    {"gb200", 2500, "NVIDIA GB200 (NVL72, per GPU)"},
-    {"gb300", 2500, "NVIDIA GB300 (NVL72, per GPU)"},
-    {"mi300x", 1307, "AMD Instinct MI300X"},
+    {"a100", 312, 19.5, "NVIDIA A100 SXM"},
+    {"h100", 989, 67, "NVIDIA H100 SXM"},
+    {"h200", 989, 67, "NVIDIA H200 SXM"},
+    {"b200", 2250, 75, "NVIDIA B200 (HGX)"},
+    {"b300", 2250, 75, "NVIDIA B300 (HGX Blackwell Ultra)"},
+    {"gb200", 2500, 75, "NVIDIA GB200 (NVL72, per GPU)"},
+    {"gb300", 2500, 80, "NVIDIA GB300 (NVL72, per GPU)"},
+    {"mi300x", 1307, 163.4, "AMD Instinct MI300X"},
 };
 #define N_GPU_TYPES ((int)(sizeof gpu_types / sizeof gpu_types[0]))
 
 void planner_print_gpus(void)
 {
     for (int i = 0; i < N_GPU_TYPES; i++)
-        printf("  %-7s %6.0f TFLOP/s  %s\n", gpu_types[i].name, gpu_types[i].tflops, gpu_types[i].what);
+        printf("  %-7s %6.0f TFLOP/s bf16, %5.1f fp32  %s\n", gpu_types[i].name, gpu_types[i].bf16, gpu_types[i].fp32,
+               gpu_types[i].what);
 }
 
 int planner_parse_site(const char *text, PlanSite *out)
@@ -60,7 +62,8 @@ int planner_parse_site(const char *text, PlanSite *out)
     for (int i = 0; i < N_GPU_TYPES; i++)
         if (!strcasecmp(gpu, gpu_types[i].name)) {
             snprintf(out->gpu, sizeof out->gpu, "%s", gpu_types[i].name);
-            out->peak_tflops = gpu_types[i].tflops;
+            out->peak_bf16 = gpu_types[i].bf16;
+            out->peak_fp32 = gpu_types[i].fp32;
             return ISTH_OK;
         }
     const double peak = strtod(gpu, &end);
@@ -68,7 +71,7 @@ int planner_parse_site(const char *text, PlanSite *out)
         return isth_fail(ISTH_EINPUT, "plan: --site '%s': GPU '%s' is neither a known type (isthmus plan --help lists "
                          "them) nor a peak in TFLOP/s", text, gpu);
     snprintf(out->gpu, sizeof out->gpu, "custom");
-    out->peak_tflops = peak;
+    out->peak_bf16 = out->peak_fp32 = peak; /* measured or given for the config's precision */
     return ISTH_OK;
 }
 
@@ -213,7 +216,8 @@ int planner_compute(const Config *cfg0, const PlanSite *sites, int n_sites, Plan
         for (int i = 0; i < n_sites; i++)
             if (!strcmp(sites[i].name, sc->name)) ps = &sites[i];
         r->tokens_per_step[s] = (double)sc->ranks * sc->micro_batch * sc->grad_accum * mc->context;
-        r->step_s[s] = r->tokens_per_step[s] * r->flops_per_token / (ps->gpus * ps->peak_tflops * 1e12 * mfu);
+        r->peak_tflops[s] = !strcmp(cfg.train.precision, "bf16") ? ps->peak_bf16 : ps->peak_fp32;
+        r->step_s[s] = r->tokens_per_step[s] * r->flops_per_token / (ps->gpus * r->peak_tflops[s] * 1e12 * mfu);
         learners += sc->ranks / sc->learner_ranks;
     }
     double slowest = 0;
@@ -330,13 +334,13 @@ int planner_run(const Config *cfg0, const PlanSite *sites, int n_sites, PlanLink
     printf("link: %.4g Gbit/s, %.4g ms round trip between every pair of sites (%.4g MB in flight per round trip); "
            "an exchange costs bytes / (rate x %.3f TCP payload per wire byte) + %.0f round trips\n",
            link.bits_per_s / 1e9, link.rtt_s * 1e3, link.bits_per_s * link.rtt_s / 8e6, PLAN_TCP_EFFICIENCY, PLAN_LINK_RTTS);
-    printf("sites (inner step = tokens x FLOP per token / (GPUs x peak x MFU %.2f)):\n", mfu);
+    printf("sites (inner step = tokens x FLOP per token / (GPUs x %s peak x MFU %.2f)):\n", cfg.train.precision, mfu);
     for (int s = 0; s < cfg.n_sites; s++) {
         const PlanSite *ps = NULL;
         for (int i = 0; i < n_sites; i++)
             if (!strcmp(sites[i].name, cfg.sites[s].name)) ps = &sites[i];
         printf("  %-8s %-7s %8.4g TFLOP/s x %5d GPUs, %4d learner(s) of %d, %10.0f tokens/step, step %.4g s\n",
-               cfg.sites[s].name, ps->gpu, ps->peak_tflops, ps->gpus, cfg.sites[s].ranks / cfg.sites[s].learner_ranks,
+               cfg.sites[s].name, ps->gpu, r.peak_tflops[s], ps->gpus, cfg.sites[s].ranks / cfg.sites[s].learner_ranks,
                cfg.sites[s].learner_ranks, r.tokens_per_step[s], r.step_s[s]);
     }
     /* memory per GPU: the rank that holds the most, the config's mode */

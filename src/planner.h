@@ -37,7 +37,7 @@
 typedef struct {
     char name[CONFIG_NAME_MAX];
     char gpu[32];       /* a type of the table, or "custom" for a number */
-    double peak_tflops; /* dense bf16 (or the measured rate of a CPU) per GPU */
+    double peak_bf16, peak_fp32; /* dense, per GPU; a number given: both (a CPU's measured rate) */
     int gpus;           /* ranks of the site */
 } PlanSite;
 
@@ -69,6 +69,7 @@ typedef struct {
 typedef struct {
     int n_sites;
     double step_s[PLAN_MAX_SITES];    /* inner step time per site */
+    double peak_tflops[PLAN_MAX_SITES]; /* the peak used: the config's precision (train.precision) */
     double tokens_per_step[PLAN_MAX_SITES];
     double flops_per_token;
     PlanMode sync, diloco, streaming, butterfly;

@@ -323,7 +323,7 @@ static int trainer_start(Trainer *tr, const Config *cfg, MPI_Comm world, const u
 {
     /* world-wide collectives (communicator splits): a site that fails in
      * them must not leave the others waiting without a deadline */
-    if (federated) fault_watchdog_arm(cfg->outer.join_timeout + 60.0, "setting up the federated run");
+    if (federated) fault_watchdog_arm(federation_setup_s(cfg), "setting up the federated run", FAULT_HINT_NET);
     int rc = trainer_create(tr, cfg, 1, world, link_master);
     if (federated) fault_watchdog_disarm();
     if (rc == ISTH_OK && tr->log && banner) {
@@ -423,8 +423,16 @@ int train_run(const Config *cfg, const char *resume, const char *site)
     /* the federated launch joins the sites first: the world spans them */
     static Federation fed; /* static: the world outlives a failed run's frame (fault_end_job) */
     federation_joint(&fed);
-    if (site) CHECK(federation_join(&fed, cfg, site));
+    /* a stop signal from here on is a request, also while the sites wait
+     * for each other (a job's time limit: exit 0, and the job requeues) */
+    signal(SIGTERM, on_stop_signal);
+    signal(SIGUSR1, on_stop_signal);
+    if (site) CHECK(federation_join(&fed, cfg, site, &stop_signal));
     else if (cfg->n_sites > 1) CHECK(federation_joint_keys(&fed, cfg));
+    if (fed.stopped) { /* the sites never met: nothing to train, save or report */
+        federation_destroy(&fed);
+        return ISTH_OK;
+    }
     Trainer tr;
     int rc = trainer_start(&tr, cfg, fed.world, fed.link_master, site != NULL, 1);
     long resumed_from = -1; /* the checkpoint step this start loaded, for the log's start record */
@@ -457,8 +465,6 @@ int train_run(const Config *cfg, const char *resume, const char *site)
     const TrainConfig *tc = &cfg->train;
     const char *hook = getenv("ISTHMUS_STOP_AT_STEP"); /* test hook: behave as if signalled */
     const long stop_at = hook ? atol(hook) : -1;
-    signal(SIGTERM, on_stop_signal);
-    signal(SIGUSR1, on_stop_signal);
     /* static: an all-reduce still posted when an error ends the job must
      * not write into a stack frame that is gone */
     static StopVote vote;

@@ -496,7 +496,7 @@ int trainer_write_model(Trainer *tr, const char *path)
 {
     if (tr->topo.learner != tr->topo.sites[trainer_lead_site(tr)].first_learner) return ISTH_OK;
     H5Meta meta = {tr->step, tr->tokens_seen, tr->train.width};
-    fault_watchdog_arm(tr->cfg.checkpoint.timeout, "writing the model file");
+    fault_watchdog_arm(tr->cfg.checkpoint.timeout, "writing the model file", FAULT_HINT_IO);
     /* learner 0's ranks, each the chunks it owns, through host staging
      * (allocated and agreed before the file is created) */
     StateView v;

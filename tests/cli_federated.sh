@@ -9,6 +9,9 @@
 #  - a key file others may read is refused before anything is sent;
 #  - no ompi-server: the site script says so in one line, exit 2, no hang;
 #    a host whose partner never comes gives up at outer.join_timeout, exit 1;
+#    with join_timeout = 0 either site waits without a limit, naming whom,
+#    until a stop signal ends it with exit 0, and the run forms whenever
+#    the other site comes;
 #  - SIGKILL of site b's processes mid-run: site a logs the loss once within
 #    its deadline + 2 s and trains on alone; b started again with --resume
 #    auto rejoins while a runs (a counts the tokens b did not train) and
@@ -122,6 +125,45 @@ rc=$?
 dt=$(($(date +%s) - t0))
 [ $rc -eq 1 ] && grep -q "site(s) b did not join within 6 s" "$WORK/alone.log" && [ $dt -lt 60 ] &&
     pass "a host alone gives up at join_timeout: exit 1 after ${dt} s" || fail "alone: exit $rc after $dt s: $(grep error "$WORK/alone.log")"
+# without a limit (join_timeout 0: what jobs/site.sbatch sets) a site waits,
+# naming whom, until a stop signal: exit 0, nothing written but the key
+wait_stopped() { # wait_stopped NAME WHOM: started alone, USR1 after 4 s
+    local name=$1 whom=$2 pid rc t0 dt
+    t0=$(date +%s)
+    # shellcheck disable=SC2086
+    "$FED" site "$URI" "$name" 1 "$T" $RUN --set train.out_dir="$WORK/nolimit_$name" --set outer.run_id="t4$name" \
+        --set outer.join_timeout=0 > "$WORK/nolimit_$name.log" 2>&1 &
+    pid=$!
+    sleep 4
+    kill -USR1 $pid # as a job script passes on Slurm's time-limit signal
+    (sleep 60 && kill -KILL $pid 2> /dev/null) & # a deadline against a hang
+    local dog=$!
+    wait $pid
+    rc=$?
+    kill $dog 2> /dev/null
+    dt=$(($(date +%s) - t0))
+    if [ $rc -eq 0 ] && grep -q "waiting for $whom (no limit: until stopped)\|waits for $whom (no limit: until stopped)" \
+        "$WORK/nolimit_$name.log" && grep -q "stopped by a signal while waiting for $whom" "$WORK/nolimit_$name.log" &&
+        ! ls "$WORK/nolimit_$name"/model.h5 "$WORK/nolimit_$name"/checkpoints > /dev/null 2>&1; then
+        pass "join_timeout = 0: site $name alone waits for $whom without a limit; USR1 ends it, exit 0 after $dt s, nothing written"
+    else
+        fail "join_timeout = 0, site $name: exit $rc after $dt s: $(grep -v '^\[' "$WORK/nolimit_$name.log" | tail -3 | tr '\n' '|')"
+    fi
+}
+wait_stopped a "site(s) b"
+wait_stopped b "the host of run t4b (site a)"
+# and the sites meet whenever the second comes: b first, a 5 s later
+site b 1 "$WORK/late" --set outer.run_id=t4late --set outer.join_timeout=0 > "$WORK/late_b.log" 2>&1 &
+b=$!
+sleep 5
+site a 1 "$WORK/late" --set outer.run_id=t4late --set outer.join_timeout=0 > "$WORK/late_a.log" 2>&1
+ra=$?
+wait $b
+rb=$?
+[ $ra -eq 0 ] && [ $rb -eq 0 ] && grep -q "^federation: site b joined run t4late at site a" "$WORK/late_b.log" &&
+    h5diff "$WORK/joint/model.h5" "$WORK/late/model.h5" /model /model > /dev/null 2>&1 &&
+    pass "join_timeout = 0: b waits, a comes 5 s later, the run forms and ends on the joint launch's model" ||
+    fail "late host: exits $ra/$rb: $(grep -h 'error\|federation' "$WORK"/late_?.log | head -3 | tr '\n' '|')"
 expect_exit 2 "--site c: no \[site.c\]" -- mpirun -q -np 1 "$ISTHMUS" train "$T" $RUN --site c
 expect_exit 2 "--site a: this mpirun has 2 ranks, \[site.a\] ranks = 1" -- mpirun -q --oversubscribe -np 2 "$ISTHMUS" train "$T" $RUN --site a
 

@@ -1,7 +1,7 @@
 #!/bin/bash
 # cli_plan.sh — `isthmus plan` against arithmetic done here by hand (awk),
 # from the config's shape alone: parameters, FLOPs per token, each site's
-# step time, the fp4 payload of a streaming fragment and of the whole
+# step time (at the peak of the config's precision), the fp4 payload of a streaming fragment and of the whole
 # model, transfer times and the utilisation of diloco and streaming; the
 # smallest H it names reaches the target and the one below does not; bad
 # sites and links are one line and exit 2.
@@ -29,6 +29,14 @@ for s in east:2500 west:2250; do
     name=${s%:*} peak=${s#*:}
     want=$(awk -v n=$tokens -v f="$fpt" -v p="$peak" 'BEGIN { printf "%.6g", n * f * 1e9 / (64 * p * 1e12 * 0.4) }')
     check "$name step time (s)" "$(field "s/^  $name .* step \([0-9.]*\) s$/\1/p")" "$want" 0.002
+done
+# an fp32 config is planned at the GPUs' fp32 peaks (no TF32: cuda/layers.cu), 80 and 75 TFLOP/s
+"$ISTHMUS" plan "$C" --site east:gb300:64 --site west:b300:64 --link 25Gbps,150ms --set train.precision=fp32 \
+    > "$WORK/plan32.txt" 2>&1 || fail "fp32 plan failed: $(tail -2 "$WORK/plan32.txt")"
+for s in east:80 west:75; do
+    name=${s%:*} peak=${s#*:}
+    want=$(awk -v n=$tokens -v f="$fpt" -v p="$peak" 'BEGIN { printf "%.6g", n * f * 1e9 / (64 * p * 1e12 * 0.4) }')
+    check "$name step time at fp32 (s)" "$(sed -n "s/^  $name .* step \([0-9.]*\) s$/\1/p" "$WORK/plan32.txt")" "$want" 0.002
 done
 t_west=$(awk -v n=$tokens -v f="$fpt" 'BEGIN { printf "%.9g", n * f * 1e9 / (64 * 2250e12 * 0.4) }')
 # fp4: half a byte per value + a 4-byte scale per 128 values

@@ -11,6 +11,8 @@
 #  - the federated pair (ompi-server.sbatch, site.sbatch a and b): scancel
 #    of site b's job lets b leave while a trains on; b submitted again
 #    rejoins the live run and both end on the same model;
+#  - a federated site alone in its queue waits, is requeued by its time-limit
+#    signal and, requeued, meets the other site;
 #  - the harness stops every daemon it started, by PID.
 # Skipped (visibly) when the Slurm packages are not installed.
 . "$TOP_SRCDIR/tests/lib.sh"
@@ -135,7 +137,6 @@ wait_log "$WORK/fed_a.log" '^site b left at step\|^site b lost at step' 60 "$aji
 b2jid=$(submit_site b siteB "$WORK/fed_b2.log")
 wait_state "$ajid" COMPLETED 300
 wait_state "$b2jid" COMPLETED 120
-scancel "$sjid"
 fa=$(ls "$WORK"/fed/checkpoints/a/ckpt-*.h5 2> /dev/null | tail -1)
 fb=$(ls "$WORK"/fed/checkpoints/b/ckpt-*.h5 2> /dev/null | tail -1)
 if [ "$(job_field "$ajid" JobState)" = COMPLETED ] && [ "$(job_field "$b2jid" JobState)" = COMPLETED ] &&
@@ -147,7 +148,34 @@ else
     fail "federated jobs: a $(job_field "$ajid" JobState), b2 $(job_field "$b2jid" JobState): $(grep -h 'error\|left\|lost\|rejoin' "$WORK"/fed_*.log | head -3)"
 fi
 
-# 6. the harness stops what it started, by PID (also on the way out of a failed test: the trap)
+# 6. sites in different queues: site a's job starts alone and waits (site.sbatch
+# sets outer.join_timeout = 0) naming whom; its time-limit signal (USR1 to the
+# batch shell, as --signal=B:USR1 sends it) ends the wait with exit 0 and the
+# job requeues itself; requeued, it meets site b and the run forms
+submit_q() { # submit_q NAME NODE LOG
+    ISTHMUS_SITE=$1 ISTHMUS_SERVER="$URI" ISTHMUS_OUT="$WORK/queue" ISTHMUS_ARGS="$FED --set outer.run_id=slurm-queue
+ --set train.steps=40" ISTHMUS_MPIRUN_ARGS="$LOCAL_MPIRUN" sbatch --parsable -w "$2" -o "$3" "$TOP_SRCDIR/jobs/site.sbatch" "$T"
+}
+qa=$(submit_q a siteA "$WORK/queue_a.log")
+wait_log "$WORK/queue_a.log" 'waiting for site(s) b (no limit: until stopped)' 120 "$qa" && scancel -s USR1 -b "$qa"
+for _ in $(seq 1 300); do [ "$(job_field "$qa" JobState)" = PENDING ] && break; sleep 0.2; done
+qb=$(submit_q b siteB "$WORK/queue_b.log")
+scontrol update JobId="$qa" StartTime=now 2> /dev/null
+wait_state "$qa" COMPLETED 240
+wait_state "$qb" COMPLETED 120
+scancel "$sjid"
+if [ "$(job_field "$qa" JobState)" = COMPLETED ] && [ "$(job_field "$qa" Restarts)" = 1 ] &&
+    [ "$(job_field "$qb" JobState)" = COMPLETED ] &&
+    grep -q "stopped by a signal while waiting for site(s) b" "$WORK/queue_a.log" &&
+    grep -q "isthmus job: exit 0 after SIGUSR1" "$WORK/queue_a.log" && grep -q "requeueing job $qa" "$WORK/queue_a.log" &&
+    grep -q "(restart 1)" "$WORK/queue_a.log" && grep -q "site b joined (proof verified)" "$WORK/queue_a.log" &&
+    [ -f "$WORK/queue/model.h5" ]; then
+    pass "a site alone in its queue waits without a limit, its time-limit signal requeues it (exit 0), and requeued it meets site b: the run trains to the end"
+else
+    fail "queue: a $(job_field "$qa" JobState) (restarts $(job_field "$qa" Restarts)), b $(job_field "$qb" JobState): $(grep -h 'federation\|isthmus job\|error' "$WORK"/queue_?.log | head -8 | tr '\n' '|')"
+fi
+
+# 7. the harness stops what it started, by PID (also on the way out of a failed test: the trap)
 pids=$("$CLUSTER" alive "$CL")
 "$CLUSTER" stop "$CL"
 left=""

@@ -1,0 +1,92 @@
+#!/bin/bash
+# cli_build.sh — building as users on clusters build (docs/building.md): a
+# user without root configures the tree against install prefixes and
+# installs into a prefix of their own:
+#  - as an unprivileged user (nobody), a copy of the tree configures with
+#    --with-mpi=DIR (an MPI prefix: bin/mpicc, bin/mpirun) and
+#    --with-hdf5=DIR (a parallel HDF5 prefix: include/, lib/) while
+#    pkg-config sees no HDF5 at all, so HDF5 can only come from the option;
+#    builds isthmus and `make install`s it under --prefix;
+#  - the installed isthmus names those options in --version and trains
+#    tiny.ini for a few steps, writing its model through that HDF5;
+#  - a prefix without mpicc or hdf5.h stops configure with one line naming
+#    the option and the missing file.
+# Skipped (visibly) outside a git checkout (the tree is copied with git
+# ls-files), without root (to become nobody) or setpriv.
+. "$TOP_SRCDIR/tests/lib.sh"
+if [ "$(id -u)" != 0 ] || ! command -v setpriv > /dev/null; then
+    echo "1..0 # SKIP needs root (to build as nobody) and setpriv"
+    exit 0
+fi
+if ! git -C "$TOP_SRCDIR" rev-parse --git-dir > /dev/null 2>&1; then
+    echo "1..0 # SKIP not a git checkout: the tree to build is taken from git ls-files"
+    exit 0
+fi
+HDF5_PREFIX=
+for d in /usr/lib/x86_64-linux-gnu/hdf5/openmpi /usr/lib/aarch64-linux-gnu/hdf5/openmpi; do
+    [ -f "$d/include/hdf5.h" ] && HDF5_PREFIX=$d
+done
+[ -n "$HDF5_PREFIX" ] || {
+    echo "1..0 # SKIP Debian's parallel HDF5 prefix (libhdf5-openmpi-dev) not found"
+    exit 0
+}
+B="$WORK/build"
+mkdir -p "$B/src" "$B/mpi/bin" "$B/pc" "$B/home"
+# the tree as committed (and modified) here, without its build products
+(cd "$TOP_SRCDIR" && git ls-files -z --cached --others --exclude-standard | xargs -0 tar -cf - 2> /dev/null) |
+    tar -xf - -C "$B/src"
+# and the tree's generated build system when it has one (autoreconf's ~30 s)
+for f in configure Makefile.in aclocal.m4 autoconf.h.in build-aux; do
+    [ -e "$TOP_SRCDIR/$f" ] && cp -a "$TOP_SRCDIR/$f" "$B/src/"
+done
+# an MPI "module": its prefix holds bin/mpicc and bin/mpirun (the system's, by link)
+ln -s "$(command -v mpicc)" "$B/mpi/bin/mpicc"
+ln -s "$(command -v mpirun)" "$B/mpi/bin/mpirun"
+# pkg-config sees libsodium and cmocka only: no HDF5 (nor anything else of the system)
+pcdir=$(pkg-config --variable pcfiledir libsodium)
+cp "$pcdir/libsodium.pc" "$pcdir/cmocka.pc" "$B/pc/"
+chown -R 65534:65534 "$B"
+chmod 755 "$WORK"
+as_user() { # as_user COMMAND...: as nobody, in the copy, with a home of its own
+    (cd "$B/src" && setpriv --reuid=65534 --regid=65534 --clear-groups env HOME="$B/home" PKG_CONFIG_LIBDIR="$B/pc" \
+        PKG_CONFIG_PATH= OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_mpi_yield_when_idle=1 "$@")
+}
+if { [ -x "$B/src/configure" ] || as_user autoreconf -fi > "$WORK/autoreconf.log" 2>&1; } &&
+    as_user ./configure --quiet --with-mpi="$B/mpi" --with-hdf5="$HDF5_PREFIX" --prefix="$B/inst" \
+        > "$WORK/configure.log" 2>&1; then
+    pass "as nobody: configure --with-mpi=$B/mpi --with-hdf5=$HDF5_PREFIX --prefix=$B/inst (pkg-config without HDF5)"
+else
+    fail "configure as nobody: $(tail -3 "$WORK/configure.log" "$WORK/autoreconf.log" 2> /dev/null | tr '\n' '|')"
+fi
+grep -q "^HDF5_LIBS = -L$HDF5_PREFIX" "$B/src/Makefile" 2> /dev/null && grep -q "^CC = $B/mpi/bin/mpicc" "$B/src/Makefile" &&
+    pass "the Makefile compiles with the prefix's mpicc and links the prefix's HDF5 (with an rpath)" ||
+    fail "the Makefile's CC / HDF5_LIBS: $(grep -h '^CC =\|^HDF5_LIBS =' "$B/src/Makefile" 2> /dev/null | tr '\n' '|')"
+if as_user make -j"$(nproc)" --no-print-directory isthmus share/data/train.txt share/data/eval_prose.txt share/data/eval_tech.txt > "$WORK/make.log" 2>&1 &&
+    as_user make --no-print-directory install-binPROGRAMS install-dist_pkgdataDATA > "$WORK/install.log" 2>&1 &&
+    [ -x "$B/inst/bin/isthmus" ] && [ "$(stat -c %u "$B/inst/bin/isthmus")" = 65534 ]; then
+    pass "as nobody: make isthmus, make install into the prefix ($B/inst/bin/isthmus, owned by nobody)"
+else
+    fail "build or install as nobody: $(tail -3 "$WORK/make.log" "$WORK/install.log" 2> /dev/null | tr '\n' '|')"
+fi
+inst="$B/inst/bin/isthmus"
+ver=$(as_user "$inst" --version 2>&1)
+echo "$ver" | grep -q -- "--with-mpi=$B/mpi" && echo "$ver" | grep -q -- "--with-hdf5=$HDF5_PREFIX" &&
+    pass "the installed isthmus --version names its configure options: $(echo "$ver" | sed -n 2p | cut -c1-100)" ||
+    fail "installed --version: $ver"
+if as_user mpirun -q -np 1 "$inst" train "$B/inst/share/isthmus/tiny.ini" --set train.steps=3 --set data.eval_bytes=4096 \
+    --set data.dir="$B/src/share/data" --set train.out_dir="$B/out" > "$WORK/train.log" 2>&1 &&
+    h5ls "$B/out/model.h5" > /dev/null 2>&1; then
+    pass "the installed isthmus trains tiny.ini (its installed config) as nobody and writes its model through that HDF5"
+else
+    fail "installed train: $(grep -h error "$WORK/train.log" | head -2)"
+fi
+# a prefix without what the option needs: one line, configure fails
+bad() { # bad OPTION PATTERN
+    local rc=0
+    as_user ./configure --quiet "$1" > "$WORK/bad.log" 2>&1 || rc=$?
+    if [ $rc -ne 0 ] && grep -q -- "$2" "$WORK/bad.log"; then pass "configure $1: exit $rc, '$(grep -m1 -- "$2" "$WORK/bad.log" | sed 's/.*error: //')'"
+    else fail "configure $1: exit $rc: $(tail -2 "$WORK/bad.log")"; fi
+}
+bad --with-mpi="$B/nowhere" "error: --with-mpi=$B/nowhere: no $B/nowhere/bin/mpicc"
+bad --with-hdf5="$B/mpi" "error: --with-hdf5=$B/mpi: no $B/mpi/include/hdf5.h"
+finish || exit 1
