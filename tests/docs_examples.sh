@@ -1,6 +1,6 @@
 #!/bin/bash
 # docs_examples.sh — the example commands of README.md, jobs/README.md and
-# docs/*.md fit the configs they name, checked at CPU scale without training.
+# docs/*.md fit the configs they name, checked at CPU scale (a few run for real).
 # From every code block (fenced, or indented by four spaces) it takes the
 # lines that run isthmus, mpirun ... isthmus, sbatch ... jobs/*.sbatch or
 # scripts/federated.sh (continuation lines joined, comments dropped) and:
@@ -13,8 +13,12 @@
 #     [site.*] ranks in order, a federated site's job (site.sbatch CONFIG
 #     SITE, federated.sh site|run) that site's ranks;
 #   - isthmus config and isthmus plan: run as written, expecting exit 0.
-# Lines it cannot check (placeholders, elided options, commands that need a
-# trained model or run training) are listed as skipped, with the reason.
+#   - isthmus eval, generate, export, inspect and bench: run for real, on a
+#     stand-in model (small.ini trained for 2 steps) and its checkpoint, eval
+#     on 4 KiB per set, bench for one step (run_with_stand_in).
+# Lines it cannot check (placeholders, elided options, a token model's
+# examples, which tests/cli_tokens.sh runs) are listed as skipped, with the
+# reason.
 . "$TOP_SRCDIR/tests/lib.sh"
 if [ ! -x "$ISTHMUS" ]; then
     echo "1..0 # SKIP no isthmus executable ($ISTHMUS)"
@@ -153,8 +157,53 @@ isthmus_line() {
         fi
         [ "$np" -eq 1 ] || { skip "isthmus $sub under mpirun"; return; }
         run_as_written "isthmus ${words[*]:1}" "${words[@]:1}" ;;
-    *) skip "isthmus $sub: reads a trained model or runs the model (not checked here)" ;;
+    eval | generate | export | inspect | bench)
+        [ "$np" -eq 1 ] || { skip "isthmus $sub under mpirun"; return; }
+        run_with_stand_in ;;
+    *) skip "isthmus $sub: not an example this test knows how to run" ;;
     esac
+}
+
+# A model and a checkpoint for the examples that read one: small.ini (the
+# README trains it for its examples) trained for 2 steps, once.
+STAND_IN="$WORK/stand_in"
+stand_in() {
+    [ -f "$STAND_IN/model.h5" ] && return 0
+    timeout 300 "$ISTHMUS" train "$CONFIGS/small.ini" --set train.steps=2 --set data.eval_bytes=4096 \
+        --set train.eval_every=0 --set train.out_dir="$STAND_IN" > "$WORK/stand_in.log" 2>&1
+}
+
+# Run an example that reads a trained model (eval, generate, export,
+# inspect) or times steps (bench) for real, as written but for: a model file
+# (*model.h5) is the stand-in's, a checkpoint (*ckpt-*.h5) its newest, -o's
+# directory one of this test's; eval reads 4 KiB of each set and bench times
+# one step (the example's other options stand).
+run_with_stand_in() {
+    local sub=${words[1]} args=() i w ckpt
+    local model_dir=${words[*]}
+    if [[ $model_dir == *runs/tok/* ]]; then
+        skip "isthmus $sub of a token model (tests/cli_tokens.sh runs this sequence on prepared token data)"
+        return
+    fi
+    case $sub in eval | generate | export | inspect)
+        stand_in || { fail "$WHERE: the stand-in model did not train: $(grep error "$WORK/stand_in.log" | head -1)"; return; } ;;
+    esac
+    ckpt=$(ls "$STAND_IN"/checkpoints/*/ckpt-*.h5 2> /dev/null | tail -1)
+    for ((i = 2; i < ${#words[@]}; i++)); do
+        w=${words[i]}
+        case $w in
+        *model.h5) args+=("$STAND_IN/model.h5") ;;
+        *ckpt-*.h5) args+=("$ckpt") ;;
+        -o) args+=(-o "$WORK/example_out_$CHECKED"); i=$((i + 1)) ;;
+        *) args+=("$w") ;;
+        esac
+    done
+    local how="on the stand-in model"
+    case $sub in
+    eval) args+=(--set data.eval_bytes=4096) how="on the stand-in model, 4 KiB per eval set" ;;
+    bench) args+=(--steps 1 --warmup 1) how="one timed step" ;;
+    esac
+    run_as_written "isthmus ${words[*]:1} ($how)" "$sub" "${args[@]}"
 }
 
 # an mpirun line: its -np and the isthmus command after the options
