@@ -1,6 +1,7 @@
 #!/bin/bash
-# horizon.sh — the inner optimiser and the training horizon (docs/results.md,
-# "Shampoo, Muon and the horizon"): small.ini, 16 sequences of 256 bytes per
+# horizon.sh — the inner optimiser and the training horizon (docs/results/:
+# optimisers.md, horizon.md, butterfly-mixing.md, sparse-payloads.md,
+# shampoo-step-time.md): small.ini, 16 sequences of 256 bytes per
 # step in every run, two sites, AdamW against the matrix optimisers.
 #   scripts/horizon.sh OUT_DIR PHASE...      (needs a built ./isthmus; each run is
 #                                             skipped when its model.h5 exists)
@@ -96,7 +97,7 @@ d384) MODEL_FLAGS="--set model.layers=6 --set model.dim=384 --set model.heads=6 
 *) echo "horizon.sh: MODEL '$MODEL' is not small or d384" >&2; exit 2 ;;
 esac
 [ -z "$HELD" ] || [ "$HELD" = "$MODEL" ] || { echo "horizon.sh: $OUT holds runs of the $HELD model, not MODEL=$MODEL" >&2; exit 2; }
-# the learning rates the 400-step sweep chose (docs/results.md; butterfly from 1e-3 and
+# the learning rates the 400-step sweep chose (docs/results/learning-rate.md; butterfly from 1e-3 and
 # 1.4e-3 only, by the mean of the two evals' bpb)
 # shellcheck disable=SC2034 # read through eval (run, best)
 {
@@ -152,7 +153,7 @@ best() { # the inner lr of MODE OPTIMIZER: a variant takes its base mode's
     echo "$v"
 }
 
-# the bpb of runs reported in docs/results.md whose directories this machine does not hold
+# the bpb of runs reported in docs/results/ whose directories this machine does not hold
 RECORDED=${RECORDED:-docs/data/horizon-recorded.tsv}
 
 bpb_of() { # bpb_of RUN_DIR SET: the last evaluation's bpb; else RECORDED's; empty when neither

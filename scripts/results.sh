@@ -1,5 +1,6 @@
 #!/bin/bash
-# results.sh — the cross-site comparisons of docs/results.md on small.ini, equal
+# results.sh — the cross-site comparisons of docs/results/ (choosing-a-mode.md,
+# learning-rate.md, butterfly-mixing.md) on small.ini, equal
 # steps and tokens for every mode (16 sequences of 256 bytes per step in all);
 # prints a markdown table of final bpb and inter-site bytes per suite.
 #   scripts/results.sh [OUT_DIR] [STEPS] [SUITE...]     (needs a built ./isthmus)

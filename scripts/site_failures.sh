@@ -1,5 +1,5 @@
 #!/bin/bash
-# site_failures.sh — docs/results.md, "Losing a site": small.ini, streaming
+# site_failures.sh — docs/results/losing-a-site.md: small.ini, streaming
 # (H=20, 4 fragments, tau=1, fp4) over two federated sites of one rank each
 # (one mpirun per site through ompi-server, scripts/federated.sh), once
 # undisturbed and once with site b SIGKILLed after each KILL_STEP and

@@ -221,7 +221,7 @@ double link_recv_fraction(const LinkMsg *m);
  * on any call) and pauses while the main thread waits on the link. Not the
  * default: with Open MPI 4.1.4's TCP transport it made about half of the
  * blocking 7 MB exchanges on the emulated link take twice as long
- * (docs/results.md). Start and stop are idempotent. */
+ * (docs/results/the-wan.md). Start and stop are idempotent. */
 #define LINK_PROGRESS_US 250
 int link_progress_start(void);
 void link_progress_stop(void);

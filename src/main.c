@@ -817,7 +817,7 @@ int main(int argc, char **argv)
      * TCP at once into the receive posted for them: above the eager limit
      * (64 KiB by default) each would first wait a round trip of the link
      * and the receiver's next MPI call for its rendezvous (docs/planner.md,
-     * measured in docs/results.md). Every process of a run sets the same. */
+     * measured in docs/results/the-wan.md). Every process of a run sets the same. */
     setenv("OMPI_MCA_btl_tcp_eager_limit", "524288", 0);
     setenv("OMPI_MCA_btl_tcp_rndv_eager_limit", "524288", 0);
     /* a write to the socket of a peer that died must come back as an error

@@ -12,7 +12,7 @@
  * utilisation of each mode, each site's idle time, and the smallest H (or
  * largest overlap) for a target utilisation. docs/planner.md derives the
  * formulas; tests/cli_plan.sh checks them against hand arithmetic and
- * docs/results.md against measured runs.
+ * docs/results/the-wan.md against measured runs.
  * Must not: allocate a model or talk to other ranks (no MPI); its sizes
  * come from the modules that allocate (model, plan, codec, memory).
  */

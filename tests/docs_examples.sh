@@ -1,6 +1,7 @@
 #!/bin/bash
-# docs_examples.sh — the example commands of README.md, jobs/README.md and
-# docs/*.md fit the configs they name, checked at CPU scale (a few run for real).
+# docs_examples.sh — the example commands of README.md, jobs/README.md,
+# docs/*.md and docs/results/*.md fit the configs they name, checked at CPU
+# scale (a few run for real).
 # From every code block (fenced, or indented by four spaces) it takes the
 # lines that run isthmus, mpirun ... isthmus, sbatch ... jobs/*.sbatch or
 # scripts/federated.sh (continuation lines joined, comments dropped) and:
@@ -312,7 +313,7 @@ federated_line() {
     esac
 }
 
-for doc in README.md jobs/README.md docs/*.md; do
+for doc in README.md jobs/README.md docs/*.md docs/results/*.md; do
     ISTHMUS_ARGS_BLOCK=
     while IFS= read -r entry; do
         [ -n "$entry" ] || continue
