@@ -101,8 +101,8 @@ static const KeySpec schema[] = {
 
     {"outer", "mode", KEY_ENUM, OU(mode), STRSZ(outer.mode), 0, 0, 0, "sync|diloco|streaming|butterfly", "sync", .help = "sync (gradients every step), diloco, streaming (fragments) or butterfly (pairwise)"},
     {"outer", "inner_steps", KEY_INT, OU(inner_steps), 0, 1, 1 << 24, 0, NULL, "50", .help = "H: inner steps between two outer steps of a fragment (butterfly: mixing rounds)"},
-    {"outer", "lr", KEY_REAL, OU(lr), 0, -1, 100, 0, NULL, "-1", .help = "outer learning rate", .dflt_words = "by mode: diloco 0.7, streaming 0.4, else 1", .type_words = "real (0, 100]"},
-    {"outer", "momentum", KEY_REAL, OU(momentum), 0, -1, 0.999999, 0, NULL, "-1", .help = "outer Nesterov momentum", .dflt_words = "by mode: 0.9, butterfly 0", .type_words = "real [0, 0.999999]"},
+    {"outer", "lr", KEY_REAL, OU(lr), 0, -1, 100, 0, NULL, "-1", .help = "outer learning rate", .dflt_words = "by mode: diloco 0.7, streaming 0.4, else 1; codec topk 1", .type_words = "real (0, 100]"},
+    {"outer", "momentum", KEY_REAL, OU(momentum), 0, -1, 0.999999, 0, NULL, "-1", .help = "outer Nesterov momentum", .dflt_words = "by mode: 0.9, butterfly 0; codec topk 0", .type_words = "real [0, 0.999999]"},
     {"outer", "fragments", KEY_INT, OU(fragments), 0, 0, 1 << 20, 0, NULL, "0", .help = "P: fragments strided over layers (streaming, butterfly); at most layers, inner_steps", .dflt_words = "by mode: 1, streaming = layers", .type_words = "int 1..1048576"},
     {"outer", "overlap", KEY_INT, OU(overlap), 0, 1, 1 << 24, 0, NULL, "1", .help = "tau: inner steps an exchange overlaps with training; less than inner_steps"},
     {"outer", "merge_alpha", KEY_REAL, OU(merge_alpha), 0, 0, 1, 0, NULL, "0.5", .help = "streaming merge: theta = alpha * local + (1 - alpha) * outer"},
@@ -111,9 +111,9 @@ static const KeySpec schema[] = {
     {"outer", "topk_chunk", KEY_INT, OU(topk_chunk), 0, 2, 1 << 24, 0, NULL, "4096", .help = "topk: values per run; each run sends its topk_k largest"},
     {"outer", "topk_k", KEY_INT, OU(topk_k), 0, 1, 1 << 24, 0, NULL, "64", .help = "topk: values sent per run (at most topk_chunk)"},
     {"outer", "topk_bits", KEY_INT, OU(topk_bits), 0, 1, 8, 0, NULL, "2", .help = "topk: bits per value sent"},
-    {"outer", "topk_mean", KEY_ENUM, OU(topk_mean), STRSZ(outer.topk_mean), 0, 0, 0, "senders|all", "all", .help = "topk: average the sparse values over all sites (unsent = 0) or only the senders"},
+    {"outer", "topk_mean", KEY_ENUM, OU(topk_mean), STRSZ(outer.topk_mean), 0, 0, 0, "senders|all", "senders", .help = "topk: average the sparse values over all sites (unsent = 0) or only the senders"},
     {"outer", "error_feedback", KEY_ENUM, OU(error_feedback), STRSZ(outer.error_feedback), 0, 0, 0, "on|off", "on", .help = "keep what the codec dropped and add it to the next payload"},
-    {"outer", "ef_decay", KEY_REAL, OU(ef_decay), 0, 0, 1, 0, NULL, "1", .help = "error feedback: the kept residual is multiplied by this before it is resent"},
+    {"outer", "ef_decay", KEY_REAL, OU(ef_decay), 0, -1, 1, 0, NULL, "-1", .help = "error feedback: the kept residual is multiplied by this before it is resent", .dflt_words = "by codec: topk 0.95, else 1", .type_words = "real [0, 1]"},
     {"outer", "timeout", KEY_REAL, OU(timeout), 0, 0, 1e7, 1, NULL, "600", .help = "deadline (s) of an inter-site exchange, then exit 1 or go on without the silent site"},
     {"outer", "run_id", KEY_STR, OU(run_id), STRSZ(outer.run_id), 0, 0, 0, NULL, "", .help = "federated launch: the name the sites meet under in ompi-server", .dflt_words = "(empty: the config's fingerprint)"},
     {"outer", "key_file", KEY_STR, OU(key_file), STRSZ(outer.key_file), 0, 0, 0, NULL, "", .help = "the run's shared secret (isthmus keygen FILE makes one)", .dflt_words = "(empty: <out_dir>/run.key)"},
@@ -545,10 +545,14 @@ static int validate_outer(Config *cfg, EntryList *l)
     const int streaming = !strcmp(o->mode, "streaming"), butterfly = !strcmp(o->mode, "butterfly");
     o->mode_id = streaming ? MODE_STREAMING : butterfly ? MODE_BUTTERFLY : !strcmp(o->mode, "diloco") ? MODE_DILOCO
                                                                                                    : MODE_SYNC;
+    /* topk (SparseLoCo): the decaying error-feedback buffer carries past
+     * pseudo-gradients forward, so plain averaging (lr 1, no momentum) and
+     * a decay of 0.95; outer momentum on top of it lost (docs/results/sparse-payloads.md) */
+    const int topk = !strcmp(o->codec, "topk");
     if (o->lr < 0) {
         if (entries_find(l, "outer", "lr"))
             return isth_fail(ISTH_EINPUT, "config %s: [outer] lr = %g must be > 0", origin_of(l, "outer", "lr"), o->lr);
-        o->lr = streaming ? 0.4 : !strcmp(o->mode, "diloco") ? 0.7 : 1.0;
+        o->lr = topk ? 1.0 : streaming ? 0.4 : !strcmp(o->mode, "diloco") ? 0.7 : 1.0;
     } else if (o->lr == 0) {
         return isth_fail(ISTH_EINPUT, "config %s: [outer] lr = 0 must be > 0", origin_of(l, "outer", "lr"));
     }
@@ -556,7 +560,13 @@ static int validate_outer(Config *cfg, EntryList *l)
         if (entries_find(l, "outer", "momentum"))
             return isth_fail(ISTH_EINPUT, "config %s: [outer] momentum = %g must be in [0, 1)",
                              origin_of(l, "outer", "momentum"), o->momentum);
-        o->momentum = butterfly ? 0.0 : 0.9; /* butterfly: plain pairwise averaging unless asked */
+        o->momentum = butterfly || topk ? 0.0 : 0.9; /* butterfly: plain pairwise averaging unless asked */
+    }
+    if (o->ef_decay < 0) {
+        if (entries_find(l, "outer", "ef_decay"))
+            return isth_fail(ISTH_EINPUT, "config %s: [outer] ef_decay = %g must be in [0, 1]",
+                             origin_of(l, "outer", "ef_decay"), o->ef_decay);
+        o->ef_decay = topk ? 0.95 : 1.0;
     }
     if (cfg->data.eval_bytes == 1)
         return isth_fail(ISTH_EINPUT, "config %s: [data] eval_bytes = 1 leaves no byte to predict; use 0 (whole "

@@ -40,7 +40,7 @@ while IFS='	' read -r key dflt; do
     fi
 done < "$WORK/key_defaults"
 [ "$m" -eq $((n - 1)) ] && pass "$m defaults as documented" || fail "only $m of $((n - 1)) defaults as documented"
-for want in "train.lr	0.001" "outer.codec	none" "outer.progress	poll" "outer.lr	by mode: diloco 0.7, streaming 0.4, else 1"; do
+for want in "train.lr	0.001" "outer.codec	none" "outer.progress	poll" "outer.lr	by mode: diloco 0.7, streaming 0.4, else 1; codec topk 1"; do
     grep -qxF "$want" "$WORK/key_defaults" && pass "default of ${want%%	*}: ${want#*	}" ||
         fail "config --keys lacks default ${want#*	} for ${want%%	*}"
 done
