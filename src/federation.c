@@ -406,7 +406,8 @@ static void missing_sites(const Federation *f, const Config *cfg, char *out, siz
  * a limit (0) until a stop signal, saying every minute whom it waits for. */
 typedef struct {
     double started, deadline, next_note;
-    char limit[64]; /* "up to 120 s" or "no limit: until stopped" */
+    double busy_max_s; /* a probe: how long a live host's "busy" answer may keep it waiting */
+    char limit[64];    /* "up to 120 s" or "no limit: until stopped" */
 } JoinWait;
 
 #define JOIN_NOTE_S 60.0
@@ -415,6 +416,8 @@ static void join_wait_start(JoinWait *w, const Config *cfg)
 {
     w->started = now_s();
     w->next_note = w->started + JOIN_NOTE_S;
+    /* the host answers "busy" while it writes the checkpoint it will send */
+    w->busy_max_s = cfg->checkpoint.timeout + FEDERATION_SETUP_S;
     w->deadline = cfg->outer.join_timeout > 0 ? w->started + cfg->outer.join_timeout : -1.0;
     if (w->deadline < 0) snprintf(w->limit, sizeof w->limit, "no limit: until stopped");
     else snprintf(w->limit, sizeof w->limit, "up to %.0f s", cfg->outer.join_timeout);
@@ -601,15 +604,16 @@ static int joiner_knock_connect(Federation *f, JoinWait *w, const char *whom, do
         return isth_fail(ISTH_ERUNTIME, "federation: cannot publish '%s' in the name service", name);
     knock_name(f, "come", f->site, name, sizeof name);
     int answered = 0, busy = 0;
-    const double give_up = now_s() + probe_s;
-    while (!answered && (busy || probe_s <= 0 || now_s() < give_up) && join_wait_on(f, w, whom)) {
+    double give_up = now_s() + probe_s;
+    while (!answered && (probe_s <= 0 || now_s() < give_up) && join_wait_on(f, w, whom)) {
         const int found = MPI_Lookup_name(name, MPI_INFO_NULL, come) == MPI_SUCCESS;
         const size_t n = strlen(value);
         if (found && !strncmp(come, value, n) && come[n] == '|' && come[n + 1]) {
             answered = 1;
             snprintf(f->port, sizeof f->port, "%s", come + n + 1); /* the answering host's port */
-        } else if (found && !strncmp(come, "busy-", 5) && !strcmp(come + 5, value)) {
-            busy = 1;
+        } else if (found && !busy && !strncmp(come, "busy-", 5) && !strcmp(come + 5, value)) {
+            busy = 1; /* a live host: it comes once its checkpoint is written, within a bound */
+            give_up = now_s() + w->busy_max_s;
         }
         if (!answered) sleep_s(POLL_S);
     }
@@ -773,6 +777,21 @@ static int build_pair_world(Federation *f, int other)
     return ISTH_OK;
 }
 
+/* MPI_Bcast from the leader over MPI_COMM_WORLD, tested every poll with a
+ * sleep between: the site's other ranks may wait here for as long as the
+ * leader waits for the other sites (hours without a limit), and a blocking
+ * broadcast would keep a core busy all that time. */
+static int bcast_polled(void *buf, int count, MPI_Datatype type)
+{
+    MPI_Request req;
+    int rc = MPI_Ibcast(buf, count, type, 0, MPI_COMM_WORLD, &req), done = 0;
+    while (rc == MPI_SUCCESS && !done) {
+        rc = MPI_Test(&req, &done, MPI_STATUS_IGNORE);
+        if (!done) sleep_s(POLL_S);
+    }
+    return rc;
+}
+
 int federation_join(Federation *f, const Config *cfg, const char *site_name, const volatile sig_atomic_t *stop_flag)
 {
     federation_joint(f);
@@ -788,6 +807,11 @@ int federation_join(Federation *f, const Config *cfg, const char *site_name, con
     if (ranks != cfg->sites[f->site].ranks)
         return isth_fail(ISTH_EINPUT, "--site %s: this mpirun has %d ranks, [site.%s] ranks = %d", site_name, ranks,
                          site_name, cfg->sites[f->site].ranks);
+    /* with more sites, those that joined wait in the world's merge for the
+     * rest, where neither a stop signal nor the leader's polls reach them */
+    if (cfg->outer.join_timeout == 0 && cfg->n_sites > 2)
+        return isth_fail(ISTH_EINPUT, "outer.join_timeout = 0 (no limit) is for two-site runs; this one has %d sites: "
+                         "give the sites a limit in seconds", cfg->n_sites);
     if (sodium_init() < 0) return isth_fail(ISTH_ERUNTIME, "federation: libsodium failed to initialise");
     CHECK(fault_mpi_errors_return(MPI_COMM_SELF)); /* the leaders' accept and connect report, not abort */
     f->federated = 1;
@@ -806,6 +830,8 @@ int federation_join(Federation *f, const Config *cfg, const char *site_name, con
      * others wait in the outcome's broadcast for as long as it waits */
     if (cfg->outer.join_timeout > 0)
         fault_watchdog_arm(federation_setup_s(cfg), "joining the federated run", FAULT_HINT_NET);
+    else if (me == 0) /* until its first poll: the key, the port, the name */
+        fault_watchdog_arm(FEDERATION_HEARTBEAT_S, "starting the wait for the other sites", FAULT_HINT_NET);
     if (me == 0) {
         char path[CONFIG_PATH_MAX + 16];
         key_path(cfg, path, sizeof path);
@@ -826,7 +852,7 @@ int federation_join(Federation *f, const Config *cfg, const char *site_name, con
         }
     }
     long outcome[5] = {rc, f->rejoin_step, f->host_site, f->hosting, f->stopped};
-    if (MPI_Bcast(outcome, 5, MPI_LONG, 0, MPI_COMM_WORLD) != MPI_SUCCESS) outcome[0] = ISTH_ERUNTIME;
+    if (bcast_polled(outcome, 5, MPI_LONG) != MPI_SUCCESS) outcome[0] = ISTH_ERUNTIME;
     f->stopped = (int)outcome[4];
     if (outcome[0] == ISTH_OK && f->stopped) {
         fault_watchdog_disarm();

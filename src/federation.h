@@ -26,8 +26,12 @@
  * host without the key. When every site has joined, MPI_Intercomm_create
  * over the leaders' link brings each site's ranks in, site by site in
  * config order, and the merges make the world.
- * The whole join runs under the fault watchdog (outer.join_timeout): a
- * peer that stops answering part-way ends the process with one line.
+ * The whole join runs under the fault watchdog (outer.join_timeout + 60 s):
+ * a peer that stops answering part-way ends the process with one line.
+ * With outer.join_timeout = 0 (two sites only) the leader waits without a
+ * limit, naming whom every minute, its every poll re-arming the watchdog,
+ * until the other site comes or the caller's stop flag (a signal) is
+ * raised; the world's collectives after it keep a finite bound.
  *
  * The key: 32 random bytes (hex) in outer.key_file (default
  * <out_dir>/run.key), created with mode 0600 by the host at its first
@@ -41,9 +45,9 @@
  * its HMAC); each leader derives the link master key from the run key, the
  * run id and the epoch (seal_master) and gives it to its site's ranks.
  *
- * Owns: the run id and the published name, the key file, the handshake and
- * its wire structs, the leaders' communicators and the world made of them,
- * and the link's master key.
+ * Owns: the run id and the published name, the key file, the wait for the
+ * other sites, the handshake and its wire structs, the leaders'
+ * communicators and the world made of them, and the link's master key.
  * Must not: train or carry payloads (the link does, over this world), or
  * retry a join once it was refused.
  */

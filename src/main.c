@@ -86,7 +86,8 @@ static const char *const usage_train =
     "finishes the step, writes a checkpoint and exits 0.\n"
     "--site NAME: the federated launch, one mpirun per site (started with --ompi-server,\n"
     "see scripts/federated.sh): this mpirun is [site.NAME]; the first site hosts, the\n"
-    "others join it with the run's key (outer.key_file) within outer.join_timeout.\n"
+    "others join it with the run's key (outer.key_file) within outer.join_timeout\n"
+    "(0: two sites wait for each other until a stop signal, then exit 0 with nothing written).\n"
     "Exit status: 0 success, 1 runtime failure, 2 bad configuration, data or checkpoint,\n"
     "3 this site was dropped from a live federated run (start it again and it rejoins).\n";
 

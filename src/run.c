@@ -423,10 +423,13 @@ int train_run(const Config *cfg, const char *resume, const char *site)
     /* the federated launch joins the sites first: the world spans them */
     static Federation fed; /* static: the world outlives a failed run's frame (fault_end_job) */
     federation_joint(&fed);
-    /* a stop signal from here on is a request, also while the sites wait
-     * for each other (a job's time limit: exit 0, and the job requeues) */
-    signal(SIGTERM, on_stop_signal);
-    signal(SIGUSR1, on_stop_signal);
+    /* federated: a stop signal from here on is a request, also while the
+     * sites wait for each other (a job's time limit: exit 0, and the job
+     * requeues); every launch installs the handlers below in any case */
+    if (site) {
+        signal(SIGTERM, on_stop_signal);
+        signal(SIGUSR1, on_stop_signal);
+    }
     if (site) CHECK(federation_join(&fed, cfg, site, &stop_signal));
     else if (cfg->n_sites > 1) CHECK(federation_joint_keys(&fed, cfg));
     if (fed.stopped) { /* the sites never met: nothing to train, save or report */
@@ -465,6 +468,8 @@ int train_run(const Config *cfg, const char *resume, const char *site)
     const TrainConfig *tc = &cfg->train;
     const char *hook = getenv("ISTHMUS_STOP_AT_STEP"); /* test hook: behave as if signalled */
     const long stop_at = hook ? atol(hook) : -1;
+    signal(SIGTERM, on_stop_signal);
+    signal(SIGUSR1, on_stop_signal);
     /* static: an all-reduce still posted when an error ends the job must
      * not write into a stack frame that is gone */
     static StopVote vote;

@@ -219,4 +219,8 @@ timeout 120 mpirun -q --oversubscribe -np 1 "$ISTHMUS" train "$T" $TWO --set out
 [ "$rc" = 2 ] && grep -q "not the same key on every rank" "$WORK/mixed.log" && [ ! -f "$WORK/mixed/model.h5" ] &&
     pass "ranks holding different key files: exit 2 before training, named" ||
     fail "different key files: exit $rc: $(grep -v '^$' "$WORK/mixed.log" | tail -3)"
+# a wait without a limit is for two sites only (the others would wait in the world's merge)
+expect_exit 2 "outer.join_timeout = 0 \(no limit\) is for two-site runs; this one has 3 sites" -- \
+    mpirun -q -np 1 "$ISTHMUS" train "$T" --set site.a.ranks=1 --set site.b.ranks=1 --set site.c.ranks=1 \
+    --set outer.mode=diloco --set outer.join_timeout=0 --site a
 finish || exit 1

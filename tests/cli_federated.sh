@@ -130,17 +130,20 @@ dt=$(($(date +%s) - t0))
 wait_stopped() { # wait_stopped NAME WHOM: started alone, USR1 after 4 s
     local name=$1 whom=$2 pid rc t0 dt
     t0=$(date +%s)
+    # timeout: a deadline against a hang (its TERM goes on through federated.sh)
     # shellcheck disable=SC2086
-    "$FED" site "$URI" "$name" 1 "$T" $RUN --set train.out_dir="$WORK/nolimit_$name" --set outer.run_id="t4$name" \
-        --set outer.join_timeout=0 > "$WORK/nolimit_$name.log" 2>&1 &
+    timeout -k 20 120 "$FED" site "$URI" "$name" 1 "$T" $RUN --set train.out_dir="$WORK/nolimit_$name" \
+        --set outer.run_id="t4$name" --set outer.join_timeout=0 > "$WORK/nolimit_$name.log" 2>&1 &
     pid=$!
-    sleep 4
-    kill -USR1 $pid # as a job script passes on Slurm's time-limit signal
-    (sleep 60 && kill -KILL $pid 2> /dev/null) & # a deadline against a hang
-    local dog=$!
+    # once it waits (its handler is in place), USR1 to federated.sh, as a job
+    # script passes on Slurm's time-limit signal
+    for _ in $(seq 1 300); do
+        grep -q "no limit: until stopped" "$WORK/nolimit_$name.log" 2> /dev/null && break
+        sleep 0.2
+    done
+    pkill -USR1 -P $pid -f scripts/federated.sh
     wait $pid
     rc=$?
-    kill $dog 2> /dev/null
     dt=$(($(date +%s) - t0))
     if [ $rc -eq 0 ] && grep -q "waiting for $whom (no limit: until stopped)\|waits for $whom (no limit: until stopped)" \
         "$WORK/nolimit_$name.log" && grep -q "stopped by a signal while waiting for $whom" "$WORK/nolimit_$name.log" &&

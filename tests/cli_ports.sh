@@ -38,7 +38,7 @@ trap '"$FED" stop "$WORK/server" 2> /dev/null; "$WAN" down "$D"; rm -rf "$WORK"'
 # shellcheck disable=SC1091
 . "$D/wan.env"
 
-RANGE=41000-41015
+RANGE=20000-20015
 # firewall NS: inbound TCP only to RANGE (and what this host itself began)
 firewall() {
     ip netns exec "$1" nft -f - << NFT
@@ -49,12 +49,12 @@ table inet isthmus_test {
     ct state established,related accept
     ip protocol icmp accept
     tcp dport $RANGE accept
-    counter
+    tcp flags & (syn | ack) == syn counter
   }
 }
 NFT
 }
-dropped() { # packets the firewall of NS dropped so far
+dropped() { # connection attempts (SYNs) the firewall of NS dropped so far
     ip netns exec "$1" nft list table inet isthmus_test | sed -n 's/.*counter packets \([0-9]*\).*/\1/p'
 }
 if firewall "$WAN_NS_A" && firewall "$WAN_NS_B"; then
@@ -69,24 +69,24 @@ export ISTHMUS
 export MPIRUN_ARGS="-q --mca btl self,tcp --mca btl_tcp_if_include 10.77.0.0/24 --mca oob_tcp_if_include 10.77.0.0/24"
 T="$CONFIGS/tiny.ini"
 RUN="--set site.a.ranks=1 --set site.b.ranks=1 --set outer.mode=diloco --set outer.inner_steps=4
- --set outer.codec=fp4 --set train.steps=16 --set data.eval_bytes=4096 --set outer.join_timeout=5 --set outer.timeout=10"
+ --set outer.codec=fp4 --set train.steps=16 --set data.eval_bytes=4096 --set outer.timeout=10"
 ISTHMUS_PORTS=$RANGE "$WAN" exec "$D" a "$FED" server "$WORK/server" > "$WORK/server.log" 2>&1 ||
     fail "ompi-server in site a's namespace did not start: $(cat "$WORK/server.log")"
 URI="$WORK/server/ompi-server.uri"
-grep -q "tcp://10.77.0.1:41000" "$URI" && pass "ompi-server listens on the range's first port ($(cut -d';' -f2 "$URI"))" ||
+grep -q "tcp://10.77.0.1:20000" "$URI" && pass "ompi-server listens on the range's first port ($(cut -d';' -f2 "$URI"))" ||
     fail "ompi-server's URI: $(cat "$URI")"
 
-pair() { # pair OUT PORTS [MPIRUN_ARGS]: both sites through the firewall; sets ra rb secs
-    local out=$1 ports=$2 t0 pa
-    local MPIRUN_ARGS="$MPIRUN_ARGS ${3:-}"
+pair() { # pair OUT PORTS JOIN_TIMEOUT [MPIRUN_ARGS]: both sites through the firewall; sets ra rb secs
+    local out=$1 ports=$2 join=$3 t0 pa
+    local MPIRUN_ARGS="$MPIRUN_ARGS ${4:-}"
     t0=$(date +%s)
     # shellcheck disable=SC2086
-    ISTHMUS_PORTS=$ports timeout 120 "$WAN" exec "$D" a "$FED" site "$URI" a 1 "$T" $RUN --set train.out_dir="$out" \
-        --set outer.run_id="$(basename "$out")" > "$out.a.log" 2>&1 &
+    ISTHMUS_PORTS=$ports timeout -k 20 120 "$WAN" exec "$D" a "$FED" site "$URI" a 1 "$T" $RUN \
+        --set outer.join_timeout="$join" --set train.out_dir="$out" --set outer.run_id="$(basename "$out")" > "$out.a.log" 2>&1 &
     pa=$!
     # shellcheck disable=SC2086
-    ISTHMUS_PORTS=$ports timeout 120 "$WAN" exec "$D" b "$FED" site "$URI" b 1 "$T" $RUN --set train.out_dir="$out" \
-        --set outer.run_id="$(basename "$out")" > "$out.b.log" 2>&1
+    ISTHMUS_PORTS=$ports timeout -k 20 120 "$WAN" exec "$D" b "$FED" site "$URI" b 1 "$T" $RUN \
+        --set outer.join_timeout="$join" --set train.out_dir="$out" --set outer.run_id="$(basename "$out")" > "$out.b.log" 2>&1
     rb=$?
     wait $pa
     ra=$?
@@ -94,7 +94,7 @@ pair() { # pair OUT PORTS [MPIRUN_ARGS]: both sites through the firewall; sets r
 }
 
 before_a=$(dropped "$WAN_NS_A") before_b=$(dropped "$WAN_NS_B")
-pair "$WORK/pinned" "$RANGE"
+pair "$WORK/pinned" "$RANGE" 60
 drops=$(($(dropped "$WAN_NS_A") - before_a + $(dropped "$WAN_NS_B") - before_b))
 if [ $ra -eq 0 ] && [ $rb -eq 0 ] && grep -q "sites 2/2" "$WORK/pinned.a.log" && ! grep -q "lost" "$WORK/pinned.a.log" &&
     [ -f "$WORK/pinned/model.h5" ] && [ "$drops" -eq 0 ]; then
@@ -106,7 +106,7 @@ fi
 before_a=$(dropped "$WAN_NS_A") before_b=$(dropped "$WAN_NS_B")
 # Open MPI's out-of-band channel kept in the range (else the join waits for
 # its watchdog, a minute more), its TCP transport and the wire not
-pair "$WORK/ephemeral" "" "--mca oob_tcp_dynamic_ipv4_ports 41001-41003"
+pair "$WORK/ephemeral" "" 5 "--mca oob_tcp_dynamic_ipv4_ports 20001-20003"
 drops=$(($(dropped "$WAN_NS_A") - before_a + $(dropped "$WAN_NS_B") - before_b))
 if [ $ra -eq 1 ] && [ $rb -eq 1 ] && [ $secs -lt 100 ] && [ "$drops" -gt 0 ] &&
     grep -q "error: " "$WORK/ephemeral.a.log" && grep -q "error: " "$WORK/ephemeral.b.log"; then
@@ -116,7 +116,7 @@ else
 fi
 "$WAN" exec "$D" a "$FED" stop "$WORK/server"
 
-expect_exit 2 "ISTHMUS_PORTS='41000': a range LO-HI" -- env ISTHMUS_PORTS=41000 "$FED" site "$URI" a 1 "$T"
-expect_exit 2 "ISTHMUS_PORTS='41000-41003': LO-HI within 1024-65535 and at least 6 ports" -- \
-    env ISTHMUS_PORTS=41000-41003 "$FED" site "$URI" a 1 "$T"
+expect_exit 2 "ISTHMUS_PORTS='20000': a range LO-HI" -- env ISTHMUS_PORTS=20000 "$FED" site "$URI" a 1 "$T"
+expect_exit 2 "ISTHMUS_PORTS='20000-20003': LO-HI within 1024-65535 and at least 6 ports" -- \
+    env ISTHMUS_PORTS=20000-20003 "$FED" site "$URI" a 1 "$T"
 finish || exit 1
