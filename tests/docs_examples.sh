@@ -161,6 +161,15 @@ isthmus_line() {
     eval | generate | export | inspect | bench)
         [ "$np" -eq 1 ] || { skip "isthmus $sub under mpirun"; return; }
         run_with_stand_in ;;
+    keygen) # into a file of this test's, and the key it makes must be usable
+        CHECKED=$((CHECKED + 1))
+        local key="$WORK/example_key_$CHECKED"
+        if timeout 30 "$ISTHMUS" keygen "$key" > /dev/null 2> "$WORK/err" && [ "$(stat -c %a "$key")" = 600 ] &&
+            grep -Eq '^[0-9a-f]{64}$' "$key"; then
+            pass "$WHERE: isthmus keygen (into $key) makes a 0600 key of 32 hex bytes"
+        else
+            fail "$WHERE: isthmus keygen: $(head -c 300 "$WORK/err")"
+        fi ;;
     *) skip "isthmus $sub: not an example this test knows how to run" ;;
     esac
 }
