@@ -18,12 +18,7 @@
 WAN="$TOP_SRCDIR/tests/wan/wan.sh"
 FED="$TOP_SRCDIR/scripts/federated.sh"
 export PATH="$(dirname "$ISTHMUS")/tests/wan:$PATH"
-probe=isthmus-ports-probe-$$
-if [ "$(id -u)" != 0 ] || ! ip netns add "$probe" 2> /dev/null; then
-    echo "1..0 # SKIP network namespaces unavailable (root and ip netns are needed)"
-    exit 0
-fi
-ip netns del "$probe"
+need_netns
 if ! command -v nft > /dev/null; then
     echo "1..0 # SKIP nft missing (apt-get install nftables; scripts/setup.sh installs it)"
     exit 0

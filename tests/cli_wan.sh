@@ -16,12 +16,7 @@
 . "$TOP_SRCDIR/tests/lib.sh"
 WAN="$TOP_SRCDIR/tests/wan/wan.sh"
 export PATH="$(dirname "$ISTHMUS")/tests/wan:$PATH"
-probe=isthmus-wan-probe-$$
-if [ "$(id -u)" != 0 ] || ! ip netns add "$probe" 2> /dev/null; then
-    echo "1..0 # SKIP network namespaces unavailable (root and ip netns are needed)"
-    exit 0
-fi
-ip netns del "$probe"
+need_netns
 D="$WORK/wan"
 trap '"$WAN" down "$D"; "$TOP_SRCDIR/scripts/federated.sh" stop "$WORK/server" 2> /dev/null; rm -rf "$WORK"' EXIT
 

@@ -79,3 +79,14 @@ run() {
     mpi "$np" "$ISTHMUS" train "$T" --set train.out_dir="$WORK/$name" --set train.log_every=1 \
         --set data.eval_bytes=4096 "$@" >> "$WORK/$name.log" 2>&1
 }
+
+# Exit the test as skipped (visibly) unless network namespaces can be made
+# here (root, and not a sandbox without them): tests/wan's harness needs them.
+need_netns() {
+    local probe=isthmus-netns-probe-$$
+    if [ "$(id -u)" != 0 ] || ! ip netns add "$probe" 2> /dev/null; then
+        echo "1..0 # SKIP network namespaces unavailable (root and ip netns are needed)"
+        exit 0
+    fi
+    ip netns del "$probe"
+}
