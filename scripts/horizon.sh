@@ -18,7 +18,7 @@
 #   MODE:OPTIMIZER:STEPS[:SEED]
 #             one run at the chosen lr (e.g. sync:shampoo:400; seed 42 unless given);
 #             MODE is sync, diloco, butterfly or a variant (topk topkh32 topkh16 topkh8 topkall topknest topkm5
-#             nesterov nesterovh32 bflyfp4 bflymom: below), which takes its base mode's
+#             nesterov nesterovh32 snooh32 bflyfp4 bflymom: below), which takes its base mode's
 #             inner lr
 #   table     the markdown tables of every run present
 #   gap       the gap to sync against tokens: for each run at its mode's chosen lr,
@@ -76,7 +76,12 @@ L8="--set train.micro_batch=2 --set site.a.ranks=4 --set site.a.learner_ranks=1 
      --set outer.momentum=0.9"
     MODE_nesterovh32="$L2 --set outer.mode=diloco --set outer.inner_steps=32 --set outer.codec=fp4 --set outer.lr=0.7
      --set outer.momentum=0.9"
+    # and with the outer lr scaled down to the momentum (0.15 with 0.9: a steady step 1.5x plain
+    # averaging's where 0.7 takes 7x; the overshoot the runs above suggest)
+    MODE_snooh32="$L2 --set outer.mode=diloco --set outer.inner_steps=32 --set outer.codec=fp4 --set outer.lr=0.15
+     --set outer.momentum=0.9"
     NP_topk=4 NP_topkh32=4 NP_topkh16=4 NP_topkh8=4 NP_topkall=4 NP_topknest=4 NP_topkm5=4 NP_nesterov=4 NP_nesterovh32=4
+    NP_snooh32=4
     # butterfly with fp4 payloads and rounds every 20 steps (8x smaller payloads, 2x fewer
     # rounds than butterfly's 10), alone and with per-learner outer Nesterov momentum
     MODE_bflyfp4="$L8 --set outer.mode=butterfly --set outer.inner_steps=20 --set outer.codec=fp4"
@@ -84,7 +89,7 @@ L8="--set train.micro_batch=2 --set site.a.ranks=4 --set site.a.learner_ranks=1 
     NP_bflyfp4=8 NP_bflymom=8
 }
 # every mode but sync; a variant takes its base mode's inner lr (best)
-DILOCO_VARIANTS="topk topkh32 topkh16 topkh8 topkall topknest topkm5 nesterov nesterovh32"
+DILOCO_VARIANTS="topk topkh32 topkh16 topkh8 topkall topknest topkm5 nesterov nesterovh32 snooh32"
 BUTTERFLY_VARIANTS="bflyfp4 bflymom"
 OUTER_MODES="diloco $DILOCO_VARIANTS butterfly $BUTTERFLY_VARIANTS"
 # the model of OUT's runs: its marker; runs from before the marker are the small model's
