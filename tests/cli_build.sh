@@ -10,7 +10,9 @@
 #  - the installed isthmus names those options in --version and trains
 #    tiny.ini for a few steps, writing its model through that HDF5;
 #  - a prefix without mpicc or hdf5.h stops configure with one line naming
-#    the option and the missing file.
+#    the option and the missing file;
+#  - without CMocka configure warns, isthmus builds and make check stops
+#    with one line.
 # Skipped (visibly) outside a git checkout (the tree is copied with git
 # ls-files), without root (to become nobody) or setpriv.
 . "$TOP_SRCDIR/tests/lib.sh"
@@ -79,6 +81,20 @@ if as_user mpirun -q -np 1 "$inst" train "$B/inst/share/isthmus/tiny.ini" --set 
     pass "the installed isthmus trains tiny.ini (its installed config) as nobody and writes its model through that HDF5"
 else
     fail "installed train: $(grep -h error "$WORK/train.log" | head -2)"
+fi
+# without CMocka (the tests' only need): configure warns, isthmus builds,
+# and make check stops with one line before compiling a test
+rm -f "$B/pc/cmocka.pc"
+rc=0
+as_user ./configure --quiet --with-mpi="$B/mpi" --with-hdf5="$HDF5_PREFIX" --prefix="$B/inst" > "$WORK/nocm.log" 2>&1 &&
+    as_user make -j"$(nproc)" --no-print-directory isthmus >> "$WORK/nocm.log" 2>&1 || rc=1
+as_user make --no-print-directory check > "$WORK/nocm-check.log" 2>&1 && rc=1
+if [ $rc -eq 0 ] && grep -q "CMocka not found: isthmus builds" "$WORK/nocm.log" &&
+    grep -q "^make check: CMocka was not found when configure ran" "$WORK/nocm-check.log" &&
+    ! grep -q "CC .*tests/\|cmocka\.h" "$WORK/nocm-check.log"; then
+    pass "without CMocka: configure warns, isthmus builds, make check stops with '$(grep -m1 '^make check:' "$WORK/nocm-check.log" | cut -c1-60)...'"
+else
+    fail "without CMocka (rc $rc): $(tail -n 4 "$WORK/nocm.log" "$WORK/nocm-check.log" | tr '\n' '|')"
 fi
 # a prefix without what the option needs: one line, configure fails
 bad() { # bad OPTION PATTERN
