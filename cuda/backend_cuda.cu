@@ -3,7 +3,9 @@
  * cuda/layers, cuda/moe and cuda/transformer, the learner's collectives
  * over NCCL (cuda/coll_nccl). One rank drives one GPU (src/devices.h).
  * Owns: the rank's device, its compute stream and copy stream, cuBLAS
- * handle, NCCL communicator, and the pinned host staging through which
+ * handle, NCCL communicator, the inner optimiser's state (cuda/optim: the
+ * moments; cuda/precond: Shampoo's statistics and roots, Muon's scratch),
+ * and the pinned host staging through which
  * state runs reach the host (get/put) and payloads are encoded (cuda/codec),
  * both on the copy stream: the compute stream waits for a copy only through
  * an event, never the whole device.
@@ -12,6 +14,7 @@
 #include "codec.h"
 #include "coll_nccl.h"
 #include "optim.h"
+#include "precond.h"
 #include "transformer.h"
 
 #include <string.h>
@@ -27,7 +30,9 @@ typedef struct {
     Backend base;
     Model model;          /* the table with device params and grads */
     CudaAdamW opt;
-    int sharded;
+    CudaPrecond pre;      /* shampoo, muon: their state for opt's runs */
+    int sharded;          /* opt covers the runs optimizer_shard gave (else not yet created) */
+    const TrainConfig *train; /* the optimiser's settings */
     CudaActivations acts;
     CudaColl coll;
     CudaBlas blas;
@@ -55,6 +60,7 @@ static void cuda_destroy(Backend *b)
     if (c->ready) cudaEventDestroy(c->ready);
     if (c->copy) cudaStreamDestroy(c->copy);
     cuda_acts_destroy(&c->acts);
+    cuda_precond_destroy(&c->pre);
     cuda_adamw_destroy(&c->opt);
     cuda_coll_destroy(&c->coll);
     cuda_blas_destroy(&c->blas);
@@ -107,13 +113,26 @@ static int cuda_zero_grads(Backend *b)
     return ISTH_OK;
 }
 
+/* The optimiser's state for n runs: the moments, and a matrix
+ * optimiser's own (the CPU backend's create_optimizer). */
+static int create_optimizer(CudaBackend *c, const size_t *off, const size_t *len, int n)
+{
+    cuda_precond_destroy(&c->pre);
+    cuda_adamw_destroy(&c->opt);
+    c->sharded = 0;
+    CHECK(cuda_adamw_create(&c->opt, off, len, n));
+    if (!strcmp(c->optimizer, "shampoo") || !strcmp(c->optimizer, "muon"))
+        CHECK(cuda_precond_create(&c->pre, c->optimizer, &c->opt, &c->model, c->train, c->stream));
+    c->sharded = 1;
+    return ISTH_OK;
+}
+
+/* Until the trainer says which runs this rank updates: all of them. */
 static int ensure_optimizer(CudaBackend *c)
 {
     if (c->sharded) return ISTH_OK;
     const size_t off = 0, len = c->model.n_params;
-    CHECK(cuda_adamw_create(&c->opt, &off, &len, 1));
-    c->sharded = 1;
-    return ISTH_OK;
+    return create_optimizer(c, &off, &len, 1);
 }
 
 static int cuda_optimizer_shard(Backend *b, const size_t *off, const size_t *len, int n)
@@ -123,28 +142,29 @@ static int cuda_optimizer_shard(Backend *b, const size_t *off, const size_t *len
         if (off[r] + len[r] > c->model.n_params)
             return isth_fail(ISTH_ERUNTIME, "optimizer: run %d [%zu, +%zu) is outside the %zu parameters", r, off[r],
                              len[r], c->model.n_params);
-    cuda_adamw_destroy(&c->opt);
-    c->sharded = 0;
-    CHECK(cuda_adamw_create(&c->opt, off, len, n));
-    c->sharded = 1;
-    return ISTH_OK;
+    return create_optimizer(c, off, len, n);
 }
 
 static float *state(CudaBackend *c, StateKind which)
 {
-    if ((which == STATE_ADAM_M || which == STATE_ADAM_V) && ensure_optimizer(c) != ISTH_OK) return NULL;
+    if (state_is_packed(which) && ensure_optimizer(c) != ISTH_OK) return NULL;
     switch (which) {
     case STATE_PARAMS: return c->model.params;
     case STATE_GRADS: return c->model.grads;
     case STATE_ADAM_M: return c->opt.m;
     case STATE_ADAM_V: return c->opt.v;
+    case STATE_SHAMPOO_L: return c->pre.l; /* NULL unless the optimiser is shampoo */
+    case STATE_SHAMPOO_R: return c->pre.r;
+    case STATE_SHAMPOO_LROOT: return c->pre.lroot;
+    case STATE_SHAMPOO_RROOT: return c->pre.rroot;
     default: return NULL;
     }
 }
 
+/* The state's length in floats (the model table, or the packed optimiser state). */
 static size_t state_len(const CudaBackend *c, StateKind which)
 {
-    return which == STATE_ADAM_M || which == STATE_ADAM_V ? c->opt.runs.total : c->model.n_params;
+    return state_is_packed(which) ? c->opt.runs.total : c->model.n_params;
 }
 
 static int check_runs(CudaBackend *c, StateKind which, const size_t *off, const size_t *len, int n, const char *verb)
@@ -305,8 +325,13 @@ static int cuda_optimizer_step(Backend *b, double lr)
     if (!strcmp(c->optimizer, "sgd"))
         return cuda_sgd_step(&c->opt.runs, &c->model, c->model.params, c->model.grads, lr, c->weight_decay, c->stream);
     c->opt.t = b->optimizer_t;
-    CHECK(cuda_adamw_step(&c->opt, &c->model, c->model.params, c->model.grads, lr, c->weight_decay, c->stream));
+    if (c->pre.dir)
+        CHECK(cuda_precond_step(&c->pre, &c->opt, &c->model, c->model.params, c->model.grads, lr, c->weight_decay,
+                                c->stream));
+    else CHECK(cuda_adamw_step(&c->opt, &c->model, c->model.params, c->model.grads, lr, c->weight_decay, c->stream));
     b->optimizer_t = c->opt.t;
+    b->precond_roots = c->pre.roots;
+    b->precond_failures = c->pre.root_failures + c->pre.stat_resets + c->pre.fallbacks;
     return ISTH_OK;
 }
 
@@ -425,13 +450,11 @@ static int create(CudaBackend *c, const Config *cfg, int B, int expert_begin, in
 extern "C" int cuda_backend_create(Backend **out, const Config *cfg, int B, int expert_begin, int experts_local,
                                    Coll *ep)
 {
-    if (strcmp(cfg->train.optimizer, "adamw") && strcmp(cfg->train.optimizer, "sgd"))
-        return isth_fail(ISTH_EINPUT, "[train] optimizer = %s runs on the CPU backend only (set [train] backend = cpu; "
-                         "the CUDA backend has adamw and sgd)", cfg->train.optimizer);
     CudaBackend *c = (CudaBackend *)isth_calloc(1, sizeof *c);
     CHECK_ALLOC(c);
     c->base.ops = &cuda_ops;
     c->optimizer = cfg->train.optimizer;
+    c->train = &cfg->train;
     c->weight_decay = cfg->train.weight_decay;
     const int rc = create(c, cfg, B, expert_begin, experts_local, ep);
     if (rc != ISTH_OK) {

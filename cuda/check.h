@@ -1,4 +1,4 @@
-/* check.h (cuda/) — CUDA, cuBLAS and NCCL calls that must succeed, in the
+/* check.h (cuda/) — CUDA, cuBLAS, cuSOLVER and NCCL calls that must succeed, in the
  * style of status.h's CHECK_MPI: the failure is printed as
  * "file:line: call failed: <the library's message>" and ISTH_ERUNTIME is
  * returned to the caller (never exit: the run ends through its error path,
@@ -9,6 +9,7 @@
 
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
+#include <cusolver_common.h>
 #include <nccl.h>
 
 #ifdef __cplusplus
@@ -32,6 +33,15 @@ extern "C" {
         cublasStatus_t check_s_ = (call);                                                         \
         if (check_s_ != CUBLAS_STATUS_SUCCESS)                                                    \
             return isth_fail(ISTH_ERUNTIME, "%s:%d: %s failed: cuBLAS status %d", __FILE__, __LINE__, #call, \
+                             (int)check_s_);                                                      \
+    } while (0)
+
+/* cuSOLVER has no message for its statuses: the number (cusolver_common.h) */
+#define CHECK_CUSOLVER(call)                                                                      \
+    do {                                                                                          \
+        cusolverStatus_t check_s_ = (call);                                                       \
+        if (check_s_ != CUSOLVER_STATUS_SUCCESS)                                                  \
+            return isth_fail(ISTH_ERUNTIME, "%s:%d: %s failed: cuSOLVER status %d", __FILE__, __LINE__, #call, \
                              (int)check_s_);                                                      \
     } while (0)
 

@@ -49,6 +49,16 @@ extern "C" void cuda_adamw_destroy(CudaAdamW *opt)
     memset(opt, 0, sizeof *opt);
 }
 
+extern "C" int cuda_adamw_update(float *p, const float *g, float *m, float *v, size_t n, const AdamWStep *k,
+                                 cudaStream_t stream)
+{
+    if (!n) return ISTH_OK;
+    const unsigned blocks = (unsigned)((n + 255) / 256 < 4096 ? (n + 255) / 256 : 4096);
+    adamw_segment<<<blocks, 256, 0, stream>>>(p, g, m, v, n, *k);
+    CHECK_CUDA(cudaGetLastError()); /* the launch */
+    return ISTH_OK;
+}
+
 extern "C" int cuda_adamw_step(CudaAdamW *opt, const Model *model, float *params, const float *grads, double lr,
                                double weight_decay, cudaStream_t stream)
 {
@@ -59,11 +69,9 @@ extern "C" int cuda_adamw_step(CudaAdamW *opt, const Model *model, float *params
         for (int r = 0; r < opt->runs.n; r++) {
             size_t at, packed, n;
             if (!run_segment(&opt->runs, r, t, &at, &packed, &n)) continue;
-            const unsigned blocks = (unsigned)((n + 255) / 256 < 4096 ? (n + 255) / 256 : 4096);
-            adamw_segment<<<blocks, 256, 0, stream>>>(params + at, grads + at, opt->m + packed, opt->v + packed, n, k);
+            CHECK(cuda_adamw_update(params + at, grads + at, opt->m + packed, opt->v + packed, n, &k, stream));
         }
     }
-    CHECK_CUDA(cudaGetLastError()); /* the launches */
     return ISTH_OK;
 }
 

@@ -34,6 +34,11 @@ void cuda_adamw_destroy(CudaAdamW *opt);
  * table m) from the device `grads`, queued on `stream`. */
 int cuda_adamw_step(CudaAdamW *opt, const Model *m, float *params, const float *grads, double lr, double weight_decay,
                     cudaStream_t stream);
+/* The AdamW update of n weights p from gradients g with moments m, v (all
+ * device), constants k, queued on `stream`: cuda_adamw_step's kernel, which
+ * the matrix optimisers (precond.h) run on every tensor that is not a
+ * matrix. */
+int cuda_adamw_update(float *p, const float *g, float *m, float *v, size_t n, const AdamWStep *k, cudaStream_t stream);
 
 /* Plain SGD with decoupled weight decay over the runs (cpu/optim.h's sgd_step). */
 int cuda_sgd_step(const ParamRuns *runs, const Model *m, float *params, const float *grads, double lr,

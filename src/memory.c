@@ -20,12 +20,15 @@
 #include "cpu/precond.h"     /* a matrix optimiser's state */
 #include "cpu/transformer.h" /* the CPU backend's activations */
 #include "../cuda/acts_plan.h" /* the CUDA backend's (plain arithmetic, any build) */
+#include "../cuda/precond_plan.h" /* the CUDA backend's matrix optimisers (the same) */
 
 static double floats(size_t n) { return (double)n * sizeof(float); }
 static double aligned64(double bytes) { return (double)(((size_t)bytes + 63) / 64 * 64); }
 
 /* A matrix optimiser's bytes beyond the moments (src/cpu/precond.c):
- * shampoo's four packed buffers and block sums, both optimisers' scratch. */
+ * shampoo's four packed buffers and block sums, both optimisers' scratch;
+ * with backend = cuda the device block of cuda/precond.cu (every block of a
+ * matrix at once: more scratch than the CPU's per-thread blocks). */
 static double precond_bytes(const Config *cfg, const Model *m, size_t owned)
 {
     const int shampoo = !strcmp(cfg->train.optimizer, "shampoo");
@@ -39,8 +42,12 @@ static double precond_bytes(const Config *cfg, const Model *m, size_t owned)
         if (r > side) side = r;
         if (c > side) side = c;
     }
-    const int threads = cfg->train.threads > 0 ? cfg->train.threads : omp_get_max_threads();
     const size_t b = (size_t)cfg->train.precond_block;
+    if (!strcmp(cfg->train.backend, "cuda")) {
+        size_t pieces[CUDA_PRECOND_PIECES];
+        return (double)cuda_precond_pieces(pieces, shampoo, owned, largest, side, b);
+    }
+    const int threads = cfg->train.threads > 0 ? cfg->train.threads : omp_get_max_threads();
     double bytes = 2 * floats(largest + 1); /* the two directions */
     if (!shampoo) return bytes + floats(2 * side * side + 1);
     return bytes + 4 * floats(owned + 1) + floats(b * b * (size_t)threads + 1) +

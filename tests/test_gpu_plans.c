@@ -1,8 +1,9 @@
 /* test_gpu_plans.c — the GPU tests' check lists (tests/gpu/plans.h),
  * counted on the host: no GPU is needed to find a plan that misses an
- * output or counts wrong. On a GPU, test_kernels_gpu and test_layers_gpu
- * then compare each check's name with these lists in order (a result
- * computed and never compared leaves the run short of its plan: exit 1). */
+ * output or counts wrong. On a GPU, test_kernels_gpu, test_layers_gpu and
+ * test_optim_gpu then compare each check's name with these lists in order
+ * (a result computed and never compared leaves the run short of its plan:
+ * exit 1). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -74,8 +75,25 @@ static void test_layer_plan(void **state)
         if (!has(plan_layer_checks, outputs[i])) fail_msg("no check of %s", outputs[i]);
 }
 
+static void test_optim_plan(void **state)
+{
+    (void)state;
+    char unused[8];
+    /* AdamW's 3; Shampoo's update, moments, statistics, roots, counters, repeat; Muon's all but statistics and roots */
+    assert_int_equal(plan_optim_checks(-1, unused, sizeof unused), 3 + 6 + 4);
+    unique(plan_optim_checks);
+    /* every piece of each optimiser's state (cpu/precond.h's Precond) and its counters is compared */
+    const char *outputs[] = {"adamw weights", "adamw first moment", "adamw second moment",
+                             "shampoo weights' update", "shampoo moments", "shampoo statistics L, R",
+                             "shampoo inverse roots", "shampoo counters", "shampoo the same bits again",
+                             "muon weights' update", "muon moments", "muon counters", "muon the same bits again"};
+    for (size_t i = 0; i < sizeof outputs / sizeof *outputs; i++)
+        if (!has(plan_optim_checks, outputs[i])) fail_msg("no check of %s", outputs[i]);
+}
+
 int main(void)
 {
-    const struct CMUnitTest tests[] = {cmocka_unit_test(test_kernel_plan), cmocka_unit_test(test_layer_plan)};
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_kernel_plan), cmocka_unit_test(test_layer_plan),
+                                       cmocka_unit_test(test_optim_plan)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -14,7 +14,12 @@
  *    (1 - beta2) G G^T and G^T G (upper triangles) after the second;
  *  - Shampoo's updates are the same bit for bit with one and two threads;
  *  - Muon's step is an orthogonalised matrix: its singular values, from
- *    the eigenvalues of X^T X, lie in the quintic's band around 1. */
+ *    the eigenvalues of X^T X, lie in the quintic's band around 1;
+ *  - the arithmetic both backends share (src/precond_math.h, which the CUDA
+ *    backend's kernels run too): the blocks tile a matrix exactly once
+ *    with every element where row / b and column / b put it, the schedule
+ *    of statistics and roots, the root's floor and weights, the grafting's
+ *    fallback conditions, Muon's Gram side and scale. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -401,9 +406,65 @@ static void test_muon_step_is_orthogonal(void **state)
     free(p);
 }
 
+/* Every element of a rows x cols matrix belongs to exactly one block, at
+ * the place its row and column give, for square and oblong matrices. */
+static void test_block_layout(void **state)
+{
+    (void)state;
+    const size_t shapes[4][3] = {{16, 16, 8}, {32, 96, 16}, {96, 32, 32}, {12, 6, 2}}; /* rows, cols, b */
+    for (int z = 0; z < 4; z++) {
+        const size_t rows = shapes[z][0], cols = shapes[z][1], b = shapes[z][2], nb_c = cols / b;
+        const size_t blocks = rows * cols / (b * b);
+        unsigned char *seen = calloc(rows * cols, 1);
+        for (size_t k = 0; k < blocks; k++) {
+            const size_t start = precond_block_start(k, nb_c, b, cols);
+            assert_int_equal(start, (k / nb_c) * b * cols + (k % nb_c) * b); /* the CPU's bi * b * cols + bj * b */
+            for (size_t e = 0; e < b * b; e++) {
+                const size_t j = precond_block_element(start, e, b, cols), r = j / cols, c = j % cols;
+                assert_true(j < rows * cols);
+                assert_int_equal(r / b * nb_c + c / b, k); /* the block the element's row and column name */
+                assert_int_equal((r % b) * b + c % b, e); /* row-major inside the block */
+                seen[j]++;
+            }
+        }
+        for (size_t j = 0; j < rows * cols; j++) assert_int_equal(seen[j], 1);
+        free(seen);
+    }
+}
+
+static void test_schedule_and_decisions(void **state)
+{
+    (void)state;
+    /* roots every 3, statistics every 2: Adam's step until update 3 */
+    for (long t = 1; t <= 12; t++) {
+        const PrecondSchedule s = precond_schedule(t, 3, 2);
+        assert_int_equal(s.roots_now, t % 3 == 0);
+        assert_int_equal(s.stats_now, t % 2 == 0);
+        assert_int_equal(s.have_roots, t >= 3);
+    }
+    double floor_add = -1;
+    assert_true(precond_root_floor(2.0, 1e-6, &floor_add) && floor_add == 2e-6);
+    assert_false(precond_root_floor(0.0, 1e-6, &floor_add));      /* a zero statistic has no root */
+    assert_false(precond_root_floor(INFINITY, 1e-6, &floor_add)); /* nor a broken one */
+    assert_false(precond_root_floor(NAN, 1e-6, &floor_add));
+    /* a negative eigenvalue (rounding of a semi-definite matrix) weighs as 0 */
+    assert_true(precond_root_weight(-3e-7f, 1e-4) == precond_root_weight(0.0f, 1e-4));
+    assert_true(fabs(precond_root_weight(16.0f, 0.0) - 0.5) < 1e-7);
+    double scale = 0;
+    assert_true(precond_graft_scale(4.0, 1.0, &scale) && scale == 2.0);
+    assert_false(precond_graft_scale(4.0, 0.0, &scale)); /* no Shampoo direction */
+    assert_false(precond_graft_scale(NAN, 1.0, &scale)); /* Adam's norm broken */
+    assert_false(precond_graft_scale(4.0, INFINITY, &scale)); /* Shampoo's direction broken */
+    assert_true(muon_wide(64, 96) && muon_wide(64, 64) && !muon_wide(96, 64));
+    assert_true(muon_lr_scale(0.01f, 64, 256) == (float)(0.01f * 0.2 * 16.0));
+    assert_true(muon_inverse_norm(0.0) == (float)1e7);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_block_layout),
+        cmocka_unit_test(test_schedule_and_decisions),
         cmocka_unit_test(test_inverse_fourth_root),
         cmocka_unit_test(test_broken_statistic_has_no_root),
         cmocka_unit_test(test_shampoo_beats_adam_on_an_ill_conditioned_quadratic),

@@ -102,13 +102,12 @@ int inverse_fourth_root(const float *a, int n, int lda, double eps, float *root,
     if (LAPACKE_ssyevd_work(LAPACK_COL_MAJOR, 'V', 'L', n, q, n, w, lwork, (lapack_int)PRECOND_SYEVD_LWORK(n), iwork,
                             (lapack_int)PRECOND_SYEVD_LIWORK(n)) != 0)
         return -1;
-    double lmax = 0;
+    double lmax = 0, floor;
     for (int k = 0; k < n; k++) lmax = fmax(lmax, w[k]);
-    const double floor = eps * lmax;
-    if (!(floor > 0) || !isfinite(floor)) return -1; /* a zero (or broken) statistic has no root */
+    if (!precond_root_floor(lmax, eps, &floor)) return -1; /* a zero (or broken) statistic has no root */
     /* root = Q diag(w) Q^T; eigenvector k is q's column k (contiguous) */
     for (int k = 0; k < n; k++) {
-        const float wk = (float)pow(fmax((double)w[k], 0.0) + floor, -0.25);
+        const float wk = precond_root_weight(w[k], floor);
         for (int i = 0; i < n; i++) qs[(size_t)k * n + i] = q[(size_t)k * n + i] * wk;
     }
     cblas_sgemm(CblasColMajor, CblasNoTrans, CblasTrans, n, n, n, 1.0f, qs, n, q, n, 0.0f, prod, n);
@@ -216,13 +215,13 @@ static void shampoo_matrix(Precond *p, AdamW *opt, Model *m, size_t at, size_t p
           *Lr = p->lroot + packed, *Rr = p->rroot + packed, *dir = p->dir, *sdir = p->sdir;
     double *adam_ss = p->block_sums, *shampoo_ss = p->block_sums + nb_r * nb_c;
     const float beta = (float)p->beta2;
-    const long t = opt->t;
-    const int roots_now = t % p->every == 0, have_roots = t >= p->every, stats_now = t % p->stats_every == 0;
+    const PrecondSchedule when = precond_schedule(opt->t, p->every, p->stats_every);
+    const int roots_now = when.roots_now, have_roots = when.have_roots, stats_now = when.stats_now;
     long failures = 0, resets = 0;
 #pragma omp parallel for schedule(static) collapse(2) reduction(+ : failures, resets)
     for (size_t bi = 0; bi < nb_r; bi++)
         for (size_t bj = 0; bj < nb_c; bj++) {
-            const size_t o = bi * b * cols + bj * b, blk = bi * nb_c + bj; /* the block's first element */
+            const size_t blk = bi * nb_c + bj, o = precond_block_start(blk, nb_c, b, cols); /* its first element */
             /* Adam's direction is kept only while it is the step (before the first roots);
              * after that only its norm counts, and each row goes through the scratch */
             float *tmp = p->tmp + b * b * (size_t)omp_get_thread_num();
@@ -264,8 +263,8 @@ static void shampoo_matrix(Precond *p, AdamW *opt, Model *m, size_t at, size_t p
     }
     for (size_t blk = 0; blk < nb_r * nb_c; blk++) s2 += shampoo_ss[blk];
     /* grafting: Adam's step length over the matrix, Shampoo's direction */
-    const double scale = sqrt(adam2 / s2);
-    if (!(s2 > 0) || !isfinite(scale)) { /* no usable direction: Adam's, counted */
+    double scale;
+    if (!precond_graft_scale(adam2, s2, &scale)) { /* no usable direction: Adam's, counted */
         p->fallbacks++;
         adam_direction(mom, vel, n, k, dir);
         apply(m->params + at, dir, n, k->decay, k->lr);
@@ -278,11 +277,11 @@ static void shampoo_matrix(Precond *p, AdamW *opt, Model *m, size_t at, size_t p
 static void muon_matrix(Precond *p, AdamW *opt, Model *m, size_t at, size_t packed, size_t rows, size_t cols,
                         const AdamWStep *k)
 {
-    static const float A = 3.4445f, B = -4.7750f, C = 2.0315f; /* the quintic's coefficients (Jordan et al.) */
+    const float A = MUON_NS_A, B = MUON_NS_B, C = MUON_NS_C;
     const size_t n = rows * cols;
     const float *g = m->grads + at;
     float *mom = opt->m + packed, *x = p->sdir, *y = p->dir, *s = p->tmp;
-    const int wide = rows <= cols; /* work on the Gram matrix of the shorter side */
+    const int wide = muon_wide(rows, cols); /* work on the Gram matrix of the shorter side */
     const size_t side = wide ? rows : cols;
     float *q = s + side * side;
     const float mu = (float)MUON_MOMENTUM;
@@ -292,7 +291,7 @@ static void muon_matrix(Precond *p, AdamW *opt, Model *m, size_t at, size_t pack
         x[j] = g[j] + mu * mom[j];
     }
     const double norm = sqrt(sumsq(x, n));
-    const float inv = (float)(1.0 / (norm + 1e-7));
+    const float inv = muon_inverse_norm(norm);
 #pragma omp parallel for schedule(static)
     for (size_t j = 0; j < n; j++) x[j] *= inv;
     const int R = (int)rows, Cc = (int)cols, S = (int)side;
@@ -315,7 +314,7 @@ static void muon_matrix(Precond *p, AdamW *opt, Model *m, size_t at, size_t pack
         p->fallbacks++;
         return;
     }
-    apply(m->params + at, x, n, k->decay, (float)(k->lr * 0.2 * sqrt((double)(rows > cols ? rows : cols))));
+    apply(m->params + at, x, n, k->decay, muon_lr_scale(k->lr, rows, cols));
 }
 
 void precond_step(Precond *p, AdamW *opt, Model *model, double lr, double weight_decay)

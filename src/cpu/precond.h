@@ -38,9 +38,7 @@
 #include "config.h"
 #include "model.h"
 #include "optim.h"
-
-#define MUON_MOMENTUM 0.95
-#define MUON_NS_STEPS 5
+#include "precond_math.h" /* the arithmetic shared with the CUDA backend; MUON_MOMENTUM, MUON_NS_STEPS */
 
 typedef struct {
     int shampoo;                  /* 1 shampoo, 0 muon */

@@ -8,7 +8,8 @@
 #   bin/    isthmus and the GPU tests, built --with-cuda (sm_90/100/103)
 #   lib/    every shared library they and Open MPI load that is neither
 #           glibc, the C++ runtime, nor CUDA's big libraries (cuBLAS,
-#           cuBLASLt, NCCL, the driver: run.sh finds the device's own)
+#           cuBLASLt, cuSOLVER and what it loads: cuSPARSE, nvJitLink;
+#           NCCL, the driver: run.sh finds the device's own)
 #   ompi/   Open MPI 4.1's runtime (orterun, orted, the MCA components, the
 #           help texts) and PMIx's, under their Debian paths, relocated at
 #           run time with OPAL_PREFIX and PMIX_INSTALL_PREFIX
@@ -71,7 +72,7 @@ done
 
 # The shared libraries all of it loads, but for what every Linux (glibc,
 # the C++ runtime) or the GPU machine (CUDA's large libraries) has.
-skip='^(linux-vdso|ld-linux|libc\.so|libm\.so|libpthread|libdl\.so|librt\.so|libresolv|libutil|libstdc\+\+|libgcc_s|libcuda\.so|libnvidia|libcublas|libcublasLt|libnccl)'
+skip='^(linux-vdso|ld-linux|libc\.so|libm\.so|libpthread|libdl\.so|librt\.so|libresolv|libutil|libstdc\+\+|libgcc_s|libcuda\.so|libnvidia|libcublas|libcublasLt|libcusolver|libcusparse|libnvJitLink|libnccl)'
 libs=$(mktemp)
 for f in "$root"/bin/* "$ompi"/bin/orterun "$ompi"/bin/orted $(find "$ompi/lib" -name '*.so*' -type f); do
     ldd "$f" 2>/dev/null | awk '$2 == "=>" && $3 ~ /^\// {print $1, $3}' >> "$libs"

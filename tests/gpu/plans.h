@@ -1,6 +1,7 @@
-/* plans.h — the checks of the GPU kernel and layer tests, as data: the
- * name of check i, in the order the test makes them, and how many there
- * are. test_kernels_gpu and test_layers_gpu print their TAP plan from here
+/* plans.h — the checks of the GPU kernel, layer and optimiser tests, as
+ * data: the name of check i, in the order the test makes them, and how
+ * many there are. test_kernels_gpu, test_layers_gpu and test_optim_gpu
+ * print their TAP plan from here
  * and compare each check's name with the plan's next one, so a result
  * computed and never compared, or a check added without its line here,
  * fails the run; tests/test_gpu_plans.c counts these lists on the host
@@ -37,6 +38,15 @@ static const char *const plan_layers[] = {
     "rmsnorm_backward dinp (+=)", "rmsnorm_backward dweight (+=)", "swiglu_forward", "swiglu_backward da (+=)",
     "swiglu_backward du (+=)", "rope_forward", "rope_backward",
 };
+/* test_optim_gpu: AdamW, then each matrix optimiser against the CPU's
+ * precond_step (every piece of its state, its counters), then again on the
+ * GPU for the same bits */
+static const char *const plan_optim[] = {
+    "adamw weights", "adamw first moment", "adamw second moment",
+    "shampoo weights' update", "shampoo moments", "shampoo statistics L, R", "shampoo inverse roots",
+    "shampoo counters", "shampoo the same bits again",
+    "muon weights' update", "muon moments", "muon counters", "muon the same bits again",
+};
 #define PLAN_LEN(a) ((int)(sizeof(a) / sizeof *(a)))
 
 /* test_kernels_gpu's check i (from 0) into out; returns the plan's length
@@ -62,6 +72,13 @@ static inline int plan_layer_checks(int i, char *out, size_t size)
 {
     if (i >= 0 && i < PLAN_LEN(plan_layers)) snprintf(out, size, "%s", plan_layers[i]);
     return PLAN_LEN(plan_layers);
+}
+
+/* test_optim_gpu's check i, the same way. */
+static inline int plan_optim_checks(int i, char *out, size_t size)
+{
+    if (i >= 0 && i < PLAN_LEN(plan_optim)) snprintf(out, size, "%s", plan_optim[i]);
+    return PLAN_LEN(plan_optim);
 }
 
 /* Is `name` check number i (from 0) of the plan? */
