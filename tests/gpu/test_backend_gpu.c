@@ -50,14 +50,19 @@ static double rel_err(const float *a, const float *b, size_t n)
 static const char *CONFIG_TEXT = "[model]\nlayers = 2\ndim = 64\nheads = 2\nexperts = 4\ntop_k = 2\nffn = 96\n"
                                  "context = 48\n[train]\nmicro_batch = 3\nlr = 0.003\nwarmup = 0\n";
 
+/* The config outlives the backend: backends keep pointers into it (the
+ * optimiser's name, the model's shapes), so each lives in static storage. */
 static int make(Backend **be, const char *backend, Coll *ep)
 {
-    Config cfg;
+    static Config cfgs[2];
+    static int made;
+    if (made == 2) return 1;
+    Config *const cfg = &cfgs[made++];
     char over[64], share[] = "train.gpu_share=1";
     snprintf(over, sizeof over, "train.backend=%s", backend);
     const char *overrides[2] = {over, share};
-    if (config_load_text(&cfg, CONFIG_TEXT, "test_backend_gpu", overrides, 2)) return 1;
-    return backend_create(be, &cfg, cfg.train.micro_batch, 0, cfg.model.experts, ep);
+    if (config_load_text(cfg, CONFIG_TEXT, "test_backend_gpu", overrides, 2)) return 1;
+    return backend_create(be, cfg, cfg->train.micro_batch, 0, cfg->model.experts, ep);
 }
 
 int main(int argc, char **argv)
