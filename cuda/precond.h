@@ -29,7 +29,8 @@
  * when the model trains in bf16), like the CPU's OpenBLAS. The counters
  * are kept on the device (per-block flags summed in a fixed order, no
  * atomics) and read back once per step: the step ends with one stream
- * synchronisation. Same inputs give the same bits on a given GPU.
+ * synchronisation. Designed so that the same inputs give the same bits on
+ * a given GPU (test_optim_gpu checks it; not yet run on a GPU).
  *
  * Owns: Shampoo's statistics and roots in device memory, packed by runs
  * exactly like the CPU backend's (cpu/precond.h: the b x b factor of block
@@ -69,7 +70,8 @@ typedef struct {
     void *base;                   /* the one device block the buffers below are carved from */
     float *l, *r, *lroot, *rroot; /* shampoo: (runs.total, device) packed like the moments */
     float *dir, *sdir;            /* (largest matrix) Adam's direction; Shampoo's (laid out like the matrix)
-                                   * or Muon's iterate; during the roots, Q diag(w) Q^T of every block */
+                                   * or Muon's iterate; sdir during the roots: Q diag(w) Q^T of every block
+                                   * (tmp holds Q diag(w)) */
     float *tmp;                   /* shampoo: (largest) a b x b product per block; muon: X X^T and its square */
     float *vec, *val;             /* shampoo: (largest), (largest / b) every block's eigenvectors and values */
     int *info;                    /* shampoo: (blocks) the solver's verdict per block */

@@ -2,8 +2,10 @@
 # -----------------------
 # The CUDA toolkit under DIR: nvcc (DIR/bin), the runtime, cuBLAS and
 # cuSOLVER headers and libraries (DIR/include, DIR/lib64; cuSOLVER's batched
-# eigensolver for Shampoo's roots, cuda/precond.cu), a runtime of version 12.0 or
-# later, and nvcc able to build one fat binary for sm_90 (H100/H200),
+# eigensolver for Shampoo's roots, cuda/precond.cu: cusolverDnXsyevBatched,
+# which older 12.x toolkits lack; configure checks that it links), a
+# runtime of version 12.0 or later, and nvcc able to build one fat binary
+# for sm_90 (H100/H200),
 # sm_100 (B200) and sm_103 (B300). Sets and substitutes NVCC, CUDA_CFLAGS,
 # CUDA_LIBS and CUDA_GENCODE (configure.ac defines HAVE_CUDA). Stops configure naming
 # what is missing. CPPFLAGS, LDFLAGS and LIBS are restored.
