@@ -45,9 +45,9 @@ printf 'not hdf5 at all' > "$WORK/junk.h5"
 expect_exit 2 "model .*junk.h5: invalid: not a readable HDF5 file" -- "$ISTHMUS" eval --model "$WORK/junk.h5"
 
 # --version: the package version and the commit built (a git checkout: a commit of
-# this repository's history, -dirty with local changes; "unknown" outside git)
+# this repository's history, -dirty.HASH with local changes; "unknown" outside git)
 "$ISTHMUS" --version > "$WORK/version" 2>&1
-built=$(sed -n 's/^isthmus [0-9]*\.[0-9]*\.[0-9]*+\([0-9a-f]\{12\}\)\(-dirty\)\{0,1\}$/\1/p' "$WORK/version")
+built=$(sed -n 's/^isthmus [0-9]*\.[0-9]*\.[0-9]*+\([0-9a-f]\{12\}\)\(-dirty\.[0-9a-f]\{8\}\)\{0,1\}$/\1/p' "$WORK/version")
 if ! grep -q "^configure:" "$WORK/version"; then
     fail "--version: $(cat "$WORK/version")"
 elif [ -n "$built" ] && git -C "$TOP_SRCDIR" merge-base --is-ancestor "$built" HEAD 2>/dev/null; then
