@@ -12,7 +12,8 @@
 
 extern "C" {
 #include "alloc.h"
-#include "cpu/optim.h" /* adamw_constants, run_segment: host arithmetic shared with the CPU */
+#include "cpu/optim.h"   /* adamw_constants, run_segment: host arithmetic shared with the CPU */
+#include "cpu/precond.h" /* precond_matrix_extent, precond_matrix_dims: the same */
 #include "elementwise.h"
 #include "status.h"
 }
@@ -485,13 +486,6 @@ static int muon_matrix(CudaPrecond *p, CudaAdamW *opt, float *params, const floa
 
 /* --- the state ------------------------------------------------------------------------------------- */
 
-/* A matrix chunk of a tensor: rows x cols, the last two axes. */
-static void matrix_dims(const Tensor *t, size_t *rows, size_t *cols)
-{
-    *rows = t->local[t->ndim - 2];
-    *cols = t->local[t->ndim - 1];
-}
-
 /* The solver for `blocks` b x b blocks: cusolverDnXsyevBatched when it
  * takes blocks of this size (its workspace for the largest call, tried
  * once on the zeroed scratch), else cusolverDnXsyevd block by block. */
@@ -573,19 +567,8 @@ extern "C" int cuda_precond_create(CudaPrecond *p, const char *optimizer, const 
     p->stats_every = tc->precond_stats_every;
     p->eps = tc->precond_eps;
     p->beta2 = tc->precond_beta2;
-    size_t largest = 0, side = 0;
-    for (int i = 0; i < N_TENSORS; i++) {
-        const Tensor *t = &m->tensors[i];
-        if (!(t->flags & PARAM_MATRIX)) continue;
-        size_t r, c;
-        matrix_dims(t, &r, &c);
-        if (r * c > largest) largest = r * c;
-        if (r > side) side = r;
-        if (c > side) side = c;
-        if (p->shampoo && (r % (size_t)p->block || c % (size_t)p->block))
-            return isth_fail(ISTH_EINPUT, "[train] precond_block = %d does not divide %s's %zu x %zu matrices",
-                             p->block, t->name, r, c);
-    }
+    size_t largest, side;
+    CHECK(precond_matrix_extent(m, p->shampoo ? p->block : 0, &largest, &side));
     if (p->shampoo) p->blocks = largest / ((size_t)p->block * (size_t)p->block);
     const int rc = create(p, opt->runs.total, largest, side, stream);
     if (rc == ISTH_OK) return ISTH_OK;
@@ -619,7 +602,7 @@ extern "C" int cuda_precond_step(CudaPrecond *p, CudaAdamW *opt, const Model *mo
         const Tensor *t = &model->tensors[i];
         const AdamWStep k = adamw_constants(opt->t, lr, weight_decay, t->flags & PARAM_DECAY);
         size_t rows = 0, cols = 0;
-        if (t->flags & PARAM_MATRIX) matrix_dims(t, &rows, &cols);
+        if (t->flags & PARAM_MATRIX) precond_matrix_dims(t, &rows, &cols);
         for (int r = 0; r < opt->runs.n; r++) {
             size_t at, packed, n;
             if (!run_segment(&opt->runs, r, t, &at, &packed, &n)) continue;

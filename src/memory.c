@@ -33,15 +33,8 @@ static double precond_bytes(const Config *cfg, const Model *m, size_t owned)
 {
     const int shampoo = !strcmp(cfg->train.optimizer, "shampoo");
     if (!shampoo && strcmp(cfg->train.optimizer, "muon")) return 0.0;
-    size_t largest = 0, side = 0;
-    for (int i = 0; i < N_TENSORS; i++) {
-        const Tensor *t = &m->tensors[i];
-        if (!(t->flags & PARAM_MATRIX)) continue;
-        const size_t r = t->local[t->ndim - 2], c = t->local[t->ndim - 1];
-        if (r * c > largest) largest = r * c;
-        if (r > side) side = r;
-        if (c > side) side = c;
-    }
+    size_t largest, side;
+    precond_matrix_extent(m, 0, &largest, &side); /* no block check: cannot fail */
     const size_t b = (size_t)cfg->train.precond_block;
     if (!strcmp(cfg->train.backend, "cuda")) {
         size_t pieces[CUDA_PRECOND_PIECES];

@@ -14,11 +14,22 @@
 
 _Static_assert(sizeof(lapack_int) == sizeof(float), "ssyevd's integer workspace is carved from a float buffer");
 
-/* A matrix chunk of a tensor: rows x cols, the last two axes. */
-static void matrix_dims(const Tensor *t, size_t *rows, size_t *cols)
+int precond_matrix_extent(const Model *m, int block, size_t *largest, size_t *side)
 {
-    *rows = t->local[t->ndim - 2];
-    *cols = t->local[t->ndim - 1];
+    *largest = *side = 0;
+    for (int i = 0; i < N_TENSORS; i++) {
+        const Tensor *t = &m->tensors[i];
+        if (!(t->flags & PARAM_MATRIX)) continue;
+        size_t r, c;
+        precond_matrix_dims(t, &r, &c);
+        if (r * c > *largest) *largest = r * c;
+        if (r > *side) *side = r;
+        if (c > *side) *side = c;
+        if (block > 0 && (r % (size_t)block || c % (size_t)block))
+            return isth_fail(ISTH_EINPUT, "[train] precond_block = %d does not divide %s's %zu x %zu matrices", block,
+                             t->name, r, c);
+    }
+    return ISTH_OK;
 }
 
 int precond_create(Precond *p, const char *optimizer, const AdamW *opt, const Model *m, const TrainConfig *tc)
@@ -31,19 +42,8 @@ int precond_create(Precond *p, const char *optimizer, const AdamW *opt, const Mo
     p->eps = tc->precond_eps;
     p->beta2 = tc->precond_beta2;
     p->threads = omp_get_max_threads();
-    size_t largest = 0, side = 0;
-    for (int i = 0; i < N_TENSORS; i++) {
-        const Tensor *t = &m->tensors[i];
-        if (!(t->flags & PARAM_MATRIX)) continue;
-        size_t r, c;
-        matrix_dims(t, &r, &c);
-        if (r * c > largest) largest = r * c;
-        if (r > side) side = r;
-        if (c > side) side = c;
-        if (p->shampoo && (r % (size_t)p->block || c % (size_t)p->block))
-            return isth_fail(ISTH_EINPUT, "[train] precond_block = %d does not divide %s's %zu x %zu matrices",
-                             p->block, t->name, r, c);
-    }
+    size_t largest, side;
+    CHECK(precond_matrix_extent(m, p->shampoo ? p->block : 0, &largest, &side));
     const size_t n = opt->runs.total + 1, b = (size_t)p->block;
     const AllocCategory was = alloc_category(ALLOC_OPTIMIZER); /* memory.c predicts all of it there */
     p->dir = isth_malloc(sizeof(float) * (largest + 1));
@@ -324,7 +324,7 @@ void precond_step(Precond *p, AdamW *opt, Model *model, double lr, double weight
         const Tensor *t = &model->tensors[i];
         const AdamWStep k = adamw_constants(opt->t, lr, weight_decay, t->flags & PARAM_DECAY);
         size_t rows = 0, cols = 0;
-        if (t->flags & PARAM_MATRIX) matrix_dims(t, &rows, &cols);
+        if (t->flags & PARAM_MATRIX) precond_matrix_dims(t, &rows, &cols);
         for (int r = 0; r < opt->runs.n; r++) {
             size_t at, packed, n;
             if (!run_segment(&opt->runs, r, t, &at, &packed, &n)) continue;

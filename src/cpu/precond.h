@@ -54,6 +54,19 @@ typedef struct {
     long roots, root_failures, stat_resets, fallbacks;
 } Precond;
 
+/* A matrix chunk of a tensor: rows x cols, the last two axes. */
+static inline void precond_matrix_dims(const Tensor *t, size_t *rows, size_t *cols)
+{
+    *rows = t->local[t->ndim - 2];
+    *cols = t->local[t->ndim - 1];
+}
+
+/* The model's matrix chunks (PARAM_MATRIX), which both backends and the
+ * memory plan size their scratch by: the largest one's values and the
+ * longest side. block > 0 (shampoo): a block that does not divide every
+ * side is bad input (one line); 0: no check. */
+int precond_matrix_extent(const Model *m, int block, size_t *largest, size_t *side);
+
 /* The state of `optimizer` ("shampoo" or "muon") for the runs of opt
  * (zeroed), sized for the model's largest matrix. */
 int precond_create(Precond *p, const char *optimizer, const AdamW *opt, const Model *m, const TrainConfig *tc);
