@@ -219,50 +219,51 @@ for o in shampoo muon; do
 done
 
 # --- 3. resume across backends ----------------------------------------------
-if [ "$gpus" -gt 0 ]; then
-    # the GPU stops after step 15 as if signalled (checkpoint, exit 0)
-    R="--set train.steps=30 --set data.eval_bytes=4096 --set train.threads=$threads"
-    ISTHMUS_STOP_AT_STEP=15 timeout 60 "$isthmus" train "$small" $common $R --set train.backend=cuda \
-        --set train.out_dir="$work/resume" > "$out/resume_gpu.log" 2>&1 &&
-        timeout 120 "$isthmus" train "$small" $common $R --set train.backend=cpu --set train.out_dir="$work/resume" \
-            --resume auto > "$out/resume_cpu.log" 2>&1 &&
-        timeout 60 "$isthmus" train "$small" $common $R --set train.backend=cuda --set train.out_dir="$work/gpu30" \
-            > "$out/gpu30.log" 2>&1
-    if [ $? -eq 0 ] && grep -q '^resumed from .*: step 15,' "$out/resume_cpu.log"; then
-        fig=$(compare_losses "$work/gpu30" "$work/resume" 1e-4)
+# resume_on_cpu LABEL STOP REF TOL DIR ARGS...: the GPU trains with ARGS and
+# stops after step STOP as if signalled (checkpoint, exit 0); the CPU resumes
+# it in DIR: it must start at step STOP + 1 and its losses match the GPU-only
+# run REF within TOL
+resume_on_cpu() {
+    local label=$1 stop=$2 ref=$3 tol=$4 dir=$5 fig st first
+    shift 5
+    ISTHMUS_STOP_AT_STEP=$stop timeout 60 "$isthmus" train "$small" $common "$@" --set train.backend=cuda \
+        --set train.out_dir="$dir" > "$dir.gpu.log" 2>&1 &&
+        timeout 120 "$isthmus" train "$small" $common "$@" --set train.backend=cpu --set train.out_dir="$dir" \
+            --resume auto > "$dir.cpu.log" 2>&1
+    if [ $? -eq 0 ] && grep -q "^resumed from .*: step $stop," "$dir.cpu.log"; then
+        fig=$(compare_losses "$ref" "$dir" "$tol")
         st=$?
-        first=$(grep '^{"step"' "$work/resume/metrics.jsonl" | sed -n '16p' | sed 's/^{"step":\([0-9]*\),.*/\1/')
-        [ "$first" = 16 ] || st=1
-        row "GPU checkpoint resumed on the CPU (tol 1e-4)" "$([ $st -eq 0 ] && echo PASS || echo FAIL)" \
-            "resumed at step 15; steps 16-30 vs GPU-only: $fig"
+        first=$(grep '^{"step"' "$dir/metrics.jsonl" | sed -n "$((stop + 1))p" | sed 's/^{"step":\([0-9]*\),.*/\1/')
+        [ "$first" = $((stop + 1)) ] || st=1
+        row "$label ($tol)" "$([ $st -eq 0 ] && echo PASS || echo FAIL)" \
+            "resumed at step $stop; the steps after it vs the GPU-only run: $fig"
     else
-        row "GPU checkpoint resumed on the CPU" FAIL "see resume_*.log, gpu30.log"
+        row "$label" FAIL "see $dir.gpu.log, $dir.cpu.log"
+    fi
+    cp "$dir.gpu.log" "$dir.cpu.log" "$out/" 2> /dev/null
+}
+if [ "$gpus" -gt 0 ]; then
+    R="--set train.steps=30 --set data.eval_bytes=4096 --set train.threads=$threads"
+    # shellcheck disable=SC2086
+    if timeout 60 "$isthmus" train "$small" $common $R --set train.backend=cuda --set train.out_dir="$work/gpu30" \
+        > "$out/gpu30.log" 2>&1; then
+        # shellcheck disable=SC2086
+        resume_on_cpu "GPU checkpoint resumed on the CPU" 15 "$work/gpu30" 1e-4 "$work/resume" $R
+    else
+        row "GPU checkpoint resumed on the CPU" FAIL "the GPU-only run: $(tail -1 "$out/gpu30.log")"
     fi
 else
     row "GPU checkpoint resumed on the CPU" SKIP "no GPU"
 fi
 # with Shampoo: stopped after update 7, the checkpoint holds the statistics
 # and the roots of update 6, which the CPU uses at 8 before its own at 9;
-# against the GPU's straight run of step 2 (the same settings)
+# against the GPU's 12-step Shampoo run above (the same settings)
 if [ "$gpus" -gt 0 ] && [ -f "$work/gpu_shampoo/model.h5" ]; then
-    SH="$PRE --set train.optimizer=shampoo --set train.precision=fp32"
     # shellcheck disable=SC2086
-    ISTHMUS_STOP_AT_STEP=7 timeout 60 "$isthmus" train "$small" $common $SH --set train.backend=cuda \
-        --set train.out_dir="$work/resume_sh" > "$out/resume_sh_gpu.log" 2>&1 &&
-        timeout 120 "$isthmus" train "$small" $common $SH --set train.backend=cpu --set train.out_dir="$work/resume_sh" \
-            --resume auto > "$out/resume_sh_cpu.log" 2>&1
-    if [ $? -eq 0 ] && grep -q '^resumed from .*: step 7,' "$out/resume_sh_cpu.log"; then
-        fig=$(compare_losses "$work/gpu_shampoo" "$work/resume_sh" 1e-3)
-        st=$?
-        first=$(grep '^{"step"' "$work/resume_sh/metrics.jsonl" | sed -n '8p' | sed 's/^{"step":\([0-9]*\),.*/\1/')
-        [ "$first" = 8 ] || st=1
-        row "GPU Shampoo checkpoint resumed on the CPU (1e-3)" "$([ $st -eq 0 ] && echo PASS || echo FAIL)" \
-            "resumed at step 7 with the GPU's roots; steps 8-12 vs GPU-only: $fig"
-    else
-        row "GPU Shampoo checkpoint resumed on the CPU" FAIL "see resume_sh_*.log"
-    fi
+    resume_on_cpu "GPU Shampoo checkpoint resumed on the CPU" 7 "$work/gpu_shampoo" 1e-3 "$work/resume_sh" \
+        $PRE --set train.optimizer=shampoo --set train.precision=fp32
 elif [ "$gpus" -gt 0 ]; then
-    row "GPU Shampoo checkpoint resumed on the CPU" FAIL "no GPU Shampoo run from step 2 to compare with"
+    row "GPU Shampoo checkpoint resumed on the CPU" FAIL "no GPU Shampoo run to compare with"
 else
     row "GPU Shampoo checkpoint resumed on the CPU" SKIP "no GPU"
 fi
