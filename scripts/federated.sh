@@ -13,8 +13,9 @@
 #
 # `site` checks that the server answers before it starts mpirun (Open MPI's
 # mpirun would wait for it forever) and says so in one line, exit 2. A site
-# the live run dropped (isthmus exits 3) is started again, with --resume
-# auto, and rejoins; ISTHMUS_REJOINS (default 3) bounds how often.
+# the live run dropped, or whose join broke inside Open MPI (isthmus exits
+# 3), is started again, with --resume auto, and (re)joins; ISTHMUS_REJOINS
+# (default 3) bounds how often; ISTHMUS_START numbers the starts (1, 2, ...).
 # Environment: ISTHMUS (the executable; default: the one in the tree),
 # MPIRUN_ARGS (extra mpirun options, e.g. --oversubscribe), ISTHMUS_PORTS.
 #
@@ -96,13 +97,14 @@ cmd_site() {
     [ -s "$uri" ] || die "ompi-server URI file $uri is missing or empty: start the server first (federated.sh server DIR)"
     reachable "$uri" || die "ompi-server at $(cut -d';' -f2 "$uri") (from $uri) does not answer: is it running?"
     # exit 3: the live run dropped this site (it stalled past the other
-    # site's deadline); started again, it rejoins (ISTHMUS_REJOINS times)
+    # site's deadline) or its join broke inside Open MPI; started again, it
+    # (re)joins (ISTHMUS_REJOINS times)
     local tries=0 rc child extra=() pinned=()
     [ -n "$port_server" ] && pinned=(--mca oob_tcp_dynamic_ipv4_ports "$port_oob" --mca btl_tcp_port_min_v4 "$port_btl_min"
         --mca btl_tcp_port_range_v4 "$port_btl_count")
     while :; do
         # shellcheck disable=SC2086
-        mpirun ${MPIRUN_ARGS:-} "${pinned[@]}" -np "$np" --ompi-server "file:$uri" "$isthmus" train "$config" \
+        ISTHMUS_START=$((tries + 1)) mpirun ${MPIRUN_ARGS:-} "${pinned[@]}" -np "$np" --ompi-server "file:$uri" "$isthmus" train "$config" \
             --site "$site" "$@" ${port_wire:+--set "outer.ports=$port_wire"} "${extra[@]}" &
         child=$!
         # a signal to this script (timeout, scancel) goes on to mpirun; USR1
@@ -119,7 +121,7 @@ cmd_site() {
         trap - TERM INT HUP USR1
         [ $rc -eq 3 ] && [ $tries -lt "${ISTHMUS_REJOINS:-3}" ] || return $rc
         tries=$((tries + 1))
-        echo "federated.sh: site $site was dropped from the live run (exit 3); starting it again to rejoin ($tries of ${ISTHMUS_REJOINS:-3})" >&2
+        echo "federated.sh: site $site was dropped from the run or its join broke (exit 3); starting it again to (re)join ($tries of ${ISTHMUS_REJOINS:-3})" >&2
         case " $* " in *" --resume "*) ;; *) extra=(--resume auto) ;; esac
     done
 }

@@ -88,6 +88,7 @@ static int dog_armed, dog_started;
 static struct timespec dog_deadline;
 static char dog_what[256], dog_hint[160];
 static double dog_seconds;
+static int dog_rc;
 
 static void *watchdog(void *arg)
 {
@@ -97,16 +98,25 @@ static void *watchdog(void *arg)
         while (!dog_armed) pthread_cond_wait(&dog_cond, &dog_lock);
         const int rc = pthread_cond_timedwait(&dog_cond, &dog_lock, &dog_deadline);
         if (rc == ETIMEDOUT && dog_armed) {
-            isth_fail(ISTH_ERUNTIME, "%s did not finish within %g s (%s); ending the job", dog_what, dog_seconds,
-                      dog_hint);
+            if (dog_rc == ISTH_EDROPPED)
+                isth_fail(dog_rc, "%s did not finish within %g s (%s); exit 3: start this site again "
+                          "(--resume auto; scripts/federated.sh does) and it joins", dog_what, dog_seconds, dog_hint);
+            else
+                isth_fail(dog_rc, "%s did not finish within %g s (%s); ending the job", dog_what, dog_seconds,
+                          dog_hint);
             fflush(stdout);
-            _exit(ISTH_ERUNTIME); /* mpirun ends the other ranks */
+            _exit(dog_rc); /* mpirun ends the other ranks */
         }
     }
     return NULL;
 }
 
 void fault_watchdog_arm(double seconds, const char *what, const char *hint)
+{
+    fault_watchdog_arm_exit(seconds, what, hint, ISTH_ERUNTIME);
+}
+
+void fault_watchdog_arm_exit(double seconds, const char *what, const char *hint, int rc)
 {
     pthread_mutex_lock(&dog_lock);
     if (!dog_started) {
@@ -128,6 +138,7 @@ void fault_watchdog_arm(double seconds, const char *what, const char *hint)
     snprintf(dog_what, sizeof dog_what, "%s", what);
     snprintf(dog_hint, sizeof dog_hint, "%s", hint);
     dog_seconds = seconds;
+    dog_rc = rc;
     dog_armed = dog_started;
     pthread_cond_broadcast(&dog_cond);
     pthread_mutex_unlock(&dog_lock);

@@ -17,6 +17,10 @@
  *   ISTHMUS_STOP_AT_STEP=N        every rank behaves as if signalled after N
  *   ISTHMUS_CKPT_STALL=SITE:S     a checkpoint write of SITE sleeps S seconds
  *                                 (to test the watchdog)
+ *   ISTHMUS_BREAK_JOIN=SITE:N     (federation.c) the leader of SITE fails the
+ *                                 merge of the sites' world, as Open MPI did
+ *                                 under load, in its first N starts
+ *                                 (ISTHMUS_START, which federated.sh sets)
  *   ISTHMUS_NO_SPACE_CHECK=1      (h5io.c) skip the free-space check, so a
  *                                 write runs out of space part-way
  * Must not: decide what a failure means for training (callers do), or exit
@@ -50,12 +54,15 @@ int fault_alloc_fails(void);
  * pass before the disarm, a watchdog thread prints one line naming `what`
  * and the likely cause (`hint`) and ends the process with exit 1; mpirun
  * then ends the rest of the job. One armed at a time; arming again moves
- * the deadline. */
+ * the deadline. fault_watchdog_arm_exit ends it with `rc` instead: 3
+ * (ISTH_EDROPPED) where starting the site again is the remedy, as for a
+ * federated join that broke inside Open MPI. */
 #define FAULT_HINT_IO "a rank stuck in parallel I/O?"
 #define FAULT_HINT_NET                                                                                           \
     "no traffic between the sites' ranks? Open MPI's and the wire's ports must be open between the sites: "      \
     "jobs/README.md, Cross-site networking"
 void fault_watchdog_arm(double seconds, const char *what, const char *hint);
+void fault_watchdog_arm_exit(double seconds, const char *what, const char *hint, int rc);
 void fault_watchdog_disarm(void);
 
 /* End the job for status `rc`: in a multi-rank job any failure aborts every

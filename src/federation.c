@@ -393,6 +393,24 @@ double federation_setup_s(const Config *cfg)
     return cfg->outer.join_timeout > 0 ? cfg->outer.join_timeout + 60.0 : FEDERATION_SETUP_S;
 }
 
+double federation_build_s(const Config *cfg)
+{
+    /* the other site, started again at once, probes for a live run first
+     * (FEDERATION_PROBE_S), then hosts: this site, started again after the
+     * bound, must still find it waiting */
+    const double fit = cfg->outer.join_timeout > 0 ? (cfg->outer.join_timeout - FEDERATION_PROBE_S) / 2.0 : 60.0;
+    return fit < 5.0 ? 5.0 : fit > 60.0 ? 60.0 : fit;
+}
+
+/* ISTHMUS_BREAK_JOIN=SITE:N (fault.h): this site's leader fails the
+ * world's merge in its first N starts (ISTHMUS_START, 1 if unset). */
+static int join_breaks(const char *site)
+{
+    const long starts = fault_hook_for("ISTHMUS_BREAK_JOIN", site);
+    const char *start = getenv("ISTHMUS_START");
+    return starts > 0 && (start ? atol(start) : 1) <= starts;
+}
+
 /* The sites that have not joined the host yet, comma-separated. */
 static void missing_sites(const Federation *f, const Config *cfg, char *out, size_t size)
 {
@@ -728,6 +746,8 @@ static int joiner_connect(Federation *f, const Config *cfg, int host, const char
 
 /* --- the world ----------------------------------------------------------------- */
 
+static int break_join; /* join_breaks() for this site, read at the join */
+
 /* One merge: the ranks of `local` and those at the other end of the
  * leaders' link become one communicator, the `high` side's ranks after.
  * Only the local leader (rank 0 of local) holds the link; the others pass
@@ -735,6 +755,9 @@ static int joiner_connect(Federation *f, const Config *cfg, int host, const char
 static int merge_over_link(MPI_Comm local, MPI_Comm link, int high, MPI_Comm *merged)
 {
     MPI_Comm peer = MPI_COMM_NULL, inter; /* the two leaders, the low side first */
+    if (link != MPI_COMM_NULL && break_join)
+        return isth_fail(ISTH_ERUNTIME, "%s:%d: MPI_Intercomm_merge(link, high, &peer) failed: broken on purpose "
+                         "(ISTHMUS_BREAK_JOIN)", __FILE__, __LINE__);
     if (link != MPI_COMM_NULL) CHECK_MPI(MPI_Intercomm_merge(link, high, &peer));
     CHECK_MPI(MPI_Intercomm_create(local, 0, peer, high ? 0 : 1, TAG_BUILD, &inter));
     CHECK_MPI(MPI_Intercomm_merge(inter, high, merged));
@@ -858,7 +881,8 @@ int federation_join(Federation *f, const Config *cfg, const char *site_name, con
         fault_watchdog_disarm();
         return ISTH_OK;
     }
-    fault_watchdog_arm(federation_setup_s(cfg), "joining the federated run", FAULT_HINT_NET);
+    fault_watchdog_arm_exit(federation_build_s(cfg), "building the sites' world (the join)", FAULT_HINT_NET,
+                            ISTH_EDROPPED);
     /* the link keys to the site's ranks (inside the site: its own mpirun) */
     if (outcome[0] == ISTH_OK && MPI_Bcast(f->link_master, SEAL_KEY_BYTES, MPI_BYTE, 0, MPI_COMM_WORLD) != MPI_SUCCESS)
         outcome[0] = ISTH_ERUNTIME;
@@ -867,7 +891,13 @@ int federation_join(Federation *f, const Config *cfg, const char *site_name, con
     f->host_site = (int)outcome[2];
     f->hosting = (int)outcome[3];
     /* a rejoin (two sites; either may host) or the run forming (site 0 hosts) */
-    if (site_rc == ISTH_OK) site_rc = f->rejoin_step >= 0 ? build_pair_world(f, 1 - f->site) : build_world(f, cfg);
+    if (site_rc == ISTH_OK) {
+        break_join = join_breaks(site_name);
+        site_rc = f->rejoin_step >= 0 ? build_pair_world(f, 1 - f->site) : build_world(f, cfg);
+        if (site_rc != ISTH_OK)
+            site_rc = rc = isth_fail(ISTH_EDROPPED, "federation: the join broke inside Open MPI (the line above); exit 3: "
+                                     "start this site again (--resume auto; scripts/federated.sh does) and it joins");
+    }
     fault_watchdog_disarm();
     if (site_rc != ISTH_OK) return me == 0 ? rc != ISTH_OK ? rc : site_rc : site_rc;
     int size;
@@ -926,7 +956,10 @@ int federation_rejoin(Federation *f, const Config *cfg, int site, long step, int
     *old_world = MPI_COMM_NULL;
     if (cfg->n_sites != 2 || site != 1 - f->site || !f->hosting)
         return isth_fail(ISTH_EINPUT, "federation: a live rejoin needs a two-site run and its live site hosting");
-    fault_watchdog_arm(federation_setup_s(cfg), "taking a site back into the run", FAULT_HINT_NET);
+    /* a hang here ends this site with exit 3: started again, it resumes
+     * from the checkpoint take_back wrote for this step */
+    fault_watchdog_arm_exit(federation_setup_s(cfg), "taking a site back into the run", FAULT_HINT_NET,
+                            ISTH_EDROPPED);
     int in = 0;
     if (me == 0) {
         char path[CONFIG_PATH_MAX + 16], run_id[64];
@@ -948,12 +981,16 @@ int federation_rejoin(Federation *f, const Config *cfg, int site, long step, int
         rc = ISTH_ERUNTIME; /* inside the site: the new keys to every rank */
     if (rc == ISTH_OK && in) {
         MPI_Comm was = f->world;
+        break_join = 0;
         rc = build_pair_world(f, site); /* sets f->world */
         if (rc == ISTH_OK) {
             *old_world = was;
             *joined = 1;
-        } else {
+        } else { /* the site's ranks may be split between the merges: no training on from here */
             f->world = was;
+            rc = isth_fail(ISTH_EDROPPED, "federation: taking site %s back broke inside Open MPI (the line above); "
+                           "exit 3: start this site again (--resume auto; scripts/federated.sh does): it resumes "
+                           "from the checkpoint of step %ld", cfg->sites[site].name, step);
         }
     }
     fault_watchdog_disarm();

@@ -27,7 +27,9 @@
  * over the leaders' link brings each site's ranks in, site by site in
  * config order, and the merges make the world.
  * The whole join runs under the fault watchdog (outer.join_timeout + 60 s):
- * a peer that stops answering part-way ends the process with one line.
+ * a peer that stops answering part-way ends the process with one line. The
+ * merges, and the trainer's set-up over the new world, end it with exit 3
+ * instead (federation_build_s): both sites start again and join again.
  * With outer.join_timeout = 0 (two sites only) the leader waits without a
  * limit, naming whom every minute, its every poll re-arming the watchdog,
  * until the other site comes or the caller's stop flag (a signal) is
@@ -99,6 +101,17 @@ typedef struct {
 /* the bound on the federated set-up's collectives across sites (joining,
  * the trainer's communicators, a rejoin) */
 double federation_setup_s(const Config *cfg);
+/* The merges that make the world once the leaders have verified each
+ * other take seconds. An MPI error in them, or this bound passed, means
+ * the join broke inside Open MPI (seen under load: the out-of-band TCP
+ * connection between the two mpiruns failed, one side's merge returned an
+ * error and the other's never returned): the site exits 3 and, started
+ * again (scripts/federated.sh does), joins again. The bound, half of
+ * outer.join_timeout less FEDERATION_PROBE_S (5 to 60 s), is short enough
+ * that a site started again at once (it probes for a live run, then hosts
+ * or knocks) still waits when the other, which sat out the bound, comes
+ * back. */
+double federation_build_s(const Config *cfg);
 
 /* The joint launch: world = MPI_COMM_WORLD. */
 void federation_joint(Federation *f);

@@ -322,8 +322,11 @@ static int trainer_start(Trainer *tr, const Config *cfg, MPI_Comm world, const u
                          int federated, int banner)
 {
     /* world-wide collectives (communicator splits): a site that fails in
-     * them must not leave the others waiting without a deadline */
-    if (federated) fault_watchdog_arm(federation_setup_s(cfg), "setting up the federated run", FAULT_HINT_NET);
+     * them must not leave the others waiting without a deadline; past it,
+     * exit 3 (as a broken join: federation.h) starts the site again */
+    if (federated)
+        fault_watchdog_arm_exit(federation_setup_s(cfg), "setting up the federated run", FAULT_HINT_NET,
+                                ISTH_EDROPPED);
     int rc = trainer_create(tr, cfg, 1, world, link_master);
     if (federated) fault_watchdog_disarm();
     if (rc == ISTH_OK && tr->log && banner) {

@@ -16,7 +16,7 @@ enum {
     ISTH_OK = 0,
     ISTH_ERUNTIME = 1, /* I/O failure, MPI failure, out of memory */
     ISTH_EINPUT = 2,   /* bad config, bad data file, bad checkpoint: exit 2 */
-    ISTH_EDROPPED = 3, /* this site was dropped from a live federated run: start it again to rejoin */
+    ISTH_EDROPPED = 3, /* dropped from a live federated run, or its join broke in Open MPI: start the site again */
 };
 
 /* Which messages reach stderr: by default every rank prints its errors;

@@ -69,6 +69,31 @@ mode=$(stat -c %a "$WORK/fed/run.key" 2>/dev/null)
 [ "$mode" = 600 ] && pass "the host created the run's key with mode 0600" || fail "run.key mode '$mode'"
 [ -s "$WORK/fed/site-b/metrics.jsonl" ] && pass "site b's log goes to out_dir/site-b" || fail "no site-b metrics"
 
+# 1b. the join breaks inside Open MPI (site a's merge fails, as under load;
+# b's never returns): both sites exit 3, federated.sh starts them again
+# (ISTHMUS_START counts the starts: the hook breaks only the first), the
+# run forms and ends bit-identical to the joint launch. join_timeout 30:
+# b gives the merge 10 s (federation_build_s), a probes 10 s for a live run
+# once started again, then waits 30 s as the host
+ISTHMUS_BREAK_JOIN=a:1 site a 1 "$WORK/brk" --set outer.run_id=t1b --set outer.join_timeout=30 > "$WORK/brk_a.log" 2>&1 &
+a=$!
+site b 1 "$WORK/brk" --set outer.run_id=t1b --set outer.join_timeout=30 > "$WORK/brk_b.log" 2>&1 &
+b=$!
+wait $a
+ra=$?
+wait $b
+rb=$?
+if [ $ra -eq 0 ] && [ $rb -eq 0 ] &&
+    grep -q "the join broke inside Open MPI (the line above); exit 3" "$WORK/brk_a.log" &&
+    grep -q "site a was dropped from the run or its join broke (exit 3); starting it again" "$WORK/brk_a.log" &&
+    grep -Eq "building the sites' world \(the join\) did not finish within 10 s|the join broke inside Open MPI" "$WORK/brk_b.log" &&
+    grep -q "site b was dropped from the run or its join broke (exit 3); starting it again" "$WORK/brk_b.log" &&
+    h5diff "$WORK/joint/model.h5" "$WORK/brk/model.h5" /model /model > /dev/null 2>&1; then
+    pass "a join that breaks inside Open MPI: both sites exit 3, start again, and the run forms (= joint, bit for bit)"
+else
+    fail "broken join: exits $ra/$rb; $(grep -h -e error -e federated.sh "$WORK"/brk_?.log | head -4)"
+fi
+
 # 2. refused joiners: wrong key, different [model]; the host waits on
 mkdir -p "$WORK/other"
 printf '%064d\n' 7 > "$WORK/other/run.key"
@@ -287,7 +312,7 @@ fi
 # leave it ~20 s
 lose stopped STOP 8 "" --set train.steps=3000
 if [ $RA -eq 0 ] && [ $RB -eq 0 ] && grep -q "site b was dropped from the run by site a" "$WORK/stopped_b.log" &&
-    grep -q "starting it again to rejoin" "$WORK/stopped_b.log" && grep -q '^rejoined the live run at step' "$WORK/stopped_b.log" &&
+    grep -q "starting it again to (re)join" "$WORK/stopped_b.log" && grep -q '^rejoined the live run at step' "$WORK/stopped_b.log" &&
     grep -q '^site b lost at step' "$WORK/stopped_a.log" && same_model "$WORK/stopped"; then
     pass "site b stalled past the deadline: a trains on; b wakes, learns it was dropped (exit 3), is started again and rejoins"
 else
