@@ -8,6 +8,9 @@
  * (transformer.cu pairs each size with its buffer, in this order).
  * The attention keeps one log-sum-exp per row (att_lse), never the T x T
  * probabilities: backward computes them again, whatever train.recompute is.
+ * `kept` layers keep their activations: all of them, or one slot that
+ * every layer shares with train.recompute = layer (only the residual
+ * stream x keeps every layer's).
  */
 #ifndef ISTHMUS_CUDA_ACTS_PLAN_H
 #define ISTHMUS_CUDA_ACTS_PLAN_H
@@ -16,19 +19,22 @@
 
 #define CUDA_ACTS_PIECES 34
 
+/* Layers whose activations are kept (recompute_layer: train.recompute = layer). */
+static inline int cuda_acts_kept_layers(int layers, int recompute_layer) { return recompute_layer ? 1 : layers; }
+
 /* bytes[i] of each piece for up to B sequences of T tokens; returns the
  * block's total (each piece 256-byte aligned). */
-static inline size_t cuda_acts_pieces(size_t bytes[CUDA_ACTS_PIECES], int layers, int dim, int heads, int experts,
-                                      int top_k, int vocab, int B, int T)
+static inline size_t cuda_acts_pieces(size_t bytes[CUDA_ACTS_PIECES], int layers, int kept, int dim, int heads,
+                                      int experts, int top_k, int vocab, int B, int T)
 {
-    const size_t L = (size_t)layers, D = (size_t)dim, H = (size_t)heads, E = (size_t)experts, K = (size_t)top_k,
-                 V = (size_t)vocab, N = (size_t)B * (size_t)T, f = sizeof(float);
+    const size_t L = (size_t)layers, Lk = (size_t)kept, D = (size_t)dim, H = (size_t)heads, E = (size_t)experts,
+                 K = (size_t)top_k, V = (size_t)vocab, N = (size_t)B * (size_t)T, f = sizeof(float);
     const size_t Dh2 = D / H / 2, VE = V > E ? V : E;
     const size_t p[CUDA_ACTS_PIECES] = {
-        (L + 1) * N * D * f /* x */, L * N * D * f /* xn1 */, L * N * f /* rstd1 */,
-        L * N * D * f /* q */, L * N * D * f /* k */, L * N * D * f /* v */,
-        L * N * D * f /* ao */, L * (size_t)B * H * (size_t)T * f /* att_lse */,
-        L * N * D * f /* h */, L * N * D * f /* xn2 */, L * N * f /* rstd2 */,
+        (L + 1) * N * D * f /* x */, Lk * N * D * f /* xn1 */, Lk * N * f /* rstd1 */,
+        Lk * N * D * f /* q */, Lk * N * D * f /* k */, Lk * N * D * f /* v */,
+        Lk * N * D * f /* ao */, Lk * (size_t)B * H * (size_t)T * f /* att_lse */,
+        Lk * N * D * f /* h */, Lk * N * D * f /* xn2 */, Lk * N * f /* rstd2 */,
         N * D * f /* xf */, N * f /* rstdf */, N * V * f /* probs */,
         N * f /* losses */, (size_t)T * Dh2 * f /* rope_cos */, (size_t)T * Dh2 * f /* rope_sin */,
         N * D * f /* dx */, N * D * f /* dh */, N * D * f /* dxn */,
@@ -54,13 +60,13 @@ static inline double cuda_route_bytes(int experts, int top_k, int dim, int B, in
     return N * E * 4 + N * 4 + 2 * N * K * 4 + E * 8 + N * K * D * 4;
 }
 
-/* The device block and every layer's routing buffers. */
-static inline double cuda_acts_plan_bytes(int layers, int dim, int heads, int experts, int top_k, int vocab, int B,
-                                          int T)
+/* The device block and every kept layer's routing buffers. */
+static inline double cuda_acts_plan_bytes(int layers, int kept, int dim, int heads, int experts, int top_k, int vocab,
+                                          int B, int T)
 {
     size_t bytes[CUDA_ACTS_PIECES];
-    return (double)cuda_acts_pieces(bytes, layers, dim, heads, experts, top_k, vocab, B, T) +
-           layers * cuda_route_bytes(experts, top_k, dim, B, T);
+    return (double)cuda_acts_pieces(bytes, layers, kept, dim, heads, experts, top_k, vocab, B, T) +
+           kept * cuda_route_bytes(experts, top_k, dim, B, T);
 }
 
 #endif

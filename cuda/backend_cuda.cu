@@ -444,7 +444,8 @@ static int create(CudaBackend *c, const Config *cfg, int B, int expert_begin, in
         return rc != ISTH_OK ? rc : isth_fail(ISTH_ERUNTIME, "cuda: another rank of this learner has no usable GPU");
     CHECK(cuda_coll_init(&c->coll, ep));
     CHECK(create_state(c, cfg, expert_begin, experts_local));
-    return cuda_acts_create(&c->acts, &cfg->model, B, cfg->model.context, &c->coll, &c->blas);
+    return cuda_acts_create(&c->acts, &cfg->model, B, cfg->model.context, &c->coll, &c->blas,
+                            config_recompute(&cfg->train));
 }
 
 extern "C" int cuda_backend_create(Backend **out, const Config *cfg, int B, int expert_begin, int experts_local,

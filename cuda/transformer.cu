@@ -13,9 +13,11 @@ extern "C" {
 #include "status.h"
 }
 
-static void dims(CudaActivations *a, const ModelConfig *c, int B, int T, int G)
+static void dims(CudaActivations *a, const ModelConfig *c, int B, int T, int G, Recompute recompute)
 {
     memset(a, 0, sizeof *a);
+    a->recompute = recompute;
+    a->Lk = cuda_acts_kept_layers(c->layers, recompute == RECOMPUTE_LAYER);
     a->B = B;
     a->T = T;
     a->L = c->layers;
@@ -28,6 +30,9 @@ static void dims(CudaActivations *a, const ModelConfig *c, int B, int T, int G)
     a->G = G;
     a->El = c->experts / G;
 }
+
+/* Where layer l's kept activations live (transformer.c's slot). */
+static int slot(const CudaActivations *a, int l) { return a->recompute == RECOMPUTE_LAYER ? 0 : l; }
 
 /* The device block's buffers, in acts_plan.h's order. */
 static size_t plan(CudaActivations *a, void **where[CUDA_ACTS_PIECES], size_t bytes[CUDA_ACTS_PIECES])
@@ -42,13 +47,14 @@ static size_t plan(CudaActivations *a, void **where[CUDA_ACTS_PIECES], size_t by
         (void **)&a->tokens, (void **)&a->targets, (void **)&a->send_token, (void **)&a->block,
     };
     for (int i = 0; i < CUDA_ACTS_PIECES; i++) where[i] = p[i];
-    return cuda_acts_pieces(bytes, a->L, a->D, a->H, a->E, a->K, a->V, a->B, a->T);
+    return cuda_acts_pieces(bytes, a->L, a->Lk, a->D, a->H, a->E, a->K, a->V, a->B, a->T);
 }
 
-extern "C" double cuda_acts_bytes(const ModelConfig *c, int B, int T, int G)
+extern "C" double cuda_acts_bytes(const ModelConfig *c, int B, int T, int G, Recompute recompute)
 {
     (void)G; /* the block does not depend on the learner's size (expert rows are counted apart) */
-    return cuda_acts_plan_bytes(c->layers, c->dim, c->heads, c->experts, c->top_k, c->vocab, B, T);
+    return cuda_acts_plan_bytes(c->layers, cuda_acts_kept_layers(c->layers, recompute == RECOMPUTE_LAYER), c->dim,
+                                c->heads, c->experts, c->top_k, c->vocab, B, T);
 }
 
 static int create(CudaActivations *a, const ModelConfig *c, int B, int T)
@@ -64,16 +70,16 @@ static int create(CudaActivations *a, const ModelConfig *c, int B, int T)
         off += (bytes[i] + 255) & ~(size_t)255;
     }
     a->block = (float *)block;
-    const size_t L = (size_t)a->L, N = (size_t)B * T, E = (size_t)a->E, K = (size_t)a->K, D = (size_t)a->D,
+    const size_t Lk = (size_t)a->Lk, N = (size_t)B * T, E = (size_t)a->E, K = (size_t)a->K, D = (size_t)a->D,
                  G = (size_t)a->G;
-    a->route = (CudaRouting *)isth_calloc(L, sizeof(CudaRouting));
+    a->route = (CudaRouting *)isth_calloc(Lk, sizeof(CudaRouting));
     a->h_send_expert = (int *)isth_malloc(N * K * sizeof(int));
     a->h_send_token = (int *)isth_malloc(N * K * sizeof(int));
     a->h_counts = (int *)isth_malloc(E * sizeof(int));
     a->h_losses = (float *)isth_malloc(N * sizeof(float));
     if (!a->route || !a->h_send_expert || !a->h_send_token || !a->h_counts || !a->h_losses)
         return isth_fail(ISTH_ERUNTIME, "out of host memory for the CUDA activations");
-    for (size_t l = 0; l < L; l++) {
+    for (size_t l = 0; l < Lk; l++) {
         CudaRouting *r = &a->route[l];
         CHECK_CUDA(cudaMalloc((void **)&r->d_probs, N * E * sizeof(float)));
         CHECK_CUDA(cudaMalloc((void **)&r->d_lse, N * sizeof(float)));
@@ -113,9 +119,9 @@ static int create(CudaActivations *a, const ModelConfig *c, int B, int T)
 }
 
 extern "C" int cuda_acts_create(CudaActivations *a, const ModelConfig *c, int B, int T, CudaColl *ep,
-                                const CudaBlas *blas)
+                                const CudaBlas *blas, Recompute recompute)
 {
-    dims(a, c, B, T, ep->mpi->size);
+    dims(a, c, B, T, ep->mpi->size, recompute);
     a->ep = ep;
     a->blas = blas;
     const int Dh = c->dim / c->heads;
@@ -130,7 +136,7 @@ extern "C" int cuda_acts_create(CudaActivations *a, const ModelConfig *c, int B,
 extern "C" void cuda_acts_destroy(CudaActivations *a)
 {
     if (a->route)
-        for (int l = 0; l < a->L; l++) {
+        for (int l = 0; l < a->Lk; l++) {
             CudaRouting *r = &a->route[l];
             void *dev[] = {r->d_probs, r->d_lse, r->d_choice, r->d_copy_slot, r->d_frac, r->d_y_back,
                            r->d_recv_row, r->d_row_src, r->d_xrows, r->d_arows, r->d_urows, r->d_hrows};
@@ -229,9 +235,9 @@ static int moe_forward(float *out, const Model *m, CudaActivations *a, int l, si
     const int D = a->D, E = a->E, K = a->K, F = a->F, G = a->G, El = a->El;
     const CudaBlas *blas = a->blas;
     const cudaStream_t s = blas->stream;
-    CudaRouting *r = &a->route[l];
+    CudaRouting *r = &a->route[slot(a, l)];
     Coll *mpi = a->ep->mpi;
-    const float *xn = SLICE(a->xn2, l, (size_t)a->B * a->T * D);
+    const float *xn = SLICE(a->xn2, slot(a, l), (size_t)a->B * a->T * D);
     const size_t copies = N * (size_t)K;
 
     CHECK(cuda_matmul_forward(a->router_logits, xn, model_param(m, T_ROUTER, l), N, D, E, blas));
@@ -294,15 +300,42 @@ static int moe_forward(float *out, const Model *m, CudaActivations *a, int l, si
     return cuda_moe_combine_forward(out, r, N, E, K, D, s);
 }
 
+/* Layer l of the forward pass (transformer.c's layer_forward): its
+ * activations from x_l into its slot; x_{l+1} when `next`. */
+static int layer_forward(const Model *m, CudaActivations *a, int l, int training, ForwardStats *st, int next)
+{
+    const int D = a->D, H = a->H, B = a->B_cur, T = a->T_cur;
+    const size_t N = a->N, ND = (size_t)a->B * a->T * D, NmaxT = (size_t)a->B * a->T;
+    const size_t lse_stride = (size_t)a->B * H * a->T;
+    const CudaBlas *blas = a->blas;
+    const cudaStream_t s = blas->stream;
+    const int sl = slot(a, l);
+    float *x = SLICE(a->x, l, ND), *xn1 = SLICE(a->xn1, sl, ND), *q = SLICE(a->q, sl, ND), *k = SLICE(a->k, sl, ND),
+          *v = SLICE(a->v, sl, ND), *ao = SLICE(a->ao, sl, ND), *h = SLICE(a->h, sl, ND),
+          *xn2 = SLICE(a->xn2, sl, ND), *lse = SLICE(a->att_lse, sl, lse_stride);
+    CHECK(cuda_rmsnorm_forward(xn1, SLICE(a->rstd1, sl, NmaxT), x, model_param(m, T_ATTN_NORM, l), N, D, s));
+    CHECK(cuda_matmul_forward(q, xn1, model_param(m, T_WQ, l), N, D, D, blas));
+    CHECK(cuda_matmul_forward(k, xn1, model_param(m, T_WK, l), N, D, D, blas));
+    CHECK(cuda_matmul_forward(v, xn1, model_param(m, T_WV, l), N, D, D, blas));
+    CHECK(cuda_rope_forward(q, a->rope_cos, a->rope_sin, B, T, H, D / H, s));
+    CHECK(cuda_rope_forward(k, a->rope_cos, a->rope_sin, B, T, H, D / H, s));
+    CHECK(cuda_attention_forward(ao, lse, q, k, v, B, T, D, H, s));
+    CHECK(cuda_matmul_forward(a->dtmp, ao, model_param(m, T_WO, l), N, D, D, blas));
+    CHECK(cuda_residual_forward(h, x, a->dtmp, N * D, s));
+    CHECK(cuda_rmsnorm_forward(xn2, SLICE(a->rstd2, sl, NmaxT), h, model_param(m, T_MOE_NORM, l), N, D, s));
+    CHECK(moe_forward(a->dtmp, m, a, l, N, training, st));
+    if (next) CHECK(cuda_residual_forward(SLICE(a->x, l + 1, ND), h, a->dtmp, N * D, s));
+    return ISTH_OK;
+}
+
 extern "C" int cuda_transformer_forward(const Model *m, CudaActivations *a, const int *tokens, const int *targets,
                                         int B, int T, int training, ForwardStats *st)
 {
     if (B > a->B || T > a->T || m->experts_local != a->El)
         return isth_fail(ISTH_ERUNTIME, "cuda_transformer_forward: batch %dx%d exceeds buffers %dx%d", B, T, a->B,
                          a->T);
-    const int L = a->L, D = a->D, H = a->H, V = a->V;
-    const size_t N = (size_t)B * T, ND = (size_t)a->B * a->T * D, NmaxT = (size_t)a->B * a->T;
-    const size_t lse_stride = (size_t)a->B * H * a->T;
+    const int L = a->L, D = a->D, V = a->V;
+    const size_t N = (size_t)B * T, ND = (size_t)a->B * a->T * D;
     const CudaBlas *blas = a->blas;
     const cudaStream_t s = blas->stream;
     memset(st, 0, sizeof *st);
@@ -316,21 +349,7 @@ extern "C" int cuda_transformer_forward(const Model *m, CudaActivations *a, cons
     CHECK(cuda_encoder_forward(SLICE(a->x, 0, ND), a->tokens, model_param(m, T_EMBED, 0), N, D, s));
     for (int l = 0; l < L; l++) {
         if (a->progress) a->progress(a->progress_ctx);
-        float *x = SLICE(a->x, l, ND), *xn1 = SLICE(a->xn1, l, ND), *q = SLICE(a->q, l, ND), *k = SLICE(a->k, l, ND),
-              *v = SLICE(a->v, l, ND), *ao = SLICE(a->ao, l, ND), *h = SLICE(a->h, l, ND),
-              *xn2 = SLICE(a->xn2, l, ND), *lse = SLICE(a->att_lse, l, lse_stride), *xnext = SLICE(a->x, l + 1, ND);
-        CHECK(cuda_rmsnorm_forward(xn1, SLICE(a->rstd1, l, NmaxT), x, model_param(m, T_ATTN_NORM, l), N, D, s));
-        CHECK(cuda_matmul_forward(q, xn1, model_param(m, T_WQ, l), N, D, D, blas));
-        CHECK(cuda_matmul_forward(k, xn1, model_param(m, T_WK, l), N, D, D, blas));
-        CHECK(cuda_matmul_forward(v, xn1, model_param(m, T_WV, l), N, D, D, blas));
-        CHECK(cuda_rope_forward(q, a->rope_cos, a->rope_sin, B, T, H, D / H, s));
-        CHECK(cuda_rope_forward(k, a->rope_cos, a->rope_sin, B, T, H, D / H, s));
-        CHECK(cuda_attention_forward(ao, lse, q, k, v, B, T, D, H, s));
-        CHECK(cuda_matmul_forward(a->dtmp, ao, model_param(m, T_WO, l), N, D, D, blas));
-        CHECK(cuda_residual_forward(h, x, a->dtmp, N * D, s));
-        CHECK(cuda_rmsnorm_forward(xn2, SLICE(a->rstd2, l, NmaxT), h, model_param(m, T_MOE_NORM, l), N, D, s));
-        CHECK(moe_forward(a->dtmp, m, a, l, N, training, st));
-        CHECK(cuda_residual_forward(xnext, h, a->dtmp, N * D, s));
+        CHECK(layer_forward(m, a, l, training, st, 1));
     }
     CHECK(cuda_rmsnorm_forward(a->xf, a->rstdf, SLICE(a->x, L, ND), model_param(m, T_FINAL_NORM, 0), N, D, s));
     CHECK(cuda_tied_head_forward(a->probs, a->xf, model_param(m, T_EMBED, 0), N, D, V, blas));
@@ -350,8 +369,8 @@ static int moe_backward(float *dxn, Model *m, CudaActivations *a, int l, const f
     const size_t N = a->N;
     const CudaBlas *blas = a->blas;
     const cudaStream_t s = blas->stream;
-    CudaRouting *r = &a->route[l];
-    const float *xn = SLICE(a->xn2, l, (size_t)a->B * a->T * D);
+    CudaRouting *r = &a->route[slot(a, l)];
+    const float *xn = SLICE(a->xn2, slot(a, l), (size_t)a->B * a->T * D);
 
     CHECK_CUDA(cudaMemsetAsync(a->dprobs, 0, N * E * sizeof(float), s));
     CHECK(cuda_moe_combine_backward(a->send_rows, a->dprobs, dout, r, N, E, K, D, s));
@@ -400,14 +419,20 @@ extern "C" int cuda_transformer_backward(Model *m, CudaActivations *a, size_t n_
                                 model_param(m, T_FINAL_NORM, 0), a->rstdf, N, D, s));
     for (int l = L - 1; l >= 0; l--) {
         if (a->progress) a->progress(a->progress_ctx);
-        const float *x = SLICE(a->x, l, ND), *xn1 = SLICE(a->xn1, l, ND), *q = SLICE(a->q, l, ND),
-                    *k = SLICE(a->k, l, ND), *v = SLICE(a->v, l, ND), *ao = SLICE(a->ao, l, ND),
-                    *h = SLICE(a->h, l, ND), *lse = SLICE(a->att_lse, l, lse_stride);
+        if (a->recompute == RECOMPUTE_LAYER) { /* the layer again from x_l: the same bits (its statistics dropped) */
+            ForwardStats again;
+            memset(&again, 0, sizeof again);
+            CHECK(layer_forward(m, a, l, a->training, &again, 0));
+        }
+        const int sl = slot(a, l);
+        const float *x = SLICE(a->x, l, ND), *xn1 = SLICE(a->xn1, sl, ND), *q = SLICE(a->q, sl, ND),
+                    *k = SLICE(a->k, sl, ND), *v = SLICE(a->v, sl, ND), *ao = SLICE(a->ao, sl, ND),
+                    *h = SLICE(a->h, sl, ND), *lse = SLICE(a->att_lse, sl, lse_stride);
         CHECK_CUDA(cudaMemcpyAsync(a->dh, a->dx, nbytes, cudaMemcpyDeviceToDevice, s));
         CHECK_CUDA(cudaMemsetAsync(a->dxn, 0, nbytes, s));
         CHECK(moe_backward(a->dxn, m, a, l, a->dx, loss_scale));
         CHECK(cuda_rmsnorm_backward(a->dh, model_grad(m, T_MOE_NORM, l), a->dxn, h, model_param(m, T_MOE_NORM, l),
-                                    SLICE(a->rstd2, l, NmaxT), N, D, s));
+                                    SLICE(a->rstd2, sl, NmaxT), N, D, s));
         CHECK_CUDA(cudaMemcpyAsync(a->dx, a->dh, nbytes, cudaMemcpyDeviceToDevice, s));
         CHECK_CUDA(cudaMemsetAsync(a->dao, 0, nbytes, s));
         CHECK(cuda_matmul_backward(a->dao, model_grad(m, T_WO, l), a->dh, ao, model_param(m, T_WO, l), N, D, D, blas));
@@ -422,7 +447,7 @@ extern "C" int cuda_transformer_backward(Model *m, CudaActivations *a, size_t n_
         CHECK(cuda_matmul_backward(a->dxn, model_grad(m, T_WK, l), a->dk, xn1, model_param(m, T_WK, l), N, D, D, blas));
         CHECK(cuda_matmul_backward(a->dxn, model_grad(m, T_WV, l), a->dv, xn1, model_param(m, T_WV, l), N, D, D, blas));
         CHECK(cuda_rmsnorm_backward(a->dx, model_grad(m, T_ATTN_NORM, l), a->dxn, x, model_param(m, T_ATTN_NORM, l),
-                                    SLICE(a->rstd1, l, NmaxT), N, D, s));
+                                    SLICE(a->rstd1, sl, NmaxT), N, D, s));
     }
     return cuda_encoder_backward(model_grad(m, T_EMBED, 0), a->dx, a->tokens, N, D, s);
 }

@@ -30,12 +30,15 @@ typedef struct {
     size_t N;
     CudaColl *ep;            /* the learner: rows over NCCL, integers over ep->mpi */
     const CudaBlas *blas;    /* products, and the stream everything is queued on */
-    /* device, saved for backward per layer l: pointer + l * (N_max * width) */
-    float *x;                /* (L+1,N,D) */
-    float *xn1, *rstd1;      /* (L,N,D), (L,N) */
-    float *q, *k, *v, *ao;   /* (L,N,D) */
-    float *att_lse;          /* (L,B,H,T) */
-    float *h, *xn2, *rstd2;  /* (L,N,D), (L,N,D), (L,N) */
+    /* device, saved for backward per layer l: pointer + l * (N_max * width);
+     * Lk layers of them: L, or 1 slot all layers share with RECOMPUTE_LAYER */
+    Recompute recompute;     /* LAYER: backward runs each layer's forward again from its x */
+    int Lk;
+    float *x;                /* (L+1,N,D): always every layer's */
+    float *xn1, *rstd1;      /* (Lk,N,D), (Lk,N) */
+    float *q, *k, *v, *ao;   /* (Lk,N,D) */
+    float *att_lse;          /* (Lk,B,H,T) */
+    float *h, *xn2, *rstd2;  /* (Lk,N,D), (Lk,N,D), (Lk,N) */
     float *xf, *rstdf, *probs, *losses; /* (N,D), (N), (N,V), (N) */
     float *rope_cos, *rope_sin;         /* (T, Dh/2) */
     float *dx, *dh, *dxn, *dq, *dk, *dv, *dao, *dtmp; /* (N,D) */
@@ -43,7 +46,7 @@ typedef struct {
     float *send_rows, *back_rows;                     /* (N*K,D) */
     int *tokens, *targets, *send_token;               /* (N), (N), (N*K) */
     float *block;            /* the one device allocation holding the floats above */
-    CudaRouting *route;      /* (L) */
+    CudaRouting *route;      /* (Lk) */
     /* host */
     int *h_send_expert, *h_send_token, *h_counts;     /* (N*K), (N*K), (E) */
     float *h_losses;                                  /* (N) */
@@ -58,11 +61,14 @@ typedef struct {
 } CudaActivations;
 
 /* Buffers for up to B sequences of T tokens; the Dh the attention kernels
- * support is checked here (a one-line error otherwise). */
-int cuda_acts_create(CudaActivations *a, const ModelConfig *cfg, int B, int T, CudaColl *ep, const CudaBlas *blas);
+ * support is checked here (a one-line error otherwise). RECOMPUTE_LAYER
+ * keeps one layer's buffers, as the CPU backend does (RECOMPUTE_ATTENTION
+ * changes nothing here: the attention never keeps its probabilities). */
+int cuda_acts_create(CudaActivations *a, const ModelConfig *cfg, int B, int T, CudaColl *ep, const CudaBlas *blas,
+                     Recompute recompute);
 void cuda_acts_destroy(CudaActivations *a);
 /* Device bytes of those buffers before any expert rows arrive. */
-double cuda_acts_bytes(const ModelConfig *cfg, int B, int T, int G);
+double cuda_acts_bytes(const ModelConfig *cfg, int B, int T, int G, Recompute recompute);
 
 /* m: the table with device params and grads. tokens, targets on the host
  * (copied in; targets < 0 not scored). As transformer_forward; leaves the

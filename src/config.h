@@ -50,7 +50,7 @@ typedef struct {
     double precond_beta2; /* shampoo: decay of the statistics */
     char backend[8];   /* auto | cpu | cuda */
     char precision[8]; /* fp32 | bf16 (bf16: CUDA only) */
-    char recompute[12]; /* none | attention: what backward computes again instead of keeping */
+    char recompute[12]; /* none | attention | layer: what backward computes again instead of keeping */
     int gpu_share;     /* 1: ranks on one host may share a GPU (tests) */
     int threads;
     uint64_t seed;
@@ -64,7 +64,7 @@ typedef struct {
 } TrainConfig;
 
 /* train.recompute as the backends take it */
-typedef enum { RECOMPUTE_NONE, RECOMPUTE_ATTENTION } Recompute;
+typedef enum { RECOMPUTE_NONE, RECOMPUTE_ATTENTION, RECOMPUTE_LAYER } Recompute;
 Recompute config_recompute(const TrainConfig *t);
 
 typedef struct {

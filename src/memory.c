@@ -149,12 +149,16 @@ int memory_plan(const Config *cfg, int world_size, int rank, MemoryPlan *out)
     out->bytes[ALLOC_ACTIVATIONS] = acts_bytes(&cfg->model, site->micro_batch, cfg->model.context, t.learner_size,
                                                threads, config_recompute(&cfg->train));
     if (!strcmp(cfg->train.backend, "cuda")) /* the GPU's (device memory; its attention keeps O(T) per row) */
-        out->bytes[ALLOC_ACTIVATIONS] = cuda_acts_plan_bytes(cfg->model.layers, cfg->model.dim, cfg->model.heads,
-                                                             cfg->model.experts, cfg->model.top_k, cfg->model.vocab,
-                                                             site->micro_batch, cfg->model.context);
+        out->bytes[ALLOC_ACTIVATIONS] = cuda_acts_plan_bytes(cfg->model.layers, cuda_acts_kept_layers(
+                                                                 cfg->model.layers, config_recompute(&cfg->train) ==
+                                                                                        RECOMPUTE_LAYER),
+                                                             cfg->model.dim, cfg->model.heads, cfg->model.experts,
+                                                             cfg->model.top_k, cfg->model.vocab, site->micro_batch,
+                                                             cfg->model.context);
     /* balanced routing: each of my experts receives its share of the learner's copies */
     const double copies = (double)site->micro_batch * cfg->model.context * t.learner_size * cfg->model.top_k;
-    out->bytes[ALLOC_EXPERT_ROWS] = acts_expert_row_bytes(&cfg->model, copies * t.experts_local / cfg->model.experts);
+    out->bytes[ALLOC_EXPERT_ROWS] = acts_expert_row_bytes(&cfg->model, copies * t.experts_local / cfg->model.experts,
+                                                          config_recompute(&cfg->train));
     out->plain_state = 4 * params; /* what plain data-parallel training holds: weights, grads, AdamW m and v */
     out->site = t.site;
     out->learner = t.learner;

@@ -172,6 +172,12 @@ static int fragment_values(const ModelConfig *mc, int P, Codec codec, CodecParam
     return ISTH_OK;
 }
 
+/* The compute of a step against the model FLOPs that MFU counts:
+ * train.recompute = layer runs the forward pass (a third of 6 x params)
+ * twice. Recomputed attention probabilities are left out: the CUDA
+ * attention recomputes them whatever the setting, inside its MFU. */
+static double plan_recompute_factor(const TrainConfig *t) { return config_recompute(t) == RECOMPUTE_LAYER ? 4.0 / 3.0 : 1.0; }
+
 static double wire_s(double bytes, PlanLink l) { return bytes * 8.0 / (l.bits_per_s * PLAN_TCP_EFFICIENCY); }
 static double transfer_s(double bytes, PlanLink l) { return wire_s(bytes, l) + PLAN_LINK_RTTS * l.rtt_s; }
 
@@ -217,7 +223,8 @@ int planner_compute(const Config *cfg0, const PlanSite *sites, int n_sites, Plan
             if (!strcmp(sites[i].name, sc->name)) ps = &sites[i];
         r->tokens_per_step[s] = (double)sc->ranks * sc->micro_batch * sc->grad_accum * mc->context;
         r->peak_tflops[s] = !strcmp(cfg.train.precision, "bf16") ? ps->peak_bf16 : ps->peak_fp32;
-        r->step_s[s] = r->tokens_per_step[s] * r->flops_per_token / (ps->gpus * r->peak_tflops[s] * 1e12 * mfu);
+        r->step_s[s] = r->tokens_per_step[s] * r->flops_per_token * plan_recompute_factor(&cfg.train) /
+                       (ps->gpus * r->peak_tflops[s] * 1e12 * mfu);
         learners += sc->ranks / sc->learner_ranks;
     }
     double slowest = 0;
@@ -334,7 +341,12 @@ int planner_run(const Config *cfg0, const PlanSite *sites, int n_sites, PlanLink
     printf("link: %.4g Gbit/s, %.4g ms round trip between every pair of sites (%.4g MB in flight per round trip); "
            "an exchange costs bytes / (rate x %.3f TCP payload per wire byte) + %.0f round trips\n",
            link.bits_per_s / 1e9, link.rtt_s * 1e3, link.bits_per_s * link.rtt_s / 8e6, PLAN_TCP_EFFICIENCY, PLAN_LINK_RTTS);
-    printf("sites (inner step = tokens x FLOP per token / (GPUs x %s peak x MFU %.2f)):\n", cfg.train.precision, mfu);
+    if (plan_recompute_factor(&cfg.train) > 1)
+        printf("sites (inner step = tokens x FLOP per token x 4/3 for train.recompute = layer's second forward pass "
+               "/ (GPUs x %s peak x MFU %.2f)):\n", cfg.train.precision, mfu);
+    else
+        printf("sites (inner step = tokens x FLOP per token / (GPUs x %s peak x MFU %.2f)):\n", cfg.train.precision,
+               mfu);
     for (int s = 0; s < cfg.n_sites; s++) {
         const PlanSite *ps = NULL;
         for (int i = 0; i < n_sites; i++)

@@ -10,7 +10,8 @@
 #  - expert rows (grown with the routing) between 0.5x and 2x the balanced
 #    estimate: the estimate is the routing's mean, not a bound;
 #  - train.recompute = attention saves exactly the other layers' attention
-#    probabilities, predicted and measured;
+#    probabilities, predicted and measured; train.recompute = layer (one
+#    rank, and a learner of two) is predicted as measured and keeps less;
 #  - outer state and residuals only where the mode uses them; staging in
 #    one-rank sync only what a file write stages (one tensor at a time);
 #  - bad --ranks / --rank values are one-line errors.
@@ -76,12 +77,22 @@ check tiny_butterfly 4 "$T" $SHORT $TWO --set site.east.learner_ranks=1 --set ou
 check small_1rank 1 "$S" --set train.steps=2 --set train.log_every=2 --set train.threads=1 --set data.eval_bytes=4096
 check small_recompute 1 "$S" --set train.steps=2 --set train.log_every=2 --set train.threads=1 --set data.eval_bytes=4096 \
     --set train.recompute=attention
+check small_layer 1 "$S" --set train.steps=2 --set train.log_every=2 --set train.threads=1 --set data.eval_bytes=4096 \
+    --set train.recompute=layer
+check tiny_learner2_layer 2 "$T" $SHORT --set train.recompute=layer
 # recomputed attention keeps one layer's probabilities (B,H,T,T floats) instead of every layer's
 a0=$(field "$WORK/small_1rank.plan" activations) a1=$(field "$WORK/small_recompute.plan" activations)
 want=$("$ISTHMUS" config "$S" | awk '$1 == "layers" { L = $3 } $1 == "heads" { H = $3 } $1 == "context" { T = $3 }
     $1 == "micro_batch" && !B { B = $3 } END { printf "%.0f", (L - 1) * B * H * T * T * 4 }')
 [ -n "$a0" ] && [ -n "$a1" ] && [ $((a0 - a1)) = "$want" ] && pass "train.recompute = attention: activations $a0 -> $a1 B (the other layers' attention probabilities, $want B)" ||
     fail "train.recompute = attention: activations $a0 -> $a1, expected $want fewer"
+# recomputed layers keep the residual stream and one layer's buffers: less
+# again, in activations and in expert rows
+a2=$(field "$WORK/small_layer.plan" activations)
+r0=$(field "$WORK/small_1rank.plan" expert_rows) r2=$(field "$WORK/small_layer.plan" expert_rows)
+[ -n "$a2" ] && [ -n "$r2" ] && [ "$a2" -lt "$a1" ] && [ "$r2" -lt "$r0" ] &&
+    pass "train.recompute = layer: activations $a1 -> $a2 B, expert rows $r0 -> $r2 B" ||
+    fail "train.recompute = layer: activations $a1 -> $a2, expert rows $r0 -> $r2"
 
 # what a mode does not use is not allocated (one-rank sync stages only the
 # tensor a checkpoint or the model file is writing, checked above)

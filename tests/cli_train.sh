@@ -2,7 +2,8 @@
 # cli_train.sh — end to end on the bundled corpus with tiny.ini:
 #  - a few hundred steps lower the training loss and both eval bpb clearly;
 #  - the same config and seed twice give bit-identical losses and weights,
-#    and so does train.recompute = attention;
+#    and so does train.recompute = attention or layer (also on a learner
+#    of two ranks, whose recomputation exchanges expert rows again);
 #  - `isthmus eval` on the written model reproduces the final bpb;
 #  - a uint16 token shard of the same bytes trains the same model; model.vocab
 #    sizes the embedding; bad shards and too small a vocabulary: exit 2;
@@ -54,6 +55,26 @@ if [ "$(losses "$M")" = "$(losses "$WORK/r/metrics.jsonl")" ] && h5diff "$WORK/a
     pass "train.recompute = attention: the same losses and model.h5, bit for bit"
 else
     fail "train.recompute = attention changes the numbers"
+fi
+# and recomputing each whole layer, on one rank and on a learner of two
+# ranks (the recomputation exchanges the expert rows again)
+run l --set train.recompute=layer || fail "training run with train.recompute=layer failed: $(tail -3 "$WORK/l.log")"
+if [ "$(losses "$M")" = "$(losses "$WORK/l/metrics.jsonl")" ] && h5diff "$WORK/a/model.h5" "$WORK/l/model.h5" /model /model >/dev/null 2>&1; then
+    pass "train.recompute = layer: the same losses and model.h5, bit for bit"
+else
+    fail "train.recompute = layer changes the numbers"
+fi
+for r in none layer; do
+    mpi 2 "$ISTHMUS" train "$T" --set train.out_dir="$WORK/ep_$r" --set train.log_every=1 --set train.steps=20 \
+        --set train.eval_every=0 --set data.eval_bytes=4096 --set train.recompute=$r > "$WORK/ep_$r.log" 2>&1 ||
+        fail "two-rank learner, recompute $r: $(tail -3 "$WORK/ep_$r.log")"
+done
+if [ -n "$(losses "$WORK/ep_none/metrics.jsonl")" ] &&
+    [ "$(losses "$WORK/ep_none/metrics.jsonl")" = "$(losses "$WORK/ep_layer/metrics.jsonl")" ] &&
+    h5diff "$WORK/ep_none/model.h5" "$WORK/ep_layer/model.h5" /model /model >/dev/null 2>&1; then
+    pass "train.recompute = layer on a learner of two ranks (experts split): the same losses and model.h5, bit for bit"
+else
+    fail "train.recompute = layer changes a two-rank learner's numbers"
 fi
 
 # token shards (llm.c's format, written here with perl): a uint16 shard of

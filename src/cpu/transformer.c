@@ -25,7 +25,12 @@ static void acts_dims(Activations *a, const ModelConfig *c, int B, int T, int G,
     a->V = c->vocab;
     a->G = G;
     a->El = c->experts / G;
+    a->Lk = recompute == RECOMPUTE_LAYER ? 1 : a->L;
 }
+
+/* Where layer l's kept activations live: its own slice, or the one slice
+ * every layer shares when backward computes each layer again. */
+static int slot(const Activations *a, int l) { return a->recompute == RECOMPUTE_LAYER ? 0 : l; }
 
 /* The buffers carved out of a->block: (where, floats). */
 typedef struct {
@@ -37,15 +42,16 @@ typedef struct {
 
 static size_t block_plan(Activations *a, int threads, Carve *plan)
 {
-    const size_t L = (size_t)a->L, D = (size_t)a->D, E = (size_t)a->E, K = (size_t)a->K,
+    /* Lk: layers whose activations are kept (all, or one when recomputed) */
+    const size_t L = (size_t)a->L, Lk = (size_t)a->Lk, D = (size_t)a->D, E = (size_t)a->E, K = (size_t)a->K,
                  V = (size_t)a->V, B = (size_t)a->B, T = (size_t)a->T, N = B * T;
     const size_t Dh2 = D / (size_t)a->H / 2;
     const size_t VE = V > E ? V : E;
     const Carve p[ACTS_CARVES] = {
-        {&a->x, (L + 1) * N * D}, {&a->xn1, L * N * D}, {&a->rstd1, L * N},
-        {&a->q, L * N * D}, {&a->k, L * N * D}, {&a->v, L * N * D}, {&a->ao, L * N * D},
-        {&a->att, (a->recompute == RECOMPUTE_ATTENTION ? 1 : L) * B * (size_t)a->H * T * T},
-        {&a->h, L * N * D}, {&a->xn2, L * N * D}, {&a->rstd2, L * N},
+        {&a->x, (L + 1) * N * D}, {&a->xn1, Lk * N * D}, {&a->rstd1, Lk * N},
+        {&a->q, Lk * N * D}, {&a->k, Lk * N * D}, {&a->v, Lk * N * D}, {&a->ao, Lk * N * D},
+        {&a->att, (a->recompute == RECOMPUTE_NONE ? L : 1) * B * (size_t)a->H * T * T},
+        {&a->h, Lk * N * D}, {&a->xn2, Lk * N * D}, {&a->rstd2, Lk * N},
         {&a->xf, N * D}, {&a->rstdf, N}, {&a->probs, N * V}, {&a->losses, N},
         {&a->rope_cos, T * Dh2}, {&a->rope_sin, T * Dh2},
         {&a->dx, N * D}, {&a->dh, N * D}, {&a->dxn, N * D}, {&a->dq, N * D}, {&a->dk, N * D},
@@ -75,7 +81,7 @@ double acts_bytes(const ModelConfig *c, int B, int T, int G, int threads, Recomp
     Carve plan[ACTS_CARVES];
     acts_dims(&a, c, B, T, G, recompute);
     const double block = (double)block_plan(&a, threads, plan) * sizeof(float);
-    return block + a.L * (route_bytes(&a) + (double)sizeof(MoeRouting)) + (double)B * T * a.K * sizeof(int) +
+    return block + a.Lk * (route_bytes(&a) + (double)sizeof(MoeRouting)) + (double)B * T * a.K * sizeof(int) +
            (double)a.E * sizeof(int);
 }
 
@@ -83,11 +89,11 @@ int acts_create(Activations *a, const ModelConfig *c, int B, int T, Coll *ep, Re
 {
     acts_dims(a, c, B, T, ep->size, recompute);
     a->ep = ep;
-    const size_t L = (size_t)a->L, D = (size_t)a->D, E = (size_t)a->E, K = (size_t)a->K, N = (size_t)B * T;
+    const size_t Lk = (size_t)a->Lk, D = (size_t)a->D, E = (size_t)a->E, K = (size_t)a->K, N = (size_t)B * T;
     Carve plan[ACTS_CARVES];
     const size_t total = block_plan(a, omp_get_max_threads(), plan);
     a->block = isth_aligned_alloc(64, total * sizeof(float));
-    a->route = isth_calloc(L, sizeof(MoeRouting));
+    a->route = isth_calloc(Lk, sizeof(MoeRouting));
     a->send_expert = isth_malloc(N * K * sizeof(int));
     a->counts = isth_malloc(E * sizeof(int));
     if (!a->block || !a->route || !a->send_expert || !a->counts) {
@@ -101,7 +107,7 @@ int acts_create(Activations *a, const ModelConfig *c, int B, int T, Coll *ep, Re
         off += (plan[i].n + 15) & ~(size_t)15;
     }
     const size_t G = (size_t)a->G;
-    for (size_t l = 0; l < L; l++) { /* route_bytes counts these */
+    for (size_t l = 0; l < Lk; l++) { /* route_bytes counts these */
         MoeRouting *r = &a->route[l];
         r->probs = isth_malloc(N * E * sizeof(float));
         r->lse = isth_malloc(N * sizeof(float));
@@ -126,19 +132,20 @@ int acts_create(Activations *a, const ModelConfig *c, int B, int T, Coll *ep, Re
 
 /* Expert-row buffers (per layer, and shared) for n arrivals per layer, as
  * ensure_owner grows them. */
-double acts_expert_row_bytes(const ModelConfig *c, double n)
+double acts_expert_row_bytes(const ModelConfig *c, double n, Recompute recompute)
 {
+    const int kept = recompute == RECOMPUTE_LAYER ? 1 : c->layers; /* layers that keep their rows */
     const size_t rows_n = (size_t)n, D = (size_t)c->dim, F = (size_t)c->ffn;
     const double rows = (double)moe_rows_grow_target(rows_n);
     const double per_layer = rows * (3 * sizeof(int) + (double)D * 4 + 3.0 * F * 4);
     const double shared = 4.0 * moe_rows_grow_target(rows_n * D) * 4 + (double)moe_rows_grow_target(3 * rows_n * F) * 4;
-    return c->layers * per_layer + shared;
+    return kept * per_layer + shared;
 }
 
 void acts_destroy(Activations *a)
 {
     if (a->route)
-        for (int l = 0; l < a->L; l++) {
+        for (int l = 0; l < a->Lk; l++) {
             MoeRouting *r = &a->route[l];
             void *bufs[] = {r->probs, r->lse, r->choice, r->frac, r->mean_prob, r->send_copy,
                             r->copy_slot, r->send_counts, r->recv_counts, r->y_back,
@@ -235,8 +242,8 @@ static int moe_forward(float *out, const Model *m, Activations *a, int l, size_t
                        ForwardStats *st)
 {
     const int D = a->D, E = a->E, K = a->K, F = a->F, G = a->G, El = a->El;
-    MoeRouting *r = &a->route[l];
-    const float *xn = SLICE(a->xn2, l, (size_t)a->B * a->T * D);
+    MoeRouting *r = &a->route[slot(a, l)];
+    const float *xn = SLICE(a->xn2, slot(a, l), (size_t)a->B * a->T * D);
 
     /* route: logits (N,E) = xn . router ; probs ; top-k ; learner-wide f_e */
     matmul_forward(a->router_logits, xn, model_param(m, T_ROUTER, l), N, D, E);
@@ -293,16 +300,40 @@ static int moe_forward(float *out, const Model *m, Activations *a, int l, size_t
     return ISTH_OK;
 }
 
+/* Layer l of the forward pass: its activations from x_l into its slot;
+ * x_{l+1} when `next` (backward's recomputation needs only the slot). */
+static int layer_forward(const Model *m, Activations *a, int l, int training, ForwardStats *st, int next)
+{
+    const int D = a->D, H = a->H, B = a->B_cur, T = a->T_cur;
+    const size_t N = a->N, ND = (size_t)a->B * a->T * D, NmaxT = (size_t)a->B * a->T; /* ND: per-layer stride */
+    const size_t att_stride = a->recompute == RECOMPUTE_NONE ? (size_t)a->B * H * a->T * a->T : 0;
+    const int sl = slot(a, l);
+    float *x = SLICE(a->x, l, ND), *xn1 = SLICE(a->xn1, sl, ND), *q = SLICE(a->q, sl, ND),
+          *k = SLICE(a->k, sl, ND), *v = SLICE(a->v, sl, ND), *ao = SLICE(a->ao, sl, ND),
+          *h = SLICE(a->h, sl, ND), *xn2 = SLICE(a->xn2, sl, ND), *att = SLICE(a->att, l, att_stride);
+    rmsnorm_forward(xn1, SLICE(a->rstd1, sl, NmaxT), x, model_param(m, T_ATTN_NORM, l), N, D);
+    matmul_forward(q, xn1, model_param(m, T_WQ, l), N, D, D);
+    matmul_forward(k, xn1, model_param(m, T_WK, l), N, D, D);
+    matmul_forward(v, xn1, model_param(m, T_WV, l), N, D, D);
+    rope_forward(q, a->rope_cos, a->rope_sin, B, T, H, D / H);
+    rope_forward(k, a->rope_cos, a->rope_sin, B, T, H, D / H);
+    attention_forward(ao, att, q, k, v, B, T, D, H);
+    matmul_forward(a->dtmp, ao, model_param(m, T_WO, l), N, D, D);
+    residual_forward(h, x, a->dtmp, N * D);
+    rmsnorm_forward(xn2, SLICE(a->rstd2, sl, NmaxT), h, model_param(m, T_MOE_NORM, l), N, D);
+    CHECK(moe_forward(a->dtmp, m, a, l, N, training, st));
+    if (next) residual_forward(SLICE(a->x, l + 1, ND), h, a->dtmp, N * D);
+    return ISTH_OK;
+}
+
 int transformer_forward(const Model *m, Activations *a, const int *tokens, const int *targets,
                         int B, int T, int training, ForwardStats *st)
 {
     if (B > a->B || T > a->T || m->experts_local != a->El)
         return isth_fail(ISTH_ERUNTIME, "transformer_forward: batch %dx%d exceeds buffers %dx%d",
                          B, T, a->B, a->T);
-    const int L = a->L, D = a->D, H = a->H, V = a->V;
+    const int L = a->L, D = a->D, V = a->V;
     const size_t N = (size_t)B * T, ND = (size_t)a->B * a->T * D; /* ND: per-layer stride */
-    const size_t NmaxT = (size_t)a->B * a->T;
-    const size_t att_stride = a->recompute == RECOMPUTE_ATTENTION ? 0 : (size_t)a->B * H * a->T * a->T;
     memset(st, 0, sizeof *st);
     a->N = N;
     a->B_cur = B;
@@ -314,22 +345,7 @@ int transformer_forward(const Model *m, Activations *a, const int *tokens, const
     encoder_forward(SLICE(a->x, 0, ND), tokens, model_param(m, T_EMBED, 0), N, D);
     for (int l = 0; l < L; l++) {
         if (a->progress) a->progress(a->progress_ctx);
-        float *x = SLICE(a->x, l, ND), *xn1 = SLICE(a->xn1, l, ND), *q = SLICE(a->q, l, ND),
-              *k = SLICE(a->k, l, ND), *v = SLICE(a->v, l, ND), *ao = SLICE(a->ao, l, ND),
-              *h = SLICE(a->h, l, ND), *xn2 = SLICE(a->xn2, l, ND),
-              *att = SLICE(a->att, l, att_stride), *xnext = SLICE(a->x, l + 1, ND);
-        rmsnorm_forward(xn1, SLICE(a->rstd1, l, NmaxT), x, model_param(m, T_ATTN_NORM, l), N, D);
-        matmul_forward(q, xn1, model_param(m, T_WQ, l), N, D, D);
-        matmul_forward(k, xn1, model_param(m, T_WK, l), N, D, D);
-        matmul_forward(v, xn1, model_param(m, T_WV, l), N, D, D);
-        rope_forward(q, a->rope_cos, a->rope_sin, B, T, H, D / H);
-        rope_forward(k, a->rope_cos, a->rope_sin, B, T, H, D / H);
-        attention_forward(ao, att, q, k, v, B, T, D, H);
-        matmul_forward(a->dtmp, ao, model_param(m, T_WO, l), N, D, D);
-        residual_forward(h, x, a->dtmp, N * D);
-        rmsnorm_forward(xn2, SLICE(a->rstd2, l, NmaxT), h, model_param(m, T_MOE_NORM, l), N, D);
-        CHECK(moe_forward(a->dtmp, m, a, l, N, training, st));
-        residual_forward(xnext, h, a->dtmp, N * D);
+        CHECK(layer_forward(m, a, l, training, st, 1));
     }
     rmsnorm_forward(a->xf, a->rstdf, SLICE(a->x, L, ND), model_param(m, T_FINAL_NORM, 0), N, D);
     /* logits (N,V) = xf . embed^T, softmaxed in place into probs */
@@ -348,8 +364,8 @@ static int moe_backward(float *dxn, Model *m, Activations *a, int l, const float
 {
     const int D = a->D, E = a->E, K = a->K, F = a->F, El = a->El;
     const size_t N = a->N;
-    MoeRouting *r = &a->route[l];
-    const float *xn = SLICE(a->xn2, l, (size_t)a->B * a->T * D);
+    MoeRouting *r = &a->route[slot(a, l)];
+    const float *xn = SLICE(a->xn2, slot(a, l), (size_t)a->B * a->T * D);
 
     /* combine backward: gate gradients here, row gradients to the owners */
     memset(a->dprobs, 0, N * E * sizeof(float));
@@ -386,7 +402,7 @@ int transformer_backward(Model *m, Activations *a, const int *tokens, const int 
 {
     const int L = a->L, D = a->D, H = a->H, V = a->V, B = a->B_cur;
     const size_t N = a->N, ND = (size_t)a->B * a->T * D, NmaxT = (size_t)a->B * a->T;
-    const size_t att_stride = a->recompute == RECOMPUTE_ATTENTION ? 0 : (size_t)a->B * H * a->T * a->T;
+    const size_t att_stride = a->recompute == RECOMPUTE_NONE ? (size_t)a->B * H * a->T * a->T : 0;
     const size_t nbytes = N * D * sizeof(float);
     size_t n_targets = 0;
     for (size_t t = 0; t < N; t++) n_targets += targets[t] >= 0;
@@ -403,15 +419,21 @@ int transformer_backward(Model *m, Activations *a, const int *tokens, const int 
 
     for (int l = L - 1; l >= 0; l--) {
         if (a->progress) a->progress(a->progress_ctx);
-        const float *x = SLICE(a->x, l, ND), *xn1 = SLICE(a->xn1, l, ND), *q = SLICE(a->q, l, ND),
-                    *k = SLICE(a->k, l, ND), *v = SLICE(a->v, l, ND), *ao = SLICE(a->ao, l, ND),
-                    *h = SLICE(a->h, l, ND), *att = SLICE(a->att, l, att_stride);
+        if (a->recompute == RECOMPUTE_LAYER) { /* the layer again from x_l: the same bits (its statistics dropped) */
+            ForwardStats again;
+            memset(&again, 0, sizeof again);
+            CHECK(layer_forward(m, a, l, a->training, &again, 0));
+        }
+        const int sl = slot(a, l);
+        const float *x = SLICE(a->x, l, ND), *xn1 = SLICE(a->xn1, sl, ND), *q = SLICE(a->q, sl, ND),
+                    *k = SLICE(a->k, sl, ND), *v = SLICE(a->v, sl, ND), *ao = SLICE(a->ao, sl, ND),
+                    *h = SLICE(a->h, sl, ND), *att = SLICE(a->att, l, att_stride);
         /* x_{l+1} = h + MoE(RMSNorm(h)) : dh = dx + norm-backward(moe-backward(dx)) */
         memcpy(a->dh, a->dx, nbytes);
         memset(a->dxn, 0, nbytes);
         CHECK(moe_backward(a->dxn, m, a, l, a->dx, loss_scale));
         CHECK(rmsnorm_backward(a->dh, model_grad(m, T_MOE_NORM, l), a->dxn, h,
-                               model_param(m, T_MOE_NORM, l), SLICE(a->rstd2, l, NmaxT), N, D));
+                               model_param(m, T_MOE_NORM, l), SLICE(a->rstd2, sl, NmaxT), N, D));
         /* h = x + Attn(RMSNorm(x)) */
         memcpy(a->dx, a->dh, nbytes);
         memset(a->dao, 0, nbytes);
@@ -429,7 +451,7 @@ int transformer_backward(Model *m, Activations *a, const int *tokens, const int 
         matmul_backward(a->dxn, model_grad(m, T_WK, l), a->dk, xn1, model_param(m, T_WK, l), N, D, D);
         matmul_backward(a->dxn, model_grad(m, T_WV, l), a->dv, xn1, model_param(m, T_WV, l), N, D, D);
         CHECK(rmsnorm_backward(a->dx, model_grad(m, T_ATTN_NORM, l), a->dxn, x,
-                               model_param(m, T_ATTN_NORM, l), SLICE(a->rstd1, l, NmaxT), N, D));
+                               model_param(m, T_ATTN_NORM, l), SLICE(a->rstd1, sl, NmaxT), N, D));
     }
     encoder_backward(model_grad(m, T_EMBED, 0), a->dx, tokens, N, D);
     return ISTH_OK;

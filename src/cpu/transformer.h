@@ -24,14 +24,17 @@ typedef struct {
     Coll *ep;                 /* expert-parallel group (the learner) */
     int B_cur, T_cur;         /* sizes of the last forward */
     size_t N;                 /* B_cur*T_cur */
-    /* saved for backward, per layer l: pointer + l * (N_max * width) */
-    float *x;                 /* (L+1,N,D) residual stream entering each layer */
-    float *xn1, *rstd1;       /* (L,N,D), (L,N) */
-    float *q, *k, *v, *ao;    /* (L,N,D) q,k rotated; ao = attention output */
+    /* saved for backward, per layer l: pointer + l * (N_max * width); Lk
+     * layers of them: L, or 1 slot all layers share with RECOMPUTE_LAYER */
+    float *x;                 /* (L+1,N,D) residual stream entering each layer: always every layer's */
+    float *xn1, *rstd1;       /* (Lk,N,D), (Lk,N) */
+    float *q, *k, *v, *ao;    /* (Lk,N,D) q,k rotated; ao = attention output */
     float *att;               /* (L,B,H,T,T); (1,B,H,T,T) when recomputed */
-    Recompute recompute;      /* RECOMPUTE_ATTENTION: backward computes each layer's att again */
-    float *h, *xn2, *rstd2;   /* (L,N,D), (L,N,D), (L,N) */
-    MoeRouting *route;        /* (L) routing, dispatch and expert rows */
+    Recompute recompute;      /* ATTENTION: backward computes each layer's att again; LAYER: the whole
+                               * layer, from its x, before its backward */
+    int Lk;                   /* layers whose activations are kept */
+    float *h, *xn2, *rstd2;   /* (Lk,N,D), (Lk,N,D), (Lk,N) */
+    MoeRouting *route;        /* (Lk) routing, dispatch and expert rows */
     float *xf, *rstdf;        /* (N,D), (N) final norm */
     float *probs;             /* (N,V) output softmax */
     float *losses;            /* (N) */
@@ -63,14 +66,18 @@ typedef struct {
  * learner's expert-parallel group (its size shards the experts). With
  * RECOMPUTE_ATTENTION one layer's attention probabilities are kept instead
  * of every layer's (backward computes them again from q, k: the same
- * function on the same inputs, so the same bits). */
+ * function on the same inputs, so the same bits). With RECOMPUTE_LAYER
+ * only the residual stream entering each layer is kept: backward runs each
+ * layer's forward again from it (its expert rows exchanged again, the
+ * learner's ranks in step as in the forward) into one layer's buffers —
+ * the same bits, for one more forward pass of compute. */
 int acts_create(Activations *a, const ModelConfig *cfg, int B, int T, Coll *ep, Recompute recompute);
 void acts_destroy(Activations *a);
 /* Bytes acts_create allocates for that shape with G ranks per learner and
  * `threads` OpenMP threads (the memory report). */
 double acts_bytes(const ModelConfig *cfg, int B, int T, int G, int threads, Recompute recompute);
 /* Bytes of the expert-row buffers once a layer has received n routed rows. */
-double acts_expert_row_bytes(const ModelConfig *cfg, double n);
+double acts_expert_row_bytes(const ModelConfig *cfg, double n, Recompute recompute);
 
 /* Forward B sequences of length T (T <= context). targets < 0 are not scored.
  * training != 0: capacity limits and auxiliary losses apply. */

@@ -6,7 +6,8 @@
 #   1. the GPU tests (kernels, optimisers, codec, the backend through its verbs)
 #   2. 50 steps of small.ini on the CPU and on the GPU: fp32 losses within
 #      1e-4 relative of the CPU's, bf16 within 1%; 12 steps with Shampoo
-#      (roots every 3 updates) and with Muon, fp32, within 1e-3
+#      (roots every 3 updates) and with Muon, fp32, within 1e-3; 50 fp32
+#      steps with train.recompute = layer: the same bits as without
 #   3. a checkpoint written on the GPU resumed on the CPU: the CPU
 #      continues where the GPU would have (losses within 1e-4); the same
 #      with Shampoo's statistics and roots in the checkpoint (within 1e-3)
@@ -190,6 +191,22 @@ if [ "$gpus" -gt 0 ]; then
     done
 else
     row "small.ini 50 steps fp32/bf16 vs CPU" SKIP "no GPU; CPU run $([ -f "$work/cpu50/model.h5" ] && echo ok || echo FAILED)"
+fi
+# train.recompute = layer: each layer's forward again before its backward,
+# the same kernels on the same inputs (none of them uses atomics): the same
+# bits as the run above
+if [ "$gpus" -gt 0 ] && [ -f "$work/gpu50_fp32/model.h5" ]; then
+    if timeout 120 "$isthmus" train "$small" $common $S50 --set train.backend=cuda --set train.precision=fp32 \
+        --set train.recompute=layer --set train.out_dir="$work/gpu50_layer" > "$out/gpu50_layer.log" 2>&1; then
+        fig=$(compare_losses "$work/gpu50_fp32" "$work/gpu50_layer" 0)
+        st=$?
+        row "small.ini 50 steps fp32 recompute=layer vs none (bit-identical)" "$([ $st -eq 0 ] && echo PASS || echo FAIL)" \
+            "max rel loss diff $fig"
+    else
+        row "small.ini 50 steps fp32 recompute=layer" FAIL "$(tail -1 "$out/gpu50_layer.log")"
+    fi
+else
+    row "small.ini 50 steps fp32 recompute=layer vs none" SKIP "no GPU run without it"
 fi
 
 # The matrix optimisers: 12 steps with roots every 3 updates (computed at 3,
