@@ -7,11 +7,12 @@
  * z-loss gradients, the SwiGLU experts (cuBLAS products), the row gathers
  * and the gate-weighted combine; and the routing state of one layer
  * (CudaRouting).
- * The routing's bookkeeping on integers — the send order, the capacity
- * plan in (source rank, position) order, the counts — runs on the host with
- * src/cpu/moe.c's own functions on a copy of the (N,K) choices: the
- * all-to-all needs its counts on the host anyway, and the rule is then the
- * CPU's by construction. Only rows of floats stay on the device.
+ * The routing's bookkeeping on integers — the plan every rank derives from
+ * the learner's count matrix (src/route_plan.h: slots, arrivals, rows, the
+ * capacity rule) — runs on the host with src/cpu/moe.c's own functions on
+ * a copy of the (N,K) choices: the all-to-all needs its counts on the host
+ * anyway, and the rule is then the CPU's by construction. Only rows of
+ * floats stay on the device.
  * Must not: move data between ranks (transformer.cu does, through coll).
  */
 #ifndef ISTHMUS_CUDA_MOE_H
@@ -33,12 +34,13 @@ typedef struct {
     double *d_frac;                /* (E) */
     float *d_y_back;               /* (N*K,D) */
     int *h_choice, *h_send_copy, *h_copy_slot; /* (N*K) */
-    int *h_send_counts, *h_recv_counts;        /* (G) */
+    int *h_send_counts, *h_recv_counts;        /* (G) kept rows to / from each rank */
+    int n_sent;                                /* slots [0, n_sent) are sent; the rest were dropped */
     double *h_frac, *h_mean_prob;  /* (E) */
     float *h_lse;                  /* (N) */
     /* owner side: grows with the arrivals */
     int n_recv, recv_cap, rows, dropped;
-    int *h_recv_expert, *h_recv_row, *h_row_src, *h_expert_start; /* (cap), (cap), (cap), (El+1) */
+    int *h_recv_row, *h_row_src, *h_expert_start; /* (cap), (cap), (El+1) */
     int *d_recv_row, *d_row_src;   /* (cap) */
     float *d_xrows;                /* (cap,D) expert inputs, saved for backward */
     float *d_arows, *d_urows, *d_hrows; /* (cap,F) */

@@ -73,11 +73,11 @@ static int create(CudaActivations *a, const ModelConfig *c, int B, int T)
     const size_t Lk = (size_t)a->Lk, N = (size_t)B * T, E = (size_t)a->E, K = (size_t)a->K, D = (size_t)a->D,
                  G = (size_t)a->G;
     a->route = (CudaRouting *)isth_calloc(Lk, sizeof(CudaRouting));
-    a->h_send_expert = (int *)isth_malloc(N * K * sizeof(int));
     a->h_send_token = (int *)isth_malloc(N * K * sizeof(int));
-    a->h_counts = (int *)isth_malloc(E * sizeof(int));
+    a->h_counts = (int *)isth_malloc(4 * E * sizeof(int));
+    a->h_counts_all = (int *)isth_malloc(G * E * sizeof(int));
     a->h_losses = (float *)isth_malloc(N * sizeof(float));
-    if (!a->route || !a->h_send_expert || !a->h_send_token || !a->h_counts || !a->h_losses)
+    if (!a->route || !a->h_send_token || !a->h_counts || !a->h_counts_all || !a->h_losses)
         return isth_fail(ISTH_ERUNTIME, "out of host memory for the CUDA activations");
     for (size_t l = 0; l < Lk; l++) {
         CudaRouting *r = &a->route[l];
@@ -143,7 +143,7 @@ extern "C" void cuda_acts_destroy(CudaActivations *a)
             for (size_t i = 0; i < sizeof dev / sizeof *dev; i++)
                 if (dev[i]) cudaFree(dev[i]);
             void *host[] = {r->h_choice, r->h_send_copy, r->h_copy_slot, r->h_send_counts, r->h_recv_counts,
-                            r->h_frac, r->h_mean_prob, r->h_lse, r->h_expert_start, r->h_recv_expert,
+                            r->h_frac, r->h_mean_prob, r->h_lse, r->h_expert_start,
                             r->h_recv_row, r->h_row_src};
             for (size_t i = 0; i < sizeof host / sizeof *host; i++) isth_free(host[i]);
         }
@@ -152,9 +152,9 @@ extern "C" void cuda_acts_destroy(CudaActivations *a)
     void *dev[] = {a->recv_rows, a->recv_rows2, a->row_tmp, a->row_tmp2, a->ffn_scratch};
     for (size_t i = 0; i < sizeof dev / sizeof *dev; i++)
         if (dev[i]) cudaFree(dev[i]);
-    isth_free(a->h_send_expert);
     isth_free(a->h_send_token);
     isth_free(a->h_counts);
+    isth_free(a->h_counts_all);
     isth_free(a->h_losses);
     memset(a, 0, sizeof *a);
 }
@@ -176,21 +176,19 @@ static int grow_device(float **p, size_t *cap, size_t n)
 static int ensure_owner(CudaActivations *a, CudaRouting *r, int n_recv)
 {
     const size_t n = (size_t)n_recv, D = (size_t)a->D, F = (size_t)a->F;
-    if (n > (size_t)r->recv_cap || !r->h_recv_expert) {
+    if (n > (size_t)r->recv_cap || !r->h_recv_row) {
         const size_t want = moe_rows_grow_target(n);
         void *dev[] = {r->d_recv_row, r->d_row_src, r->d_xrows, r->d_arows, r->d_urows, r->d_hrows};
         for (size_t i = 0; i < sizeof dev / sizeof *dev; i++)
             if (dev[i]) CHECK_CUDA(cudaFree(dev[i]));
-        isth_free(r->h_recv_expert);
         isth_free(r->h_recv_row);
         isth_free(r->h_row_src);
         r->d_recv_row = r->d_row_src = NULL;
         r->d_xrows = r->d_arows = r->d_urows = r->d_hrows = NULL;
         r->recv_cap = 0;
-        r->h_recv_expert = (int *)isth_malloc(want * sizeof(int));
         r->h_recv_row = (int *)isth_malloc(want * sizeof(int));
         r->h_row_src = (int *)isth_malloc(want * sizeof(int));
-        if (!r->h_recv_expert || !r->h_recv_row || !r->h_row_src)
+        if (!r->h_recv_row || !r->h_row_src)
             return isth_fail(ISTH_ERUNTIME, "out of host memory for %zu expert rows", n);
         CHECK_CUDA(cudaMalloc((void **)&r->d_recv_row, want * sizeof(int)));
         CHECK_CUDA(cudaMalloc((void **)&r->d_row_src, want * sizeof(int)));
@@ -227,12 +225,13 @@ static int to_device(void *dst, const void *src, size_t bytes, cudaStream_t s)
     return ISTH_OK;
 }
 
-/* As transformer.c's moe_forward: route on the device, plan on the host,
- * rows to the owners and back over NCCL. */
+/* As transformer.c's moe_forward: route on the device, plan on the host
+ * from the learner's count matrix, kept rows to the owners and back over
+ * NCCL, the dropped copies' slots zeros. */
 static int moe_forward(float *out, const Model *m, CudaActivations *a, int l, size_t N, int training,
                        ForwardStats *st)
 {
-    const int D = a->D, E = a->E, K = a->K, F = a->F, G = a->G, El = a->El;
+    const int D = a->D, E = a->E, K = a->K, F = a->F, G = a->G, El = a->El, me = a->ep->mpi->rank;
     const CudaBlas *blas = a->blas;
     const cudaStream_t s = blas->stream;
     CudaRouting *r = &a->route[slot(a, l)];
@@ -249,9 +248,13 @@ static int moe_forward(float *out, const Model *m, CudaActivations *a, int l, si
     CHECK(to_host(r->h_choice, r->d_choice, sizeof(int) * copies, s));
     for (int e = 0; e < E; e++) a->h_counts[e] = 0;
     for (size_t i = 0; i < copies; i++) a->h_counts[r->h_choice[i]]++;
-    CHECK(coll_allreduce_sum_int(mpi, a->h_counts, E));
+    CHECK(coll_allgather_int(mpi, a->h_counts, E, a->h_counts_all));
     const double learner_copies = (double)N * G * K;
-    for (int e = 0; e < E; e++) r->h_frac[e] = a->h_counts[e] / learner_copies;
+    for (int e = 0; e < E; e++) {
+        int total = 0;
+        for (int q = 0; q < G; q++) total += a->h_counts_all[q * E + e];
+        r->h_frac[e] = total / learner_copies;
+    }
     CHECK(to_device(r->d_frac, r->h_frac, sizeof(double) * E, s));
     const int capacity = training ? moe_capacity(m->cfg.capacity_factor, N * (size_t)G, K, E) : -1;
     if (training) {
@@ -260,29 +263,24 @@ static int moe_forward(float *out, const Model *m, CudaActivations *a, int l, si
         st->z_loss += moe_z_loss(r->h_lse, N, m->cfg.z_loss);
     }
 
-    /* dispatch: copies to owners, in send order */
-    moe_send_order(r->h_send_copy, r->h_copy_slot, r->h_send_counts, r->h_choice, N, K, G, El);
-    for (size_t i = 0; i < copies; i++) {
-        const int copy = r->h_send_copy[i];
-        a->h_send_token[i] = copy / K;
-        a->h_send_expert[i] = r->h_choice[copy] % El;
-    }
-    CHECK(to_device(a->send_token, a->h_send_token, sizeof(int) * copies, s));
-    CHECK(to_device(r->d_copy_slot, r->h_copy_slot, sizeof(int) * copies, s));
-    CHECK(cuda_rows_gather(a->send_rows, xn, a->send_token, copies, D, s));
-    CHECK(coll_alltoall_int(mpi, r->h_send_counts, r->h_recv_counts));
-    int n_recv = 0;
-    for (int p = 0; p < G; p++) n_recv += r->h_recv_counts[p];
+    /* the plan: slots of this rank's copies, arrivals and rows of its experts */
+    r->n_sent = moe_send_plan(r->h_send_copy, r->h_copy_slot, r->h_send_counts, a->h_counts, r->h_choice,
+                              a->h_counts_all, N, K, G, El, me, capacity);
+    const int n_recv = moe_recv_count(r->h_recv_counts, a->h_counts_all, G, El, me, capacity);
     CHECK(ensure_owner(a, r, n_recv));
     r->n_recv = n_recv;
+    r->rows = moe_owner_plan(r->h_recv_row, r->h_row_src, r->h_expert_start, &r->dropped, a->h_counts_all, G, El, me,
+                             capacity);
+    if (training) st->dropped += r->dropped;
+    /* dispatch: the kept copies' rows to their owners, in slot order */
+    for (int i = 0; i < r->n_sent; i++) a->h_send_token[i] = r->h_send_copy[i] / K;
+    CHECK(to_device(a->send_token, a->h_send_token, sizeof(int) * (size_t)r->n_sent, s));
+    CHECK(to_device(r->d_copy_slot, r->h_copy_slot, sizeof(int) * copies, s));
+    CHECK(cuda_rows_gather(a->send_rows, xn, a->send_token, (size_t)r->n_sent, D, s));
     float *arrived = G > 1 ? a->recv_rows : a->send_rows;
     CHECK(cuda_coll_alltoallv_rows(a->ep, a->send_rows, r->h_send_counts, arrived, r->h_recv_counts, D, s));
-    CHECK(coll_alltoallv_int_rows(mpi, a->h_send_expert, r->h_send_counts, r->h_recv_expert, r->h_recv_counts, 1));
 
-    /* owner: capacity in arrival order, rows grouped by expert, compute */
-    r->rows = moe_plan(r->h_recv_expert, n_recv, El, capacity, r->h_recv_row, r->h_row_src, r->h_expert_start,
-                       &r->dropped);
-    if (training) st->dropped += r->dropped;
+    /* owner: rows grouped by expert, compute */
     CHECK(to_device(r->d_recv_row, r->h_recv_row, sizeof(int) * (size_t)n_recv, s));
     CHECK(to_device(r->d_row_src, r->h_row_src, sizeof(int) * (size_t)r->rows, s));
     CHECK(cuda_rows_gather(r->d_xrows, arrived, r->d_row_src, (size_t)r->rows, D, s));
@@ -297,6 +295,8 @@ static int moe_forward(float *out, const Model *m, CudaActivations *a, int l, si
     float *leaving = G > 1 ? a->recv_rows2 : r->d_y_back;
     CHECK(cuda_rows_gather(leaving, yrows, r->d_recv_row, (size_t)n_recv, D, s));
     CHECK(cuda_coll_alltoallv_rows(a->ep, leaving, r->h_recv_counts, r->d_y_back, r->h_send_counts, D, s));
+    CHECK_CUDA(cudaMemsetAsync(r->d_y_back + (size_t)r->n_sent * D, 0,
+                               (copies - (size_t)r->n_sent) * D * sizeof(float), s)); /* dropped: zeros */
     return cuda_moe_combine_forward(out, r, N, E, K, D, s);
 }
 
@@ -391,6 +391,8 @@ static int moe_backward(float *dxn, Model *m, CudaActivations *a, int l, const f
     float *leaving = G > 1 ? a->recv_rows2 : a->back_rows;
     CHECK(cuda_rows_gather(leaving, dxrows, r->d_recv_row, (size_t)r->n_recv, D, s));
     CHECK(cuda_coll_alltoallv_rows(a->ep, leaving, r->h_recv_counts, a->back_rows, r->h_send_counts, D, s));
+    CHECK_CUDA(cudaMemsetAsync(a->back_rows + (size_t)r->n_sent * D, 0,
+                               (N * (size_t)K - (size_t)r->n_sent) * D * sizeof(float), s)); /* dropped: zeros */
     CHECK(cuda_moe_scatter_add(dxn, a->back_rows, r, N, K, D, s));
 
     CHECK(cuda_moe_balance_backward(a->dprobs, r->d_frac, N, E, m->cfg.aux_loss, loss_scale, s));

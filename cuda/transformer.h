@@ -48,7 +48,7 @@ typedef struct {
     float *block;            /* the one device allocation holding the floats above */
     CudaRouting *route;      /* (Lk) */
     /* host */
-    int *h_send_expert, *h_send_token, *h_counts;     /* (N*K), (N*K), (E) */
+    int *h_send_token, *h_counts, *h_counts_all;      /* (N*K), (4E: histogram, then scratch), (G,E) */
     float *h_losses;                                  /* (N) */
     /* owner-side device scratch, grown on demand */
     float *recv_rows, *recv_rows2, *row_tmp, *row_tmp2, *ffn_scratch;

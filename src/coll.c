@@ -88,6 +88,18 @@ int coll_alltoall_int(Coll *c, const int *send, int *recv)
     return ISTH_OK;
 }
 
+int coll_allgather_int(Coll *c, const int *mine, int n, int *all)
+{
+    if (c->size == 1) {
+        memcpy(all, mine, (size_t)n * sizeof(int));
+        return ISTH_OK;
+    }
+    CHECK_MPI(MPI_Allgather(mine, n, MPI_INT, all, n, MPI_INT, c->comm));
+    c->bytes_sent += (double)(c->size - 1) * n * sizeof(int);
+    c->bytes_recv += (double)(c->size - 1) * n * sizeof(int);
+    return ISTH_OK;
+}
+
 int coll_allreduce_sum_int(Coll *c, int *v, size_t n)
 {
     if (c->size == 1) return ISTH_OK;

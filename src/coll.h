@@ -38,6 +38,8 @@ int coll_alltoallv_int_rows(Coll *c, const int *send, const int *send_counts, in
                             const int *recv_counts, int width);
 /* recv[s] = what rank s put in send[me]: one int per rank. */
 int coll_alltoall_int(Coll *c, const int *send, int *recv);
+/* all[s * n + i] = rank s's mine[i] (n ints from every rank). */
+int coll_allgather_int(Coll *c, const int *mine, int n, int *all);
 /* In-place sums over the communicator. */
 int coll_allreduce_sum_int(Coll *c, int *v, size_t n);
 int coll_allreduce_sum_double(Coll *c, double *v, size_t n);

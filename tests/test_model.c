@@ -31,6 +31,7 @@
 #include "coll.h"
 #include "model.h"
 #include "cpu/moe.h"
+#include "route_plan.h"
 #include "cpu/optim.h"
 #include "refmodel.h"
 #include "rng.h"
@@ -253,44 +254,127 @@ static void test_capacity_overflow_in_arrival_order(void **state)
 {
     (void)state;
     enum { N = 5, E = 3, K = 2 };
-    /* copies in arrival order (token 0 k0, token 0 k1, token 1 k0, ...) */
-    const int experts[N * K] = {0, 1, 0, 2, 0, 1, 0, 1, 2, 1};
-    int row_of[N * K], row_src[N * K], start[E + 1], dropped;
+    /* one rank: copies in copy order (token 0 k0, token 0 k1, token 1 k0, ...) */
+    const int choice[N * K] = {0, 1, 0, 2, 0, 1, 0, 1, 2, 1};
+    const int cnt[E] = {4, 4, 2}; /* the rank's histogram: the learner's count matrix */
+    int send_copy[N * K], copy_slot[N * K], send_counts[1], pos[4 * E], recv_counts[1];
+    int recv_row[N * K], row_src[N * K], start[E + 1], dropped;
     assert_int_equal(moe_capacity(1.0, N, K, E), 4); /* ceil(1.0*5*2/3) */
-    int rows = moe_plan(experts, N * K, E, 2, row_of, row_src, start, &dropped);
     /* expert 0 chosen by copies 0,2,4,6: 4,6 dropped; expert 1 by 1,5,7,9:
-     * 7,9 dropped; expert 2 by 3,8: both kept */
+     * 7,9 dropped; expert 2 by 3,8: both kept. Kept copies first, by
+     * expert, then the dropped ones by expert */
+    assert_int_equal(moe_send_plan(send_copy, copy_slot, send_counts, pos, choice, cnt, N, K, 1, E, 0, 2), 6);
+    assert_int_equal(send_counts[0], 6);
+    const int slot[N * K] = {0, 2, 1, 4, 6, 3, 7, 8, 5, 9};
+    for (int i = 0; i < N * K; i++) {
+        assert_int_equal(copy_slot[i], slot[i]);
+        assert_int_equal(send_copy[slot[i]], i);
+    }
+    assert_int_equal(moe_recv_count(recv_counts, cnt, 1, E, 0, 2), 6);
+    assert_int_equal(moe_owner_plan(recv_row, row_src, start, &dropped, cnt, 1, E, 0, 2), 6);
     assert_int_equal(dropped, 4);
-    assert_int_equal(rows, 6);
-    const int kept[N * K] = {1, 1, 1, 1, 0, 1, 0, 0, 1, 0};
-    for (int i = 0; i < N * K; i++) assert_int_equal(row_of[i] >= 0, kept[i]);
-    assert_int_equal(start[0], 0);
-    assert_int_equal(start[1], 2);
-    assert_int_equal(start[2], 4);
-    assert_int_equal(start[3], 6);
-    const int src[6] = {0, 2, 1, 5, 3, 8}; /* rows grouped by expert, arrival order inside */
-    for (int i = 0; i < 6; i++) assert_int_equal(row_src[i], src[i]);
-    rows = moe_plan(experts, N * K, E, -1, row_of, row_src, start, &dropped); /* evaluation */
+    const int want_start[E + 1] = {0, 2, 4, 6};
+    for (int e = 0; e <= E; e++) assert_int_equal(start[e], want_start[e]);
+    for (int a = 0; a < 6; a++) { /* one rank: arrivals are already grouped by expert */
+        assert_int_equal(recv_row[a], a);
+        assert_int_equal(row_src[a], a);
+    }
+    /* evaluation: no capacity, nothing dropped */
+    assert_int_equal(moe_send_plan(send_copy, copy_slot, send_counts, pos, choice, cnt, N, K, 1, E, 0, -1), N * K);
+    assert_int_equal(moe_owner_plan(recv_row, row_src, start, &dropped, cnt, 1, E, 0, -1), N * K);
     assert_int_equal(dropped, 0);
-    assert_int_equal(rows, N * K);
 }
 
-/* Copies go to the owner of their expert, grouped by destination, copy
- * order inside each group. */
-static void test_send_order(void **state)
+/* The plan every rank derives from the count matrix (route_plan.h, used by
+ * moe.c on the host, per copy on a GPU) against the capacity rule applied
+ * directly: every source sends every copy to its expert's owner (grouped by
+ * destination, copy order inside); the owner takes them in (source rank,
+ * position) order and each expert keeps its first `cap`, grouped into rows
+ * in that order. Random routings (skewed, so that capacity bites), G ranks
+ * of El experts, with and without capacity. */
+static void test_plan_against_direct_rule(void **state)
 {
     (void)state;
-    enum { N = 3, K = 2, G = 2, El = 2 };
-    const int choice[N * K] = {3, 0, 1, 2, 2, 3};
-    int send_copy[N * K], copy_slot[N * K], counts[G];
-    moe_send_order(send_copy, copy_slot, counts, choice, N, K, G, El);
-    assert_int_equal(counts[0], 2);
-    assert_int_equal(counts[1], 4);
-    const int want[N * K] = {1, 2, 0, 3, 4, 5};
-    for (int i = 0; i < N * K; i++) {
-        assert_int_equal(send_copy[i], want[i]);
-        assert_int_equal(copy_slot[send_copy[i]], i);
+    enum { GMAX = 4, ELMAX = 3, N = 13, K = 2, EMAX = GMAX * ELMAX, C = N * K };
+    unsigned seed = 12345;
+    int checked_drops = 0;
+    for (int trial = 0; trial < 60; trial++) {
+        const int G = 1 + trial % GMAX, El = 1 + (trial / GMAX) % ELMAX, E = G * El;
+        if (E < K) continue;
+        const int cap = trial % 5 == 4 ? -1 : 1 + trial % 7;
+        int choice[GMAX][C], cnt[GMAX * EMAX] = {0};
+        for (int s = 0; s < G; s++)
+            for (int t = 0; t < N; t++)
+                for (int k = 0; k < K; k++) { /* distinct experts per token, skewed to the low ones */
+                    int e;
+                    do {
+                        seed = seed * 1103515245u + 12345u;
+                        const int r = (int)((seed >> 16) % (unsigned)(E * E));
+                        e = r % E < r / E ? r % E : r / E;
+                    } while (k == 1 && e == choice[s][t * K]);
+                    choice[s][t * K + k] = e;
+                    cnt[s * E + e]++;
+                }
+        /* the direct rule: arrivals at each owner, capacity in arrival order */
+        int want_row[GMAX][C]; /* row at the owner, -1 dropped */
+        int want_rows[GMAX] = {0}, want_dropped[GMAX] = {0};
+        for (int d = 0; d < G; d++) {
+            int seen[ELMAX] = {0}, start[ELMAX + 1] = {0}, used[ELMAX] = {0};
+            for (int s = 0; s < G; s++) /* pass 1: how many each expert keeps */
+                for (int i = 0; i < C; i++)
+                    if (choice[s][i] / El == d) {
+                        if (cap < 0 || seen[choice[s][i] % El] < cap) seen[choice[s][i] % El]++;
+                        else want_dropped[d]++;
+                    }
+            for (int el = 0; el < El; el++) start[el + 1] = start[el] + seen[el];
+            for (int s = 0; s < G; s++) /* pass 2: rows, arrival order inside each expert */
+                for (int i = 0; i < C; i++) {
+                    const int e = choice[s][i], el = e % El;
+                    if (e / El != d) continue;
+                    want_row[s][i] = used[el] < seen[el] ? start[el] + used[el]++ : -1;
+                }
+            want_rows[d] = start[El];
+            checked_drops += want_dropped[d];
+        }
+        /* the plan */
+        int send_copy[GMAX][C], copy_slot[GMAX][C], send_counts[GMAX][GMAX], n_sent[GMAX], pos[4 * EMAX];
+        for (int s = 0; s < G; s++) {
+            n_sent[s] = moe_send_plan(send_copy[s], copy_slot[s], send_counts[s], pos, choice[s], cnt, N, K, G, El,
+                                      s, cap);
+            int sent = 0;
+            for (int d = 0; d < G; d++) sent += send_counts[s][d];
+            assert_int_equal(sent, n_sent[s]);
+        }
+        for (int d = 0; d < G; d++) {
+            int recv_counts[GMAX], recv_row[GMAX * C], row_src[GMAX * C], start[ELMAX + 1], dropped;
+            const int n_recv = moe_recv_count(recv_counts, cnt, G, El, d, cap);
+            assert_int_equal(moe_owner_plan(recv_row, row_src, start, &dropped, cnt, G, El, d, cap), n_recv);
+            assert_int_equal(n_recv, want_rows[d]);
+            assert_int_equal(dropped, want_dropped[d]);
+            for (int row = 0; row < n_recv; row++) assert_int_equal(recv_row[row_src[row]], row);
+            for (int s = 0, base = 0; s < G; base += recv_counts[s++]) {
+                assert_int_equal(recv_counts[s], send_counts[s][d]);
+                int offset = 0; /* where s's rows for d start among its slots */
+                for (int q = 0; q < d; q++) offset += send_counts[s][q];
+                for (int i = 0; i < C; i++) {
+                    const int e = choice[s][i];
+                    if (e / El != d) continue;
+                    const int slot = copy_slot[s][i];
+                    int p = 0; /* the copy's position among s's copies of e: the per-copy form a GPU computes */
+                    for (int j = 0; j < i; j++) p += choice[s][j] == e;
+                    assert_int_equal(route_copy_slot(cnt, E, s, e, p, cap), slot);
+                    if (want_row[s][i] < 0) {
+                        assert_true(slot >= n_sent[s]);
+                        continue;
+                    }
+                    assert_true(slot >= offset && slot < offset + send_counts[s][d]);
+                    assert_int_equal(recv_row[base + slot - offset], want_row[s][i]);
+                    assert_int_equal(route_row(cnt, G, E, El, d, s, e % El, p, cap), want_row[s][i]);
+                }
+            }
+        }
     }
+    assert_true(checked_drops > 100); /* the capacity rule was exercised */
 }
 
 /* Runs that cross tensor boundaries, leave gaps and end at the last
@@ -365,7 +449,7 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_topk_ties_go_to_lower_index),
         cmocka_unit_test(test_capacity_overflow_in_arrival_order),
-        cmocka_unit_test(test_send_order),
+        cmocka_unit_test(test_plan_against_direct_rule),
         cmocka_unit_test(test_adamw_runs_match_whole),
         cmocka_unit_test(test_zero_embedding_is_uniform),
         cmocka_unit_test(test_eval_forward_matches_reference),

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "layers.h"
+#include "route_plan.h"
 
 int moe_capacity(double capacity_factor, size_t tokens, int K, int E)
 {
@@ -65,43 +66,65 @@ void router_stats(int *counts, double *mean_prob, const int *choice, const float
     for (int e = 0; e < E; e++) mean_prob[e] = N ? mean_prob[e] / (double)N : 0.0;
 }
 
-void moe_send_order(int *send_copy, int *copy_slot, int *send_counts, const int *choice, size_t N,
-                    int K, int G, int El)
+int moe_send_plan(int *send_copy, int *copy_slot, int *send_counts, int *pos, const int *choice, const int *cnt,
+                  size_t N, int K, int G, int El, int me, int cap)
 {
+    const int E = G * El;
     const size_t copies = N * (size_t)K;
-    int slot = 0;
-    for (int d = 0; d < G; d++) {
-        send_counts[d] = 0;
-        for (size_t i = 0; i < copies; i++) {
-            if (choice[i] / El != d) continue;
-            send_copy[slot] = (int)i;
-            copy_slot[i] = slot++;
-            send_counts[d]++;
-        }
+    for (int d = 0; d < G; d++) send_counts[d] = route_send_count(cnt, E, El, me, d, cap);
+    /* pos[e]: the next position among this rank's copies of e; the slot
+     * bases of route_copy_slot, one expert at a time (its per-copy cost is
+     * O(E), fine for a GPU thread, not for a loop over every copy) */
+    int *kept = pos + E, *base = pos + 2 * E, *dbase = pos + 3 * E;
+    int n_kept = 0;
+    for (int e = 0; e < E; e++) {
+        pos[e] = 0;
+        kept[e] = route_kept(cnt, E, me, e, cap);
+        base[e] = n_kept;
+        n_kept += kept[e];
     }
+    for (int e = 0, d = n_kept; e < E; e++) {
+        dbase[e] = d;
+        d += cnt[me * E + e] - kept[e];
+    }
+    for (size_t i = 0; i < copies; i++) {
+        const int e = choice[i], p = pos[e]++;
+        const int slot = p < kept[e] ? base[e] + p : dbase[e] + p - kept[e];
+        copy_slot[i] = slot;
+        send_copy[slot] = (int)i;
+    }
+    return n_kept;
 }
 
-int moe_plan(const int *experts, int n, int El, int capacity, int *row_of, int *row_src,
-             int *expert_start, int *dropped)
+int moe_recv_count(int *recv_counts, const int *cnt, int G, int El, int me, int cap)
 {
-    /* expert_start[e + 1] counts expert e's rows, then becomes the prefix sum */
-    for (int e = 0; e <= El; e++) expert_start[e] = 0;
+    int n = 0;
+    for (int s = 0; s < G; s++) n += recv_counts[s] = route_send_count(cnt, G * El, El, s, me, cap);
+    return n;
+}
+
+int moe_owner_plan(int *recv_row, int *row_src, int *expert_start, int *dropped, const int *cnt, int G, int El,
+                   int me, int cap)
+{
+    const int E = G * El;
     *dropped = 0;
-    for (int i = 0; i < n; i++) { /* arrival order = (source, position) */
-        int *count = &expert_start[experts[i] + 1];
-        if (capacity >= 0 && *count >= capacity) {
-            row_of[i] = -1;
-            (*dropped)++;
-        } else {
-            row_of[i] = (*count)++; /* index within the expert for now */
+    for (int el = 0; el <= El; el++) expert_start[el] = route_expert_start(cnt, G, E, El, me, el, cap);
+    for (int el = 0; el < El; el++) {
+        const int e = me * El + el;
+        int total = 0;
+        for (int s = 0; s < G; s++) total += cnt[s * E + e];
+        *dropped += total - route_expert_rows(cnt, G, E, e, cap);
+    }
+    for (int s = 0; s < G; s++) /* (source, expert) groups: their first arrival and row, then p */
+        for (int el = 0; el < El; el++) {
+            const int n = route_kept(cnt, E, s, me * El + el, cap);
+            if (!n) continue;
+            const int a0 = route_arrival(cnt, E, El, me, s, el, 0, cap), row0 = route_row(cnt, G, E, El, me, s, el, 0, cap);
+            for (int p = 0; p < n; p++) {
+                recv_row[a0 + p] = row0 + p;
+                row_src[row0 + p] = a0 + p;
+            }
         }
-    }
-    for (int e = 0; e < El; e++) expert_start[e + 1] += expert_start[e];
-    for (int i = 0; i < n; i++) {
-        if (row_of[i] < 0) continue;
-        row_of[i] += expert_start[experts[i]];
-        row_src[row_of[i]] = i;
-    }
     return expert_start[El];
 }
 

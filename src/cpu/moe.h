@@ -19,11 +19,13 @@
 
 /* Routing and dispatch state of one MoE layer for this rank.
  * Source side: this rank's N tokens and their K routed copies; a copy is
- * numbered t*K+k. Copies are sent to the rank that owns their expert ("send
- * order": by destination rank, then copy number).
- * Owner side: the copies received for this rank's El experts, in arrival
- * order = (source rank, position) — the order the capacity rule uses — and
- * the kept ones grouped by expert into compute rows. */
+ * numbered t*K+k. The kept copies go to the rank that owns their expert,
+ * in slots grouped by expert (so by destination rank), each expert's in
+ * copy order; dropped copies (beyond capacity: the learner's count matrix
+ * says which, route_plan.h) take the slots after them and are not sent.
+ * Owner side: the copies received for this rank's El experts, from each
+ * source in rank order — the (source rank, position) order the capacity
+ * rule uses — grouped by expert into compute rows. */
 typedef struct {
     float *probs;       /* (N,E) softmax of router logits */
     float *lse;         /* (N) logsumexp of router logits (z-loss) */
@@ -32,16 +34,16 @@ typedef struct {
     double *mean_prob;  /* (E) P_e over this rank's tokens */
     int *send_copy;     /* (N*K) send slot -> copy */
     int *copy_slot;     /* (N*K) copy -> send slot */
-    int *send_counts;   /* (G) copies sent to each rank */
-    float *y_back;      /* (N*K,D) expert output of each sent copy, 0 if dropped */
+    int *send_counts;   /* (G) kept copies sent to each rank */
+    int n_sent;         /* kept copies: slots [0, n_sent) are sent, the rest dropped */
+    float *y_back;      /* (N*K,D) expert output of each copy's slot, 0 if dropped */
     /* owner side; arrays grow as needed (caps) */
     int n_recv, recv_cap;
     int *recv_counts;   /* (G) copies received from each rank */
-    int *recv_expert;   /* (n_recv) local expert of each received copy */
-    int *recv_row;      /* (n_recv) compute row, -1 if dropped for capacity */
+    int *recv_row;      /* (n_recv) compute row of each received copy */
     int *row_src;       /* (rows) received index of each compute row */
     int *expert_start;  /* (El+1) rows [expert_start[e], expert_start[e+1]) are expert e */
-    int rows, dropped;
+    int rows, dropped;  /* rows = n_recv; dropped: copies of this rank's experts beyond capacity */
     int row_cap, row_cap_f;
     float *xrows;       /* (rows,D) expert inputs, saved for backward */
     float *arows, *urows, *hrows; /* (rows,F) */
@@ -59,17 +61,21 @@ void router_topk(int *choice, const float *probs, size_t N, int E, int K);
  * mean_prob (E) = mean router probability over the N tokens. */
 void router_stats(int *counts, double *mean_prob, const int *choice, const float *probs, size_t N,
                   int E, int K);
-/* Send order: copies grouped by destination rank (expert / El), then by copy
- * number. Fills send_copy, copy_slot (N*K) and send_counts (G). */
-void moe_send_order(int *send_copy, int *copy_slot, int *send_counts, const int *choice, size_t N,
-                    int K, int G, int El);
-/* Owner plan over n arrived copies of local experts experts[i] in arrival
- * order: an expert keeps its first `capacity` copies (capacity < 0: all).
- * Fills row_of (n: compute row or -1), row_src (rows), expert_start (El+1);
- * returns the number of kept rows, *dropped the others. */
-int moe_plan(const int *experts, int n, int El, int capacity, int *row_of, int *row_src,
-             int *expert_start, int *dropped);
-
+/* The dispatch plan of learner rank `me` from the learner's count matrix
+ * cnt (G,E) and the capacity (route_plan.h says how every rank derives the
+ * same plan). Source side: copy_slot (N*K: copy -> slot), send_copy (slot
+ * -> copy), send_counts (G: kept rows to each rank, in slot order); kept
+ * copies take the first slots, in expert order; returns how many. pos: 4*E
+ * ints of scratch. */
+int moe_send_plan(int *send_copy, int *copy_slot, int *send_counts, int *pos, const int *choice, const int *cnt,
+                  size_t N, int K, int G, int El, int me, int cap);
+/* Owner side: recv_counts (G: rows arriving from each rank); returns their sum. */
+int moe_recv_count(int *recv_counts, const int *cnt, int G, int El, int me, int cap);
+/* Owner side: recv_row (arrival -> compute row), row_src (row -> arrival),
+ * expert_start (El+1); *dropped = copies of its experts beyond capacity
+ * (never sent). Returns the rows (= the arrivals: all are kept). */
+int moe_owner_plan(int *recv_row, int *row_src, int *expert_start, int *dropped, const int *cnt, int G, int El,
+                   int me, int cap);
 /* aux = coef * E * sum_e f_e P_e ; z = coef * mean_t lse_t^2 */
 double moe_balance_loss(const double *frac, const double *mean_prob, int E, double coef);
 double moe_z_loss(const float *lse, size_t N, double coef);

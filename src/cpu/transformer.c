@@ -81,8 +81,8 @@ double acts_bytes(const ModelConfig *c, int B, int T, int G, int threads, Recomp
     Carve plan[ACTS_CARVES];
     acts_dims(&a, c, B, T, G, recompute);
     const double block = (double)block_plan(&a, threads, plan) * sizeof(float);
-    return block + a.Lk * (route_bytes(&a) + (double)sizeof(MoeRouting)) + (double)B * T * a.K * sizeof(int) +
-           (double)a.E * sizeof(int);
+    /* + counts (and the plan's scratch) and the learner's count matrix */
+    return block + a.Lk * (route_bytes(&a) + (double)sizeof(MoeRouting)) + (4.0 + a.G) * a.E * sizeof(int);
 }
 
 int acts_create(Activations *a, const ModelConfig *c, int B, int T, Coll *ep, Recompute recompute)
@@ -94,9 +94,9 @@ int acts_create(Activations *a, const ModelConfig *c, int B, int T, Coll *ep, Re
     const size_t total = block_plan(a, omp_get_max_threads(), plan);
     a->block = isth_aligned_alloc(64, total * sizeof(float));
     a->route = isth_calloc(Lk, sizeof(MoeRouting));
-    a->send_expert = isth_malloc(N * K * sizeof(int));
-    a->counts = isth_malloc(E * sizeof(int));
-    if (!a->block || !a->route || !a->send_expert || !a->counts) {
+    a->counts = isth_malloc(4 * E * sizeof(int));
+    a->counts_all = isth_malloc((size_t)a->G * E * sizeof(int));
+    if (!a->block || !a->route || !a->counts || !a->counts_all) {
         acts_destroy(a);
         return isth_fail(ISTH_ERUNTIME, "out of memory for activations (%zu MiB)",
                          total * sizeof(float) >> 20);
@@ -137,7 +137,7 @@ double acts_expert_row_bytes(const ModelConfig *c, double n, Recompute recompute
     const int kept = recompute == RECOMPUTE_LAYER ? 1 : c->layers; /* layers that keep their rows */
     const size_t rows_n = (size_t)n, D = (size_t)c->dim, F = (size_t)c->ffn;
     const double rows = (double)moe_rows_grow_target(rows_n);
-    const double per_layer = rows * (3 * sizeof(int) + (double)D * 4 + 3.0 * F * 4);
+    const double per_layer = rows * (2 * sizeof(int) + (double)D * 4 + 3.0 * F * 4);
     const double shared = 4.0 * moe_rows_grow_target(rows_n * D) * 4 + (double)moe_rows_grow_target(3 * rows_n * F) * 4;
     return kept * per_layer + shared;
 }
@@ -149,14 +149,14 @@ void acts_destroy(Activations *a)
             MoeRouting *r = &a->route[l];
             void *bufs[] = {r->probs, r->lse, r->choice, r->frac, r->mean_prob, r->send_copy,
                             r->copy_slot, r->send_counts, r->recv_counts, r->y_back,
-                            r->expert_start, r->recv_expert, r->recv_row, r->row_src, r->xrows,
+                            r->expert_start, r->recv_row, r->row_src, r->xrows,
                             r->arows, r->urows, r->hrows};
             for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) isth_free(bufs[i]);
         }
     isth_free(a->route);
     isth_free(a->block);
-    isth_free(a->send_expert);
     isth_free(a->counts);
+    isth_free(a->counts_all);
     isth_free(a->recv_rows);
     isth_free(a->recv_rows2);
     isth_free(a->row_tmp);
@@ -193,16 +193,14 @@ static int ensure_owner(Activations *a, MoeRouting *r, int n_recv)
 static int ensure_owner_rows(Activations *a, MoeRouting *r, int n_recv)
 {
     const size_t n = (size_t)n_recv, D = (size_t)a->D, F = (size_t)a->F;
-    if (n > (size_t)r->recv_cap || !r->recv_expert) {
+    if (n > (size_t)r->recv_cap || !r->recv_row) {
         size_t want = moe_rows_grow_target(n);
-        isth_free(r->recv_expert);
         isth_free(r->recv_row);
         isth_free(r->row_src);
         isth_free(r->xrows);
         isth_free(r->arows);
         isth_free(r->urows);
         isth_free(r->hrows);
-        r->recv_expert = isth_malloc(want * sizeof(int));
         r->recv_row = isth_malloc(want * sizeof(int));
         r->row_src = isth_malloc(want * sizeof(int));
         r->xrows = isth_malloc(want * D * sizeof(float));
@@ -210,7 +208,7 @@ static int ensure_owner_rows(Activations *a, MoeRouting *r, int n_recv)
         r->urows = isth_malloc(want * F * sizeof(float));
         r->hrows = isth_malloc(want * F * sizeof(float));
         r->recv_cap = (int)want;
-        if (!r->recv_expert || !r->recv_row || !r->row_src || !r->xrows || !r->arows ||
+        if (!r->recv_row || !r->row_src || !r->xrows || !r->arows ||
             !r->urows || !r->hrows)
             return isth_fail(ISTH_ERUNTIME, "out of memory for %zu expert rows", n);
     }
@@ -234,14 +232,18 @@ static void expert_weights(const Model *m, int l, int e, const float **wg, const
 }
 
 /* MoE layer forward with expert parallelism over the learner's G ranks:
- * route locally, send each routed copy to its expert's owner (all-to-all),
- * owners apply capacity in (source rank, position) order and run their
- * experts, outputs return (all-to-all) and are combined with the gates.
- * With G = 1 the exchanges are copies and the arithmetic is the same. */
+ * route locally, share the counts (each rank's per-expert histogram, one
+ * allgather): from them every rank knows the whole dispatch plan and the
+ * capacity rule's verdict (route_plan.h); each kept copy goes to its
+ * expert's owner (all-to-all), owners run their experts on rows in
+ * (source rank, position) order, outputs return (all-to-all) and are
+ * combined with the gates; dropped copies are never sent and return
+ * zeros. With G = 1 the exchanges are copies and the arithmetic is the
+ * same. */
 static int moe_forward(float *out, const Model *m, Activations *a, int l, size_t N, int training,
                        ForwardStats *st)
 {
-    const int D = a->D, E = a->E, K = a->K, F = a->F, G = a->G, El = a->El;
+    const int D = a->D, E = a->E, K = a->K, F = a->F, G = a->G, El = a->El, me = a->ep->rank;
     MoeRouting *r = &a->route[slot(a, l)];
     const float *xn = SLICE(a->xn2, slot(a, l), (size_t)a->B * a->T * D);
 
@@ -250,39 +252,38 @@ static int moe_forward(float *out, const Model *m, Activations *a, int l, size_t
     router_softmax_forward(r->probs, r->lse, a->router_logits, N, E);
     router_topk(r->choice, r->probs, N, E, K);
     router_stats(a->counts, r->mean_prob, r->choice, r->probs, N, E, K);
-    CHECK(coll_allreduce_sum_int(a->ep, a->counts, E));
+    CHECK(coll_allgather_int(a->ep, a->counts, E, a->counts_all));
     const double learner_copies = (double)N * G * K;
-    for (int e = 0; e < E; e++) r->frac[e] = a->counts[e] / learner_copies;
+    for (int e = 0; e < E; e++) {
+        int total = 0; /* integers: the same in any order */
+        for (int s = 0; s < G; s++) total += a->counts_all[s * E + e];
+        r->frac[e] = total / learner_copies;
+    }
     const int capacity = training ? moe_capacity(m->cfg.capacity_factor, N * (size_t)G, K, E) : -1;
     if (training) {
         st->aux_loss += moe_balance_loss(r->frac, r->mean_prob, E, m->cfg.aux_loss);
         st->z_loss += moe_z_loss(r->lse, N, m->cfg.z_loss);
     }
 
-    /* dispatch: copies to owners, in send order */
-    const size_t copies = N * (size_t)K;
-    moe_send_order(r->send_copy, r->copy_slot, r->send_counts, r->choice, N, K, G, El);
-#pragma omp parallel for schedule(static)
-    for (size_t i = 0; i < copies; i++) {
-        const int copy = r->send_copy[i];
-        memcpy(a->send_rows + i * D, xn + (size_t)(copy / K) * D, (size_t)D * sizeof(float));
-        a->send_expert[i] = r->choice[copy] % El;
-    }
-    CHECK(coll_alltoall_int(a->ep, r->send_counts, r->recv_counts));
-    int n_recv = 0;
-    for (int s = 0; s < G; s++) n_recv += r->recv_counts[s];
+    /* the plan: slots of this rank's copies, arrivals and rows of its experts */
+    r->n_sent = moe_send_plan(r->send_copy, r->copy_slot, r->send_counts, a->counts, r->choice, a->counts_all, N, K,
+                              G, El, me, capacity);
+    const int n_recv = moe_recv_count(r->recv_counts, a->counts_all, G, El, me, capacity);
     CHECK(ensure_owner(a, r, n_recv));
     r->n_recv = n_recv;
+    r->rows = moe_owner_plan(r->recv_row, r->row_src, r->expert_start, &r->dropped, a->counts_all, G, El, me,
+                             capacity);
+    if (training) st->dropped += r->dropped;
+
+    /* dispatch: the kept copies' rows to their owners, in slot order */
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < r->n_sent; i++)
+        memcpy(a->send_rows + (size_t)i * D, xn + (size_t)(r->send_copy[i] / K) * D, (size_t)D * sizeof(float));
     /* with one rank the rows stay where they are: exchange in place */
     float *arrived = G > 1 ? a->recv_rows : a->send_rows;
     CHECK(coll_alltoallv_rows(a->ep, a->send_rows, r->send_counts, arrived, r->recv_counts, D));
-    CHECK(coll_alltoallv_int_rows(a->ep, a->send_expert, r->send_counts, r->recv_expert,
-                                  r->recv_counts, 1));
 
-    /* owner: capacity in arrival order, rows grouped by expert, compute */
-    r->rows = moe_plan(r->recv_expert, n_recv, El, capacity, r->recv_row, r->row_src,
-                       r->expert_start, &r->dropped);
-    if (training) st->dropped += r->dropped;
+    /* owner: rows grouped by expert, compute */
     rows_gather(r->xrows, arrived, r->row_src, (size_t)r->rows, D);
     float *yrows = a->row_tmp;
     for (int e = 0; e < El; e++) {
@@ -292,10 +293,11 @@ static int moe_forward(float *out, const Model *m, Activations *a, int l, size_t
         expert_forward(yrows + r0 * D, r->arows + r0 * F, r->urows + r0 * F, r->hrows + r0 * F,
                        r->xrows + r0 * D, wg, wu, wd, n, D, F);
     }
-    /* outputs back to the sources (dropped copies return zeros) */
+    /* outputs back to the sources' slots; the dropped copies' slots are zeros */
     float *leaving = G > 1 ? a->recv_rows2 : r->y_back;
     rows_gather(leaving, yrows, r->recv_row, (size_t)n_recv, D);
     CHECK(coll_alltoallv_rows(a->ep, leaving, r->recv_counts, r->y_back, r->send_counts, D));
+    memset(r->y_back + (size_t)r->n_sent * D, 0, (N * (size_t)K - (size_t)r->n_sent) * D * sizeof(float));
     moe_combine_forward(out, r, N, E, K, D);
     return ISTH_OK;
 }
@@ -387,6 +389,8 @@ static int moe_backward(float *dxn, Model *m, Activations *a, int l, const float
     float *leaving = a->G > 1 ? a->recv_rows2 : a->back_rows;
     rows_gather(leaving, dxrows, r->recv_row, (size_t)r->n_recv, D);
     CHECK(coll_alltoallv_rows(a->ep, leaving, r->recv_counts, a->back_rows, r->send_counts, D));
+    /* the dropped copies' slots: zeros, as their rows were */
+    memset(a->back_rows + (size_t)r->n_sent * D, 0, (N * (size_t)K - (size_t)r->n_sent) * D * sizeof(float));
     moe_scatter_add(dxn, a->back_rows, r, N, K, D);
 
     /* router: balance and z losses, softmax, projection */

@@ -47,8 +47,8 @@ typedef struct {
     float *back_rows;         /* (N*K,D) rows coming back (dx) */
     float *att_scratch;       /* (threads,T,T) */
     float *router_logits;     /* (N,E) */
-    int *send_expert;         /* (N*K) destination-local expert of each sent copy */
-    int *counts;              /* (E) */
+    int *counts;              /* (E) this rank's histogram, then 4E of the plan's scratch */
+    int *counts_all;          /* (G,E) the learner's histograms: the dispatch plan's input */
     /* owner-side scratch, grown on demand */
     float *recv_rows, *recv_rows2, *row_tmp, *row_tmp2; /* (n_recv,D) each */
     float *ffn_scratch;                                 /* (3*n_recv*F) */

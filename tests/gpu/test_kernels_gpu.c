@@ -255,11 +255,12 @@ static int test_moe(CudaBlas *blas)
     back(got, d_dlog, F4(N * E));
     check_sums("router_softmax_backward", got, dlog, N * E);
 
-    /* combine: one rank, so the send order is the copy order grouped by nothing */
+    /* combine: one rank, no capacity: the slots are the copies grouped by expert */
     MoeRouting r = {0};
     int *send_copy = malloc(NK * sizeof(int)), *copy_slot = malloc(NK * sizeof(int)), send_counts[1];
-    NEED(send_copy && copy_slot);
-    moe_send_order(send_copy, copy_slot, send_counts, choice, N, K, 1, E);
+    int *pos = malloc(4 * E * sizeof(int));
+    NEED(send_copy && copy_slot && pos);
+    moe_send_plan(send_copy, copy_slot, send_counts, pos, choice, counts, N, K, 1, E, 0, -1);
     float *y_back = rnd(NK * D, 22, 1.0), *dout = rnd(N * D, 23, 1.0), *out = malloc(F4(N * D));
     float *dysend = malloc(F4(NK * D)), *dpr = rnd(N * E, 24, 0.1), *dinp = rnd(N * D, 25, 0.1);
     NEED(y_back && dout && out && dysend && dpr && dinp);

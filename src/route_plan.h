@@ -1,0 +1,111 @@
+/* route_plan.h — the expert dispatch plan as arithmetic on the learner's
+ * count matrix, shared by every backend: plain C, and __host__ __device__
+ * under nvcc so that a kernel can compute any one entry of the plan.
+ *
+ * cnt (G,E): cnt[s * E + e] = the copies rank s of the learner routes to
+ * expert e (each rank's histogram, allgathered). Expert e lives on rank
+ * e / El. The capacity rule (cpu/moe.h): an expert keeps the first `cap`
+ * copies in (source rank, position) order; cap < 0 keeps all. Every rank
+ * derives the same plan from cnt and cap alone, so nothing else about the
+ * routing crosses between ranks:
+ *  - kept(s, e): rank s's copies for e that the owner keeps — the first
+ *    cap − (the copies ranks before s sent to e), at least 0;
+ *  - a source sends only its kept copies, in slots grouped by expert (so
+ *    by destination rank too), each expert's in copy order; its dropped
+ *    copies take the slots after all kept ones, grouped the same way, and
+ *    their returned rows are zeros;
+ *  - an owner receives from each source, in rank order, that source's kept
+ *    copies of its experts by (expert, copy order): arrival (s, el, p);
+ *    expert el's compute rows are its kept copies in (source, position)
+ *    order, the order the capacity rule uses: row = start(el) + (the kept
+ *    copies of ranks before s) + p.
+ * The rows an expert computes, and their order, are those of the rule
+ * applied to the copies in arrival order at the owner: the same numbers.
+ *
+ * Owns: that arithmetic. Must not: allocate, loop over tokens (the
+ * position p of a copy among this rank's copies of its expert is the
+ * caller's: a running count on the CPU, a scan on the GPU).
+ */
+#ifndef ISTHMUS_ROUTE_PLAN_H
+#define ISTHMUS_ROUTE_PLAN_H
+
+#ifdef __CUDACC__
+#define ROUTE_FN static inline __host__ __device__
+#else
+#define ROUTE_FN static inline
+#endif
+
+/* Copies ranks before s route to e. */
+ROUTE_FN int route_prefix(const int *cnt, int E, int s, int e)
+{
+    int n = 0;
+    for (int q = 0; q < s; q++) n += cnt[q * E + e];
+    return n;
+}
+
+/* Of rank s's copies to e, how many the owner keeps. */
+ROUTE_FN int route_kept(const int *cnt, int E, int s, int e, int cap)
+{
+    const int c = cnt[s * E + e];
+    if (cap < 0) return c;
+    const int room = cap - route_prefix(cnt, E, s, e);
+    return room <= 0 ? 0 : room < c ? room : c;
+}
+
+/* Kept copies of rank s to experts [e0, e1). */
+ROUTE_FN int route_kept_range(const int *cnt, int E, int s, int e0, int e1, int cap)
+{
+    int n = 0;
+    for (int e = e0; e < e1; e++) n += route_kept(cnt, E, s, e, cap);
+    return n;
+}
+
+/* Rows rank s sends to rank d (d's El experts). */
+ROUTE_FN int route_send_count(const int *cnt, int E, int El, int s, int d, int cap)
+{
+    return route_kept_range(cnt, E, s, d * El, (d + 1) * El, cap);
+}
+
+/* The slot of rank s's copy of expert e at position p (0-based among s's
+ * copies of e, in copy order). */
+ROUTE_FN int route_copy_slot(const int *cnt, int E, int s, int e, int p, int cap)
+{
+    const int kept = route_kept(cnt, E, s, e, cap);
+    if (p < kept) return route_kept_range(cnt, E, s, 0, e, cap) + p;
+    int before = route_kept_range(cnt, E, s, 0, E, cap); /* every kept slot, then the dropped by expert */
+    for (int q = 0; q < e; q++) before += cnt[s * E + q] - route_kept(cnt, E, s, q, cap);
+    return before + p - kept;
+}
+
+/* Rows an expert keeps over the learner. */
+ROUTE_FN int route_expert_rows(const int *cnt, int G, int E, int e, int cap)
+{
+    int total = 0;
+    for (int s = 0; s < G; s++) total += cnt[s * E + e];
+    return cap >= 0 && total > cap ? cap : total;
+}
+
+/* The first compute row of local expert el on owner rank r. */
+ROUTE_FN int route_expert_start(const int *cnt, int G, int E, int El, int r, int el, int cap)
+{
+    int n = 0;
+    for (int q = 0; q < el; q++) n += route_expert_rows(cnt, G, E, r * El + q, cap);
+    return n;
+}
+
+/* Owner r's arrival index of (source s, local expert el, position p). */
+ROUTE_FN int route_arrival(const int *cnt, int E, int El, int r, int s, int el, int p, int cap)
+{
+    int a = 0;
+    for (int q = 0; q < s; q++) a += route_send_count(cnt, E, El, q, r, cap);
+    return a + route_kept_range(cnt, E, s, r * El, r * El + el, cap) + p;
+}
+
+/* Owner r's compute row of (source s, local expert el, position p < kept). */
+ROUTE_FN int route_row(const int *cnt, int G, int E, int El, int r, int s, int el, int p, int cap)
+{
+    const int e = r * El + el, before = route_prefix(cnt, E, s, e);
+    return route_expert_start(cnt, G, E, El, r, el, cap) + (cap >= 0 && before > cap ? cap : before) + p;
+}
+
+#endif
