@@ -60,13 +60,23 @@ static inline double cuda_route_bytes(int experts, int top_k, int dim, int B, in
     return N * E * 4 + N * 4 + 2 * N * K * 4 + E * 8 + N * K * D * 4;
 }
 
-/* The device block and every kept layer's routing buffers. */
+/* Device bytes of the dispatch plan's scratch (shared by the layers): the
+ * counts, the learner's count matrix (G ranks), the header, the slot
+ * bases, each copy's position, the mean router probabilities and the
+ * forward's three statistics. */
+static inline double cuda_route_scratch_bytes(int experts, int top_k, int G, int B, int T)
+{
+    const double N = (double)B * T, E = experts, El = (double)experts / G;
+    return E * 4 + G * E * 4 + (4 + 2.0 * G + El + 1) * 4 + 3 * E * 4 + N * top_k * 4 + E * 8 + 3 * 8;
+}
+
+/* The device block, every kept layer's routing buffers and the plan's scratch. */
 static inline double cuda_acts_plan_bytes(int layers, int kept, int dim, int heads, int experts, int top_k, int vocab,
-                                          int B, int T)
+                                          int B, int T, int G)
 {
     size_t bytes[CUDA_ACTS_PIECES];
     return (double)cuda_acts_pieces(bytes, layers, kept, dim, heads, experts, top_k, vocab, B, T) +
-           kept * cuda_route_bytes(experts, top_k, dim, B, T);
+           kept * cuda_route_bytes(experts, top_k, dim, B, T) + cuda_route_scratch_bytes(experts, top_k, G, B, T);
 }
 
 #endif

@@ -64,6 +64,20 @@ extern "C" int cuda_coll_alltoallv_rows(CudaColl *c, const float *send, const in
     return group_end(bad, what);
 }
 
+extern "C" int cuda_coll_allgather_int(CudaColl *c, const int *mine, int n, int *all, cudaStream_t stream)
+{
+    Coll *m = c->mpi;
+    if (m->size == 1) {
+        if (n && all != mine)
+            CHECK_CUDA(cudaMemcpyAsync(all, mine, sizeof(int) * (size_t)n, cudaMemcpyDeviceToDevice, stream));
+        return ISTH_OK;
+    }
+    if (n) CHECK_NCCL(ncclAllGather(mine, all, (size_t)n, ncclInt32, c->comm, stream));
+    m->bytes_sent += (double)(m->size - 1) * n * sizeof(int);
+    m->bytes_recv += (double)(m->size - 1) * n * sizeof(int);
+    return ISTH_OK;
+}
+
 extern "C" int cuda_coll_allreduce_sum(CudaColl *c, float *v, size_t n, cudaStream_t stream)
 {
     if (c->mpi->size > 1 && n) CHECK_NCCL(ncclAllReduce(v, v, n, ncclFloat, ncclSum, c->comm, stream));

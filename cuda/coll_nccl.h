@@ -36,6 +36,8 @@ void cuda_coll_destroy(CudaColl *c);
  * ncclSend/ncclRecv). With one rank, recv may be send. */
 int cuda_coll_alltoallv_rows(CudaColl *c, const float *send, const int *send_counts, float *recv,
                              const int *recv_counts, int width, cudaStream_t stream);
+/* all[s * n + i] = rank s's mine[i]: n ints from every rank (ncclAllGather). */
+int cuda_coll_allgather_int(CudaColl *c, const int *mine, int n, int *all, cudaStream_t stream);
 /* v (n) summed over the learner in place (ncclAllReduce). */
 int cuda_coll_allreduce_sum(CudaColl *c, float *v, size_t n, cudaStream_t stream);
 /* n runs (off[i], len[i]) of v copied from rank owner[i] to every rank

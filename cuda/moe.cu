@@ -2,6 +2,7 @@
 #include "moe.h"
 #include "check.h"
 #include "grid.h"
+#include "route_plan.h" /* static inline, __host__ __device__ */
 
 /* The softmax of one token's E logits, the CPU's loop. */
 __global__ static void router_softmax_kernel(float *probs, float *lse, const float *logits, size_t N, int E)
@@ -228,6 +229,149 @@ extern "C" int cuda_moe_scatter_add(float *dinp, const float *dx_send, const Cud
                                     cudaStream_t stream)
 {
     if (N) scatter_add_kernel<<<blocks_for(N * (size_t)D), 256, 0, stream>>>(dinp, dx_send, r->d_copy_slot, N, K, D);
+    CHECK_CUDA(cudaGetLastError());
+    return ISTH_OK;
+}
+
+/* --- the dispatch plan on the device (route_plan.h) ------------------------ */
+
+__global__ static void route_histogram_kernel(int *counts, const int *choice, size_t copies)
+{
+    GRID_STRIDE(i, copies) atomicAdd(&counts[choice[i]], 1); /* integers: the same counts in any order */
+}
+
+extern "C" int cuda_route_histogram(int *counts, const int *choice, size_t copies, int E, cudaStream_t stream)
+{
+    CHECK_CUDA(cudaMemsetAsync(counts, 0, sizeof(int) * (size_t)E, stream));
+    if (copies) route_histogram_kernel<<<blocks_for(copies), 256, 0, stream>>>(counts, choice, copies);
+    CHECK_CUDA(cudaGetLastError());
+    return ISTH_OK;
+}
+
+/* One block: frac by expert in parallel; the header and the bases by one
+ * thread with route_plan.h's functions (O(E*G) each: small beside a layer). */
+__global__ static void route_plan_kernel(int *hdr, int *bases, double *frac, const int *cnt, int G, int El, int me,
+                                         int cap, double learner_copies)
+{
+    const int E = G * El;
+    for (int e = threadIdx.x; e < E; e += blockDim.x) {
+        int total = 0;
+        for (int s = 0; s < G; s++) total += cnt[s * E + e];
+        frac[e] = total / learner_copies;
+    }
+    if (threadIdx.x) return;
+    int *send_counts = hdr + ROUTE_HDR_COUNTS, *recv_counts = send_counts + G, *expert_start = recv_counts + G;
+    hdr[ROUTE_HDR_SENT] = route_source_bases(cnt, E, me, cap, bases, bases + E, bases + 2 * E);
+    for (int d = 0; d < G; d++) send_counts[d] = route_send_count(cnt, E, El, me, d, cap);
+    hdr[ROUTE_HDR_RECV] = route_owner_counts(cnt, G, El, me, cap, recv_counts, expert_start, &hdr[ROUTE_HDR_DROPPED]);
+}
+
+extern "C" int cuda_route_plan(int *hdr, int *bases, double *frac, const int *cnt, int G, int El, int me, int cap,
+                               double learner_copies, cudaStream_t stream)
+{
+    route_plan_kernel<<<1, 256, 0, stream>>>(hdr, bases, frac, cnt, G, El, me, cap, learner_copies);
+    CHECK_CUDA(cudaGetLastError());
+    return ISTH_OK;
+}
+
+/* Block e: each copy of expert e gets its position among them, in copy
+ * order (a stable count: 256 flags at a time, scanned in shared memory). */
+__global__ static void route_position_kernel(int *pos, const int *choice, size_t copies)
+{
+    __shared__ int scan[256];
+    const int e = blockIdx.x, tid = threadIdx.x;
+    int base = 0;
+    for (size_t c0 = 0; c0 < copies; c0 += 256) {
+        const size_t i = c0 + tid;
+        const int flag = i < copies && choice[i] == e;
+        scan[tid] = flag;
+        __syncthreads();
+        for (int off = 1; off < 256; off <<= 1) { /* inclusive prefix sum */
+            const int v = tid >= off ? scan[tid - off] : 0;
+            __syncthreads();
+            scan[tid] += v;
+            __syncthreads();
+        }
+        if (flag) pos[i] = base + scan[tid] - 1;
+        base += scan[255];
+        __syncthreads();
+    }
+}
+
+__global__ static void route_slots_kernel(int *copy_slot, int *send_token, const int *pos, const int *choice,
+                                          const int *bases, const int *hdr, size_t copies, int K, int E)
+{
+    const int n_sent = hdr[ROUTE_HDR_SENT];
+    GRID_STRIDE(i, copies)
+    {
+        const int slot = route_slot_from_bases(bases, bases + E, bases + 2 * E, choice[i], pos[i]);
+        copy_slot[i] = slot;
+        if (slot < n_sent) send_token[slot] = (int)(i / K);
+    }
+}
+
+extern "C" int cuda_route_slots(int *copy_slot, int *send_token, int *pos, const int *choice, const int *bases,
+                                const int *hdr, size_t N, int K, int E, cudaStream_t stream)
+{
+    const size_t copies = N * (size_t)K;
+    if (!copies) return ISTH_OK;
+    route_position_kernel<<<E, 256, 0, stream>>>(pos, choice, copies);
+    route_slots_kernel<<<blocks_for(copies), 256, 0, stream>>>(copy_slot, send_token, pos, choice, bases, hdr, copies,
+                                                               K, E);
+    CHECK_CUDA(cudaGetLastError());
+    return ISTH_OK;
+}
+
+__global__ static void route_owner_map_kernel(int *recv_row, int *row_src, const int *cnt, const int *hdr, int G,
+                                              int El, int me, int cap, int n_recv)
+{
+    const int *recv_counts = hdr + ROUTE_HDR_COUNTS + G, *expert_start = recv_counts + G;
+    GRID_STRIDE(a, (size_t)n_recv)
+    {
+        const int row = route_arrival_row(cnt, G, El, me, cap, recv_counts, expert_start, (int)a);
+        recv_row[a] = row;
+        row_src[row] = (int)a;
+    }
+}
+
+extern "C" int cuda_route_owner_map(int *recv_row, int *row_src, const int *cnt, const int *hdr, int G, int El,
+                                    int me, int cap, int n_recv, cudaStream_t stream)
+{
+    if (n_recv > 0)
+        route_owner_map_kernel<<<blocks_for((size_t)n_recv), 256, 0, stream>>>(recv_row, row_src, cnt, hdr, G, El, me,
+                                                                               cap, n_recv);
+    CHECK_CUDA(cudaGetLastError());
+    return ISTH_OK;
+}
+
+/* One block: the z loss's sum of lse^2 as a fixed tree (within ~1e-16 of
+ * moe.c's token-order sum: a logged statistic, no gradient depends on it),
+ * the balance loss in expert order as moe.c. */
+__global__ static void route_losses_kernel(double *stats, const double *frac, const double *mean_prob,
+                                           const float *lse, const int *hdr, size_t N, int E, double aux_coef,
+                                           double z_coef)
+{
+    __shared__ double part[256];
+    double z = 0.0;
+    for (size_t t = threadIdx.x; t < N; t += blockDim.x) z += (double)lse[t] * lse[t];
+    part[threadIdx.x] = z;
+    __syncthreads();
+    for (int half = 128; half > 0; half >>= 1) {
+        if (threadIdx.x < half) part[threadIdx.x] += part[threadIdx.x + half];
+        __syncthreads();
+    }
+    if (threadIdx.x) return;
+    double s = 0.0;
+    for (int e = 0; e < E; e++) s += frac[e] * mean_prob[e];
+    stats[0] += aux_coef * E * s;
+    stats[1] += N ? z_coef * part[0] / (double)N : 0.0;
+    stats[2] += hdr[ROUTE_HDR_DROPPED];
+}
+
+extern "C" int cuda_route_losses(double *stats, const double *frac, const double *mean_prob, const float *lse,
+                                 const int *hdr, size_t N, int E, double aux_coef, double z_coef, cudaStream_t stream)
+{
+    route_losses_kernel<<<1, 256, 0, stream>>>(stats, frac, mean_prob, lse, hdr, N, E, aux_coef, z_coef);
     CHECK_CUDA(cudaGetLastError());
     return ISTH_OK;
 }

@@ -9,10 +9,11 @@
  * (CudaRouting).
  * The routing's bookkeeping on integers — the plan every rank derives from
  * the learner's count matrix (src/route_plan.h: slots, arrivals, rows, the
- * capacity rule) — runs on the host with src/cpu/moe.c's own functions on
- * a copy of the (N,K) choices: the all-to-all needs its counts on the host
- * anyway, and the rule is then the CPU's by construction. Only rows of
- * floats stay on the device.
+ * capacity rule) — runs on the device with route_plan.h's arithmetic (the
+ * same functions moe.c's host loops use, tested there against the rule
+ * applied directly); the host reads one small header per layer: the
+ * all-to-all's counts (NCCL takes them on the host) and the experts' row
+ * ranges (the products' sizes).
  * Must not: move data between ranks (transformer.cu does, through coll).
  */
 #ifndef ISTHMUS_CUDA_MOE_H
@@ -33,18 +34,43 @@ typedef struct {
     int *d_choice, *d_copy_slot;   /* (N*K) */
     double *d_frac;                /* (E) */
     float *d_y_back;               /* (N*K,D) */
-    int *h_choice, *h_send_copy, *h_copy_slot; /* (N*K) */
-    int *h_send_counts, *h_recv_counts;        /* (G) kept rows to / from each rank */
-    int n_sent;                                /* slots [0, n_sent) are sent; the rest were dropped */
-    double *h_frac, *h_mean_prob;  /* (E) */
-    float *h_lse;                  /* (N) */
+    /* the plan's header, read once per layer: kept rows to / from each
+     * rank, the experts' row ranges, the slots sent */
+    int *h_send_counts, *h_recv_counts, *h_expert_start; /* (G), (G), (El+1) */
+    int n_sent;                    /* slots [0, n_sent) are sent; the rest were dropped */
     /* owner side: grows with the arrivals */
     int n_recv, recv_cap, rows, dropped;
-    int *h_recv_row, *h_row_src, *h_expert_start; /* (cap), (cap), (El+1) */
     int *d_recv_row, *d_row_src;   /* (cap) */
     float *d_xrows;                /* (cap,D) expert inputs, saved for backward */
     float *d_arows, *d_urows, *d_hrows; /* (cap,F) */
 } CudaRouting;
+
+/* The plan's header on the device, as the host reads it (ints). */
+#define ROUTE_HDR_SENT 0    /* kept copies this rank sends */
+#define ROUTE_HDR_RECV 1    /* rows it receives (all kept) */
+#define ROUTE_HDR_DROPPED 2 /* copies of its experts beyond capacity */
+#define ROUTE_HDR_COUNTS 4  /* then send_counts (G), recv_counts (G), expert_start (El+1) */
+static inline size_t cuda_route_hdr_ints(int G, int El) { return ROUTE_HDR_COUNTS + 2 * (size_t)G + (size_t)El + 1; }
+
+/* counts (E) = this rank's copies per expert (overwrites). */
+int cuda_route_histogram(int *counts, const int *choice, size_t copies, int E, cudaStream_t stream);
+/* From the learner's count matrix cnt (G,E): the header, the source's slot
+ * bases (3E ints: kept, base, dbase) and frac (E, the learner's share of
+ * each expert). `me`: this rank in the learner; cap < 0: no capacity. */
+int cuda_route_plan(int *hdr, int *bases, double *frac, const int *cnt, int G, int El, int me, int cap,
+                    double learner_copies, cudaStream_t stream);
+/* copy_slot (N*K) and send_token (the token of each sent slot) from the
+ * bases; pos: N*K ints of scratch (each copy's position among this rank's
+ * copies of its expert, in copy order). */
+int cuda_route_slots(int *copy_slot, int *send_token, int *pos, const int *choice, const int *bases, const int *hdr,
+                     size_t N, int K, int E, cudaStream_t stream);
+/* The owner's maps for its n_recv arrivals: recv_row, row_src. */
+int cuda_route_owner_map(int *recv_row, int *row_src, const int *cnt, const int *hdr, int G, int El, int me, int cap,
+                         int n_recv, cudaStream_t stream);
+/* stats[0] += the balance loss, stats[1] += the z loss (moe.c's sums),
+ * stats[2] += the dropped copies (the header's), all in double. */
+int cuda_route_losses(double *stats, const double *frac, const double *mean_prob, const float *lse, const int *hdr,
+                      size_t N, int E, double aux_coef, double z_coef, cudaStream_t stream);
 
 /* probs, lse from logits (N,E): one thread per token. */
 int cuda_router_softmax_forward(float *probs, float *lse, const float *logits, size_t N, int E, cudaStream_t stream);

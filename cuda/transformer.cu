@@ -52,9 +52,8 @@ static size_t plan(CudaActivations *a, void **where[CUDA_ACTS_PIECES], size_t by
 
 extern "C" double cuda_acts_bytes(const ModelConfig *c, int B, int T, int G, Recompute recompute)
 {
-    (void)G; /* the block does not depend on the learner's size (expert rows are counted apart) */
     return cuda_acts_plan_bytes(c->layers, cuda_acts_kept_layers(c->layers, recompute == RECOMPUTE_LAYER), c->dim,
-                                c->heads, c->experts, c->top_k, c->vocab, B, T);
+                                c->heads, c->experts, c->top_k, c->vocab, B, T, G); /* expert rows are counted apart */
 }
 
 static int create(CudaActivations *a, const ModelConfig *c, int B, int T)
@@ -73,12 +72,18 @@ static int create(CudaActivations *a, const ModelConfig *c, int B, int T)
     const size_t Lk = (size_t)a->Lk, N = (size_t)B * T, E = (size_t)a->E, K = (size_t)a->K, D = (size_t)a->D,
                  G = (size_t)a->G;
     a->route = (CudaRouting *)isth_calloc(Lk, sizeof(CudaRouting));
-    a->h_send_token = (int *)isth_malloc(N * K * sizeof(int));
-    a->h_counts = (int *)isth_malloc(4 * E * sizeof(int));
-    a->h_counts_all = (int *)isth_malloc(G * E * sizeof(int));
     a->h_losses = (float *)isth_malloc(N * sizeof(float));
-    if (!a->route || !a->h_send_token || !a->h_counts || !a->h_counts_all || !a->h_losses)
+    a->h_hdr = (int *)isth_malloc(cuda_route_hdr_ints(a->G, a->El) * sizeof(int));
+    if (!a->route || !a->h_losses || !a->h_hdr)
         return isth_fail(ISTH_ERUNTIME, "out of host memory for the CUDA activations");
+    /* the dispatch plan's device scratch (cuda_route_scratch_bytes counts it) */
+    CHECK_CUDA(cudaMalloc((void **)&a->d_counts, E * sizeof(int)));
+    CHECK_CUDA(cudaMalloc((void **)&a->d_cnt, G * E * sizeof(int)));
+    CHECK_CUDA(cudaMalloc((void **)&a->d_hdr, cuda_route_hdr_ints(a->G, a->El) * sizeof(int)));
+    CHECK_CUDA(cudaMalloc((void **)&a->d_bases, 3 * E * sizeof(int)));
+    CHECK_CUDA(cudaMalloc((void **)&a->d_pos, N * K * sizeof(int)));
+    CHECK_CUDA(cudaMalloc((void **)&a->d_mean_prob, E * sizeof(double)));
+    CHECK_CUDA(cudaMalloc((void **)&a->d_fstats, 3 * sizeof(double)));
     for (size_t l = 0; l < Lk; l++) {
         CudaRouting *r = &a->route[l];
         CHECK_CUDA(cudaMalloc((void **)&r->d_probs, N * E * sizeof(float)));
@@ -87,17 +92,10 @@ static int create(CudaActivations *a, const ModelConfig *c, int B, int T)
         CHECK_CUDA(cudaMalloc((void **)&r->d_copy_slot, N * K * sizeof(int)));
         CHECK_CUDA(cudaMalloc((void **)&r->d_frac, E * sizeof(double)));
         CHECK_CUDA(cudaMalloc((void **)&r->d_y_back, N * K * D * sizeof(float)));
-        r->h_choice = (int *)isth_malloc(N * K * sizeof(int));
-        r->h_send_copy = (int *)isth_malloc(N * K * sizeof(int));
-        r->h_copy_slot = (int *)isth_malloc(N * K * sizeof(int));
         r->h_send_counts = (int *)isth_malloc(G * sizeof(int));
         r->h_recv_counts = (int *)isth_malloc(G * sizeof(int));
-        r->h_frac = (double *)isth_malloc(E * sizeof(double));
-        r->h_mean_prob = (double *)isth_malloc(E * sizeof(double));
-        r->h_lse = (float *)isth_malloc(N * sizeof(float));
         r->h_expert_start = (int *)isth_malloc(((size_t)a->El + 1) * sizeof(int));
-        if (!r->h_choice || !r->h_send_copy || !r->h_copy_slot || !r->h_send_counts || !r->h_recv_counts ||
-            !r->h_frac || !r->h_mean_prob || !r->h_lse || !r->h_expert_start)
+        if (!r->h_send_counts || !r->h_recv_counts || !r->h_expert_start)
             return isth_fail(ISTH_ERUNTIME, "out of host memory for the CUDA routing tables");
     }
     const int Dh = a->D / a->H;
@@ -142,20 +140,17 @@ extern "C" void cuda_acts_destroy(CudaActivations *a)
                            r->d_recv_row, r->d_row_src, r->d_xrows, r->d_arows, r->d_urows, r->d_hrows};
             for (size_t i = 0; i < sizeof dev / sizeof *dev; i++)
                 if (dev[i]) cudaFree(dev[i]);
-            void *host[] = {r->h_choice, r->h_send_copy, r->h_copy_slot, r->h_send_counts, r->h_recv_counts,
-                            r->h_frac, r->h_mean_prob, r->h_lse, r->h_expert_start,
-                            r->h_recv_row, r->h_row_src};
+            void *host[] = {r->h_send_counts, r->h_recv_counts, r->h_expert_start};
             for (size_t i = 0; i < sizeof host / sizeof *host; i++) isth_free(host[i]);
         }
     isth_free(a->route);
     if (a->block) cudaFree(a->block);
-    void *dev[] = {a->recv_rows, a->recv_rows2, a->row_tmp, a->row_tmp2, a->ffn_scratch};
+    void *dev[] = {a->recv_rows, a->recv_rows2, a->row_tmp,   a->row_tmp2,     a->ffn_scratch, a->d_counts,
+                   a->d_cnt,     a->d_hdr,      a->d_bases, a->d_pos, a->d_mean_prob, a->d_fstats};
     for (size_t i = 0; i < sizeof dev / sizeof *dev; i++)
         if (dev[i]) cudaFree(dev[i]);
-    isth_free(a->h_send_token);
-    isth_free(a->h_counts);
-    isth_free(a->h_counts_all);
     isth_free(a->h_losses);
+    isth_free(a->h_hdr);
     memset(a, 0, sizeof *a);
 }
 
@@ -176,20 +171,14 @@ static int grow_device(float **p, size_t *cap, size_t n)
 static int ensure_owner(CudaActivations *a, CudaRouting *r, int n_recv)
 {
     const size_t n = (size_t)n_recv, D = (size_t)a->D, F = (size_t)a->F;
-    if (n > (size_t)r->recv_cap || !r->h_recv_row) {
+    if (n > (size_t)r->recv_cap || !r->d_recv_row) {
         const size_t want = moe_rows_grow_target(n);
         void *dev[] = {r->d_recv_row, r->d_row_src, r->d_xrows, r->d_arows, r->d_urows, r->d_hrows};
         for (size_t i = 0; i < sizeof dev / sizeof *dev; i++)
             if (dev[i]) CHECK_CUDA(cudaFree(dev[i]));
-        isth_free(r->h_recv_row);
-        isth_free(r->h_row_src);
         r->d_recv_row = r->d_row_src = NULL;
         r->d_xrows = r->d_arows = r->d_urows = r->d_hrows = NULL;
         r->recv_cap = 0;
-        r->h_recv_row = (int *)isth_malloc(want * sizeof(int));
-        r->h_row_src = (int *)isth_malloc(want * sizeof(int));
-        if (!r->h_recv_row || !r->h_row_src)
-            return isth_fail(ISTH_ERUNTIME, "out of host memory for %zu expert rows", n);
         CHECK_CUDA(cudaMalloc((void **)&r->d_recv_row, want * sizeof(int)));
         CHECK_CUDA(cudaMalloc((void **)&r->d_row_src, want * sizeof(int)));
         CHECK_CUDA(cudaMalloc((void **)&r->d_xrows, want * D * sizeof(float)));
@@ -225,64 +214,55 @@ static int to_device(void *dst, const void *src, size_t bytes, cudaStream_t s)
     return ISTH_OK;
 }
 
-/* As transformer.c's moe_forward: route on the device, plan on the host
- * from the learner's count matrix, kept rows to the owners and back over
- * NCCL, the dropped copies' slots zeros. */
-static int moe_forward(float *out, const Model *m, CudaActivations *a, int l, size_t N, int training,
-                       ForwardStats *st)
+/* As transformer.c's moe_forward, with the plan on the device: route, count,
+ * allgather the counts (NCCL), the plan from the count matrix
+ * (route_plan.h); the host reads the plan's header once — the
+ * all-to-all's counts and the experts' row ranges, which NCCL and cuBLAS
+ * take on the host: the layer's one synchronisation — then kept rows to
+ * the owners and back, the dropped copies' slots zeros. The balance and z
+ * losses and the dropped copies add up on the device (read once per
+ * forward). */
+static int moe_forward(float *out, const Model *m, CudaActivations *a, int l, size_t N, int training)
 {
     const int D = a->D, E = a->E, K = a->K, F = a->F, G = a->G, El = a->El, me = a->ep->mpi->rank;
     const CudaBlas *blas = a->blas;
     const cudaStream_t s = blas->stream;
     CudaRouting *r = &a->route[slot(a, l)];
-    Coll *mpi = a->ep->mpi;
     const float *xn = SLICE(a->xn2, slot(a, l), (size_t)a->B * a->T * D);
     const size_t copies = N * (size_t)K;
 
     CHECK(cuda_matmul_forward(a->router_logits, xn, model_param(m, T_ROUTER, l), N, D, E, blas));
     CHECK(cuda_router_softmax_forward(r->d_probs, r->d_lse, a->router_logits, N, E, s));
     CHECK(cuda_router_topk(r->d_choice, r->d_probs, N, E, K, s));
-    double *mean_prob = r->d_frac; /* its mean probability passes through d_frac on the way to the host */
-    CHECK(cuda_router_mean_prob(mean_prob, r->d_probs, N, E, s));
-    CHECK(to_host(r->h_mean_prob, mean_prob, sizeof(double) * E, s));
-    CHECK(to_host(r->h_choice, r->d_choice, sizeof(int) * copies, s));
-    for (int e = 0; e < E; e++) a->h_counts[e] = 0;
-    for (size_t i = 0; i < copies; i++) a->h_counts[r->h_choice[i]]++;
-    CHECK(coll_allgather_int(mpi, a->h_counts, E, a->h_counts_all));
-    const double learner_copies = (double)N * G * K;
-    for (int e = 0; e < E; e++) {
-        int total = 0;
-        for (int q = 0; q < G; q++) total += a->h_counts_all[q * E + e];
-        r->h_frac[e] = total / learner_copies;
-    }
-    CHECK(to_device(r->d_frac, r->h_frac, sizeof(double) * E, s));
+    CHECK(cuda_route_histogram(a->d_counts, r->d_choice, copies, E, s));
+    CHECK(cuda_coll_allgather_int(a->ep, a->d_counts, E, a->d_cnt, s));
     const int capacity = training ? moe_capacity(m->cfg.capacity_factor, N * (size_t)G, K, E) : -1;
+    CHECK(cuda_route_plan(a->d_hdr, a->d_bases, r->d_frac, a->d_cnt, G, El, me, capacity, (double)N * G * K, s));
+    CHECK(cuda_route_slots(r->d_copy_slot, a->send_token, a->d_pos, r->d_choice, a->d_bases, a->d_hdr, N, K, E, s));
     if (training) {
-        CHECK(to_host(r->h_lse, r->d_lse, sizeof(float) * N, s));
-        st->aux_loss += moe_balance_loss(r->h_frac, r->h_mean_prob, E, m->cfg.aux_loss);
-        st->z_loss += moe_z_loss(r->h_lse, N, m->cfg.z_loss);
+        CHECK(cuda_router_mean_prob(a->d_mean_prob, r->d_probs, N, E, s));
+        CHECK(cuda_route_losses(a->d_fstats, r->d_frac, a->d_mean_prob, r->d_lse, a->d_hdr, N, E, m->cfg.aux_loss,
+                                m->cfg.z_loss, s));
     }
-
-    /* the plan: slots of this rank's copies, arrivals and rows of its experts */
-    r->n_sent = moe_send_plan(r->h_send_copy, r->h_copy_slot, r->h_send_counts, a->h_counts, r->h_choice,
-                              a->h_counts_all, N, K, G, El, me, capacity);
-    const int n_recv = moe_recv_count(r->h_recv_counts, a->h_counts_all, G, El, me, capacity);
+    /* the header: the layer's one wait for the device */
+    const size_t hdr = cuda_route_hdr_ints(G, El);
+    CHECK(to_host(a->h_hdr, a->d_hdr, sizeof(int) * hdr, s));
+    r->n_sent = a->h_hdr[ROUTE_HDR_SENT];
+    const int n_recv = a->h_hdr[ROUTE_HDR_RECV];
+    r->dropped = a->h_hdr[ROUTE_HDR_DROPPED];
+    memcpy(r->h_send_counts, a->h_hdr + ROUTE_HDR_COUNTS, sizeof(int) * G);
+    memcpy(r->h_recv_counts, a->h_hdr + ROUTE_HDR_COUNTS + G, sizeof(int) * G);
+    memcpy(r->h_expert_start, a->h_hdr + ROUTE_HDR_COUNTS + 2 * G, sizeof(int) * (El + 1));
     CHECK(ensure_owner(a, r, n_recv));
-    r->n_recv = n_recv;
-    r->rows = moe_owner_plan(r->h_recv_row, r->h_row_src, r->h_expert_start, &r->dropped, a->h_counts_all, G, El, me,
-                             capacity);
-    if (training) st->dropped += r->dropped;
+    r->n_recv = r->rows = n_recv;
+    CHECK(cuda_route_owner_map(r->d_recv_row, r->d_row_src, a->d_cnt, a->d_hdr, G, El, me, capacity, n_recv, s));
+
     /* dispatch: the kept copies' rows to their owners, in slot order */
-    for (int i = 0; i < r->n_sent; i++) a->h_send_token[i] = r->h_send_copy[i] / K;
-    CHECK(to_device(a->send_token, a->h_send_token, sizeof(int) * (size_t)r->n_sent, s));
-    CHECK(to_device(r->d_copy_slot, r->h_copy_slot, sizeof(int) * copies, s));
     CHECK(cuda_rows_gather(a->send_rows, xn, a->send_token, (size_t)r->n_sent, D, s));
     float *arrived = G > 1 ? a->recv_rows : a->send_rows;
     CHECK(cuda_coll_alltoallv_rows(a->ep, a->send_rows, r->h_send_counts, arrived, r->h_recv_counts, D, s));
 
     /* owner: rows grouped by expert, compute */
-    CHECK(to_device(r->d_recv_row, r->h_recv_row, sizeof(int) * (size_t)n_recv, s));
-    CHECK(to_device(r->d_row_src, r->h_row_src, sizeof(int) * (size_t)r->rows, s));
     CHECK(cuda_rows_gather(r->d_xrows, arrived, r->d_row_src, (size_t)r->rows, D, s));
     float *yrows = a->row_tmp;
     for (int e = 0; e < El; e++) {
@@ -302,7 +282,7 @@ static int moe_forward(float *out, const Model *m, CudaActivations *a, int l, si
 
 /* Layer l of the forward pass (transformer.c's layer_forward): its
  * activations from x_l into its slot; x_{l+1} when `next`. */
-static int layer_forward(const Model *m, CudaActivations *a, int l, int training, ForwardStats *st, int next)
+static int layer_forward(const Model *m, CudaActivations *a, int l, int training, int next)
 {
     const int D = a->D, H = a->H, B = a->B_cur, T = a->T_cur;
     const size_t N = a->N, ND = (size_t)a->B * a->T * D, NmaxT = (size_t)a->B * a->T;
@@ -323,7 +303,7 @@ static int layer_forward(const Model *m, CudaActivations *a, int l, int training
     CHECK(cuda_matmul_forward(a->dtmp, ao, model_param(m, T_WO, l), N, D, D, blas));
     CHECK(cuda_residual_forward(h, x, a->dtmp, N * D, s));
     CHECK(cuda_rmsnorm_forward(xn2, SLICE(a->rstd2, sl, NmaxT), h, model_param(m, T_MOE_NORM, l), N, D, s));
-    CHECK(moe_forward(a->dtmp, m, a, l, N, training, st));
+    CHECK(moe_forward(a->dtmp, m, a, l, N, training));
     if (next) CHECK(cuda_residual_forward(SLICE(a->x, l + 1, ND), h, a->dtmp, N * D, s));
     return ISTH_OK;
 }
@@ -345,16 +325,24 @@ extern "C" int cuda_transformer_forward(const Model *m, CudaActivations *a, cons
     a->training = training;
     CHECK(to_device(a->tokens, tokens, sizeof(int) * N, s));
     CHECK(to_device(a->targets, targets, sizeof(int) * N, s));
+    CHECK_CUDA(cudaMemsetAsync(a->d_fstats, 0, 3 * sizeof(double), s));
 
     CHECK(cuda_encoder_forward(SLICE(a->x, 0, ND), a->tokens, model_param(m, T_EMBED, 0), N, D, s));
     for (int l = 0; l < L; l++) {
         if (a->progress) a->progress(a->progress_ctx);
-        CHECK(layer_forward(m, a, l, training, st, 1));
+        CHECK(layer_forward(m, a, l, training, 1));
     }
     CHECK(cuda_rmsnorm_forward(a->xf, a->rstdf, SLICE(a->x, L, ND), model_param(m, T_FINAL_NORM, 0), N, D, s));
     CHECK(cuda_tied_head_forward(a->probs, a->xf, model_param(m, T_EMBED, 0), N, D, V, blas));
     CHECK(cuda_crossentropy_forward(a->losses, a->probs, a->targets, N, V, s));
+    double fstats[3];
+    CHECK_CUDA(cudaMemcpyAsync(fstats, a->d_fstats, sizeof fstats, cudaMemcpyDeviceToHost, s));
     CHECK(to_host(a->h_losses, a->losses, sizeof(float) * N, s));
+    if (training) { /* the layers' sums, in layer order as the CPU adds them */
+        st->aux_loss = fstats[0];
+        st->z_loss = fstats[1];
+        st->dropped = (long)fstats[2];
+    }
     for (size_t t = 0; t < N; t++) /* in token order, in double: the CPU's sum */
         if (targets[t] >= 0) {
             st->ce_sum += a->h_losses[t];
@@ -421,11 +409,8 @@ extern "C" int cuda_transformer_backward(Model *m, CudaActivations *a, size_t n_
                                 model_param(m, T_FINAL_NORM, 0), a->rstdf, N, D, s));
     for (int l = L - 1; l >= 0; l--) {
         if (a->progress) a->progress(a->progress_ctx);
-        if (a->recompute == RECOMPUTE_LAYER) { /* the layer again from x_l: the same bits (its statistics dropped) */
-            ForwardStats again;
-            memset(&again, 0, sizeof again);
-            CHECK(layer_forward(m, a, l, a->training, &again, 0));
-        }
+        if (a->recompute == RECOMPUTE_LAYER) /* the layer again from x_l: the same bits (statistics read already) */
+            CHECK(layer_forward(m, a, l, a->training, 0));
         const int sl = slot(a, l);
         const float *x = SLICE(a->x, l, ND), *xn1 = SLICE(a->xn1, sl, ND), *q = SLICE(a->q, sl, ND),
                     *k = SLICE(a->k, sl, ND), *v = SLICE(a->v, sl, ND), *ao = SLICE(a->ao, sl, ND),

@@ -47,9 +47,11 @@ typedef struct {
     int *tokens, *targets, *send_token;               /* (N), (N), (N*K) */
     float *block;            /* the one device allocation holding the floats above */
     CudaRouting *route;      /* (Lk) */
-    /* host */
-    int *h_send_token, *h_counts, *h_counts_all;      /* (N*K), (4E: histogram, then scratch), (G,E) */
-    float *h_losses;                                  /* (N) */
+    /* the dispatch plan on the device (cuda/moe.h) and the header the host reads */
+    int *d_counts, *d_cnt, *d_hdr, *d_bases, *d_pos; /* (E), (G,E), (cuda_route_hdr_ints), (3E), (N*K) */
+    double *d_mean_prob, *d_fstats;                  /* (E), (3: the forward's aux, z, dropped) */
+    int *h_hdr;                                      /* (cuda_route_hdr_ints) */
+    float *h_losses;                                 /* (N) */
     /* owner-side device scratch, grown on demand */
     float *recv_rows, *recv_rows2, *row_tmp, *row_tmp2, *ffn_scratch;
     size_t recv_caps[4], ffn_cap;

@@ -154,7 +154,7 @@ int memory_plan(const Config *cfg, int world_size, int rank, MemoryPlan *out)
                                                                                         RECOMPUTE_LAYER),
                                                              cfg->model.dim, cfg->model.heads, cfg->model.experts,
                                                              cfg->model.top_k, cfg->model.vocab, site->micro_batch,
-                                                             cfg->model.context);
+                                                             cfg->model.context, t.learner_size);
     /* balanced routing: each of my experts receives its share of the learner's copies */
     const double copies = (double)site->micro_batch * cfg->model.context * t.learner_size * cfg->model.top_k;
     out->bytes[ALLOC_EXPERT_ROWS] = acts_expert_row_bytes(&cfg->model, copies * t.experts_local / cfg->model.experts,

@@ -108,4 +108,64 @@ ROUTE_FN int route_row(const int *cnt, int G, int E, int El, int r, int s, int e
     return route_expert_start(cnt, G, E, El, r, el, cap) + (cap >= 0 && before > cap ? cap : before) + p;
 }
 
+/* Source s's slot bases, every expert at once (the loop moe_send_plan and
+ * a GPU's one-thread plan kernel share): kept[e], base[e] (its first kept
+ * slot), dbase[e] (its first dropped slot). Returns the kept copies. */
+ROUTE_FN int route_source_bases(const int *cnt, int E, int s, int cap, int *kept, int *base, int *dbase)
+{
+    int n_kept = 0;
+    for (int e = 0; e < E; e++) {
+        kept[e] = route_kept(cnt, E, s, e, cap);
+        base[e] = n_kept;
+        n_kept += kept[e];
+    }
+    for (int e = 0, d = n_kept; e < E; e++) {
+        dbase[e] = d;
+        d += cnt[s * E + e] - kept[e];
+    }
+    return n_kept;
+}
+
+/* route_copy_slot from the bases. */
+ROUTE_FN int route_slot_from_bases(const int *kept, const int *base, const int *dbase, int e, int p)
+{
+    return p < kept[e] ? base[e] + p : dbase[e] + p - kept[e];
+}
+
+/* Owner r's counts: recv_counts (G), expert_start (El+1), *dropped (copies
+ * of its experts beyond capacity). Returns the arrivals (= its rows). */
+ROUTE_FN int route_owner_counts(const int *cnt, int G, int El, int r, int cap, int *recv_counts, int *expert_start,
+                                int *dropped)
+{
+    const int E = G * El;
+    int n = 0;
+    for (int s = 0; s < G; s++) n += recv_counts[s] = route_send_count(cnt, E, El, s, r, cap);
+    *dropped = 0;
+    expert_start[0] = 0;
+    for (int el = 0; el < El; el++) {
+        const int e = r * El + el, rows = route_expert_rows(cnt, G, E, e, cap);
+        int total = 0;
+        for (int s = 0; s < G; s++) total += cnt[s * E + e];
+        *dropped += total - rows;
+        expert_start[el + 1] = expert_start[el] + rows;
+    }
+    return n;
+}
+
+/* Owner r's compute row of arrival a (< the arrivals), from its counts. */
+ROUTE_FN int route_arrival_row(const int *cnt, int G, int El, int r, int cap, const int *recv_counts,
+                               const int *expert_start, int a)
+{
+    const int E = G * El;
+    int s = 0;
+    while (s < G - 1 && a >= recv_counts[s]) a -= recv_counts[s++]; /* the source's block */
+    int el = 0, n = route_kept(cnt, E, s, r * El, cap);
+    while (el < El - 1 && a >= n) { /* the expert within it */
+        a -= n;
+        n = route_kept(cnt, E, s, r * El + ++el, cap);
+    }
+    const int before = route_prefix(cnt, E, s, r * El + el);
+    return expert_start[el] + (cap >= 0 && before > cap ? cap : before) + a;
+}
+
 #endif

@@ -40,8 +40,8 @@ static void test_kernel_plan(void **state)
 {
     (void)state;
     char unused[8];
-    /* 2 precisions x 6 products, 4 sizes x 4 attention, 3 cross-entropy, 16 MoE */
-    assert_int_equal(plan_kernels(-1, unused, sizeof unused), 2 * 6 + 4 * 4 + 3 + 16);
+    /* 2 precisions x 6 products, 4 sizes x 4 attention, 3 cross-entropy, 16 MoE, 2 dispatch plan */
+    assert_int_equal(plan_kernels(-1, unused, sizeof unused), 2 * 6 + 4 * 4 + 3 + 16 + 2);
     unique(plan_kernels);
     /* every output of every backward kernel is compared */
     const char *outputs[] = {"matmul_backward dinp (+=)", "matmul_backward dweight (+=)",
@@ -60,7 +60,7 @@ static void test_kernel_plan(void **state)
                      plan_attention_dh[s], plan_attention_t[s]);
             if (!has(plan_kernels, name)) fail_msg("no check of %s", name);
         }
-    assert_false(plan_matches(plan_kernels, 47, "expert_backward dwd (+=)")); /* nothing beyond the plan */
+    assert_false(plan_matches(plan_kernels, 49, "dispatch plan losses (balance, z, dropped)")); /* nothing beyond */
 }
 
 static void test_layer_plan(void **state)

@@ -352,6 +352,14 @@ static void test_plan_against_direct_rule(void **state)
             assert_int_equal(n_recv, want_rows[d]);
             assert_int_equal(dropped, want_dropped[d]);
             for (int row = 0; row < n_recv; row++) assert_int_equal(recv_row[row_src[row]], row);
+            /* the per-arrival form a GPU computes, from the owner's counts */
+            int counts2[GMAX], start2[ELMAX + 1], dropped2;
+            assert_int_equal(route_owner_counts(cnt, G, El, d, cap, counts2, start2, &dropped2), n_recv);
+            assert_int_equal(dropped2, dropped);
+            for (int el = 0; el <= El; el++) assert_int_equal(start2[el], start[el]);
+            for (int q = 0; q < G; q++) assert_int_equal(counts2[q], recv_counts[q]);
+            for (int a = 0; a < n_recv; a++)
+                assert_int_equal(route_arrival_row(cnt, G, El, d, cap, counts2, start2, a), recv_row[a]);
             for (int s = 0, base = 0; s < G; base += recv_counts[s++]) {
                 assert_int_equal(recv_counts[s], send_counts[s][d]);
                 int offset = 0; /* where s's rows for d start among its slots */

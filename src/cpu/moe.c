@@ -72,24 +72,12 @@ int moe_send_plan(int *send_copy, int *copy_slot, int *send_counts, int *pos, co
     const int E = G * El;
     const size_t copies = N * (size_t)K;
     for (int d = 0; d < G; d++) send_counts[d] = route_send_count(cnt, E, El, me, d, cap);
-    /* pos[e]: the next position among this rank's copies of e; the slot
-     * bases of route_copy_slot, one expert at a time (its per-copy cost is
-     * O(E), fine for a GPU thread, not for a loop over every copy) */
+    /* pos[e]: the next position among this rank's copies of e */
     int *kept = pos + E, *base = pos + 2 * E, *dbase = pos + 3 * E;
-    int n_kept = 0;
-    for (int e = 0; e < E; e++) {
-        pos[e] = 0;
-        kept[e] = route_kept(cnt, E, me, e, cap);
-        base[e] = n_kept;
-        n_kept += kept[e];
-    }
-    for (int e = 0, d = n_kept; e < E; e++) {
-        dbase[e] = d;
-        d += cnt[me * E + e] - kept[e];
-    }
+    const int n_kept = route_source_bases(cnt, E, me, cap, kept, base, dbase);
+    for (int e = 0; e < E; e++) pos[e] = 0;
     for (size_t i = 0; i < copies; i++) {
-        const int e = choice[i], p = pos[e]++;
-        const int slot = p < kept[e] ? base[e] + p : dbase[e] + p - kept[e];
+        const int e = choice[i], slot = route_slot_from_bases(kept, base, dbase, e, pos[e]++);
         copy_slot[i] = slot;
         send_copy[slot] = (int)i;
     }
@@ -107,8 +95,8 @@ int moe_owner_plan(int *recv_row, int *row_src, int *expert_start, int *dropped,
                    int me, int cap)
 {
     const int E = G * El;
-    *dropped = 0;
     for (int el = 0; el <= El; el++) expert_start[el] = route_expert_start(cnt, G, E, El, me, el, cap);
+    *dropped = 0;
     for (int el = 0; el < El; el++) {
         const int e = me * El + el;
         int total = 0;

@@ -6,7 +6,8 @@
  * attention and other sums are taken in another order on the GPU; a sum
  * that nearly cancels moves by ulps of its terms, so there floor is the
  * vector's RMS (as test_layers_gpu). Top-k, the mean probability (one
- * double sum in the CPU's order) and the gathers are exact. bf16
+ * double sum in the CPU's order), the gathers and the dispatch plan are
+ * exact. bf16
  * products: 1e-2 of the RMS (the issue's bound; bf16 keeps 8 bits).
  * TAP; without a device "1..0 # SKIP" with the reason. */
 #include <math.h>
@@ -341,18 +342,113 @@ static int test_moe(CudaBlas *blas)
     return 0;
 }
 
+/* The dispatch plan on the device (cuda_route_*: route_plan.h in kernels)
+ * against moe.c's host plan, for every rank of a simulated learner of G
+ * ranks: the kernels take the count matrix and the rank, so one GPU can
+ * play each rank in turn. Skewed random routings, capacity that drops. */
+static int test_route_plan(void)
+{
+    enum { G = 4, El = 3, E = G * El, N = 50, K = 2, C = N * K };
+    static int choice[G][C], cnt[G * E];
+    unsigned seed = 7;
+    for (int s = 0; s < G; s++)
+        for (int t = 0; t < N; t++)
+            for (int k = 0; k < K; k++) {
+                int e;
+                do {
+                    seed = seed * 1103515245u + 12345u;
+                    const int r = (int)((seed >> 16) % (unsigned)(E * E));
+                    e = r % E < r / E ? r % E : r / E;
+                } while (k == 1 && e == choice[s][t * K]);
+                choice[s][t * K + k] = e;
+                cnt[s * E + e]++;
+            }
+    const int cap = moe_capacity(1.0, (size_t)N * G, K, E);
+    const double learner_copies = (double)N * G * K;
+    const size_t hdr_n = cuda_route_hdr_ints(G, El);
+    int *d_choice = dev(NULL, sizeof(int) * C), *d_counts = dev(NULL, sizeof(int) * E), *d_cnt = dev(cnt, sizeof cnt),
+        *d_hdr = dev(NULL, sizeof(int) * hdr_n), *d_bases = dev(NULL, sizeof(int) * 3 * E),
+        *d_pos = dev(NULL, sizeof(int) * C), *d_slot = dev(NULL, sizeof(int) * C), *d_token = dev(NULL, sizeof(int) * C),
+        *d_recv_row = dev(NULL, sizeof(int) * G * C), *d_row_src = dev(NULL, sizeof(int) * G * C);
+    double *d_frac = dev(NULL, sizeof(double) * E), *d_mean = dev(NULL, sizeof(double) * E),
+           *d_stats = dev(NULL, sizeof(double) * 3);
+    float *d_lse = dev(NULL, sizeof(float) * N);
+    NEED(d_choice && d_counts && d_cnt && d_hdr && d_bases && d_pos && d_slot && d_token && d_recv_row && d_row_src &&
+         d_frac && d_mean && d_stats && d_lse);
+    size_t bad = 0;
+    double worst = 0.0; /* the losses' relative difference */
+    for (int me = 0; me < G; me++) {
+        int send_copy[C], copy_slot[C], send_counts[G], pos[4 * E], recv_counts[G], start[El + 1], dropped;
+        int recv_row[G * C], row_src[G * C], hdr[4 + 2 * G + El + 1], got_slot[C], got_token[C], got_counts[E];
+        int got_row[G * C], got_src[G * C];
+        double frac[E], got_frac[E], mean[E], stats[3];
+        const int n_sent = moe_send_plan(send_copy, copy_slot, send_counts, pos, choice[me], cnt, N, K, G, El, me, cap);
+        const int n_recv = moe_recv_count(recv_counts, cnt, G, El, me, cap);
+        moe_owner_plan(recv_row, row_src, start, &dropped, cnt, G, El, me, cap);
+        cudaMemcpy(d_choice, choice[me], sizeof(int) * C, cudaMemcpyHostToDevice);
+        if (cuda_route_histogram(d_counts, d_choice, C, E, 0) ||
+            cuda_route_plan(d_hdr, d_bases, d_frac, d_cnt, G, El, me, cap, learner_copies, 0) ||
+            cuda_route_slots(d_slot, d_token, d_pos, d_choice, d_bases, d_hdr, N, K, E, 0) ||
+            cuda_route_owner_map(d_recv_row, d_row_src, d_cnt, d_hdr, G, El, me, cap, n_recv, 0))
+            return 1;
+        back(got_counts, d_counts, sizeof(int) * E);
+        back(hdr, d_hdr, sizeof(int) * hdr_n);
+        back(got_slot, d_slot, sizeof(int) * C);
+        back(got_token, d_token, sizeof(int) * C);
+        back(got_row, d_recv_row, sizeof(int) * n_recv);
+        back(got_src, d_row_src, sizeof(int) * n_recv);
+        back(got_frac, d_frac, sizeof(double) * E);
+        bad += memcmp(got_counts, cnt + me * E, sizeof got_counts) != 0;
+        bad += hdr[ROUTE_HDR_SENT] != n_sent || hdr[ROUTE_HDR_RECV] != n_recv || hdr[ROUTE_HDR_DROPPED] != dropped;
+        bad += memcmp(hdr + ROUTE_HDR_COUNTS, send_counts, sizeof send_counts) != 0;
+        bad += memcmp(hdr + ROUTE_HDR_COUNTS + G, recv_counts, sizeof recv_counts) != 0;
+        bad += memcmp(hdr + ROUTE_HDR_COUNTS + 2 * G, start, sizeof start) != 0;
+        bad += memcmp(got_slot, copy_slot, sizeof copy_slot) != 0;
+        for (int i = 0; i < n_sent; i++) bad += got_token[i] != send_copy[i] / K;
+        bad += memcmp(got_row, recv_row, sizeof(int) * n_recv) != 0 || memcmp(got_src, row_src, sizeof(int) * n_recv);
+        for (int e = 0; e < E; e++) {
+            int total = 0;
+            for (int q = 0; q < G; q++) total += cnt[q * E + e];
+            frac[e] = total / learner_copies;
+            mean[e] = (e + 1.0) / (E * (E + 1.0) / 2.0);
+        }
+        bad += memcmp(got_frac, frac, sizeof frac) != 0;
+        /* the losses the forward logs: moe.c's sums, the z loss's as a tree */
+        float *lse = rnd(N, 40 + me, 2.0);
+        NEED(lse);
+        cudaMemcpy(d_lse, lse, sizeof(float) * N, cudaMemcpyHostToDevice);
+        cudaMemcpy(d_mean, mean, sizeof mean, cudaMemcpyHostToDevice);
+        cudaMemset(d_stats, 0, sizeof stats);
+        if (cuda_route_losses(d_stats, d_frac, d_mean, d_lse, d_hdr, N, E, 0.01, 0.001, 0)) return 1;
+        back(stats, d_stats, sizeof stats);
+        const double aux = moe_balance_loss(frac, mean, E, 0.01), z = moe_z_loss(lse, N, 0.001);
+        worst = fmax(worst, fmax(fabs(stats[0] - aux) / aux, fabs(stats[1] - z) / z));
+        bad += stats[2] != dropped;
+        free(lse);
+    }
+    const int planned = in_plan("dispatch plan (4 ranks, every one)");
+    printf("%s %d - dispatch plan (4 ranks, every one): %zu differences from the host's\n",
+           bad || !planned ? "not ok" : "ok", ++test_no, bad);
+    failures += bad != 0 || !planned;
+    const int planned2 = in_plan("dispatch plan losses (balance, z, dropped)");
+    printf("%s %d - dispatch plan losses (balance, z, dropped): worst relative %.2g (<= 1e-12)\n",
+           worst <= 1e-12 && planned2 ? "ok" : "not ok", ++test_no, worst);
+    failures += !(worst <= 1e-12) || !planned2;
+    return 0;
+}
+
 int main(void)
 {
     if (!gpu_present_or_skip()) return 0;
     char unused[8];
-    const int PLAN = plan_kernels(-1, unused, sizeof unused); /* 2 x 6 products, 4 x 4 attention, 3 + 16 */
+    const int PLAN = plan_kernels(-1, unused, sizeof unused); /* 2 x 6 products, 4 x 4 attention, 3 + 18 */
     printf("1..%d\n", PLAN);
     CudaBlas blas;
     if (cuda_blas_create(&blas, 0, 0)) return 1;
     if (test_products(&blas, 0) || test_products(&blas, 1)) return 1;
     for (int i = 0; i < 4; i++)
         if (test_attention(plan_attention_dh[i], plan_attention_t[i])) return 1;
-    if (test_crossentropy() || test_moe(&blas)) return 1;
+    if (test_crossentropy() || test_moe(&blas) || test_route_plan()) return 1;
     cuda_blas_destroy(&blas);
     if (test_no != PLAN) {
         fprintf(stderr, "the plan counted %d checks, %d ran\n", PLAN, test_no);
