@@ -14,9 +14,11 @@
 #include "codec.h"
 #include "coll_nccl.h"
 #include "optim.h"
+#include "phases.h"
 #include "precond.h"
 #include "transformer.h"
 
+#include <stdint.h>
 #include <string.h>
 
 extern "C" {
@@ -46,6 +48,7 @@ typedef struct {
     const char *optimizer;
     double weight_decay;
     int device;
+    PhaseClock *clock;    /* bench's phase timing (NULL: off) */
 } CudaBackend;
 
 static CudaBackend *cb(Backend *b) { return (CudaBackend *)b; }
@@ -60,6 +63,8 @@ static void cuda_destroy(Backend *b)
     if (c->ready) cudaEventDestroy(c->ready);
     if (c->copy) cudaStreamDestroy(c->copy);
     cuda_acts_destroy(&c->acts);
+    if (c->clock) phase_stop(c->clock);
+    isth_free(c->clock);
     cuda_precond_destroy(&c->pre);
     cuda_adamw_destroy(&c->opt);
     cuda_coll_destroy(&c->coll);
@@ -322,16 +327,40 @@ static int cuda_optimizer_step(Backend *b, double lr)
 {
     CudaBackend *c = cb(b);
     CHECK(ensure_optimizer(c));
-    if (!strcmp(c->optimizer, "sgd"))
-        return cuda_sgd_step(&c->opt.runs, &c->model, c->model.params, c->model.grads, lr, c->weight_decay, c->stream);
-    c->opt.t = b->optimizer_t;
-    if (c->pre.dir)
-        CHECK(cuda_precond_step(&c->pre, &c->opt, &c->model, c->model.params, c->model.grads, lr, c->weight_decay,
-                                c->stream));
-    else CHECK(cuda_adamw_step(&c->opt, &c->model, c->model.params, c->model.grads, lr, c->weight_decay, c->stream));
-    b->optimizer_t = c->opt.t;
-    b->precond_roots = c->pre.roots;
-    b->precond_failures = c->pre.root_failures + c->pre.stat_resets + c->pre.fallbacks;
+    phase_mark(c->clock, PHASE_OPTIMISER);
+    if (!strcmp(c->optimizer, "sgd")) {
+        CHECK(cuda_sgd_step(&c->opt.runs, &c->model, c->model.params, c->model.grads, lr, c->weight_decay, c->stream));
+    } else {
+        c->opt.t = b->optimizer_t;
+        if (c->pre.dir)
+            CHECK(cuda_precond_step(&c->pre, &c->opt, &c->model, c->model.params, c->model.grads, lr, c->weight_decay,
+                                    c->stream));
+        else CHECK(cuda_adamw_step(&c->opt, &c->model, c->model.params, c->model.grads, lr, c->weight_decay, c->stream));
+        b->optimizer_t = c->opt.t;
+        b->precond_roots = c->pre.roots;
+        b->precond_failures = c->pre.root_failures + c->pre.stat_resets + c->pre.fallbacks;
+    }
+    phase_mark(c->clock, PHASE_OTHER); /* until the next step's first kernel: the host's time */
+    if (c->clock) CHECK(phase_collect(c->clock));
+    return ISTH_OK;
+}
+
+static int cuda_phases(Backend *b, int start, const char **names, double *ms, int max, int *n)
+{
+    CudaBackend *c = cb(b);
+    if (n) *n = 0;
+    if (start) {
+        if (!c->clock && !(c->clock = (PhaseClock *)isth_calloc(1, sizeof(PhaseClock))))
+            return isth_fail(ISTH_ERUNTIME, "cuda: out of memory for the phase clock");
+        c->acts.clock = c->clock;
+        return phase_start(c->clock, c->stream);
+    }
+    if (!c->clock) return ISTH_OK;
+    CHECK(phase_collect(c->clock));
+    for (int p = 0; p < PHASE_COUNT && p < max; p++, (*n)++) {
+        names[p] = phase_name((Phase)p);
+        ms[p] = c->clock->ms[p];
+    }
     return ISTH_OK;
 }
 
@@ -360,6 +389,7 @@ static const BackendOps cuda_ops = {
     cuda_encode_ef,
     cuda_set_progress,
     cuda_predict,
+    cuda_phases,
 };
 
 extern "C" int cuda_device_count(void)
@@ -400,6 +430,13 @@ static int select_device(const Config *cfg, int *device)
     isth_free(all);
     CHECK(rc);
     CHECK_CUDA(cudaSetDevice(*device));
+    /* the step's scratch (cudaMallocAsync/cudaFreeAsync) stays in the
+     * stream-ordered pool between steps instead of going back to the
+     * driver at every synchronisation (the default threshold, 0) */
+    cudaMemPool_t pool;
+    uint64_t keep = UINT64_MAX;
+    CHECK_CUDA(cudaDeviceGetDefaultMemPool(&pool, *device));
+    CHECK_CUDA(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
     return ISTH_OK;
 }
 

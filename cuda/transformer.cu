@@ -231,6 +231,7 @@ static int moe_forward(float *out, const Model *m, CudaActivations *a, int l, si
     const float *xn = SLICE(a->xn2, slot(a, l), (size_t)a->B * a->T * D);
     const size_t copies = N * (size_t)K;
 
+    phase_mark(a->clock, PHASE_ROUTER);
     CHECK(cuda_matmul_forward(a->router_logits, xn, model_param(m, T_ROUTER, l), N, D, E, blas));
     CHECK(cuda_router_softmax_forward(r->d_probs, r->d_lse, a->router_logits, N, E, s));
     CHECK(cuda_router_topk(r->d_choice, r->d_probs, N, E, K, s));
@@ -255,6 +256,7 @@ static int moe_forward(float *out, const Model *m, CudaActivations *a, int l, si
     memcpy(r->h_expert_start, a->h_hdr + ROUTE_HDR_COUNTS + 2 * G, sizeof(int) * (El + 1));
     CHECK(ensure_owner(a, r, n_recv));
     r->n_recv = r->rows = n_recv;
+    phase_mark(a->clock, PHASE_DISPATCH);
     CHECK(cuda_route_owner_map(r->d_recv_row, r->d_row_src, a->d_cnt, a->d_hdr, G, El, me, capacity, n_recv, s));
 
     /* dispatch: the kept copies' rows to their owners, in slot order */
@@ -264,6 +266,7 @@ static int moe_forward(float *out, const Model *m, CudaActivations *a, int l, si
 
     /* owner: rows grouped by expert, compute */
     CHECK(cuda_rows_gather(r->d_xrows, arrived, r->d_row_src, (size_t)r->rows, D, s));
+    phase_mark(a->clock, PHASE_EXPERTS);
     float *yrows = a->row_tmp;
     for (int e = 0; e < El; e++) {
         const size_t r0 = (size_t)r->h_expert_start[e], n = (size_t)r->h_expert_start[e + 1] - r0;
@@ -272,6 +275,7 @@ static int moe_forward(float *out, const Model *m, CudaActivations *a, int l, si
         CHECK(cuda_expert_forward(yrows + r0 * D, r->d_arows + r0 * F, r->d_urows + r0 * F, r->d_hrows + r0 * F,
                                   r->d_xrows + r0 * D, wg, wu, wd, n, D, F, blas));
     }
+    phase_mark(a->clock, PHASE_DISPATCH);
     float *leaving = G > 1 ? a->recv_rows2 : r->d_y_back;
     CHECK(cuda_rows_gather(leaving, yrows, r->d_recv_row, (size_t)n_recv, D, s));
     CHECK(cuda_coll_alltoallv_rows(a->ep, leaving, r->h_recv_counts, r->d_y_back, r->h_send_counts, D, s));
@@ -293,17 +297,24 @@ static int layer_forward(const Model *m, CudaActivations *a, int l, int training
     float *x = SLICE(a->x, l, ND), *xn1 = SLICE(a->xn1, sl, ND), *q = SLICE(a->q, sl, ND), *k = SLICE(a->k, sl, ND),
           *v = SLICE(a->v, sl, ND), *ao = SLICE(a->ao, sl, ND), *h = SLICE(a->h, sl, ND),
           *xn2 = SLICE(a->xn2, sl, ND), *lse = SLICE(a->att_lse, sl, lse_stride);
+    phase_mark(a->clock, PHASE_ELEMENTWISE);
     CHECK(cuda_rmsnorm_forward(xn1, SLICE(a->rstd1, sl, NmaxT), x, model_param(m, T_ATTN_NORM, l), N, D, s));
+    phase_mark(a->clock, PHASE_DENSE);
     CHECK(cuda_matmul_forward(q, xn1, model_param(m, T_WQ, l), N, D, D, blas));
     CHECK(cuda_matmul_forward(k, xn1, model_param(m, T_WK, l), N, D, D, blas));
     CHECK(cuda_matmul_forward(v, xn1, model_param(m, T_WV, l), N, D, D, blas));
+    phase_mark(a->clock, PHASE_ELEMENTWISE);
     CHECK(cuda_rope_forward(q, a->rope_cos, a->rope_sin, B, T, H, D / H, s));
     CHECK(cuda_rope_forward(k, a->rope_cos, a->rope_sin, B, T, H, D / H, s));
+    phase_mark(a->clock, PHASE_ATTENTION);
     CHECK(cuda_attention_forward(ao, lse, q, k, v, B, T, D, H, s));
+    phase_mark(a->clock, PHASE_DENSE);
     CHECK(cuda_matmul_forward(a->dtmp, ao, model_param(m, T_WO, l), N, D, D, blas));
+    phase_mark(a->clock, PHASE_ELEMENTWISE);
     CHECK(cuda_residual_forward(h, x, a->dtmp, N * D, s));
     CHECK(cuda_rmsnorm_forward(xn2, SLICE(a->rstd2, sl, NmaxT), h, model_param(m, T_MOE_NORM, l), N, D, s));
     CHECK(moe_forward(a->dtmp, m, a, l, N, training));
+    phase_mark(a->clock, PHASE_ELEMENTWISE);
     if (next) CHECK(cuda_residual_forward(SLICE(a->x, l + 1, ND), h, a->dtmp, N * D, s));
     return ISTH_OK;
 }
@@ -327,14 +338,18 @@ extern "C" int cuda_transformer_forward(const Model *m, CudaActivations *a, cons
     CHECK(to_device(a->targets, targets, sizeof(int) * N, s));
     CHECK_CUDA(cudaMemsetAsync(a->d_fstats, 0, 3 * sizeof(double), s));
 
+    phase_mark(a->clock, PHASE_ELEMENTWISE);
     CHECK(cuda_encoder_forward(SLICE(a->x, 0, ND), a->tokens, model_param(m, T_EMBED, 0), N, D, s));
     for (int l = 0; l < L; l++) {
         if (a->progress) a->progress(a->progress_ctx);
         CHECK(layer_forward(m, a, l, training, 1));
     }
     CHECK(cuda_rmsnorm_forward(a->xf, a->rstdf, SLICE(a->x, L, ND), model_param(m, T_FINAL_NORM, 0), N, D, s));
+    phase_mark(a->clock, PHASE_DENSE);
     CHECK(cuda_tied_head_forward(a->probs, a->xf, model_param(m, T_EMBED, 0), N, D, V, blas));
+    phase_mark(a->clock, PHASE_ELEMENTWISE);
     CHECK(cuda_crossentropy_forward(a->losses, a->probs, a->targets, N, V, s));
+    phase_mark(a->clock, PHASE_OTHER);
     double fstats[3];
     CHECK_CUDA(cudaMemcpyAsync(fstats, a->d_fstats, sizeof fstats, cudaMemcpyDeviceToHost, s));
     CHECK(to_host(a->h_losses, a->losses, sizeof(float) * N, s));
@@ -360,12 +375,14 @@ static int moe_backward(float *dxn, Model *m, CudaActivations *a, int l, const f
     CudaRouting *r = &a->route[slot(a, l)];
     const float *xn = SLICE(a->xn2, slot(a, l), (size_t)a->B * a->T * D);
 
+    phase_mark(a->clock, PHASE_DISPATCH);
     CHECK_CUDA(cudaMemsetAsync(a->dprobs, 0, N * E * sizeof(float), s));
     CHECK(cuda_moe_combine_backward(a->send_rows, a->dprobs, dout, r, N, E, K, D, s));
     float *arrived = G > 1 ? a->recv_rows : a->send_rows;
     CHECK(cuda_coll_alltoallv_rows(a->ep, a->send_rows, r->h_send_counts, arrived, r->h_recv_counts, D, s));
     float *dyrows = a->row_tmp, *dxrows = a->row_tmp2;
     CHECK(cuda_rows_gather(dyrows, arrived, r->d_row_src, (size_t)r->rows, D, s));
+    phase_mark(a->clock, PHASE_EXPERTS);
     CHECK_CUDA(cudaMemsetAsync(dxrows, 0, (size_t)r->rows * D * sizeof(float), s));
     for (int e = 0; e < El; e++) {
         const size_t r0 = (size_t)r->h_expert_start[e], n = (size_t)r->h_expert_start[e + 1] - r0;
@@ -377,12 +394,14 @@ static int moe_backward(float *dxn, Model *m, CudaActivations *a, int l, const f
                                    r->d_urows + r0 * F, r->d_hrows + r0 * F, wg, wu, wd, n, D, F, blas));
     }
     float *leaving = G > 1 ? a->recv_rows2 : a->back_rows;
+    phase_mark(a->clock, PHASE_DISPATCH);
     CHECK(cuda_rows_gather(leaving, dxrows, r->d_recv_row, (size_t)r->n_recv, D, s));
     CHECK(cuda_coll_alltoallv_rows(a->ep, leaving, r->h_recv_counts, a->back_rows, r->h_send_counts, D, s));
     CHECK_CUDA(cudaMemsetAsync(a->back_rows + (size_t)r->n_sent * D, 0,
                                (N * (size_t)K - (size_t)r->n_sent) * D * sizeof(float), s)); /* dropped: zeros */
     CHECK(cuda_moe_scatter_add(dxn, a->back_rows, r, N, K, D, s));
 
+    phase_mark(a->clock, PHASE_ROUTER);
     CHECK(cuda_moe_balance_backward(a->dprobs, r->d_frac, N, E, m->cfg.aux_loss, loss_scale, s));
     CHECK(cuda_router_softmax_backward(a->dlogits, a->dprobs, r->d_probs, r->d_lse, N, E, m->cfg.z_loss, loss_scale,
                                        s));
@@ -399,11 +418,14 @@ extern "C" int cuda_transformer_backward(Model *m, CudaActivations *a, size_t n_
     const CudaBlas *blas = a->blas;
     const cudaStream_t s = blas->stream;
 
+    phase_mark(a->clock, PHASE_ELEMENTWISE);
     CHECK(cuda_crossentropy_backward(a->dlogits, a->probs, a->targets,
                                      n_targets ? loss_scale / (float)n_targets : 0.0f, N, V, s));
     CHECK_CUDA(cudaMemsetAsync(a->dxn, 0, nbytes, s));
+    phase_mark(a->clock, PHASE_DENSE);
     CHECK(cuda_tied_head_backward(a->dxn, model_grad(m, T_EMBED, 0), a->dlogits, a->xf, model_param(m, T_EMBED, 0),
                                   N, D, V, blas));
+    phase_mark(a->clock, PHASE_ELEMENTWISE);
     CHECK_CUDA(cudaMemsetAsync(a->dx, 0, nbytes, s));
     CHECK(cuda_rmsnorm_backward(a->dx, model_grad(m, T_FINAL_NORM, 0), a->dxn, SLICE(a->x, L, ND),
                                 model_param(m, T_FINAL_NORM, 0), a->rstdf, N, D, s));
@@ -418,23 +440,32 @@ extern "C" int cuda_transformer_backward(Model *m, CudaActivations *a, size_t n_
         CHECK_CUDA(cudaMemcpyAsync(a->dh, a->dx, nbytes, cudaMemcpyDeviceToDevice, s));
         CHECK_CUDA(cudaMemsetAsync(a->dxn, 0, nbytes, s));
         CHECK(moe_backward(a->dxn, m, a, l, a->dx, loss_scale));
+        phase_mark(a->clock, PHASE_ELEMENTWISE);
         CHECK(cuda_rmsnorm_backward(a->dh, model_grad(m, T_MOE_NORM, l), a->dxn, h, model_param(m, T_MOE_NORM, l),
                                     SLICE(a->rstd2, sl, NmaxT), N, D, s));
         CHECK_CUDA(cudaMemcpyAsync(a->dx, a->dh, nbytes, cudaMemcpyDeviceToDevice, s));
+        phase_mark(a->clock, PHASE_DENSE);
         CHECK_CUDA(cudaMemsetAsync(a->dao, 0, nbytes, s));
         CHECK(cuda_matmul_backward(a->dao, model_grad(m, T_WO, l), a->dh, ao, model_param(m, T_WO, l), N, D, D, blas));
+        phase_mark(a->clock, PHASE_ATTENTION);
         CHECK_CUDA(cudaMemsetAsync(a->dq, 0, nbytes, s));
         CHECK_CUDA(cudaMemsetAsync(a->dk, 0, nbytes, s));
         CHECK_CUDA(cudaMemsetAsync(a->dv, 0, nbytes, s));
         CHECK(cuda_attention_backward(a->dq, a->dk, a->dv, a->dao, ao, lse, q, k, v, B, T, D, H, s));
+        phase_mark(a->clock, PHASE_ELEMENTWISE);
         CHECK(cuda_rope_backward(a->dq, a->rope_cos, a->rope_sin, B, T, H, D / H, s));
         CHECK(cuda_rope_backward(a->dk, a->rope_cos, a->rope_sin, B, T, H, D / H, s));
         CHECK_CUDA(cudaMemsetAsync(a->dxn, 0, nbytes, s));
+        phase_mark(a->clock, PHASE_DENSE);
         CHECK(cuda_matmul_backward(a->dxn, model_grad(m, T_WQ, l), a->dq, xn1, model_param(m, T_WQ, l), N, D, D, blas));
         CHECK(cuda_matmul_backward(a->dxn, model_grad(m, T_WK, l), a->dk, xn1, model_param(m, T_WK, l), N, D, D, blas));
         CHECK(cuda_matmul_backward(a->dxn, model_grad(m, T_WV, l), a->dv, xn1, model_param(m, T_WV, l), N, D, D, blas));
+        phase_mark(a->clock, PHASE_ELEMENTWISE);
         CHECK(cuda_rmsnorm_backward(a->dx, model_grad(m, T_ATTN_NORM, l), a->dxn, x, model_param(m, T_ATTN_NORM, l),
                                     SLICE(a->rstd1, sl, NmaxT), N, D, s));
     }
-    return cuda_encoder_backward(model_grad(m, T_EMBED, 0), a->dx, a->tokens, N, D, s);
+    phase_mark(a->clock, PHASE_ELEMENTWISE);
+    CHECK(cuda_encoder_backward(model_grad(m, T_EMBED, 0), a->dx, a->tokens, N, D, s));
+    phase_mark(a->clock, PHASE_OTHER);
+    return ISTH_OK;
 }

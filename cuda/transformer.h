@@ -16,6 +16,7 @@
 #include "coll_nccl.h"
 #include "layers.h"
 #include "moe.h"
+#include "phases.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -60,6 +61,7 @@ typedef struct {
      * the GPU works through what was queued; outside every collective */
     void (*progress)(void *ctx);
     void *progress_ctx;
+    PhaseClock *clock;       /* NULL: the phases are not timed (phases.h) */
 } CudaActivations;
 
 /* Buffers for up to B sequences of T tokens; the Dh the attention kernels

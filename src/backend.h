@@ -110,6 +110,11 @@ typedef struct {
      * (V, host) = the distribution of the token after the last (what
      * train.sample_every draws from). Learner collective. */
     int (*predict)(Backend *b, const int *tokens, int T, float *probs);
+    /* Optional (NULL: not offered; the CUDA backend's, from CUDA events):
+     * start != 0 starts timing the steps by phase from zero (each step then
+     * waits for the device at its end); start == 0 reads the totals so far:
+     * names[i], ms[i] for i < *n (<= max), in milliseconds. */
+    int (*phases)(Backend *b, int start, const char **names, double *ms, int max, int *n);
 } BackendOps;
 
 /* The largest batch of a learner sum through host scratch, in floats (64

@@ -115,6 +115,9 @@ int bench_run(const Config *cfg, const int *threads, int n_threads, int warmup, 
         /* warm-up: page faults, BLAS buffers (and a matrix optimiser's first roots) */
         for (int k = 0; k < warmup && rc == ISTH_OK; k++) rc = trainer_step(&tr, &s);
         if (rc == ISTH_OK && MPI_Barrier(MPI_COMM_WORLD) != MPI_SUCCESS) rc = ISTH_ERUNTIME;
+        /* the GPU's step by phase (a backend that offers it): timed steps only */
+        const int timed = tr.be && tr.be->ops->phases;
+        if (rc == ISTH_OK && timed) rc = tr.be->ops->phases(tr.be, 1, NULL, NULL, 0, NULL);
         const double t0 = now_s(), c0 = process_cpu_s(), d0 = tr.data_s;
         for (int k = 0; k < steps && rc == ISTH_OK; k++) rc = trainer_step(&tr, &s);
         const double data = (tr.data_s - d0) / steps;
@@ -122,6 +125,10 @@ int bench_run(const Config *cfg, const int *threads, int n_threads, int warmup, 
         if (rc == ISTH_OK && MPI_Barrier(MPI_COMM_WORLD) != MPI_SUCCESS) rc = ISTH_ERUNTIME;
         double dt = (now_s() - t0) / steps;
         const double tokens = tr.topo.total_tokens_per_step;
+        const char *phase_names[16];
+        double phase_ms[16];
+        int n_phases = 0;
+        if (rc == ISTH_OK && timed) rc = tr.be->ops->phases(tr.be, 0, phase_names, phase_ms, 16, &n_phases);
         trainer_destroy(&tr);
         CHECK(rc);
         double gflops = tokens * fpt / dt / 1e9;
@@ -131,6 +138,15 @@ int bench_run(const Config *cfg, const int *threads, int n_threads, int warmup, 
                100.0 * data / dt);
         if (peak_tflops > 0) printf(" %7.1f%%", 100.0 * gflops / size / (peak_tflops * 1e3));
         printf("\n");
+        if (n_phases) { /* rank 0's device, CUDA events between phase marks; "other": the host's time between steps */
+            double sum = 0.0;
+            for (int p = 0; p < n_phases; p++) sum += phase_ms[p];
+            printf("# step by phase (rank 0's GPU, CUDA events, ms per step and share of the %.1f ms step):\n", 1e3 * dt);
+            for (int p = 0; p < n_phases; p++)
+                printf("#   %-24s %10.2f %6.1f%%\n", phase_names[p], phase_ms[p] / steps, 100.0 * phase_ms[p] / steps / (1e3 * dt));
+            printf("#   %-24s %10.2f %6.1f%% (the phases' sum against the step's wall time)\n", "sum", sum / steps,
+                   100.0 * sum / steps / (1e3 * dt));
+        }
         fflush(stdout);
     }
     /* what sealing the link's frames costs a core (plan's PLAN_SEAL_BYTES_PER_S) */

@@ -16,7 +16,8 @@
 #   5. that model evaluated on the CPU and on the GPU (within 1e-5), and by
 #      PyTorch in float64 from the HDF5 file (tests/gpu/torch_check.py)
 #   6. bench of gpu-1b.ini in bf16: tokens/s and MFU against the H200's
-#      989 TFLOP/s dense bf16 peak
+#      989 TFLOP/s dense bf16 peak; the step by phase (CUDA events), whose
+#      sum must be the step's wall time within 5%
 # The last lines are a table: check | result | figure. Exit 0 only when every
 # check that ran passed. Without a GPU every row says SKIP and why; the
 # executables still run their CPU halves, so the plumbing is checked here.
@@ -347,6 +348,25 @@ if [ "$gpus" -gt 0 ]; then
         line=$(awk '$1 == 1 {printf "%s ms/step, %s tokens/s, %.1f TFLOP/s, MFU %s", $2, $4, $5 / 1000, $NF}' \
             "$out/bench_gpu1b.log" | tail -1)
         row "bench gpu-1b.ini bf16 (MFU vs 989 TFLOP/s)" INFO "$line"
+        # the step by phase (CUDA events): the three largest, and the phases'
+        # sum against the wall time (within 5%: nothing of the step unmarked)
+        top=$(awk '/^#   / && $2 != "sum" { n = NF; name = ""; for (i = 2; i <= n - 2; i++) name = name (name ? " " : "") $i;
+            print $(n - 1), name }' "$out/bench_gpu1b.log" | sort -rn | head -3 | awk '{ ms = $1; $1 = ""; printf "%s%s %s ms", sep, $0, ms; sep = ";" }')
+        share=$(awk '/^#   sum / { sub("%", "", $4); print $4 }' "$out/bench_gpu1b.log" | tail -1)
+        row "bench gpu-1b.ini step by phase (sum within 5%)" \
+            "$(awk -v s="${share:-0}" 'BEGIN { print (s >= 95 && s <= 105) ? "PASS" : "FAIL" }')" \
+            "sum ${share:-?}% of the step;$top"
+        # for scale: PyTorch's SDPA, causal, bf16, forward + backward on the
+        # same shapes (gpu-1b: 8 x 2048 tokens, 16 heads of 64, 16 layers)
+        att=$(awk '/^#   attention / { print $3 }' "$out/bench_gpu1b.log" | tail -1)
+        if sdpa=$(timeout 60 env LD_LIBRARY_PATH="$orig_ld_path" python3 "$top/tests/gpu/torch_sdpa.py" 8 16 2048 64 16 1 \
+            "${att:-0}" 2> "$out/torch_sdpa.log"); then
+            ratio=$(echo "$sdpa" | sed -n 's/.*ratio \([0-9.]*\).*/\1/p')
+            row "attention vs PyTorch SDPA (target >= 0.70)" \
+                "$(awk -v r="${ratio:-0}" 'BEGIN { print r >= 0.7 ? "PASS" : "INFO" }')" "$sdpa"
+        else
+            row "attention vs PyTorch SDPA" SKIP "no torch: $(tail -1 "$out/torch_sdpa.log")"
+        fi
     else
         row "bench gpu-1b.ini bf16" FAIL "$(tail -2 "$out/bench_gpu1b.log" | tr '\n' ' ')"
     fi

@@ -1,0 +1,60 @@
+/* phases.cu — see phases.h. */
+#include "phases.h"
+#include "check.h"
+
+#include <string.h>
+
+extern "C" const char *phase_name(Phase p)
+{
+    static const char *const names[PHASE_COUNT] = {"attention", "expert GEMMs", "dispatch/combine", "router",
+                                                   "dense GEMMs", "norms and element-wise", "optimiser", "other"};
+    return p >= 0 && p < PHASE_COUNT ? names[p] : "?";
+}
+
+extern "C" int phase_start(PhaseClock *c, cudaStream_t stream)
+{
+    if (!c->on)
+        for (int i = 0; i < PHASE_EVENTS; i++) CHECK_CUDA(cudaEventCreate(&c->ev[i]));
+    c->on = 1;
+    c->stream = stream;
+    c->n = c->overflow = 0;
+    memset(c->ms, 0, sizeof c->ms);
+    return ISTH_OK;
+}
+
+extern "C" void phase_mark(PhaseClock *c, Phase p)
+{
+    if (!c || !c->on) return;
+    if (c->n == PHASE_EVENTS) {
+        c->overflow = 1;
+        return;
+    }
+    c->phase[c->n] = (unsigned char)p;
+    cudaEventRecord(c->ev[c->n++], c->stream);
+}
+
+extern "C" int phase_collect(PhaseClock *c)
+{
+    if (!c->on || c->n == 0) return ISTH_OK;
+    CHECK_CUDA(cudaEventSynchronize(c->ev[c->n - 1]));
+    for (int i = 0; i + 1 < c->n; i++) {
+        float ms = 0.0f;
+        CHECK_CUDA(cudaEventElapsedTime(&ms, c->ev[i], c->ev[i + 1]));
+        c->ms[c->phase[i]] += ms;
+    }
+    /* the last mark opens the interval that goes on: it becomes the first */
+    const int last = c->n - 1;
+    cudaEvent_t keep = c->ev[last];
+    c->ev[last] = c->ev[0];
+    c->ev[0] = keep;
+    c->phase[0] = c->phase[last];
+    c->n = 1;
+    return ISTH_OK;
+}
+
+extern "C" void phase_stop(PhaseClock *c)
+{
+    if (!c->on) return;
+    for (int i = 0; i < PHASE_EVENTS; i++) cudaEventDestroy(c->ev[i]);
+    c->on = 0;
+}
