@@ -69,6 +69,7 @@ static int create(CudaActivations *a, const ModelConfig *c, int B, int T)
         off += (bytes[i] + 255) & ~(size_t)255;
     }
     a->block = (float *)block;
+    a->dlogits = a->probs; /* backward overwrites the probabilities with their gradient (acts_plan.h) */
     const size_t Lk = (size_t)a->Lk, N = (size_t)B * T, E = (size_t)a->E, K = (size_t)a->K, D = (size_t)a->D,
                  G = (size_t)a->G;
     a->route = (CudaRouting *)isth_calloc(Lk, sizeof(CudaRouting));
@@ -222,7 +223,7 @@ static int to_device(void *dst, const void *src, size_t bytes, cudaStream_t s)
  * the owners and back, the dropped copies' slots zeros. The balance and z
  * losses and the dropped copies add up on the device (read once per
  * forward). */
-static int moe_forward(float *out, const Model *m, CudaActivations *a, int l, size_t N, int training)
+static int moe_forward(float *out, const Model *m, CudaActivations *a, int l, size_t N, int training, int stats)
 {
     const int D = a->D, E = a->E, K = a->K, F = a->F, G = a->G, El = a->El, me = a->ep->mpi->rank;
     const CudaBlas *blas = a->blas;
@@ -240,7 +241,7 @@ static int moe_forward(float *out, const Model *m, CudaActivations *a, int l, si
     const int capacity = training ? moe_capacity(m->cfg.capacity_factor, N * (size_t)G, K, E) : -1;
     CHECK(cuda_route_plan(a->d_hdr, a->d_bases, r->d_frac, a->d_cnt, G, El, me, capacity, (double)N * G * K, s));
     CHECK(cuda_route_slots(r->d_copy_slot, a->send_token, a->d_pos, r->d_choice, a->d_bases, a->d_hdr, N, K, E, s));
-    if (training) {
+    if (training && stats) {
         CHECK(cuda_router_mean_prob(a->d_mean_prob, r->d_probs, N, E, s));
         CHECK(cuda_route_losses(a->d_fstats, r->d_frac, a->d_mean_prob, r->d_lse, a->d_hdr, N, E, m->cfg.aux_loss,
                                 m->cfg.z_loss, s));
@@ -285,8 +286,9 @@ static int moe_forward(float *out, const Model *m, CudaActivations *a, int l, si
 }
 
 /* Layer l of the forward pass (transformer.c's layer_forward): its
- * activations from x_l into its slot; x_{l+1} when `next`. */
-static int layer_forward(const Model *m, CudaActivations *a, int l, int training, int next)
+ * activations from x_l into its slot; x_{l+1} when `next`; the balance
+ * and z losses and the drops added up when `stats`. */
+static int layer_forward(const Model *m, CudaActivations *a, int l, int training, int next, int stats)
 {
     const int D = a->D, H = a->H, B = a->B_cur, T = a->T_cur;
     const size_t N = a->N, ND = (size_t)a->B * a->T * D, NmaxT = (size_t)a->B * a->T;
@@ -313,7 +315,7 @@ static int layer_forward(const Model *m, CudaActivations *a, int l, int training
     phase_mark(a->clock, PHASE_ELEMENTWISE);
     CHECK(cuda_residual_forward(h, x, a->dtmp, N * D, s));
     CHECK(cuda_rmsnorm_forward(xn2, SLICE(a->rstd2, sl, NmaxT), h, model_param(m, T_MOE_NORM, l), N, D, s));
-    CHECK(moe_forward(a->dtmp, m, a, l, N, training));
+    CHECK(moe_forward(a->dtmp, m, a, l, N, training, stats));
     phase_mark(a->clock, PHASE_ELEMENTWISE);
     if (next) CHECK(cuda_residual_forward(SLICE(a->x, l + 1, ND), h, a->dtmp, N * D, s));
     return ISTH_OK;
@@ -342,7 +344,7 @@ extern "C" int cuda_transformer_forward(const Model *m, CudaActivations *a, cons
     CHECK(cuda_encoder_forward(SLICE(a->x, 0, ND), a->tokens, model_param(m, T_EMBED, 0), N, D, s));
     for (int l = 0; l < L; l++) {
         if (a->progress) a->progress(a->progress_ctx);
-        CHECK(layer_forward(m, a, l, training, 1));
+        CHECK(layer_forward(m, a, l, training, 1, 1));
     }
     CHECK(cuda_rmsnorm_forward(a->xf, a->rstdf, SLICE(a->x, L, ND), model_param(m, T_FINAL_NORM, 0), N, D, s));
     phase_mark(a->clock, PHASE_DENSE);
@@ -431,8 +433,9 @@ extern "C" int cuda_transformer_backward(Model *m, CudaActivations *a, size_t n_
                                 model_param(m, T_FINAL_NORM, 0), a->rstdf, N, D, s));
     for (int l = L - 1; l >= 0; l--) {
         if (a->progress) a->progress(a->progress_ctx);
-        if (a->recompute == RECOMPUTE_LAYER) /* the layer again from x_l: the same bits (statistics read already) */
-            CHECK(layer_forward(m, a, l, a->training, 0));
+        /* the layer again from x_l: the same bits, without its statistics
+         * (read already); the last layer's are still in the slot */
+        if (a->recompute == RECOMPUTE_LAYER && l < L - 1) CHECK(layer_forward(m, a, l, a->training, 0, 0));
         const int sl = slot(a, l);
         const float *x = SLICE(a->x, l, ND), *xn1 = SLICE(a->xn1, sl, ND), *q = SLICE(a->q, sl, ND),
                     *k = SLICE(a->k, sl, ND), *v = SLICE(a->v, sl, ND), *ao = SLICE(a->ao, sl, ND),

@@ -1,11 +1,11 @@
 /* transformer.h (cuda/) — the whole-model forward and backward on the GPU,
  * mirroring src/cpu/transformer.h: the same layer order, the
- * same expert parallelism over the learner (rows over NCCL,
- * the routing's integers over MPI on the host), the same ForwardStats.
+ * same expert parallelism over the learner (the counts and rows over
+ * NCCL, the dispatch plan on the device), the same ForwardStats.
  *
  * Owns: the device activations of one micro-batch (the attention keeps each
  * row's log-sum-exp, O(T), instead of the CPU's (B,H,T,T) probabilities)
- * and their host mirrors for the routing's bookkeeping.
+ * and the dispatch plan's scratch and the header the host reads per layer.
  * Must not: update parameters, reduce gradients across ranks, read data.
  */
 #ifndef ISTHMUS_CUDA_TRANSFORMER_H
@@ -29,7 +29,7 @@ typedef struct {
     int B, T, L, D, H, E, K, F, V, G, El;
     int B_cur, T_cur, training;
     size_t N;
-    CudaColl *ep;            /* the learner: rows over NCCL, integers over ep->mpi */
+    CudaColl *ep;            /* the learner: counts and rows over NCCL */
     const CudaBlas *blas;    /* products, and the stream everything is queued on */
     /* device, saved for backward per layer l: pointer + l * (N_max * width);
      * Lk layers of them: L, or 1 slot all layers share with RECOMPUTE_LAYER */
@@ -40,10 +40,10 @@ typedef struct {
     float *q, *k, *v, *ao;   /* (Lk,N,D) */
     float *att_lse;          /* (Lk,B,H,T) */
     float *h, *xn2, *rstd2;  /* (Lk,N,D), (Lk,N,D), (Lk,N) */
-    float *xf, *rstdf, *probs, *losses; /* (N,D), (N), (N,V), (N) */
+    float *xf, *rstdf, *probs, *losses; /* (N,D), (N), (N,max(V,E)), (N) */
     float *rope_cos, *rope_sin;         /* (T, Dh/2) */
     float *dx, *dh, *dxn, *dq, *dk, *dv, *dao, *dtmp; /* (N,D) */
-    float *dlogits, *dprobs, *router_logits;          /* (N,max(V,E)), (N,E), (N,E) */
+    float *dlogits, *dprobs, *router_logits;          /* (N,max(V,E)): probs' buffer, (N,E), (N,E) */
     float *send_rows, *back_rows;                     /* (N*K,D) */
     int *tokens, *targets, *send_token;               /* (N), (N), (N*K) */
     float *block;            /* the one device allocation holding the floats above */

@@ -104,7 +104,7 @@ cmd_site() {
         --mca btl_tcp_port_range_v4 "$port_btl_count")
     while :; do
         # shellcheck disable=SC2086
-        ISTHMUS_START=$((tries + 1)) mpirun ${MPIRUN_ARGS:-} "${pinned[@]}" -np "$np" --ompi-server "file:$uri" "$isthmus" train "$config" \
+        ISTHMUS_START=$((tries + 1)) mpirun ${MPIRUN_ARGS:-} "${pinned[@]}" -x ISTHMUS_START -np "$np" --ompi-server "file:$uri" "$isthmus" train "$config" \
             --site "$site" "$@" ${port_wire:+--set "outer.ports=$port_wire"} "${extra[@]}" &
         child=$!
         # a signal to this script (timeout, scancel) goes on to mpirun; USR1

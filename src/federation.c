@@ -395,6 +395,9 @@ double federation_setup_s(const Config *cfg)
 
 double federation_build_s(const Config *cfg)
 {
+    /* more sites: a site that joined early waits in the merges until the
+     * last one has joined, which the host's wait bounds (join_timeout) */
+    if (cfg->n_sites > 2) return federation_setup_s(cfg);
     /* the other site, started again at once, probes for a live run first
      * (FEDERATION_PROBE_S), then hosts: this site, started again after the
      * bound, must still find it waiting */
@@ -982,6 +985,10 @@ int federation_rejoin(Federation *f, const Config *cfg, int site, long step, int
     if (rc == ISTH_OK && in) {
         MPI_Comm was = f->world;
         break_join = 0;
+        /* the merges: the short bound, as the joiner's (a restarted joiner
+         * must find this site hosting again before its own wait ends) */
+        fault_watchdog_arm_exit(federation_build_s(cfg), "building the sites' world (a rejoin)", FAULT_HINT_NET,
+                                ISTH_EDROPPED);
         rc = build_pair_world(f, site); /* sets f->world */
         if (rc == ISTH_OK) {
             *old_world = was;

@@ -28,8 +28,9 @@
  * config order, and the merges make the world.
  * The whole join runs under the fault watchdog (outer.join_timeout + 60 s):
  * a peer that stops answering part-way ends the process with one line. The
- * merges, and the trainer's set-up over the new world, end it with exit 3
- * instead (federation_build_s): both sites start again and join again.
+ * merges (bounded by federation_build_s) and the trainer's set-up over the
+ * new world (federation_setup_s) end it with exit 3 instead: both sites
+ * start again and join again.
  * With outer.join_timeout = 0 (two sites only) the leader waits without a
  * limit, naming whom every minute, its every poll re-arming the watchdog,
  * until the other site comes or the caller's stop flag (a signal) is
@@ -106,11 +107,13 @@ double federation_setup_s(const Config *cfg);
  * the join broke inside Open MPI (seen under load: the out-of-band TCP
  * connection between the two mpiruns failed, one side's merge returned an
  * error and the other's never returned): the site exits 3 and, started
- * again (scripts/federated.sh does), joins again. The bound, half of
- * outer.join_timeout less FEDERATION_PROBE_S (5 to 60 s), is short enough
+ * again (scripts/federated.sh does), joins again. The bound, (outer.
+ * join_timeout − FEDERATION_PROBE_S) / 2 within 5 to 60 s, is short enough
  * that a site started again at once (it probes for a live run, then hosts
  * or knocks) still waits when the other, which sat out the bound, comes
- * back. */
+ * back — for two sites with join_timeout >= 30 s. With more sites a site
+ * that joined early waits in the merges for the last to join: the bound
+ * is federation_setup_s's, and a broken join there may end the run. */
 double federation_build_s(const Config *cfg);
 
 /* The joint launch: world = MPI_COMM_WORLD. */

@@ -38,7 +38,7 @@ typedef struct {
     size_t n;
 } Carve;
 
-#define ACTS_CARVES 31
+#define ACTS_CARVES 30
 
 static size_t block_plan(Activations *a, int threads, Carve *plan)
 {
@@ -52,10 +52,12 @@ static size_t block_plan(Activations *a, int threads, Carve *plan)
         {&a->q, Lk * N * D}, {&a->k, Lk * N * D}, {&a->v, Lk * N * D}, {&a->ao, Lk * N * D},
         {&a->att, (a->recompute == RECOMPUTE_NONE ? L : 1) * B * (size_t)a->H * T * T},
         {&a->h, Lk * N * D}, {&a->xn2, Lk * N * D}, {&a->rstd2, Lk * N},
-        {&a->xf, N * D}, {&a->rstdf, N}, {&a->probs, N * V}, {&a->losses, N},
+        /* probs: the head's, then in backward its gradient in place (dlogits) and each
+         * router's (N,E): nothing reads the probabilities after the head's backward */
+        {&a->xf, N * D}, {&a->rstdf, N}, {&a->probs, N * VE}, {&a->losses, N},
         {&a->rope_cos, T * Dh2}, {&a->rope_sin, T * Dh2},
         {&a->dx, N * D}, {&a->dh, N * D}, {&a->dxn, N * D}, {&a->dq, N * D}, {&a->dk, N * D},
-        {&a->dv, N * D}, {&a->dao, N * D}, {&a->dtmp, N * D}, {&a->dlogits, N * VE},
+        {&a->dv, N * D}, {&a->dao, N * D}, {&a->dtmp, N * D},
         {&a->dprobs, N * E}, {&a->send_rows, N * K * D}, {&a->back_rows, N * K * D},
         {&a->att_scratch, (size_t)threads * T * T}, {&a->router_logits, N * E},
     };
@@ -106,6 +108,7 @@ int acts_create(Activations *a, const ModelConfig *c, int B, int T, Coll *ep, Re
         *plan[i].p = a->block + off;
         off += (plan[i].n + 15) & ~(size_t)15;
     }
+    a->dlogits = a->probs;
     const size_t G = (size_t)a->G;
     for (size_t l = 0; l < Lk; l++) { /* route_bytes counts these */
         MoeRouting *r = &a->route[l];
@@ -423,7 +426,9 @@ int transformer_backward(Model *m, Activations *a, const int *tokens, const int 
 
     for (int l = L - 1; l >= 0; l--) {
         if (a->progress) a->progress(a->progress_ctx);
-        if (a->recompute == RECOMPUTE_LAYER) { /* the layer again from x_l: the same bits (its statistics dropped) */
+        /* the layer again from x_l: the same bits (its statistics dropped);
+         * the last layer's are still in the slot from the forward */
+        if (a->recompute == RECOMPUTE_LAYER && l < L - 1) {
             ForwardStats again;
             memset(&again, 0, sizeof again);
             CHECK(layer_forward(m, a, l, a->training, &again, 0));

@@ -36,12 +36,12 @@ typedef struct {
     float *h, *xn2, *rstd2;   /* (Lk,N,D), (Lk,N,D), (Lk,N) */
     MoeRouting *route;        /* (Lk) routing, dispatch and expert rows */
     float *xf, *rstdf;        /* (N,D), (N) final norm */
-    float *probs;             /* (N,V) output softmax */
+    float *probs;             /* (N,V) output softmax; (N, max(V,E)) floats, dlogits in backward */
     float *losses;            /* (N) */
     float *rope_cos, *rope_sin; /* (T, Dh/2) */
     /* backward scratch */
     float *dx, *dh, *dxn, *dq, *dk, *dv, *dao, *dtmp; /* (N,D) */
-    float *dlogits;           /* (N, max(V,E)) */
+    float *dlogits;           /* (N, max(V,E)): probs' buffer (backward overwrites the probabilities) */
     float *dprobs;            /* (N,E) */
     float *send_rows;         /* (N*K,D) rows leaving this rank (x, dy) */
     float *back_rows;         /* (N*K,D) rows coming back (dx) */

@@ -194,8 +194,8 @@ else
     row "small.ini 50 steps fp32/bf16 vs CPU" SKIP "no GPU; CPU run $([ -f "$work/cpu50/model.h5" ] && echo ok || echo FAILED)"
 fi
 # train.recompute = layer: each layer's forward again before its backward,
-# the same kernels on the same inputs (none of them uses atomics): the same
-# bits as the run above
+# the same kernels on the same inputs (no float atomics; the plan's
+# histogram adds integers): the same bits as the run above
 if [ "$gpus" -gt 0 ] && [ -f "$work/gpu50_fp32/model.h5" ]; then
     if timeout 120 "$isthmus" train "$small" $common $S50 --set train.backend=cuda --set train.precision=fp32 \
         --set train.recompute=layer --set train.out_dir="$work/gpu50_layer" > "$out/gpu50_layer.log" 2>&1; then

@@ -434,6 +434,9 @@ static int test_route_plan(void)
     printf("%s %d - dispatch plan losses (balance, z, dropped): worst relative %.2g (<= 1e-12)\n",
            worst <= 1e-12 && planned2 ? "ok" : "not ok", ++test_no, worst);
     failures += !(worst <= 1e-12) || !planned2;
+    void *bufs[] = {d_choice, d_counts, d_cnt, d_hdr, d_bases, d_pos, d_slot, d_token, d_recv_row, d_row_src,
+                    d_frac, d_mean, d_stats, d_lse};
+    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) cudaFree(bufs[i]);
     return 0;
 }
 
