@@ -77,7 +77,7 @@ int cuda_router_softmax_forward(float *probs, float *lse, const float *logits, s
 /* choice (N,K) = top-K of probs per token, ties to the lower expert index. */
 int cuda_router_topk(int *choice, const float *probs, size_t N, int E, int K, cudaStream_t stream);
 /* mean_prob (E, device doubles) = mean router probability over the N
- * tokens, summed in token order in double (the CPU's sum, bit for bit). */
+ * tokens, summed in double as a fixed tree (within ~1e-16 of the CPU's). */
 int cuda_router_mean_prob(double *mean_prob, const float *probs, size_t N, int E, cudaStream_t stream);
 /* dprobs (N,E) += gradient of scale*aux_loss w.r.t. probs; frac (E, device). */
 int cuda_moe_balance_backward(float *dprobs, const double *frac, size_t N, int E, double coef, float scale,

@@ -5,9 +5,9 @@
  * Tolerance (fp32): |gpu - cpu| <= 1e-5 * max(|cpu|, floor). Products,
  * attention and other sums are taken in another order on the GPU; a sum
  * that nearly cancels moves by ulps of its terms, so there floor is the
- * vector's RMS (as test_layers_gpu). Top-k, the mean probability (one
- * double sum in the CPU's order), the gathers and the dispatch plan are
- * exact. bf16
+ * vector's RMS (as test_layers_gpu). Top-k, the gathers and the
+ * dispatch plan are exact; the mean probability (double partial sums) and
+ * the plan's losses within 1e-12. bf16
  * products: 1e-2 of the RMS (the issue's bound; bf16 keeps 8 bits).
  * TAP; without a device "1..0 # SKIP" with the reason. */
 #include <math.h>
@@ -238,7 +238,12 @@ static int test_moe(CudaBlas *blas)
     router_stats(counts, mean, choice, probs, N, E, K);
     if (cuda_router_mean_prob(d_mean, d_probs, N, E, 0)) return 1;
     back(gotd, d_mean, E * sizeof(double));
-    check_same("router_mean_prob", gotd, mean, E * sizeof(double));
+    double worst_mean = 0.0; /* a tree of double partial sums against the CPU's token order */
+    for (int e = 0; e < E; e++) worst_mean = fmax(worst_mean, fabs(gotd[e] - mean[e]) / fmax(fabs(mean[e]), 1e-300));
+    const int planned_mean = in_plan("router_mean_prob");
+    printf("%s %d - router_mean_prob: worst relative %.2g (<= 1e-12)\n", worst_mean <= 1e-12 && planned_mean ? "ok" : "not ok",
+           ++test_no, worst_mean);
+    failures += !(worst_mean <= 1e-12) || !planned_mean;
     for (int e = 0; e < E; e++) frac[e] = counts[e] / (double)NK;
     /* balance + softmax backward */
     float *dprobs = rnd(N * E, 20, 0.3), *dlog = malloc(F4(N * E));
