@@ -1,5 +1,6 @@
 /* layers.cu — see layers.h. */
 #include "layers.h"
+#include "attention_tc.h"
 #include "check.h"
 #include "grid.h"
 
@@ -493,6 +494,30 @@ extern "C" int cuda_attention_backward(float *dq, float *dk, float *dv, const fl
     CHECK_CUDA(cudaGetLastError());
     CHECK_CUDA(cudaFreeAsync(delta, stream));
     return ISTH_OK;
+}
+
+extern "C" int cuda_attention_forward_as(int bf16, float *out, float *lse, const float *q, const float *k,
+                                         const float *v, int B, int T, int D, int H, cudaStream_t stream)
+{
+    if (bf16 && cuda_attention_tc_supports(D / H)) return cuda_attention_tc_forward(out, lse, q, k, v, B, T, D, H, stream);
+    return cuda_attention_forward(out, lse, q, k, v, B, T, D, H, stream);
+}
+
+extern "C" int cuda_attention_backward_as(int bf16, float *dq, float *dk, float *dv, const float *dout,
+                                          const float *out, const float *lse, const float *q, const float *k,
+                                          const float *v, int B, int T, int D, int H, cudaStream_t stream)
+{
+    if (!(bf16 && cuda_attention_tc_supports(D / H)))
+        return cuda_attention_backward(dq, dk, dv, dout, out, lse, q, k, v, B, T, D, H, stream);
+    if (!B || !T) return ISTH_OK;
+    const size_t rows = (size_t)B * H * T;
+    float *delta;
+    CHECK_CUDA(cudaMallocAsync((void **)&delta, sizeof(float) * rows, stream));
+    attention_delta_kernel<<<blocks_for(rows), 256, 0, stream>>>(delta, dout, out, B, T, D, H);
+    CHECK_CUDA(cudaGetLastError());
+    const int rc = cuda_attention_tc_backward(dq, dk, dv, dout, lse, delta, q, k, v, B, T, D, H, stream);
+    CHECK_CUDA(cudaFreeAsync(delta, stream));
+    return rc;
 }
 
 /* --- the fused softmax cross-entropy ------------------------------------- */

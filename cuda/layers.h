@@ -84,6 +84,14 @@ int cuda_attention_forward(float *out, float *lse, const float *q, const float *
 int cuda_attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *out, const float *lse,
                             const float *q, const float *k, const float *v, int B, int T, int D, int H,
                             cudaStream_t stream);
+/* The attention a precision runs: bf16 != 0 and a head dimension of
+ * attention_tc.h's takes the tensor-core kernels there (bf16 products,
+ * fp32 softmax and accumulation), anything else the fp32 kernels above. */
+int cuda_attention_forward_as(int bf16, float *out, float *lse, const float *q, const float *k, const float *v, int B,
+                              int T, int D, int H, cudaStream_t stream);
+int cuda_attention_backward_as(int bf16, float *dq, float *dk, float *dv, const float *dout, const float *out,
+                               const float *lse, const float *q, const float *k, const float *v, int B, int T, int D,
+                               int H, cudaStream_t stream);
 
 /* probs (N,V) = softmax(logits) in place; losses (N) = -log probs[target]
  * (0 where target < 0): the fused softmax cross-entropy, one block per row. */

@@ -309,7 +309,7 @@ static int layer_forward(const Model *m, CudaActivations *a, int l, int training
     CHECK(cuda_rope_forward(q, a->rope_cos, a->rope_sin, B, T, H, D / H, s));
     CHECK(cuda_rope_forward(k, a->rope_cos, a->rope_sin, B, T, H, D / H, s));
     phase_mark(a->clock, PHASE_ATTENTION);
-    CHECK(cuda_attention_forward(ao, lse, q, k, v, B, T, D, H, s));
+    CHECK(cuda_attention_forward_as(blas->bf16, ao, lse, q, k, v, B, T, D, H, s));
     phase_mark(a->clock, PHASE_DENSE);
     CHECK(cuda_matmul_forward(a->dtmp, ao, model_param(m, T_WO, l), N, D, D, blas));
     phase_mark(a->clock, PHASE_ELEMENTWISE);
@@ -454,7 +454,7 @@ extern "C" int cuda_transformer_backward(Model *m, CudaActivations *a, size_t n_
         CHECK_CUDA(cudaMemsetAsync(a->dq, 0, nbytes, s));
         CHECK_CUDA(cudaMemsetAsync(a->dk, 0, nbytes, s));
         CHECK_CUDA(cudaMemsetAsync(a->dv, 0, nbytes, s));
-        CHECK(cuda_attention_backward(a->dq, a->dk, a->dv, a->dao, ao, lse, q, k, v, B, T, D, H, s));
+        CHECK(cuda_attention_backward_as(blas->bf16, a->dq, a->dk, a->dv, a->dao, ao, lse, q, k, v, B, T, D, H, s));
         phase_mark(a->clock, PHASE_ELEMENTWISE);
         CHECK(cuda_rope_backward(a->dq, a->rope_cos, a->rope_sin, B, T, H, D / H, s));
         CHECK(cuda_rope_backward(a->dk, a->rope_cos, a->rope_sin, B, T, H, D / H, s));

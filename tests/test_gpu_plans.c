@@ -40,8 +40,9 @@ static void test_kernel_plan(void **state)
 {
     (void)state;
     char unused[8];
-    /* 2 precisions x 6 products, 4 sizes x 4 attention, 3 cross-entropy, 16 MoE, 2 dispatch plan */
-    assert_int_equal(plan_kernels(-1, unused, sizeof unused), 2 * 6 + 4 * 4 + 3 + 16 + 2);
+    /* 2 precisions x 6 products, 4 sizes x 4 attention, 2 x 5 tensor-core attention, 3 cross-entropy, 16 MoE,
+     * 2 dispatch plan */
+    assert_int_equal(plan_kernels(-1, unused, sizeof unused), 2 * 6 + 4 * 4 + 2 * 5 + 3 + 16 + 2);
     unique(plan_kernels);
     /* every output of every backward kernel is compared */
     const char *outputs[] = {"matmul_backward dinp (+=)", "matmul_backward dweight (+=)",
@@ -60,7 +61,14 @@ static void test_kernel_plan(void **state)
                      plan_attention_dh[s], plan_attention_t[s]);
             if (!has(plan_kernels, name)) fail_msg("no check of %s", name);
         }
-    assert_false(plan_matches(plan_kernels, 49, "dispatch plan losses (balance, z, dropped)")); /* nothing beyond */
+    for (int s = 0; s < 2; s++)
+        for (int k = 0; k < 3; k++) {
+            char name[128];
+            snprintf(name, sizeof name, "attention_tc backward %s (+=) Dh=%d T=%d", k == 0 ? "dq" : k == 1 ? "dk" : "dv",
+                     plan_attention_tc_dh[s], plan_attention_tc_t[s]);
+            if (!has(plan_kernels, name)) fail_msg("no check of %s", name);
+        }
+    assert_false(plan_matches(plan_kernels, 59, "dispatch plan losses (balance, z, dropped)")); /* nothing beyond */
 }
 
 static void test_layer_plan(void **state)

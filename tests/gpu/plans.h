@@ -23,6 +23,12 @@ static const char *const plan_products[] = {
 static const char *const plan_attention[] = {
     "attention_forward", "attention_backward dq (+=)", "attention_backward dk (+=)", "attention_backward dv (+=)",
 };
+/* the tensor-core attention (bf16) against the fp32 kernels, at these sizes */
+static const int plan_attention_tc_dh[2] = {64, 128}, plan_attention_tc_t[2] = {100, 130};
+static const char *const plan_attention_tc[] = {
+    "attention_tc forward", "attention_tc lse", "attention_tc backward dq (+=)", "attention_tc backward dk (+=)",
+    "attention_tc backward dv (+=)",
+};
 static const char *const plan_crossentropy[] = {
     "crossentropy_forward losses", "crossentropy_forward probs", "crossentropy_backward",
 };
@@ -60,6 +66,10 @@ static inline int plan_kernels(int i, char *out, size_t size)
     for (int s = 0; s < 4; s++)
         for (int k = 0; k < PLAN_LEN(plan_attention); k++, at++)
             if (at == i) snprintf(out, size, "%s Dh=%d T=%d", plan_attention[k], plan_attention_dh[s], plan_attention_t[s]);
+    for (int s = 0; s < 2; s++)
+        for (int k = 0; k < PLAN_LEN(plan_attention_tc); k++, at++)
+            if (at == i)
+                snprintf(out, size, "%s Dh=%d T=%d", plan_attention_tc[k], plan_attention_tc_dh[s], plan_attention_tc_t[s]);
     for (int k = 0; k < PLAN_LEN(plan_crossentropy); k++, at++)
         if (at == i) snprintf(out, size, "%s", plan_crossentropy[k]);
     for (int k = 0; k < PLAN_LEN(plan_moe); k++, at++)

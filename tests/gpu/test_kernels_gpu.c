@@ -181,6 +181,58 @@ static int test_attention(int Dh, int T)
     return 0;
 }
 
+/* The tensor-core kernels (bf16 products, fp32 softmax and accumulation)
+ * against the fp32 kernels just checked against the CPU, on the same
+ * inputs: bf16 keeps 8 bits (inputs rounded by 2^-9 relative), so 2e-2 of
+ * the RMS forward and 5e-2 for the gradients (their sums of products of
+ * two rounded factors and a recomputed probability). */
+static int test_attention_tc(int Dh, int T)
+{
+    const int B = 2, H = 3, D = H * Dh;
+    const size_t n = (size_t)B * T * D, rows = (size_t)B * H * T;
+    char name[96];
+    float *q = rnd(n, 50, 1.0), *k = rnd(n, 51, 1.0), *v = rnd(n, 52, 1.0), *dout = rnd(n, 53, 1.0);
+    float *want = malloc(F4(n)), *got = malloc(F4(n)), *lse_want = malloc(F4(rows)), *lse_got = malloc(F4(rows));
+    NEED(q && k && v && dout && want && got && lse_want && lse_got);
+    float *d_q = dev(q, F4(n)), *d_k = dev(k, F4(n)), *d_v = dev(v, F4(n)), *d_dout = dev(dout, F4(n)),
+          *d_out32 = dev(NULL, F4(n)), *d_lse32 = dev(NULL, F4(rows)), *d_out = dev(NULL, F4(n)),
+          *d_lse = dev(NULL, F4(rows)), *d_g32[3], *d_g[3];
+    NEED(d_q && d_k && d_v && d_dout && d_out32 && d_lse32 && d_out && d_lse);
+    for (int i = 0; i < 3; i++) {
+        d_g32[i] = dev(NULL, F4(n));
+        d_g[i] = dev(NULL, F4(n));
+        NEED(d_g32[i] && d_g[i]);
+        cudaMemset(d_g32[i], 0, F4(n));
+        cudaMemset(d_g[i], 0, F4(n));
+    }
+    if (cuda_attention_forward(d_out32, d_lse32, d_q, d_k, d_v, B, T, D, H, 0) ||
+        cuda_attention_forward_as(1, d_out, d_lse, d_q, d_k, d_v, B, T, D, H, 0))
+        return 1;
+    back(want, d_out32, F4(n));
+    back(got, d_out, F4(n));
+    snprintf(name, sizeof name, "attention_tc forward Dh=%d T=%d", Dh, T);
+    check_tol(name, got, want, n, 2e-2, 1);
+    back(lse_want, d_lse32, F4(rows));
+    back(lse_got, d_lse, F4(rows));
+    snprintf(name, sizeof name, "attention_tc lse Dh=%d T=%d", Dh, T);
+    check_tol(name, lse_got, lse_want, rows, 2e-2, 1);
+    if (cuda_attention_backward(d_g32[0], d_g32[1], d_g32[2], d_dout, d_out32, d_lse32, d_q, d_k, d_v, B, T, D, H, 0) ||
+        cuda_attention_backward_as(1, d_g[0], d_g[1], d_g[2], d_dout, d_out, d_lse, d_q, d_k, d_v, B, T, D, H, 0))
+        return 1;
+    const char *which[3] = {"dq", "dk", "dv"};
+    for (int i = 0; i < 3; i++) {
+        back(want, d_g32[i], F4(n));
+        back(got, d_g[i], F4(n));
+        snprintf(name, sizeof name, "attention_tc backward %s (+=) Dh=%d T=%d", which[i], Dh, T);
+        check_tol(name, got, want, n, 5e-2, 1);
+        cudaFree(d_g32[i]), cudaFree(d_g[i]);
+    }
+    cudaFree(d_q), cudaFree(d_k), cudaFree(d_v), cudaFree(d_dout), cudaFree(d_out32), cudaFree(d_lse32);
+    cudaFree(d_out), cudaFree(d_lse);
+    free(q), free(k), free(v), free(dout), free(want), free(got), free(lse_want), free(lse_got);
+    return 0;
+}
+
 static int test_crossentropy(void)
 {
     const size_t N = 157;
@@ -449,13 +501,15 @@ int main(void)
 {
     if (!gpu_present_or_skip()) return 0;
     char unused[8];
-    const int PLAN = plan_kernels(-1, unused, sizeof unused); /* 2 x 6 products, 4 x 4 attention, 3 + 18 */
+    const int PLAN = plan_kernels(-1, unused, sizeof unused); /* 2 x 6 products, 4 x 4 + 2 x 5 attention, 3 + 18 */
     printf("1..%d\n", PLAN);
     CudaBlas blas;
     if (cuda_blas_create(&blas, 0, 0)) return 1;
     if (test_products(&blas, 0) || test_products(&blas, 1)) return 1;
     for (int i = 0; i < 4; i++)
         if (test_attention(plan_attention_dh[i], plan_attention_t[i])) return 1;
+    for (int i = 0; i < 2; i++)
+        if (test_attention_tc(plan_attention_tc_dh[i], plan_attention_tc_t[i])) return 1;
     if (test_crossentropy() || test_moe(&blas) || test_route_plan()) return 1;
     cuda_blas_destroy(&blas);
     if (test_no != PLAN) {

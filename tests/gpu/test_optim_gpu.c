@@ -8,7 +8,7 @@
  *    so roots are computed, used and recomputed) and seven Muon steps (wide
  *    and tall Gram sides), over two runs that skip a tensor (so the packed
  *    layout is not the params' own), a fresh gradient each step, one element
- *    of layer 1's wq infinite at update 4: the weights' update, the
+ *    of layer 1's wq infinite at update 6: the weights' update, the
  *    moments, Shampoo's statistics and roots, the counters (roots
  *    computed, kept, statistics reset, fallbacks: equal, and the reset and
  *    fallback ones hit), and the same steps again on the GPU, bit for bit.
@@ -25,7 +25,7 @@
  *    same function of it, up to rounding): a relative error of about
  *    (1/4) kappa n 2^-24 ~ 1e-5 here (n = 32; kappa <= ~34: each statistic
  *    sums the Gram matrices of two or more independent 32 x 32 gradient
- *    blocks, e.g. 32 x 64 after the broken block's reset), so 1e-3 of the
+ *    blocks), so 1e-3 of the
  *    root's RMS, a hundredfold margin. The weights' update (w - w0 over the
  *    seven steps) within 1e-3 of its RMS per tensor, for the same reason.
  *  - Muon's update: five Newton-Schulz steps stretch the smallest singular
