@@ -82,7 +82,7 @@ static const KeySpec schema[] = {
     {"train", "precond_beta2", KEY_REAL, TR(precond_beta2), 0, 0, 0.999999, 0, NULL, "0.99", .help = "shampoo: decay of the statistics L and R"},
     {"train", "backend", KEY_ENUM, TR(backend), STRSZ(train.backend), 0, 0, 0, "auto|cpu|cuda", "auto", .help = "cpu, cuda (one GPU per rank), or auto: cuda when built in and every rank gets a GPU"},
     {"train", "precision", KEY_ENUM, TR(precision), STRSZ(train.precision), 0, 0, 0, "fp32|bf16", "fp32", .help = "matrix products in fp32, or bf16 tensor cores with fp32 accumulation (CUDA only)"},
-    {"train", "recompute", KEY_ENUM, TR(recompute), STRSZ(train.recompute), 0, 0, 0, "none|attention|layer", "none", .help = "attention: backward recomputes attention probabilities instead of keeping them; layer: every layer's activations from its input"},
+    {"train", "recompute", KEY_ENUM, TR(recompute), STRSZ(train.recompute), 0, 0, 0, "none|attention|layer", "none", .help = "backward recomputes: attention = the probabilities, layer = each layer from its input"},
     {"train", "gpu_share", KEY_INT, TR(gpu_share), 0, 0, 1, 0, NULL, "0", .help = "1 lets several ranks of one host share a GPU (tests on a one-GPU machine)"},
     {"train", "threads", KEY_INT, TR(threads), 0, 0, 4096, 0, NULL, "0", .help = "OpenMP and OpenBLAS threads per rank; 0 = OMP_NUM_THREADS, else all cores"},
     {"train", "seed", KEY_U64, TR(seed), 0, 0, 0, 0, NULL, "42", .help = "seed of the training-window sampler"},
