@@ -41,7 +41,8 @@ typedef struct {
     cudaStream_t stream;  /* compute: layers, optimiser, NCCL */
     cudaStream_t copy;    /* host staging and the codec */
     cudaEvent_t ready;    /* orders the two streams */
-    unsigned char *pinned; /* (STAGE_BYTES, pinned host) get/put staging */
+    unsigned char *pinned; /* (STAGE_BYTES, pinned host) get/put staging: two halves */
+    cudaEvent_t staged[2]; /* each half's last copy on the copy stream */
     CudaCodec codec;
     float *scratch;       /* (scratch_cap, device) batches of learner sums */
     size_t scratch_cap;
@@ -61,6 +62,8 @@ static void cuda_destroy(Backend *b)
     cuda_codec_destroy(&c->codec);
     if (c->pinned) cudaFreeHost(c->pinned);
     if (c->ready) cudaEventDestroy(c->ready);
+    for (int h = 0; h < 2; h++)
+        if (c->staged[h]) cudaEventDestroy(c->staged[h]);
     if (c->copy) cudaStreamDestroy(c->copy);
     cuda_acts_destroy(&c->acts);
     if (c->clock) phase_stop(c->clock);
@@ -183,10 +186,34 @@ static int check_runs(CudaBackend *c, StateKind which, const size_t *off, const 
     return ISTH_OK;
 }
 
-/* Host staging in pieces of STAGE_BYTES through pinned memory on the copy
- * stream (pageable copies go at half the rate and hold the device's copy
- * engine synchronously). */
+/* Host staging through pinned memory on the copy stream (pageable copies
+ * go at half the rate and hold the device's copy engine synchronously), in
+ * pieces of half of it: the device copies one piece while the host copies
+ * the other (double buffering). */
 #define STAGE_BYTES ((size_t)64 << 20)
+#define STAGE_PIECE (STAGE_BYTES / 2 / sizeof(float))
+
+/* The runs as a sequence of pieces of at most STAGE_PIECE floats. */
+typedef struct {
+    const size_t *off, *len;
+    int n, run;
+    size_t done;
+} Pieces;
+
+/* The next piece: *at (the state's offset), *k floats; 0 when none is left. */
+static int next_piece(Pieces *p, size_t *at, size_t *k)
+{
+    while (p->run < p->n && p->done == p->len[p->run]) {
+        p->run++;
+        p->done = 0;
+    }
+    if (p->run == p->n) return 0;
+    const size_t left = p->len[p->run] - p->done;
+    *at = p->off[p->run] + p->done;
+    *k = left < STAGE_PIECE ? left : STAGE_PIECE;
+    p->done += *k;
+    return 1;
+}
 
 /* `after` -> `before`: work queued on `before` from now on waits for what is
  * queued on `after` so far. */
@@ -203,18 +230,28 @@ static int cuda_get(Backend *b, StateKind which, const size_t *off, const size_t
     CHECK(check_runs(c, which, off, len, n, "get"));
     const float *v = state(c, which);
     CHECK(order_streams(c, c->stream, c->copy)); /* the state as the compute stream leaves it */
-    const size_t piece = STAGE_BYTES / sizeof(float);
-    for (int i = 0; i < n; i++)
-        for (size_t done = 0; done < len[i];) {
-            const size_t k = len[i] - done < piece ? len[i] - done : piece;
-            CHECK_CUDA(cudaMemcpyAsync(c->pinned, v + off[i] + done, k * sizeof(float), cudaMemcpyDeviceToHost,
+    Pieces p = {off, len, n, 0, 0};
+    size_t at, k, k_next;
+    if (!next_piece(&p, &at, &k)) return ISTH_OK;
+    int half = 0;
+    float *stage[2] = {(float *)c->pinned, (float *)c->pinned + STAGE_PIECE};
+    CHECK_CUDA(cudaMemcpyAsync(stage[0], v + at, k * sizeof(float), cudaMemcpyDeviceToHost, c->copy));
+    CHECK_CUDA(cudaEventRecord(c->staged[0], c->copy));
+    for (;;) {
+        /* the next piece into the other half while this one is copied out */
+        const int more = next_piece(&p, &at, &k_next);
+        if (more) {
+            CHECK_CUDA(cudaMemcpyAsync(stage[1 - half], v + at, k_next * sizeof(float), cudaMemcpyDeviceToHost,
                                        c->copy));
-            CHECK_CUDA(cudaStreamSynchronize(c->copy));
-            memcpy(host, c->pinned, k * sizeof(float));
-            host += k;
-            done += k;
+            CHECK_CUDA(cudaEventRecord(c->staged[1 - half], c->copy));
         }
-    return ISTH_OK;
+        CHECK_CUDA(cudaEventSynchronize(c->staged[half]));
+        memcpy(host, stage[half], k * sizeof(float));
+        host += k;
+        if (!more) return ISTH_OK;
+        k = k_next;
+        half = 1 - half;
+    }
 }
 
 static int cuda_put(Backend *b, StateKind which, const size_t *off, const size_t *len, int n, const float *host)
@@ -223,17 +260,20 @@ static int cuda_put(Backend *b, StateKind which, const size_t *off, const size_t
     CHECK(check_runs(c, which, off, len, n, "put"));
     float *v = state(c, which);
     CHECK(order_streams(c, c->stream, c->copy)); /* no kernel still reading what is overwritten */
-    const size_t piece = STAGE_BYTES / sizeof(float);
-    for (int i = 0; i < n; i++)
-        for (size_t done = 0; done < len[i];) {
-            const size_t k = len[i] - done < piece ? len[i] - done : piece;
-            CHECK_CUDA(cudaStreamSynchronize(c->copy)); /* the previous piece has left the staging */
-            memcpy(c->pinned, host, k * sizeof(float));
-            CHECK_CUDA(cudaMemcpyAsync(v + off[i] + done, c->pinned, k * sizeof(float), cudaMemcpyHostToDevice,
-                                       c->copy));
-            host += k;
-            done += k;
-        }
+    Pieces p = {off, len, n, 0, 0};
+    size_t at, k;
+    float *stage[2] = {(float *)c->pinned, (float *)c->pinned + STAGE_PIECE};
+    int used[2] = {0, 0}, half = 0;
+    while (next_piece(&p, &at, &k)) {
+        /* this half's last copy has left it; the other half's goes on meanwhile */
+        if (used[half]) CHECK_CUDA(cudaEventSynchronize(c->staged[half]));
+        memcpy(stage[half], host, k * sizeof(float));
+        CHECK_CUDA(cudaMemcpyAsync(v + at, stage[half], k * sizeof(float), cudaMemcpyHostToDevice, c->copy));
+        CHECK_CUDA(cudaEventRecord(c->staged[half], c->copy));
+        used[half] = 1;
+        host += k;
+        half = 1 - half;
+    }
     CHECK_CUDA(cudaStreamSynchronize(c->copy)); /* the caller may reuse host at once */
     return order_streams(c, c->copy, c->stream);
 }
@@ -471,6 +511,8 @@ static int create(CudaBackend *c, const Config *cfg, int B, int expert_begin, in
         rc = isth_fail(ISTH_ERUNTIME, "cuda: cannot create a stream on device %d", c->device);
     if (rc == ISTH_OK && (cudaStreamCreateWithFlags(&c->copy, cudaStreamNonBlocking) != cudaSuccess ||
                           cudaEventCreateWithFlags(&c->ready, cudaEventDisableTiming) != cudaSuccess ||
+                          cudaEventCreateWithFlags(&c->staged[0], cudaEventDisableTiming) != cudaSuccess ||
+                          cudaEventCreateWithFlags(&c->staged[1], cudaEventDisableTiming) != cudaSuccess ||
                           cudaHostAlloc((void **)&c->pinned, STAGE_BYTES, cudaHostAllocDefault) != cudaSuccess))
         rc = isth_fail(ISTH_ERUNTIME, "cuda: cannot create the copy stream and %zu MiB of pinned staging on device %d",
                        STAGE_BYTES >> 20, c->device);
