@@ -95,7 +95,10 @@ __global__ static void __launch_bounds__(TC_THREADS)
     const size_t base = (size_t)b * T * D + (size_t)h * DH;
     load_rows<DH>(Qs, q, base, i0, TC_ROWS, T, D);
     const int r = lane / 2, half = lane % 2, i = i0 + warp * 16 + r; /* this lane's query row */
-    for (int c = half * (DH / 2); c < (half + 1) * (DH / 2); c++) O[r * DH + c] = 0.0f;
+    /* a lane's columns start at its own offset: the 32 lanes, one per bank */
+#define COL_S(c) (half * 32 + (((c) + lane) & 31))
+#define COL_O(c) (half * (DH / 2) + (((c) + lane) % (DH / 2)))
+    for (int c = 0; c < DH / 2; c++) O[r * DH + COL_O(c)] = 0.0f;
     float m = -INFINITY, l = 0.0f;
     const int last = min(i0 + TC_ROWS, T) - 1;
     for (int j0 = 0; j0 <= last; j0 += TC_TILE) {
@@ -107,8 +110,8 @@ __global__ static void __launch_bounds__(TC_THREADS)
         __syncwarp();
         /* this lane's 32 columns of row r: scale, mask, the row's max */
         float mt = -INFINITY;
-        for (int c = half * 32; c < half * 32 + 32; c++) {
-            const int j = j0 + c;
+        for (int cc = 0; cc < 32; cc++) {
+            const int c = COL_S(cc), j = j0 + c;
             const float s = j <= i && j < T && i < T ? S[r * TC_TILE + c] * scale : -INFINITY;
             S[r * TC_TILE + c] = s;
             mt = fmaxf(mt, s);
@@ -118,7 +121,8 @@ __global__ static void __launch_bounds__(TC_THREADS)
         /* a row with no key yet (padding past T) keeps m = -inf: p and corr 0 */
         const float corr = mn == -INFINITY ? 0.0f : expf(m - mn);
         float ls = 0.0f;
-        for (int c = half * 32; c < half * 32 + 32; c++) {
+        for (int cc = 0; cc < 32; cc++) {
+            const int c = COL_S(cc);
             const float p = mn == -INFINITY ? 0.0f : expf(S[r * TC_TILE + c] - mn);
             P[r * TC_TILE + c] = __float2bfloat16(p);
             ls += p;
@@ -126,7 +130,7 @@ __global__ static void __launch_bounds__(TC_THREADS)
         ls += __shfl_xor_sync(0xffffffffu, ls, 1);
         l = l * corr + ls;
         m = mn;
-        for (int c = half * (DH / 2); c < (half + 1) * (DH / 2); c++) O[r * DH + c] *= corr;
+        for (int c = 0; c < DH / 2; c++) O[r * DH + COL_O(c)] *= corr;
         __syncwarp();
 #pragma unroll
         for (int t = 0; t < DH / 16; t++) {
@@ -146,10 +150,12 @@ __global__ static void __launch_bounds__(TC_THREADS)
     }
     if (i < T) {
         const float inv = 1.0f / l;
-        for (int c = half * (DH / 2); c < (half + 1) * (DH / 2); c++)
+        for (int c = half * (DH / 2); c < (half + 1) * (DH / 2); c++) /* in order: the row's writes coalesce */
             out[base + (size_t)i * D + c] = O[r * DH + c] * inv;
         if (half == 0) lse[(size_t)bh * T + i] = m + logf(l);
     }
+#undef COL_S
+#undef COL_O
 }
 
 /* Scores to gradient factors for one warp's 16 x TC_TILE block, in place:
@@ -160,7 +166,8 @@ __device__ static void grad_factors(const float *S, const float *dP, bf16 *Pb, b
                                     int row0, int col0, const float *lse, const float *delta, int T, float scale)
 {
     const int lane = threadIdx.x % 32, r = lane / 2, half = lane % 2;
-    for (int c = half * 32; c < half * 32 + 32; c++) {
+    for (int cc = 0; cc < 32; cc++) {
+        const int c = half * 32 + ((cc + lane) & 31); /* one bank per lane */
         const int qi = rows_are_queries ? row0 + r : col0 + c, kj = rows_are_queries ? col0 + c : row0 + r;
         const int qloc = rows_are_queries ? r : c; /* lse, delta are staged by the tile's query */
         const bool live = kj <= qi && qi < T && kj < T;
@@ -294,14 +301,32 @@ __global__ static void __launch_bounds__(TC_THREADS)
     }
 }
 
-extern "C" int cuda_attention_tc_supports(int Dh) { return Dh == 64 || Dh == 128; }
+/* Dh 64 or 128, and a device whose blocks may opt into the shared memory
+ * the kernels take (sm_90 and later: up to 227 KiB; sm_86/89 have 99 KiB,
+ * too little at 128): asked once per process (one device per rank). */
+extern "C" int cuda_attention_tc_supports(int Dh)
+{
+    if (Dh != 64 && Dh != 128) return 0;
+    static int optin = -1;
+    if (optin < 0) {
+        int dev = 0, bytes = 0;
+        const int ok = cudaGetDevice(&dev) == cudaSuccess &&
+                       cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) == cudaSuccess;
+        optin = ok ? bytes : 0;
+    }
+    const size_t need = Dh == 64 ? backward_smem<64>() : backward_smem<128>(); /* the larger of the two */
+    return (size_t)optin >= need && (size_t)optin >= (Dh == 64 ? forward_smem<64>() : forward_smem<128>());
+}
 
 template <int DH>
 static int tc_launch_forward(float *out, float *lse, const float *q, const float *k, const float *v, int B, int T,
                              int D, int H, cudaStream_t stream)
 {
     const size_t smem = forward_smem<DH>();
-    CHECK_CUDA(cudaFuncSetAttribute(tc_forward_kernel<DH>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    static int opted; /* once per kernel and process */
+    if (!opted)
+        CHECK_CUDA(cudaFuncSetAttribute(tc_forward_kernel<DH>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    opted = 1;
     const dim3 grid((unsigned)((T + TC_ROWS - 1) / TC_ROWS), (unsigned)(B * H));
     tc_forward_kernel<DH><<<grid, TC_THREADS, smem, stream>>>(out, lse, q, k, v, T, D, H, 1.0f / sqrtf((float)DH));
     CHECK_CUDA(cudaGetLastError());
@@ -314,8 +339,12 @@ static int tc_launch_backward(float *dq, float *dk, float *dv, const float *dout
                               int H, cudaStream_t stream)
 {
     const size_t smem = backward_smem<DH>();
-    CHECK_CUDA(cudaFuncSetAttribute(tc_dkdv_kernel<DH>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    CHECK_CUDA(cudaFuncSetAttribute(tc_dq_kernel<DH>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    static int opted;
+    if (!opted) {
+        CHECK_CUDA(cudaFuncSetAttribute(tc_dkdv_kernel<DH>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        CHECK_CUDA(cudaFuncSetAttribute(tc_dq_kernel<DH>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    }
+    opted = 1;
     const dim3 grid((unsigned)((T + TC_ROWS - 1) / TC_ROWS), (unsigned)(B * H));
     const float scale = 1.0f / sqrtf((float)DH);
     tc_dkdv_kernel<DH><<<grid, TC_THREADS, smem, stream>>>(dk, dv, dout, lse, delta, q, k, v, T, D, H, scale);

@@ -20,7 +20,8 @@
 extern "C" {
 #endif
 
-/* The head dimensions these kernels are built for (64, 128). */
+/* The head dimensions these kernels are built for (64, 128), on a device
+ * whose blocks may take their shared memory (sm_90 and later). */
 int cuda_attention_tc_supports(int Dh);
 /* As cuda_attention_forward (layers.h): out (B,T,D), lse (B,H,T). */
 int cuda_attention_tc_forward(float *out, float *lse, const float *q, const float *k, const float *v, int B, int T,

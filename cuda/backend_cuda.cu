@@ -395,6 +395,7 @@ static int cuda_phases(Backend *b, int start, const char **names, double *ms, in
         c->acts.clock = c->clock;
         return phase_start(c->clock, c->stream);
     }
+    if (!n || !names || !ms) return isth_fail(ISTH_ERUNTIME, "cuda: phases: nowhere to put the totals");
     if (!c->clock) return ISTH_OK;
     CHECK(phase_collect(c->clock));
     for (int p = 0; p < PHASE_COUNT && p < max; p++, (*n)++) {

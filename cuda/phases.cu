@@ -2,6 +2,7 @@
 #include "phases.h"
 #include "check.h"
 
+#include <stdio.h>
 #include <string.h>
 
 extern "C" const char *phase_name(Phase p)
@@ -14,7 +15,11 @@ extern "C" const char *phase_name(Phase p)
 extern "C" int phase_start(PhaseClock *c, cudaStream_t stream)
 {
     if (!c->on)
-        for (int i = 0; i < PHASE_EVENTS; i++) CHECK_CUDA(cudaEventCreate(&c->ev[i]));
+        for (int i = 0; i < PHASE_EVENTS; i++)
+            if (cudaEventCreate(&c->ev[i]) != cudaSuccess) {
+                while (i-- > 0) cudaEventDestroy(c->ev[i]);
+                return isth_fail(ISTH_ERUNTIME, "cuda: cannot create the phase clock's %d events", PHASE_EVENTS);
+            }
     c->on = 1;
     c->stream = stream;
     c->n = c->overflow = 0;
@@ -36,6 +41,11 @@ extern "C" void phase_mark(PhaseClock *c, Phase p)
 extern "C" int phase_collect(PhaseClock *c)
 {
     if (!c->on || c->n == 0) return ISTH_OK;
+    if (c->overflow) { /* a step of more marks than the clock holds: its tail went to the last phase */
+        fprintf(stderr, "isthmus: warning: more than %d phase marks in a step; the rest counted as '%s'\n",
+                PHASE_EVENTS, phase_name((Phase)c->phase[c->n - 1]));
+        c->overflow = 0;
+    }
     CHECK_CUDA(cudaEventSynchronize(c->ev[c->n - 1]));
     for (int i = 0; i + 1 < c->n; i++) {
         float ms = 0.0f;

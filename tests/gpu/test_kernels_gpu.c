@@ -191,19 +191,19 @@ static int test_attention_tc(int Dh, int T)
     const int B = 2, H = 3, D = H * Dh;
     const size_t n = (size_t)B * T * D, rows = (size_t)B * H * T;
     char name[96];
-    float *q = rnd(n, 50, 1.0), *k = rnd(n, 51, 1.0), *v = rnd(n, 52, 1.0), *dout = rnd(n, 53, 1.0);
+    /* q x 4: scores with a spread (a flat softmax would hide a mask off by one) */
+    float *q = rnd(n, 50, 4.0), *k = rnd(n, 51, 1.0), *v = rnd(n, 52, 1.0), *dout = rnd(n, 53, 1.0);
     float *want = malloc(F4(n)), *got = malloc(F4(n)), *lse_want = malloc(F4(rows)), *lse_got = malloc(F4(rows));
-    NEED(q && k && v && dout && want && got && lse_want && lse_got);
+    float *g0 = rnd(n, 54, 0.1); /* both start from the same gradients: += is checked */
+    NEED(q && k && v && dout && want && got && lse_want && lse_got && g0);
     float *d_q = dev(q, F4(n)), *d_k = dev(k, F4(n)), *d_v = dev(v, F4(n)), *d_dout = dev(dout, F4(n)),
           *d_out32 = dev(NULL, F4(n)), *d_lse32 = dev(NULL, F4(rows)), *d_out = dev(NULL, F4(n)),
           *d_lse = dev(NULL, F4(rows)), *d_g32[3], *d_g[3];
     NEED(d_q && d_k && d_v && d_dout && d_out32 && d_lse32 && d_out && d_lse);
     for (int i = 0; i < 3; i++) {
-        d_g32[i] = dev(NULL, F4(n));
-        d_g[i] = dev(NULL, F4(n));
+        d_g32[i] = dev(g0, F4(n));
+        d_g[i] = dev(g0, F4(n));
         NEED(d_g32[i] && d_g[i]);
-        cudaMemset(d_g32[i], 0, F4(n));
-        cudaMemset(d_g[i], 0, F4(n));
     }
     if (cuda_attention_forward(d_out32, d_lse32, d_q, d_k, d_v, B, T, D, H, 0) ||
         cuda_attention_forward_as(1, d_out, d_lse, d_q, d_k, d_v, B, T, D, H, 0))
@@ -229,7 +229,7 @@ static int test_attention_tc(int Dh, int T)
     }
     cudaFree(d_q), cudaFree(d_k), cudaFree(d_v), cudaFree(d_dout), cudaFree(d_out32), cudaFree(d_lse32);
     cudaFree(d_out), cudaFree(d_lse);
-    free(q), free(k), free(v), free(dout), free(want), free(got), free(lse_want), free(lse_got);
+    free(q), free(k), free(v), free(dout), free(want), free(got), free(lse_want), free(lse_got), free(g0);
     return 0;
 }
 
