@@ -177,16 +177,42 @@ __device__ static void grad_factors(const float *S, const float *dP, bf16 *Pb, b
     }
 }
 
+/* The backward kernels' shared memory, the same carve for both: four bf16
+ * tiles of TC_TILE rows (the block's two, the step's two), per warp an fp32
+ * area (S and dP; at the end the block's gradient rows pass through it) and
+ * P, dS in bf16, then the staged lse and delta of TC_TILE queries. */
+static_assert(TC_ROWS == TC_TILE, "the backward's tiles are all TC_TILE rows");
+#define TC_WARP_F(DH) (2 * 16 * (TC_TILE > (DH) ? TC_TILE : (DH))) /* floats per warp */
+
 template <int DH>
 static size_t backward_smem(void)
 {
-    /* the block's rows and the step's tile, twice (q/do or k/v, bf16); per
-     * warp S and dP (fp32: at the end dK and dV pass through them) and P,
-     * dS (bf16); the step's lse and delta */
-    const size_t per_warp_f = 2 * 16 * (TC_TILE > DH ? TC_TILE : DH);
-    return sizeof(bf16) * 2 * (TC_ROWS + TC_TILE) * DH + TC_WARPS * (per_warp_f * sizeof(float) +
-                                                                     2 * 16 * TC_TILE * sizeof(bf16)) +
-           2 * TC_TILE * sizeof(float);
+    return sizeof(bf16) * 4 * TC_TILE * DH +
+           TC_WARPS * (TC_WARP_F(DH) * sizeof(float) + 2 * 16 * TC_TILE * sizeof(bf16)) + 2 * TC_TILE * sizeof(float);
+}
+
+typedef struct {
+    bf16 *tile[4];     /* each TC_TILE rows of DH */
+    float *S, *dP;     /* this warp's 16 x TC_TILE; S is also its 16 x DH output area */
+    bf16 *P, *dS;      /* this warp's 16 x TC_TILE */
+    float *lse, *delta; /* TC_TILE each */
+} BackSmem;
+
+template <int DH>
+__device__ static BackSmem carve_backward(unsigned char *smem, int warp)
+{
+    BackSmem m;
+    bf16 *t = (bf16 *)smem;
+    for (int i = 0; i < 4; i++) m.tile[i] = t + i * TC_TILE * DH;
+    float *f = (float *)(t + 4 * TC_TILE * DH);
+    m.S = f + warp * TC_WARP_F(DH);
+    m.dP = m.S + 16 * TC_TILE;
+    bf16 *pb = (bf16 *)(f + TC_WARPS * TC_WARP_F(DH));
+    m.P = pb + warp * 2 * 16 * TC_TILE;
+    m.dS = m.P + 16 * TC_TILE;
+    m.lse = (float *)(pb + TC_WARPS * 2 * 16 * TC_TILE);
+    m.delta = m.lse + TC_TILE;
+    return m;
 }
 
 /* dK, dV for TC_ROWS keys of one head: query tiles from the block's first
@@ -198,14 +224,11 @@ __global__ static void __launch_bounds__(TC_THREADS)
                    const float *k, const float *v, int T, int D, int H, float scale)
 {
     extern __shared__ __align__(128) unsigned char smem[];
-    const int per_warp_f = 2 * 16 * (TC_TILE > DH ? TC_TILE : DH);
-    bf16 *Ks = (bf16 *)smem, *Vs = Ks + TC_ROWS * DH, *Qs = Vs + TC_ROWS * DH, *dOs = Qs + TC_TILE * DH;
     const int warp = threadIdx.x / 32;
-    float *F = (float *)(dOs + TC_TILE * DH) + warp * per_warp_f, *St = F, *dPt = F + 16 * TC_TILE;
-    bf16 *Pt = (bf16 *)((float *)(dOs + TC_TILE * DH) + TC_WARPS * per_warp_f) + warp * 2 * 16 * TC_TILE,
-         *dSt = Pt + 16 * TC_TILE;
-    float *ls = (float *)((bf16 *)((float *)(dOs + TC_TILE * DH) + TC_WARPS * per_warp_f) + TC_WARPS * 2 * 16 * TC_TILE),
-          *ds = ls + TC_TILE;
+    const BackSmem m = carve_backward<DH>(smem, warp);
+    bf16 *Ks = m.tile[0], *Vs = m.tile[1], *Qs = m.tile[2], *dOs = m.tile[3];
+    float *F = m.S, *St = m.S, *dPt = m.dP, *ls = m.lse, *ds = m.delta; /* S^T, dP^T: keys x queries */
+    bf16 *Pt = m.P, *dSt = m.dS;
     const int bh = blockIdx.y, b = bh / H, h = bh % H, j0 = blockIdx.x * TC_ROWS;
     const size_t base = (size_t)b * T * D + (size_t)h * DH;
     load_rows<DH>(Ks, k, base, j0, TC_ROWS, T, D);
@@ -258,14 +281,11 @@ __global__ static void __launch_bounds__(TC_THREADS)
                  const float *v, int T, int D, int H, float scale)
 {
     extern __shared__ __align__(128) unsigned char smem[];
-    const int per_warp_f = 2 * 16 * (TC_TILE > DH ? TC_TILE : DH);
-    bf16 *Qs = (bf16 *)smem, *dOs = Qs + TC_ROWS * DH, *Ks = dOs + TC_ROWS * DH, *Vs = Ks + TC_TILE * DH;
     const int warp = threadIdx.x / 32;
-    float *F = (float *)(Vs + TC_TILE * DH) + warp * per_warp_f, *S = F, *dP = F + 16 * TC_TILE;
-    bf16 *Pb = (bf16 *)((float *)(Vs + TC_TILE * DH) + TC_WARPS * per_warp_f) + warp * 2 * 16 * TC_TILE,
-         *dSb = Pb + 16 * TC_TILE;
-    float *ls = (float *)((bf16 *)((float *)(Vs + TC_TILE * DH) + TC_WARPS * per_warp_f) + TC_WARPS * 2 * 16 * TC_TILE),
-          *ds = ls + TC_TILE; /* this block's rows: TC_ROWS = TC_TILE */
+    const BackSmem m = carve_backward<DH>(smem, warp);
+    bf16 *Qs = m.tile[0], *dOs = m.tile[1], *Ks = m.tile[2], *Vs = m.tile[3];
+    float *F = m.S, *S = m.S, *dP = m.dP, *ls = m.lse, *ds = m.delta; /* lse, delta: this block's queries */
+    bf16 *Pb = m.P, *dSb = m.dS;
     const int bh = blockIdx.y, b = bh / H, h = bh % H, i0 = blockIdx.x * TC_ROWS;
     const size_t base = (size_t)b * T * D + (size_t)h * DH;
     load_rows<DH>(Qs, q, base, i0, TC_ROWS, T, D);

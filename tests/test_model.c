@@ -31,6 +31,7 @@
 #include "coll.h"
 #include "model.h"
 #include "cpu/moe.h"
+#include "route_draw.h"
 #include "route_plan.h"
 #include "cpu/optim.h"
 #include "refmodel.h"
@@ -303,18 +304,7 @@ static void test_plan_against_direct_rule(void **state)
         if (E < K) continue;
         const int cap = trial % 5 == 4 ? -1 : 1 + trial % 7;
         int choice[GMAX][C], cnt[GMAX * EMAX] = {0};
-        for (int s = 0; s < G; s++)
-            for (int t = 0; t < N; t++)
-                for (int k = 0; k < K; k++) { /* distinct experts per token, skewed to the low ones */
-                    int e;
-                    do {
-                        seed = seed * 1103515245u + 12345u;
-                        const int r = (int)((seed >> 16) % (unsigned)(E * E));
-                        e = r % E < r / E ? r % E : r / E;
-                    } while (k == 1 && e == choice[s][t * K]);
-                    choice[s][t * K + k] = e;
-                    cnt[s * E + e]++;
-                }
+        for (int s = 0; s < G; s++) route_draw(choice[s], cnt + s * E, N, K, E, &seed);
         /* the direct rule: arrivals at each owner, capacity in arrival order */
         int want_row[GMAX][C]; /* row at the owner, -1 dropped */
         int want_rows[GMAX] = {0}, want_dropped[GMAX] = {0};

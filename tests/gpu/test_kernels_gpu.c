@@ -24,6 +24,7 @@
 #include "plans.h"
 #include "moe.h"
 #include "rng.h"
+#include "../route_draw.h"
 
 static int test_no, failures;
 
@@ -408,18 +409,7 @@ static int test_route_plan(void)
     enum { G = 4, El = 3, E = G * El, N = 50, K = 2, C = N * K };
     static int choice[G][C], cnt[G * E];
     unsigned seed = 7;
-    for (int s = 0; s < G; s++)
-        for (int t = 0; t < N; t++)
-            for (int k = 0; k < K; k++) {
-                int e;
-                do {
-                    seed = seed * 1103515245u + 12345u;
-                    const int r = (int)((seed >> 16) % (unsigned)(E * E));
-                    e = r % E < r / E ? r % E : r / E;
-                } while (k == 1 && e == choice[s][t * K]);
-                choice[s][t * K + k] = e;
-                cnt[s * E + e]++;
-            }
+    for (int s = 0; s < G; s++) route_draw(choice[s], cnt + s * E, N, K, E, &seed);
     const int cap = moe_capacity(1.0, (size_t)N * G, K, E);
     const double learner_copies = (double)N * G * K;
     const size_t hdr_n = cuda_route_hdr_ints(G, El);
