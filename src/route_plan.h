@@ -132,14 +132,11 @@ ROUTE_FN int route_slot_from_bases(const int *kept, const int *base, const int *
     return p < kept[e] ? base[e] + p : dbase[e] + p - kept[e];
 }
 
-/* Owner r's counts: recv_counts (G), expert_start (El+1), *dropped (copies
- * of its experts beyond capacity). Returns the arrivals (= its rows). */
-ROUTE_FN int route_owner_counts(const int *cnt, int G, int El, int r, int cap, int *recv_counts, int *expert_start,
-                                int *dropped)
+/* Owner r's expert_start (El+1) and *dropped (copies of its experts beyond
+ * capacity). */
+ROUTE_FN void route_owner_starts(const int *cnt, int G, int El, int r, int cap, int *expert_start, int *dropped)
 {
     const int E = G * El;
-    int n = 0;
-    for (int s = 0; s < G; s++) n += recv_counts[s] = route_send_count(cnt, E, El, s, r, cap);
     *dropped = 0;
     expert_start[0] = 0;
     for (int el = 0; el < El; el++) {
@@ -149,6 +146,16 @@ ROUTE_FN int route_owner_counts(const int *cnt, int G, int El, int r, int cap, i
         *dropped += total - rows;
         expert_start[el + 1] = expert_start[el] + rows;
     }
+}
+
+/* Owner r's counts: recv_counts (G) and route_owner_starts'. Returns the
+ * arrivals (= its rows). */
+ROUTE_FN int route_owner_counts(const int *cnt, int G, int El, int r, int cap, int *recv_counts, int *expert_start,
+                                int *dropped)
+{
+    int n = 0;
+    for (int s = 0; s < G; s++) n += recv_counts[s] = route_send_count(cnt, G * El, El, s, r, cap);
+    route_owner_starts(cnt, G, El, r, cap, expert_start, dropped);
     return n;
 }
 

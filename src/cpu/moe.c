@@ -95,14 +95,7 @@ int moe_owner_plan(int *recv_row, int *row_src, int *expert_start, int *dropped,
                    int me, int cap)
 {
     const int E = G * El;
-    for (int el = 0; el <= El; el++) expert_start[el] = route_expert_start(cnt, G, E, El, me, el, cap);
-    *dropped = 0;
-    for (int el = 0; el < El; el++) {
-        const int e = me * El + el;
-        int total = 0;
-        for (int s = 0; s < G; s++) total += cnt[s * E + e];
-        *dropped += total - route_expert_rows(cnt, G, E, e, cap);
-    }
+    route_owner_starts(cnt, G, El, me, cap, expert_start, dropped);
     for (int s = 0; s < G; s++) /* (source, expert) groups: their first arrival and row, then p */
         for (int el = 0; el < El; el++) {
             const int n = route_kept(cnt, E, s, me * El + el, cap);
