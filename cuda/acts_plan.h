@@ -17,7 +17,7 @@
 
 #include <stddef.h>
 
-#define CUDA_ACTS_PIECES 34
+#define CUDA_ACTS_PIECES 35
 
 /* Layers whose activations are kept (recompute_layer: train.recompute = layer). */
 static inline int cuda_acts_kept_layers(int layers, int recompute_layer) { return recompute_layer ? 1 : layers; }
@@ -43,7 +43,8 @@ static inline size_t cuda_acts_pieces(size_t bytes[CUDA_ACTS_PIECES], int layers
         N * E * f /* dprobs */, N * E * f /* router_logits */,
         N * K * D * f /* send_rows */, N * K * D * f /* back_rows */,
         N * sizeof(int) /* tokens */, N * sizeof(int) /* targets */,
-        N * K * sizeof(int) /* send_token */, 0 /* block: the base */,
+        N * K * sizeof(int) /* send_token */, (3 * N + 1) * sizeof(int) /* embed_plan */,
+        0 /* block: the base */,
     };
     size_t total = 0;
     for (int i = 0; i < CUDA_ACTS_PIECES; i++) {

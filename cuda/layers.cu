@@ -7,6 +7,7 @@
 extern "C" {
 #include "elementwise.h"
 }
+#include "embed_buckets.h"
 
 
 __global__ static void encoder_forward_kernel(float *out, const int *tokens, const float *embed, size_t N, int D)
@@ -14,10 +15,13 @@ __global__ static void encoder_forward_kernel(float *out, const int *tokens, con
     GRID_STRIDE(k, N * (size_t)D) out[k] = embed[(size_t)tokens[k / D] * D + k % D];
 }
 
-__global__ static void encoder_backward_kernel(float *dembed, const float *dout, const int *tokens, size_t N, int D)
+/* One block per (token id, 256 columns): each id's rows added in position
+ * order, as the CPU adds them (embed_buckets.h). */
+__global__ static void encoder_backward_kernel(float *dembed, const float *dout, const int *ids, const int *start,
+                                               const int *order, int D)
 {
-    GRID_STRIDE(c, (size_t)D)
-    for (size_t t = 0; t < N; t++) dembed[(size_t)tokens[t] * D + c] += dout[t * D + c];
+    const int c = blockIdx.y * blockDim.x + threadIdx.x;
+    if (c < D) embed_bucket_column(dembed, dout, ids, start, order, blockIdx.x, c, D);
 }
 
 extern "C" int cuda_encoder_forward(float *out, const int *tokens, const float *embed, size_t N, int D,
@@ -28,10 +32,12 @@ extern "C" int cuda_encoder_forward(float *out, const int *tokens, const float *
     return ISTH_OK;
 }
 
-extern "C" int cuda_encoder_backward(float *dembed, const float *dout, const int *tokens, size_t N, int D,
-                                     cudaStream_t stream)
+extern "C" int cuda_encoder_backward(float *dembed, const float *dout, const int *ids, const int *start,
+                                     const int *order, int n_ids, int D, cudaStream_t stream)
 {
-    if (N && D) encoder_backward_kernel<<<blocks_for((size_t)D), 256, 0, stream>>>(dembed, dout, tokens, N, D);
+    if (n_ids && D)
+        encoder_backward_kernel<<<dim3((unsigned)n_ids, (unsigned)((D + 255) / 256)), 256, 0, stream>>>(
+            dembed, dout, ids, start, order, D);
     CHECK_CUDA(cudaGetLastError());
     return ISTH_OK;
 }

@@ -35,9 +35,12 @@ void cuda_blas_destroy(CudaBlas *b);
 
 /* out (N,D) = embed[tokens] ; embed (V,D). */
 int cuda_encoder_forward(float *out, const int *tokens, const float *embed, size_t N, int D, cudaStream_t stream);
-/* dembed (V,D) += scatter of dout (N,D) by token: one thread per column,
- * tokens in order, so the sums are the CPU's, bit for bit (no atomics). */
-int cuda_encoder_backward(float *dembed, const float *dout, const int *tokens, size_t N, int D, cudaStream_t stream);
+/* dembed (V,D) += scatter of dout (N,D) by token, from the tokens' buckets
+ * (embed_buckets.h, built on the host; device arrays ids (n_ids), start
+ * (n_ids+1), order (N)): parallel over ids and columns, each id's rows in
+ * position order, so the sums are the CPU's, bit for bit (no atomics). */
+int cuda_encoder_backward(float *dembed, const float *dout, const int *ids, const int *start, const int *order,
+                          int n_ids, int D, cudaStream_t stream);
 
 /* out (N,D) = inp / sqrt(mean(inp^2) + eps) * weight; rstd (N) saved. */
 int cuda_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *weight, size_t N, int D,

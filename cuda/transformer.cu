@@ -8,6 +8,7 @@
 
 extern "C" {
 #include "alloc.h"
+#include "embed_buckets.h"
 #include "cpu/layers.h" /* rope_tables: the same tables as the CPU's */
 #include "cpu/moe.h"    /* the routing's bookkeeping on the host: the CPU's rules */
 #include "status.h"
@@ -44,7 +45,8 @@ static size_t plan(CudaActivations *a, void **where[CUDA_ACTS_PIECES], size_t by
         (void **)&a->rope_sin, (void **)&a->dx, (void **)&a->dh, (void **)&a->dxn, (void **)&a->dq,
         (void **)&a->dk, (void **)&a->dv, (void **)&a->dao, (void **)&a->dtmp, (void **)&a->dlogits,
         (void **)&a->dprobs, (void **)&a->router_logits, (void **)&a->send_rows, (void **)&a->back_rows,
-        (void **)&a->tokens, (void **)&a->targets, (void **)&a->send_token, (void **)&a->block,
+        (void **)&a->tokens, (void **)&a->targets, (void **)&a->send_token, (void **)&a->embed_plan,
+        (void **)&a->block,
     };
     for (int i = 0; i < CUDA_ACTS_PIECES; i++) where[i] = p[i];
     return cuda_acts_pieces(bytes, a->L, a->Lk, a->D, a->H, a->E, a->K, a->V, a->B, a->T);
@@ -75,7 +77,9 @@ static int create(CudaActivations *a, const ModelConfig *c, int B, int T)
     a->route = (CudaRouting *)isth_calloc(Lk, sizeof(CudaRouting));
     a->h_losses = (float *)isth_malloc(N * sizeof(float));
     a->h_hdr = (int *)isth_malloc(cuda_route_hdr_ints(a->G, a->El) * sizeof(int));
-    if (!a->route || !a->h_losses || !a->h_hdr)
+    a->h_embed_plan = (int *)isth_malloc((3 * N + 1) * sizeof(int));
+    a->h_embed_count = (int *)isth_malloc((size_t)a->V * sizeof(int));
+    if (!a->route || !a->h_losses || !a->h_hdr || !a->h_embed_plan || !a->h_embed_count)
         return isth_fail(ISTH_ERUNTIME, "out of host memory for the CUDA activations");
     /* the dispatch plan's device scratch (cuda_route_scratch_bytes counts it) */
     CHECK_CUDA(cudaMalloc((void **)&a->d_counts, E * sizeof(int)));
@@ -152,6 +156,8 @@ extern "C" void cuda_acts_destroy(CudaActivations *a)
         if (dev[i]) cudaFree(dev[i]);
     isth_free(a->h_losses);
     isth_free(a->h_hdr);
+    isth_free(a->h_embed_plan);
+    isth_free(a->h_embed_count);
     memset(a, 0, sizeof *a);
 }
 
@@ -338,6 +344,11 @@ extern "C" int cuda_transformer_forward(const Model *m, CudaActivations *a, cons
     a->training = training;
     CHECK(to_device(a->tokens, tokens, sizeof(int) * N, s));
     CHECK(to_device(a->targets, targets, sizeof(int) * N, s));
+    /* the embedding backward's buckets, while the host holds the tokens
+     * (pageable: the copy has left the buffer when the call returns) */
+    int *ids = a->h_embed_plan, *start = ids + N, *order = start + N + 1;
+    a->n_embed_ids = embed_buckets(tokens, N, V, a->h_embed_count, ids, start, order);
+    CHECK(to_device(a->embed_plan, a->h_embed_plan, sizeof(int) * (3 * N + 1), s));
     CHECK_CUDA(cudaMemsetAsync(a->d_fstats, 0, 3 * sizeof(double), s));
 
     phase_mark(a->clock, PHASE_ELEMENTWISE);
@@ -468,7 +479,8 @@ extern "C" int cuda_transformer_backward(Model *m, CudaActivations *a, size_t n_
                                     SLICE(a->rstd1, sl, NmaxT), N, D, s));
     }
     phase_mark(a->clock, PHASE_ELEMENTWISE);
-    CHECK(cuda_encoder_backward(model_grad(m, T_EMBED, 0), a->dx, a->tokens, N, D, s));
+    const int *ids = a->embed_plan, *start = ids + N, *order = start + N + 1; /* as the forward laid them out */
+    CHECK(cuda_encoder_backward(model_grad(m, T_EMBED, 0), a->dx, ids, start, order, a->n_embed_ids, D, s));
     phase_mark(a->clock, PHASE_OTHER);
     return ISTH_OK;
 }

@@ -46,12 +46,14 @@ typedef struct {
     float *dlogits, *dprobs, *router_logits;          /* (N,max(V,E)): probs' buffer, (N,E), (N,E) */
     float *send_rows, *back_rows;                     /* (N*K,D) */
     int *tokens, *targets, *send_token;               /* (N), (N), (N*K) */
+    int *embed_plan;         /* (3N+1): the tokens' buckets (embed_buckets.h): ids (N), start (N+1), order (N) */
     float *block;            /* the one device allocation holding the floats above */
     CudaRouting *route;      /* (Lk) */
     /* the dispatch plan on the device (cuda/moe.h) and the header the host reads */
     int *d_counts, *d_cnt, *d_hdr, *d_bases, *d_pos; /* (E), (G,E), (cuda_route_hdr_ints), (3E), (N*K) */
     double *d_mean_prob, *d_fstats;                  /* (E), (3: the forward's aux, z, dropped) */
     int *h_hdr;                                      /* (cuda_route_hdr_ints) */
+    int *h_embed_plan, *h_embed_count, n_embed_ids;  /* (3N+1), (V) scratch, the distinct ids of this batch */
     float *h_losses;                                 /* (N) */
     /* owner-side device scratch, grown on demand */
     float *recv_rows, *recv_rows2, *row_tmp, *row_tmp2, *ffn_scratch;

@@ -21,6 +21,7 @@
 #include "cpu/blas_select.h"
 #include "cpu/layers.h"
 #include "cpu/moe.h"
+#include "embed_buckets.h"
 #include "refmodel.h"
 #include "rng.h"
 
@@ -335,6 +336,51 @@ static void test_encoder(void **state)
         }
 }
 
+/* The GPU's embedding backward (embed_buckets.h: a bucket of positions per
+ * id, each summed from the old value in position order) against the CPU's
+ * encoder_backward: bit-identical, on skewed tokens (a few ids hold most
+ * positions, as spaces and common words do) with a non-zero dembed (the
+ * tied head's gradient is already in it). */
+static void test_embed_buckets(void **state)
+{
+    (void)state;
+    const int V = 300, D = 37;
+    for (int trial = 0; trial < 6; trial++) {
+        const size_t N = 1 + rng_bits(41, trial, 0) % 2000;
+        int *tok = malloc(N * sizeof(int)), *plan = malloc((3 * N + 1) * sizeof(int)), *count = malloc(V * sizeof(int));
+        float *dout = malloc(N * D * sizeof(float)), *want = malloc((size_t)V * D * sizeof(float)),
+              *got = malloc((size_t)V * D * sizeof(float));
+        assert_non_null(tok); assert_non_null(plan); assert_non_null(count);
+        assert_non_null(dout); assert_non_null(want); assert_non_null(got);
+        for (size_t t = 0; t < N; t++) {
+            const uint64_t r = rng_bits(42, trial, t);
+            tok[t] = (int)(r % 4 ? r % 5 : (r >> 8) % V); /* 3/4 of them in 5 ids */
+        }
+        if (trial == 0) tok[0] = V - 1; /* the last id */
+        for (size_t i = 0; i < N * D; i++) dout[i] = (float)rng_normal(43, trial, i);
+        for (size_t i = 0; i < (size_t)V * D; i++) want[i] = got[i] = (float)rng_normal(44, trial, i);
+        encoder_backward(want, dout, tok, N, D);
+        int *ids = plan, *start = plan + N, *order = start + N + 1;
+        const int n = embed_buckets(tok, N, V, count, ids, start, order);
+        /* the plan: ids ascending and present, every position once, each
+         * bucket's positions ascending and of its id */
+        assert_true(n >= 1 && n <= V && start[0] == 0 && start[n] == (int)N);
+        for (int b = 0; b < n; b++) {
+            if (b) assert_true(ids[b] > ids[b - 1]);
+            assert_true(start[b + 1] > start[b]);
+            for (int i = start[b]; i < start[b + 1]; i++) {
+                assert_true(tok[order[i]] == ids[b]);
+                if (i > start[b]) assert_true(order[i] > order[i - 1]);
+            }
+        }
+        for (int b = 0; b < n; b++)
+            for (int c = D - 1; c >= 0; c--) /* any order of (bucket, column): each is independent */
+                embed_bucket_column(got, dout, ids, start, order, b, c, D);
+        assert_memory_equal(got, want, (size_t)V * D * sizeof(float));
+        free(tok); free(plan); free(count); free(dout); free(want); free(got);
+    }
+}
+
 int main(int argc, char **argv)
 {
     (void)argc;
@@ -349,6 +395,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_router_softmax_and_z_loss),
         cmocka_unit_test(test_crossentropy),
         cmocka_unit_test(test_encoder),
+        cmocka_unit_test(test_embed_buckets),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

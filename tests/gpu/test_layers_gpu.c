@@ -28,6 +28,7 @@
 #include <cuda_runtime_api.h>
 
 #include "cpu/layers.h"
+#include "embed_buckets.h"
 #include "gpu_tap.h"
 #include "layers.h"
 #include "plans.h"
@@ -105,7 +106,11 @@ int main(void)
         from_device(got, d_out, N * (size_t)D);
         check("encoder_forward", got, out, N * (size_t)D);
         encoder_backward(dE, dout, tok, N, D);
-        if (cuda_encoder_backward(d_dE, d_dout, d_tok, N, D, 0)) return 1;
+        int *plan = malloc((3 * N + 1) * sizeof(int)), *count = malloc(V * sizeof(int)), *d_plan = NULL;
+        if (!plan || !count || cudaMalloc((void **)&d_plan, (3 * N + 1) * sizeof(int)) != cudaSuccess) return 1;
+        const int n_ids = embed_buckets(tok, N, V, count, plan, plan + N, plan + 2 * N + 1);
+        cudaMemcpy(d_plan, plan, (3 * N + 1) * sizeof(int), cudaMemcpyHostToDevice);
+        if (cuda_encoder_backward(d_dE, d_dout, d_plan, d_plan + N, d_plan + 2 * N + 1, n_ids, D, 0)) return 1;
         from_device(got, d_dE, (size_t)V * D);
         const int same = !memcmp(got, dE, (size_t)V * D * sizeof(float));
         const int planned = plan_matches(plan_layer_checks, test_no, "encoder_backward (+=)");
