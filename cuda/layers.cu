@@ -1,10 +1,15 @@
 /* layers.cu — see layers.h. */
 #include "layers.h"
+
+#include <stdio.h>
+#include <string.h>
+
 #include "attention_tc.h"
 #include "check.h"
 #include "grid.h"
 
 extern "C" {
+#include "alloc.h"
 #include "elementwise.h"
 }
 #include "embed_buckets.h"
@@ -266,6 +271,141 @@ extern "C" int cuda_tied_head_backward(float *dx, float *dembed, const float *dl
     CHECK(gemm(blas, CUBLAS_OP_N, CUBLAS_OP_N, D, (int)N, V, embed, D, dlogits, V, 1.0f, dx, D));
     /* dembed^T (D,V) += x^T (D,N) . dlogits (N,V) */
     CHECK(gemm(blas, CUBLAS_OP_N, CUBLAS_OP_T, D, V, (int)N, x, D, dlogits, V, 1.0f, dembed, D));
+    return ISTH_OK;
+}
+
+/* --- many products in one call (layers.h: CudaGemmBatch) ---------------- */
+
+/* The pointers of up to PTR_CHUNK problems, passed by value: a kernel's
+ * arguments are captured at launch, so the host may refill its arrays at
+ * once (an upload from host memory would have to wait for the DMA).
+ * 3 * 128 pointers: 3 KiB, within the 4 KiB every architecture takes. */
+#define PTR_CHUNK 128
+struct PtrChunk {
+    const void *p[3][PTR_CHUNK];
+};
+
+__global__ static void fill_ptrs_kernel(PtrChunk c, int n, void **d_a, void **d_b, void **d_c)
+{
+    const int i = threadIdx.x;
+    if (i >= n) return;
+    d_a[i] = (void *)c.p[0][i];
+    d_b[i] = (void *)c.p[1][i];
+    d_c[i] = (void *)c.p[2][i];
+}
+
+/* Once cuBLAS refuses a grouped call, the process runs problems one by one. */
+static int grouped_refused;
+
+extern "C" int cuda_gemm_batch_create(CudaGemmBatch *g, int cap)
+{
+    memset(g, 0, sizeof *g);
+    if (cap < 1) cap = 1;
+    g->cap = cap;
+    const size_t n = (size_t)cap;
+    g->ta = (cublasOperation_t *)isth_calloc(n, sizeof *g->ta);
+    g->tb = (cublasOperation_t *)isth_calloc(n, sizeof *g->tb);
+    int **ints[] = {&g->m, &g->nn, &g->k, &g->lda, &g->ldb, &g->ldc, &g->group_size};
+    for (size_t i = 0; i < sizeof ints / sizeof *ints; i++) *ints[i] = (int *)isth_calloc(n, sizeof(int));
+    g->alpha = (float *)isth_calloc(n, sizeof(float));
+    g->beta = (float *)isth_calloc(n, sizeof(float));
+    g->A = (const float **)isth_calloc(n, sizeof(float *));
+    g->B = (const float **)isth_calloc(n, sizeof(float *));
+    g->C = (float **)isth_calloc(n, sizeof(float *));
+    int ok = g->ta && g->tb && g->alpha && g->beta && g->A && g->B && g->C;
+    for (size_t i = 0; i < sizeof ints / sizeof *ints; i++) ok = ok && *ints[i];
+    if (!ok) {
+        cuda_gemm_batch_destroy(g);
+        return isth_fail(ISTH_ERUNTIME, "out of host memory for a batch of %d products", cap);
+    }
+    CHECK_CUDA(cudaMalloc((void **)&g->d_ptrs, 3 * n * sizeof(void *)));
+    return ISTH_OK;
+}
+
+extern "C" void cuda_gemm_batch_destroy(CudaGemmBatch *g)
+{
+    void *host[] = {g->ta, g->tb, g->m, g->nn, g->k, g->lda, g->ldb, g->ldc, g->group_size, g->alpha, g->beta,
+                    (void *)g->A, (void *)g->B, (void *)g->C};
+    for (size_t i = 0; i < sizeof host / sizeof *host; i++) isth_free(host[i]);
+    if (g->d_ptrs) cudaFree(g->d_ptrs);
+    memset(g, 0, sizeof *g);
+}
+
+static int batch_add(CudaGemmBatch *g, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
+                     const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc)
+{
+    if (!m || !n) return ISTH_OK;
+    if (g->n == g->cap) return isth_fail(ISTH_ERUNTIME, "a batch of products holds %d; one more was queued", g->cap);
+    const int i = g->n++;
+    g->ta[i] = ta;
+    g->tb[i] = tb;
+    g->m[i] = m;
+    g->nn[i] = n;
+    g->k[i] = k;
+    g->A[i] = A;
+    g->lda[i] = lda;
+    g->B[i] = B;
+    g->ldb[i] = ldb;
+    g->C[i] = C;
+    g->ldc[i] = ldc;
+    g->alpha[i] = 1.0f;
+    g->beta[i] = beta;
+    g->group_size[i] = 1;
+    return ISTH_OK;
+}
+
+/* The same (transposed) products as cuda_matmul_forward / _backward. */
+extern "C" int cuda_gemm_batch_forward(CudaGemmBatch *g, float *out, const float *inp, const float *weight, size_t N,
+                                       int C, int OC)
+{
+    return batch_add(g, CUBLAS_OP_N, CUBLAS_OP_N, OC, (int)N, C, weight, OC, inp, C, 0.0f, out, OC);
+}
+
+extern "C" int cuda_gemm_batch_dinp(CudaGemmBatch *g, float *dinp, const float *dout, const float *weight, size_t N,
+                                    int C, int OC)
+{
+    return batch_add(g, CUBLAS_OP_T, CUBLAS_OP_N, C, (int)N, OC, weight, OC, dout, OC, 1.0f, dinp, C);
+}
+
+extern "C" int cuda_gemm_batch_dweight(CudaGemmBatch *g, float *dweight, const float *dout, const float *inp,
+                                       size_t N, int C, int OC)
+{
+    if (!N) return ISTH_OK;
+    return batch_add(g, CUBLAS_OP_N, CUBLAS_OP_T, OC, C, (int)N, dout, OC, inp, C, 1.0f, dweight, OC);
+}
+
+extern "C" int cuda_gemm_batch_run(CudaGemmBatch *g, const CudaBlas *b)
+{
+    const int n = g->n;
+    g->n = 0;
+    if (!n) return ISTH_OK;
+    if (!grouped_refused && n > 1) {
+        void **d_a = g->d_ptrs, **d_b = g->d_ptrs + g->cap, **d_c = g->d_ptrs + 2 * g->cap;
+        for (int at = 0; at < n; at += PTR_CHUNK) {
+            const int c = n - at < PTR_CHUNK ? n - at : PTR_CHUNK;
+            PtrChunk chunk;
+            for (int i = 0; i < c; i++) {
+                chunk.p[0][i] = g->A[at + i];
+                chunk.p[1][i] = g->B[at + i];
+                chunk.p[2][i] = g->C[at + i];
+            }
+            fill_ptrs_kernel<<<1, PTR_CHUNK, 0, b->stream>>>(chunk, c, d_a + at, d_b + at, d_c + at);
+            CHECK_CUDA(cudaGetLastError());
+        }
+        const cublasComputeType_t compute = b->bf16 ? CUBLAS_COMPUTE_32F_FAST_16BF : CUBLAS_COMPUTE_32F_PEDANTIC;
+        const cublasStatus_t st = cublasGemmGroupedBatchedEx(
+            b->handle, g->ta, g->tb, g->m, g->nn, g->k, g->alpha, (const void *const *)d_a, CUDA_R_32F, g->lda,
+            (const void *const *)d_b, CUDA_R_32F, g->ldb, g->beta, (void *const *)d_c, CUDA_R_32F, g->ldc, n,
+            g->group_size, compute);
+        if (st == CUBLAS_STATUS_SUCCESS) return ISTH_OK;
+        if (st != CUBLAS_STATUS_NOT_SUPPORTED && st != CUBLAS_STATUS_INVALID_VALUE)
+            CHECK_CUBLAS(st); /* a real failure: reported as any cuBLAS error */
+        grouped_refused = 1;  /* this library does not group these types: one call each from now on */
+        fprintf(stderr, "isthmus: cuBLAS does not group these products (status %d): one call each\n", (int)st);
+    }
+    for (int i = 0; i < n; i++)
+        CHECK(gemm(b, g->ta[i], g->tb[i], g->m[i], g->nn[i], g->k[i], g->A[i], g->lda[i], g->B[i], g->ldb[i],
+                   g->beta[i], g->C[i], g->ldc[i]));
     return ISTH_OK;
 }
 

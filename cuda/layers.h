@@ -68,6 +68,38 @@ int cuda_matmul_forward(float *out, const float *inp, const float *weight, size_
 /* dinp (N,C) += dout . weight^T ; dweight (C,OC) += inp^T . dout. Either may be NULL. */
 int cuda_matmul_backward(float *dinp, float *dweight, const float *dout, const float *inp, const float *weight,
                          size_t N, int C, int OC, const CudaBlas *blas);
+/* Many products in one cuBLAS call (cublasGemmGroupedBatchedEx: one
+ * launch for problems of different shapes — a layer's experts, whose row
+ * counts differ). Each problem is one of the matmul products above,
+ * queued with the add functions; the problems of one batch must write
+ * distinct outputs. run queues them on the stream and empties the batch.
+ * Where the library refuses the grouped call (a compute type it does not
+ * group), they run one cublasGemmEx after another — the same products —
+ * for the rest of the process. The device pointer arrays are filled by a
+ * kernel from its arguments, so the host never waits. */
+typedef struct {
+    int cap, n;
+    cublasOperation_t *ta, *tb;
+    int *m, *nn, *k, *lda, *ldb, *ldc, *group_size;
+    float *alpha, *beta;
+    const float **A, **B;
+    float **C;
+    void **d_ptrs; /* device: A (cap), B (cap), C (cap) */
+} CudaGemmBatch;
+
+int cuda_gemm_batch_create(CudaGemmBatch *g, int cap);
+void cuda_gemm_batch_destroy(CudaGemmBatch *g);
+/* out (N,OC) = inp . weight, as cuda_matmul_forward (N = 0: nothing queued). */
+int cuda_gemm_batch_forward(CudaGemmBatch *g, float *out, const float *inp, const float *weight, size_t N, int C,
+                            int OC);
+/* dinp (N,C) += dout . weight^T, as cuda_matmul_backward's first product. */
+int cuda_gemm_batch_dinp(CudaGemmBatch *g, float *dinp, const float *dout, const float *weight, size_t N, int C,
+                         int OC);
+/* dweight (C,OC) += inp^T . dout, as cuda_matmul_backward's second product. */
+int cuda_gemm_batch_dweight(CudaGemmBatch *g, float *dweight, const float *dout, const float *inp, size_t N, int C,
+                            int OC);
+int cuda_gemm_batch_run(CudaGemmBatch *g, const CudaBlas *blas);
+
 /* The tied output head: logits (N,V) = x (N,D) . embed (V,D)^T. */
 int cuda_tied_head_forward(float *logits, const float *x, const float *embed, size_t N, int D, int V,
                            const CudaBlas *blas);

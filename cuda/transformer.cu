@@ -81,6 +81,7 @@ static int create(CudaActivations *a, const ModelConfig *c, int B, int T)
     a->h_embed_count = (int *)isth_malloc((size_t)a->V * sizeof(int));
     if (!a->route || !a->h_losses || !a->h_hdr || !a->h_embed_plan || !a->h_embed_count)
         return isth_fail(ISTH_ERUNTIME, "out of host memory for the CUDA activations");
+    CHECK(cuda_gemm_batch_create(&a->gemms, 3 * a->El)); /* a layer's expert products, 3 per expert */
     /* the dispatch plan's device scratch (cuda_route_scratch_bytes counts it) */
     CHECK_CUDA(cudaMalloc((void **)&a->d_counts, E * sizeof(int)));
     CHECK_CUDA(cudaMalloc((void **)&a->d_cnt, G * E * sizeof(int)));
@@ -158,6 +159,7 @@ extern "C" void cuda_acts_destroy(CudaActivations *a)
     isth_free(a->h_hdr);
     isth_free(a->h_embed_plan);
     isth_free(a->h_embed_count);
+    cuda_gemm_batch_destroy(&a->gemms);
     memset(a, 0, sizeof *a);
 }
 
@@ -208,6 +210,71 @@ static void expert_weights(const Model *m, int l, int e, const float **wg, const
     *wd = model_expert_param(m, T_W_DOWN, l, e);
 }
 
+/* The layer's experts on their rows (grouped by expert, expert e's from
+ * h_expert_start[e]): cuda_expert_forward's products for every expert in
+ * one grouped call per stage, the SwiGLU over all rows at once. */
+static int experts_forward(const Model *m, CudaActivations *a, const CudaRouting *r, int l, float *yrows)
+{
+    const int D = a->D, F = a->F, El = a->El;
+    const size_t rows = (size_t)r->h_expert_start[El]; /* the experts' rows from 0 (moe_forward checked) */
+    CudaGemmBatch *g = &a->gemms;
+    for (int e = 0; e < El; e++) {
+        const size_t r0 = (size_t)r->h_expert_start[e], n = (size_t)r->h_expert_start[e + 1] - r0;
+        const float *wg, *wu, *wd;
+        expert_weights(m, l, e, &wg, &wu, &wd);
+        CHECK(cuda_gemm_batch_forward(g, r->d_arows + r0 * F, r->d_xrows + r0 * D, wg, n, D, F));
+        CHECK(cuda_gemm_batch_forward(g, r->d_urows + r0 * F, r->d_xrows + r0 * D, wu, n, D, F));
+    }
+    CHECK(cuda_gemm_batch_run(g, a->blas));
+    CHECK(cuda_swiglu_forward(r->d_hrows, r->d_arows, r->d_urows, rows * F, a->blas->stream));
+    for (int e = 0; e < El; e++) {
+        const size_t r0 = (size_t)r->h_expert_start[e], n = (size_t)r->h_expert_start[e + 1] - r0;
+        const float *wg, *wu, *wd;
+        expert_weights(m, l, e, &wg, &wu, &wd);
+        CHECK(cuda_gemm_batch_forward(g, yrows + r0 * D, r->d_hrows + r0 * F, wd, n, F, D));
+    }
+    return cuda_gemm_batch_run(g, a->blas);
+}
+
+/* cuda_expert_backward for every expert of the layer, grouped the same way:
+ * dx gets its gate product before its up product, as on the CPU. */
+static int experts_backward(Model *m, CudaActivations *a, const CudaRouting *r, int l, float *dxrows,
+                            const float *dyrows)
+{
+    const int D = a->D, F = a->F, El = a->El;
+    const size_t nF = (size_t)r->h_expert_start[El] * F;
+    float *dh = a->ffn_scratch, *da = dh + nF, *du = da + nF; /* 3 * n_recv * F (ensure_owner) */
+    CudaGemmBatch *g = &a->gemms;
+    CHECK_CUDA(cudaMemsetAsync(dh, 0, 3 * nF * sizeof(float), a->blas->stream));
+    for (int e = 0; e < El; e++) {
+        const size_t r0 = (size_t)r->h_expert_start[e], n = (size_t)r->h_expert_start[e + 1] - r0;
+        const float *wg, *wu, *wd;
+        expert_weights(m, l, e, &wg, &wu, &wd);
+        CHECK(cuda_gemm_batch_dinp(g, dh + r0 * F, dyrows + r0 * D, wd, n, F, D));
+        CHECK(cuda_gemm_batch_dweight(g, model_expert_grad(m, T_W_DOWN, l, e), dyrows + r0 * D, r->d_hrows + r0 * F,
+                                      n, F, D));
+    }
+    CHECK(cuda_gemm_batch_run(g, a->blas));
+    CHECK(cuda_swiglu_backward(da, du, dh, r->d_arows, r->d_urows, nF, a->blas->stream));
+    for (int pass = 0; pass < 2; pass++) { /* dx += gate's product, then += up's */
+        for (int e = 0; e < El; e++) {
+            const size_t r0 = (size_t)r->h_expert_start[e], n = (size_t)r->h_expert_start[e + 1] - r0;
+            const float *wg, *wu, *wd;
+            expert_weights(m, l, e, &wg, &wu, &wd);
+            const float *x = r->d_xrows + r0 * D;
+            if (pass == 0) {
+                CHECK(cuda_gemm_batch_dinp(g, dxrows + r0 * D, da + r0 * F, wg, n, D, F));
+                CHECK(cuda_gemm_batch_dweight(g, model_expert_grad(m, T_W_GATE, l, e), da + r0 * F, x, n, D, F));
+                CHECK(cuda_gemm_batch_dweight(g, model_expert_grad(m, T_W_UP, l, e), du + r0 * F, x, n, D, F));
+            } else {
+                CHECK(cuda_gemm_batch_dinp(g, dxrows + r0 * D, du + r0 * F, wu, n, D, F));
+            }
+        }
+        CHECK(cuda_gemm_batch_run(g, a->blas));
+    }
+    return ISTH_OK;
+}
+
 static int to_host(void *dst, const void *src, size_t bytes, cudaStream_t s)
 {
     CHECK_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, s));
@@ -231,7 +298,7 @@ static int to_device(void *dst, const void *src, size_t bytes, cudaStream_t s)
  * forward). */
 static int moe_forward(float *out, const Model *m, CudaActivations *a, int l, size_t N, int training, int stats)
 {
-    const int D = a->D, E = a->E, K = a->K, F = a->F, G = a->G, El = a->El, me = a->ep->mpi->rank;
+    const int D = a->D, E = a->E, K = a->K, G = a->G, El = a->El, me = a->ep->mpi->rank;
     const CudaBlas *blas = a->blas;
     const cudaStream_t s = blas->stream;
     CudaRouting *r = &a->route[slot(a, l)];
@@ -261,6 +328,9 @@ static int moe_forward(float *out, const Model *m, CudaActivations *a, int l, si
     memcpy(r->h_send_counts, a->h_hdr + ROUTE_HDR_COUNTS, sizeof(int) * G);
     memcpy(r->h_recv_counts, a->h_hdr + ROUTE_HDR_COUNTS + G, sizeof(int) * G);
     memcpy(r->h_expert_start, a->h_hdr + ROUTE_HDR_COUNTS + 2 * G, sizeof(int) * (El + 1));
+    if (r->h_expert_start[0] != 0 || r->h_expert_start[El] != n_recv)
+        return isth_fail(ISTH_ERUNTIME, "layer %d: the dispatch plan's expert rows %d..%d do not cover its %d arrivals",
+                         l, r->h_expert_start[0], r->h_expert_start[El], n_recv);
     CHECK(ensure_owner(a, r, n_recv));
     r->n_recv = r->rows = n_recv;
     phase_mark(a->clock, PHASE_DISPATCH);
@@ -275,13 +345,7 @@ static int moe_forward(float *out, const Model *m, CudaActivations *a, int l, si
     CHECK(cuda_rows_gather(r->d_xrows, arrived, r->d_row_src, (size_t)r->rows, D, s));
     phase_mark(a->clock, PHASE_EXPERTS);
     float *yrows = a->row_tmp;
-    for (int e = 0; e < El; e++) {
-        const size_t r0 = (size_t)r->h_expert_start[e], n = (size_t)r->h_expert_start[e + 1] - r0;
-        const float *wg, *wu, *wd;
-        expert_weights(m, l, e, &wg, &wu, &wd);
-        CHECK(cuda_expert_forward(yrows + r0 * D, r->d_arows + r0 * F, r->d_urows + r0 * F, r->d_hrows + r0 * F,
-                                  r->d_xrows + r0 * D, wg, wu, wd, n, D, F, blas));
-    }
+    CHECK(experts_forward(m, a, r, l, yrows));
     phase_mark(a->clock, PHASE_DISPATCH);
     float *leaving = G > 1 ? a->recv_rows2 : r->d_y_back;
     CHECK(cuda_rows_gather(leaving, yrows, r->d_recv_row, (size_t)n_recv, D, s));
@@ -381,7 +445,7 @@ extern "C" int cuda_transformer_forward(const Model *m, CudaActivations *a, cons
 
 static int moe_backward(float *dxn, Model *m, CudaActivations *a, int l, const float *dout, float loss_scale)
 {
-    const int D = a->D, E = a->E, K = a->K, F = a->F, El = a->El, G = a->G;
+    const int D = a->D, E = a->E, K = a->K, G = a->G;
     const size_t N = a->N;
     const CudaBlas *blas = a->blas;
     const cudaStream_t s = blas->stream;
@@ -397,15 +461,7 @@ static int moe_backward(float *dxn, Model *m, CudaActivations *a, int l, const f
     CHECK(cuda_rows_gather(dyrows, arrived, r->d_row_src, (size_t)r->rows, D, s));
     phase_mark(a->clock, PHASE_EXPERTS);
     CHECK_CUDA(cudaMemsetAsync(dxrows, 0, (size_t)r->rows * D * sizeof(float), s));
-    for (int e = 0; e < El; e++) {
-        const size_t r0 = (size_t)r->h_expert_start[e], n = (size_t)r->h_expert_start[e + 1] - r0;
-        const float *wg, *wu, *wd;
-        expert_weights(m, l, e, &wg, &wu, &wd);
-        CHECK(cuda_expert_backward(dxrows + r0 * D, model_expert_grad(m, T_W_GATE, l, e),
-                                   model_expert_grad(m, T_W_UP, l, e), model_expert_grad(m, T_W_DOWN, l, e),
-                                   a->ffn_scratch, dyrows + r0 * D, r->d_xrows + r0 * D, r->d_arows + r0 * F,
-                                   r->d_urows + r0 * F, r->d_hrows + r0 * F, wg, wu, wd, n, D, F, blas));
-    }
+    CHECK(experts_backward(m, a, r, l, dxrows, dyrows));
     float *leaving = G > 1 ? a->recv_rows2 : a->back_rows;
     phase_mark(a->clock, PHASE_DISPATCH);
     CHECK(cuda_rows_gather(leaving, dxrows, r->d_recv_row, (size_t)r->n_recv, D, s));

@@ -41,8 +41,8 @@ static void test_kernel_plan(void **state)
     (void)state;
     char unused[8];
     /* 2 precisions x 6 products, 4 sizes x 4 attention, 2 x 5 tensor-core attention, 3 cross-entropy, 16 MoE,
-     * 2 dispatch plan */
-    assert_int_equal(plan_kernels(-1, unused, sizeof unused), 2 * 6 + 4 * 4 + 2 * 5 + 3 + 16 + 2);
+     * 3 grouped products, 2 dispatch plan */
+    assert_int_equal(plan_kernels(-1, unused, sizeof unused), 2 * 6 + 4 * 4 + 2 * 5 + 3 + 16 + 3 + 2);
     unique(plan_kernels);
     /* every output of every backward kernel is compared */
     const char *outputs[] = {"matmul_backward dinp (+=)", "matmul_backward dweight (+=)",
@@ -51,7 +51,7 @@ static void test_kernel_plan(void **state)
                              "crossentropy_backward", "router_softmax_backward", "moe_balance_backward (+=)",
                              "moe_combine_backward rows", "moe_combine_backward gates (+=)", "moe_scatter_add (+=)",
                              "expert_backward dx (+=)", "expert_backward dwg (+=)", "expert_backward dwu (+=)",
-                             "expert_backward dwd (+=)"};
+                             "expert_backward dwd (+=)", "gemm_batch dinp (+=)", "gemm_batch dweight (+=)"};
     for (size_t i = 0; i < sizeof outputs / sizeof *outputs; i++)
         if (!has(plan_kernels, outputs[i])) fail_msg("no check of %s", outputs[i]);
     for (int s = 0; s < 4; s++)
@@ -68,7 +68,7 @@ static void test_kernel_plan(void **state)
                      plan_attention_tc_dh[s], plan_attention_tc_t[s]);
             if (!has(plan_kernels, name)) fail_msg("no check of %s", name);
         }
-    assert_false(plan_matches(plan_kernels, 59, "dispatch plan losses (balance, z, dropped)")); /* nothing beyond */
+    assert_false(plan_matches(plan_kernels, 62, "dispatch plan losses (balance, z, dropped)")); /* nothing beyond */
 }
 
 static void test_layer_plan(void **state)

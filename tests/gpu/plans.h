@@ -37,7 +37,8 @@ static const char *const plan_moe[] = {
     "router_mean_prob", "moe_balance_backward (+=)", "router_softmax_backward", "moe_combine_forward",
     "moe_combine_backward rows", "moe_combine_backward gates (+=)", "moe_scatter_add (+=)", "rows_gather",
     "expert_forward", "expert_backward dx (+=)", "expert_backward dwg (+=)", "expert_backward dwu (+=)",
-    "expert_backward dwd (+=)", "dispatch plan (4 ranks, every one)", "dispatch plan losses (balance, z, dropped)",
+    "expert_backward dwd (+=)", "gemm_batch forward (experts of 0-130 rows)", "gemm_batch dinp (+=)",
+    "gemm_batch dweight (+=)", "dispatch plan (4 ranks, every one)", "dispatch plan losses (balance, z, dropped)",
 };
 static const char *const plan_layers[] = {
     "encoder_forward", "encoder_backward (+=)", "rmsnorm_forward out", "rmsnorm_forward rstd",

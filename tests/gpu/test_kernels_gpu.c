@@ -261,6 +261,46 @@ static int test_crossentropy(void)
 }
 
 /* Router, top-k, gates, combine and experts on one rank's routing. */
+/* A layer's expert products in grouped calls (cuda_gemm_batch_*, as
+ * transformer.cu runs them): experts of 0, 5, 77 and 130 rows, the three
+ * kinds of product in one batch, against the CPU's products per expert. */
+static int test_gemm_batch(CudaBlas *blas, int D, int F)
+{
+    enum { X = 4 };
+    const size_t rows[X] = {0, 5, 77, 130}, total = 212;
+    size_t at[X + 1] = {0};
+    for (int e = 0; e < X; e++) at[e + 1] = at[e] + rows[e];
+    float *x = rnd(total * D, 40, 1.0), *dy = rnd(total * D, 41, 1.0), *h = rnd(total * F, 42, 1.0),
+          *w1 = rnd((size_t)X * D * F, 43, 0.2), *w2 = rnd((size_t)X * F * D, 44, 0.2),
+          *dh = rnd(total * F, 45, 0.1), *dw2 = rnd((size_t)X * F * D, 46, 0.1);
+    float *a = malloc(F4(total * F)), *got = malloc(F4((size_t)X * F * D > total * F ? (size_t)X * F * D : total * F));
+    NEED(x && dy && h && w1 && w2 && dh && dw2 && a && got);
+    float *d_x = dev(x, F4(total * D)), *d_dy = dev(dy, F4(total * D)), *d_h = dev(h, F4(total * F)),
+          *d_w1 = dev(w1, F4((size_t)X * D * F)), *d_w2 = dev(w2, F4((size_t)X * F * D)),
+          *d_dh = dev(dh, F4(total * F)), *d_dw2 = dev(dw2, F4((size_t)X * F * D)), *d_a = dev(NULL, F4(total * F));
+    NEED(d_x && d_dy && d_h && d_w1 && d_w2 && d_dh && d_dw2 && d_a);
+    CudaGemmBatch g;
+    if (cuda_gemm_batch_create(&g, 3 * X)) return 1;
+    for (int e = 0; e < X; e++) {
+        const size_t DF = (size_t)D * F;
+        matmul_forward(a + at[e] * F, x + at[e] * D, w1 + e * DF, rows[e], D, F);
+        matmul_backward(dh + at[e] * F, dw2 + e * DF, dy + at[e] * D, h + at[e] * F, w2 + e * DF, rows[e], F, D);
+        if (cuda_gemm_batch_forward(&g, d_a + at[e] * F, d_x + at[e] * D, d_w1 + e * DF, rows[e], D, F) ||
+            cuda_gemm_batch_dinp(&g, d_dh + at[e] * F, d_dy + at[e] * D, d_w2 + e * DF, rows[e], F, D) ||
+            cuda_gemm_batch_dweight(&g, d_dw2 + e * DF, d_dy + at[e] * D, d_h + at[e] * F, rows[e], F, D))
+            return 1;
+    }
+    if (cuda_gemm_batch_run(&g, blas)) return 1;
+    cuda_gemm_batch_destroy(&g);
+    back(got, d_a, F4(total * F));
+    check_sums("gemm_batch forward (experts of 0-130 rows)", got, a, total * F);
+    back(got, d_dh, F4(total * F));
+    check_sums("gemm_batch dinp (+=)", got, dh, total * F);
+    back(got, d_dw2, F4((size_t)X * F * D));
+    check_sums("gemm_batch dweight (+=)", got, dw2, (size_t)X * F * D);
+    return 0;
+}
+
 static int test_moe(CudaBlas *blas)
 {
     const size_t N = 211;
@@ -397,7 +437,7 @@ static int test_moe(CudaBlas *blas)
     check_sums("expert_backward dwu (+=)", got, dwu, (size_t)D * F);
     back(got, d_dwd, F4((size_t)F * D));
     check_sums("expert_backward dwd (+=)", got, dwd, (size_t)F * D);
-    return 0;
+    return test_gemm_batch(blas, D, F);
 }
 
 /* The dispatch plan on the device (cuda_route_*: route_plan.h in kernels)
