@@ -17,7 +17,7 @@
 
 #include <stddef.h>
 
-#define CUDA_ACTS_PIECES 35
+#define CUDA_ACTS_PIECES 34
 
 /* Layers whose activations are kept (recompute_layer: train.recompute = layer). */
 static inline int cuda_acts_kept_layers(int layers, int recompute_layer) { return recompute_layer ? 1 : layers; }
@@ -37,7 +37,7 @@ static inline size_t cuda_acts_pieces(size_t bytes[CUDA_ACTS_PIECES], int layers
         Lk * N * D * f /* h */, Lk * N * D * f /* xn2 */, Lk * N * f /* rstd2 */,
         N * D * f /* xf */, N * f /* rstdf */, N * VE * f /* probs, and in backward dlogits */,
         N * f /* losses */, (size_t)T * Dh2 * f /* rope_cos */, (size_t)T * Dh2 * f /* rope_sin */,
-        N * D * f /* dx */, N * D * f /* dh */, N * D * f /* dxn */,
+        N * D * f /* dx */, N * D * f /* dxn */,
         N * D * f /* dq */, N * D * f /* dk */, N * D * f /* dv */,
         N * D * f /* dao */, N * D * f /* dtmp */, 0 /* dlogits: probs' buffer */,
         N * E * f /* dprobs */, N * E * f /* router_logits */,

@@ -42,7 +42,7 @@ static size_t plan(CudaActivations *a, void **where[CUDA_ACTS_PIECES], size_t by
         (void **)&a->x, (void **)&a->xn1, (void **)&a->rstd1, (void **)&a->q, (void **)&a->k, (void **)&a->v,
         (void **)&a->ao, (void **)&a->att_lse, (void **)&a->h, (void **)&a->xn2, (void **)&a->rstd2,
         (void **)&a->xf, (void **)&a->rstdf, (void **)&a->probs, (void **)&a->losses, (void **)&a->rope_cos,
-        (void **)&a->rope_sin, (void **)&a->dx, (void **)&a->dh, (void **)&a->dxn, (void **)&a->dq,
+        (void **)&a->rope_sin, (void **)&a->dx, (void **)&a->dxn, (void **)&a->dq,
         (void **)&a->dk, (void **)&a->dv, (void **)&a->dao, (void **)&a->dtmp, (void **)&a->dlogits,
         (void **)&a->dprobs, (void **)&a->router_logits, (void **)&a->send_rows, (void **)&a->back_rows,
         (void **)&a->tokens, (void **)&a->targets, (void **)&a->send_token, (void **)&a->embed_plan,
@@ -507,16 +507,17 @@ extern "C" int cuda_transformer_backward(Model *m, CudaActivations *a, size_t n_
         const float *x = SLICE(a->x, l, ND), *xn1 = SLICE(a->xn1, sl, ND), *q = SLICE(a->q, sl, ND),
                     *k = SLICE(a->k, sl, ND), *v = SLICE(a->v, sl, ND), *ao = SLICE(a->ao, sl, ND),
                     *h = SLICE(a->h, sl, ND), *lse = SLICE(a->att_lse, sl, lse_stride);
-        CHECK_CUDA(cudaMemcpyAsync(a->dh, a->dx, nbytes, cudaMemcpyDeviceToDevice, s));
+        /* dx is the gradient of x_{l+1} = h + moe(xn2): the MoE's output
+         * gradient, then, once the MoE's backward has read it (stream
+         * order), h's: += its norm's backward, in place */
         CHECK_CUDA(cudaMemsetAsync(a->dxn, 0, nbytes, s));
         CHECK(moe_backward(a->dxn, m, a, l, a->dx, loss_scale));
         phase_mark(a->clock, PHASE_ELEMENTWISE);
-        CHECK(cuda_rmsnorm_backward(a->dh, model_grad(m, T_MOE_NORM, l), a->dxn, h, model_param(m, T_MOE_NORM, l),
+        CHECK(cuda_rmsnorm_backward(a->dx, model_grad(m, T_MOE_NORM, l), a->dxn, h, model_param(m, T_MOE_NORM, l),
                                     SLICE(a->rstd2, sl, NmaxT), N, D, s));
-        CHECK_CUDA(cudaMemcpyAsync(a->dx, a->dh, nbytes, cudaMemcpyDeviceToDevice, s));
         phase_mark(a->clock, PHASE_DENSE);
         CHECK_CUDA(cudaMemsetAsync(a->dao, 0, nbytes, s));
-        CHECK(cuda_matmul_backward(a->dao, model_grad(m, T_WO, l), a->dh, ao, model_param(m, T_WO, l), N, D, D, blas));
+        CHECK(cuda_matmul_backward(a->dao, model_grad(m, T_WO, l), a->dx, ao, model_param(m, T_WO, l), N, D, D, blas));
         phase_mark(a->clock, PHASE_ATTENTION);
         CHECK_CUDA(cudaMemsetAsync(a->dq, 0, nbytes, s));
         CHECK_CUDA(cudaMemsetAsync(a->dk, 0, nbytes, s));

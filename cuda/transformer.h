@@ -42,7 +42,7 @@ typedef struct {
     float *h, *xn2, *rstd2;  /* (Lk,N,D), (Lk,N,D), (Lk,N) */
     float *xf, *rstdf, *probs, *losses; /* (N,D), (N), (N,max(V,E)), (N) */
     float *rope_cos, *rope_sin;         /* (T, Dh/2) */
-    float *dx, *dh, *dxn, *dq, *dk, *dv, *dao, *dtmp; /* (N,D) */
+    float *dx, *dxn, *dq, *dk, *dv, *dao, *dtmp;      /* (N,D) */
     float *dlogits, *dprobs, *router_logits;          /* (N,max(V,E)): probs' buffer, (N,E), (N,E) */
     float *send_rows, *back_rows;                     /* (N*K,D) */
     int *tokens, *targets, *send_token;               /* (N), (N), (N*K) */
