@@ -182,7 +182,10 @@ __device__ static void grad_factors(const float *S, const float *dP, bf16 *Pb, b
  * area (S and dP; at the end the block's gradient rows pass through it) and
  * P, dS in bf16, then the staged lse and delta of TC_TILE queries. */
 static_assert(TC_ROWS == TC_TILE, "the backward's tiles are all TC_TILE rows");
-#define TC_WARP_F(DH) (2 * 16 * (TC_TILE > (DH) ? TC_TILE : (DH))) /* floats per warp */
+/* floats per warp: S and dP (16 x TC_TILE each), or the 16 x DH output rows
+ * that reuse them, whichever is larger (Dh 128: 112.5 KiB a block, two
+ * blocks on an H100's SM) */
+#define TC_WARP_F(DH) (2 * 16 * TC_TILE > 16 * (DH) ? 2 * 16 * TC_TILE : 16 * (DH))
 
 template <int DH>
 static size_t backward_smem(void)

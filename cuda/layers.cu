@@ -294,8 +294,12 @@ __global__ static void fill_ptrs_kernel(PtrChunk c, int n, void **d_a, void **d_
     d_c[i] = (void *)c.p[2][i];
 }
 
-/* Once cuBLAS refuses a grouped call, the process runs problems one by one. */
-static int grouped_refused;
+/* Once cuBLAS refuses a grouped call in a precision (fp32, bf16), the
+ * process runs that precision's problems one by one; how the last batch ran
+ * (for the GPU test's log). */
+static int grouped_refused[2], last_grouped;
+
+extern "C" int cuda_gemm_batch_last_grouped(void) { return last_grouped; }
 
 extern "C" int cuda_gemm_batch_create(CudaGemmBatch *g, int cap)
 {
@@ -379,7 +383,8 @@ extern "C" int cuda_gemm_batch_run(CudaGemmBatch *g, const CudaBlas *b)
     const int n = g->n;
     g->n = 0;
     if (!n) return ISTH_OK;
-    if (!grouped_refused && n > 1) {
+    last_grouped = 0;
+    if (!grouped_refused[b->bf16 != 0] && n > 1) {
         void **d_a = g->d_ptrs, **d_b = g->d_ptrs + g->cap, **d_c = g->d_ptrs + 2 * g->cap;
         for (int at = 0; at < n; at += PTR_CHUNK) {
             const int c = n - at < PTR_CHUNK ? n - at : PTR_CHUNK;
@@ -392,16 +397,22 @@ extern "C" int cuda_gemm_batch_run(CudaGemmBatch *g, const CudaBlas *b)
             fill_ptrs_kernel<<<1, PTR_CHUNK, 0, b->stream>>>(chunk, c, d_a + at, d_b + at, d_c + at);
             CHECK_CUDA(cudaGetLastError());
         }
-        const cublasComputeType_t compute = b->bf16 ? CUBLAS_COMPUTE_32F_FAST_16BF : CUBLAS_COMPUTE_32F_PEDANTIC;
+        /* fp32: COMPUTE_32F, the type the grouped call documents (the
+         * handle's pedantic math mode keeps it from TF32) */
+        const cublasComputeType_t compute = b->bf16 ? CUBLAS_COMPUTE_32F_FAST_16BF : CUBLAS_COMPUTE_32F;
         const cublasStatus_t st = cublasGemmGroupedBatchedEx(
             b->handle, g->ta, g->tb, g->m, g->nn, g->k, g->alpha, (const void *const *)d_a, CUDA_R_32F, g->lda,
             (const void *const *)d_b, CUDA_R_32F, g->ldb, g->beta, (void *const *)d_c, CUDA_R_32F, g->ldc, n,
             g->group_size, compute);
-        if (st == CUBLAS_STATUS_SUCCESS) return ISTH_OK;
+        if (st == CUBLAS_STATUS_SUCCESS) {
+            last_grouped = 1;
+            return ISTH_OK;
+        }
         if (st != CUBLAS_STATUS_NOT_SUPPORTED && st != CUBLAS_STATUS_INVALID_VALUE)
             CHECK_CUBLAS(st); /* a real failure: reported as any cuBLAS error */
-        grouped_refused = 1;  /* this library does not group these types: one call each from now on */
-        fprintf(stderr, "isthmus: cuBLAS does not group these products (status %d): one call each\n", (int)st);
+        grouped_refused[b->bf16 != 0] = 1; /* this library does not group these types: one call each from now on */
+        fprintf(stderr, "isthmus: cuBLAS does not group %s products (status %d): one call each\n",
+                b->bf16 ? "bf16" : "fp32", (int)st);
     }
     for (int i = 0; i < n; i++)
         CHECK(gemm(b, g->ta[i], g->tb[i], g->m[i], g->nn[i], g->k[i], g->A[i], g->lda[i], g->B[i], g->ldb[i],

@@ -99,6 +99,8 @@ int cuda_gemm_batch_dinp(CudaGemmBatch *g, float *dinp, const float *dout, const
 int cuda_gemm_batch_dweight(CudaGemmBatch *g, float *dweight, const float *dout, const float *inp, size_t N, int C,
                             int OC);
 int cuda_gemm_batch_run(CudaGemmBatch *g, const CudaBlas *blas);
+/* 1 when the last run's products went in one grouped call. */
+int cuda_gemm_batch_last_grouped(void);
 
 /* The tied output head: logits (N,V) = x (N,D) . embed (V,D)^T. */
 int cuda_tied_head_forward(float *logits, const float *x, const float *embed, size_t N, int D, int V,

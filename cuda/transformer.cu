@@ -77,7 +77,7 @@ static int create(CudaActivations *a, const ModelConfig *c, int B, int T)
     a->route = (CudaRouting *)isth_calloc(Lk, sizeof(CudaRouting));
     a->h_losses = (float *)isth_malloc(N * sizeof(float));
     a->h_hdr = (int *)isth_malloc(cuda_route_hdr_ints(a->G, a->El) * sizeof(int));
-    a->h_embed_plan = (int *)isth_malloc((3 * N + 1) * sizeof(int));
+    a->h_embed_plan = (int *)isth_calloc(3 * N + 1, sizeof(int)); /* the ids' unused tail uploads as zeros */
     a->h_embed_count = (int *)isth_malloc((size_t)a->V * sizeof(int));
     if (!a->route || !a->h_losses || !a->h_hdr || !a->h_embed_plan || !a->h_embed_count)
         return isth_fail(ISTH_ERUNTIME, "out of host memory for the CUDA activations");
@@ -218,6 +218,7 @@ static int experts_forward(const Model *m, CudaActivations *a, const CudaRouting
     const int D = a->D, F = a->F, El = a->El;
     const size_t rows = (size_t)r->h_expert_start[El]; /* the experts' rows from 0 (moe_forward checked) */
     CudaGemmBatch *g = &a->gemms;
+    g->n = 0; /* nothing left over from a step that failed midway */
     for (int e = 0; e < El; e++) {
         const size_t r0 = (size_t)r->h_expert_start[e], n = (size_t)r->h_expert_start[e + 1] - r0;
         const float *wg, *wu, *wd;
@@ -245,6 +246,7 @@ static int experts_backward(Model *m, CudaActivations *a, const CudaRouting *r, 
     const size_t nF = (size_t)r->h_expert_start[El] * F;
     float *dh = a->ffn_scratch, *da = dh + nF, *du = da + nF; /* 3 * n_recv * F (ensure_owner) */
     CudaGemmBatch *g = &a->gemms;
+    g->n = 0;
     CHECK_CUDA(cudaMemsetAsync(dh, 0, 3 * nF * sizeof(float), a->blas->stream));
     for (int e = 0; e < El; e++) {
         const size_t r0 = (size_t)r->h_expert_start[e], n = (size_t)r->h_expert_start[e + 1] - r0;
@@ -412,6 +414,7 @@ extern "C" int cuda_transformer_forward(const Model *m, CudaActivations *a, cons
      * (pageable: the copy has left the buffer when the call returns) */
     int *ids = a->h_embed_plan, *start = ids + N, *order = start + N + 1;
     a->n_embed_ids = embed_buckets(tokens, N, V, a->h_embed_count, ids, start, order);
+    if (a->n_embed_ids < 0) return isth_fail(ISTH_ERUNTIME, "cuda_transformer_forward: a token outside [0, %d)", V);
     CHECK(to_device(a->embed_plan, a->h_embed_plan, sizeof(int) * (3 * N + 1), s));
     CHECK_CUDA(cudaMemsetAsync(a->d_fstats, 0, 3 * sizeof(double), s));
 

@@ -25,14 +25,17 @@
 #define EMBED_FN static inline
 #endif
 
-/* tokens[0..N) in [0, V) (the data loader checked them). count: V ints of
- * scratch. Fills ids[0..n) (the distinct ids, ascending), start[0..n]
- * (bucket b is order[start[b] .. start[b+1])) and order[0..N) (the
- * positions, grouped by id, each group ascending); returns n. */
+/* tokens[0..N), each in [0, V) (−1 otherwise). count: V ints of scratch.
+ * Fills ids[0..n) (the distinct ids, ascending), start[0..n] (bucket b is
+ * order[start[b] .. start[b+1])) and order[0..N) (the positions, grouped by
+ * id, each group ascending); returns n. */
 static inline int embed_buckets(const int *tokens, size_t N, int V, int *count, int *ids, int *start, int *order)
 {
     memset(count, 0, (size_t)V * sizeof(int));
-    for (size_t t = 0; t < N; t++) count[tokens[t]]++;
+    for (size_t t = 0; t < N; t++) {
+        if (tokens[t] < 0 || tokens[t] >= V) return -1;
+        count[tokens[t]]++;
+    }
     int n = 0, at = 0;
     for (int v = 0; v < V; v++) {
         if (!count[v]) continue;

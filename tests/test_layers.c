@@ -377,6 +377,12 @@ static void test_embed_buckets(void **state)
             for (int c = D - 1; c >= 0; c--) /* any order of (bucket, column): each is independent */
                 embed_bucket_column(got, dout, ids, start, order, b, c, D);
         assert_memory_equal(got, want, (size_t)V * D * sizeof(float));
+        if (trial == 5) { /* a token outside [0, V): refused, nothing written past count */
+            tok[N - 1] = V;
+            assert_int_equal(embed_buckets(tok, N, V, count, ids, start, order), -1);
+            tok[N - 1] = -1;
+            assert_int_equal(embed_buckets(tok, N, V, count, ids, start, order), -1);
+        }
         free(tok); free(plan); free(count); free(dout); free(want); free(got);
     }
 }

@@ -89,7 +89,7 @@ int main(void)
     printf("1..%d\n", PLAN);
     { /* embedding: repeated tokens so the scatter accumulates */
         const size_t N = 777;
-        const int V = 256, D = 72;
+        const int V = 256, D = 300; /* two blocks of columns */
         int *tok = malloc(N * sizeof(int)), *d_tok = NULL;
         float *emb = random_floats((size_t)V * D, 13, 1.0), *dout = random_floats(N * (size_t)D, 14, 1.0);
         float *dE = random_floats((size_t)V * D, 15, 0.1), *out = malloc(N * (size_t)D * sizeof(float));
