@@ -77,6 +77,35 @@ __global__ static void rmsnorm_forward_kernel(float *out, float *rstd, const flo
     if (threadIdx.x == 0) rstd[t] = r;
 }
 
+/* h = a + b and out = rmsnorm(h) in one pass over the row: the residual
+ * kernel's sums and rmsnorm_forward_kernel's arithmetic, in the same order
+ * (each thread reads back only what it wrote), so the two kernels' bits. */
+__global__ static void residual_rmsnorm_forward_kernel(float *h, float *out, float *rstd, const float *a,
+                                                       const float *b, const float *weight, int D)
+{
+    __shared__ float shared[ROW_THREADS];
+    const size_t t = blockIdx.x;
+    float *x = h + t * D;
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < D; i += ROW_THREADS) {
+        const float v = a[t * D + i] + b[t * D + i];
+        x[i] = v;
+        ss += v * v;
+    }
+    const float r = rmsnorm_rstd(block_sum(ss, shared), D);
+    for (int i = threadIdx.x; i < D; i += ROW_THREADS) out[t * D + i] = x[i] * r * weight[i];
+    if (threadIdx.x == 0) rstd[t] = r;
+}
+
+extern "C" int cuda_residual_rmsnorm_forward(float *h, float *out, float *rstd, const float *a, const float *b,
+                                             const float *weight, size_t N, int D, cudaStream_t stream)
+{
+    if (N)
+        residual_rmsnorm_forward_kernel<<<(unsigned)N, ROW_THREADS, 0, stream>>>(h, out, rstd, a, b, weight, D);
+    CHECK_CUDA(cudaGetLastError());
+    return ISTH_OK;
+}
+
 /* One block per row: the input gradient. */
 __global__ static void rmsnorm_backward_rows(float *dinp, const float *dout, const float *inp, const float *weight,
                                              const float *rstd, int D)

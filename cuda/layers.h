@@ -45,6 +45,10 @@ int cuda_encoder_backward(float *dembed, const float *dout, const int *ids, cons
 /* out (N,D) = inp / sqrt(mean(inp^2) + eps) * weight; rstd (N) saved. */
 int cuda_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *weight, size_t N, int D,
                          cudaStream_t stream);
+/* h (N,D) = a + b, then out, rstd = rmsnorm_forward(h): the residual and
+ * the norm after it in one pass, the same bits as the two kernels. */
+int cuda_residual_rmsnorm_forward(float *h, float *out, float *rstd, const float *a, const float *b,
+                                  const float *weight, size_t N, int D, cudaStream_t stream);
 /* dinp (N,D) += ..., dweight (D) += ...; its scratch comes from the
  * stream's memory pool. */
 int cuda_rmsnorm_backward(float *dinp, float *dweight, const float *dout, const float *inp, const float *weight,

@@ -385,8 +385,8 @@ static int layer_forward(const Model *m, CudaActivations *a, int l, int training
     phase_mark(a->clock, PHASE_DENSE);
     CHECK(cuda_matmul_forward(a->dtmp, ao, model_param(m, T_WO, l), N, D, D, blas));
     phase_mark(a->clock, PHASE_ELEMENTWISE);
-    CHECK(cuda_residual_forward(h, x, a->dtmp, N * D, s));
-    CHECK(cuda_rmsnorm_forward(xn2, SLICE(a->rstd2, sl, NmaxT), h, model_param(m, T_MOE_NORM, l), N, D, s));
+    CHECK(cuda_residual_rmsnorm_forward(h, xn2, SLICE(a->rstd2, sl, NmaxT), x, a->dtmp, model_param(m, T_MOE_NORM, l),
+                                        N, D, s));
     CHECK(moe_forward(a->dtmp, m, a, l, N, training, stats));
     phase_mark(a->clock, PHASE_ELEMENTWISE);
     if (next) CHECK(cuda_residual_forward(SLICE(a->x, l + 1, ND), h, a->dtmp, N * D, s));

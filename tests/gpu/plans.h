@@ -42,7 +42,8 @@ static const char *const plan_moe[] = {
 };
 static const char *const plan_layers[] = {
     "encoder_forward", "encoder_backward (+=)", "rmsnorm_forward out", "rmsnorm_forward rstd",
-    "rmsnorm_backward dinp (+=)", "rmsnorm_backward dweight (+=)", "swiglu_forward", "swiglu_backward da (+=)",
+    "rmsnorm_backward dinp (+=)", "rmsnorm_backward dweight (+=)", "residual_rmsnorm_forward (h, out, rstd)",
+    "swiglu_forward", "swiglu_backward da (+=)",
     "swiglu_backward du (+=)", "rope_forward", "rope_backward",
 };
 /* test_optim_gpu: AdamW, then each matrix optimiser against the CPU's

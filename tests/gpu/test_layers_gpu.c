@@ -84,7 +84,7 @@ static void from_device(float *h, const float *d, size_t n)
 int main(void)
 {
     char unused[8];
-    const int PLAN = plan_layer_checks(-1, unused, sizeof unused); /* embedding 2, rmsnorm 4, swiglu 3, rope 2 */
+    const int PLAN = plan_layer_checks(-1, unused, sizeof unused); /* embedding 2, rmsnorm 4 and the fused residual + norm, swiglu 3, rope 2 */
     if (!gpu_present_or_skip()) return 0;
     printf("1..%d\n", PLAN);
     { /* embedding: repeated tokens so the scatter accumulates */
@@ -142,6 +142,21 @@ int main(void)
         check_scaled("rmsnorm_backward dinp (+=)", got, dx, nd, 1);
         from_device(got, d_dw, D);
         check_scaled("rmsnorm_backward dweight (+=)", got, dw, D, 1);
+        /* the fused residual + norm against the two GPU kernels: h, out and rstd, bit for bit */
+        float *b = random_floats(nd, 11, 0.7), *d_b = to_device(b, nd), *d_h1 = to_device(out, nd),
+              *d_h2 = to_device(out, nd), *d_o1 = to_device(out, nd), *d_r1 = to_device(rs, N);
+        float *want = malloc((2 * nd + N) * sizeof(float)), *fused = malloc((2 * nd + N) * sizeof(float));
+        if (!b || !d_b || !d_h1 || !d_h2 || !d_o1 || !d_r1 || !want || !fused) return 1;
+        if (cuda_residual_forward(d_h1, d_x, d_b, nd, 0) || cuda_rmsnorm_forward(d_out, d_rs, d_h1, d_w, N, D, 0) ||
+            cuda_residual_rmsnorm_forward(d_h2, d_o1, d_r1, d_x, d_b, d_w, N, D, 0))
+            return 1;
+        from_device(want, d_h1, nd), from_device(want + nd, d_out, nd), from_device(want + 2 * nd, d_rs, N);
+        from_device(fused, d_h2, nd), from_device(fused + nd, d_o1, nd), from_device(fused + 2 * nd, d_r1, N);
+        const int same = !memcmp(want, fused, (2 * nd + N) * sizeof(float));
+        const int planned = plan_matches(plan_layer_checks, test_no, "residual_rmsnorm_forward (h, out, rstd)");
+        printf("%s %d - residual_rmsnorm_forward (h, out, rstd): the bits of residual then rmsnorm\n",
+               same && planned ? "ok" : "not ok", ++test_no);
+        failures += !same || !planned;
     }
     /* SwiGLU */
     const size_t n = 100003;
