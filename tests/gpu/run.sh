@@ -153,6 +153,11 @@ for t in test_kernels_gpu test_layers_gpu test_optim_gpu test_codec_gpu test_bac
         row "$t" FAIL "$ok ok, $bad not ok, exit $rc"
     fi
 done
+# how the experts' products ran (test_kernels_gpu's log): grouped, or one call each where cuBLAS refused
+if grep -q '^# gemm_batch' "$out/test_kernels_gpu.log" 2>/dev/null; then
+    row "expert products (cublasGemmGroupedBatchedEx)" INFO \
+        "$(sed -n 's/^# gemm_batch (\(.*\)): \(.*\)/\1 \2/p' "$out/test_kernels_gpu.log" | paste -sd ';' -)"
+fi
 
 # --- 2. small.ini 50 steps, CPU against GPU ----------------------------------
 losses() { sed -n 's/^{"step":\([0-9]*\),"loss":\([^,]*\),.*/\1 \2/p' "$1/metrics.jsonl"; }
