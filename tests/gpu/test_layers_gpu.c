@@ -2,7 +2,8 @@
  * backend's (src/cpu/layers.c) on random inputs: the embedding forward and
  * backward (bit-identical: the same additions in the same order), RMSNorm forward (output
  * and rstd) and backward (input and weight gradients, accumulated into
- * non-zero buffers; N=301 rows of D=200, neither a multiple of the block),
+ * non-zero buffers; N=301 rows of D=600, neither a multiple of the block),
+ * the residual fused with RMSNorm (bit-identical to the two kernels),
  * SwiGLU forward and backward (accumulating into non-zero gradients),
  * rotary embedding forward and backward (tables from rope_tables, T=33 so that rows and heads do not
  * line up with the grid).
@@ -17,7 +18,7 @@
  * math round like the host (__fmul_rn/__fadd_rn everywhere): that would
  * give up the FMAs in the hot element-wise kernels to make a test tighter
  * than any indexing or logic error needs (those miss by the RMS, not by
- * 1e-5 of it). Only the embedding, with no products, is bit-identical.
+ * 1e-5 of it). Only the embedding, with no products, is bit-identical to the CPU.
  * TAP output; without a CUDA device the plan is "1..0 # SKIP" with the
  * reason, never a pass. */
 #include <math.h>
@@ -121,7 +122,7 @@ int main(void)
     }
     { /* RMSNorm */
         const size_t N = 301;
-        const int D = 200;
+        const int D = 600; /* over ROW_THREADS: each thread sums several elements of a row */
         const size_t nd = N * (size_t)D;
         float *x = random_floats(nd, 7, 1.5), *w = random_floats(D, 8, 1.0), *dy = random_floats(nd, 9, 1.0);
         float *dx = random_floats(nd, 10, 0.1), *dw = random_floats(D, 12, 0.1);
