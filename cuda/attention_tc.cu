@@ -50,21 +50,27 @@ __device__ static void rows_dot_rows(float *S, const bf16 *a, const bf16 *b)
     }
 }
 
-/* acc[t] (16 x 16 each, DH / 16 of them) += P (16 x TC_TILE, bf16) . X
+/* acc (16 x 16) += P (16 x TC_TILE, bf16) . columns t*16 .. t*16+15 of X
  * (TC_TILE rows of DH, bf16). */
+template <int DH>
+__device__ static void accumulate_tile(FragC &acc, const bf16 *P, const bf16 *X, int t)
+{
+#pragma unroll
+    for (int kk = 0; kk < TC_TILE / 16; kk++) {
+        FragA fa;
+        FragB fb;
+        wmma::load_matrix_sync(fa, P + kk * 16, TC_TILE);
+        wmma::load_matrix_sync(fb, X + kk * 16 * DH + t * 16, DH);
+        wmma::mma_sync(acc, fa, fb, acc);
+    }
+}
+
+/* acc[t] (16 x 16 each, DH / 16 of them) += P . X, every column tile. */
 template <int DH>
 __device__ static void accumulate(FragC *acc, const bf16 *P, const bf16 *X)
 {
 #pragma unroll
-    for (int t = 0; t < DH / 16; t++)
-#pragma unroll
-        for (int kk = 0; kk < TC_TILE / 16; kk++) {
-            FragA fa;
-            FragB fb;
-            wmma::load_matrix_sync(fa, P + kk * 16, TC_TILE);
-            wmma::load_matrix_sync(fb, X + kk * 16 * DH + t * 16, DH);
-            wmma::mma_sync(acc[t], fa, fb, acc[t]);
-        }
+    for (int t = 0; t < DH / 16; t++) accumulate_tile<DH>(acc[t], P, X, t);
 }
 
 template <int DH>
@@ -136,14 +142,7 @@ __global__ static void __launch_bounds__(TC_THREADS)
         for (int t = 0; t < DH / 16; t++) {
             FragC acc;
             wmma::load_matrix_sync(acc, O + t * 16, DH, wmma::mem_row_major);
-#pragma unroll
-            for (int kk = 0; kk < TC_TILE / 16; kk++) {
-                FragA fa;
-                FragB fb;
-                wmma::load_matrix_sync(fa, P + kk * 16, TC_TILE);
-                wmma::load_matrix_sync(fb, Vs + kk * 16 * DH + t * 16, DH);
-                wmma::mma_sync(acc, fa, fb, acc);
-            }
+            accumulate_tile<DH>(acc, P, Vs, t);
             wmma::store_matrix_sync(O + t * 16, acc, DH, wmma::mem_row_major);
         }
         __syncwarp();

@@ -118,28 +118,56 @@ extern "C" int cuda_router_softmax_backward(float *dlogits, const float *dprobs,
     return ISTH_OK;
 }
 
-extern "C" int cuda_expert_forward(float *y, float *a, float *u, float *h, const float *x, const float *wg,
-                                   const float *wu, const float *wd, size_t n, int D, int F, const CudaBlas *blas)
+extern "C" int cuda_experts_forward(float *y, float *a, float *u, float *h, const float *x, const float *wg,
+                                    const float *wu, const float *wd, const int *start, int El, int D, int F,
+                                    CudaGemmBatch *g, const CudaBlas *blas)
 {
-    if (!n) return ISTH_OK;
-    CHECK(cuda_matmul_forward(a, x, wg, n, D, F, blas));
-    CHECK(cuda_matmul_forward(u, x, wu, n, D, F, blas));
-    CHECK(cuda_swiglu_forward(h, a, u, n * (size_t)F, blas->stream));
-    return cuda_matmul_forward(y, h, wd, n, F, D, blas);
+    const size_t DF = (size_t)D * F;
+    g->n = 0; /* nothing left over from a step that failed midway */
+    for (int e = 0; e < El; e++) {
+        const size_t r0 = (size_t)start[e], n = (size_t)start[e + 1] - r0;
+        CHECK(cuda_gemm_batch_forward(g, a + r0 * F, x + r0 * D, wg + e * DF, n, D, F));
+        CHECK(cuda_gemm_batch_forward(g, u + r0 * F, x + r0 * D, wu + e * DF, n, D, F));
+    }
+    CHECK(cuda_gemm_batch_run(g, blas));
+    CHECK(cuda_swiglu_forward(h, a, u, (size_t)start[El] * F, blas->stream));
+    for (int e = 0; e < El; e++) {
+        const size_t r0 = (size_t)start[e], n = (size_t)start[e + 1] - r0;
+        CHECK(cuda_gemm_batch_forward(g, y + r0 * D, h + r0 * F, wd + e * DF, n, F, D));
+    }
+    return cuda_gemm_batch_run(g, blas);
 }
 
-extern "C" int cuda_expert_backward(float *dx, float *dwg, float *dwu, float *dwd, float *scratch, const float *dy,
-                                    const float *x, const float *a, const float *u, const float *h, const float *wg,
-                                    const float *wu, const float *wd, size_t n, int D, int F, const CudaBlas *blas)
+extern "C" int cuda_experts_backward(float *dx, float *dwg, float *dwu, float *dwd, float *scratch, const float *dy,
+                                     const float *x, const float *a, const float *u, const float *h, const float *wg,
+                                     const float *wu, const float *wd, const int *start, int El, int D, int F,
+                                     CudaGemmBatch *g, const CudaBlas *blas)
 {
-    if (!n) return ISTH_OK;
-    const size_t nF = n * (size_t)F;
+    const size_t DF = (size_t)D * F, nF = (size_t)start[El] * F;
     float *dh = scratch, *da = scratch + nF, *du = scratch + 2 * nF;
+    g->n = 0;
     CHECK_CUDA(cudaMemsetAsync(scratch, 0, 3 * nF * sizeof(float), blas->stream));
-    CHECK(cuda_matmul_backward(dh, dwd, dy, h, wd, n, F, D, blas));
+    for (int e = 0; e < El; e++) {
+        const size_t r0 = (size_t)start[e], n = (size_t)start[e + 1] - r0;
+        CHECK(cuda_gemm_batch_dinp(g, dh + r0 * F, dy + r0 * D, wd + e * DF, n, F, D));
+        CHECK(cuda_gemm_batch_dweight(g, dwd + e * DF, dy + r0 * D, h + r0 * F, n, F, D));
+    }
+    CHECK(cuda_gemm_batch_run(g, blas));
     CHECK(cuda_swiglu_backward(da, du, dh, a, u, nF, blas->stream));
-    CHECK(cuda_matmul_backward(dx, dwg, da, x, wg, n, D, F, blas));
-    return cuda_matmul_backward(dx, dwu, du, x, wu, n, D, F, blas);
+    for (int pass = 0; pass < 2; pass++) { /* dx += the gate's product, then += the up's, as on the CPU */
+        for (int e = 0; e < El; e++) {
+            const size_t r0 = (size_t)start[e], n = (size_t)start[e + 1] - r0;
+            if (pass == 0) {
+                CHECK(cuda_gemm_batch_dinp(g, dx + r0 * D, da + r0 * F, wg + e * DF, n, D, F));
+                CHECK(cuda_gemm_batch_dweight(g, dwg + e * DF, da + r0 * F, x + r0 * D, n, D, F));
+                CHECK(cuda_gemm_batch_dweight(g, dwu + e * DF, du + r0 * F, x + r0 * D, n, D, F));
+            } else {
+                CHECK(cuda_gemm_batch_dinp(g, dx + r0 * D, du + r0 * F, wu + e * DF, n, D, F));
+            }
+        }
+        CHECK(cuda_gemm_batch_run(g, blas));
+    }
+    return ISTH_OK;
 }
 
 __global__ static void rows_gather_kernel(float *dst, const float *src, const int *index, size_t n, int D)

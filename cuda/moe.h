@@ -86,13 +86,20 @@ int cuda_moe_balance_backward(float *dprobs, const double *frac, size_t N, int E
 int cuda_router_softmax_backward(float *dlogits, const float *dprobs, const float *probs, const float *lse, size_t N,
                                  int E, double z_coef, float scale, cudaStream_t stream);
 
-/* One SwiGLU expert on n rows: y (n,D) = (silu(x.wg) * (x.wu)) . wd; a, u, h (n,F) saved. */
-int cuda_expert_forward(float *y, float *a, float *u, float *h, const float *x, const float *wg, const float *wu,
-                        const float *wd, size_t n, int D, int F, const CudaBlas *blas);
-/* dx (n,D), dwg, dwu, dwd += ...; scratch: 3*n*F floats (device). */
-int cuda_expert_backward(float *dx, float *dwg, float *dwu, float *dwd, float *scratch, const float *dy,
-                         const float *x, const float *a, const float *u, const float *h, const float *wg,
-                         const float *wu, const float *wd, size_t n, int D, int F, const CudaBlas *blas);
+/* A layer's El SwiGLU experts on their rows: expert e's rows are
+ * start[e] .. start[e+1] (on the host; start[0] = 0) of x, a, u, h, y (and
+ * dx, dy), its weights (and their gradients) at wg + e*D*F, wu + e*D*F,
+ * wd + e*F*D (the model's expert chunks). y = (silu(x.wg) * (x.wu)) . wd;
+ * a, u, h (rows, F) saved. Each stage's products in one grouped call (g
+ * holds at least 3*El); the same products as cpu/moe's expert_forward. */
+int cuda_experts_forward(float *y, float *a, float *u, float *h, const float *x, const float *wg, const float *wu,
+                         const float *wd, const int *start, int El, int D, int F, CudaGemmBatch *g,
+                         const CudaBlas *blas);
+/* dx (rows,D), dwg, dwu, dwd += ...; scratch: 3*start[El]*F floats (device). */
+int cuda_experts_backward(float *dx, float *dwg, float *dwu, float *dwd, float *scratch, const float *dy,
+                          const float *x, const float *a, const float *u, const float *h, const float *wg,
+                          const float *wu, const float *wd, const int *start, int El, int D, int F,
+                          CudaGemmBatch *g, const CudaBlas *blas);
 
 /* dst (n,D) = src[index[i]] (index < 0: zero row); index on the device. */
 int cuda_rows_gather(float *dst, const float *src, const int *index, size_t n, int D, cudaStream_t stream);

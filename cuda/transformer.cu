@@ -203,80 +203,6 @@ static int ensure_owner(CudaActivations *a, CudaRouting *r, int n_recv)
 
 #define SLICE(buf, l, per) ((buf) + (size_t)(l) * (per))
 
-static void expert_weights(const Model *m, int l, int e, const float **wg, const float **wu, const float **wd)
-{
-    *wg = model_expert_param(m, T_W_GATE, l, e);
-    *wu = model_expert_param(m, T_W_UP, l, e);
-    *wd = model_expert_param(m, T_W_DOWN, l, e);
-}
-
-/* The layer's experts on their rows (grouped by expert, expert e's from
- * h_expert_start[e]): cuda_expert_forward's products for every expert in
- * one grouped call per stage, the SwiGLU over all rows at once. */
-static int experts_forward(const Model *m, CudaActivations *a, const CudaRouting *r, int l, float *yrows)
-{
-    const int D = a->D, F = a->F, El = a->El;
-    const size_t rows = (size_t)r->h_expert_start[El]; /* the experts' rows from 0 (moe_forward checked) */
-    CudaGemmBatch *g = &a->gemms;
-    g->n = 0; /* nothing left over from a step that failed midway */
-    for (int e = 0; e < El; e++) {
-        const size_t r0 = (size_t)r->h_expert_start[e], n = (size_t)r->h_expert_start[e + 1] - r0;
-        const float *wg, *wu, *wd;
-        expert_weights(m, l, e, &wg, &wu, &wd);
-        CHECK(cuda_gemm_batch_forward(g, r->d_arows + r0 * F, r->d_xrows + r0 * D, wg, n, D, F));
-        CHECK(cuda_gemm_batch_forward(g, r->d_urows + r0 * F, r->d_xrows + r0 * D, wu, n, D, F));
-    }
-    CHECK(cuda_gemm_batch_run(g, a->blas));
-    CHECK(cuda_swiglu_forward(r->d_hrows, r->d_arows, r->d_urows, rows * F, a->blas->stream));
-    for (int e = 0; e < El; e++) {
-        const size_t r0 = (size_t)r->h_expert_start[e], n = (size_t)r->h_expert_start[e + 1] - r0;
-        const float *wg, *wu, *wd;
-        expert_weights(m, l, e, &wg, &wu, &wd);
-        CHECK(cuda_gemm_batch_forward(g, yrows + r0 * D, r->d_hrows + r0 * F, wd, n, F, D));
-    }
-    return cuda_gemm_batch_run(g, a->blas);
-}
-
-/* cuda_expert_backward for every expert of the layer, grouped the same way:
- * dx gets its gate product before its up product, as on the CPU. */
-static int experts_backward(Model *m, CudaActivations *a, const CudaRouting *r, int l, float *dxrows,
-                            const float *dyrows)
-{
-    const int D = a->D, F = a->F, El = a->El;
-    const size_t nF = (size_t)r->h_expert_start[El] * F;
-    float *dh = a->ffn_scratch, *da = dh + nF, *du = da + nF; /* 3 * n_recv * F (ensure_owner) */
-    CudaGemmBatch *g = &a->gemms;
-    g->n = 0;
-    CHECK_CUDA(cudaMemsetAsync(dh, 0, 3 * nF * sizeof(float), a->blas->stream));
-    for (int e = 0; e < El; e++) {
-        const size_t r0 = (size_t)r->h_expert_start[e], n = (size_t)r->h_expert_start[e + 1] - r0;
-        const float *wg, *wu, *wd;
-        expert_weights(m, l, e, &wg, &wu, &wd);
-        CHECK(cuda_gemm_batch_dinp(g, dh + r0 * F, dyrows + r0 * D, wd, n, F, D));
-        CHECK(cuda_gemm_batch_dweight(g, model_expert_grad(m, T_W_DOWN, l, e), dyrows + r0 * D, r->d_hrows + r0 * F,
-                                      n, F, D));
-    }
-    CHECK(cuda_gemm_batch_run(g, a->blas));
-    CHECK(cuda_swiglu_backward(da, du, dh, r->d_arows, r->d_urows, nF, a->blas->stream));
-    for (int pass = 0; pass < 2; pass++) { /* dx += gate's product, then += up's */
-        for (int e = 0; e < El; e++) {
-            const size_t r0 = (size_t)r->h_expert_start[e], n = (size_t)r->h_expert_start[e + 1] - r0;
-            const float *wg, *wu, *wd;
-            expert_weights(m, l, e, &wg, &wu, &wd);
-            const float *x = r->d_xrows + r0 * D;
-            if (pass == 0) {
-                CHECK(cuda_gemm_batch_dinp(g, dxrows + r0 * D, da + r0 * F, wg, n, D, F));
-                CHECK(cuda_gemm_batch_dweight(g, model_expert_grad(m, T_W_GATE, l, e), da + r0 * F, x, n, D, F));
-                CHECK(cuda_gemm_batch_dweight(g, model_expert_grad(m, T_W_UP, l, e), du + r0 * F, x, n, D, F));
-            } else {
-                CHECK(cuda_gemm_batch_dinp(g, dxrows + r0 * D, du + r0 * F, wu, n, D, F));
-            }
-        }
-        CHECK(cuda_gemm_batch_run(g, a->blas));
-    }
-    return ISTH_OK;
-}
-
 static int to_host(void *dst, const void *src, size_t bytes, cudaStream_t s)
 {
     CHECK_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, s));
@@ -347,7 +273,9 @@ static int moe_forward(float *out, const Model *m, CudaActivations *a, int l, si
     CHECK(cuda_rows_gather(r->d_xrows, arrived, r->d_row_src, (size_t)r->rows, D, s));
     phase_mark(a->clock, PHASE_EXPERTS);
     float *yrows = a->row_tmp;
-    CHECK(experts_forward(m, a, r, l, yrows));
+    CHECK(cuda_experts_forward(yrows, r->d_arows, r->d_urows, r->d_hrows, r->d_xrows,
+                               model_expert_param(m, T_W_GATE, l, 0), model_expert_param(m, T_W_UP, l, 0),
+                               model_expert_param(m, T_W_DOWN, l, 0), r->h_expert_start, El, D, a->F, &a->gemms, blas));
     phase_mark(a->clock, PHASE_DISPATCH);
     float *leaving = G > 1 ? a->recv_rows2 : r->d_y_back;
     CHECK(cuda_rows_gather(leaving, yrows, r->d_recv_row, (size_t)n_recv, D, s));
@@ -464,7 +392,11 @@ static int moe_backward(float *dxn, Model *m, CudaActivations *a, int l, const f
     CHECK(cuda_rows_gather(dyrows, arrived, r->d_row_src, (size_t)r->rows, D, s));
     phase_mark(a->clock, PHASE_EXPERTS);
     CHECK_CUDA(cudaMemsetAsync(dxrows, 0, (size_t)r->rows * D * sizeof(float), s));
-    CHECK(experts_backward(m, a, r, l, dxrows, dyrows));
+    CHECK(cuda_experts_backward(dxrows, model_expert_grad(m, T_W_GATE, l, 0), model_expert_grad(m, T_W_UP, l, 0),
+                                model_expert_grad(m, T_W_DOWN, l, 0), a->ffn_scratch, dyrows, r->d_xrows, r->d_arows,
+                                r->d_urows, r->d_hrows, model_expert_param(m, T_W_GATE, l, 0),
+                                model_expert_param(m, T_W_UP, l, 0), model_expert_param(m, T_W_DOWN, l, 0),
+                                r->h_expert_start, a->El, D, a->F, &a->gemms, blas));
     float *leaving = G > 1 ? a->recv_rows2 : a->back_rows;
     phase_mark(a->clock, PHASE_DISPATCH);
     CHECK(cuda_rows_gather(leaving, dxrows, r->d_recv_row, (size_t)r->n_recv, D, s));

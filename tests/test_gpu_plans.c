@@ -36,6 +36,18 @@ static void unique(int (*plan)(int, char *, size_t))
         }
 }
 
+/* dq, dk and dv of an attention backward are compared at each of its sizes. */
+static void attention_outputs_checked(const char *kernel, const int *dh, const int *t, int sizes)
+{
+    for (int s = 0; s < sizes; s++)
+        for (int k = 0; k < 3; k++) {
+            char name[128];
+            snprintf(name, sizeof name, "%s %s (+=) Dh=%d T=%d", kernel, k == 0 ? "dq" : k == 1 ? "dk" : "dv", dh[s],
+                     t[s]);
+            if (!has(plan_kernels, name)) fail_msg("no check of %s", name);
+        }
+}
+
 static void test_kernel_plan(void **state)
 {
     (void)state;
@@ -54,20 +66,8 @@ static void test_kernel_plan(void **state)
                              "expert_backward dwd (+=)", "gemm_batch dinp (+=)", "gemm_batch dweight (+=)"};
     for (size_t i = 0; i < sizeof outputs / sizeof *outputs; i++)
         if (!has(plan_kernels, outputs[i])) fail_msg("no check of %s", outputs[i]);
-    for (int s = 0; s < 4; s++)
-        for (int k = 0; k < 3; k++) {
-            char name[128];
-            snprintf(name, sizeof name, "attention_backward %s (+=) Dh=%d T=%d", k == 0 ? "dq" : k == 1 ? "dk" : "dv",
-                     plan_attention_dh[s], plan_attention_t[s]);
-            if (!has(plan_kernels, name)) fail_msg("no check of %s", name);
-        }
-    for (int s = 0; s < 2; s++)
-        for (int k = 0; k < 3; k++) {
-            char name[128];
-            snprintf(name, sizeof name, "attention_tc backward %s (+=) Dh=%d T=%d", k == 0 ? "dq" : k == 1 ? "dk" : "dv",
-                     plan_attention_tc_dh[s], plan_attention_tc_t[s]);
-            if (!has(plan_kernels, name)) fail_msg("no check of %s", name);
-        }
+    attention_outputs_checked("attention_backward", plan_attention_dh, plan_attention_t, 4);
+    attention_outputs_checked("attention_tc backward", plan_attention_tc_dh, plan_attention_tc_t, 2);
     assert_false(plan_matches(plan_kernels, 62, "dispatch plan losses (balance, z, dropped)")); /* nothing beyond */
 }
 

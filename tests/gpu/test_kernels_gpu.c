@@ -271,9 +271,9 @@ static int test_crossentropy(void)
     return 0;
 }
 
-/* A layer's expert products in grouped calls (cuda_gemm_batch_*, as
- * transformer.cu runs them): experts of 0, 5, 77 and 130 rows, the three
- * kinds of product in one batch, against the CPU's products per expert. */
+/* Grouped products (cuda_gemm_batch_*, as cuda_experts_* queue them):
+ * experts of 0, 5, 77 and 130 rows, the three kinds of product in one
+ * batch, against the CPU's products per expert. */
 static int test_gemm_batch(CudaBlas *blas, int D, int F)
 {
     enum { X = 4 };
@@ -432,40 +432,55 @@ static int test_moe(CudaBlas *blas)
     back(got, d_gath, F4(NK * D));
     check_same("rows_gather", got, gath, F4(NK * D));
 
-    /* one SwiGLU expert, forward and backward */
-    const size_t n = 77;
-    float *x = rnd(n * D, 26, 1.0), *wg = rnd((size_t)D * F, 27, 0.2), *wu = rnd((size_t)D * F, 28, 0.2),
-          *wd = rnd((size_t)F * D, 29, 0.2), *dy = rnd(n * D, 30, 1.0), *dx = rnd(n * D, 31, 0.1),
-          *dwg = rnd((size_t)D * F, 32, 0.1), *dwu = rnd((size_t)D * F, 33, 0.1), *dwd = rnd((size_t)F * D, 34, 0.1);
+    /* a layer's SwiGLU experts (rows 0, 77 and 30: one expert with none),
+     * forward and backward, against the CPU's expert one at a time */
+    enum { XE = 3 };
+    const int start[XE + 1] = {0, 0, 77, 107};
+    const size_t n = (size_t)start[XE], DF = (size_t)D * F, W = XE * DF;
+    float *x = rnd(n * D, 26, 1.0), *wg = rnd(W, 27, 0.2), *wu = rnd(W, 28, 0.2), *wd = rnd(W, 29, 0.2),
+          *dy = rnd(n * D, 30, 1.0), *dx = rnd(n * D, 31, 0.1), *dwg = rnd(W, 32, 0.1), *dwu = rnd(W, 33, 0.1),
+          *dwd = rnd(W, 34, 0.1);
     float *y = malloc(F4(n * D)), *a = malloc(F4(n * F)), *u = malloc(F4(n * F)), *h = malloc(F4(n * F)),
           *scratch = malloc(F4(3 * n * F));
     NEED(x && wg && wu && wd && dy && dx && dwg && dwu && dwd && y && a && u && h && scratch);
-    float *d_x = dev(x, F4(n * D)), *d_wg = dev(wg, F4((size_t)D * F)), *d_wu = dev(wu, F4((size_t)D * F)),
-          *d_wd = dev(wd, F4((size_t)F * D)), *d_dy = dev(dy, F4(n * D)), *d_dx = dev(dx, F4(n * D)),
-          *d_dwg = dev(dwg, F4((size_t)D * F)), *d_dwu = dev(dwu, F4((size_t)D * F)), *d_dwd = dev(dwd, F4((size_t)F * D)),
-          *d_y = dev(NULL, F4(n * D)), *d_a = dev(NULL, F4(n * F)), *d_u = dev(NULL, F4(n * F)),
-          *d_h = dev(NULL, F4(n * F)), *d_scr = dev(NULL, F4(3 * n * F));
+    float *d_x = dev(x, F4(n * D)), *d_wg = dev(wg, F4(W)), *d_wu = dev(wu, F4(W)), *d_wd = dev(wd, F4(W)),
+          *d_dy = dev(dy, F4(n * D)), *d_dx = dev(dx, F4(n * D)), *d_dwg = dev(dwg, F4(W)), *d_dwu = dev(dwu, F4(W)),
+          *d_dwd = dev(dwd, F4(W)), *d_y = dev(NULL, F4(n * D)), *d_a = dev(NULL, F4(n * F)),
+          *d_u = dev(NULL, F4(n * F)), *d_h = dev(NULL, F4(n * F)), *d_scr = dev(NULL, F4(3 * n * F));
     NEED(d_x && d_wg && d_wu && d_wd && d_dy && d_dx && d_dwg && d_dwu && d_dwd && d_y && d_a && d_u && d_h && d_scr);
-    expert_forward(y, a, u, h, x, wg, wu, wd, n, D, F);
-    if (cuda_expert_forward(d_y, d_a, d_u, d_h, d_x, d_wg, d_wu, d_wd, n, D, F, blas)) return 1;
+    CudaGemmBatch g;
+    if (cuda_gemm_batch_create(&g, 3 * XE)) return 1;
+    for (int e = 0; e < XE; e++) {
+        const size_t r0 = (size_t)start[e], ne = (size_t)start[e + 1] - r0;
+        if (ne)
+            expert_forward(y + r0 * D, a + r0 * F, u + r0 * F, h + r0 * F, x + r0 * D, wg + e * DF, wu + e * DF,
+                           wd + e * DF, ne, D, F);
+    }
+    if (cuda_experts_forward(d_y, d_a, d_u, d_h, d_x, d_wg, d_wu, d_wd, start, XE, D, F, &g, blas)) return 1;
     back(got, d_y, F4(n * D));
     check_sums("expert_forward", got, y, n * D);
     /* the backward from the CPU's saved activations on both sides */
     cudaMemcpy(d_a, a, F4(n * F), cudaMemcpyHostToDevice);
     cudaMemcpy(d_u, u, F4(n * F), cudaMemcpyHostToDevice);
     cudaMemcpy(d_h, h, F4(n * F), cudaMemcpyHostToDevice);
-    expert_backward(dx, dwg, dwu, dwd, scratch, dy, x, a, u, h, wg, wu, wd, n, D, F);
-    if (cuda_expert_backward(d_dx, d_dwg, d_dwu, d_dwd, d_scr, d_dy, d_x, d_a, d_u, d_h, d_wg, d_wu, d_wd, n, D, F,
-                             blas))
+    for (int e = 0; e < XE; e++) {
+        const size_t r0 = (size_t)start[e], ne = (size_t)start[e + 1] - r0;
+        if (ne)
+            expert_backward(dx + r0 * D, dwg + e * DF, dwu + e * DF, dwd + e * DF, scratch, dy + r0 * D, x + r0 * D,
+                            a + r0 * F, u + r0 * F, h + r0 * F, wg + e * DF, wu + e * DF, wd + e * DF, ne, D, F);
+    }
+    if (cuda_experts_backward(d_dx, d_dwg, d_dwu, d_dwd, d_scr, d_dy, d_x, d_a, d_u, d_h, d_wg, d_wu, d_wd, start, XE,
+                              D, F, &g, blas))
         return 1;
+    cuda_gemm_batch_destroy(&g);
     back(got, d_dx, F4(n * D));
     check_sums("expert_backward dx (+=)", got, dx, n * D);
-    back(got, d_dwg, F4((size_t)D * F));
-    check_sums("expert_backward dwg (+=)", got, dwg, (size_t)D * F);
-    back(got, d_dwu, F4((size_t)D * F));
-    check_sums("expert_backward dwu (+=)", got, dwu, (size_t)D * F);
-    back(got, d_dwd, F4((size_t)F * D));
-    check_sums("expert_backward dwd (+=)", got, dwd, (size_t)F * D);
+    back(got, d_dwg, F4(W));
+    check_sums("expert_backward dwg (+=)", got, dwg, W);
+    back(got, d_dwu, F4(W));
+    check_sums("expert_backward dwu (+=)", got, dwu, W);
+    back(got, d_dwd, F4(W));
+    check_sums("expert_backward dwd (+=)", got, dwd, W);
     return test_gemm_batch(blas, D, F);
 }
 
