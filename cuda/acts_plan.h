@@ -23,18 +23,20 @@
 static inline int cuda_acts_kept_layers(int layers, int recompute_layer) { return recompute_layer ? 1 : layers; }
 
 /* bytes[i] of each piece for up to B sequences of T tokens; returns the
- * block's total (each piece 256-byte aligned). */
+ * block's total (each piece 256-byte aligned). bf16: train.precision =
+ * bf16, whose products' stored operands (xn1, xn2) are bf16. */
 static inline size_t cuda_acts_pieces(size_t bytes[CUDA_ACTS_PIECES], int layers, int kept, int dim, int heads,
-                                      int experts, int top_k, int vocab, int B, int T)
+                                      int experts, int top_k, int vocab, int B, int T, int bf16)
 {
     const size_t L = (size_t)layers, Lk = (size_t)kept, D = (size_t)dim, H = (size_t)heads, E = (size_t)experts,
                  K = (size_t)top_k, V = (size_t)vocab, N = (size_t)B * (size_t)T, f = sizeof(float);
+    const size_t op = bf16 ? 2 : f; /* a stored operand's element */
     const size_t Dh2 = D / H / 2, VE = V > E ? V : E;
     const size_t p[CUDA_ACTS_PIECES] = {
-        (L + 1) * N * D * f /* x */, Lk * N * D * f /* xn1 */, Lk * N * f /* rstd1 */,
+        (L + 1) * N * D * f /* x */, Lk * N * D * op /* xn1 */, Lk * N * f /* rstd1 */,
         Lk * N * D * f /* q */, Lk * N * D * f /* k */, Lk * N * D * f /* v */,
         Lk * N * D * f /* ao */, Lk * (size_t)B * H * (size_t)T * f /* att_lse */,
-        Lk * N * D * f /* h */, Lk * N * D * f /* xn2 */, Lk * N * f /* rstd2 */,
+        Lk * N * D * f /* h */, Lk * N * D * op /* xn2 */, Lk * N * f /* rstd2 */,
         N * D * f /* xf */, N * f /* rstdf */, N * VE * f /* probs, and in backward dlogits */,
         N * f /* losses */, (size_t)T * Dh2 * f /* rope_cos */, (size_t)T * Dh2 * f /* rope_sin */,
         N * D * f /* dx */, N * D * f /* dxn */,
@@ -73,11 +75,25 @@ static inline double cuda_route_scratch_bytes(int experts, int top_k, int G, int
 
 /* The device block, every kept layer's routing buffers and the plan's scratch. */
 static inline double cuda_acts_plan_bytes(int layers, int kept, int dim, int heads, int experts, int top_k, int vocab,
-                                          int B, int T, int G)
+                                          int B, int T, int G, int bf16)
 {
     size_t bytes[CUDA_ACTS_PIECES];
-    return (double)cuda_acts_pieces(bytes, layers, kept, dim, heads, experts, top_k, vocab, B, T) +
+    return (double)cuda_acts_pieces(bytes, layers, kept, dim, heads, experts, top_k, vocab, B, T, bf16) +
            kept * cuda_route_bytes(experts, top_k, dim, B, T) + cuda_route_scratch_bytes(experts, top_k, G, B, T);
+}
+
+/* The expert rows' device buffers for n arrivals per layer, as
+ * transformer.cu grows them (n + n/4 + 64 rows, cpu/moe.h's rule): per
+ * kept layer the rows' sources and destinations (ints), x (D), a, u (F)
+ * and h (F), x and h as stored operands (bf16 on the bf16 path); shared
+ * by the layers four row buffers (D floats) and the experts' backward
+ * scratch (3F floats). */
+static inline double cuda_expert_row_bytes(int kept, int dim, int ffn, double n, int bf16)
+{
+    const size_t rows = (size_t)n, nd = rows * (size_t)dim, nf3 = 3 * rows * (size_t)ffn;
+    const double grow = (double)(rows + rows / 4 + 64), D = dim, F = ffn, op = bf16 ? 2 : 4;
+    const double shared = 4.0 * (double)(nd + nd / 4 + 64) * 4 + (double)(nf3 + nf3 / 4 + 64) * 4;
+    return kept * grow * (2 * 4 + D * op + 2 * F * 4 + F * op) + shared;
 }
 
 #endif

@@ -12,8 +12,25 @@ extern "C" {
 #include "alloc.h"
 #include "elementwise.h"
 }
+#include "codec_math.h"
 #include "embed_buckets.h"
 
+/* A kernel's output element: fp32, or bf16 rounded as codec_to_bf16 (the
+ * bf16 path's stored operands), so one template gives both. */
+__device__ static inline void put(float *p, float v) { *p = v; }
+__device__ static inline void put(uint16_t *p, float v) { *p = codec_to_bf16(v); }
+
+__global__ static void to_bf16_kernel(uint16_t *dst, const float *src, size_t n)
+{
+    GRID_STRIDE(i, n) dst[i] = codec_to_bf16(src[i]);
+}
+
+extern "C" int cuda_to_bf16(uint16_t *dst, const float *src, size_t n, cudaStream_t stream)
+{
+    if (n) to_bf16_kernel<<<blocks_for(n), 256, 0, stream>>>(dst, src, n);
+    CHECK_CUDA(cudaGetLastError());
+    return ISTH_OK;
+}
 
 __global__ static void encoder_forward_kernel(float *out, const int *tokens, const float *embed, size_t N, int D)
 {
@@ -65,7 +82,8 @@ __device__ static float block_sum(float v, float *shared)
 }
 
 /* One block per row. */
-__global__ static void rmsnorm_forward_kernel(float *out, float *rstd, const float *inp, const float *weight, int D)
+template <typename Out>
+__global__ static void rmsnorm_forward_kernel(Out *out, float *rstd, const float *inp, const float *weight, int D)
 {
     __shared__ float shared[ROW_THREADS];
     const size_t t = blockIdx.x;
@@ -73,14 +91,15 @@ __global__ static void rmsnorm_forward_kernel(float *out, float *rstd, const flo
     float ss = 0.0f;
     for (int i = threadIdx.x; i < D; i += ROW_THREADS) ss += x[i] * x[i];
     const float r = rmsnorm_rstd(block_sum(ss, shared), D);
-    for (int i = threadIdx.x; i < D; i += ROW_THREADS) out[t * D + i] = x[i] * r * weight[i];
+    for (int i = threadIdx.x; i < D; i += ROW_THREADS) put(&out[t * D + i], x[i] * r * weight[i]);
     if (threadIdx.x == 0) rstd[t] = r;
 }
 
 /* h = a + b and out = rmsnorm(h) in one pass over the row: the residual
  * kernel's sums and rmsnorm_forward_kernel's arithmetic, in the same order
  * (each thread reads back only what it wrote), so the two kernels' bits. */
-__global__ static void residual_rmsnorm_forward_kernel(float *h, float *out, float *rstd, const float *a,
+template <typename Out>
+__global__ static void residual_rmsnorm_forward_kernel(float *h, Out *out, float *rstd, const float *a,
                                                        const float *b, const float *weight, int D)
 {
     __shared__ float shared[ROW_THREADS];
@@ -93,12 +112,22 @@ __global__ static void residual_rmsnorm_forward_kernel(float *h, float *out, flo
         ss += v * v;
     }
     const float r = rmsnorm_rstd(block_sum(ss, shared), D);
-    for (int i = threadIdx.x; i < D; i += ROW_THREADS) out[t * D + i] = x[i] * r * weight[i];
+    for (int i = threadIdx.x; i < D; i += ROW_THREADS) put(&out[t * D + i], x[i] * r * weight[i]);
     if (threadIdx.x == 0) rstd[t] = r;
 }
 
 extern "C" int cuda_residual_rmsnorm_forward(float *h, float *out, float *rstd, const float *a, const float *b,
                                              const float *weight, size_t N, int D, cudaStream_t stream)
+{
+    if (N)
+        residual_rmsnorm_forward_kernel<<<(unsigned)N, ROW_THREADS, 0, stream>>>(h, out, rstd, a, b, weight, D);
+    CHECK_CUDA(cudaGetLastError());
+    return ISTH_OK;
+}
+
+extern "C" int cuda_residual_rmsnorm_forward_bf16(float *h, uint16_t *out, float *rstd, const float *a,
+                                                  const float *b, const float *weight, size_t N, int D,
+                                                  cudaStream_t stream)
 {
     if (N)
         residual_rmsnorm_forward_kernel<<<(unsigned)N, ROW_THREADS, 0, stream>>>(h, out, rstd, a, b, weight, D);
@@ -151,6 +180,14 @@ extern "C" int cuda_rmsnorm_forward(float *out, float *rstd, const float *inp, c
     return ISTH_OK;
 }
 
+extern "C" int cuda_rmsnorm_forward_bf16(uint16_t *out, float *rstd, const float *inp, const float *weight, size_t N,
+                                         int D, cudaStream_t stream)
+{
+    if (N) rmsnorm_forward_kernel<<<(unsigned)N, ROW_THREADS, 0, stream>>>(out, rstd, inp, weight, D);
+    CHECK_CUDA(cudaGetLastError());
+    return ISTH_OK;
+}
+
 extern "C" int cuda_rmsnorm_backward(float *dinp, float *dweight, const float *dout, const float *inp,
                                      const float *weight, const float *rstd, size_t N, int D, cudaStream_t stream)
 {
@@ -166,9 +203,10 @@ extern "C" int cuda_rmsnorm_backward(float *dinp, float *dweight, const float *d
     return ISTH_OK;
 }
 
-__global__ static void swiglu_forward_kernel(float *h, const float *a, const float *u, size_t n)
+template <typename Out>
+__global__ static void swiglu_forward_kernel(Out *h, const float *a, const float *u, size_t n)
 {
-    GRID_STRIDE(i, n) h[i] = swiglu_value(a[i], u[i]);
+    GRID_STRIDE(i, n) put(&h[i], swiglu_value(a[i], u[i]));
 }
 
 __global__ static void swiglu_backward_kernel(float *da, float *du, const float *dh, const float *a, const float *u,
@@ -200,6 +238,13 @@ __global__ static void rope_kernel(float *x, const float *cos_t, const float *si
 }
 
 extern "C" int cuda_swiglu_forward(float *h, const float *a, const float *u, size_t n, cudaStream_t stream)
+{
+    if (n) swiglu_forward_kernel<<<blocks_for(n), 256, 0, stream>>>(h, a, u, n);
+    CHECK_CUDA(cudaGetLastError());
+    return ISTH_OK;
+}
+
+extern "C" int cuda_swiglu_forward_bf16(uint16_t *h, const float *a, const float *u, size_t n, cudaStream_t stream)
 {
     if (n) swiglu_forward_kernel<<<blocks_for(n), 256, 0, stream>>>(h, a, u, n);
     CHECK_CUDA(cudaGetLastError());
@@ -244,8 +289,11 @@ extern "C" int cuda_blas_create(CudaBlas *b, cudaStream_t stream, int bf16)
     b->bf16 = bf16;
     CHECK_CUBLAS(cublasCreate(&b->handle));
     CHECK_CUBLAS(cublasSetStream(b->handle, stream));
-    /* fp32 stays fp32: no TF32 unless asked for (bf16 is asked per call) */
-    CHECK_CUBLAS(cublasSetMathMode(b->handle, CUBLAS_PEDANTIC_MATH));
+    /* fp32 stays fp32: no TF32 or other reduced precision. The bf16 path
+     * asks for its precision per call (bf16 operands, or FAST_16BF on fp32
+     * ones), so it takes the default mode: the library's fastest kernels
+     * for what is asked */
+    CHECK_CUBLAS(cublasSetMathMode(b->handle, bf16 ? CUBLAS_DEFAULT_MATH : CUBLAS_PEDANTIC_MATH));
     return ISTH_OK;
 }
 
@@ -255,16 +303,26 @@ extern "C" void cuda_blas_destroy(CudaBlas *b)
     b->handle = NULL;
 }
 
-/* C (m,n) = alpha op(A) op(B) + beta C, column-major. */
-static int gemm(const CudaBlas *b, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, const float *A,
-                int lda, const float *B, int ldb, float beta, float *C, int ldc)
+/* C (m,n) = alpha op(A) op(B) + beta C, column-major; A and B fp32, or
+ * both bf16 (bf16 != 0); C fp32. */
+static int gemm_as(const CudaBlas *b, int bf16, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
+                   const void *A, int lda, const void *B, int ldb, float beta, float *C, int ldc)
 {
     if (!m || !n) return ISTH_OK;
     const float alpha = 1.0f;
-    const cublasComputeType_t compute = b->bf16 ? CUBLAS_COMPUTE_32F_FAST_16BF : CUBLAS_COMPUTE_32F_PEDANTIC;
-    CHECK_CUBLAS(cublasGemmEx(b->handle, ta, tb, m, n, k, &alpha, A, CUDA_R_32F, lda, B, CUDA_R_32F, ldb, &beta, C,
-                              CUDA_R_32F, ldc, compute, CUBLAS_GEMM_DEFAULT));
+    const cudaDataType_t type = bf16 ? CUDA_R_16BF : CUDA_R_32F;
+    const cublasComputeType_t compute = bf16      ? CUBLAS_COMPUTE_32F
+                                        : b->bf16 ? CUBLAS_COMPUTE_32F_FAST_16BF
+                                                  : CUBLAS_COMPUTE_32F_PEDANTIC;
+    CHECK_CUBLAS(cublasGemmEx(b->handle, ta, tb, m, n, k, &alpha, A, type, lda, B, type, ldb, &beta, C, CUDA_R_32F,
+                              ldc, compute, CUBLAS_GEMM_DEFAULT));
     return ISTH_OK;
+}
+
+static int gemm(const CudaBlas *b, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, const float *A,
+                int lda, const float *B, int ldb, float beta, float *C, int ldc)
+{
+    return gemm_as(b, 0, ta, tb, m, n, k, A, lda, B, ldb, beta, C, ldc);
 }
 
 extern "C" int cuda_matmul_forward(float *out, const float *inp, const float *weight, size_t N, int C, int OC,
@@ -283,6 +341,28 @@ extern "C" int cuda_matmul_backward(float *dinp, float *dweight, const float *do
     /* dW^T (OC,C) += dout^T (OC,N) . inp (N,C) */
     if (dweight) CHECK(gemm(blas, CUBLAS_OP_N, CUBLAS_OP_T, OC, C, (int)N, dout, OC, inp, C, 1.0f, dweight, OC));
     return ISTH_OK;
+}
+
+extern "C" int cuda_matmul_forward_bf16(float *out, const uint16_t *inp, const uint16_t *weight, size_t N, int C,
+                                        int OC, const CudaBlas *blas)
+{
+    return gemm_as(blas, 1, CUBLAS_OP_N, CUBLAS_OP_N, OC, (int)N, C, weight, OC, inp, C, 0.0f, out, OC);
+}
+
+extern "C" int cuda_matmul_backward_bf16(float *dinp, float *dweight, const float *dout, const uint16_t *inp,
+                                         const uint16_t *weight, size_t N, int C, int OC, const CudaBlas *blas)
+{
+    if (!N || (!dinp && !dweight)) return ISTH_OK;
+    const size_t n = N * (size_t)OC;
+    uint16_t *d16; /* dout rounded once for both products */
+    CHECK_CUDA(cudaMallocAsync((void **)&d16, n * sizeof(uint16_t), blas->stream));
+    int rc = cuda_to_bf16(d16, dout, n, blas->stream);
+    if (rc == ISTH_OK && dinp)
+        rc = gemm_as(blas, 1, CUBLAS_OP_T, CUBLAS_OP_N, C, (int)N, OC, weight, OC, d16, OC, 1.0f, dinp, C);
+    if (rc == ISTH_OK && dweight)
+        rc = gemm_as(blas, 1, CUBLAS_OP_N, CUBLAS_OP_T, OC, C, (int)N, d16, OC, inp, C, 1.0f, dweight, OC);
+    CHECK_CUDA(cudaFreeAsync(d16, blas->stream)); /* stream-ordered: after the products */
+    return rc;
 }
 
 extern "C" int cuda_tied_head_forward(float *logits, const float *x, const float *embed, size_t N, int D, int V,
@@ -323,10 +403,11 @@ __global__ static void fill_ptrs_kernel(PtrChunk c, int n, void **d_a, void **d_
     d_c[i] = (void *)c.p[2][i];
 }
 
-/* Once cuBLAS refuses a grouped call in a precision (fp32, bf16), the
- * process runs that precision's problems one by one; how the last batch ran
- * (for the GPU test's log). */
-static int grouped_refused[2], last_grouped;
+/* Once cuBLAS refuses a grouped call of a kind (fp32 operands in fp32,
+ * fp32 operands in FAST_16BF, bf16 operands), the process runs that
+ * kind's problems one by one; how the last batch ran (for the GPU test's
+ * log). */
+static int grouped_refused[3], last_grouped;
 
 extern "C" int cuda_gemm_batch_last_grouped(void) { return last_grouped; }
 
@@ -342,8 +423,8 @@ extern "C" int cuda_gemm_batch_create(CudaGemmBatch *g, int cap)
     for (size_t i = 0; i < sizeof ints / sizeof *ints; i++) *ints[i] = (int *)isth_calloc(n, sizeof(int));
     g->alpha = (float *)isth_calloc(n, sizeof(float));
     g->beta = (float *)isth_calloc(n, sizeof(float));
-    g->A = (const float **)isth_calloc(n, sizeof(float *));
-    g->B = (const float **)isth_calloc(n, sizeof(float *));
+    g->A = (const void **)isth_calloc(n, sizeof(void *));
+    g->B = (const void **)isth_calloc(n, sizeof(void *));
     g->C = (float **)isth_calloc(n, sizeof(float *));
     int ok = g->ta && g->tb && g->alpha && g->beta && g->A && g->B && g->C;
     for (size_t i = 0; i < sizeof ints / sizeof *ints; i++) ok = ok && *ints[i];
@@ -364,11 +445,14 @@ extern "C" void cuda_gemm_batch_destroy(CudaGemmBatch *g)
     memset(g, 0, sizeof *g);
 }
 
-static int batch_add(CudaGemmBatch *g, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
-                     const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc)
+static int batch_add(CudaGemmBatch *g, int bf16, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
+                     const void *A, int lda, const void *B, int ldb, float beta, float *C, int ldc)
 {
     if (!m || !n) return ISTH_OK;
     if (g->n == g->cap) return isth_fail(ISTH_ERUNTIME, "a batch of products holds %d; one more was queued", g->cap);
+    if (!g->n) g->bf16_operands = bf16;
+    if (g->bf16_operands != bf16)
+        return isth_fail(ISTH_ERUNTIME, "a batch of products mixes fp32 and bf16 operands (one call takes one type)");
     const int i = g->n++;
     g->ta[i] = ta;
     g->tb[i] = tb;
@@ -388,23 +472,59 @@ static int batch_add(CudaGemmBatch *g, cublasOperation_t ta, cublasOperation_t t
 }
 
 /* The same (transposed) products as cuda_matmul_forward / _backward. */
+static int batch_forward(CudaGemmBatch *g, int bf16, float *out, const void *inp, const void *weight, size_t N, int C,
+                         int OC)
+{
+    return batch_add(g, bf16, CUBLAS_OP_N, CUBLAS_OP_N, OC, (int)N, C, weight, OC, inp, C, 0.0f, out, OC);
+}
+
+static int batch_dinp(CudaGemmBatch *g, int bf16, float *dinp, const void *dout, const void *weight, size_t N, int C,
+                      int OC)
+{
+    return batch_add(g, bf16, CUBLAS_OP_T, CUBLAS_OP_N, C, (int)N, OC, weight, OC, dout, OC, 1.0f, dinp, C);
+}
+
+static int batch_dweight(CudaGemmBatch *g, int bf16, float *dweight, const void *dout, const void *inp, size_t N,
+                         int C, int OC)
+{
+    if (!N) return ISTH_OK;
+    return batch_add(g, bf16, CUBLAS_OP_N, CUBLAS_OP_T, OC, C, (int)N, dout, OC, inp, C, 1.0f, dweight, OC);
+}
+
 extern "C" int cuda_gemm_batch_forward(CudaGemmBatch *g, float *out, const float *inp, const float *weight, size_t N,
                                        int C, int OC)
 {
-    return batch_add(g, CUBLAS_OP_N, CUBLAS_OP_N, OC, (int)N, C, weight, OC, inp, C, 0.0f, out, OC);
+    return batch_forward(g, 0, out, inp, weight, N, C, OC);
 }
 
 extern "C" int cuda_gemm_batch_dinp(CudaGemmBatch *g, float *dinp, const float *dout, const float *weight, size_t N,
                                     int C, int OC)
 {
-    return batch_add(g, CUBLAS_OP_T, CUBLAS_OP_N, C, (int)N, OC, weight, OC, dout, OC, 1.0f, dinp, C);
+    return batch_dinp(g, 0, dinp, dout, weight, N, C, OC);
 }
 
 extern "C" int cuda_gemm_batch_dweight(CudaGemmBatch *g, float *dweight, const float *dout, const float *inp,
                                        size_t N, int C, int OC)
 {
-    if (!N) return ISTH_OK;
-    return batch_add(g, CUBLAS_OP_N, CUBLAS_OP_T, OC, C, (int)N, dout, OC, inp, C, 1.0f, dweight, OC);
+    return batch_dweight(g, 0, dweight, dout, inp, N, C, OC);
+}
+
+extern "C" int cuda_gemm_batch_forward_bf16(CudaGemmBatch *g, float *out, const uint16_t *inp, const uint16_t *weight,
+                                            size_t N, int C, int OC)
+{
+    return batch_forward(g, 1, out, inp, weight, N, C, OC);
+}
+
+extern "C" int cuda_gemm_batch_dinp_bf16(CudaGemmBatch *g, float *dinp, const uint16_t *dout, const uint16_t *weight,
+                                         size_t N, int C, int OC)
+{
+    return batch_dinp(g, 1, dinp, dout, weight, N, C, OC);
+}
+
+extern "C" int cuda_gemm_batch_dweight_bf16(CudaGemmBatch *g, float *dweight, const uint16_t *dout,
+                                            const uint16_t *inp, size_t N, int C, int OC)
+{
+    return batch_dweight(g, 1, dweight, dout, inp, N, C, OC);
 }
 
 extern "C" int cuda_gemm_batch_run(CudaGemmBatch *g, const CudaBlas *b)
@@ -413,7 +533,9 @@ extern "C" int cuda_gemm_batch_run(CudaGemmBatch *g, const CudaBlas *b)
     g->n = 0;
     if (!n) return ISTH_OK;
     last_grouped = 0;
-    if (!grouped_refused[b->bf16 != 0] && n > 1) {
+    const int bf16 = g->bf16_operands, kind = bf16 ? 2 : b->bf16 ? 1 : 0;
+    static const char *const kind_name[3] = {"fp32", "fp32-as-bf16 (FAST_16BF)", "bf16-operand"};
+    if (!grouped_refused[kind] && n > 1) {
         void **d_a = g->d_ptrs, **d_b = g->d_ptrs + g->cap, **d_c = g->d_ptrs + 2 * g->cap;
         for (int at = 0; at < n; at += PTR_CHUNK) {
             const int c = n - at < PTR_CHUNK ? n - at : PTR_CHUNK;
@@ -427,11 +549,13 @@ extern "C" int cuda_gemm_batch_run(CudaGemmBatch *g, const CudaBlas *b)
             CHECK_CUDA(cudaGetLastError());
         }
         /* fp32: COMPUTE_32F, the type the grouped call documents (the
-         * handle's pedantic math mode keeps it from TF32) */
-        const cublasComputeType_t compute = b->bf16 ? CUBLAS_COMPUTE_32F_FAST_16BF : CUBLAS_COMPUTE_32F;
+         * handle's pedantic math mode keeps it from TF32); bf16 operands
+         * with an fp32 C: COMPUTE_32F, which a library may not group */
+        const cublasComputeType_t compute = kind == 1 ? CUBLAS_COMPUTE_32F_FAST_16BF : CUBLAS_COMPUTE_32F;
+        const cudaDataType_t type = bf16 ? CUDA_R_16BF : CUDA_R_32F;
         const cublasStatus_t st = cublasGemmGroupedBatchedEx(
-            b->handle, g->ta, g->tb, g->m, g->nn, g->k, g->alpha, (const void *const *)d_a, CUDA_R_32F, g->lda,
-            (const void *const *)d_b, CUDA_R_32F, g->ldb, g->beta, (void *const *)d_c, CUDA_R_32F, g->ldc, n,
+            b->handle, g->ta, g->tb, g->m, g->nn, g->k, g->alpha, (const void *const *)d_a, type, g->lda,
+            (const void *const *)d_b, type, g->ldb, g->beta, (void *const *)d_c, CUDA_R_32F, g->ldc, n,
             g->group_size, compute);
         if (st == CUBLAS_STATUS_SUCCESS) {
             last_grouped = 1;
@@ -439,13 +563,13 @@ extern "C" int cuda_gemm_batch_run(CudaGemmBatch *g, const CudaBlas *b)
         }
         if (st != CUBLAS_STATUS_NOT_SUPPORTED && st != CUBLAS_STATUS_INVALID_VALUE)
             CHECK_CUBLAS(st); /* a real failure: reported as any cuBLAS error */
-        grouped_refused[b->bf16 != 0] = 1; /* this library does not group these types: one call each from now on */
-        fprintf(stderr, "isthmus: cuBLAS does not group %s products (status %d): one call each\n",
-                b->bf16 ? "bf16" : "fp32", (int)st);
+        grouped_refused[kind] = 1; /* this library does not group these types: one call each from now on */
+        fprintf(stderr, "isthmus: cuBLAS does not group %s products (status %d): one call each\n", kind_name[kind],
+                (int)st);
     }
     for (int i = 0; i < n; i++)
-        CHECK(gemm(b, g->ta[i], g->tb[i], g->m[i], g->nn[i], g->k[i], g->A[i], g->lda[i], g->B[i], g->ldb[i],
-                   g->beta[i], g->C[i], g->ldc[i]));
+        CHECK(gemm_as(b, bf16, g->ta[i], g->tb[i], g->m[i], g->nn[i], g->k[i], g->A[i], g->lda[i], g->B[i],
+                      g->ldb[i], g->beta[i], g->C[i], g->ldc[i]));
     return ISTH_OK;
 }
 

@@ -13,6 +13,7 @@
 #define ISTHMUS_CUDA_LAYERS_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
@@ -22,8 +23,9 @@ extern "C" {
 #endif
 
 /* A cuBLAS handle bound to `stream`; bf16 != 0: products on bf16 tensor
- * cores with fp32 inputs, outputs and accumulation
- * (CUBLAS_COMPUTE_32F_FAST_16BF), else plain fp32 (no TF32). */
+ * cores with fp32 outputs and accumulation — operands stored as bf16 (the
+ * *_bf16 functions below), or fp32 operands rounded inside cuBLAS
+ * (CUBLAS_COMPUTE_32F_FAST_16BF) — else plain fp32 (no TF32). */
 typedef struct {
     cublasHandle_t handle;
     cudaStream_t stream;
@@ -32,6 +34,11 @@ typedef struct {
 
 int cuda_blas_create(CudaBlas *b, cudaStream_t stream, int bf16);
 void cuda_blas_destroy(CudaBlas *b);
+
+/* The bf16 path's stored operands: a bfloat16's bits (uint16_t, so that C
+ * callers need no CUDA type), rounded to nearest even as codec_math.h's
+ * codec_to_bf16 — bit for bit. */
+int cuda_to_bf16(uint16_t *dst, const float *src, size_t n, cudaStream_t stream);
 
 /* out (N,D) = embed[tokens] ; embed (V,D). */
 int cuda_encoder_forward(float *out, const int *tokens, const float *embed, size_t N, int D, cudaStream_t stream);
@@ -49,6 +56,12 @@ int cuda_rmsnorm_forward(float *out, float *rstd, const float *inp, const float 
  * the norm after it in one pass, the same bits as the two kernels. */
 int cuda_residual_rmsnorm_forward(float *h, float *out, float *rstd, const float *a, const float *b,
                                   const float *weight, size_t N, int D, cudaStream_t stream);
+/* As the two above, out written as bf16 (the next product's operand): the
+ * fp32 kernels' values, rounded once. */
+int cuda_rmsnorm_forward_bf16(uint16_t *out, float *rstd, const float *inp, const float *weight, size_t N, int D,
+                              cudaStream_t stream);
+int cuda_residual_rmsnorm_forward_bf16(float *h, uint16_t *out, float *rstd, const float *a, const float *b,
+                                       const float *weight, size_t N, int D, cudaStream_t stream);
 /* dinp (N,D) += ..., dweight (D) += ...; its scratch comes from the
  * stream's memory pool. */
 int cuda_rmsnorm_backward(float *dinp, float *dweight, const float *dout, const float *inp, const float *weight,
@@ -56,6 +69,8 @@ int cuda_rmsnorm_backward(float *dinp, float *dweight, const float *dout, const 
 
 /* h = silu(a) * u, n elements. */
 int cuda_swiglu_forward(float *h, const float *a, const float *u, size_t n, cudaStream_t stream);
+/* As cuda_swiglu_forward, h written as bf16. */
+int cuda_swiglu_forward_bf16(uint16_t *h, const float *a, const float *u, size_t n, cudaStream_t stream);
 /* da += dh * d(silu(a) u)/da, du += dh * silu(a). */
 int cuda_swiglu_backward(float *da, float *du, const float *dh, const float *a, const float *u, size_t n,
                          cudaStream_t stream);
@@ -72,6 +87,16 @@ int cuda_matmul_forward(float *out, const float *inp, const float *weight, size_
 /* dinp (N,C) += dout . weight^T ; dweight (C,OC) += inp^T . dout. Either may be NULL. */
 int cuda_matmul_backward(float *dinp, float *dweight, const float *dout, const float *inp, const float *weight,
                          size_t N, int C, int OC, const CudaBlas *blas);
+/* The same products with operands stored as bf16 (activations written so
+ * by their kernels, weights from the step's bf16 copy): native bf16
+ * tensor-core products, fp32 outputs and accumulation (CUBLAS_COMPUTE_32F).
+ * A gradient (dout) is fp32: backward rounds it to bf16 once, into
+ * scratch from the stream's pool, for both of its products. */
+int cuda_matmul_forward_bf16(float *out, const uint16_t *inp, const uint16_t *weight, size_t N, int C, int OC,
+                             const CudaBlas *blas);
+int cuda_matmul_backward_bf16(float *dinp, float *dweight, const float *dout, const uint16_t *inp,
+                              const uint16_t *weight, size_t N, int C, int OC, const CudaBlas *blas);
+
 /* Many products in one cuBLAS call (cublasGemmGroupedBatchedEx: one
  * launch for problems of different shapes — a layer's experts, whose row
  * counts differ). Each problem is one of the matmul products above,
@@ -83,10 +108,11 @@ int cuda_matmul_backward(float *dinp, float *dweight, const float *dout, const f
  * kernel from its arguments, so the host never waits. */
 typedef struct {
     int cap, n;
+    int bf16_operands; /* the queued problems' A and B are bf16 (the *_bf16 adds), else fp32; one kind per batch */
     cublasOperation_t *ta, *tb;
     int *m, *nn, *k, *lda, *ldb, *ldc, *group_size;
     float *alpha, *beta;
-    const float **A, **B;
+    const void **A, **B;
     float **C;
     void **d_ptrs; /* device: A (cap), B (cap), C (cap) */
 } CudaGemmBatch;
@@ -102,11 +128,20 @@ int cuda_gemm_batch_dinp(CudaGemmBatch *g, float *dinp, const float *dout, const
 /* dweight (C,OC) += inp^T . dout, as cuda_matmul_backward's second product. */
 int cuda_gemm_batch_dweight(CudaGemmBatch *g, float *dweight, const float *dout, const float *inp, size_t N, int C,
                             int OC);
+/* The three with bf16 operands (C stays fp32); a batch holds one kind. */
+int cuda_gemm_batch_forward_bf16(CudaGemmBatch *g, float *out, const uint16_t *inp, const uint16_t *weight, size_t N,
+                                 int C, int OC);
+int cuda_gemm_batch_dinp_bf16(CudaGemmBatch *g, float *dinp, const uint16_t *dout, const uint16_t *weight, size_t N,
+                              int C, int OC);
+int cuda_gemm_batch_dweight_bf16(CudaGemmBatch *g, float *dweight, const uint16_t *dout, const uint16_t *inp,
+                                 size_t N, int C, int OC);
 int cuda_gemm_batch_run(CudaGemmBatch *g, const CudaBlas *blas);
 /* 1 when the last run's products went in one grouped call. */
 int cuda_gemm_batch_last_grouped(void);
 
-/* The tied output head: logits (N,V) = x (N,D) . embed (V,D)^T. */
+/* The tied output head: logits (N,V) = x (N,D) . embed (V,D)^T. In bf16
+ * it keeps fp32 operands (FAST_16BF): a bf16 copy of its gradient would
+ * take N*V*2 more bytes at the step's peak. */
 int cuda_tied_head_forward(float *logits, const float *x, const float *embed, size_t N, int D, int V,
                            const CudaBlas *blas);
 /* dx (N,D) += dlogits . embed ; dembed (V,D) += dlogits^T . x. */

@@ -101,7 +101,20 @@ int cuda_experts_backward(float *dx, float *dwg, float *dwu, float *dwd, float *
                           const float *wu, const float *wd, const int *start, int El, int D, int F,
                           CudaGemmBatch *g, const CudaBlas *blas);
 
-/* dst (n,D) = src[index[i]] (index < 0: zero row); index on the device. */
+/* As the two above on the bf16 path: x and h (rows, F) stored as bf16,
+ * wg, wu, wd from the step's bf16 copy of the weights; a, u, y, dy, dx
+ * and the weight gradients fp32. */
+int cuda_experts_forward_bf16(float *y, float *a, float *u, uint16_t *h, const uint16_t *x, const uint16_t *wg,
+                              const uint16_t *wu, const uint16_t *wd, const int *start, int El, int D, int F,
+                              CudaGemmBatch *g, const CudaBlas *blas);
+int cuda_experts_backward_bf16(float *dx, float *dwg, float *dwu, float *dwd, float *scratch, const float *dy,
+                               const uint16_t *x, const float *a, const float *u, const uint16_t *h,
+                               const uint16_t *wg, const uint16_t *wu, const uint16_t *wd, const int *start, int El,
+                               int D, int F, CudaGemmBatch *g, const CudaBlas *blas);
+
+/* dst (n,D) = src[index[i]] (index < 0: zero row); index on the device.
+ * Rows are copied as bits: bf16 rows of an even D go through as rows of
+ * D/2 floats. */
 int cuda_rows_gather(float *dst, const float *src, const int *index, size_t n, int D, cudaStream_t stream);
 /* out (N,D) = sum_k gate[t,k] * y_back[slot of (t,k)] (overwrites). */
 int cuda_moe_combine_forward(float *out, const CudaRouting *r, size_t N, int E, int K, int D, cudaStream_t stream);

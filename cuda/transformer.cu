@@ -14,10 +14,11 @@ extern "C" {
 #include "status.h"
 }
 
-static void dims(CudaActivations *a, const ModelConfig *c, int B, int T, int G, Recompute recompute)
+static void dims(CudaActivations *a, const ModelConfig *c, int B, int T, int G, Recompute recompute, int bf16)
 {
     memset(a, 0, sizeof *a);
     a->recompute = recompute;
+    a->act16 = bf16;
     a->Lk = cuda_acts_kept_layers(c->layers, recompute == RECOMPUTE_LAYER);
     a->B = B;
     a->T = T;
@@ -49,14 +50,26 @@ static size_t plan(CudaActivations *a, void **where[CUDA_ACTS_PIECES], size_t by
         (void **)&a->block,
     };
     for (int i = 0; i < CUDA_ACTS_PIECES; i++) where[i] = p[i];
-    return cuda_acts_pieces(bytes, a->L, a->Lk, a->D, a->H, a->E, a->K, a->V, a->B, a->T);
+    return cuda_acts_pieces(bytes, a->L, a->Lk, a->D, a->H, a->E, a->K, a->V, a->B, a->T, a->act16);
 }
 
-extern "C" double cuda_acts_bytes(const ModelConfig *c, int B, int T, int G, Recompute recompute)
+extern "C" double cuda_acts_bytes(const ModelConfig *c, int B, int T, int G, Recompute recompute, int bf16)
 {
     return cuda_acts_plan_bytes(c->layers, cuda_acts_kept_layers(c->layers, recompute == RECOMPUTE_LAYER), c->dim,
-                                c->heads, c->experts, c->top_k, c->vocab, B, T, G); /* expert rows are counted apart */
+                                c->heads, c->experts, c->top_k, c->vocab, B, T, G,
+                                bf16); /* expert rows are counted apart */
 }
+
+/* The bf16 copy of the parameter at p (a pointer into m->params). */
+static const uint16_t *w16(const CudaActivations *a, const Model *m, const float *p)
+{
+    return a->w16 + (p - m->params);
+}
+
+/* Width in floats of a row of D stored operands: bf16 rows travel and are
+ * gathered as D/2 floats' bytes (D is even: heads times a head dimension
+ * of 16 or more). */
+static int op_row_floats(const CudaActivations *a) { return a->act16 ? a->D / 2 : a->D; }
 
 static int create(CudaActivations *a, const ModelConfig *c, int B, int T)
 {
@@ -125,7 +138,7 @@ static int create(CudaActivations *a, const ModelConfig *c, int B, int T)
 extern "C" int cuda_acts_create(CudaActivations *a, const ModelConfig *c, int B, int T, CudaColl *ep,
                                 const CudaBlas *blas, Recompute recompute)
 {
-    dims(a, c, B, T, ep->mpi->size, recompute);
+    dims(a, c, B, T, ep->mpi->size, recompute, blas->bf16);
     a->ep = ep;
     a->blas = blas;
     const int Dh = c->dim / c->heads;
@@ -152,7 +165,7 @@ extern "C" void cuda_acts_destroy(CudaActivations *a)
     isth_free(a->route);
     if (a->block) cudaFree(a->block);
     void *dev[] = {a->recv_rows, a->recv_rows2, a->row_tmp,   a->row_tmp2,     a->ffn_scratch, a->d_counts,
-                   a->d_cnt,     a->d_hdr,      a->d_bases, a->d_pos, a->d_mean_prob, a->d_fstats};
+                   a->d_cnt,     a->d_hdr,      a->d_bases, a->d_pos, a->d_mean_prob, a->d_fstats, a->w16};
     for (size_t i = 0; i < sizeof dev / sizeof *dev; i++)
         if (dev[i]) cudaFree(dev[i]);
     isth_free(a->h_losses);
@@ -180,6 +193,7 @@ static int grow_device(float **p, size_t *cap, size_t n)
 static int ensure_owner(CudaActivations *a, CudaRouting *r, int n_recv)
 {
     const size_t n = (size_t)n_recv, D = (size_t)a->D, F = (size_t)a->F;
+    const size_t op = a->act16 ? sizeof(uint16_t) : sizeof(float); /* x and h rows: the products' operands */
     if (n > (size_t)r->recv_cap || !r->d_recv_row) {
         const size_t want = moe_rows_grow_target(n);
         void *dev[] = {r->d_recv_row, r->d_row_src, r->d_xrows, r->d_arows, r->d_urows, r->d_hrows};
@@ -190,10 +204,10 @@ static int ensure_owner(CudaActivations *a, CudaRouting *r, int n_recv)
         r->recv_cap = 0;
         CHECK_CUDA(cudaMalloc((void **)&r->d_recv_row, want * sizeof(int)));
         CHECK_CUDA(cudaMalloc((void **)&r->d_row_src, want * sizeof(int)));
-        CHECK_CUDA(cudaMalloc((void **)&r->d_xrows, want * D * sizeof(float)));
+        CHECK_CUDA(cudaMalloc((void **)&r->d_xrows, want * D * op));
         CHECK_CUDA(cudaMalloc((void **)&r->d_arows, want * F * sizeof(float)));
         CHECK_CUDA(cudaMalloc((void **)&r->d_urows, want * F * sizeof(float)));
-        CHECK_CUDA(cudaMalloc((void **)&r->d_hrows, want * F * sizeof(float)));
+        CHECK_CUDA(cudaMalloc((void **)&r->d_hrows, want * F * op));
         r->recv_cap = (int)want;
     }
     float **rowbufs[4] = {&a->recv_rows, &a->recv_rows2, &a->row_tmp, &a->row_tmp2};
@@ -202,6 +216,9 @@ static int ensure_owner(CudaActivations *a, CudaRouting *r, int n_recv)
 }
 
 #define SLICE(buf, l, per) ((buf) + (size_t)(l) * (per))
+/* Layer slot l of a stored operand (xn1, xn2) of `per` elements per slot:
+ * bf16 ones take half the floats. */
+#define OP_SLICE(a, buf, l, per) SLICE(buf, l, (a)->act16 ? (per) / 2 : (per))
 
 static int to_host(void *dst, const void *src, size_t bytes, cudaStream_t s)
 {
@@ -230,11 +247,16 @@ static int moe_forward(float *out, const Model *m, CudaActivations *a, int l, si
     const CudaBlas *blas = a->blas;
     const cudaStream_t s = blas->stream;
     CudaRouting *r = &a->route[slot(a, l)];
-    const float *xn = SLICE(a->xn2, slot(a, l), (size_t)a->B * a->T * D);
+    const float *xn = OP_SLICE(a, a->xn2, slot(a, l), (size_t)a->B * a->T * D);
     const size_t copies = N * (size_t)K;
+    const int rw = op_row_floats(a);
 
     phase_mark(a->clock, PHASE_ROUTER);
-    CHECK(cuda_matmul_forward(a->router_logits, xn, model_param(m, T_ROUTER, l), N, D, E, blas));
+    if (a->act16)
+        CHECK(cuda_matmul_forward_bf16(a->router_logits, (const uint16_t *)xn, w16(a, m, model_param(m, T_ROUTER, l)),
+                                       N, D, E, blas));
+    else
+        CHECK(cuda_matmul_forward(a->router_logits, xn, model_param(m, T_ROUTER, l), N, D, E, blas));
     CHECK(cuda_router_softmax_forward(r->d_probs, r->d_lse, a->router_logits, N, E, s));
     CHECK(cuda_router_topk(r->d_choice, r->d_probs, N, E, K, s));
     CHECK(cuda_route_histogram(a->d_counts, r->d_choice, copies, E, s));
@@ -264,18 +286,25 @@ static int moe_forward(float *out, const Model *m, CudaActivations *a, int l, si
     phase_mark(a->clock, PHASE_DISPATCH);
     CHECK(cuda_route_owner_map(r->d_recv_row, r->d_row_src, a->d_cnt, a->d_hdr, G, El, me, capacity, n_recv, s));
 
-    /* dispatch: the kept copies' rows to their owners, in slot order */
-    CHECK(cuda_rows_gather(a->send_rows, xn, a->send_token, (size_t)r->n_sent, D, s));
+    /* dispatch: the kept copies' rows to their owners, in slot order (bf16
+     * rows on the bf16 path: half the bytes) */
+    CHECK(cuda_rows_gather(a->send_rows, xn, a->send_token, (size_t)r->n_sent, rw, s));
     float *arrived = G > 1 ? a->recv_rows : a->send_rows;
-    CHECK(cuda_coll_alltoallv_rows(a->ep, a->send_rows, r->h_send_counts, arrived, r->h_recv_counts, D, s));
+    CHECK(cuda_coll_alltoallv_rows(a->ep, a->send_rows, r->h_send_counts, arrived, r->h_recv_counts, rw, s));
 
     /* owner: rows grouped by expert, compute */
-    CHECK(cuda_rows_gather(r->d_xrows, arrived, r->d_row_src, (size_t)r->rows, D, s));
+    CHECK(cuda_rows_gather(r->d_xrows, arrived, r->d_row_src, (size_t)r->rows, rw, s));
     phase_mark(a->clock, PHASE_EXPERTS);
     float *yrows = a->row_tmp;
-    CHECK(cuda_experts_forward(yrows, r->d_arows, r->d_urows, r->d_hrows, r->d_xrows,
-                               model_expert_param(m, T_W_GATE, l, 0), model_expert_param(m, T_W_UP, l, 0),
-                               model_expert_param(m, T_W_DOWN, l, 0), r->h_expert_start, El, D, a->F, &a->gemms, blas));
+    const float *wg = model_expert_param(m, T_W_GATE, l, 0), *wu = model_expert_param(m, T_W_UP, l, 0),
+                *wd = model_expert_param(m, T_W_DOWN, l, 0);
+    if (a->act16)
+        CHECK(cuda_experts_forward_bf16(yrows, r->d_arows, r->d_urows, (uint16_t *)r->d_hrows,
+                                        (const uint16_t *)r->d_xrows, w16(a, m, wg), w16(a, m, wu), w16(a, m, wd),
+                                        r->h_expert_start, El, D, a->F, &a->gemms, blas));
+    else
+        CHECK(cuda_experts_forward(yrows, r->d_arows, r->d_urows, r->d_hrows, r->d_xrows, wg, wu, wd,
+                                   r->h_expert_start, El, D, a->F, &a->gemms, blas));
     phase_mark(a->clock, PHASE_DISPATCH);
     float *leaving = G > 1 ? a->recv_rows2 : r->d_y_back;
     CHECK(cuda_rows_gather(leaving, yrows, r->d_recv_row, (size_t)n_recv, D, s));
@@ -296,15 +325,25 @@ static int layer_forward(const Model *m, CudaActivations *a, int l, int training
     const CudaBlas *blas = a->blas;
     const cudaStream_t s = blas->stream;
     const int sl = slot(a, l);
-    float *x = SLICE(a->x, l, ND), *xn1 = SLICE(a->xn1, sl, ND), *q = SLICE(a->q, sl, ND), *k = SLICE(a->k, sl, ND),
+    float *x = SLICE(a->x, l, ND), *xn1 = OP_SLICE(a, a->xn1, sl, ND), *q = SLICE(a->q, sl, ND), *k = SLICE(a->k, sl, ND),
           *v = SLICE(a->v, sl, ND), *ao = SLICE(a->ao, sl, ND), *h = SLICE(a->h, sl, ND),
-          *xn2 = SLICE(a->xn2, sl, ND), *lse = SLICE(a->att_lse, sl, lse_stride);
+          *xn2 = OP_SLICE(a, a->xn2, sl, ND), *lse = SLICE(a->att_lse, sl, lse_stride);
     phase_mark(a->clock, PHASE_ELEMENTWISE);
-    CHECK(cuda_rmsnorm_forward(xn1, SLICE(a->rstd1, sl, NmaxT), x, model_param(m, T_ATTN_NORM, l), N, D, s));
-    phase_mark(a->clock, PHASE_DENSE);
-    CHECK(cuda_matmul_forward(q, xn1, model_param(m, T_WQ, l), N, D, D, blas));
-    CHECK(cuda_matmul_forward(k, xn1, model_param(m, T_WK, l), N, D, D, blas));
-    CHECK(cuda_matmul_forward(v, xn1, model_param(m, T_WV, l), N, D, D, blas));
+    if (a->act16) {
+        const uint16_t *xb = (const uint16_t *)xn1;
+        CHECK(cuda_rmsnorm_forward_bf16((uint16_t *)xn1, SLICE(a->rstd1, sl, NmaxT), x,
+                                        model_param(m, T_ATTN_NORM, l), N, D, s));
+        phase_mark(a->clock, PHASE_DENSE);
+        CHECK(cuda_matmul_forward_bf16(q, xb, w16(a, m, model_param(m, T_WQ, l)), N, D, D, blas));
+        CHECK(cuda_matmul_forward_bf16(k, xb, w16(a, m, model_param(m, T_WK, l)), N, D, D, blas));
+        CHECK(cuda_matmul_forward_bf16(v, xb, w16(a, m, model_param(m, T_WV, l)), N, D, D, blas));
+    } else {
+        CHECK(cuda_rmsnorm_forward(xn1, SLICE(a->rstd1, sl, NmaxT), x, model_param(m, T_ATTN_NORM, l), N, D, s));
+        phase_mark(a->clock, PHASE_DENSE);
+        CHECK(cuda_matmul_forward(q, xn1, model_param(m, T_WQ, l), N, D, D, blas));
+        CHECK(cuda_matmul_forward(k, xn1, model_param(m, T_WK, l), N, D, D, blas));
+        CHECK(cuda_matmul_forward(v, xn1, model_param(m, T_WV, l), N, D, D, blas));
+    }
     phase_mark(a->clock, PHASE_ELEMENTWISE);
     CHECK(cuda_rope_forward(q, a->rope_cos, a->rope_sin, B, T, H, D / H, s));
     CHECK(cuda_rope_forward(k, a->rope_cos, a->rope_sin, B, T, H, D / H, s));
@@ -313,8 +352,12 @@ static int layer_forward(const Model *m, CudaActivations *a, int l, int training
     phase_mark(a->clock, PHASE_DENSE);
     CHECK(cuda_matmul_forward(a->dtmp, ao, model_param(m, T_WO, l), N, D, D, blas));
     phase_mark(a->clock, PHASE_ELEMENTWISE);
-    CHECK(cuda_residual_rmsnorm_forward(h, xn2, SLICE(a->rstd2, sl, NmaxT), x, a->dtmp, model_param(m, T_MOE_NORM, l),
-                                        N, D, s));
+    if (a->act16)
+        CHECK(cuda_residual_rmsnorm_forward_bf16(h, (uint16_t *)xn2, SLICE(a->rstd2, sl, NmaxT), x, a->dtmp,
+                                                 model_param(m, T_MOE_NORM, l), N, D, s));
+    else
+        CHECK(cuda_residual_rmsnorm_forward(h, xn2, SLICE(a->rstd2, sl, NmaxT), x, a->dtmp,
+                                            model_param(m, T_MOE_NORM, l), N, D, s));
     CHECK(moe_forward(a->dtmp, m, a, l, N, training, stats));
     phase_mark(a->clock, PHASE_ELEMENTWISE);
     if (next) CHECK(cuda_residual_forward(SLICE(a->x, l + 1, ND), h, a->dtmp, N * D, s));
@@ -347,6 +390,16 @@ extern "C" int cuda_transformer_forward(const Model *m, CudaActivations *a, cons
     CHECK_CUDA(cudaMemsetAsync(a->d_fstats, 0, 3 * sizeof(double), s));
 
     phase_mark(a->clock, PHASE_ELEMENTWISE);
+    if (a->act16) { /* the weights as this forward's products read them: whatever changed them since */
+        if (a->w16_n != m->n_params) {
+            if (a->w16) CHECK_CUDA(cudaFree(a->w16));
+            a->w16 = NULL;
+            a->w16_n = 0;
+            CHECK_CUDA(cudaMalloc((void **)&a->w16, m->n_params * sizeof(uint16_t)));
+            a->w16_n = m->n_params;
+        }
+        CHECK(cuda_to_bf16(a->w16, m->params, m->n_params, s));
+    }
     CHECK(cuda_encoder_forward(SLICE(a->x, 0, ND), a->tokens, model_param(m, T_EMBED, 0), N, D, s));
     for (int l = 0; l < L; l++) {
         if (a->progress) a->progress(a->progress_ctx);
@@ -381,7 +434,7 @@ static int moe_backward(float *dxn, Model *m, CudaActivations *a, int l, const f
     const CudaBlas *blas = a->blas;
     const cudaStream_t s = blas->stream;
     CudaRouting *r = &a->route[slot(a, l)];
-    const float *xn = SLICE(a->xn2, slot(a, l), (size_t)a->B * a->T * D);
+    const float *xn = OP_SLICE(a, a->xn2, slot(a, l), (size_t)a->B * a->T * D);
 
     phase_mark(a->clock, PHASE_DISPATCH);
     CHECK_CUDA(cudaMemsetAsync(a->dprobs, 0, N * E * sizeof(float), s));
@@ -392,11 +445,19 @@ static int moe_backward(float *dxn, Model *m, CudaActivations *a, int l, const f
     CHECK(cuda_rows_gather(dyrows, arrived, r->d_row_src, (size_t)r->rows, D, s));
     phase_mark(a->clock, PHASE_EXPERTS);
     CHECK_CUDA(cudaMemsetAsync(dxrows, 0, (size_t)r->rows * D * sizeof(float), s));
-    CHECK(cuda_experts_backward(dxrows, model_expert_grad(m, T_W_GATE, l, 0), model_expert_grad(m, T_W_UP, l, 0),
-                                model_expert_grad(m, T_W_DOWN, l, 0), a->ffn_scratch, dyrows, r->d_xrows, r->d_arows,
-                                r->d_urows, r->d_hrows, model_expert_param(m, T_W_GATE, l, 0),
-                                model_expert_param(m, T_W_UP, l, 0), model_expert_param(m, T_W_DOWN, l, 0),
-                                r->h_expert_start, a->El, D, a->F, &a->gemms, blas));
+    float *dwg = model_expert_grad(m, T_W_GATE, l, 0), *dwu = model_expert_grad(m, T_W_UP, l, 0),
+          *dwd = model_expert_grad(m, T_W_DOWN, l, 0);
+    const float *wg = model_expert_param(m, T_W_GATE, l, 0), *wu = model_expert_param(m, T_W_UP, l, 0),
+                *wd = model_expert_param(m, T_W_DOWN, l, 0);
+    if (a->act16)
+        CHECK(cuda_experts_backward_bf16(dxrows, dwg, dwu, dwd, a->ffn_scratch, dyrows, (const uint16_t *)r->d_xrows,
+                                         r->d_arows, r->d_urows, (const uint16_t *)r->d_hrows, w16(a, m, wg),
+                                         w16(a, m, wu), w16(a, m, wd), r->h_expert_start, a->El, D, a->F, &a->gemms,
+                                         blas));
+    else
+        CHECK(cuda_experts_backward(dxrows, dwg, dwu, dwd, a->ffn_scratch, dyrows, r->d_xrows, r->d_arows,
+                                    r->d_urows, r->d_hrows, wg, wu, wd, r->h_expert_start, a->El, D, a->F, &a->gemms,
+                                    blas));
     float *leaving = G > 1 ? a->recv_rows2 : a->back_rows;
     phase_mark(a->clock, PHASE_DISPATCH);
     CHECK(cuda_rows_gather(leaving, dxrows, r->d_recv_row, (size_t)r->n_recv, D, s));
@@ -409,6 +470,9 @@ static int moe_backward(float *dxn, Model *m, CudaActivations *a, int l, const f
     CHECK(cuda_moe_balance_backward(a->dprobs, r->d_frac, N, E, m->cfg.aux_loss, loss_scale, s));
     CHECK(cuda_router_softmax_backward(a->dlogits, a->dprobs, r->d_probs, r->d_lse, N, E, m->cfg.z_loss, loss_scale,
                                        s));
+    if (a->act16)
+        return cuda_matmul_backward_bf16(dxn, model_grad(m, T_ROUTER, l), a->dlogits, (const uint16_t *)xn,
+                                         w16(a, m, model_param(m, T_ROUTER, l)), N, D, E, blas);
     return cuda_matmul_backward(dxn, model_grad(m, T_ROUTER, l), a->dlogits, xn, model_param(m, T_ROUTER, l), N, D,
                                 E, blas);
 }
@@ -439,7 +503,7 @@ extern "C" int cuda_transformer_backward(Model *m, CudaActivations *a, size_t n_
          * (read already); the last layer's are still in the slot */
         if (a->recompute == RECOMPUTE_LAYER && l < L - 1) CHECK(layer_forward(m, a, l, a->training, 0, 0));
         const int sl = slot(a, l);
-        const float *x = SLICE(a->x, l, ND), *xn1 = SLICE(a->xn1, sl, ND), *q = SLICE(a->q, sl, ND),
+        const float *x = SLICE(a->x, l, ND), *xn1 = OP_SLICE(a, a->xn1, sl, ND), *q = SLICE(a->q, sl, ND),
                     *k = SLICE(a->k, sl, ND), *v = SLICE(a->v, sl, ND), *ao = SLICE(a->ao, sl, ND),
                     *h = SLICE(a->h, sl, ND), *lse = SLICE(a->att_lse, sl, lse_stride);
         /* dx is the gradient of x_{l+1} = h + moe(xn2): the MoE's output
@@ -463,9 +527,15 @@ extern "C" int cuda_transformer_backward(Model *m, CudaActivations *a, size_t n_
         CHECK(cuda_rope_backward(a->dk, a->rope_cos, a->rope_sin, B, T, H, D / H, s));
         CHECK_CUDA(cudaMemsetAsync(a->dxn, 0, nbytes, s));
         phase_mark(a->clock, PHASE_DENSE);
-        CHECK(cuda_matmul_backward(a->dxn, model_grad(m, T_WQ, l), a->dq, xn1, model_param(m, T_WQ, l), N, D, D, blas));
-        CHECK(cuda_matmul_backward(a->dxn, model_grad(m, T_WK, l), a->dk, xn1, model_param(m, T_WK, l), N, D, D, blas));
-        CHECK(cuda_matmul_backward(a->dxn, model_grad(m, T_WV, l), a->dv, xn1, model_param(m, T_WV, l), N, D, D, blas));
+        const TensorId qkv[3] = {T_WQ, T_WK, T_WV};
+        const float *dqkv[3] = {a->dq, a->dk, a->dv};
+        for (int i = 0; i < 3; i++)
+            if (a->act16)
+                CHECK(cuda_matmul_backward_bf16(a->dxn, model_grad(m, qkv[i], l), dqkv[i], (const uint16_t *)xn1,
+                                                w16(a, m, model_param(m, qkv[i], l)), N, D, D, blas));
+            else
+                CHECK(cuda_matmul_backward(a->dxn, model_grad(m, qkv[i], l), dqkv[i], xn1, model_param(m, qkv[i], l),
+                                           N, D, D, blas));
         phase_mark(a->clock, PHASE_ELEMENTWISE);
         CHECK(cuda_rmsnorm_backward(a->dx, model_grad(m, T_ATTN_NORM, l), a->dxn, x, model_param(m, T_ATTN_NORM, l),
                                     SLICE(a->rstd1, sl, NmaxT), N, D, s));

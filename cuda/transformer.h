@@ -35,6 +35,13 @@ typedef struct {
      * Lk layers of them: L, or 1 slot all layers share with RECOMPUTE_LAYER */
     Recompute recompute;     /* LAYER: backward runs each layer's forward again from its x */
     int Lk;
+    /* train.precision = bf16: the products' stored operands — xn1, xn2 and
+     * each layer's expert rows d_xrows, d_hrows — hold bf16 (their float
+     * pointers name bf16 bytes), and w16 a bf16 copy of the parameters,
+     * rounded from them at the start of each forward */
+    int act16;
+    uint16_t *w16;           /* (n_params) when act16 */
+    size_t w16_n;
     float *x;                /* (L+1,N,D): always every layer's */
     float *xn1, *rstd1;      /* (Lk,N,D), (Lk,N) */
     float *q, *k, *v, *ao;   /* (Lk,N,D) */
@@ -74,8 +81,9 @@ typedef struct {
 int cuda_acts_create(CudaActivations *a, const ModelConfig *cfg, int B, int T, CudaColl *ep, const CudaBlas *blas,
                      Recompute recompute);
 void cuda_acts_destroy(CudaActivations *a);
-/* Device bytes of those buffers before any expert rows arrive. */
-double cuda_acts_bytes(const ModelConfig *cfg, int B, int T, int G, Recompute recompute);
+/* Device bytes of those buffers before any expert rows arrive (bf16: the
+ * bf16 path's; the weights' bf16 copy is counted with the weights). */
+double cuda_acts_bytes(const ModelConfig *cfg, int B, int T, int G, Recompute recompute, int bf16);
 
 /* m: the table with device params and grads. tokens, targets on the host
  * (copied in; targets < 0 not scored). As transformer_forward; leaves the

@@ -148,17 +148,21 @@ int memory_plan(const Config *cfg, int world_size, int rank, MemoryPlan *out)
     const int threads = cfg->train.threads > 0 ? cfg->train.threads : omp_get_max_threads();
     out->bytes[ALLOC_ACTIVATIONS] = acts_bytes(&cfg->model, site->micro_batch, cfg->model.context, t.learner_size,
                                                threads, config_recompute(&cfg->train));
-    if (!strcmp(cfg->train.backend, "cuda")) /* the GPU's (device memory; its attention keeps O(T) per row) */
-        out->bytes[ALLOC_ACTIVATIONS] = cuda_acts_plan_bytes(cfg->model.layers, cuda_acts_kept_layers(
-                                                                 cfg->model.layers, config_recompute(&cfg->train) ==
-                                                                                        RECOMPUTE_LAYER),
-                                                             cfg->model.dim, cfg->model.heads, cfg->model.experts,
-                                                             cfg->model.top_k, cfg->model.vocab, site->micro_batch,
-                                                             cfg->model.context, t.learner_size);
     /* balanced routing: each of my experts receives its share of the learner's copies */
     const double copies = (double)site->micro_batch * cfg->model.context * t.learner_size * cfg->model.top_k;
-    out->bytes[ALLOC_EXPERT_ROWS] = acts_expert_row_bytes(&cfg->model, copies * t.experts_local / cfg->model.experts,
-                                                          config_recompute(&cfg->train));
+    const double arrivals = copies * t.experts_local / cfg->model.experts;
+    out->bytes[ALLOC_EXPERT_ROWS] = acts_expert_row_bytes(&cfg->model, arrivals, config_recompute(&cfg->train));
+    if (!strcmp(cfg->train.backend, "cuda")) { /* the GPU's (device memory; its attention keeps O(T) per row) */
+        const int bf16 = !strcmp(cfg->train.precision, "bf16");
+        const int kept =
+            cuda_acts_kept_layers(cfg->model.layers, config_recompute(&cfg->train) == RECOMPUTE_LAYER);
+        out->bytes[ALLOC_ACTIVATIONS] =
+            cuda_acts_plan_bytes(cfg->model.layers, kept, cfg->model.dim, cfg->model.heads, cfg->model.experts,
+                                 cfg->model.top_k, cfg->model.vocab, site->micro_batch, cfg->model.context,
+                                 t.learner_size, bf16);
+        out->bytes[ALLOC_EXPERT_ROWS] = cuda_expert_row_bytes(kept, cfg->model.dim, cfg->model.ffn, arrivals, bf16);
+        if (bf16) out->bytes[ALLOC_WEIGHTS] += aligned64(2.0 * m.n_params); /* the products' bf16 copy */
+    }
     out->plain_state = 4 * params; /* what plain data-parallel training holds: weights, grads, AdamW m and v */
     out->site = t.site;
     out->learner = t.learner;

@@ -52,9 +52,9 @@ static void test_kernel_plan(void **state)
 {
     (void)state;
     char unused[8];
-    /* 2 precisions x 6 products, 4 sizes x 4 attention, 2 x 5 tensor-core attention, 3 cross-entropy, 16 MoE,
-     * 3 grouped products, 2 dispatch plan */
-    assert_int_equal(plan_kernels(-1, unused, sizeof unused), 2 * 6 + 4 * 4 + 2 * 5 + 3 + 16 + 3 + 2);
+    /* 2 precisions x 6 products, 3 with bf16 operands, 4 sizes x 4 attention, 2 x 5 tensor-core attention,
+     * 3 cross-entropy, 16 MoE, 5 bf16 experts, 2 x 3 grouped products, 2 dispatch plan */
+    assert_int_equal(plan_kernels(-1, unused, sizeof unused), 2 * 6 + 3 + 4 * 4 + 2 * 5 + 3 + 16 + 5 + 2 * 3 + 2);
     unique(plan_kernels);
     /* every output of every backward kernel is compared */
     const char *outputs[] = {"matmul_backward dinp (+=)", "matmul_backward dweight (+=)",
@@ -63,22 +63,29 @@ static void test_kernel_plan(void **state)
                              "crossentropy_backward", "router_softmax_backward", "moe_balance_backward (+=)",
                              "moe_combine_backward rows", "moe_combine_backward gates (+=)", "moe_scatter_add (+=)",
                              "expert_backward dx (+=)", "expert_backward dwg (+=)", "expert_backward dwu (+=)",
-                             "expert_backward dwd (+=)", "gemm_batch dinp (+=)", "gemm_batch dweight (+=)"};
+                             "expert_backward dwd (+=)", "gemm_batch dinp (+=)", "gemm_batch dweight (+=)",
+                             "matmul_backward dinp (+=) (bf16 stored)", "matmul_backward dweight (+=) (bf16 stored)",
+                             "expert_backward dx (+=) (bf16 stored)", "expert_backward dwg (+=) (bf16 stored)",
+                             "expert_backward dwu (+=) (bf16 stored)", "expert_backward dwd (+=) (bf16 stored)",
+                             "gemm_batch dinp (+=) (bf16 stored)", "gemm_batch dweight (+=) (bf16 stored)"};
     for (size_t i = 0; i < sizeof outputs / sizeof *outputs; i++)
         if (!has(plan_kernels, outputs[i])) fail_msg("no check of %s", outputs[i]);
     attention_outputs_checked("attention_backward", plan_attention_dh, plan_attention_t, 4);
     attention_outputs_checked("attention_tc backward", plan_attention_tc_dh, plan_attention_tc_t, 2);
-    assert_false(plan_matches(plan_kernels, 62, "dispatch plan losses (balance, z, dropped)")); /* nothing beyond */
+    assert_false(plan_matches(plan_kernels, 73, "dispatch plan losses (balance, z, dropped)")); /* nothing beyond */
 }
 
 static void test_layer_plan(void **state)
 {
     (void)state;
     char unused[8];
-    assert_int_equal(plan_layer_checks(-1, unused, sizeof unused), 2 + 5 + 3 + 2); /* rmsnorm 4 + the fused one */
+    /* embedding 2, rmsnorm 4 + the fused one, swiglu 3, rope 2, and the 3 outputs stored as bf16 */
+    assert_int_equal(plan_layer_checks(-1, unused, sizeof unused), 2 + 5 + 3 + 2 + 3);
     unique(plan_layer_checks);
     const char *outputs[] = {"encoder_backward (+=)", "rmsnorm_backward dinp (+=)", "rmsnorm_backward dweight (+=)",
-                             "swiglu_backward da (+=)", "swiglu_backward du (+=)", "rope_backward"};
+                             "swiglu_backward da (+=)", "swiglu_backward du (+=)", "rope_backward",
+                             "rmsnorm_forward out (bf16 stored)", "residual_rmsnorm_forward (h, out) (bf16 stored)",
+                             "swiglu_forward (bf16 stored)"};
     for (size_t i = 0; i < sizeof outputs / sizeof *outputs; i++)
         if (!has(plan_layer_checks, outputs[i])) fail_msg("no check of %s", outputs[i]);
 }

@@ -20,6 +20,11 @@ static const char *const plan_products[] = {
     "matmul_forward", "matmul_backward dinp (+=)", "matmul_backward dweight (+=)",
     "tied_head_forward", "tied_head_backward dx (+=)", "tied_head_backward dembed (+=)",
 };
+/* the products with operands stored as bf16 (the bf16 path's) */
+static const char *const plan_products_stored[] = {
+    "matmul_forward (bf16 stored)", "matmul_backward dinp (+=) (bf16 stored)",
+    "matmul_backward dweight (+=) (bf16 stored)",
+};
 static const char *const plan_attention[] = {
     "attention_forward", "attention_backward dq (+=)", "attention_backward dk (+=)", "attention_backward dv (+=)",
 };
@@ -37,13 +42,18 @@ static const char *const plan_moe[] = {
     "router_mean_prob", "moe_balance_backward (+=)", "router_softmax_backward", "moe_combine_forward",
     "moe_combine_backward rows", "moe_combine_backward gates (+=)", "moe_scatter_add (+=)", "rows_gather",
     "expert_forward", "expert_backward dx (+=)", "expert_backward dwg (+=)", "expert_backward dwu (+=)",
-    "expert_backward dwd (+=)", "gemm_batch forward (experts of 0-130 rows)", "gemm_batch dinp (+=)",
-    "gemm_batch dweight (+=)", "dispatch plan (4 ranks, every one)", "dispatch plan losses (balance, z, dropped)",
+    "expert_backward dwd (+=)", "expert_forward (bf16 stored)", "expert_backward dx (+=) (bf16 stored)",
+    "expert_backward dwg (+=) (bf16 stored)", "expert_backward dwu (+=) (bf16 stored)",
+    "expert_backward dwd (+=) (bf16 stored)", "gemm_batch forward (experts of 0-130 rows)", "gemm_batch dinp (+=)",
+    "gemm_batch dweight (+=)", "gemm_batch forward (bf16 stored)", "gemm_batch dinp (+=) (bf16 stored)",
+    "gemm_batch dweight (+=) (bf16 stored)", "dispatch plan (4 ranks, every one)",
+    "dispatch plan losses (balance, z, dropped)",
 };
 static const char *const plan_layers[] = {
     "encoder_forward", "encoder_backward (+=)", "rmsnorm_forward out", "rmsnorm_forward rstd",
     "rmsnorm_backward dinp (+=)", "rmsnorm_backward dweight (+=)", "residual_rmsnorm_forward (h, out, rstd)",
-    "swiglu_forward", "swiglu_backward da (+=)",
+    "rmsnorm_forward out (bf16 stored)", "residual_rmsnorm_forward (h, out) (bf16 stored)",
+    "swiglu_forward", "swiglu_forward (bf16 stored)", "swiglu_backward da (+=)",
     "swiglu_backward du (+=)", "rope_forward", "rope_backward",
 };
 /* test_optim_gpu: AdamW, then each matrix optimiser against the CPU's
@@ -65,6 +75,8 @@ static inline int plan_kernels(int i, char *out, size_t size)
     for (int bf16 = 0; bf16 < 2; bf16++)
         for (int k = 0; k < PLAN_LEN(plan_products); k++, at++)
             if (at == i) snprintf(out, size, "%s%s", plan_products[k], bf16 ? " (bf16)" : "");
+    for (int k = 0; k < PLAN_LEN(plan_products_stored); k++, at++)
+        if (at == i) snprintf(out, size, "%s", plan_products_stored[k]);
     for (int s = 0; s < 4; s++)
         for (int k = 0; k < PLAN_LEN(plan_attention); k++, at++)
             if (at == i) snprintf(out, size, "%s Dh=%d T=%d", plan_attention[k], plan_attention_dh[s], plan_attention_t[s]);

@@ -24,6 +24,7 @@
 #include "layers.h"
 #include "plans.h"
 #include "moe.h"
+#include "codec_math.h"
 #include "rng.h"
 #include "../route_draw.h"
 
@@ -94,6 +95,17 @@ static void back(void *h, const void *d, size_t bytes)
     cudaMemcpy(h, d, bytes, cudaMemcpyDeviceToHost);
 }
 
+/* A device bf16 copy of n host floats, rounded as the GPU rounds (codec_to_bf16). */
+static uint16_t *dev16(const float *h, size_t n)
+{
+    uint16_t *b = malloc((n ? n : 1) * sizeof(uint16_t));
+    if (!b) return NULL;
+    for (size_t j = 0; j < n; j++) b[j] = codec_to_bf16(h[j]);
+    uint16_t *d = dev(b, n * sizeof(uint16_t));
+    free(b);
+    return d;
+}
+
 #define F4(n) ((size_t)(n) * sizeof(float))
 #define NEED(p) do { if (!(p)) { fprintf(stderr, "allocation failed: %s\n", #p); return 1; } } while (0)
 
@@ -146,6 +158,41 @@ static int test_products(CudaBlas *blas, int bf16)
     snprintf(name, sizeof name, "tied_head_backward dembed (+=)%s", tag);
     check_tol(name, got, dE, (size_t)V * C, tol, 1);
     blas->bf16 = 0;
+    return 0;
+}
+
+/* The products with operands stored as bf16 (the bf16 path's activations
+ * and weight copy): against the CPU's fp32 products of the unrounded
+ * values, 1e-2 of the RMS as the bf16 products above (each operand
+ * carries 2^-9 relative rounding; a sum of such terms moves by ~1.6e-3 of
+ * its RMS, so 1e-2 is six of those). */
+static int test_products_stored(CudaBlas *blas)
+{
+    const size_t N = 203;
+    const int C = 97, OC = 130;
+    float *x = rnd(N * C, 1, 1.0), *w = rnd((size_t)C * OC, 2, 0.2), *dy = rnd(N * OC, 3, 1.0);
+    float *dx = rnd(N * C, 4, 0.1), *dw = rnd((size_t)C * OC, 5, 0.1), *y = malloc(F4(N * OC));
+    float *got = malloc(F4(N * OC + (size_t)C * OC + N * C));
+    NEED(x && w && dy && dx && dw && y && got);
+    uint16_t *d_x = dev16(x, N * C), *d_w = dev16(w, (size_t)C * OC);
+    float *d_dy = dev(dy, F4(N * OC)), *d_dx = dev(dx, F4(N * C)), *d_dw = dev(dw, F4((size_t)C * OC)),
+          *d_y = dev(NULL, F4(N * OC));
+    NEED(d_x && d_w && d_dy && d_dx && d_dw && d_y);
+    blas->bf16 = 1;
+    matmul_forward(y, x, w, N, C, OC);
+    if (cuda_matmul_forward_bf16(d_y, d_x, d_w, N, C, OC, blas)) return 1;
+    back(got, d_y, F4(N * OC));
+    check_tol("matmul_forward (bf16 stored)", got, y, N * OC, 1e-2, 1);
+    matmul_backward(dx, dw, dy, x, w, N, C, OC);
+    if (cuda_matmul_backward_bf16(d_dx, d_dw, d_dy, d_x, d_w, N, C, OC, blas)) return 1;
+    back(got, d_dx, F4(N * C));
+    check_tol("matmul_backward dinp (+=) (bf16 stored)", got, dx, N * C, 1e-2, 1);
+    back(got, d_dw, F4((size_t)C * OC));
+    check_tol("matmul_backward dweight (+=) (bf16 stored)", got, dw, (size_t)C * OC, 1e-2, 1);
+    blas->bf16 = 0;
+    void *d[] = {d_x, d_w, d_dy, d_dx, d_dw, d_y};
+    for (size_t i = 0; i < sizeof d / sizeof *d; i++) cudaFree(d[i]);
+    free(x), free(w), free(dy), free(dx), free(dw), free(y), free(got);
     return 0;
 }
 
@@ -303,22 +350,6 @@ static int test_gemm_batch(CudaBlas *blas, int D, int F)
     if (cuda_gemm_batch_run(&g, blas)) return 1;
     /* which path ran, for the log: the grouped call, or one call each where cuBLAS refused */
     printf("# gemm_batch (fp32): %s\n", cuda_gemm_batch_last_grouped() ? "one grouped call" : "one call each");
-    { /* the bf16 path's route too (its products are checked by the training runs) */
-        CudaGemmBatch g16;
-        if (cuda_gemm_batch_create(&g16, 2)) return 1;
-        float *d_tmp = dev(NULL, F4(2 * rows[3] * F));
-        NEED(d_tmp);
-        if (cuda_gemm_batch_forward(&g16, d_tmp, d_x + at[3] * D, d_w1, rows[3], D, F) ||
-            cuda_gemm_batch_forward(&g16, d_tmp + rows[3] * F, d_x + at[3] * D, d_w1, rows[3], D, F))
-            return 1;
-        blas->bf16 = 1;
-        const int rc = cuda_gemm_batch_run(&g16, blas);
-        blas->bf16 = 0;
-        if (rc) return 1;
-        printf("# gemm_batch (bf16): %s\n", cuda_gemm_batch_last_grouped() ? "one grouped call" : "one call each");
-        cuda_gemm_batch_destroy(&g16);
-        cudaFree(d_tmp);
-    }
     cuda_gemm_batch_destroy(&g);
     back(got, d_a, F4(total * F));
     check_sums("gemm_batch forward (experts of 0-130 rows)", got, a, total * F);
@@ -326,6 +357,41 @@ static int test_gemm_batch(CudaBlas *blas, int D, int F)
     check_sums("gemm_batch dinp (+=)", got, dh, total * F);
     back(got, d_dw2, F4((size_t)X * F * D));
     check_sums("gemm_batch dweight (+=)", got, dw2, (size_t)X * F * D);
+    { /* the same three kinds with bf16 operands (the bf16 path's experts),
+       * 1e-2 of the RMS as test_products_stored; dinp and dweight add to
+       * the results above, so the reference goes on from them */
+        const size_t DF = (size_t)D * F;
+        uint16_t *d_x16 = dev16(x, total * D), *d_dy16 = dev16(dy, total * D), *d_h16 = dev16(h, total * F),
+                 *d_w1_16 = dev16(w1, X * DF), *d_w2_16 = dev16(w2, X * DF);
+        NEED(d_x16 && d_dy16 && d_h16 && d_w1_16 && d_w2_16);
+        CudaGemmBatch g16;
+        if (cuda_gemm_batch_create(&g16, 3 * X)) return 1;
+        for (int e = 0; e < X; e++) {
+            matmul_forward(a + at[e] * F, x + at[e] * D, w1 + e * DF, rows[e], D, F);
+            matmul_backward(dh + at[e] * F, dw2 + e * DF, dy + at[e] * D, h + at[e] * F, w2 + e * DF, rows[e], F, D);
+            if (cuda_gemm_batch_forward_bf16(&g16, d_a + at[e] * F, d_x16 + at[e] * D, d_w1_16 + e * DF, rows[e], D,
+                                             F) ||
+                cuda_gemm_batch_dinp_bf16(&g16, d_dh + at[e] * F, d_dy16 + at[e] * D, d_w2_16 + e * DF, rows[e], F,
+                                          D) ||
+                cuda_gemm_batch_dweight_bf16(&g16, d_dw2 + e * DF, d_dy16 + at[e] * D, d_h16 + at[e] * F, rows[e], F,
+                                             D))
+                return 1;
+        }
+        blas->bf16 = 1;
+        const int rc = cuda_gemm_batch_run(&g16, blas);
+        blas->bf16 = 0;
+        if (rc) return 1;
+        printf("# gemm_batch (bf16 operands): %s\n", cuda_gemm_batch_last_grouped() ? "one grouped call" : "one call each");
+        cuda_gemm_batch_destroy(&g16);
+        back(got, d_a, F4(total * F));
+        check_tol("gemm_batch forward (bf16 stored)", got, a, total * F, 1e-2, 1);
+        back(got, d_dh, F4(total * F));
+        check_tol("gemm_batch dinp (+=) (bf16 stored)", got, dh, total * F, 1e-2, 1);
+        back(got, d_dw2, F4(X * DF));
+        check_tol("gemm_batch dweight (+=) (bf16 stored)", got, dw2, X * DF, 1e-2, 1);
+        void *d16[] = {d_x16, d_dy16, d_h16, d_w1_16, d_w2_16};
+        for (size_t i = 0; i < sizeof d16 / sizeof *d16; i++) cudaFree(d16[i]);
+    }
     return 0;
 }
 
@@ -481,6 +547,55 @@ static int test_moe(CudaBlas *blas)
     check_sums("expert_backward dwu (+=)", got, dwu, W);
     back(got, d_dwd, F4(W));
     check_sums("expert_backward dwd (+=)", got, dwd, W);
+    { /* the bf16 path's experts (x, h and the weights stored as bf16; dy,
+       * da, du rounded once): against the CPU's fp32 experts from the same
+       * values. A chain of three roundings (x and the weights, then h,
+       * then the gradients) of 2^-9 each: per value ~3e-3 of the RMS, so
+       * 3e-2 — ten of those — for the largest of some thousand values */
+        float *y2 = malloc(F4(n * D)), *dx2 = rnd(n * D, 35, 0.1), *dwg2 = rnd(W, 36, 0.1), *dwu2 = rnd(W, 37, 0.1),
+              *dwd2 = rnd(W, 38, 0.1);
+        NEED(y2 && dx2 && dwg2 && dwu2 && dwd2);
+        uint16_t *d_x16 = dev16(x, n * D), *d_wg16 = dev16(wg, W), *d_wu16 = dev16(wu, W), *d_wd16 = dev16(wd, W),
+                 *d_h16 = dev(NULL, n * F * sizeof(uint16_t));
+        float *d_dx2 = dev(dx2, F4(n * D)), *d_dwg2 = dev(dwg2, F4(W)), *d_dwu2 = dev(dwu2, F4(W)),
+              *d_dwd2 = dev(dwd2, F4(W));
+        NEED(d_x16 && d_wg16 && d_wu16 && d_wd16 && d_h16 && d_dx2 && d_dwg2 && d_dwu2 && d_dwd2);
+        CudaGemmBatch g16;
+        if (cuda_gemm_batch_create(&g16, 3 * XE)) return 1;
+        blas->bf16 = 1;
+        for (int e = 0; e < XE; e++) {
+            const size_t r0 = (size_t)start[e], ne = (size_t)start[e + 1] - r0;
+            if (ne) {
+                expert_forward(y2 + r0 * D, a + r0 * F, u + r0 * F, h + r0 * F, x + r0 * D, wg + e * DF, wu + e * DF,
+                               wd + e * DF, ne, D, F);
+                expert_backward(dx2 + r0 * D, dwg2 + e * DF, dwu2 + e * DF, dwd2 + e * DF, scratch, dy + r0 * D,
+                                x + r0 * D, a + r0 * F, u + r0 * F, h + r0 * F, wg + e * DF, wu + e * DF, wd + e * DF,
+                                ne, D, F);
+            }
+        }
+        if (cuda_experts_forward_bf16(d_y, d_a, d_u, d_h16, d_x16, d_wg16, d_wu16, d_wd16, start, XE, D, F, &g16,
+                                      blas))
+            return 1;
+        back(got, d_y, F4(n * D));
+        check_tol("expert_forward (bf16 stored)", got, y2, n * D, 3e-2, 1);
+        /* backward from the GPU's own forward (a, u fp32 and h bf16, as training keeps them) */
+        if (cuda_experts_backward_bf16(d_dx2, d_dwg2, d_dwu2, d_dwd2, d_scr, d_dy, d_x16, d_a, d_u, d_h16, d_wg16,
+                                       d_wu16, d_wd16, start, XE, D, F, &g16, blas))
+            return 1;
+        blas->bf16 = 0;
+        cuda_gemm_batch_destroy(&g16);
+        back(got, d_dx2, F4(n * D));
+        check_tol("expert_backward dx (+=) (bf16 stored)", got, dx2, n * D, 3e-2, 1);
+        back(got, d_dwg2, F4(W));
+        check_tol("expert_backward dwg (+=) (bf16 stored)", got, dwg2, W, 3e-2, 1);
+        back(got, d_dwu2, F4(W));
+        check_tol("expert_backward dwu (+=) (bf16 stored)", got, dwu2, W, 3e-2, 1);
+        back(got, d_dwd2, F4(W));
+        check_tol("expert_backward dwd (+=) (bf16 stored)", got, dwd2, W, 3e-2, 1);
+        void *d16[] = {d_x16, d_wg16, d_wu16, d_wd16, d_h16, d_dx2, d_dwg2, d_dwu2, d_dwd2};
+        for (size_t i = 0; i < sizeof d16 / sizeof *d16; i++) cudaFree(d16[i]);
+        free(y2), free(dx2), free(dwg2), free(dwu2), free(dwd2);
+    }
     return test_gemm_batch(blas, D, F);
 }
 
@@ -579,7 +694,7 @@ int main(void)
     printf("1..%d\n", PLAN);
     CudaBlas blas;
     if (cuda_blas_create(&blas, 0, 0)) return 1;
-    if (test_products(&blas, 0) || test_products(&blas, 1)) return 1;
+    if (test_products(&blas, 0) || test_products(&blas, 1) || test_products_stored(&blas)) return 1;
     for (int i = 0; i < 4; i++)
         if (test_attention(plan_attention_dh[i], plan_attention_t[i])) return 1;
     for (int i = 0; i < 2; i++)

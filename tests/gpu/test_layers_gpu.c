@@ -28,6 +28,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include "codec_math.h"
 #include "cpu/layers.h"
 #include "embed_buckets.h"
 #include "gpu_tap.h"
@@ -36,6 +37,32 @@
 #include "rng.h"
 
 static int test_no, failures;
+
+/* A kernel's bf16 output (the bf16 path's stored operands) against its fp32
+ * kernel's output rounded on the host (codec_to_bf16, nearest even): the
+ * same bits, as both round the same float once. */
+static void check_rounded(const char *what, const float *d_fp32, const uint16_t *d_bf16, size_t n)
+{
+    float *f = malloc((n ? n : 1) * sizeof(float));
+    uint16_t *b = malloc((n ? n : 1) * sizeof(uint16_t));
+    size_t bad = n + 1;
+    if (f && b && cudaDeviceSynchronize() == cudaSuccess &&
+        cudaMemcpy(f, d_fp32, n * sizeof(float), cudaMemcpyDeviceToHost) == cudaSuccess &&
+        cudaMemcpy(b, d_bf16, n * sizeof(uint16_t), cudaMemcpyDeviceToHost) == cudaSuccess)
+        for (size_t j = bad = 0; j < n; j++)
+            if (b[j] != codec_to_bf16(f[j])) {
+                if (bad < 3) fprintf(stderr, "%s[%zu]: bf16 %#06x, the fp32 value %.9g rounds to %#06x\n", what, j,
+                                     b[j], f[j], codec_to_bf16(f[j]));
+                bad++;
+            }
+    const int planned = plan_matches(plan_layer_checks, test_no, what);
+    if (!planned) fprintf(stderr, "check %d ('%s') is not the plan's (tests/gpu/plans.h)\n", test_no + 1, what);
+    printf("%s %d - %s: %zu values, %zu not the fp32 kernel's rounded\n", bad || !planned ? "not ok" : "ok",
+           ++test_no, what, n, bad);
+    failures += bad != 0 || !planned;
+    free(f);
+    free(b);
+}
 
 /* sums: scale by the vector's RMS where an element is smaller (see the header) */
 static void check_scaled(const char *what, const float *gpu, const float *cpu, size_t n, int sums)
@@ -158,6 +185,21 @@ int main(void)
         printf("%s %d - residual_rmsnorm_forward (h, out, rstd): the bits of residual then rmsnorm\n",
                same && planned ? "ok" : "not ok", ++test_no);
         failures += !same || !planned;
+        /* the same two writing bf16 out */
+        uint16_t *d16 = NULL;
+        if (cudaMalloc((void **)&d16, nd * sizeof(uint16_t)) != cudaSuccess) return 1;
+        if (cuda_rmsnorm_forward(d_out, d_rs, d_x, d_w, N, D, 0) ||
+            cuda_rmsnorm_forward_bf16(d16, d_r1, d_x, d_w, N, D, 0))
+            return 1;
+        check_rounded("rmsnorm_forward out (bf16 stored)", d_out, d16, nd);
+        if (cuda_residual_rmsnorm_forward(d_h1, d_o1, d_rs, d_x, d_b, d_w, N, D, 0) ||
+            cuda_residual_rmsnorm_forward_bf16(d_h2, d16, d_r1, d_x, d_b, d_w, N, D, 0))
+            return 1;
+        from_device(want, d_h1, nd), from_device(fused, d_h2, nd);
+        if (memcmp(want, fused, nd * sizeof(float))) /* h stays fp32: the same bits */
+            fprintf(stderr, "residual_rmsnorm_forward_bf16: h differs from the fp32 kernel's\n"), failures++;
+        check_rounded("residual_rmsnorm_forward (h, out) (bf16 stored)", d_o1, d16, nd);
+        cudaFree(d16);
     }
     /* SwiGLU */
     const size_t n = 100003;
@@ -172,6 +214,13 @@ int main(void)
     if (cuda_swiglu_forward(d_h, d_a, d_u, n, 0)) return 1;
     from_device(g, d_h, n);
     check("swiglu_forward", g, h, n);
+    {
+        uint16_t *d16 = NULL;
+        if (cudaMalloc((void **)&d16, n * sizeof(uint16_t)) != cudaSuccess) return 1;
+        if (cuda_swiglu_forward_bf16(d16, d_a, d_u, n, 0)) return 1;
+        check_rounded("swiglu_forward (bf16 stored)", d_h, d16, n);
+        cudaFree(d16);
+    }
     swiglu_backward(da, du, dh, a, u, n);
     if (cuda_swiglu_backward(d_da, d_du, d_dh, d_a, d_u, n, 0)) return 1;
     from_device(g, d_da, n);
