@@ -4,6 +4,9 @@
 
 #include <cuda_bf16.h>
 #include <mma.h>
+#include <stdint.h>
+
+#include "codec_math.h" /* codec_to_bf16: the output rounded as every bf16 operand is */
 
 using namespace nvcuda;
 
@@ -87,7 +90,7 @@ static size_t forward_smem(void)
  * shared memory (a fragment's rows cannot be scaled in registers). */
 template <int DH>
 __global__ static void __launch_bounds__(TC_THREADS)
-    tc_forward_kernel(float *out, float *lse, const float *q, const float *k, const float *v, int T, int D, int H,
+    tc_forward_kernel(uint16_t *out, float *lse, const float *q, const float *k, const float *v, int T, int D, int H,
                       float scale)
 {
     extern __shared__ __align__(128) unsigned char smem[];
@@ -150,7 +153,7 @@ __global__ static void __launch_bounds__(TC_THREADS)
     if (i < T) {
         const float inv = 1.0f / l;
         for (int c = half * (DH / 2); c < (half + 1) * (DH / 2); c++) /* in order: the row's writes coalesce */
-            out[base + (size_t)i * D + c] = O[r * DH + c] * inv;
+            out[base + (size_t)i * D + c] = codec_to_bf16(O[r * DH + c] * inv);
         if (half == 0) lse[(size_t)bh * T + i] = m + logf(l);
     }
 #undef COL_S
@@ -341,7 +344,7 @@ extern "C" int cuda_attention_tc_supports(int Dh)
 }
 
 template <int DH>
-static int tc_launch_forward(float *out, float *lse, const float *q, const float *k, const float *v, int B, int T,
+static int tc_launch_forward(uint16_t *out, float *lse, const float *q, const float *k, const float *v, int B, int T,
                              int D, int H, cudaStream_t stream)
 {
     const size_t smem = forward_smem<DH>();
@@ -375,7 +378,7 @@ static int tc_launch_backward(float *dq, float *dk, float *dv, const float *dout
     return ISTH_OK;
 }
 
-extern "C" int cuda_attention_tc_forward(float *out, float *lse, const float *q, const float *k, const float *v, int B,
+extern "C" int cuda_attention_tc_forward(uint16_t *out, float *lse, const float *q, const float *k, const float *v, int B,
                                          int T, int D, int H, cudaStream_t stream)
 {
     if (!B || !T) return ISTH_OK;

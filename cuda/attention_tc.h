@@ -14,6 +14,8 @@
 #ifndef ISTHMUS_CUDA_ATTENTION_TC_H
 #define ISTHMUS_CUDA_ATTENTION_TC_H
 
+#include <stdint.h>
+
 #include <cuda_runtime_api.h>
 
 #ifdef __cplusplus
@@ -23,8 +25,9 @@ extern "C" {
 /* The head dimensions these kernels are built for (64, 128), on a device
  * whose blocks may take their shared memory (sm_90 and later). */
 int cuda_attention_tc_supports(int Dh);
-/* As cuda_attention_forward (layers.h): out (B,T,D), lse (B,H,T). */
-int cuda_attention_tc_forward(float *out, float *lse, const float *q, const float *k, const float *v, int B, int T,
+/* As cuda_attention_forward (layers.h): out (B,T,D) written as bf16 (the
+ * output projection's stored operand), lse (B,H,T). */
+int cuda_attention_tc_forward(uint16_t *out, float *lse, const float *q, const float *k, const float *v, int B, int T,
                               int D, int H, cudaStream_t stream);
 /* dq, dk, dv (B,T,D) += ...; delta (B,H,T) = rowsum(dout * out). */
 int cuda_attention_tc_backward(float *dq, float *dk, float *dv, const float *dout, const float *lse,

@@ -19,6 +19,8 @@ extern "C" {
  * bf16 path's stored operands), so one template gives both. */
 __device__ static inline void put(float *p, float v) { *p = v; }
 __device__ static inline void put(uint16_t *p, float v) { *p = codec_to_bf16(v); }
+__device__ static inline float get(float v) { return v; }
+__device__ static inline float get(uint16_t v) { return codec_from_bf16(v); }
 
 __global__ static void to_bf16_kernel(uint16_t *dst, const float *src, size_t n)
 {
@@ -579,8 +581,8 @@ extern "C" int cuda_gemm_batch_run(CudaGemmBatch *g, const CudaBlas *b)
 #define ATT_ROWS 64 /* query (key) rows per block, one thread each */
 #define ATT_TILE 32 /* key (query) rows per shared tile */
 
-template <int DH>
-__global__ static void attention_forward_kernel(float *out, float *lse, const float *q, const float *k, const float *v,
+template <int DH, typename Out>
+__global__ static void attention_forward_kernel(Out *out, float *lse, const float *q, const float *k, const float *v,
                                                 int T, int D, int H, float scale)
 {
     __shared__ float ks[ATT_TILE][DH], vs[ATT_TILE][DH];
@@ -635,13 +637,14 @@ __global__ static void attention_forward_kernel(float *out, float *lse, const fl
     if (live) {
         const float inv = 1.0f / l;
 #pragma unroll
-        for (int d = 0; d < DH; d++) out[base + (size_t)i * D + d] = o[d] * inv;
+        for (int d = 0; d < DH; d++) put(&out[base + (size_t)i * D + d], o[d] * inv);
         lse[(size_t)bh * T + i] = m + logf(l);
     }
 }
 
 /* delta (B,H,T) = rowsum(dout * out) per head: sum_j p_ij dp_ij. */
-__global__ static void attention_delta_kernel(float *delta, const float *dout, const float *out, int B, int T, int D,
+template <typename Out>
+__global__ static void attention_delta_kernel(float *delta, const float *dout, const Out *out, int B, int T, int D,
                                               int H)
 {
     const int Dh = D / H;
@@ -651,7 +654,7 @@ __global__ static void attention_delta_kernel(float *delta, const float *dout, c
         const size_t bh = x / T, b = bh / H, h = bh % H;
         const size_t at = b * T * D + (size_t)i * D + h * Dh;
         float s = 0.0f;
-        for (int d = 0; d < Dh; d++) s += dout[at + d] * out[at + d];
+        for (int d = 0; d < Dh; d++) s += dout[at + d] * get(out[at + d]);
         delta[x] = s;
     }
 }
@@ -770,15 +773,52 @@ extern "C" int cuda_attention_supports(int Dh) { return Dh == 16 || Dh == 32 || 
     default: return isth_fail(ISTH_EINPUT, "CUDA attention: head dimension %d is not one of 16, 32, 64, 128", Dh); \
     }
 
-extern "C" int cuda_attention_forward(float *out, float *lse, const float *q, const float *k, const float *v, int B,
-                                      int T, int D, int H, cudaStream_t stream)
+template <typename Out>
+static int attention_forward(Out *out, float *lse, const float *q, const float *k, const float *v, int B, int T, int D,
+                             int H, cudaStream_t stream)
 {
     const int Dh = D / H;
     if (!B || !T) return ISTH_OK;
     const dim3 grid((unsigned)((T + ATT_ROWS - 1) / ATT_ROWS), (unsigned)(B * H));
     const float scale = 1.0f / sqrtf((float)Dh);
-#define LAUNCH_FWD(DH) attention_forward_kernel<DH><<<grid, ATT_ROWS, 0, stream>>>(out, lse, q, k, v, T, D, H, scale)
+#define LAUNCH_FWD(DH) \
+    attention_forward_kernel<DH, Out><<<grid, ATT_ROWS, 0, stream>>>(out, lse, q, k, v, T, D, H, scale)
     ATT_DISPATCH(Dh, LAUNCH_FWD)
+    CHECK_CUDA(cudaGetLastError());
+    return ISTH_OK;
+}
+
+extern "C" int cuda_attention_forward(float *out, float *lse, const float *q, const float *k, const float *v, int B,
+                                      int T, int D, int H, cudaStream_t stream)
+{
+    return attention_forward(out, lse, q, k, v, B, T, D, H, stream);
+}
+
+/* delta (B,H,T) = rowsum(dout * out), into scratch from the stream's pool
+ * (the caller frees it on the stream). */
+template <typename Out>
+static int attention_delta(float **delta, const float *dout, const Out *out, int B, int T, int D, int H,
+                           cudaStream_t stream)
+{
+    const size_t rows = (size_t)B * H * T;
+    CHECK_CUDA(cudaMallocAsync((void **)delta, sizeof(float) * rows, stream));
+    attention_delta_kernel<<<blocks_for(rows), 256, 0, stream>>>(*delta, dout, out, B, T, D, H);
+    CHECK_CUDA(cudaGetLastError());
+    return ISTH_OK;
+}
+
+/* The fp32 backward kernels from a delta already made. */
+static int attention_backward_fp32(float *dq, float *dk, float *dv, const float *dout, const float *lse,
+                                   const float *delta, const float *q, const float *k, const float *v, int B, int T,
+                                   int D, int H, cudaStream_t stream)
+{
+    const int Dh = D / H;
+    const dim3 grid((unsigned)((T + ATT_ROWS - 1) / ATT_ROWS), (unsigned)(B * H));
+    const float scale = 1.0f / sqrtf((float)Dh);
+#define LAUNCH_BWD(DH)                                                                                        \
+    attention_dq_kernel<DH><<<grid, ATT_ROWS, 0, stream>>>(dq, dout, lse, delta, q, k, v, T, D, H, scale);    \
+    attention_dkdv_kernel<DH><<<grid, ATT_ROWS, 0, stream>>>(dk, dv, dout, lse, delta, q, k, v, T, D, H, scale)
+    ATT_DISPATCH(Dh, LAUNCH_BWD)
     CHECK_CUDA(cudaGetLastError());
     return ISTH_OK;
 }
@@ -787,45 +827,38 @@ extern "C" int cuda_attention_backward(float *dq, float *dk, float *dv, const fl
                                        const float *lse, const float *q, const float *k, const float *v, int B, int T,
                                        int D, int H, cudaStream_t stream)
 {
-    const int Dh = D / H;
     if (!B || !T) return ISTH_OK;
-    if (!cuda_attention_supports(Dh))
-        return isth_fail(ISTH_EINPUT, "CUDA attention: head dimension %d is not one of 16, 32, 64, 128", Dh);
-    const size_t rows = (size_t)B * H * T;
+    if (!cuda_attention_supports(D / H))
+        return isth_fail(ISTH_EINPUT, "CUDA attention: head dimension %d is not one of 16, 32, 64, 128", D / H);
     float *delta;
-    CHECK_CUDA(cudaMallocAsync((void **)&delta, sizeof(float) * rows, stream));
-    attention_delta_kernel<<<blocks_for(rows), 256, 0, stream>>>(delta, dout, out, B, T, D, H);
-    const dim3 grid((unsigned)((T + ATT_ROWS - 1) / ATT_ROWS), (unsigned)(B * H));
-    const float scale = 1.0f / sqrtf((float)Dh);
-#define LAUNCH_BWD(DH)                                                                                        \
-    attention_dq_kernel<DH><<<grid, ATT_ROWS, 0, stream>>>(dq, dout, lse, delta, q, k, v, T, D, H, scale);    \
-    attention_dkdv_kernel<DH><<<grid, ATT_ROWS, 0, stream>>>(dk, dv, dout, lse, delta, q, k, v, T, D, H, scale)
-    ATT_DISPATCH(Dh, LAUNCH_BWD)
-    CHECK_CUDA(cudaGetLastError());
+    CHECK(attention_delta(&delta, dout, out, B, T, D, H, stream));
+    const int rc = attention_backward_fp32(dq, dk, dv, dout, lse, delta, q, k, v, B, T, D, H, stream);
     CHECK_CUDA(cudaFreeAsync(delta, stream));
-    return ISTH_OK;
+    return rc;
 }
 
-extern "C" int cuda_attention_forward_as(int bf16, float *out, float *lse, const float *q, const float *k,
+extern "C" int cuda_attention_forward_as(int bf16, void *out, float *lse, const float *q, const float *k,
                                          const float *v, int B, int T, int D, int H, cudaStream_t stream)
 {
-    if (bf16 && cuda_attention_tc_supports(D / H)) return cuda_attention_tc_forward(out, lse, q, k, v, B, T, D, H, stream);
-    return cuda_attention_forward(out, lse, q, k, v, B, T, D, H, stream);
+    if (!bf16) return attention_forward((float *)out, lse, q, k, v, B, T, D, H, stream);
+    if (cuda_attention_tc_supports(D / H))
+        return cuda_attention_tc_forward((uint16_t *)out, lse, q, k, v, B, T, D, H, stream);
+    return attention_forward((uint16_t *)out, lse, q, k, v, B, T, D, H, stream);
 }
 
 extern "C" int cuda_attention_backward_as(int bf16, float *dq, float *dk, float *dv, const float *dout,
-                                          const float *out, const float *lse, const float *q, const float *k,
+                                          const void *out, const float *lse, const float *q, const float *k,
                                           const float *v, int B, int T, int D, int H, cudaStream_t stream)
 {
-    if (!(bf16 && cuda_attention_tc_supports(D / H)))
-        return cuda_attention_backward(dq, dk, dv, dout, out, lse, q, k, v, B, T, D, H, stream);
+    if (!bf16) return cuda_attention_backward(dq, dk, dv, dout, (const float *)out, lse, q, k, v, B, T, D, H, stream);
     if (!B || !T) return ISTH_OK;
-    const size_t rows = (size_t)B * H * T;
+    if (!cuda_attention_supports(D / H))
+        return isth_fail(ISTH_EINPUT, "CUDA attention: head dimension %d is not one of 16, 32, 64, 128", D / H);
     float *delta;
-    CHECK_CUDA(cudaMallocAsync((void **)&delta, sizeof(float) * rows, stream));
-    attention_delta_kernel<<<blocks_for(rows), 256, 0, stream>>>(delta, dout, out, B, T, D, H);
-    CHECK_CUDA(cudaGetLastError());
-    const int rc = cuda_attention_tc_backward(dq, dk, dv, dout, lse, delta, q, k, v, B, T, D, H, stream);
+    CHECK(attention_delta(&delta, dout, (const uint16_t *)out, B, T, D, H, stream));
+    const int rc = cuda_attention_tc_supports(D / H)
+                       ? cuda_attention_tc_backward(dq, dk, dv, dout, lse, delta, q, k, v, B, T, D, H, stream)
+                       : attention_backward_fp32(dq, dk, dv, dout, lse, delta, q, k, v, B, T, D, H, stream);
     CHECK_CUDA(cudaFreeAsync(delta, stream));
     return rc;
 }

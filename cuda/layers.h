@@ -160,12 +160,14 @@ int cuda_attention_forward(float *out, float *lse, const float *q, const float *
 int cuda_attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *out, const float *lse,
                             const float *q, const float *k, const float *v, int B, int T, int D, int H,
                             cudaStream_t stream);
-/* The attention a precision runs: bf16 != 0 and a head dimension of
- * attention_tc.h's takes the tensor-core kernels there (bf16 products,
- * fp32 softmax and accumulation), anything else the fp32 kernels above. */
-int cuda_attention_forward_as(int bf16, float *out, float *lse, const float *q, const float *k, const float *v, int B,
+/* The attention a precision runs: bf16 != 0 writes out as bf16 (the output
+ * projection's stored operand) and, for a head dimension of
+ * attention_tc.h's, takes the tensor-core kernels (bf16 products, fp32
+ * softmax and accumulation), else the fp32 kernels above with out rounded
+ * once; bf16 == 0 is cuda_attention_forward / _backward (out fp32). */
+int cuda_attention_forward_as(int bf16, void *out, float *lse, const float *q, const float *k, const float *v, int B,
                               int T, int D, int H, cudaStream_t stream);
-int cuda_attention_backward_as(int bf16, float *dq, float *dk, float *dv, const float *dout, const float *out,
+int cuda_attention_backward_as(int bf16, float *dq, float *dk, float *dv, const float *dout, const void *out,
                                const float *lse, const float *q, const float *k, const float *v, int B, int T, int D,
                                int H, cudaStream_t stream);
 

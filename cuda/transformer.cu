@@ -216,7 +216,7 @@ static int ensure_owner(CudaActivations *a, CudaRouting *r, int n_recv)
 }
 
 #define SLICE(buf, l, per) ((buf) + (size_t)(l) * (per))
-/* Layer slot l of a stored operand (xn1, xn2) of `per` elements per slot:
+/* Layer slot l of a stored operand (xn1, ao, xn2) of `per` elements per slot:
  * bf16 ones take half the floats. */
 #define OP_SLICE(a, buf, l, per) SLICE(buf, l, (a)->act16 ? (per) / 2 : (per))
 
@@ -326,7 +326,7 @@ static int layer_forward(const Model *m, CudaActivations *a, int l, int training
     const cudaStream_t s = blas->stream;
     const int sl = slot(a, l);
     float *x = SLICE(a->x, l, ND), *xn1 = OP_SLICE(a, a->xn1, sl, ND), *q = SLICE(a->q, sl, ND), *k = SLICE(a->k, sl, ND),
-          *v = SLICE(a->v, sl, ND), *ao = SLICE(a->ao, sl, ND), *h = SLICE(a->h, sl, ND),
+          *v = SLICE(a->v, sl, ND), *ao = OP_SLICE(a, a->ao, sl, ND), *h = SLICE(a->h, sl, ND),
           *xn2 = OP_SLICE(a, a->xn2, sl, ND), *lse = SLICE(a->att_lse, sl, lse_stride);
     phase_mark(a->clock, PHASE_ELEMENTWISE);
     if (a->act16) {
@@ -350,7 +350,11 @@ static int layer_forward(const Model *m, CudaActivations *a, int l, int training
     phase_mark(a->clock, PHASE_ATTENTION);
     CHECK(cuda_attention_forward_as(blas->bf16, ao, lse, q, k, v, B, T, D, H, s));
     phase_mark(a->clock, PHASE_DENSE);
-    CHECK(cuda_matmul_forward(a->dtmp, ao, model_param(m, T_WO, l), N, D, D, blas));
+    if (a->act16)
+        CHECK(cuda_matmul_forward_bf16(a->dtmp, (const uint16_t *)ao, w16(a, m, model_param(m, T_WO, l)), N, D, D,
+                                       blas));
+    else
+        CHECK(cuda_matmul_forward(a->dtmp, ao, model_param(m, T_WO, l), N, D, D, blas));
     phase_mark(a->clock, PHASE_ELEMENTWISE);
     if (a->act16)
         CHECK(cuda_residual_rmsnorm_forward_bf16(h, (uint16_t *)xn2, SLICE(a->rstd2, sl, NmaxT), x, a->dtmp,
@@ -504,7 +508,7 @@ extern "C" int cuda_transformer_backward(Model *m, CudaActivations *a, size_t n_
         if (a->recompute == RECOMPUTE_LAYER && l < L - 1) CHECK(layer_forward(m, a, l, a->training, 0, 0));
         const int sl = slot(a, l);
         const float *x = SLICE(a->x, l, ND), *xn1 = OP_SLICE(a, a->xn1, sl, ND), *q = SLICE(a->q, sl, ND),
-                    *k = SLICE(a->k, sl, ND), *v = SLICE(a->v, sl, ND), *ao = SLICE(a->ao, sl, ND),
+                    *k = SLICE(a->k, sl, ND), *v = SLICE(a->v, sl, ND), *ao = OP_SLICE(a, a->ao, sl, ND),
                     *h = SLICE(a->h, sl, ND), *lse = SLICE(a->att_lse, sl, lse_stride);
         /* dx is the gradient of x_{l+1} = h + moe(xn2): the MoE's output
          * gradient, then, once the MoE's backward has read it (stream
@@ -516,7 +520,12 @@ extern "C" int cuda_transformer_backward(Model *m, CudaActivations *a, size_t n_
                                     SLICE(a->rstd2, sl, NmaxT), N, D, s));
         phase_mark(a->clock, PHASE_DENSE);
         CHECK_CUDA(cudaMemsetAsync(a->dao, 0, nbytes, s));
-        CHECK(cuda_matmul_backward(a->dao, model_grad(m, T_WO, l), a->dx, ao, model_param(m, T_WO, l), N, D, D, blas));
+        if (a->act16)
+            CHECK(cuda_matmul_backward_bf16(a->dao, model_grad(m, T_WO, l), a->dx, (const uint16_t *)ao,
+                                            w16(a, m, model_param(m, T_WO, l)), N, D, D, blas));
+        else
+            CHECK(cuda_matmul_backward(a->dao, model_grad(m, T_WO, l), a->dx, ao, model_param(m, T_WO, l), N, D, D,
+                                       blas));
         phase_mark(a->clock, PHASE_ATTENTION);
         CHECK_CUDA(cudaMemsetAsync(a->dq, 0, nbytes, s));
         CHECK_CUDA(cudaMemsetAsync(a->dk, 0, nbytes, s));

@@ -35,8 +35,8 @@ typedef struct {
      * Lk layers of them: L, or 1 slot all layers share with RECOMPUTE_LAYER */
     Recompute recompute;     /* LAYER: backward runs each layer's forward again from its x */
     int Lk;
-    /* train.precision = bf16: the products' stored operands — xn1, xn2 and
-     * each layer's expert rows d_xrows, d_hrows — hold bf16 (their float
+    /* train.precision = bf16: the products' stored operands — xn1, ao, xn2
+     * and each layer's expert rows d_xrows, d_hrows — hold bf16 (their float
      * pointers name bf16 bytes), and w16 a bf16 copy of the parameters,
      * rounded from them at the start of each forward */
     int act16;

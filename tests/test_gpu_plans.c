@@ -52,9 +52,11 @@ static void test_kernel_plan(void **state)
 {
     (void)state;
     char unused[8];
-    /* 2 precisions x 6 products, 3 with bf16 operands, 4 sizes x 4 attention, 2 x 5 tensor-core attention,
-     * 3 cross-entropy, 16 MoE, 5 bf16 experts, 2 x 3 grouped products, 2 dispatch plan */
-    assert_int_equal(plan_kernels(-1, unused, sizeof unused), 2 * 6 + 3 + 4 * 4 + 2 * 5 + 3 + 16 + 5 + 2 * 3 + 2);
+    /* 2 precisions x 6 products, 3 with bf16 operands, 4 sizes x 4 attention, 2 x 4 attention writing bf16,
+     * 2 x 5 tensor-core attention, 3 cross-entropy, 16 MoE, 5 bf16 experts, 2 x 3 grouped products,
+     * 2 dispatch plan */
+    assert_int_equal(plan_kernels(-1, unused, sizeof unused),
+                     2 * 6 + 3 + 4 * 4 + 2 * 4 + 2 * 5 + 3 + 16 + 5 + 2 * 3 + 2);
     unique(plan_kernels);
     /* every output of every backward kernel is compared */
     const char *outputs[] = {"matmul_backward dinp (+=)", "matmul_backward dweight (+=)",
@@ -72,7 +74,14 @@ static void test_kernel_plan(void **state)
         if (!has(plan_kernels, outputs[i])) fail_msg("no check of %s", outputs[i]);
     attention_outputs_checked("attention_backward", plan_attention_dh, plan_attention_t, 4);
     attention_outputs_checked("attention_tc backward", plan_attention_tc_dh, plan_attention_tc_t, 2);
-    assert_false(plan_matches(plan_kernels, 73, "dispatch plan losses (balance, z, dropped)")); /* nothing beyond */
+    for (int s = 0; s < 2; s++)
+        for (int k = 0; k < 3; k++) {
+            char name[128];
+            snprintf(name, sizeof name, "attention_backward %s (+=) (bf16 stored) Dh=%d T=%d",
+                     k == 0 ? "dq" : k == 1 ? "dk" : "dv", plan_attention_bf16_dh[s], plan_attention_bf16_t[s]);
+            if (!has(plan_kernels, name)) fail_msg("no check of %s", name);
+        }
+    assert_false(plan_matches(plan_kernels, 81, "dispatch plan losses (balance, z, dropped)")); /* nothing beyond */
 }
 
 static void test_layer_plan(void **state)

@@ -28,6 +28,13 @@ static const char *const plan_products_stored[] = {
 static const char *const plan_attention[] = {
     "attention_forward", "attention_backward dq (+=)", "attention_backward dk (+=)", "attention_backward dv (+=)",
 };
+/* bf16 at head dimensions the tensor-core kernels do not take: the fp32
+ * kernels writing a bf16 output, at these sizes */
+static const int plan_attention_bf16_dh[2] = {16, 32}, plan_attention_bf16_t[2] = {37, 100};
+static const char *const plan_attention_bf16[] = {
+    "attention_forward (bf16 stored)", "attention_backward dq (+=) (bf16 stored)",
+    "attention_backward dk (+=) (bf16 stored)", "attention_backward dv (+=) (bf16 stored)",
+};
 /* the tensor-core attention (bf16) against the fp32 kernels, at these sizes */
 static const int plan_attention_tc_dh[2] = {64, 128}, plan_attention_tc_t[2] = {100, 130};
 static const char *const plan_attention_tc[] = {
@@ -80,6 +87,11 @@ static inline int plan_kernels(int i, char *out, size_t size)
     for (int s = 0; s < 4; s++)
         for (int k = 0; k < PLAN_LEN(plan_attention); k++, at++)
             if (at == i) snprintf(out, size, "%s Dh=%d T=%d", plan_attention[k], plan_attention_dh[s], plan_attention_t[s]);
+    for (int s = 0; s < 2; s++)
+        for (int k = 0; k < PLAN_LEN(plan_attention_bf16); k++, at++)
+            if (at == i)
+                snprintf(out, size, "%s Dh=%d T=%d", plan_attention_bf16[k], plan_attention_bf16_dh[s],
+                         plan_attention_bf16_t[s]);
     for (int s = 0; s < 2; s++)
         for (int k = 0; k < PLAN_LEN(plan_attention_tc); k++, at++)
             if (at == i)
