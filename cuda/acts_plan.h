@@ -24,7 +24,7 @@ static inline int cuda_acts_kept_layers(int layers, int recompute_layer) { retur
 
 /* bytes[i] of each piece for up to B sequences of T tokens; returns the
  * block's total (each piece 256-byte aligned). bf16: train.precision =
- * bf16, whose products' stored operands (xn1, ao, xn2) are bf16. */
+ * bf16, whose stored operands (xn1, q, k, v, ao, xn2) are bf16. */
 static inline size_t cuda_acts_pieces(size_t bytes[CUDA_ACTS_PIECES], int layers, int kept, int dim, int heads,
                                       int experts, int top_k, int vocab, int B, int T, int bf16)
 {
@@ -34,7 +34,7 @@ static inline size_t cuda_acts_pieces(size_t bytes[CUDA_ACTS_PIECES], int layers
     const size_t Dh2 = D / H / 2, VE = V > E ? V : E;
     const size_t p[CUDA_ACTS_PIECES] = {
         (L + 1) * N * D * f /* x */, Lk * N * D * op /* xn1 */, Lk * N * f /* rstd1 */,
-        Lk * N * D * f /* q */, Lk * N * D * f /* k */, Lk * N * D * f /* v */,
+        Lk * N * D * op /* q */, Lk * N * D * op /* k */, Lk * N * D * op /* v */,
         Lk * N * D * op /* ao */, Lk * (size_t)B * H * (size_t)T * f /* att_lse */,
         Lk * N * D * f /* h */, Lk * N * D * op /* xn2 */, Lk * N * f /* rstd2 */,
         N * D * f /* xf */, N * f /* rstdf */, N * VE * f /* probs, and in backward dlogits */,

@@ -22,13 +22,23 @@ typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::col_major> FragBt
 typedef wmma::fragment<wmma::accumulator, 16, 16, 16, float> FragC;
 
 /* rows [r0, r0 + n) of one head of x (B,T,D), as bf16 rows of DH in shared
- * memory; rows at or past T are zeros */
+ * memory; rows at or past T are zeros. x fp32 (dout: rounded here) or
+ * already bf16 (q, k, v: copied). */
 template <int DH>
 __device__ static void load_rows(bf16 *dst, const float *x, size_t base, int r0, int n, int T, int D)
 {
     for (int e = threadIdx.x; e < n * DH; e += TC_THREADS) {
         const int r = e / DH, d = e % DH, i = r0 + r;
         dst[e] = __float2bfloat16(i < T ? x[base + (size_t)i * D + d] : 0.0f);
+    }
+}
+
+template <int DH>
+__device__ static void load_rows(bf16 *dst, const uint16_t *x, size_t base, int r0, int n, int T, int D)
+{
+    for (int e = threadIdx.x; e < n * DH; e += TC_THREADS) {
+        const int r = e / DH, d = e % DH, i = r0 + r;
+        dst[e] = __ushort_as_bfloat16(i < T ? x[base + (size_t)i * D + d] : (uint16_t)0);
     }
 }
 
@@ -90,7 +100,7 @@ static size_t forward_smem(void)
  * shared memory (a fragment's rows cannot be scaled in registers). */
 template <int DH>
 __global__ static void __launch_bounds__(TC_THREADS)
-    tc_forward_kernel(uint16_t *out, float *lse, const float *q, const float *k, const float *v, int T, int D, int H,
+    tc_forward_kernel(uint16_t *out, float *lse, const uint16_t *q, const uint16_t *k, const uint16_t *v, int T, int D, int H,
                       float scale)
 {
     extern __shared__ __align__(128) unsigned char smem[];
@@ -225,8 +235,8 @@ __device__ static BackSmem carve_backward(unsigned char *smem, int warp)
  * then dV += P^T dO and dK += dS^T Q in fragments; no atomics. */
 template <int DH>
 __global__ static void __launch_bounds__(TC_THREADS)
-    tc_dkdv_kernel(float *dk, float *dv, const float *dout, const float *lse, const float *delta, const float *q,
-                   const float *k, const float *v, int T, int D, int H, float scale)
+    tc_dkdv_kernel(float *dk, float *dv, const float *dout, const float *lse, const float *delta, const uint16_t *q,
+                   const uint16_t *k, const uint16_t *v, int T, int D, int H, float scale)
 {
     extern __shared__ __align__(128) unsigned char smem[];
     const int warp = threadIdx.x / 32;
@@ -282,8 +292,8 @@ __global__ static void __launch_bounds__(TC_THREADS)
  * warp 16 queries, S = Q K^T and dP = dO V^T, then dQ += dS K. */
 template <int DH>
 __global__ static void __launch_bounds__(TC_THREADS)
-    tc_dq_kernel(float *dq, const float *dout, const float *lse, const float *delta, const float *q, const float *k,
-                 const float *v, int T, int D, int H, float scale)
+    tc_dq_kernel(float *dq, const float *dout, const float *lse, const float *delta, const uint16_t *q,
+                 const uint16_t *k, const uint16_t *v, int T, int D, int H, float scale)
 {
     extern __shared__ __align__(128) unsigned char smem[];
     const int warp = threadIdx.x / 32;
@@ -344,7 +354,7 @@ extern "C" int cuda_attention_tc_supports(int Dh)
 }
 
 template <int DH>
-static int tc_launch_forward(uint16_t *out, float *lse, const float *q, const float *k, const float *v, int B, int T,
+static int tc_launch_forward(uint16_t *out, float *lse, const uint16_t *q, const uint16_t *k, const uint16_t *v, int B, int T,
                              int D, int H, cudaStream_t stream)
 {
     const size_t smem = forward_smem<DH>();
@@ -360,7 +370,7 @@ static int tc_launch_forward(uint16_t *out, float *lse, const float *q, const fl
 
 template <int DH>
 static int tc_launch_backward(float *dq, float *dk, float *dv, const float *dout, const float *lse,
-                              const float *delta, const float *q, const float *k, const float *v, int B, int T, int D,
+                              const float *delta, const uint16_t *q, const uint16_t *k, const uint16_t *v, int B, int T, int D,
                               int H, cudaStream_t stream)
 {
     const size_t smem = backward_smem<DH>();
@@ -378,7 +388,7 @@ static int tc_launch_backward(float *dq, float *dk, float *dv, const float *dout
     return ISTH_OK;
 }
 
-extern "C" int cuda_attention_tc_forward(uint16_t *out, float *lse, const float *q, const float *k, const float *v, int B,
+extern "C" int cuda_attention_tc_forward(uint16_t *out, float *lse, const uint16_t *q, const uint16_t *k, const uint16_t *v, int B,
                                          int T, int D, int H, cudaStream_t stream)
 {
     if (!B || !T) return ISTH_OK;
@@ -390,7 +400,7 @@ extern "C" int cuda_attention_tc_forward(uint16_t *out, float *lse, const float 
 }
 
 extern "C" int cuda_attention_tc_backward(float *dq, float *dk, float *dv, const float *dout, const float *lse,
-                                          const float *delta, const float *q, const float *k, const float *v, int B,
+                                          const float *delta, const uint16_t *q, const uint16_t *k, const uint16_t *v, int B,
                                           int T, int D, int H, cudaStream_t stream)
 {
     if (!B || !T) return ISTH_OK;

@@ -261,6 +261,44 @@ extern "C" int cuda_swiglu_backward(float *da, float *du, const float *dh, const
     return ISTH_OK;
 }
 
+/* One thread per pair of q and of k (rotated in fp32 as rope_kernel does,
+ * then rounded) and the same two elements of v (rounded). */
+__global__ static void rope_qkv_bf16_kernel(uint16_t *q, uint16_t *k, uint16_t *v, const float *qf, const float *kf,
+                                            const float *vf, const float *cos_t, const float *sin_t, int B, int T,
+                                            int H, int Dh)
+{
+    const int half = Dh / 2;
+    const size_t pairs = (size_t)B * T * H * half;
+    GRID_STRIDE(p, pairs)
+    {
+        const int i = (int)(p % half);
+        const size_t bth = p / half, at = bth * Dh + i; /* element i of (b, t, h); its pair at + half */
+        const int t = (int)((bth / H) % T);
+        const float c = cos_t[(size_t)t * half + i], sn = sin_t[(size_t)t * half + i];
+        float a = qf[at], b = qf[at + half];
+        rope_rotate(&a, &b, c, sn);
+        q[at] = codec_to_bf16(a);
+        q[at + half] = codec_to_bf16(b);
+        a = kf[at], b = kf[at + half];
+        rope_rotate(&a, &b, c, sn);
+        k[at] = codec_to_bf16(a);
+        k[at + half] = codec_to_bf16(b);
+        v[at] = codec_to_bf16(vf[at]);
+        v[at + half] = codec_to_bf16(vf[at + half]);
+    }
+}
+
+extern "C" int cuda_rope_qkv_bf16(uint16_t *q, uint16_t *k, uint16_t *v, const float *qf, const float *kf,
+                                  const float *vf, const float *cos_t, const float *sin_t, int B, int T, int H, int Dh,
+                                  cudaStream_t stream)
+{
+    const size_t pairs = (size_t)B * T * H * (Dh / 2);
+    if (pairs)
+        rope_qkv_bf16_kernel<<<blocks_for(pairs), 256, 0, stream>>>(q, k, v, qf, kf, vf, cos_t, sin_t, B, T, H, Dh);
+    CHECK_CUDA(cudaGetLastError());
+    return ISTH_OK;
+}
+
 static int rope(float *x, const float *cos_t, const float *sin_t, int B, int T, int H, int Dh, float direction,
                 cudaStream_t stream)
 {
@@ -581,8 +619,8 @@ extern "C" int cuda_gemm_batch_run(CudaGemmBatch *g, const CudaBlas *b)
 #define ATT_ROWS 64 /* query (key) rows per block, one thread each */
 #define ATT_TILE 32 /* key (query) rows per shared tile */
 
-template <int DH, typename Out>
-__global__ static void attention_forward_kernel(Out *out, float *lse, const float *q, const float *k, const float *v,
+template <int DH>
+__global__ static void attention_forward_kernel(float *out, float *lse, const float *q, const float *k, const float *v,
                                                 int T, int D, int H, float scale)
 {
     __shared__ float ks[ATT_TILE][DH], vs[ATT_TILE][DH];
@@ -637,7 +675,7 @@ __global__ static void attention_forward_kernel(Out *out, float *lse, const floa
     if (live) {
         const float inv = 1.0f / l;
 #pragma unroll
-        for (int d = 0; d < DH; d++) put(&out[base + (size_t)i * D + d], o[d] * inv);
+        for (int d = 0; d < DH; d++) out[base + (size_t)i * D + d] = o[d] * inv;
         lse[(size_t)bh * T + i] = m + logf(l);
     }
 }
@@ -773,25 +811,17 @@ extern "C" int cuda_attention_supports(int Dh) { return Dh == 16 || Dh == 32 || 
     default: return isth_fail(ISTH_EINPUT, "CUDA attention: head dimension %d is not one of 16, 32, 64, 128", Dh); \
     }
 
-template <typename Out>
-static int attention_forward(Out *out, float *lse, const float *q, const float *k, const float *v, int B, int T, int D,
-                             int H, cudaStream_t stream)
+extern "C" int cuda_attention_forward(float *out, float *lse, const float *q, const float *k, const float *v, int B,
+                                      int T, int D, int H, cudaStream_t stream)
 {
     const int Dh = D / H;
     if (!B || !T) return ISTH_OK;
     const dim3 grid((unsigned)((T + ATT_ROWS - 1) / ATT_ROWS), (unsigned)(B * H));
     const float scale = 1.0f / sqrtf((float)Dh);
-#define LAUNCH_FWD(DH) \
-    attention_forward_kernel<DH, Out><<<grid, ATT_ROWS, 0, stream>>>(out, lse, q, k, v, T, D, H, scale)
+#define LAUNCH_FWD(DH) attention_forward_kernel<DH><<<grid, ATT_ROWS, 0, stream>>>(out, lse, q, k, v, T, D, H, scale)
     ATT_DISPATCH(Dh, LAUNCH_FWD)
     CHECK_CUDA(cudaGetLastError());
     return ISTH_OK;
-}
-
-extern "C" int cuda_attention_forward(float *out, float *lse, const float *q, const float *k, const float *v, int B,
-                                      int T, int D, int H, cudaStream_t stream)
-{
-    return attention_forward(out, lse, q, k, v, B, T, D, H, stream);
 }
 
 /* delta (B,H,T) = rowsum(dout * out), into scratch from the stream's pool
@@ -803,23 +833,12 @@ static int attention_delta(float **delta, const float *dout, const Out *out, int
     const size_t rows = (size_t)B * H * T;
     CHECK_CUDA(cudaMallocAsync((void **)delta, sizeof(float) * rows, stream));
     attention_delta_kernel<<<blocks_for(rows), 256, 0, stream>>>(*delta, dout, out, B, T, D, H);
-    CHECK_CUDA(cudaGetLastError());
-    return ISTH_OK;
-}
-
-/* The fp32 backward kernels from a delta already made. */
-static int attention_backward_fp32(float *dq, float *dk, float *dv, const float *dout, const float *lse,
-                                   const float *delta, const float *q, const float *k, const float *v, int B, int T,
-                                   int D, int H, cudaStream_t stream)
-{
-    const int Dh = D / H;
-    const dim3 grid((unsigned)((T + ATT_ROWS - 1) / ATT_ROWS), (unsigned)(B * H));
-    const float scale = 1.0f / sqrtf((float)Dh);
-#define LAUNCH_BWD(DH)                                                                                        \
-    attention_dq_kernel<DH><<<grid, ATT_ROWS, 0, stream>>>(dq, dout, lse, delta, q, k, v, T, D, H, scale);    \
-    attention_dkdv_kernel<DH><<<grid, ATT_ROWS, 0, stream>>>(dk, dv, dout, lse, delta, q, k, v, T, D, H, scale)
-    ATT_DISPATCH(Dh, LAUNCH_BWD)
-    CHECK_CUDA(cudaGetLastError());
+    const cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) {
+        cudaFreeAsync(*delta, stream);
+        *delta = NULL;
+        CHECK_CUDA(e);
+    }
     return ISTH_OK;
 }
 
@@ -827,38 +846,58 @@ extern "C" int cuda_attention_backward(float *dq, float *dk, float *dv, const fl
                                        const float *lse, const float *q, const float *k, const float *v, int B, int T,
                                        int D, int H, cudaStream_t stream)
 {
+    const int Dh = D / H;
     if (!B || !T) return ISTH_OK;
-    if (!cuda_attention_supports(D / H))
-        return isth_fail(ISTH_EINPUT, "CUDA attention: head dimension %d is not one of 16, 32, 64, 128", D / H);
+    if (!cuda_attention_supports(Dh))
+        return isth_fail(ISTH_EINPUT, "CUDA attention: head dimension %d is not one of 16, 32, 64, 128", Dh);
     float *delta;
     CHECK(attention_delta(&delta, dout, out, B, T, D, H, stream));
-    const int rc = attention_backward_fp32(dq, dk, dv, dout, lse, delta, q, k, v, B, T, D, H, stream);
+    const dim3 grid((unsigned)((T + ATT_ROWS - 1) / ATT_ROWS), (unsigned)(B * H));
+    const float scale = 1.0f / sqrtf((float)Dh);
+#define LAUNCH_BWD(DH)                                                                                        \
+    attention_dq_kernel<DH><<<grid, ATT_ROWS, 0, stream>>>(dq, dout, lse, delta, q, k, v, T, D, H, scale);    \
+    attention_dkdv_kernel<DH><<<grid, ATT_ROWS, 0, stream>>>(dk, dv, dout, lse, delta, q, k, v, T, D, H, scale)
+    ATT_DISPATCH(Dh, LAUNCH_BWD)
+    CHECK_CUDA(cudaGetLastError());
     CHECK_CUDA(cudaFreeAsync(delta, stream));
-    return rc;
+    return ISTH_OK;
 }
 
-extern "C" int cuda_attention_forward_as(int bf16, void *out, float *lse, const float *q, const float *k,
-                                         const float *v, int B, int T, int D, int H, cudaStream_t stream)
+/* bf16 runs attention on the tensor cores only (a second set of the fp32
+ * kernels reading and writing bf16 would triple this file's compile time
+ * for head dimensions no bf16 config uses); cuda_acts_create refuses a
+ * bf16 model whose head dimension they do not take. */
+static int tc_only(int Dh)
 {
-    if (!bf16) return attention_forward((float *)out, lse, q, k, v, B, T, D, H, stream);
-    if (cuda_attention_tc_supports(D / H))
-        return cuda_attention_tc_forward((uint16_t *)out, lse, q, k, v, B, T, D, H, stream);
-    return attention_forward((uint16_t *)out, lse, q, k, v, B, T, D, H, stream);
+    if (cuda_attention_tc_supports(Dh)) return ISTH_OK;
+    return isth_fail(ISTH_EINPUT, "CUDA attention in bf16: head dimension %d: the tensor-core kernels take 64 and 128 "
+                     "on a GPU whose blocks may use 113 KiB of shared memory; use train.precision = fp32", Dh);
+}
+
+extern "C" int cuda_attention_forward_as(int bf16, void *out, float *lse, const void *q, const void *k, const void *v,
+                                         int B, int T, int D, int H, cudaStream_t stream)
+{
+    if (!bf16)
+        return cuda_attention_forward((float *)out, lse, (const float *)q, (const float *)k, (const float *)v, B, T, D,
+                                      H, stream);
+    CHECK(tc_only(D / H));
+    return cuda_attention_tc_forward((uint16_t *)out, lse, (const uint16_t *)q, (const uint16_t *)k,
+                                     (const uint16_t *)v, B, T, D, H, stream);
 }
 
 extern "C" int cuda_attention_backward_as(int bf16, float *dq, float *dk, float *dv, const float *dout,
-                                          const void *out, const float *lse, const float *q, const float *k,
-                                          const float *v, int B, int T, int D, int H, cudaStream_t stream)
+                                          const void *out, const float *lse, const void *q, const void *k,
+                                          const void *v, int B, int T, int D, int H, cudaStream_t stream)
 {
-    if (!bf16) return cuda_attention_backward(dq, dk, dv, dout, (const float *)out, lse, q, k, v, B, T, D, H, stream);
+    if (!bf16)
+        return cuda_attention_backward(dq, dk, dv, dout, (const float *)out, lse, (const float *)q, (const float *)k,
+                                       (const float *)v, B, T, D, H, stream);
+    CHECK(tc_only(D / H));
     if (!B || !T) return ISTH_OK;
-    if (!cuda_attention_supports(D / H))
-        return isth_fail(ISTH_EINPUT, "CUDA attention: head dimension %d is not one of 16, 32, 64, 128", D / H);
     float *delta;
     CHECK(attention_delta(&delta, dout, (const uint16_t *)out, B, T, D, H, stream));
-    const int rc = cuda_attention_tc_supports(D / H)
-                       ? cuda_attention_tc_backward(dq, dk, dv, dout, lse, delta, q, k, v, B, T, D, H, stream)
-                       : attention_backward_fp32(dq, dk, dv, dout, lse, delta, q, k, v, B, T, D, H, stream);
+    const int rc = cuda_attention_tc_backward(dq, dk, dv, dout, lse, delta, (const uint16_t *)q, (const uint16_t *)k,
+                                              (const uint16_t *)v, B, T, D, H, stream);
     CHECK_CUDA(cudaFreeAsync(delta, stream));
     return rc;
 }

@@ -81,6 +81,12 @@ int cuda_rope_forward(float *x, const float *cos_t, const float *sin_t, int B, i
 int cuda_rope_backward(float *dx, const float *cos_t, const float *sin_t, int B, int T, int H, int Dh,
                        cudaStream_t stream);
 
+/* The bf16 path's q, k, v (B,T,H,Dh): the projections' fp32 outputs qf,
+ * kf (rotated as cuda_rope_forward rotates) and vf, rounded once to bf16:
+ * one launch for the three. */
+int cuda_rope_qkv_bf16(uint16_t *q, uint16_t *k, uint16_t *v, const float *qf, const float *kf, const float *vf,
+                       const float *cos_t, const float *sin_t, int B, int T, int H, int Dh, cudaStream_t stream);
+
 /* out (N,OC) = inp (N,C) . weight (C,OC)   [weights stored (in, out)] */
 int cuda_matmul_forward(float *out, const float *inp, const float *weight, size_t N, int C, int OC,
                         const CudaBlas *blas);
@@ -160,15 +166,15 @@ int cuda_attention_forward(float *out, float *lse, const float *q, const float *
 int cuda_attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *out, const float *lse,
                             const float *q, const float *k, const float *v, int B, int T, int D, int H,
                             cudaStream_t stream);
-/* The attention a precision runs: bf16 != 0 writes out as bf16 (the output
- * projection's stored operand) and, for a head dimension of
- * attention_tc.h's, takes the tensor-core kernels (bf16 products, fp32
- * softmax and accumulation), else the fp32 kernels above with out rounded
- * once; bf16 == 0 is cuda_attention_forward / _backward (out fp32). */
-int cuda_attention_forward_as(int bf16, void *out, float *lse, const float *q, const float *k, const float *v, int B,
+/* The attention a precision runs: bf16 == 0 is cuda_attention_forward /
+ * _backward (fp32 throughout); bf16 != 0 the tensor-core kernels
+ * (attention_tc.h: head dimensions 64 and 128, any other refused with a
+ * one-line error), q, k, v read as bf16 (cuda_rope_qkv_bf16) and out
+ * written as bf16 (the output projection's stored operand). */
+int cuda_attention_forward_as(int bf16, void *out, float *lse, const void *q, const void *k, const void *v, int B,
                               int T, int D, int H, cudaStream_t stream);
 int cuda_attention_backward_as(int bf16, float *dq, float *dk, float *dv, const float *dout, const void *out,
-                               const float *lse, const float *q, const float *k, const float *v, int B, int T, int D,
+                               const float *lse, const void *q, const void *k, const void *v, int B, int T, int D,
                                int H, cudaStream_t stream);
 
 /* probs (N,V) = softmax(logits) in place; losses (N) = -log probs[target]

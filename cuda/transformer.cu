@@ -1,6 +1,7 @@
 /* transformer.cu — see transformer.h. */
 #include "transformer.h"
 #include "acts_plan.h"
+#include "attention_tc.h"
 #include "check.h"
 
 #include <stdlib.h>
@@ -60,10 +61,11 @@ extern "C" double cuda_acts_bytes(const ModelConfig *c, int B, int T, int G, Rec
                                 bf16); /* expert rows are counted apart */
 }
 
-/* The bf16 copy of the parameter at p (a pointer into m->params). */
+/* The bf16 copy of the parameter at p (a pointer into m->params past the
+ * tied embedding, which the products never read). */
 static const uint16_t *w16(const CudaActivations *a, const Model *m, const float *p)
 {
-    return a->w16 + (p - m->params);
+    return a->w16 + (p - m->params - model_after_embed(m));
 }
 
 /* Width in floats of a row of D stored operands: bf16 rows travel and are
@@ -145,6 +147,10 @@ extern "C" int cuda_acts_create(CudaActivations *a, const ModelConfig *c, int B,
     if (!cuda_attention_supports(Dh))
         return isth_fail(ISTH_EINPUT, "config: [model] dim / heads = %d: the CUDA attention is built for head "
                          "dimensions 16, 32, 64 and 128", Dh);
+    if (blas->bf16 && !cuda_attention_tc_supports(Dh))
+        return isth_fail(ISTH_EINPUT, "config: [train] precision = bf16 runs attention on tensor cores, for head "
+                         "dimensions 64 and 128 (here [model] dim / heads = %d) on a GPU whose blocks may use 113 KiB "
+                         "of shared memory; use precision = fp32", Dh);
     const int rc = create(a, c, B, T);
     if (rc != ISTH_OK) cuda_acts_destroy(a);
     return rc;
@@ -216,7 +222,7 @@ static int ensure_owner(CudaActivations *a, CudaRouting *r, int n_recv)
 }
 
 #define SLICE(buf, l, per) ((buf) + (size_t)(l) * (per))
-/* Layer slot l of a stored operand (xn1, ao, xn2) of `per` elements per slot:
+/* Layer slot l of a stored operand (xn1, q, k, v, ao, xn2) of `per` elements per slot:
  * bf16 ones take half the floats. */
 #define OP_SLICE(a, buf, l, per) SLICE(buf, l, (a)->act16 ? (per) / 2 : (per))
 
@@ -325,30 +331,36 @@ static int layer_forward(const Model *m, CudaActivations *a, int l, int training
     const CudaBlas *blas = a->blas;
     const cudaStream_t s = blas->stream;
     const int sl = slot(a, l);
-    float *x = SLICE(a->x, l, ND), *xn1 = OP_SLICE(a, a->xn1, sl, ND), *q = SLICE(a->q, sl, ND), *k = SLICE(a->k, sl, ND),
-          *v = SLICE(a->v, sl, ND), *ao = OP_SLICE(a, a->ao, sl, ND), *h = SLICE(a->h, sl, ND),
-          *xn2 = OP_SLICE(a, a->xn2, sl, ND), *lse = SLICE(a->att_lse, sl, lse_stride);
+    float *x = SLICE(a->x, l, ND), *xn1 = OP_SLICE(a, a->xn1, sl, ND), *q = OP_SLICE(a, a->q, sl, ND),
+          *k = OP_SLICE(a, a->k, sl, ND), *v = OP_SLICE(a, a->v, sl, ND), *ao = OP_SLICE(a, a->ao, sl, ND),
+          *h = SLICE(a->h, sl, ND), *xn2 = OP_SLICE(a, a->xn2, sl, ND), *lse = SLICE(a->att_lse, sl, lse_stride);
     phase_mark(a->clock, PHASE_ELEMENTWISE);
     if (a->act16) {
+        /* the projections into the backward's dq, dk, dv (free until the
+         * attention's backward, recomputed layers included), then rotated
+         * and rounded into the layer's bf16 q, k, v in one launch */
         const uint16_t *xb = (const uint16_t *)xn1;
         CHECK(cuda_rmsnorm_forward_bf16((uint16_t *)xn1, SLICE(a->rstd1, sl, NmaxT), x,
                                         model_param(m, T_ATTN_NORM, l), N, D, s));
         phase_mark(a->clock, PHASE_DENSE);
-        CHECK(cuda_matmul_forward_bf16(q, xb, w16(a, m, model_param(m, T_WQ, l)), N, D, D, blas));
-        CHECK(cuda_matmul_forward_bf16(k, xb, w16(a, m, model_param(m, T_WK, l)), N, D, D, blas));
-        CHECK(cuda_matmul_forward_bf16(v, xb, w16(a, m, model_param(m, T_WV, l)), N, D, D, blas));
+        CHECK(cuda_matmul_forward_bf16(a->dq, xb, w16(a, m, model_param(m, T_WQ, l)), N, D, D, blas));
+        CHECK(cuda_matmul_forward_bf16(a->dk, xb, w16(a, m, model_param(m, T_WK, l)), N, D, D, blas));
+        CHECK(cuda_matmul_forward_bf16(a->dv, xb, w16(a, m, model_param(m, T_WV, l)), N, D, D, blas));
+        phase_mark(a->clock, PHASE_ELEMENTWISE);
+        CHECK(cuda_rope_qkv_bf16((uint16_t *)q, (uint16_t *)k, (uint16_t *)v, a->dq, a->dk, a->dv, a->rope_cos,
+                                 a->rope_sin, B, T, H, D / H, s));
     } else {
         CHECK(cuda_rmsnorm_forward(xn1, SLICE(a->rstd1, sl, NmaxT), x, model_param(m, T_ATTN_NORM, l), N, D, s));
         phase_mark(a->clock, PHASE_DENSE);
         CHECK(cuda_matmul_forward(q, xn1, model_param(m, T_WQ, l), N, D, D, blas));
         CHECK(cuda_matmul_forward(k, xn1, model_param(m, T_WK, l), N, D, D, blas));
         CHECK(cuda_matmul_forward(v, xn1, model_param(m, T_WV, l), N, D, D, blas));
+        phase_mark(a->clock, PHASE_ELEMENTWISE);
+        CHECK(cuda_rope_forward(q, a->rope_cos, a->rope_sin, B, T, H, D / H, s));
+        CHECK(cuda_rope_forward(k, a->rope_cos, a->rope_sin, B, T, H, D / H, s));
     }
-    phase_mark(a->clock, PHASE_ELEMENTWISE);
-    CHECK(cuda_rope_forward(q, a->rope_cos, a->rope_sin, B, T, H, D / H, s));
-    CHECK(cuda_rope_forward(k, a->rope_cos, a->rope_sin, B, T, H, D / H, s));
     phase_mark(a->clock, PHASE_ATTENTION);
-    CHECK(cuda_attention_forward_as(blas->bf16, ao, lse, q, k, v, B, T, D, H, s));
+    CHECK(cuda_attention_forward_as(a->act16, ao, lse, q, k, v, B, T, D, H, s));
     phase_mark(a->clock, PHASE_DENSE);
     if (a->act16)
         CHECK(cuda_matmul_forward_bf16(a->dtmp, (const uint16_t *)ao, w16(a, m, model_param(m, T_WO, l)), N, D, D,
@@ -395,14 +407,15 @@ extern "C" int cuda_transformer_forward(const Model *m, CudaActivations *a, cons
 
     phase_mark(a->clock, PHASE_ELEMENTWISE);
     if (a->act16) { /* the weights as this forward's products read them: whatever changed them since */
-        if (a->w16_n != m->n_params) {
+        const size_t first = model_after_embed(m), n = m->n_params - first;
+        if (a->w16_n != n) {
             if (a->w16) CHECK_CUDA(cudaFree(a->w16));
             a->w16 = NULL;
             a->w16_n = 0;
-            CHECK_CUDA(cudaMalloc((void **)&a->w16, m->n_params * sizeof(uint16_t)));
-            a->w16_n = m->n_params;
+            CHECK_CUDA(cudaMalloc((void **)&a->w16, (n ? n : 1) * sizeof(uint16_t)));
+            a->w16_n = n;
         }
-        CHECK(cuda_to_bf16(a->w16, m->params, m->n_params, s));
+        CHECK(cuda_to_bf16(a->w16, m->params + first, n, s));
     }
     CHECK(cuda_encoder_forward(SLICE(a->x, 0, ND), a->tokens, model_param(m, T_EMBED, 0), N, D, s));
     for (int l = 0; l < L; l++) {
@@ -507,8 +520,8 @@ extern "C" int cuda_transformer_backward(Model *m, CudaActivations *a, size_t n_
          * (read already); the last layer's are still in the slot */
         if (a->recompute == RECOMPUTE_LAYER && l < L - 1) CHECK(layer_forward(m, a, l, a->training, 0, 0));
         const int sl = slot(a, l);
-        const float *x = SLICE(a->x, l, ND), *xn1 = OP_SLICE(a, a->xn1, sl, ND), *q = SLICE(a->q, sl, ND),
-                    *k = SLICE(a->k, sl, ND), *v = SLICE(a->v, sl, ND), *ao = OP_SLICE(a, a->ao, sl, ND),
+        const float *x = SLICE(a->x, l, ND), *xn1 = OP_SLICE(a, a->xn1, sl, ND), *q = OP_SLICE(a, a->q, sl, ND),
+                    *k = OP_SLICE(a, a->k, sl, ND), *v = OP_SLICE(a, a->v, sl, ND), *ao = OP_SLICE(a, a->ao, sl, ND),
                     *h = SLICE(a->h, sl, ND), *lse = SLICE(a->att_lse, sl, lse_stride);
         /* dx is the gradient of x_{l+1} = h + moe(xn2): the MoE's output
          * gradient, then, once the MoE's backward has read it (stream
@@ -530,7 +543,7 @@ extern "C" int cuda_transformer_backward(Model *m, CudaActivations *a, size_t n_
         CHECK_CUDA(cudaMemsetAsync(a->dq, 0, nbytes, s));
         CHECK_CUDA(cudaMemsetAsync(a->dk, 0, nbytes, s));
         CHECK_CUDA(cudaMemsetAsync(a->dv, 0, nbytes, s));
-        CHECK(cuda_attention_backward_as(blas->bf16, a->dq, a->dk, a->dv, a->dao, ao, lse, q, k, v, B, T, D, H, s));
+        CHECK(cuda_attention_backward_as(a->act16, a->dq, a->dk, a->dv, a->dao, ao, lse, q, k, v, B, T, D, H, s));
         phase_mark(a->clock, PHASE_ELEMENTWISE);
         CHECK(cuda_rope_backward(a->dq, a->rope_cos, a->rope_sin, B, T, H, D / H, s));
         CHECK(cuda_rope_backward(a->dk, a->rope_cos, a->rope_sin, B, T, H, D / H, s));

@@ -35,12 +35,14 @@ typedef struct {
      * Lk layers of them: L, or 1 slot all layers share with RECOMPUTE_LAYER */
     Recompute recompute;     /* LAYER: backward runs each layer's forward again from its x */
     int Lk;
-    /* train.precision = bf16: the products' stored operands — xn1, ao, xn2
-     * and each layer's expert rows d_xrows, d_hrows — hold bf16 (their float
-     * pointers name bf16 bytes), and w16 a bf16 copy of the parameters,
-     * rounded from them at the start of each forward */
+    /* train.precision = bf16: the stored operands of the products and the
+     * attention — xn1, q, k, v, ao, xn2 and each layer's expert rows
+     * d_xrows, d_hrows — hold bf16 (their float
+     * pointers name bf16 bytes), and w16 a bf16 copy of the parameters
+     * after the tied embedding, rounded from them at the start of each
+     * forward */
     int act16;
-    uint16_t *w16;           /* (n_params) when act16 */
+    uint16_t *w16;           /* (n_params - model_after_embed) when act16 */
     size_t w16_n;
     float *x;                /* (L+1,N,D): always every layer's */
     float *xn1, *rstd1;      /* (Lk,N,D), (Lk,N) */

@@ -61,10 +61,15 @@ CODEC_ROUNDED(codec_add, +, __fadd_rn)
 CODEC_ROUNDED(codec_sub, -, __fsub_rn)
 #undef CODEC_ROUNDED
 
-/* bf16 of a finite float, rounded to nearest even on the dropped 16 bits. */
+/* bf16 of a float, rounded to nearest even on the dropped 16 bits (a
+ * finite value past bf16's largest rounds to infinity). A NaN stays a NaN
+ * (quieted): adding the rounding bias to its bits would wrap it into a
+ * zero or an infinity, and a diverged value must not turn into a finite
+ * one on its way into a payload or a product. */
 static inline CODEC_HD uint16_t codec_to_bf16(float f)
 {
     uint32_t u = codec_float_bits(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x0040u);
     u += 0x7fffu + ((u >> 16) & 1u);
     return (uint16_t)(u >> 16);
 }

@@ -71,6 +71,11 @@ void model_destroy(Model *m);
  * (init_seed, tensor, canonical element index), not on the sharding. */
 void model_init(Model *m);
 
+/* The first parameter after the tied embedding (the first tensor): the
+ * GPU's bf16 products read [model_after_embed, n_params), never the
+ * embedding (the encoder and the head read it in fp32). */
+static inline size_t model_after_embed(const Model *m) { return m->tensors[T_ATTN_NORM].offset; }
+
 /* Pointer to layer `l` of a layered tensor (or the whole tensor). */
 float *model_param(const Model *m, TensorId t, int layer);
 float *model_grad(const Model *m, TensorId t, int layer);

@@ -21,6 +21,7 @@
 #include <mpi.h>
 
 #include "codec.h"
+#include "codec_math.h"
 #include "coll.h"
 #include "model.h"
 #include "outer.h"
@@ -94,6 +95,28 @@ static void test_round_trips(void **state)
 /* The E2M1 grid itself: a block whose largest magnitude is 6 has scale 1,
  * so every grid value and its negative decodes exactly, and a value
  * halfway between two grid points goes to the lower magnitude. */
+/* bf16 rounding (codec_math.h, shared by the codec and the GPU's bf16
+ * operands): nearest even, overflow to infinity, and a NaN of any sign or
+ * payload stays a NaN (the bias added to its bits would wrap it). */
+static void test_bf16_rounding_keeps_nan(void **state)
+{
+    (void)state;
+    const uint32_t nans[] = {0x7fc00000u, 0x7fffffffu, 0xffffffffu, 0x7f800001u, 0xff800001u, 0x7fbfffffu};
+    for (size_t i = 0; i < sizeof nans / sizeof *nans; i++) {
+        float f;
+        memcpy(&f, &nans[i], 4);
+        const float back = codec_from_bf16(codec_to_bf16(f));
+        if (!isnan(back)) fail_msg("NaN %#010x became %g", nans[i], back);
+    }
+    assert_true(isinf(codec_from_bf16(codec_to_bf16(INFINITY))) && codec_from_bf16(codec_to_bf16(INFINITY)) > 0);
+    assert_true(isinf(codec_from_bf16(codec_to_bf16(-FLT_MAX))) && codec_from_bf16(codec_to_bf16(-FLT_MAX)) < 0);
+    assert_int_equal(codec_to_bf16(1.0f), 0x3f80);
+    /* ties to even: 1 + 2^-8 lies halfway between 1 and 1 + 2^-7 (bf16's step at 1) */
+    assert_int_equal(codec_to_bf16(1.0f + 0x1p-8f), 0x3f80);
+    assert_int_equal(codec_to_bf16(1.0f + 3 * 0x1p-8f), 0x3f82);
+    assert_int_equal(codec_to_bf16(-0.0f), 0x8000);
+}
+
 static void test_fp4_grid_is_e2m1(void **state)
 {
     (void)state;
@@ -456,6 +479,7 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_round_trips),
         cmocka_unit_test(test_fp4_grid_is_e2m1),
+        cmocka_unit_test(test_bf16_rounding_keeps_nan),
         cmocka_unit_test(test_topk_matches_the_reference),
         cmocka_unit_test(test_topk_error_feedback_conserves),
         cmocka_unit_test(test_topk_malformed_is_refused),

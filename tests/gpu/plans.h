@@ -28,13 +28,6 @@ static const char *const plan_products_stored[] = {
 static const char *const plan_attention[] = {
     "attention_forward", "attention_backward dq (+=)", "attention_backward dk (+=)", "attention_backward dv (+=)",
 };
-/* bf16 at head dimensions the tensor-core kernels do not take: the fp32
- * kernels writing a bf16 output, at these sizes */
-static const int plan_attention_bf16_dh[2] = {16, 32}, plan_attention_bf16_t[2] = {37, 100};
-static const char *const plan_attention_bf16[] = {
-    "attention_forward (bf16 stored)", "attention_backward dq (+=) (bf16 stored)",
-    "attention_backward dk (+=) (bf16 stored)", "attention_backward dv (+=) (bf16 stored)",
-};
 /* the tensor-core attention (bf16) against the fp32 kernels, at these sizes */
 static const int plan_attention_tc_dh[2] = {64, 128}, plan_attention_tc_t[2] = {100, 130};
 static const char *const plan_attention_tc[] = {
@@ -61,7 +54,7 @@ static const char *const plan_layers[] = {
     "rmsnorm_backward dinp (+=)", "rmsnorm_backward dweight (+=)", "residual_rmsnorm_forward (h, out, rstd)",
     "rmsnorm_forward out (bf16 stored)", "residual_rmsnorm_forward (h, out) (bf16 stored)",
     "swiglu_forward", "swiglu_forward (bf16 stored)", "swiglu_backward da (+=)",
-    "swiglu_backward du (+=)", "rope_forward", "rope_backward",
+    "swiglu_backward du (+=)", "rope_forward", "rope_backward", "rope_qkv forward (bf16 stored)",
 };
 /* test_optim_gpu: AdamW, then each matrix optimiser against the CPU's
  * precond_step (every piece of its state, its counters), then again on the
@@ -87,11 +80,6 @@ static inline int plan_kernels(int i, char *out, size_t size)
     for (int s = 0; s < 4; s++)
         for (int k = 0; k < PLAN_LEN(plan_attention); k++, at++)
             if (at == i) snprintf(out, size, "%s Dh=%d T=%d", plan_attention[k], plan_attention_dh[s], plan_attention_t[s]);
-    for (int s = 0; s < 2; s++)
-        for (int k = 0; k < PLAN_LEN(plan_attention_bf16); k++, at++)
-            if (at == i)
-                snprintf(out, size, "%s Dh=%d T=%d", plan_attention_bf16[k], plan_attention_bf16_dh[s],
-                         plan_attention_bf16_t[s]);
     for (int s = 0; s < 2; s++)
         for (int k = 0; k < PLAN_LEN(plan_attention_tc); k++, at++)
             if (at == i)

@@ -7,7 +7,8 @@
 #   2. 50 steps of small.ini on the CPU and on the GPU: fp32 losses within
 #      1e-4 relative of the CPU's, bf16 within 1%; 12 steps with Shampoo
 #      (roots every 3 updates) and with Muon, fp32, within 1e-3; 50 fp32
-#      steps with train.recompute = layer: the same bits as without
+#      steps with train.recompute = layer: the same bits as without; bf16
+#      at a head dimension the tensor cores do not take refused (exit 2)
 #   3. a checkpoint written on the GPU resumed on the CPU: the CPU
 #      continues where the GPU would have (losses within 1e-4); the same
 #      with Shampoo's statistics and roots in the checkpoint (within 1e-3)
@@ -195,6 +196,16 @@ if [ "$gpus" -gt 0 ]; then
             row "small.ini 50 steps $p vs CPU" FAIL "$(tail -1 "$out/gpu50_$p.log")"
         fi
     done
+    # bf16 attention runs on tensor cores only: tiny.ini's head dimension
+    # (32) is refused before the first step, in one line, exit 2
+    rc=0
+    timeout 60 "$isthmus" train "$configs/tiny.ini" $common --set train.backend=cuda --set train.precision=bf16 \
+        --set train.steps=1 --set train.out_dir="$work/tiny_bf16" > "$out/tiny_bf16.log" 2>&1 || rc=$?
+    if [ $rc -eq 2 ] && grep -q "precision = bf16 runs attention on tensor cores" "$out/tiny_bf16.log"; then
+        row "bf16 at head dim 32 refused" PASS "exit 2: $(grep -m1 'precision = bf16' "$out/tiny_bf16.log" | cut -c1-60)"
+    else
+        row "bf16 at head dim 32 refused" FAIL "exit $rc: $(tail -1 "$out/tiny_bf16.log")"
+    fi
 else
     row "small.ini 50 steps fp32/bf16 vs CPU" SKIP "no GPU; CPU run $([ -f "$work/cpu50/model.h5" ] && echo ok || echo FAILED)"
 fi

@@ -112,7 +112,7 @@ static void from_device(float *h, const float *d, size_t n)
 int main(void)
 {
     char unused[8];
-    const int PLAN = plan_layer_checks(-1, unused, sizeof unused); /* embedding 2, rmsnorm 4 and the fused residual + norm, swiglu 3, rope 2 */
+    const int PLAN = plan_layer_checks(-1, unused, sizeof unused); /* embedding 2, rmsnorm 4 and the fused residual + norm, swiglu 3, rope 2, and 4 outputs stored as bf16 */
     if (!gpu_present_or_skip()) return 0;
     printf("1..%d\n", PLAN);
     { /* embedding: repeated tokens so the scatter accumulates */
@@ -244,6 +244,42 @@ int main(void)
     if (cuda_rope_backward(d_x, d_cos, d_sin, B, T, H, Dh, 0)) return 1;
     from_device(gx, d_x, nx);
     check_scaled("rope_backward", gx, x, nx, 1);
+    { /* the bf16 path's q, k, v in one launch: q and k rotated as
+       * cuda_rope_forward rotates them, v as it is, each rounded once.
+       * Against the fp32 kernel's rotation rounded on the host: v bit for
+       * bit; q and k within 2^-8 relative (the rounding's 2^-9, and room
+       * for nvcc contracting the rotation into FMAs differently in the
+       * two kernels) */
+        float *qf = random_floats(nx, 13, 1.0), *kf = random_floats(nx, 14, 1.0), *vf = random_floats(nx, 15, 1.0);
+        uint16_t *q16 = malloc(nx * sizeof(uint16_t)), *k16 = malloc(nx * sizeof(uint16_t)),
+                 *v16 = malloc(nx * sizeof(uint16_t)), *dq16 = NULL, *dk16 = NULL, *dv16 = NULL;
+        float *d_qf = to_device(qf, nx), *d_kf = to_device(kf, nx), *d_vf = to_device(vf, nx);
+        if (!qf || !kf || !vf || !q16 || !k16 || !v16 || !d_qf || !d_kf || !d_vf ||
+            cudaMalloc((void **)&dq16, nx * 2) != cudaSuccess || cudaMalloc((void **)&dk16, nx * 2) != cudaSuccess ||
+            cudaMalloc((void **)&dv16, nx * 2) != cudaSuccess)
+            return 1;
+        if (cuda_rope_qkv_bf16(dq16, dk16, dv16, d_qf, d_kf, d_vf, d_cos, d_sin, B, T, H, Dh, 0) ||
+            cuda_rope_forward(d_qf, d_cos, d_sin, B, T, H, Dh, 0) || cuda_rope_forward(d_kf, d_cos, d_sin, B, T, H, Dh, 0))
+            return 1;
+        cudaDeviceSynchronize();
+        cudaMemcpy(q16, dq16, nx * 2, cudaMemcpyDeviceToHost);
+        cudaMemcpy(k16, dk16, nx * 2, cudaMemcpyDeviceToHost);
+        cudaMemcpy(v16, dv16, nx * 2, cudaMemcpyDeviceToHost);
+        from_device(qf, d_qf, nx);
+        from_device(kf, d_kf, nx);
+        size_t bad = 0;
+        for (size_t j = 0; j < nx; j++) {
+            bad += v16[j] != codec_to_bf16(vf[j]);
+            const float gq = codec_from_bf16(q16[j]), gk = codec_from_bf16(k16[j]);
+            bad += !(fabsf(gq - qf[j]) <= 0x1p-8f * fabsf(qf[j])) + !(fabsf(gk - kf[j]) <= 0x1p-8f * fabsf(kf[j]));
+        }
+        const int planned = plan_matches(plan_layer_checks, test_no, "rope_qkv forward (bf16 stored)");
+        printf("%s %d - rope_qkv forward (bf16 stored): %zu of %zu values off\n", bad || !planned ? "not ok" : "ok",
+               ++test_no, bad, 3 * nx);
+        failures += bad != 0 || !planned;
+        cudaFree(dq16), cudaFree(dk16), cudaFree(dv16), cudaFree(d_qf), cudaFree(d_kf), cudaFree(d_vf);
+        free(qf), free(kf), free(vf), free(q16), free(k16), free(v16);
+    }
     if (test_no != PLAN) {
         fprintf(stderr, "the plan counted %d checks, %d ran\n", PLAN, test_no);
         return 1;
