@@ -100,8 +100,8 @@ static size_t forward_smem(void)
  * shared memory (a fragment's rows cannot be scaled in registers). */
 template <int DH>
 __global__ static void __launch_bounds__(TC_THREADS)
-    tc_forward_kernel(uint16_t *out, float *lse, const uint16_t *q, const uint16_t *k, const uint16_t *v, int T, int D, int H,
-                      float scale)
+    tc_forward_kernel(uint16_t *out, float *lse, const uint16_t *q, const uint16_t *k, const uint16_t *v, int T, int D,
+                      int H, float scale)
 {
     extern __shared__ __align__(128) unsigned char smem[];
     bf16 *Qs = (bf16 *)smem, *Ks = Qs + TC_ROWS * DH, *Vs = Ks + TC_TILE * DH;
@@ -354,8 +354,8 @@ extern "C" int cuda_attention_tc_supports(int Dh)
 }
 
 template <int DH>
-static int tc_launch_forward(uint16_t *out, float *lse, const uint16_t *q, const uint16_t *k, const uint16_t *v, int B, int T,
-                             int D, int H, cudaStream_t stream)
+static int tc_launch_forward(uint16_t *out, float *lse, const uint16_t *q, const uint16_t *k, const uint16_t *v, int B,
+                             int T, int D, int H, cudaStream_t stream)
 {
     const size_t smem = forward_smem<DH>();
     static int opted; /* once per kernel and process */
@@ -370,8 +370,8 @@ static int tc_launch_forward(uint16_t *out, float *lse, const uint16_t *q, const
 
 template <int DH>
 static int tc_launch_backward(float *dq, float *dk, float *dv, const float *dout, const float *lse,
-                              const float *delta, const uint16_t *q, const uint16_t *k, const uint16_t *v, int B, int T, int D,
-                              int H, cudaStream_t stream)
+                              const float *delta, const uint16_t *q, const uint16_t *k, const uint16_t *v, int B, int T,
+                              int D, int H, cudaStream_t stream)
 {
     const size_t smem = backward_smem<DH>();
     static int opted;
@@ -388,8 +388,8 @@ static int tc_launch_backward(float *dq, float *dk, float *dv, const float *dout
     return ISTH_OK;
 }
 
-extern "C" int cuda_attention_tc_forward(uint16_t *out, float *lse, const uint16_t *q, const uint16_t *k, const uint16_t *v, int B,
-                                         int T, int D, int H, cudaStream_t stream)
+extern "C" int cuda_attention_tc_forward(uint16_t *out, float *lse, const uint16_t *q, const uint16_t *k,
+                                         const uint16_t *v, int B, int T, int D, int H, cudaStream_t stream)
 {
     if (!B || !T) return ISTH_OK;
     switch (D / H) {
@@ -400,8 +400,8 @@ extern "C" int cuda_attention_tc_forward(uint16_t *out, float *lse, const uint16
 }
 
 extern "C" int cuda_attention_tc_backward(float *dq, float *dk, float *dv, const float *dout, const float *lse,
-                                          const float *delta, const uint16_t *q, const uint16_t *k, const uint16_t *v, int B,
-                                          int T, int D, int H, cudaStream_t stream)
+                                          const float *delta, const uint16_t *q, const uint16_t *k, const uint16_t *v,
+                                          int B, int T, int D, int H, cudaStream_t stream)
 {
     if (!B || !T) return ISTH_OK;
     switch (D / H) {

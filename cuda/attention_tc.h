@@ -28,12 +28,12 @@ extern "C" {
 int cuda_attention_tc_supports(int Dh);
 /* As cuda_attention_forward (layers.h): out (B,T,D) written as bf16 (the
  * output projection's stored operand), lse (B,H,T). */
-int cuda_attention_tc_forward(uint16_t *out, float *lse, const uint16_t *q, const uint16_t *k, const uint16_t *v, int B, int T,
-                              int D, int H, cudaStream_t stream);
+int cuda_attention_tc_forward(uint16_t *out, float *lse, const uint16_t *q, const uint16_t *k, const uint16_t *v, int B,
+                              int T, int D, int H, cudaStream_t stream);
 /* dq, dk, dv (B,T,D) += ...; delta (B,H,T) = rowsum(dout * out). */
 int cuda_attention_tc_backward(float *dq, float *dk, float *dv, const float *dout, const float *lse,
-                               const float *delta, const uint16_t *q, const uint16_t *k, const uint16_t *v, int B, int T,
-                               int D, int H, cudaStream_t stream);
+                               const float *delta, const uint16_t *q, const uint16_t *k, const uint16_t *v, int B,
+                               int T, int D, int H, cudaStream_t stream);
 
 #ifdef __cplusplus
 }

@@ -858,8 +858,9 @@ extern "C" int cuda_attention_backward(float *dq, float *dk, float *dv, const fl
     attention_dq_kernel<DH><<<grid, ATT_ROWS, 0, stream>>>(dq, dout, lse, delta, q, k, v, T, D, H, scale);    \
     attention_dkdv_kernel<DH><<<grid, ATT_ROWS, 0, stream>>>(dk, dv, dout, lse, delta, q, k, v, T, D, H, scale)
     ATT_DISPATCH(Dh, LAUNCH_BWD)
-    CHECK_CUDA(cudaGetLastError());
-    CHECK_CUDA(cudaFreeAsync(delta, stream));
+    const cudaError_t e = cudaGetLastError();
+    cudaFreeAsync(delta, stream); /* stream-ordered: after the kernels, or at once if none was queued */
+    CHECK_CUDA(e);
     return ISTH_OK;
 }
 
@@ -870,8 +871,8 @@ extern "C" int cuda_attention_backward(float *dq, float *dk, float *dv, const fl
 static int tc_only(int Dh)
 {
     if (cuda_attention_tc_supports(Dh)) return ISTH_OK;
-    return isth_fail(ISTH_EINPUT, "CUDA attention in bf16: head dimension %d: the tensor-core kernels take 64 and 128 "
-                     "on a GPU whose blocks may use 113 KiB of shared memory; use train.precision = fp32", Dh);
+    return isth_fail(ISTH_EINPUT, "CUDA attention in bf16: head dimension %d: the tensor-core kernels take 64 and 128, "
+                     "on a GPU with the shared memory they need; use train.precision = fp32", Dh);
 }
 
 extern "C" int cuda_attention_forward_as(int bf16, void *out, float *lse, const void *q, const void *k, const void *v,

@@ -149,8 +149,8 @@ extern "C" int cuda_acts_create(CudaActivations *a, const ModelConfig *c, int B,
                          "dimensions 16, 32, 64 and 128", Dh);
     if (blas->bf16 && !cuda_attention_tc_supports(Dh))
         return isth_fail(ISTH_EINPUT, "config: [train] precision = bf16 runs attention on tensor cores, for head "
-                         "dimensions 64 and 128 (here [model] dim / heads = %d) on a GPU whose blocks may use 113 KiB "
-                         "of shared memory; use precision = fp32", Dh);
+                         "dimensions 64 and 128 (here [model] dim / heads = %d) on a GPU with the shared memory those "
+                         "kernels need; use precision = fp32", Dh);
     const int rc = create(a, c, B, T);
     if (rc != ISTH_OK) cuda_acts_destroy(a);
     return rc;

@@ -92,9 +92,6 @@ static void test_round_trips(void **state)
     assert_int_equal(codec_encoded_size(CODEC_BF16, 1000, codec_params(128)), 2000);
 }
 
-/* The E2M1 grid itself: a block whose largest magnitude is 6 has scale 1,
- * so every grid value and its negative decodes exactly, and a value
- * halfway between two grid points goes to the lower magnitude. */
 /* bf16 rounding (codec_math.h, shared by the codec and the GPU's bf16
  * operands): nearest even, overflow to infinity, and a NaN of any sign or
  * payload stays a NaN (the bias added to its bits would wrap it). */
@@ -117,6 +114,9 @@ static void test_bf16_rounding_keeps_nan(void **state)
     assert_int_equal(codec_to_bf16(-0.0f), 0x8000);
 }
 
+/* The E2M1 grid itself: a block whose largest magnitude is 6 has scale 1,
+ * so every grid value and its negative decodes exactly, and a value
+ * halfway between two grid points goes to the lower magnitude. */
 static void test_fp4_grid_is_e2m1(void **state)
 {
     (void)state;

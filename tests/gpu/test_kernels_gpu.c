@@ -240,7 +240,7 @@ static int test_attention_tc(int Dh, int T)
     const int B = 2, H = 3, D = H * Dh;
     const size_t n = (size_t)B * T * D, rows = (size_t)B * H * T;
     char name[96];
-    if (!cuda_attention_tc_supports(Dh)) { /* the *_as calls would run the fp32 kernels: nothing checked */
+    if (!cuda_attention_tc_supports(Dh)) { /* the *_as calls would refuse bf16 here: nothing checked */
         const char *parts[] = {"forward", "lse", "backward dq (+=)", "backward dk (+=)", "backward dv (+=)"};
         for (int i = 0; i < 5; i++) {
             snprintf(name, sizeof name, "attention_tc %s Dh=%d T=%d", parts[i], Dh, T);
@@ -386,7 +386,8 @@ static int test_gemm_batch(CudaBlas *blas, int D, int F)
         const int rc = cuda_gemm_batch_run(&g16, blas);
         blas->bf16 = 0;
         if (rc) return 1;
-        printf("# gemm_batch (bf16 operands): %s\n", cuda_gemm_batch_last_grouped() ? "one grouped call" : "one call each");
+        printf("# gemm_batch (bf16 operands): %s\n",
+               cuda_gemm_batch_last_grouped() ? "one grouped call" : "one call each");
         cuda_gemm_batch_destroy(&g16);
         back(got, d_a, F4(total * F));
         check_tol("gemm_batch forward (bf16 stored)", got, a, total * F, 1e-2, 1);
