@@ -38,6 +38,7 @@
 #include "rng.h"
 #include "testmodel.h"
 #include "cpu/transformer.h"
+#include "../cuda/acts_plan.h" /* plain arithmetic: the GPU's memory plan */
 
 static Coll self; /* a learner of one rank */
 
@@ -439,6 +440,26 @@ static void test_adamw_runs_match_whole(void **state)
     model_destroy(&part);
 }
 
+/* The GPU's expert-row plan (acts_plan.h) in fp32 is the CPU's: the same
+ * buffers grown by the same rule; in bf16 the rows' x and h take 2 bytes
+ * of their 4, i.e. (D + F) * 2 bytes less per grown row and kept layer. */
+static void test_gpu_expert_rows_plan(void **state)
+{
+    (void)state;
+    ModelConfig c = test_model_config(16, 1);
+    const double ns[] = {0.0, 1.0, 37.5, 1000.0, 123457.0};
+    for (int recompute = 0; recompute < 2; recompute++)
+        for (size_t i = 0; i < sizeof ns / sizeof *ns; i++) {
+            const int kept = cuda_acts_kept_layers(c.layers, recompute);
+            const double cpu = acts_expert_row_bytes(&c, ns[i], recompute ? RECOMPUTE_LAYER : RECOMPUTE_NONE);
+            const double gpu32 = cuda_expert_row_bytes(kept, c.dim, c.ffn, ns[i], 0);
+            const double gpu16 = cuda_expert_row_bytes(kept, c.dim, c.ffn, ns[i], 1);
+            const size_t rows = (size_t)ns[i], grown = rows + rows / 4 + 64;
+            assert_true(gpu32 == cpu);
+            assert_true(gpu32 - gpu16 == (double)kept * (double)grown * (c.dim + c.ffn) * 2.0);
+        }
+}
+
 int main(int argc, char **argv)
 {
     blas_select_reexec(argv); /* test the kernels production uses */
@@ -454,6 +475,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_gradients_with_capacity_drops),
         cmocka_unit_test(test_gradients_without_drops),
         cmocka_unit_test(test_expert_without_tokens),
+        cmocka_unit_test(test_gpu_expert_rows_plan),
     };
     int failed = cmocka_run_group_tests(tests, NULL, NULL);
     MPI_Finalize();
