@@ -117,6 +117,7 @@ static int cuda_predict(Backend *b, const int *tokens, int T, float *probs)
 static int cuda_zero_grads(Backend *b)
 {
     CudaBackend *c = cb(b);
+    c->acts.w16_step = 0; /* a step starts: its first forward rounds the weights' bf16 copy again */
     CHECK_CUDA(cudaMemsetAsync(c->model.grads, 0, c->model.n_params * sizeof(float), c->stream));
     return ISTH_OK;
 }

@@ -406,7 +406,11 @@ extern "C" int cuda_transformer_forward(const Model *m, CudaActivations *a, cons
     CHECK_CUDA(cudaMemsetAsync(a->d_fstats, 0, 3 * sizeof(double), s));
 
     phase_mark(a->clock, PHASE_ELEMENTWISE);
-    if (a->act16) { /* the weights as this forward's products read them: whatever changed them since */
+    if (a->act16 && !(training && a->w16_step)) {
+        /* the weights as this forward's products read them, whatever changed
+         * them since: once per step for training (the parameters hold still
+         * from zero_grads to the step's last micro-batch, backend.h), at
+         * every scoring forward (evaluation may score another set) */
         const size_t first = model_after_embed(m), n = m->n_params - first;
         if (a->w16_n != n) {
             if (a->w16) CHECK_CUDA(cudaFree(a->w16));
@@ -416,6 +420,7 @@ extern "C" int cuda_transformer_forward(const Model *m, CudaActivations *a, cons
             a->w16_n = n;
         }
         CHECK(cuda_to_bf16(a->w16, m->params + first, n, s));
+        a->w16_step = training;
     }
     CHECK(cuda_encoder_forward(SLICE(a->x, 0, ND), a->tokens, model_param(m, T_EMBED, 0), N, D, s));
     for (int l = 0; l < L; l++) {

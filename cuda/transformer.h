@@ -39,11 +39,13 @@ typedef struct {
      * attention — xn1, q, k, v, ao, xn2 and each layer's expert rows
      * d_xrows, d_hrows — hold bf16 (their float
      * pointers name bf16 bytes), and w16 a bf16 copy of the parameters
-     * after the tied embedding, rounded from them at the start of each
-     * forward */
+     * after the tied embedding, rounded from them by the step's first
+     * training forward (w16_step: done this step; the backend clears it
+     * in zero_grads) and by every scoring forward */
     int act16;
     uint16_t *w16;           /* (n_params - model_after_embed) when act16 */
     size_t w16_n;
+    int w16_step;
     float *x;                /* (L+1,N,D): always every layer's */
     float *xn1, *rstd1;      /* (Lk,N,D), (Lk,N) */
     float *q, *k, *v, *ao;   /* (Lk,N,D) */
