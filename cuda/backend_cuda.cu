@@ -255,10 +255,19 @@ static int cuda_get(Backend *b, StateKind which, const size_t *off, const size_t
     }
 }
 
+/* The parameters changed: the next forward rounds the bf16 copy again
+ * (zero_grads does so for every step anyway; this keeps the copy right
+ * whatever order the verbs come in). */
+static void params_written(CudaBackend *c, StateKind which)
+{
+    if (which == STATE_PARAMS) c->acts.w16_step = 0;
+}
+
 static int cuda_put(Backend *b, StateKind which, const size_t *off, const size_t *len, int n, const float *host)
 {
     CudaBackend *c = cb(b);
     CHECK(check_runs(c, which, off, len, n, "put"));
+    params_written(c, which);
     float *v = state(c, which);
     CHECK(order_streams(c, c->stream, c->copy)); /* no kernel still reading what is overwritten */
     Pieces p = {off, len, n, 0, 0};
@@ -331,6 +340,7 @@ static int cuda_share_runs(Backend *b, StateKind which, const size_t *off, const
 {
     CudaBackend *c = cb(b);
     CHECK(check_runs(c, which, off, len, n, "share_runs"));
+    params_written(c, which);
     return cuda_coll_share(&c->coll, state(c, which), off, len, owner, n, c->stream);
 }
 
@@ -339,6 +349,7 @@ static int cuda_copy_state(Backend *b, StateKind dst, StateKind src)
     CudaBackend *c = cb(b);
     if ((dst != STATE_PARAMS && dst != STATE_GRADS) || (src != STATE_PARAMS && src != STATE_GRADS))
         return isth_fail(ISTH_ERUNTIME, "backend: copy_state handles params and grads only");
+    params_written(c, dst);
     if (dst != src)
         CHECK_CUDA(cudaMemcpyAsync(state(c, dst), state(c, src), c->model.n_params * sizeof(float),
                                    cudaMemcpyDeviceToDevice, c->stream));
@@ -368,6 +379,7 @@ static int cuda_optimizer_step(Backend *b, double lr)
 {
     CudaBackend *c = cb(b);
     CHECK(ensure_optimizer(c));
+    params_written(c, STATE_PARAMS);
     phase_mark(c->clock, PHASE_OPTIMISER);
     if (!strcmp(c->optimizer, "sgd")) {
         CHECK(cuda_sgd_step(&c->opt.runs, &c->model, c->model.params, c->model.grads, lr, c->weight_decay, c->stream));

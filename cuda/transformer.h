@@ -41,7 +41,8 @@ typedef struct {
      * pointers name bf16 bytes), and w16 a bf16 copy of the parameters
      * after the tied embedding, rounded from them by the step's first
      * training forward (w16_step: done this step; the backend clears it
-     * in zero_grads) and by every scoring forward */
+     * in zero_grads and in every verb that writes the parameters) and by
+     * every scoring forward */
     int act16;
     uint16_t *w16;           /* (n_params - model_after_embed) when act16 */
     size_t w16_n;

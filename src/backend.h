@@ -66,7 +66,8 @@ typedef struct {
     int (*score)(Backend *b, const int *tokens, const int *targets, int B, int T, float *losses);
     /* Starts a step. The parameters hold still from here to the step's
      * last train_micro (the CUDA backend's bf16 path rounds its copy of
-     * them once, at the first train_micro after this). */
+     * them once, at the first train_micro after this, or after a verb that
+     * wrote them). */
     int (*zero_grads)(Backend *b);
     /* *out = sum of squares of `which` over the tensors whose flags & mask
      * == want (fixed chunking, summed in order: deterministic). */
