@@ -7,7 +7,11 @@
  *     gradients (its update against the update's RMS); put/get and
  *     copy_state round trips;
  *   - 20 training steps (zero, micro-batch, AdamW): the loss of every step;
- *   - score (the evaluation forward) after them.
+ *   - score (the evaluation forward) after them;
+ *   - bf16 (two backends of a model with head dimension 64): the step
+ *     after an optimiser update reads the updated weights — the same loss,
+ *     bit for bit, as a fresh backend given those weights with put — and
+ *     not the last step's (the bf16 copy of the weights is rounded again).
  * Tolerances: a whole-model gradient is a chain of ~20 kernels, each within
  * 1e-5 of the CPU's (test_kernels_gpu), so 1e-4 of the tensor's RMS; the
  * loss of each of 20 steps within 1e-4 relative (the issue's bound for
@@ -50,19 +54,53 @@ static double rel_err(const float *a, const float *b, size_t n)
 static const char *CONFIG_TEXT = "[model]\nlayers = 2\ndim = 64\nheads = 2\nexperts = 4\ntop_k = 2\nffn = 96\n"
                                  "context = 48\n[train]\nmicro_batch = 3\nlr = 0.003\nwarmup = 0\n";
 
+/* The bf16 path takes head dimensions of 64 and 128 (tensor-core attention). */
+static const char *CONFIG16_TEXT = "[model]\nlayers = 2\ndim = 128\nheads = 2\nexperts = 4\ntop_k = 2\nffn = 96\n"
+                                   "context = 48\n[train]\nmicro_batch = 3\nlr = 0.003\nwarmup = 0\n"
+                                   "precision = bf16\n";
+
 /* The config outlives the backend: backends keep pointers into it (the
  * optimiser's name, the model's shapes), so each lives in static storage. */
-static int make(Backend **be, const char *backend, Coll *ep)
+static int make_from(Backend **be, const char *text, const char *backend, Coll *ep)
 {
-    static Config cfgs[2];
+    static Config cfgs[4];
     static int made;
-    if (made == 2) return 1;
+    if (made == 4) return 1;
     Config *const cfg = &cfgs[made++];
     char over[64], share[] = "train.gpu_share=1";
     snprintf(over, sizeof over, "train.backend=%s", backend);
     const char *overrides[2] = {over, share};
-    if (config_load_text(cfg, CONFIG_TEXT, "test_backend_gpu", overrides, 2)) return 1;
+    if (config_load_text(cfg, text, "test_backend_gpu", overrides, 2)) return 1;
     return backend_create(be, cfg, cfg->train.micro_batch, 0, cfg->model.experts, ep);
+}
+
+static int make(Backend **be, const char *backend, Coll *ep) { return make_from(be, CONFIG_TEXT, backend, ep); }
+
+/* bf16: a step after an update against a fresh backend given the updated
+ * weights (see the header). */
+static int test_bf16_weights_follow_updates(Coll *ep, const int *tok, const int *tgt, int B, int T)
+{
+    Backend *g1 = NULL, *g2 = NULL;
+    if (make_from(&g1, CONFIG16_TEXT, "cuda", ep) || make_from(&g2, CONFIG16_TEXT, "cuda", ep)) return 1;
+    const size_t P = g1->table.n_params, all = 0;
+    float *w = malloc(P * sizeof(float));
+    if (!w) return 1;
+    ForwardStats s0, s1, s2;
+    if (g1->ops->zero_grads(g1) || g1->ops->train_micro(g1, tok, tgt, B, T, 1.0f, &s0) ||
+        g1->ops->optimizer_step(g1, 3e-3))
+        return 1;
+    if (g1->ops->get(g1, STATE_PARAMS, &all, &P, 1, w) || g2->ops->put(g2, STATE_PARAMS, &all, &P, 1, w)) return 1;
+    if (g1->ops->zero_grads(g1) || g2->ops->zero_grads(g2) || g1->ops->train_micro(g1, tok, tgt, B, T, 1.0f, &s1) ||
+        g2->ops->train_micro(g2, tok, tgt, B, T, 1.0f, &s2))
+        return 1;
+    ok(s1.ce_sum == s2.ce_sum, "%s: %.9g on both",
+       "bf16: the step after an update, as a fresh backend given its weights", s1.ce_sum);
+    ok(s1.ce_sum != s0.ce_sum, "%s: %.9g (the same batch scored otherwise before it)",
+       "bf16: the update changed the loss", s1.ce_sum);
+    free(w);
+    backend_destroy(g2);
+    backend_destroy(g1);
+    return 0;
 }
 
 int main(int argc, char **argv)
@@ -72,7 +110,7 @@ int main(int argc, char **argv)
         MPI_Finalize();
         return 0;
     }
-    printf("1..%d\n", 13);
+    printf("1..%d\n", 15);
     Coll ep;
     Backend *cpu = NULL, *gpu = NULL;
     if (coll_init(&ep, MPI_COMM_WORLD) || make(&cpu, "cpu", &ep) || make(&gpu, "cuda", &ep)) return 1;
@@ -195,6 +233,7 @@ int main(int argc, char **argv)
     ok(w_err <= 1e-3, "%s: %.2e of the weights' RMS", "weights after 20 steps", w_err);
     backend_destroy(gpu);
     backend_destroy(cpu);
+    if (test_bf16_weights_follow_updates(&ep, tok, tgt, B, T)) return 1;
     MPI_Finalize();
     return failures ? 1 : 0;
 }
