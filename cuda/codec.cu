@@ -3,6 +3,7 @@
  * per block. Every value's arithmetic is src/codec_math.h's. */
 #include "codec.h"
 #include "check.h"
+#include "layers.h" /* cuda_to_bf16 */
 
 #include <stdint.h>
 #include <string.h>
@@ -47,12 +48,6 @@ __global__ static void block_scales(float *scale, const float *val, size_t n, in
         if (threadIdx.x == 0) scale[b] = codec_div(m[0], max_code);
         __syncthreads();
     }
-}
-
-__global__ static void encode_bf16(uint16_t *codes, const float *val, size_t n)
-{
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
-        codes[i] = codec_to_bf16(val[i]);
 }
 
 __global__ static void encode_int8(int8_t *codes, const float *val, const float *scale, size_t n, int block)
@@ -192,7 +187,7 @@ static int enqueue(CudaCodec *cc, Codec c, int feedback, size_t n, int block, si
     switch (c) {
     case CODEC_TOPK: return isth_fail(ISTH_ERUNTIME, "cuda codec: topk is encoded on the host");
     case CODEC_NONE: break; /* the codes are the values */
-    case CODEC_BF16: encode_bf16<<<grid_for(n), THREADS, 0, s>>>((uint16_t *)cc->d_codes, cc->d_val, n); break;
+    case CODEC_BF16: CHECK(cuda_to_bf16((uint16_t *)cc->d_codes, cc->d_val, n, s)); break; /* layers.h's rounding */
     case CODEC_INT8:
     case CODEC_FP4: {
         const unsigned g = (unsigned)(blocks < 65535 ? blocks : 65535);

@@ -118,8 +118,9 @@ __global__ static void residual_rmsnorm_forward_kernel(float *h, Out *out, float
     if (threadIdx.x == 0) rstd[t] = r;
 }
 
-extern "C" int cuda_residual_rmsnorm_forward(float *h, float *out, float *rstd, const float *a, const float *b,
-                                             const float *weight, size_t N, int D, cudaStream_t stream)
+template <typename Out>
+static int residual_rmsnorm_forward(float *h, Out *out, float *rstd, const float *a, const float *b,
+                                    const float *weight, size_t N, int D, cudaStream_t stream)
 {
     if (N)
         residual_rmsnorm_forward_kernel<<<(unsigned)N, ROW_THREADS, 0, stream>>>(h, out, rstd, a, b, weight, D);
@@ -127,14 +128,17 @@ extern "C" int cuda_residual_rmsnorm_forward(float *h, float *out, float *rstd, 
     return ISTH_OK;
 }
 
+extern "C" int cuda_residual_rmsnorm_forward(float *h, float *out, float *rstd, const float *a, const float *b,
+                                             const float *weight, size_t N, int D, cudaStream_t stream)
+{
+    return residual_rmsnorm_forward(h, out, rstd, a, b, weight, N, D, stream);
+}
+
 extern "C" int cuda_residual_rmsnorm_forward_bf16(float *h, uint16_t *out, float *rstd, const float *a,
                                                   const float *b, const float *weight, size_t N, int D,
                                                   cudaStream_t stream)
 {
-    if (N)
-        residual_rmsnorm_forward_kernel<<<(unsigned)N, ROW_THREADS, 0, stream>>>(h, out, rstd, a, b, weight, D);
-    CHECK_CUDA(cudaGetLastError());
-    return ISTH_OK;
+    return residual_rmsnorm_forward(h, out, rstd, a, b, weight, N, D, stream);
 }
 
 /* One block per row: the input gradient. */
@@ -174,20 +178,25 @@ __global__ static void rmsnorm_backward_weight(float *dweight, const float *part
     }
 }
 
-extern "C" int cuda_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *weight, size_t N, int D,
-                                    cudaStream_t stream)
+template <typename Out>
+static int rmsnorm_forward(Out *out, float *rstd, const float *inp, const float *weight, size_t N, int D,
+                           cudaStream_t stream)
 {
     if (N) rmsnorm_forward_kernel<<<(unsigned)N, ROW_THREADS, 0, stream>>>(out, rstd, inp, weight, D);
     CHECK_CUDA(cudaGetLastError());
     return ISTH_OK;
 }
 
+extern "C" int cuda_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *weight, size_t N, int D,
+                                    cudaStream_t stream)
+{
+    return rmsnorm_forward(out, rstd, inp, weight, N, D, stream);
+}
+
 extern "C" int cuda_rmsnorm_forward_bf16(uint16_t *out, float *rstd, const float *inp, const float *weight, size_t N,
                                          int D, cudaStream_t stream)
 {
-    if (N) rmsnorm_forward_kernel<<<(unsigned)N, ROW_THREADS, 0, stream>>>(out, rstd, inp, weight, D);
-    CHECK_CUDA(cudaGetLastError());
-    return ISTH_OK;
+    return rmsnorm_forward(out, rstd, inp, weight, N, D, stream);
 }
 
 extern "C" int cuda_rmsnorm_backward(float *dinp, float *dweight, const float *dout, const float *inp,
@@ -239,18 +248,22 @@ __global__ static void rope_kernel(float *x, const float *cos_t, const float *si
     }
 }
 
-extern "C" int cuda_swiglu_forward(float *h, const float *a, const float *u, size_t n, cudaStream_t stream)
+template <typename Out>
+static int swiglu_forward(Out *h, const float *a, const float *u, size_t n, cudaStream_t stream)
 {
     if (n) swiglu_forward_kernel<<<blocks_for(n), 256, 0, stream>>>(h, a, u, n);
     CHECK_CUDA(cudaGetLastError());
     return ISTH_OK;
 }
 
+extern "C" int cuda_swiglu_forward(float *h, const float *a, const float *u, size_t n, cudaStream_t stream)
+{
+    return swiglu_forward(h, a, u, n, stream);
+}
+
 extern "C" int cuda_swiglu_forward_bf16(uint16_t *h, const float *a, const float *u, size_t n, cudaStream_t stream)
 {
-    if (n) swiglu_forward_kernel<<<blocks_for(n), 256, 0, stream>>>(h, a, u, n);
-    CHECK_CUDA(cudaGetLastError());
-    return ISTH_OK;
+    return swiglu_forward(h, a, u, n, stream);
 }
 
 extern "C" int cuda_swiglu_backward(float *da, float *du, const float *dh, const float *a, const float *u, size_t n,
@@ -512,59 +525,23 @@ static int batch_add(CudaGemmBatch *g, int bf16, cublasOperation_t ta, cublasOpe
 }
 
 /* The same (transposed) products as cuda_matmul_forward / _backward. */
-static int batch_forward(CudaGemmBatch *g, int bf16, float *out, const void *inp, const void *weight, size_t N, int C,
-                         int OC)
+extern "C" int cuda_gemm_batch_forward(CudaGemmBatch *g, int bf16, float *out, const void *inp, const void *weight,
+                                       size_t N, int C, int OC)
 {
     return batch_add(g, bf16, CUBLAS_OP_N, CUBLAS_OP_N, OC, (int)N, C, weight, OC, inp, C, 0.0f, out, OC);
 }
 
-static int batch_dinp(CudaGemmBatch *g, int bf16, float *dinp, const void *dout, const void *weight, size_t N, int C,
-                      int OC)
+extern "C" int cuda_gemm_batch_dinp(CudaGemmBatch *g, int bf16, float *dinp, const void *dout, const void *weight,
+                                    size_t N, int C, int OC)
 {
     return batch_add(g, bf16, CUBLAS_OP_T, CUBLAS_OP_N, C, (int)N, OC, weight, OC, dout, OC, 1.0f, dinp, C);
 }
 
-static int batch_dweight(CudaGemmBatch *g, int bf16, float *dweight, const void *dout, const void *inp, size_t N,
-                         int C, int OC)
+extern "C" int cuda_gemm_batch_dweight(CudaGemmBatch *g, int bf16, float *dweight, const void *dout, const void *inp,
+                                       size_t N, int C, int OC)
 {
     if (!N) return ISTH_OK;
     return batch_add(g, bf16, CUBLAS_OP_N, CUBLAS_OP_T, OC, C, (int)N, dout, OC, inp, C, 1.0f, dweight, OC);
-}
-
-extern "C" int cuda_gemm_batch_forward(CudaGemmBatch *g, float *out, const float *inp, const float *weight, size_t N,
-                                       int C, int OC)
-{
-    return batch_forward(g, 0, out, inp, weight, N, C, OC);
-}
-
-extern "C" int cuda_gemm_batch_dinp(CudaGemmBatch *g, float *dinp, const float *dout, const float *weight, size_t N,
-                                    int C, int OC)
-{
-    return batch_dinp(g, 0, dinp, dout, weight, N, C, OC);
-}
-
-extern "C" int cuda_gemm_batch_dweight(CudaGemmBatch *g, float *dweight, const float *dout, const float *inp,
-                                       size_t N, int C, int OC)
-{
-    return batch_dweight(g, 0, dweight, dout, inp, N, C, OC);
-}
-
-extern "C" int cuda_gemm_batch_forward_bf16(CudaGemmBatch *g, float *out, const uint16_t *inp, const uint16_t *weight,
-                                            size_t N, int C, int OC)
-{
-    return batch_forward(g, 1, out, inp, weight, N, C, OC);
-}
-
-extern "C" int cuda_gemm_batch_dinp_bf16(CudaGemmBatch *g, float *dinp, const uint16_t *dout, const uint16_t *weight,
-                                         size_t N, int C, int OC)
-{
-    return batch_dinp(g, 1, dinp, dout, weight, N, C, OC);
-}
-
-extern "C" int cuda_gemm_batch_dweight_bf16(CudaGemmBatch *g, float *dweight, const uint16_t *dout,
-                                            const uint16_t *inp, size_t N, int C, int OC)
-{
-    return batch_dweight(g, 1, dweight, dout, inp, N, C, OC);
 }
 
 extern "C" int cuda_gemm_batch_run(CudaGemmBatch *g, const CudaBlas *b)

@@ -114,7 +114,7 @@ int cuda_matmul_backward_bf16(float *dinp, float *dweight, const float *dout, co
  * kernel from its arguments, so the host never waits. */
 typedef struct {
     int cap, n;
-    int bf16_operands; /* the queued problems' A and B are bf16 (the *_bf16 adds), else fp32; one kind per batch */
+    int bf16_operands; /* the queued problems' A and B are bf16, else fp32; one kind per batch */
     cublasOperation_t *ta, *tb;
     int *m, *nn, *k, *lda, *ldb, *ldc, *group_size;
     float *alpha, *beta;
@@ -125,22 +125,18 @@ typedef struct {
 
 int cuda_gemm_batch_create(CudaGemmBatch *g, int cap);
 void cuda_gemm_batch_destroy(CudaGemmBatch *g);
-/* out (N,OC) = inp . weight, as cuda_matmul_forward (N = 0: nothing queued). */
-int cuda_gemm_batch_forward(CudaGemmBatch *g, float *out, const float *inp, const float *weight, size_t N, int C,
-                            int OC);
+/* Queue one product; bf16: inp/dout and weight are bf16 (the bf16 path's
+ * stored operands), else fp32; the output is fp32 either way, and one
+ * batch holds one kind. As cuda_matmul_forward: out (N,OC) = inp . weight
+ * (N = 0: nothing queued). */
+int cuda_gemm_batch_forward(CudaGemmBatch *g, int bf16, float *out, const void *inp, const void *weight, size_t N,
+                            int C, int OC);
 /* dinp (N,C) += dout . weight^T, as cuda_matmul_backward's first product. */
-int cuda_gemm_batch_dinp(CudaGemmBatch *g, float *dinp, const float *dout, const float *weight, size_t N, int C,
-                         int OC);
+int cuda_gemm_batch_dinp(CudaGemmBatch *g, int bf16, float *dinp, const void *dout, const void *weight, size_t N,
+                         int C, int OC);
 /* dweight (C,OC) += inp^T . dout, as cuda_matmul_backward's second product. */
-int cuda_gemm_batch_dweight(CudaGemmBatch *g, float *dweight, const float *dout, const float *inp, size_t N, int C,
-                            int OC);
-/* The three with bf16 operands (C stays fp32); a batch holds one kind. */
-int cuda_gemm_batch_forward_bf16(CudaGemmBatch *g, float *out, const uint16_t *inp, const uint16_t *weight, size_t N,
-                                 int C, int OC);
-int cuda_gemm_batch_dinp_bf16(CudaGemmBatch *g, float *dinp, const uint16_t *dout, const uint16_t *weight, size_t N,
-                              int C, int OC);
-int cuda_gemm_batch_dweight_bf16(CudaGemmBatch *g, float *dweight, const uint16_t *dout, const uint16_t *inp,
-                                 size_t N, int C, int OC);
+int cuda_gemm_batch_dweight(CudaGemmBatch *g, int bf16, float *dweight, const void *dout, const void *inp, size_t N,
+                            int C, int OC);
 int cuda_gemm_batch_run(CudaGemmBatch *g, const CudaBlas *blas);
 /* 1 when the last run's products went in one grouped call. */
 int cuda_gemm_batch_last_grouped(void);

@@ -118,118 +118,82 @@ extern "C" int cuda_router_softmax_backward(float *dlogits, const float *dprobs,
     return ISTH_OK;
 }
 
-extern "C" int cuda_experts_forward(float *y, float *a, float *u, float *h, const float *x, const float *wg,
-                                    const float *wu, const float *wd, const int *start, int El, int D, int F,
+/* Row (or chunk) i of `width` elements of a stored operand: fp32, or bf16. */
+static const void *op_at(const void *p, int bf16, size_t i, size_t width)
+{
+    return (const char *)p + i * width * (bf16 ? sizeof(uint16_t) : sizeof(float));
+}
+
+extern "C" int cuda_experts_forward(int bf16, float *y, float *a, float *u, void *h, const void *x, const void *wg,
+                                    const void *wu, const void *wd, const int *start, int El, int D, int F,
                                     CudaGemmBatch *g, const CudaBlas *blas)
 {
     const size_t DF = (size_t)D * F;
     g->n = 0; /* nothing left over from a step that failed midway */
     for (int e = 0; e < El; e++) {
         const size_t r0 = (size_t)start[e], n = (size_t)start[e + 1] - r0;
-        CHECK(cuda_gemm_batch_forward(g, a + r0 * F, x + r0 * D, wg + e * DF, n, D, F));
-        CHECK(cuda_gemm_batch_forward(g, u + r0 * F, x + r0 * D, wu + e * DF, n, D, F));
+        CHECK(cuda_gemm_batch_forward(g, bf16, a + r0 * F, op_at(x, bf16, r0, D), op_at(wg, bf16, e, DF), n, D, F));
+        CHECK(cuda_gemm_batch_forward(g, bf16, u + r0 * F, op_at(x, bf16, r0, D), op_at(wu, bf16, e, DF), n, D, F));
     }
     CHECK(cuda_gemm_batch_run(g, blas));
-    CHECK(cuda_swiglu_forward(h, a, u, (size_t)start[El] * F, blas->stream));
+    const size_t nF = (size_t)start[El] * F;
+    CHECK(bf16 ? cuda_swiglu_forward_bf16((uint16_t *)h, a, u, nF, blas->stream)
+               : cuda_swiglu_forward((float *)h, a, u, nF, blas->stream));
     for (int e = 0; e < El; e++) {
         const size_t r0 = (size_t)start[e], n = (size_t)start[e + 1] - r0;
-        CHECK(cuda_gemm_batch_forward(g, y + r0 * D, h + r0 * F, wd + e * DF, n, F, D));
+        CHECK(cuda_gemm_batch_forward(g, bf16, y + r0 * D, op_at(h, bf16, r0, F), op_at(wd, bf16, e, DF), n, F, D));
     }
     return cuda_gemm_batch_run(g, blas);
 }
 
-extern "C" int cuda_experts_backward(float *dx, float *dwg, float *dwu, float *dwd, float *scratch, const float *dy,
-                                     const float *x, const float *a, const float *u, const float *h, const float *wg,
-                                     const float *wu, const float *wd, const int *start, int El, int D, int F,
-                                     CudaGemmBatch *g, const CudaBlas *blas)
-{
-    const size_t DF = (size_t)D * F, nF = (size_t)start[El] * F;
-    float *dh = scratch, *da = scratch + nF, *du = scratch + 2 * nF;
-    g->n = 0;
-    CHECK_CUDA(cudaMemsetAsync(scratch, 0, 3 * nF * sizeof(float), blas->stream));
-    for (int e = 0; e < El; e++) {
-        const size_t r0 = (size_t)start[e], n = (size_t)start[e + 1] - r0;
-        CHECK(cuda_gemm_batch_dinp(g, dh + r0 * F, dy + r0 * D, wd + e * DF, n, F, D));
-        CHECK(cuda_gemm_batch_dweight(g, dwd + e * DF, dy + r0 * D, h + r0 * F, n, F, D));
-    }
-    CHECK(cuda_gemm_batch_run(g, blas));
-    CHECK(cuda_swiglu_backward(da, du, dh, a, u, nF, blas->stream));
-    for (int pass = 0; pass < 2; pass++) { /* dx += the gate's product, then += the up's, as on the CPU */
-        for (int e = 0; e < El; e++) {
-            const size_t r0 = (size_t)start[e], n = (size_t)start[e + 1] - r0;
-            if (pass == 0) {
-                CHECK(cuda_gemm_batch_dinp(g, dx + r0 * D, da + r0 * F, wg + e * DF, n, D, F));
-                CHECK(cuda_gemm_batch_dweight(g, dwg + e * DF, da + r0 * F, x + r0 * D, n, D, F));
-                CHECK(cuda_gemm_batch_dweight(g, dwu + e * DF, du + r0 * F, x + r0 * D, n, D, F));
-            } else {
-                CHECK(cuda_gemm_batch_dinp(g, dx + r0 * D, du + r0 * F, wu + e * DF, n, D, F));
-            }
-        }
-        CHECK(cuda_gemm_batch_run(g, blas));
-    }
-    return ISTH_OK;
-}
-
-/* The bf16 path: x and h stored as bf16, the weights from the step's bf16
- * copy; the same stages, products with bf16 operands (fp32 out). */
-extern "C" int cuda_experts_forward_bf16(float *y, float *a, float *u, uint16_t *h, const uint16_t *x,
-                                         const uint16_t *wg, const uint16_t *wu, const uint16_t *wd, const int *start,
-                                         int El, int D, int F, CudaGemmBatch *g, const CudaBlas *blas)
-{
-    const size_t DF = (size_t)D * F;
-    g->n = 0;
-    for (int e = 0; e < El; e++) {
-        const size_t r0 = (size_t)start[e], n = (size_t)start[e + 1] - r0;
-        CHECK(cuda_gemm_batch_forward_bf16(g, a + r0 * F, x + r0 * D, wg + e * DF, n, D, F));
-        CHECK(cuda_gemm_batch_forward_bf16(g, u + r0 * F, x + r0 * D, wu + e * DF, n, D, F));
-    }
-    CHECK(cuda_gemm_batch_run(g, blas));
-    CHECK(cuda_swiglu_forward_bf16(h, a, u, (size_t)start[El] * F, blas->stream));
-    for (int e = 0; e < El; e++) {
-        const size_t r0 = (size_t)start[e], n = (size_t)start[e + 1] - r0;
-        CHECK(cuda_gemm_batch_forward_bf16(g, y + r0 * D, h + r0 * F, wd + e * DF, n, F, D));
-    }
-    return cuda_gemm_batch_run(g, blas);
-}
-
-/* dy arrives in fp32: rounded once (pool scratch); da and du, once the
- * SwiGLU backward has made them from dh, are rounded into dh's floats
- * (2 * rows * F bf16 fit the rows * F floats dh no longer needs). */
-extern "C" int cuda_experts_backward_bf16(float *dx, float *dwg, float *dwu, float *dwd, float *scratch,
-                                          const float *dy, const uint16_t *x, const float *a, const float *u,
-                                          const uint16_t *h, const uint16_t *wg, const uint16_t *wu,
-                                          const uint16_t *wd, const int *start, int El, int D, int F,
-                                          CudaGemmBatch *g, const CudaBlas *blas)
+/* bf16: dy arrives in fp32 and is rounded once (pool scratch); da and du,
+ * once the SwiGLU backward has made them from dh, are rounded into dh's
+ * floats (2 * rows * F bf16 fit the rows * F floats dh no longer needs). */
+extern "C" int cuda_experts_backward(int bf16, float *dx, float *dwg, float *dwu, float *dwd, float *scratch,
+                                     const float *dy, const void *x, const float *a, const float *u, const void *h,
+                                     const void *wg, const void *wu, const void *wd, const int *start, int El, int D,
+                                     int F, CudaGemmBatch *g, const CudaBlas *blas)
 {
     const size_t DF = (size_t)D * F, rows = (size_t)start[El], nF = rows * F;
     const cudaStream_t s = blas->stream;
     float *dh = scratch, *da = scratch + nF, *du = scratch + 2 * nF;
-    uint16_t *da16 = (uint16_t *)dh, *du16 = da16 + nF, *dy16;
     g->n = 0;
     if (!rows) return ISTH_OK;
     CHECK_CUDA(cudaMemsetAsync(scratch, 0, 3 * nF * sizeof(float), s));
-    CHECK_CUDA(cudaMallocAsync((void **)&dy16, rows * D * sizeof(uint16_t), s));
-    int rc = cuda_to_bf16(dy16, dy, rows * D, s);
+    const void *dyq = dy, *daq = da, *duq = du; /* the gradients as the products take them */
+    uint16_t *dy16 = NULL;
+    if (bf16) {
+        CHECK_CUDA(cudaMallocAsync((void **)&dy16, rows * D * sizeof(uint16_t), s));
+        dyq = dy16;
+    }
+    int rc = bf16 ? cuda_to_bf16(dy16, dy, rows * D, s) : ISTH_OK;
     for (int e = 0; e < El && rc == ISTH_OK; e++) {
         const size_t r0 = (size_t)start[e], n = (size_t)start[e + 1] - r0;
-        rc = cuda_gemm_batch_dinp_bf16(g, dh + r0 * F, dy16 + r0 * D, wd + e * DF, n, F, D);
-        if (rc == ISTH_OK) rc = cuda_gemm_batch_dweight_bf16(g, dwd + e * DF, dy16 + r0 * D, h + r0 * F, n, F, D);
+        const void *dye = op_at(dyq, bf16, r0, D);
+        rc = cuda_gemm_batch_dinp(g, bf16, dh + r0 * F, dye, op_at(wd, bf16, e, DF), n, F, D);
+        if (rc == ISTH_OK) rc = cuda_gemm_batch_dweight(g, bf16, dwd + e * DF, dye, op_at(h, bf16, r0, F), n, F, D);
     }
     if (rc == ISTH_OK) rc = cuda_gemm_batch_run(g, blas);
-    CHECK_CUDA(cudaFreeAsync(dy16, s)); /* stream-ordered: after the products that read it */
+    if (dy16) CHECK_CUDA(cudaFreeAsync(dy16, s)); /* stream-ordered: after the products that read it */
     CHECK(rc);
     CHECK(cuda_swiglu_backward(da, du, dh, a, u, nF, s));
-    CHECK(cuda_to_bf16(da16, da, nF, s));
-    CHECK(cuda_to_bf16(du16, du, nF, s));
+    if (bf16) {
+        uint16_t *da16 = (uint16_t *)dh, *du16 = da16 + nF;
+        CHECK(cuda_to_bf16(da16, da, nF, s));
+        CHECK(cuda_to_bf16(du16, du, nF, s));
+        daq = da16;
+        duq = du16;
+    }
     for (int pass = 0; pass < 2; pass++) { /* dx += the gate's product, then += the up's, as on the CPU */
         for (int e = 0; e < El; e++) {
             const size_t r0 = (size_t)start[e], n = (size_t)start[e + 1] - r0;
+            const void *dae = op_at(daq, bf16, r0, F), *due = op_at(duq, bf16, r0, F), *xe = op_at(x, bf16, r0, D);
             if (pass == 0) {
-                CHECK(cuda_gemm_batch_dinp_bf16(g, dx + r0 * D, da16 + r0 * F, wg + e * DF, n, D, F));
-                CHECK(cuda_gemm_batch_dweight_bf16(g, dwg + e * DF, da16 + r0 * F, x + r0 * D, n, D, F));
-                CHECK(cuda_gemm_batch_dweight_bf16(g, dwu + e * DF, du16 + r0 * F, x + r0 * D, n, D, F));
+                CHECK(cuda_gemm_batch_dinp(g, bf16, dx + r0 * D, dae, op_at(wg, bf16, e, DF), n, D, F));
+                CHECK(cuda_gemm_batch_dweight(g, bf16, dwg + e * DF, dae, xe, n, D, F));
+                CHECK(cuda_gemm_batch_dweight(g, bf16, dwu + e * DF, due, xe, n, D, F));
             } else {
-                CHECK(cuda_gemm_batch_dinp_bf16(g, dx + r0 * D, du16 + r0 * F, wu + e * DF, n, D, F));
+                CHECK(cuda_gemm_batch_dinp(g, bf16, dx + r0 * D, due, op_at(wu, bf16, e, DF), n, D, F));
             }
         }
         CHECK(cuda_gemm_batch_run(g, blas));

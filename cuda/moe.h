@@ -91,26 +91,18 @@ int cuda_router_softmax_backward(float *dlogits, const float *dprobs, const floa
  * dx, dy), its weights (and their gradients) at wg + e*D*F, wu + e*D*F,
  * wd + e*F*D (the model's expert chunks). y = (silu(x.wg) * (x.wu)) . wd;
  * a, u, h (rows, F) saved. Each stage's products in one grouped call (g
- * holds at least 3*El); the same products as cpu/moe's expert_forward. */
-int cuda_experts_forward(float *y, float *a, float *u, float *h, const float *x, const float *wg, const float *wu,
-                         const float *wd, const int *start, int El, int D, int F, CudaGemmBatch *g,
+ * holds at least 3*El); the same products as cpu/moe's expert_forward.
+ * bf16: x, h and the weights are stored as bf16 (the bf16 path's rows and
+ * weight copy), else fp32; a, u, y, dy, dx and the weight gradients are
+ * fp32 either way. */
+int cuda_experts_forward(int bf16, float *y, float *a, float *u, void *h, const void *x, const void *wg,
+                         const void *wu, const void *wd, const int *start, int El, int D, int F, CudaGemmBatch *g,
                          const CudaBlas *blas);
 /* dx (rows,D), dwg, dwu, dwd += ...; scratch: 3*start[El]*F floats (device). */
-int cuda_experts_backward(float *dx, float *dwg, float *dwu, float *dwd, float *scratch, const float *dy,
-                          const float *x, const float *a, const float *u, const float *h, const float *wg,
-                          const float *wu, const float *wd, const int *start, int El, int D, int F,
-                          CudaGemmBatch *g, const CudaBlas *blas);
-
-/* As the two above on the bf16 path: x and h (rows, F) stored as bf16,
- * wg, wu, wd from the step's bf16 copy of the weights; a, u, y, dy, dx
- * and the weight gradients fp32. */
-int cuda_experts_forward_bf16(float *y, float *a, float *u, uint16_t *h, const uint16_t *x, const uint16_t *wg,
-                              const uint16_t *wu, const uint16_t *wd, const int *start, int El, int D, int F,
-                              CudaGemmBatch *g, const CudaBlas *blas);
-int cuda_experts_backward_bf16(float *dx, float *dwg, float *dwu, float *dwd, float *scratch, const float *dy,
-                               const uint16_t *x, const float *a, const float *u, const uint16_t *h,
-                               const uint16_t *wg, const uint16_t *wu, const uint16_t *wd, const int *start, int El,
-                               int D, int F, CudaGemmBatch *g, const CudaBlas *blas);
+int cuda_experts_backward(int bf16, float *dx, float *dwg, float *dwu, float *dwd, float *scratch, const float *dy,
+                          const void *x, const float *a, const float *u, const void *h, const void *wg,
+                          const void *wu, const void *wd, const int *start, int El, int D, int F, CudaGemmBatch *g,
+                          const CudaBlas *blas);
 
 /* dst (n,D) = src[index[i]] (index < 0: zero row); index on the device.
  * Rows are copied as bits: bf16 rows of an even D go through as rows of

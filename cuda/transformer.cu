@@ -68,6 +68,32 @@ static const uint16_t *w16(const CudaActivations *a, const Model *m, const float
     return a->w16 + (p - m->params - model_after_embed(m));
 }
 
+/* The weights at p as the products read them: the bf16 copy, or fp32. */
+static const void *weights(const CudaActivations *a, const Model *m, const float *p)
+{
+    return a->act16 ? (const void *)w16(a, m, p) : (const void *)p;
+}
+
+/* out (N,OC) = inp . W(t, l), inp a stored operand (bf16 with act16). */
+static int project(const Model *m, const CudaActivations *a, float *out, const void *inp, TensorId t, int l, size_t N,
+                   int C, int OC)
+{
+    const float *w = model_param(m, t, l);
+    if (a->act16) return cuda_matmul_forward_bf16(out, (const uint16_t *)inp, w16(a, m, w), N, C, OC, a->blas);
+    return cuda_matmul_forward(out, (const float *)inp, w, N, C, OC, a->blas);
+}
+
+/* Its backward: dinp += dout . W^T, the weight's gradient += inp^T . dout. */
+static int project_backward(Model *m, const CudaActivations *a, float *dinp, const float *dout, const void *inp,
+                            TensorId t, int l, size_t N, int C, int OC)
+{
+    const float *w = model_param(m, t, l);
+    float *dw = model_grad(m, t, l);
+    if (a->act16)
+        return cuda_matmul_backward_bf16(dinp, dw, dout, (const uint16_t *)inp, w16(a, m, w), N, C, OC, a->blas);
+    return cuda_matmul_backward(dinp, dw, dout, (const float *)inp, w, N, C, OC, a->blas);
+}
+
 /* Width in floats of a row of D stored operands: bf16 rows travel and are
  * gathered as D/2 floats' bytes (D is even: heads times a head dimension
  * of 16 or more). */
@@ -258,11 +284,7 @@ static int moe_forward(float *out, const Model *m, CudaActivations *a, int l, si
     const int rw = op_row_floats(a);
 
     phase_mark(a->clock, PHASE_ROUTER);
-    if (a->act16)
-        CHECK(cuda_matmul_forward_bf16(a->router_logits, (const uint16_t *)xn, w16(a, m, model_param(m, T_ROUTER, l)),
-                                       N, D, E, blas));
-    else
-        CHECK(cuda_matmul_forward(a->router_logits, xn, model_param(m, T_ROUTER, l), N, D, E, blas));
+    CHECK(project(m, a, a->router_logits, xn, T_ROUTER, l, N, D, E));
     CHECK(cuda_router_softmax_forward(r->d_probs, r->d_lse, a->router_logits, N, E, s));
     CHECK(cuda_router_topk(r->d_choice, r->d_probs, N, E, K, s));
     CHECK(cuda_route_histogram(a->d_counts, r->d_choice, copies, E, s));
@@ -302,15 +324,11 @@ static int moe_forward(float *out, const Model *m, CudaActivations *a, int l, si
     CHECK(cuda_rows_gather(r->d_xrows, arrived, r->d_row_src, (size_t)r->rows, rw, s));
     phase_mark(a->clock, PHASE_EXPERTS);
     float *yrows = a->row_tmp;
-    const float *wg = model_expert_param(m, T_W_GATE, l, 0), *wu = model_expert_param(m, T_W_UP, l, 0),
-                *wd = model_expert_param(m, T_W_DOWN, l, 0);
-    if (a->act16)
-        CHECK(cuda_experts_forward_bf16(yrows, r->d_arows, r->d_urows, (uint16_t *)r->d_hrows,
-                                        (const uint16_t *)r->d_xrows, w16(a, m, wg), w16(a, m, wu), w16(a, m, wd),
-                                        r->h_expert_start, El, D, a->F, &a->gemms, blas));
-    else
-        CHECK(cuda_experts_forward(yrows, r->d_arows, r->d_urows, r->d_hrows, r->d_xrows, wg, wu, wd,
-                                   r->h_expert_start, El, D, a->F, &a->gemms, blas));
+    CHECK(cuda_experts_forward(a->act16, yrows, r->d_arows, r->d_urows, r->d_hrows, r->d_xrows,
+                               weights(a, m, model_expert_param(m, T_W_GATE, l, 0)),
+                               weights(a, m, model_expert_param(m, T_W_UP, l, 0)),
+                               weights(a, m, model_expert_param(m, T_W_DOWN, l, 0)), r->h_expert_start, El, D, a->F,
+                               &a->gemms, blas));
     phase_mark(a->clock, PHASE_DISPATCH);
     float *leaving = G > 1 ? a->recv_rows2 : r->d_y_back;
     CHECK(cuda_rows_gather(leaving, yrows, r->d_recv_row, (size_t)n_recv, D, s));
@@ -339,22 +357,21 @@ static int layer_forward(const Model *m, CudaActivations *a, int l, int training
         /* the projections into the backward's dq, dk, dv (free until the
          * attention's backward, recomputed layers included), then rotated
          * and rounded into the layer's bf16 q, k, v in one launch */
-        const uint16_t *xb = (const uint16_t *)xn1;
         CHECK(cuda_rmsnorm_forward_bf16((uint16_t *)xn1, SLICE(a->rstd1, sl, NmaxT), x,
                                         model_param(m, T_ATTN_NORM, l), N, D, s));
         phase_mark(a->clock, PHASE_DENSE);
-        CHECK(cuda_matmul_forward_bf16(a->dq, xb, w16(a, m, model_param(m, T_WQ, l)), N, D, D, blas));
-        CHECK(cuda_matmul_forward_bf16(a->dk, xb, w16(a, m, model_param(m, T_WK, l)), N, D, D, blas));
-        CHECK(cuda_matmul_forward_bf16(a->dv, xb, w16(a, m, model_param(m, T_WV, l)), N, D, D, blas));
+        CHECK(project(m, a, a->dq, xn1, T_WQ, l, N, D, D));
+        CHECK(project(m, a, a->dk, xn1, T_WK, l, N, D, D));
+        CHECK(project(m, a, a->dv, xn1, T_WV, l, N, D, D));
         phase_mark(a->clock, PHASE_ELEMENTWISE);
         CHECK(cuda_rope_qkv_bf16((uint16_t *)q, (uint16_t *)k, (uint16_t *)v, a->dq, a->dk, a->dv, a->rope_cos,
                                  a->rope_sin, B, T, H, D / H, s));
     } else {
         CHECK(cuda_rmsnorm_forward(xn1, SLICE(a->rstd1, sl, NmaxT), x, model_param(m, T_ATTN_NORM, l), N, D, s));
         phase_mark(a->clock, PHASE_DENSE);
-        CHECK(cuda_matmul_forward(q, xn1, model_param(m, T_WQ, l), N, D, D, blas));
-        CHECK(cuda_matmul_forward(k, xn1, model_param(m, T_WK, l), N, D, D, blas));
-        CHECK(cuda_matmul_forward(v, xn1, model_param(m, T_WV, l), N, D, D, blas));
+        CHECK(project(m, a, q, xn1, T_WQ, l, N, D, D));
+        CHECK(project(m, a, k, xn1, T_WK, l, N, D, D));
+        CHECK(project(m, a, v, xn1, T_WV, l, N, D, D));
         phase_mark(a->clock, PHASE_ELEMENTWISE);
         CHECK(cuda_rope_forward(q, a->rope_cos, a->rope_sin, B, T, H, D / H, s));
         CHECK(cuda_rope_forward(k, a->rope_cos, a->rope_sin, B, T, H, D / H, s));
@@ -362,11 +379,7 @@ static int layer_forward(const Model *m, CudaActivations *a, int l, int training
     phase_mark(a->clock, PHASE_ATTENTION);
     CHECK(cuda_attention_forward_as(a->act16, ao, lse, q, k, v, B, T, D, H, s));
     phase_mark(a->clock, PHASE_DENSE);
-    if (a->act16)
-        CHECK(cuda_matmul_forward_bf16(a->dtmp, (const uint16_t *)ao, w16(a, m, model_param(m, T_WO, l)), N, D, D,
-                                       blas));
-    else
-        CHECK(cuda_matmul_forward(a->dtmp, ao, model_param(m, T_WO, l), N, D, D, blas));
+    CHECK(project(m, a, a->dtmp, ao, T_WO, l, N, D, D));
     phase_mark(a->clock, PHASE_ELEMENTWISE);
     if (a->act16)
         CHECK(cuda_residual_rmsnorm_forward_bf16(h, (uint16_t *)xn2, SLICE(a->rstd2, sl, NmaxT), x, a->dtmp,
@@ -467,19 +480,13 @@ static int moe_backward(float *dxn, Model *m, CudaActivations *a, int l, const f
     CHECK(cuda_rows_gather(dyrows, arrived, r->d_row_src, (size_t)r->rows, D, s));
     phase_mark(a->clock, PHASE_EXPERTS);
     CHECK_CUDA(cudaMemsetAsync(dxrows, 0, (size_t)r->rows * D * sizeof(float), s));
-    float *dwg = model_expert_grad(m, T_W_GATE, l, 0), *dwu = model_expert_grad(m, T_W_UP, l, 0),
-          *dwd = model_expert_grad(m, T_W_DOWN, l, 0);
-    const float *wg = model_expert_param(m, T_W_GATE, l, 0), *wu = model_expert_param(m, T_W_UP, l, 0),
-                *wd = model_expert_param(m, T_W_DOWN, l, 0);
-    if (a->act16)
-        CHECK(cuda_experts_backward_bf16(dxrows, dwg, dwu, dwd, a->ffn_scratch, dyrows, (const uint16_t *)r->d_xrows,
-                                         r->d_arows, r->d_urows, (const uint16_t *)r->d_hrows, w16(a, m, wg),
-                                         w16(a, m, wu), w16(a, m, wd), r->h_expert_start, a->El, D, a->F, &a->gemms,
-                                         blas));
-    else
-        CHECK(cuda_experts_backward(dxrows, dwg, dwu, dwd, a->ffn_scratch, dyrows, r->d_xrows, r->d_arows,
-                                    r->d_urows, r->d_hrows, wg, wu, wd, r->h_expert_start, a->El, D, a->F, &a->gemms,
-                                    blas));
+    CHECK(cuda_experts_backward(a->act16, dxrows, model_expert_grad(m, T_W_GATE, l, 0),
+                                model_expert_grad(m, T_W_UP, l, 0), model_expert_grad(m, T_W_DOWN, l, 0),
+                                a->ffn_scratch, dyrows, r->d_xrows, r->d_arows, r->d_urows, r->d_hrows,
+                                weights(a, m, model_expert_param(m, T_W_GATE, l, 0)),
+                                weights(a, m, model_expert_param(m, T_W_UP, l, 0)),
+                                weights(a, m, model_expert_param(m, T_W_DOWN, l, 0)), r->h_expert_start, a->El, D,
+                                a->F, &a->gemms, blas));
     float *leaving = G > 1 ? a->recv_rows2 : a->back_rows;
     phase_mark(a->clock, PHASE_DISPATCH);
     CHECK(cuda_rows_gather(leaving, dxrows, r->d_recv_row, (size_t)r->n_recv, D, s));
@@ -492,11 +499,7 @@ static int moe_backward(float *dxn, Model *m, CudaActivations *a, int l, const f
     CHECK(cuda_moe_balance_backward(a->dprobs, r->d_frac, N, E, m->cfg.aux_loss, loss_scale, s));
     CHECK(cuda_router_softmax_backward(a->dlogits, a->dprobs, r->d_probs, r->d_lse, N, E, m->cfg.z_loss, loss_scale,
                                        s));
-    if (a->act16)
-        return cuda_matmul_backward_bf16(dxn, model_grad(m, T_ROUTER, l), a->dlogits, (const uint16_t *)xn,
-                                         w16(a, m, model_param(m, T_ROUTER, l)), N, D, E, blas);
-    return cuda_matmul_backward(dxn, model_grad(m, T_ROUTER, l), a->dlogits, xn, model_param(m, T_ROUTER, l), N, D,
-                                E, blas);
+    return project_backward(m, a, dxn, a->dlogits, xn, T_ROUTER, l, N, D, E);
 }
 
 extern "C" int cuda_transformer_backward(Model *m, CudaActivations *a, size_t n_targets, float loss_scale)
@@ -538,12 +541,7 @@ extern "C" int cuda_transformer_backward(Model *m, CudaActivations *a, size_t n_
                                     SLICE(a->rstd2, sl, NmaxT), N, D, s));
         phase_mark(a->clock, PHASE_DENSE);
         CHECK_CUDA(cudaMemsetAsync(a->dao, 0, nbytes, s));
-        if (a->act16)
-            CHECK(cuda_matmul_backward_bf16(a->dao, model_grad(m, T_WO, l), a->dx, (const uint16_t *)ao,
-                                            w16(a, m, model_param(m, T_WO, l)), N, D, D, blas));
-        else
-            CHECK(cuda_matmul_backward(a->dao, model_grad(m, T_WO, l), a->dx, ao, model_param(m, T_WO, l), N, D, D,
-                                       blas));
+        CHECK(project_backward(m, a, a->dao, a->dx, ao, T_WO, l, N, D, D));
         phase_mark(a->clock, PHASE_ATTENTION);
         CHECK_CUDA(cudaMemsetAsync(a->dq, 0, nbytes, s));
         CHECK_CUDA(cudaMemsetAsync(a->dk, 0, nbytes, s));
@@ -554,15 +552,9 @@ extern "C" int cuda_transformer_backward(Model *m, CudaActivations *a, size_t n_
         CHECK(cuda_rope_backward(a->dk, a->rope_cos, a->rope_sin, B, T, H, D / H, s));
         CHECK_CUDA(cudaMemsetAsync(a->dxn, 0, nbytes, s));
         phase_mark(a->clock, PHASE_DENSE);
-        const TensorId qkv[3] = {T_WQ, T_WK, T_WV};
-        const float *dqkv[3] = {a->dq, a->dk, a->dv};
-        for (int i = 0; i < 3; i++)
-            if (a->act16)
-                CHECK(cuda_matmul_backward_bf16(a->dxn, model_grad(m, qkv[i], l), dqkv[i], (const uint16_t *)xn1,
-                                                w16(a, m, model_param(m, qkv[i], l)), N, D, D, blas));
-            else
-                CHECK(cuda_matmul_backward(a->dxn, model_grad(m, qkv[i], l), dqkv[i], xn1, model_param(m, qkv[i], l),
-                                           N, D, D, blas));
+        CHECK(project_backward(m, a, a->dxn, a->dq, xn1, T_WQ, l, N, D, D));
+        CHECK(project_backward(m, a, a->dxn, a->dk, xn1, T_WK, l, N, D, D));
+        CHECK(project_backward(m, a, a->dxn, a->dv, xn1, T_WV, l, N, D, D));
         phase_mark(a->clock, PHASE_ELEMENTWISE);
         CHECK(cuda_rmsnorm_backward(a->dx, model_grad(m, T_ATTN_NORM, l), a->dxn, x, model_param(m, T_ATTN_NORM, l),
                                     SLICE(a->rstd1, sl, NmaxT), N, D, s));

@@ -347,9 +347,9 @@ static int test_gemm_batch(CudaBlas *blas, int D, int F)
         const size_t DF = (size_t)D * F;
         matmul_forward(a + at[e] * F, x + at[e] * D, w1 + e * DF, rows[e], D, F);
         matmul_backward(dh + at[e] * F, dw2 + e * DF, dy + at[e] * D, h + at[e] * F, w2 + e * DF, rows[e], F, D);
-        if (cuda_gemm_batch_forward(&g, d_a + at[e] * F, d_x + at[e] * D, d_w1 + e * DF, rows[e], D, F) ||
-            cuda_gemm_batch_dinp(&g, d_dh + at[e] * F, d_dy + at[e] * D, d_w2 + e * DF, rows[e], F, D) ||
-            cuda_gemm_batch_dweight(&g, d_dw2 + e * DF, d_dy + at[e] * D, d_h + at[e] * F, rows[e], F, D))
+        if (cuda_gemm_batch_forward(&g, 0, d_a + at[e] * F, d_x + at[e] * D, d_w1 + e * DF, rows[e], D, F) ||
+            cuda_gemm_batch_dinp(&g, 0, d_dh + at[e] * F, d_dy + at[e] * D, d_w2 + e * DF, rows[e], F, D) ||
+            cuda_gemm_batch_dweight(&g, 0, d_dw2 + e * DF, d_dy + at[e] * D, d_h + at[e] * F, rows[e], F, D))
             return 1;
     }
     if (cuda_gemm_batch_run(&g, blas)) return 1;
@@ -374,12 +374,11 @@ static int test_gemm_batch(CudaBlas *blas, int D, int F)
         for (int e = 0; e < X; e++) {
             matmul_forward(a + at[e] * F, x + at[e] * D, w1 + e * DF, rows[e], D, F);
             matmul_backward(dh + at[e] * F, dw2 + e * DF, dy + at[e] * D, h + at[e] * F, w2 + e * DF, rows[e], F, D);
-            if (cuda_gemm_batch_forward_bf16(&g16, d_a + at[e] * F, d_x16 + at[e] * D, d_w1_16 + e * DF, rows[e], D,
-                                             F) ||
-                cuda_gemm_batch_dinp_bf16(&g16, d_dh + at[e] * F, d_dy16 + at[e] * D, d_w2_16 + e * DF, rows[e], F,
-                                          D) ||
-                cuda_gemm_batch_dweight_bf16(&g16, d_dw2 + e * DF, d_dy16 + at[e] * D, d_h16 + at[e] * F, rows[e], F,
-                                             D))
+            if (cuda_gemm_batch_forward(&g16, 1, d_a + at[e] * F, d_x16 + at[e] * D, d_w1_16 + e * DF, rows[e], D,
+                                        F) ||
+                cuda_gemm_batch_dinp(&g16, 1, d_dh + at[e] * F, d_dy16 + at[e] * D, d_w2_16 + e * DF, rows[e], F, D) ||
+                cuda_gemm_batch_dweight(&g16, 1, d_dw2 + e * DF, d_dy16 + at[e] * D, d_h16 + at[e] * F, rows[e], F,
+                                        D))
                 return 1;
         }
         blas->bf16 = 1;
@@ -528,7 +527,7 @@ static int test_moe(CudaBlas *blas)
             expert_forward(y + r0 * D, a + r0 * F, u + r0 * F, h + r0 * F, x + r0 * D, wg + e * DF, wu + e * DF,
                            wd + e * DF, ne, D, F);
     }
-    if (cuda_experts_forward(d_y, d_a, d_u, d_h, d_x, d_wg, d_wu, d_wd, start, XE, D, F, &g, blas)) return 1;
+    if (cuda_experts_forward(0, d_y, d_a, d_u, d_h, d_x, d_wg, d_wu, d_wd, start, XE, D, F, &g, blas)) return 1;
     back(got, d_y, F4(n * D));
     check_sums("expert_forward", got, y, n * D);
     /* the backward from the CPU's saved activations on both sides */
@@ -541,8 +540,8 @@ static int test_moe(CudaBlas *blas)
             expert_backward(dx + r0 * D, dwg + e * DF, dwu + e * DF, dwd + e * DF, scratch, dy + r0 * D, x + r0 * D,
                             a + r0 * F, u + r0 * F, h + r0 * F, wg + e * DF, wu + e * DF, wd + e * DF, ne, D, F);
     }
-    if (cuda_experts_backward(d_dx, d_dwg, d_dwu, d_dwd, d_scr, d_dy, d_x, d_a, d_u, d_h, d_wg, d_wu, d_wd, start, XE,
-                              D, F, &g, blas))
+    if (cuda_experts_backward(0, d_dx, d_dwg, d_dwu, d_dwd, d_scr, d_dy, d_x, d_a, d_u, d_h, d_wg, d_wu, d_wd, start,
+                              XE, D, F, &g, blas))
         return 1;
     cuda_gemm_batch_destroy(&g);
     back(got, d_dx, F4(n * D));
@@ -579,14 +578,13 @@ static int test_moe(CudaBlas *blas)
                                 ne, D, F);
             }
         }
-        if (cuda_experts_forward_bf16(d_y, d_a, d_u, d_h16, d_x16, d_wg16, d_wu16, d_wd16, start, XE, D, F, &g16,
-                                      blas))
+        if (cuda_experts_forward(1, d_y, d_a, d_u, d_h16, d_x16, d_wg16, d_wu16, d_wd16, start, XE, D, F, &g16, blas))
             return 1;
         back(got, d_y, F4(n * D));
         check_tol("expert_forward (bf16 stored)", got, y2, n * D, 3e-2, 1);
         /* backward from the GPU's own forward (a, u fp32 and h bf16, as training keeps them) */
-        if (cuda_experts_backward_bf16(d_dx2, d_dwg2, d_dwu2, d_dwd2, d_scr, d_dy, d_x16, d_a, d_u, d_h16, d_wg16,
-                                       d_wu16, d_wd16, start, XE, D, F, &g16, blas))
+        if (cuda_experts_backward(1, d_dx2, d_dwg2, d_dwu2, d_dwd2, d_scr, d_dy, d_x16, d_a, d_u, d_h16, d_wg16,
+                                  d_wu16, d_wd16, start, XE, D, F, &g16, blas))
             return 1;
         blas->bf16 = 0;
         cuda_gemm_batch_destroy(&g16);
