@@ -96,4 +96,24 @@ static inline double cuda_expert_row_bytes(int kept, int dim, int ffn, double n,
     return kept * grow * (2 * 4 + D * op + 2 * F * 4 + F * op) + shared;
 }
 
+/* Device bytes the stream-ordered pool keeps for the step's scratch (its
+ * release threshold keeps them between steps): the largest allocation, as
+ * each is freed on the stream before the next is made — the attention's
+ * row deltas (B,H,T); RMSNorm's weight-gradient partials (64,D); in bf16
+ * a product's gradient rounded once (N,max(D,E)) and the experts' (rows,
+ * D), rows the expert-row buffers' grown size for n arrivals. */
+static inline double cuda_pool_scratch_bytes(int dim, int heads, int experts, int B, int T, double n, int bf16)
+{
+    const size_t rows = (size_t)n;
+    const double N = (double)B * T, D = dim, grown = (double)(rows + rows / 4 + 64);
+    double most = N * heads * 4; /* the delta: B*T rows per head */
+    if (64.0 * D * 4 > most) most = 64.0 * D * 4;
+    if (bf16) {
+        const double product = N * (dim > experts ? dim : experts) * 2, expert = grown * D * 2;
+        if (product > most) most = product;
+        if (expert > most) most = expert;
+    }
+    return most;
+}
+
 #endif

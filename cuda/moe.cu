@@ -3,6 +3,7 @@
 #include "check.h"
 #include "grid.h"
 #include "route_plan.h" /* static inline, __host__ __device__ */
+#include "route_topk.h"
 
 /* The softmax of one token's E logits, the CPU's loop. */
 __global__ static void router_softmax_kernel(float *probs, float *lse, const float *logits, size_t N, int E)
@@ -21,24 +22,10 @@ __global__ static void router_softmax_kernel(float *probs, float *lse, const flo
     }
 }
 
-/* Repeated argmax; strict '>' keeps the lower index on ties (as the CPU). */
+/* One thread per token: the CPU's choice (route_topk.h). */
 __global__ static void router_topk_kernel(int *choice, const float *probs, size_t N, int E, int K)
 {
-    GRID_STRIDE(t, N)
-    {
-        const float *p = probs + t * E;
-        int *c = choice + t * K;
-        for (int k = 0; k < K; k++) {
-            int best = -1;
-            for (int e = 0; e < E; e++) {
-                int taken = 0;
-                for (int j = 0; j < k; j++) taken |= c[j] == e;
-                if (taken) continue;
-                if (best < 0 || p[e] > p[best]) best = e;
-            }
-            c[k] = best;
-        }
-    }
+    GRID_STRIDE(t, N) route_topk_token(choice + t * K, probs + t * E, E, K);
 }
 
 /* One block per expert: 256 strided partial sums in double, then a fixed
@@ -373,7 +360,9 @@ __global__ static void route_slots_kernel(int *copy_slot, int *send_token, const
     {
         const int slot = route_slot_from_bases(bases, bases + E, bases + 2 * E, choice[i], pos[i]);
         copy_slot[i] = slot;
-        if (slot < n_sent) send_token[slot] = (int)(i / K);
+        /* the slots are a permutation of the copies: every entry written;
+         * a dropped copy's row gathers as zeros */
+        send_token[slot] = slot < n_sent ? (int)(i / K) : -1;
     }
 }
 

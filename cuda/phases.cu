@@ -8,7 +8,8 @@
 extern "C" const char *phase_name(Phase p)
 {
     static const char *const names[PHASE_COUNT] = {"attention", "expert GEMMs", "dispatch/combine", "router",
-                                                   "dense GEMMs", "norms and element-wise", "optimiser", "other"};
+                                                   "dense GEMMs", "norms and element-wise", "optimiser",
+                                                   "host wait (MoE header)", "other"};
     return p >= 0 && p < PHASE_COUNT ? names[p] : "?";
 }
 

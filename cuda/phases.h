@@ -19,6 +19,7 @@ typedef enum {
     PHASE_DENSE,       /* q, k, v, o products and the tied head */
     PHASE_ELEMENTWISE, /* norms, rotary, residuals, embedding, cross-entropy */
     PHASE_OPTIMISER,   /* the optimiser's step */
+    PHASE_HOST_WAIT,   /* the GPU idle while the host reads a MoE layer's dispatch header */
     PHASE_OTHER,       /* anything between marks that none of the above opened */
     PHASE_COUNT
 } Phase;

@@ -117,11 +117,15 @@ static int create(CudaActivations *a, const ModelConfig *c, int B, int T)
                  G = (size_t)a->G;
     a->route = (CudaRouting *)isth_calloc(Lk, sizeof(CudaRouting));
     a->h_losses = (float *)isth_malloc(N * sizeof(float));
-    a->h_hdr = (int *)isth_malloc(cuda_route_hdr_ints(a->G, a->El) * sizeof(int));
     a->h_embed_plan = (int *)isth_calloc(3 * N + 1, sizeof(int)); /* the ids' unused tail uploads as zeros */
     a->h_embed_count = (int *)isth_malloc((size_t)a->V * sizeof(int));
-    if (!a->route || !a->h_losses || !a->h_hdr || !a->h_embed_plan || !a->h_embed_count)
+    if (!a->route || !a->h_losses || !a->h_embed_plan || !a->h_embed_count)
         return isth_fail(ISTH_ERUNTIME, "out of host memory for the CUDA activations");
+    /* pinned, so that the header's copy is asynchronous: the host waits for
+     * its event while the GPU gathers the rows queued behind it */
+    const size_t hdr_bytes = cuda_route_hdr_ints(a->G, a->El) * sizeof(int);
+    CHECK_CUDA(cudaHostAlloc((void **)&a->h_hdr, hdr_bytes, cudaHostAllocDefault));
+    CHECK_CUDA(cudaEventCreateWithFlags(&a->hdr_ready, cudaEventDisableTiming));
     CHECK(cuda_gemm_batch_create(&a->gemms, 3 * a->El)); /* a layer's expert products, 3 per expert */
     /* the dispatch plan's device scratch (cuda_route_scratch_bytes counts it) */
     CHECK_CUDA(cudaMalloc((void **)&a->d_counts, E * sizeof(int)));
@@ -201,7 +205,8 @@ extern "C" void cuda_acts_destroy(CudaActivations *a)
     for (size_t i = 0; i < sizeof dev / sizeof *dev; i++)
         if (dev[i]) cudaFree(dev[i]);
     isth_free(a->h_losses);
-    isth_free(a->h_hdr);
+    if (a->h_hdr) cudaFreeHost(a->h_hdr);
+    if (a->hdr_ready) cudaEventDestroy(a->hdr_ready);
     isth_free(a->h_embed_plan);
     isth_free(a->h_embed_count);
     cuda_gemm_batch_destroy(&a->gemms);
@@ -269,10 +274,13 @@ static int to_device(void *dst, const void *src, size_t bytes, cudaStream_t s)
  * allgather the counts (NCCL), the plan from the count matrix
  * (route_plan.h); the host reads the plan's header once — the
  * all-to-all's counts and the experts' row ranges, which NCCL and cuBLAS
- * take on the host: the layer's one synchronisation — then kept rows to
- * the owners and back, the dropped copies' slots zeros. The balance and z
- * losses and the dropped copies add up on the device (read once per
- * forward). */
+ * take on the host: the layer's one synchronisation, which the GPU spends
+ * gathering every copy's row into slot order (the kept ones first, the
+ * dropped ones zeros: N*K rows, a size the host knows) and adding up the
+ * statistics — then kept rows to the owners and back, the dropped copies'
+ * slots zeros. The balance and z losses and the dropped copies add up on
+ * the device (read once per forward). PHASE_HOST_WAIT measures what the
+ * GPU idles beyond that work. */
 static int moe_forward(float *out, const Model *m, CudaActivations *a, int l, size_t N, int training, int stats)
 {
     const int D = a->D, E = a->E, K = a->K, G = a->G, El = a->El, me = a->ep->mpi->rank;
@@ -292,14 +300,20 @@ static int moe_forward(float *out, const Model *m, CudaActivations *a, int l, si
     const int capacity = training ? moe_capacity(m->cfg.capacity_factor, N * (size_t)G, K, E) : -1;
     CHECK(cuda_route_plan(a->d_hdr, a->d_bases, r->d_frac, a->d_cnt, G, El, me, capacity, (double)N * G * K, s));
     CHECK(cuda_route_slots(r->d_copy_slot, a->send_token, a->d_pos, r->d_choice, a->d_bases, a->d_hdr, N, K, E, s));
+    const size_t hdr = cuda_route_hdr_ints(G, El);
+    CHECK_CUDA(cudaMemcpyAsync(a->h_hdr, a->d_hdr, sizeof(int) * hdr, cudaMemcpyDeviceToHost, s));
+    CHECK_CUDA(cudaEventRecord(a->hdr_ready, s));
+    /* queued behind the header's copy: work that needs no host count */
+    phase_mark(a->clock, PHASE_DISPATCH);
+    CHECK(cuda_rows_gather(a->send_rows, xn, a->send_token, copies, rw, s)); /* bf16 rows: half the bytes */
     if (training && stats) {
+        phase_mark(a->clock, PHASE_ROUTER);
         CHECK(cuda_router_mean_prob(a->d_mean_prob, r->d_probs, N, E, s));
         CHECK(cuda_route_losses(a->d_fstats, r->d_frac, a->d_mean_prob, r->d_lse, a->d_hdr, N, E, m->cfg.aux_loss,
                                 m->cfg.z_loss, s));
     }
-    /* the header: the layer's one wait for the device */
-    const size_t hdr = cuda_route_hdr_ints(G, El);
-    CHECK(to_host(a->h_hdr, a->d_hdr, sizeof(int) * hdr, s));
+    phase_mark(a->clock, PHASE_HOST_WAIT);
+    CHECK_CUDA(cudaEventSynchronize(a->hdr_ready)); /* the layer's one wait for the device */
     r->n_sent = a->h_hdr[ROUTE_HDR_SENT];
     const int n_recv = a->h_hdr[ROUTE_HDR_RECV];
     r->dropped = a->h_hdr[ROUTE_HDR_DROPPED];
@@ -314,9 +328,7 @@ static int moe_forward(float *out, const Model *m, CudaActivations *a, int l, si
     phase_mark(a->clock, PHASE_DISPATCH);
     CHECK(cuda_route_owner_map(r->d_recv_row, r->d_row_src, a->d_cnt, a->d_hdr, G, El, me, capacity, n_recv, s));
 
-    /* dispatch: the kept copies' rows to their owners, in slot order (bf16
-     * rows on the bf16 path: half the bytes) */
-    CHECK(cuda_rows_gather(a->send_rows, xn, a->send_token, (size_t)r->n_sent, rw, s));
+    /* dispatch: the kept copies' rows (the first n_sent slots) to their owners */
     float *arrived = G > 1 ? a->recv_rows : a->send_rows;
     CHECK(cuda_coll_alltoallv_rows(a->ep, a->send_rows, r->h_send_counts, arrived, r->h_recv_counts, rw, s));
 

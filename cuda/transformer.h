@@ -64,7 +64,8 @@ typedef struct {
     /* the dispatch plan on the device (cuda/moe.h) and the header the host reads */
     int *d_counts, *d_cnt, *d_hdr, *d_bases, *d_pos; /* (E), (G,E), (cuda_route_hdr_ints), (3E), (N*K) */
     double *d_mean_prob, *d_fstats;                  /* (E), (3: the forward's aux, z, dropped) */
-    int *h_hdr;                                      /* (cuda_route_hdr_ints) */
+    int *h_hdr;                                      /* (cuda_route_hdr_ints), pinned: copied while the GPU works */
+    cudaEvent_t hdr_ready;                           /* the header has reached h_hdr */
     int *h_embed_plan, *h_embed_count, n_embed_ids;  /* (3N+1), (V) scratch, the distinct ids of this batch */
     float *h_losses;                                 /* (N) */
     /* owner-side device scratch, grown on demand */

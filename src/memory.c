@@ -161,6 +161,8 @@ int memory_plan(const Config *cfg, int world_size, int rank, MemoryPlan *out)
                                  cfg->model.top_k, cfg->model.vocab, site->micro_batch, cfg->model.context,
                                  t.learner_size, bf16);
         out->bytes[ALLOC_EXPERT_ROWS] = cuda_expert_row_bytes(kept, cfg->model.dim, cfg->model.ffn, arrivals, bf16);
+        out->bytes[ALLOC_ACTIVATIONS] += cuda_pool_scratch_bytes(cfg->model.dim, cfg->model.heads, cfg->model.experts,
+                                                                 site->micro_batch, cfg->model.context, arrivals, bf16);
         if (bf16) /* the products' bf16 copy of the weights after the embedding */
             out->bytes[ALLOC_WEIGHTS] += aligned64(2.0 * (double)(m.n_params - model_after_embed(&m)));
     }

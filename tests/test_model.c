@@ -252,6 +252,45 @@ static void test_topk_ties_go_to_lower_index(void **state)
     for (int i = 0; i < 9; i++) assert_int_equal(choice[i], want[i]);
 }
 
+/* The reference order: probability descending, then index ascending. */
+static const float *topk_probs;
+static int by_prob_then_index(const void *x, const void *y)
+{
+    const int a = *(const int *)x, b = *(const int *)y;
+    if (topk_probs[a] != topk_probs[b]) return topk_probs[a] > topk_probs[b] ? -1 : 1;
+    return a - b;
+}
+
+/* route_topk.h (the GPU kernel's code, compiled here) through router_topk
+ * against a sort, on random probabilities drawn from a few levels so that
+ * most tokens hold ties, for every K from 1 to E. */
+static void test_topk_against_sort(void **state)
+{
+    (void)state;
+    enum { N = 200, EMAX = 16 };
+    static float probs[N * EMAX];
+    static int choice[N * EMAX];
+    unsigned seed = 7;
+    int tied = 0;
+    for (int E = 1; E <= EMAX; E++)
+        for (int K = 1; K <= E; K++) {
+            for (int i = 0; i < N * E; i++) {
+                seed = seed * 1103515245u + 12345u;
+                probs[i] = (float)((seed >> 16) % 5) / 8.0f; /* 5 levels */
+            }
+            router_topk(choice, probs, N, E, K);
+            for (int t = 0; t < N; t++) {
+                int order[EMAX];
+                for (int e = 0; e < E; e++) order[e] = e;
+                topk_probs = probs + (size_t)t * E;
+                qsort(order, (size_t)E, sizeof(int), by_prob_then_index);
+                for (int k = 0; k < K; k++) assert_int_equal(choice[t * K + k], order[k]);
+                tied += K < E && topk_probs[order[K - 1]] == topk_probs[order[K]];
+            }
+        }
+    assert_true(tied > 1000); /* the ties at the K-th place that decide which expert goes */
+}
+
 static void test_capacity_overflow_in_arrival_order(void **state)
 {
     (void)state;
@@ -469,6 +508,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_topk_ties_go_to_lower_index),
         cmocka_unit_test(test_capacity_overflow_in_arrival_order),
         cmocka_unit_test(test_plan_against_direct_rule),
+        cmocka_unit_test(test_topk_against_sort),
         cmocka_unit_test(test_adamw_runs_match_whole),
         cmocka_unit_test(test_zero_embedding_is_uniform),
         cmocka_unit_test(test_eval_forward_matches_reference),

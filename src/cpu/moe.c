@@ -8,6 +8,7 @@
 
 #include "layers.h"
 #include "route_plan.h"
+#include "route_topk.h"
 
 int moe_capacity(double capacity_factor, size_t tokens, int K, int E)
 {
@@ -35,21 +36,7 @@ void router_softmax_forward(float *probs, float *lse, const float *logits, size_
 void router_topk(int *choice, const float *probs, size_t N, int E, int K)
 {
 #pragma omp parallel for schedule(static)
-    for (size_t t = 0; t < N; t++) {
-        const float *p = probs + t * E;
-        int *c = choice + t * K;
-        /* selection by repeated argmax; strict '>' keeps the lower index on ties */
-        for (int k = 0; k < K; k++) {
-            int best = -1;
-            for (int e = 0; e < E; e++) {
-                int taken = 0;
-                for (int j = 0; j < k; j++) taken |= c[j] == e;
-                if (taken) continue;
-                if (best < 0 || p[e] > p[best]) best = e;
-            }
-            c[k] = best;
-        }
-    }
+    for (size_t t = 0; t < N; t++) route_topk_token(choice + t * K, probs + t * E, E, K);
 }
 
 void router_stats(int *counts, double *mean_prob, const int *choice, const float *probs, size_t N,

@@ -18,7 +18,8 @@
 #      PyTorch in float64 from the HDF5 file (tests/gpu/torch_check.py)
 #   6. bench of gpu-1b.ini in bf16: tokens/s and MFU against the H200's
 #      989 TFLOP/s dense bf16 peak; the step by phase (CUDA events), whose
-#      sum must be the step's wall time within 5%
+#      sum must be the step's wall time within 5%, and the GPU's idle time
+#      on the MoE layers' host reads (target: under 0.5% of the step)
 # The last lines are a table: check | result | figure. Exit 0 only when every
 # check that ran passed. Without a GPU every row says SKIP and why; the
 # executables still run their CPU halves, so the plumbing is checked here.
@@ -372,6 +373,11 @@ if [ "$gpus" -gt 0 ]; then
         row "bench gpu-1b.ini step by phase (sum within 5%)" \
             "$(awk -v s="${share:-0}" 'BEGIN { print (s >= 95 && s <= 105) ? "PASS" : "FAIL" }')" \
             "sum ${share:-?}% of the step;$top"
+        # the MoE layers' one host read: what the GPU idles beyond the work
+        # queued behind it (target: never idle; PASS under 0.5% of the step)
+        wait=$(awk '/^#   host wait / { sub("%", "", $NF); print $(NF - 1), $NF }' "$out/bench_gpu1b.log" | tail -1)
+        row "bench gpu-1b.ini GPU idle on MoE host reads" \
+            "$(echo "${wait:-x 100}" | awk '{ print $2 < 0.5 ? "PASS" : "INFO" }')" "$(echo "${wait:-? ?}" | awk '{ printf "%s ms/step, %s%% of the step", $1, $2 }')"
         # for scale: PyTorch's SDPA, causal, bf16, forward + backward on the
         # same shapes (gpu-1b: 8 x 2048 tokens, 16 heads of 64, 16 layers)
         att=$(awk '/^#   attention / { print $3 }' "$out/bench_gpu1b.log" | tail -1)

@@ -655,6 +655,7 @@ static int test_route_plan(void)
         bad += memcmp(hdr + ROUTE_HDR_COUNTS + 2 * G, start, sizeof start) != 0;
         bad += memcmp(got_slot, copy_slot, sizeof copy_slot) != 0;
         for (int i = 0; i < n_sent; i++) bad += got_token[i] != send_copy[i] / K;
+        for (int i = n_sent; i < C; i++) bad += got_token[i] != -1; /* dropped: gathered as zero rows */
         bad += memcmp(got_row, recv_row, sizeof(int) * n_recv) != 0 || memcmp(got_src, row_src, sizeof(int) * n_recv);
         for (int e = 0; e < E; e++) {
             int total = 0;
