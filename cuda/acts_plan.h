@@ -63,14 +63,26 @@ static inline double cuda_route_bytes(int experts, int top_k, int dim, int B, in
     return N * E * 4 + N * 4 + 2 * N * K * 4 + E * 8 + N * K * D * 4;
 }
 
+/* Copies per block of the positions' count (cuda/moe.cu). */
+#define CUDA_ROUTE_CHUNK 256
+
+/* Ints of the positions' scratch for `copies` copies and E experts: each
+ * copy's position, then each chunk's count per expert (chunks, E). */
+static inline size_t cuda_route_pos_ints(size_t copies, int experts)
+{
+    return copies + (copies + CUDA_ROUTE_CHUNK - 1) / CUDA_ROUTE_CHUNK * (size_t)experts;
+}
+
 /* Device bytes of the dispatch plan's scratch (shared by the layers): the
  * counts, the learner's count matrix (G ranks), the header, the slot
- * bases, each copy's position, the mean router probabilities and the
+ * bases, the positions' scratch, the mean router probabilities and the
  * forward's three statistics. */
 static inline double cuda_route_scratch_bytes(int experts, int top_k, int G, int B, int T)
 {
-    const double N = (double)B * T, E = experts, El = (double)experts / G;
-    return E * 4 + G * E * 4 + (4 + 2.0 * G + El + 1) * 4 + 3 * E * 4 + N * top_k * 4 + E * 8 + 3 * 8;
+    const double E = experts, El = (double)experts / G;
+    const size_t copies = (size_t)B * T * (size_t)top_k;
+    const double pos = (double)cuda_route_pos_ints(copies, experts);
+    return E * 4 + G * E * 4 + (4 + 2.0 * G + El + 1) * 4 + 3 * E * 4 + pos * 4 + E * 8 + 3 * 8;
 }
 
 /* The device block, every kept layer's routing buffers and the plan's scratch. */

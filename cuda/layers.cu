@@ -340,6 +340,7 @@ extern "C" int cuda_blas_create(CudaBlas *b, cudaStream_t stream, int bf16)
 {
     b->stream = stream;
     b->bf16 = bf16;
+    b->handle = NULL; /* a failed create leaves nothing for cuda_blas_destroy */
     CHECK_CUBLAS(cublasCreate(&b->handle));
     CHECK_CUBLAS(cublasSetStream(b->handle, stream));
     /* fp32 stays fp32: no TF32 or other reduced precision. The bf16 path
@@ -657,6 +658,12 @@ __global__ static void attention_forward_kernel(float *out, float *lse, const fl
     }
 }
 
+/* dout as the backward's products read it beside an Out output: the
+ * tensor-core kernels (bf16 out) read dout rounded to bf16, so delta does
+ * too — its sum_j p_ij dp_ij then matches their dp and dS stays centred. */
+__device__ static inline float as_read(float x, const float *) { return x; }
+__device__ static inline float as_read(float x, const uint16_t *) { return codec_from_bf16(codec_to_bf16(x)); }
+
 /* delta (B,H,T) = rowsum(dout * out) per head: sum_j p_ij dp_ij. */
 template <typename Out>
 __global__ static void attention_delta_kernel(float *delta, const float *dout, const Out *out, int B, int T, int D,
@@ -669,7 +676,7 @@ __global__ static void attention_delta_kernel(float *delta, const float *dout, c
         const size_t bh = x / T, b = bh / H, h = bh % H;
         const size_t at = b * T * D + (size_t)i * D + h * Dh;
         float s = 0.0f;
-        for (int d = 0; d < Dh; d++) s += dout[at + d] * get(out[at + d]);
+        for (int d = 0; d < Dh; d++) s += as_read(dout[at + d], out) * get(out[at + d]);
         delta[x] = s;
     }
 }

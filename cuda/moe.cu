@@ -4,6 +4,7 @@
 #include "grid.h"
 #include "route_plan.h" /* static inline, __host__ __device__ */
 #include "route_topk.h"
+#include "acts_plan.h" /* CUDA_ROUTE_CHUNK */
 
 /* The softmax of one token's E logits, the CPU's loop. */
 __global__ static void router_softmax_kernel(float *probs, float *lse, const float *logits, size_t N, int E)
@@ -328,37 +329,70 @@ extern "C" int cuda_route_plan(int *hdr, int *bases, double *frac, const int *cn
     return ISTH_OK;
 }
 
-/* Block e: each copy of expert e gets its position among them, in copy
- * order (a stable count: 256 flags at a time, scanned in shared memory). */
-__global__ static void route_position_kernel(int *pos, const int *choice, size_t copies)
+/* Each copy's position among this rank's copies of its expert, in copy
+ * order, in three passes over chunks of CUDA_ROUTE_CHUNK copies (one
+ * block each), so the whole GPU counts: (1) a copy's rank in its chunk —
+ * a warp's copies of one expert find each other (__match_any_sync) and
+ * rank by lane, the warps' counts per expert (shared memory) order the
+ * warps — and each chunk's count per expert; (2) per expert, those counts
+ * as an exclusive prefix over the chunks (a warp scan); (3) in the slots'
+ * kernel, rank + the chunk's prefix. The same integers whatever the
+ * schedule: no atomics. */
+#define ROUTE_WARPS (CUDA_ROUTE_CHUNK / 32)
+
+__global__ static void route_chunk_rank_kernel(int *pos, int *chunk_count, const int *choice, size_t copies, int E)
 {
-    __shared__ int scan[256];
-    const int e = blockIdx.x, tid = threadIdx.x;
-    int base = 0;
-    for (size_t c0 = 0; c0 < copies; c0 += 256) {
-        const size_t i = c0 + tid;
-        const int flag = i < copies && choice[i] == e;
-        scan[tid] = flag;
-        __syncthreads();
-        for (int off = 1; off < 256; off <<= 1) { /* inclusive prefix sum */
-            const int v = tid >= off ? scan[tid - off] : 0;
-            __syncthreads();
-            scan[tid] += v;
-            __syncthreads();
-        }
-        if (flag) pos[i] = base + scan[tid] - 1;
-        base += scan[255];
-        __syncthreads();
+    extern __shared__ int warp_count[]; /* (ROUTE_WARPS, E) */
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+    for (int x = tid; x < ROUTE_WARPS * E; x += CUDA_ROUTE_CHUNK) warp_count[x] = 0;
+    __syncthreads();
+    const size_t i = (size_t)blockIdx.x * CUDA_ROUTE_CHUNK + tid;
+    const int live = i < copies, e = live ? choice[i] : -1; /* past the end: -1, matching only each other */
+    const unsigned peers = __match_any_sync(0xffffffffu, e);
+    const int rank = __popc(peers & ((1u << lane) - 1u));
+    if (live && rank == 0) warp_count[warp * E + e] = __popc(peers);
+    __syncthreads();
+    if (live) {
+        int before = rank;
+        for (int w = 0; w < warp; w++) before += warp_count[w * E + e];
+        pos[i] = before;
+    }
+    for (int x = tid; x < E; x += CUDA_ROUTE_CHUNK) {
+        int n = 0;
+        for (int w = 0; w < ROUTE_WARPS; w++) n += warp_count[w * E + x];
+        chunk_count[(size_t)blockIdx.x * E + x] = n;
     }
 }
 
-__global__ static void route_slots_kernel(int *copy_slot, int *send_token, const int *pos, const int *choice,
-                                          const int *bases, const int *hdr, size_t copies, int K, int E)
+/* One warp per expert: chunk_count (chunks, E) -> the copies of that
+ * expert in the chunks before, in place. */
+__global__ static void route_chunk_scan_kernel(int *chunk_count, size_t chunks, int E)
+{
+    const int e = (int)(((size_t)blockIdx.x * blockDim.x + threadIdx.x) / 32), lane = threadIdx.x % 32;
+    if (e >= E) return; /* the whole warp: e is the warp's */
+    int carry = 0;
+    for (size_t c0 = 0; c0 < chunks; c0 += 32) {
+        const size_t c = c0 + lane;
+        const int n = c < chunks ? chunk_count[c * E + e] : 0;
+        int incl = n;
+        for (int off = 1; off < 32; off <<= 1) {
+            const int v = __shfl_up_sync(0xffffffffu, incl, off);
+            if (lane >= off) incl += v;
+        }
+        if (c < chunks) chunk_count[c * E + e] = carry + incl - n;
+        carry += __shfl_sync(0xffffffffu, incl, 31);
+    }
+}
+
+__global__ static void route_slots_kernel(int *copy_slot, int *send_token, const int *pos, const int *chunk_base,
+                                          const int *choice, const int *bases, const int *hdr, size_t copies, int K,
+                                          int E)
 {
     const int n_sent = hdr[ROUTE_HDR_SENT];
     GRID_STRIDE(i, copies)
     {
-        const int slot = route_slot_from_bases(bases, bases + E, bases + 2 * E, choice[i], pos[i]);
+        const int e = choice[i], p = pos[i] + chunk_base[i / CUDA_ROUTE_CHUNK * E + e];
+        const int slot = route_slot_from_bases(bases, bases + E, bases + 2 * E, e, p);
         copy_slot[i] = slot;
         /* the slots are a permutation of the copies: every entry written;
          * a dropped copy's row gathers as zeros */
@@ -369,11 +403,18 @@ __global__ static void route_slots_kernel(int *copy_slot, int *send_token, const
 extern "C" int cuda_route_slots(int *copy_slot, int *send_token, int *pos, const int *choice, const int *bases,
                                 const int *hdr, size_t N, int K, int E, cudaStream_t stream)
 {
-    const size_t copies = N * (size_t)K;
+    const size_t copies = N * (size_t)K, chunks = (copies + CUDA_ROUTE_CHUNK - 1) / CUDA_ROUTE_CHUNK;
     if (!copies) return ISTH_OK;
-    route_position_kernel<<<E, 256, 0, stream>>>(pos, choice, copies);
-    route_slots_kernel<<<blocks_for(copies), 256, 0, stream>>>(copy_slot, send_token, pos, choice, bases, hdr, copies,
-                                                               K, E);
+    int *chunk_count = pos + copies;
+    const size_t shared = sizeof(int) * ROUTE_WARPS * (size_t)E; /* 128 KiB at E = 4096 */
+    if (shared > 48 * 1024)
+        CHECK_CUDA(cudaFuncSetAttribute(route_chunk_rank_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        (int)shared));
+    route_chunk_rank_kernel<<<(unsigned)chunks, CUDA_ROUTE_CHUNK, shared, stream>>>(pos, chunk_count, choice, copies,
+                                                                                   E);
+    route_chunk_scan_kernel<<<(unsigned)(((size_t)E * 32 + 255) / 256), 256, 0, stream>>>(chunk_count, chunks, E);
+    route_slots_kernel<<<blocks_for(copies), 256, 0, stream>>>(copy_slot, send_token, pos, chunk_count, choice, bases,
+                                                               hdr, copies, K, E);
     CHECK_CUDA(cudaGetLastError());
     return ISTH_OK;
 }

@@ -60,8 +60,9 @@ int cuda_route_histogram(int *counts, const int *choice, size_t copies, int E, c
 int cuda_route_plan(int *hdr, int *bases, double *frac, const int *cnt, int G, int El, int me, int cap,
                     double learner_copies, cudaStream_t stream);
 /* copy_slot (N*K) and send_token (N*K: the token of each sent slot, -1
- * for a dropped copy's) from the bases; pos: N*K ints of scratch (each copy's position among this rank's
- * copies of its expert, in copy order). */
+ * for a dropped copy's) from the bases; pos: cuda_route_pos_ints(N*K, E)
+ * ints of scratch (acts_plan.h: each copy's position among this rank's
+ * copies of its expert, in copy order, counted by chunks). */
 int cuda_route_slots(int *copy_slot, int *send_token, int *pos, const int *choice, const int *bases, const int *hdr,
                      size_t N, int K, int E, cudaStream_t stream);
 /* The owner's maps for its n_recv arrivals: recv_row, row_src. */

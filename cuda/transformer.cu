@@ -132,7 +132,7 @@ static int create(CudaActivations *a, const ModelConfig *c, int B, int T)
     CHECK_CUDA(cudaMalloc((void **)&a->d_cnt, G * E * sizeof(int)));
     CHECK_CUDA(cudaMalloc((void **)&a->d_hdr, cuda_route_hdr_ints(a->G, a->El) * sizeof(int)));
     CHECK_CUDA(cudaMalloc((void **)&a->d_bases, 3 * E * sizeof(int)));
-    CHECK_CUDA(cudaMalloc((void **)&a->d_pos, N * K * sizeof(int)));
+    CHECK_CUDA(cudaMalloc((void **)&a->d_pos, cuda_route_pos_ints(N * K, (int)E) * sizeof(int)));
     CHECK_CUDA(cudaMalloc((void **)&a->d_mean_prob, E * sizeof(double)));
     CHECK_CUDA(cudaMalloc((void **)&a->d_fstats, 3 * sizeof(double)));
     for (size_t l = 0; l < Lk; l++) {
@@ -177,6 +177,9 @@ extern "C" int cuda_acts_create(CudaActivations *a, const ModelConfig *c, int B,
     if (!cuda_attention_supports(Dh))
         return isth_fail(ISTH_EINPUT, "config: [model] dim / heads = %d: the CUDA attention is built for head "
                          "dimensions 16, 32, 64 and 128", Dh);
+    if ((long)B * c->heads > 65535) /* the attention kernels' grid: one y-block per (sequence, head) */
+        return isth_fail(ISTH_EINPUT, "config: %d sequences per forward ([train] micro_batch) x [model] heads %d: "
+                         "the CUDA attention takes at most 65535 (sequence, head) pairs per launch", B, c->heads);
     if (blas->bf16 && !cuda_attention_tc_supports(Dh))
         return isth_fail(ISTH_EINPUT, "config: [train] precision = bf16 runs attention on tensor cores, for head "
                          "dimensions 64 and 128 (here [model] dim / heads = %d) on a GPU with the shared memory those "

@@ -62,7 +62,7 @@ typedef struct {
     float *block;            /* the one device allocation holding the floats above */
     CudaRouting *route;      /* (Lk) */
     /* the dispatch plan on the device (cuda/moe.h) and the header the host reads */
-    int *d_counts, *d_cnt, *d_hdr, *d_bases, *d_pos; /* (E), (G,E), (cuda_route_hdr_ints), (3E), (N*K) */
+    int *d_counts, *d_cnt, *d_hdr, *d_bases, *d_pos; /* (E), (G,E), (cuda_route_hdr_ints), (3E), (..._pos_ints) */
     double *d_mean_prob, *d_fstats;                  /* (E), (3: the forward's aux, z, dropped) */
     int *h_hdr;                                      /* (cuda_route_hdr_ints), pinned: copied while the GPU works */
     cudaEvent_t hdr_ready;                           /* the header has reached h_hdr */
