@@ -260,21 +260,26 @@ static int stop_vote(StopVote *v, MPI_Comm site_comm, int local, int *site_agree
 }
 
 /* The federated launch, after the checkpoint of an agreed stop: a stop
- * that only sites other than the first asked for (their jobs' time limit,
- * scancel, preemption) lets those sites leave — they exit 0 and, started
- * again, rejoin — while the others train on; 1 when this site trains on.
- * A stop the first site asks for, or any in butterfly (whose vote does not
- * say who asked), ends the whole run. The same on every rank of every site
- * still in (the request bits came with the agreed verdicts). */
+ * that only some sites asked for (their jobs' time limit, scancel,
+ * preemption) lets those sites leave — they exit 0 and, started again,
+ * rejoin — while the others train on; 1 when this site trains on. In a
+ * two-site run either site may leave (the one left hosts from then on, as
+ * after a loss); with more sites a stop the first site asks for ends the
+ * whole run (only a two-site run re-hosts), as does any in butterfly
+ * (whose vote does not say who asked) or one every site asked for. The
+ * same on every rank of every site still in (the request bits came with
+ * the agreed verdicts). */
 static int others_leave(Trainer *tr)
 {
     const Topology *t = &tr->topo;
     Reducer *r = &tr->red;
+    const int may_leave = t->n_sites == 2 ? 0 : 1; /* the first site that may leave alone */
     int any = 0;
-    for (int s = 1; s < t->n_sites; s++) any |= r->stop_sites[s];
-    if (!r->link.survive || tr->mode == MODE_BUTTERFLY || !any || r->stop_sites[0] || r->stop_sites[t->site])
+    for (int s = may_leave; s < t->n_sites; s++) any |= r->stop_sites[s];
+    if (!r->link.survive || tr->mode == MODE_BUTTERFLY || !any || (may_leave && r->stop_sites[0]) ||
+        r->stop_sites[t->site])
         return 0;
-    for (int s = 1; s < t->n_sites; s++)
+    for (int s = may_leave; s < t->n_sites; s++)
         if (r->stop_sites[s]) link_mark_left(&r->link, s);
     r->stop_agreed = 0;
     memset(r->stop_sites, 0, sizeof r->stop_sites);

@@ -20,7 +20,9 @@
 #    rejoins there;
 #  - SIGTERM of site b (its job cancelled): all sites checkpoint the agreed
 #    step, b leaves (exit 0) and a trains on without waiting for a deadline;
-#    b started again rejoins;
+#    b started again rejoins; USR1 to site a (the first site, its job's
+#    time limit): the same with the sites' roles swapped — b hosts from
+#    then on and a started again rejoins there;
 #  - SIGSTOP of site b beyond the deadline: a trains on; after SIGCONT b
 #    finds a's notice, says it was dropped and exits 3 (no split run); the
 #    site script starts it again and it rejoins;
@@ -197,15 +199,16 @@ expect_exit 2 "--site a: this mpirun has 2 ranks, \[site.a\] ranks = 1" -- mpiru
 
 # 5. losing site b: SIGKILL (then a restart that rejoins), SIGSTOP/SIGCONT
 LONG="--set train.steps=400 --set outer.timeout=3 --set train.log_every=50"
-lose() { # lose NAME SIGNAL CONT_AFTER RESTART [train args...]
-    local name=$1 sig=$2 cont=$3 restart=$4 pids
+lose() { # [VICTIM=a|b] lose NAME SIGNAL CONT_AFTER RESTART [train args...]: the victim (default b) is signalled
+    local name=$1 sig=$2 cont=$3 restart=$4 pids v=${VICTIM:-b}
+    local o; [ "$v" = b ] && o=a || o=b
     shift 4
     site a 1 "$WORK/$name" --set outer.run_id="$name" $LONG "$@" > "$WORK/${name}_a.log" 2>&1 &
     local a=$!
     site b 1 "$WORK/$name" --set outer.run_id="$name" $LONG "$@" > "$WORK/${name}_b.log" 2>&1 &
     local b=$!
     for _ in $(seq 1 200); do grep -q '^step  *50/' "$WORK/${name}_a.log" 2>/dev/null && break; sleep 0.1; done
-    pids=$(pgrep -f "isthmus train .* --site b .*outer.run_id=$name ")
+    pids=$(pgrep -f "isthmus train .* --site $v .*outer.run_id=$name ")
     # shellcheck disable=SC2086
     kill -"$sig" $pids
     if [ -n "$cont" ]; then
@@ -213,11 +216,11 @@ lose() { # lose NAME SIGNAL CONT_AFTER RESTART [train args...]
         # shellcheck disable=SC2086
         kill -CONT $pids
     fi
-    if [ -n "$restart" ]; then # b's mpirun ends with its rank; start the site again once a has lost it
-        wait $b
-        for _ in $(seq 1 200); do grep -q '^site b \(lost\|left\) at step' "$WORK/${name}_a.log" && break; sleep 0.1; done
-        site b 1 "$WORK/$name" --set outer.run_id="$name" $LONG "$@" --resume auto > "$WORK/${name}_b2.log" 2>&1 &
-        b=$!
+    if [ -n "$restart" ]; then # the victim's mpirun ends with its rank; start the site again once the other has lost it
+        if [ "$v" = b ]; then wait $b; else wait $a; fi
+        for _ in $(seq 1 200); do grep -q "^site $v \(lost\|left\) at step" "$WORK/${name}_$o.log" && break; sleep 0.1; done
+        site "$v" 1 "$WORK/$name" --set outer.run_id="$name" $LONG "$@" --resume auto > "$WORK/${name}_${v}2.log" 2>&1 &
+        if [ "$v" = b ]; then b=$!; else a=$!; fi
     fi
     wait $a
     RA=$?
@@ -281,6 +284,16 @@ if [ $RA -eq 0 ] && [ $RB -eq 0 ] && grep -q '^site b left at step [0-9]*: its j
     pass "SIGTERM to site b: b checkpoints and leaves (exit 0), a trains on at once ($(grep -m1 '^site b left' "$WORK/left_a.log" | cut -d: -f1)); b started again rejoins"
 else
     fail "site b left: exits $RA/$RB: $(grep -h 'error\|^site b\|^stopping after\|^rejoined\|^resume' "$WORK"/left_?.log "$WORK"/left_b2.log | head -6 | tr '\n' ' '); same model: $(same_model "$WORK/left" && echo yes || echo no)"
+fi
+# the first site's job stops (its time limit: USR1): in a two-site run it
+# leaves like any other, b trains on and hosts, a started again rejoins there
+VICTIM=a lose lefta USR1 "" restart --set train.steps=1000
+if [ $RA -eq 0 ] && [ $RB -eq 0 ] && grep -q '^site a left at step [0-9]*: its job stopped on a signal' "$WORK/lefta_b.log" &&
+    grep -q '^stopping after step [0-9]* on request (signal)' "$WORK/lefta_a.log" &&
+    grep -q '^rejoined the live run at step' "$WORK/lefta_a2.log" && same_model "$WORK/lefta"; then
+    pass "USR1 to site a (the first site): a checkpoints and leaves (exit 0), b trains on ($(grep -m1 '^site a left' "$WORK/lefta_b.log" | cut -d: -f1)) and hosts; a started again rejoins"
+else
+    fail "site a left: exits $RA/$RB: $(grep -h 'error\|^site a\|^stopping after\|^rejoined\|^resume' "$WORK"/lefta_?.log "$WORK"/lefta_a2.log | head -6 | tr '\n' ' '); same model: $(same_model "$WORK/lefta" && echo yes || echo no)"
 fi
 # the host itself killed: b hosts from then on; a started again rejoins there
 HK="--set outer.run_id=hostkill $LONG --set train.steps=1000 --set train.log_every=5"
