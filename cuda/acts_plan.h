@@ -109,23 +109,20 @@ static inline double cuda_expert_row_bytes(int kept, int dim, int ffn, double n,
 }
 
 /* Device bytes the stream-ordered pool keeps for the step's scratch (its
- * release threshold keeps them between steps): the largest allocation, as
- * each is freed on the stream before the next is made — the attention's
- * row deltas (B,H,T); RMSNorm's weight-gradient partials (64,D); in bf16
- * a product's gradient rounded once (N,max(D,E)) and the experts' (rows,
- * D), rows the expert-row buffers' grown size for n arrivals. */
+ * release threshold keeps them between steps): at most the sum of the
+ * distinct allocations, each freed on the stream before the next is made
+ * but kept reserved (a freed block serves only requests it holds) — the
+ * attention's row deltas (B,H,T); RMSNorm's weight-gradient partials
+ * (64,D); in bf16 a product's gradient rounded once: the router's (N,E),
+ * the attention projections' (N,D), the experts' (rows,D), rows the
+ * expert-row buffers' grown size for n arrivals. */
 static inline double cuda_pool_scratch_bytes(int dim, int heads, int experts, int B, int T, double n, int bf16)
 {
     const size_t rows = (size_t)n;
     const double N = (double)B * T, D = dim, grown = (double)(rows + rows / 4 + 64);
-    double most = N * heads * 4; /* the delta: B*T rows per head */
-    if (64.0 * D * 4 > most) most = 64.0 * D * 4;
-    if (bf16) {
-        const double product = N * (dim > experts ? dim : experts) * 2, expert = grown * D * 2;
-        if (product > most) most = product;
-        if (expert > most) most = expert;
-    }
-    return most;
+    double sum = N * heads * 4 + 64.0 * D * 4; /* the delta: B*T rows per head; the partials */
+    if (bf16) sum += N * experts * 2 + N * D * 2 + grown * D * 2;
+    return sum;
 }
 
 #endif

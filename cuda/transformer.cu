@@ -54,13 +54,6 @@ static size_t plan(CudaActivations *a, void **where[CUDA_ACTS_PIECES], size_t by
     return cuda_acts_pieces(bytes, a->L, a->Lk, a->D, a->H, a->E, a->K, a->V, a->B, a->T, a->act16);
 }
 
-extern "C" double cuda_acts_bytes(const ModelConfig *c, int B, int T, int G, Recompute recompute, int bf16)
-{
-    return cuda_acts_plan_bytes(c->layers, cuda_acts_kept_layers(c->layers, recompute == RECOMPUTE_LAYER), c->dim,
-                                c->heads, c->experts, c->top_k, c->vocab, B, T, G,
-                                bf16); /* expert rows are counted apart */
-}
-
 /* The bf16 copy of the parameter at p (a pointer into m->params past the
  * tied embedding, which the products never read). */
 static const uint16_t *w16(const CudaActivations *a, const Model *m, const float *p)

@@ -87,10 +87,6 @@ typedef struct {
 int cuda_acts_create(CudaActivations *a, const ModelConfig *cfg, int B, int T, CudaColl *ep, const CudaBlas *blas,
                      Recompute recompute);
 void cuda_acts_destroy(CudaActivations *a);
-/* Device bytes of those buffers before any expert rows arrive (bf16: the
- * bf16 path's; the weights' bf16 copy is counted with the weights). */
-double cuda_acts_bytes(const ModelConfig *cfg, int B, int T, int G, Recompute recompute, int bf16);
-
 /* m: the table with device params and grads. tokens, targets on the host
  * (copied in; targets < 0 not scored). As transformer_forward; leaves the
  * per-position losses in a->h_losses. */

@@ -335,7 +335,9 @@ static int checkpoint_groups(const Trainer *tr)
     return 3 + in_flight + (1 + inner) * learners;        /* anchor, momentum, residual, pending; per learner */
 }
 
-static void prune(const char *dir, int keep)
+/* Remove all but the newest `keep` files, and the file of step `pin`
+ * (>= 0: the newest one every site completed, while a site is out). */
+static void prune(const char *dir, int keep, long pin)
 {
     int n = list_steps(dir, NULL, 0);
     long *steps = n > 0 ? isth_malloc(sizeof(long) * (size_t)n) : NULL;
@@ -344,6 +346,7 @@ static void prune(const char *dir, int keep)
     n = list_steps(dir, steps, listed);
     if (n > listed) n = listed;
     for (int i = keep; i < n; i++) {
+        if (steps[i] == pin) continue;
         char path[CONFIG_FILE_PATH_MAX + 64];
         ckpt_path(dir, steps[i], path, sizeof path);
         unlink(path);
@@ -420,9 +423,12 @@ static int write_checkpoint(Trainer *tr)
     }
     isth_free(all);
     CHECK(rc);
+    int all_in = 1;
+    for (int s = 0; s < t->n_sites; s++) all_in &= !tr->red.link.lost[s];
+    if (all_in) tr->ckpt_every_site = tr->step;
     int site_rank;
     CHECK_MPI(MPI_Comm_rank(t->site_comm, &site_rank));
-    if (site_rank == 0) prune(dir, tr->cfg.checkpoint.keep);
+    if (site_rank == 0) prune(dir, tr->cfg.checkpoint.keep, all_in ? -1 : tr->ckpt_every_site);
     const double dt = now_s() - t0, dt_all = wall_s() - first_start;
     if (tr->log) {
         const double mb = mine.bytes / 1e6, mb_all = bytes_all / 1e6;
@@ -652,6 +658,22 @@ int ckpt_find(Trainer *tr, const char *arg, char *path, size_t cap, const long *
             everywhere = found;
         }
         if (everywhere && s > best) best = s;
+    }
+    /* newer files at some site than the step every site has (a site trained
+     * on alone after the other left or was lost, then stopped too): said,
+     * as is a start from step 0 over checkpoints that have no step in common */
+    for (int site = 0; site < t->n_sites && t->world_rank == 0 && want < 0; site++) {
+        long newest = -1;
+        for (int j = 0; j < CKPT_MAX_LIST; j++)
+            if (all[(size_t)site * CKPT_MAX_LIST + j] > newest) newest = all[(size_t)site * CKPT_MAX_LIST + j];
+        if (newest > best && best >= 0)
+            fprintf(stderr, "isthmus: warning: resume: site %s has checkpoints up to step %ld, but the newest step "
+                            "every site has is %ld: its steps after that are not used\n", t->sites[site].name, newest,
+                    best);
+        else if (newest > best)
+            fprintf(stderr, "isthmus: warning: resume: site %s has checkpoints up to step %ld, but no step is at "
+                            "every site: starting from step 0\n", t->sites[site].name, newest);
+        fflush(stderr);
     }
     isth_free(all);
     if (best < 0) {
@@ -917,6 +939,7 @@ static int load_checkpoint(Trainer *tr, const char *path, int from_site, int *da
     if (any_fail) return rc != ISTH_OK ? rc : ISTH_EINPUT;
     if (!same) return isth_fail(ISTH_EINPUT, "resume: the sites' checkpoints are of different steps");
     tr->step = (long)step;
+    tr->ckpt_every_site = tr->step; /* every site loaded this step (ckpt_find agreed on it) */
     tr->cursor.step = (uint64_t)data_step;
     tr->tokens_seen = tokens;
     be->optimizer_t = (long)adam_t;

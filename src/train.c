@@ -53,6 +53,7 @@ static int data_open(Trainer *tr, const Config *cfg, int say)
 int trainer_create(Trainer *tr, const Config *cfg, int log, MPI_Comm world, const unsigned char *link_master)
 {
     memset(tr, 0, sizeof *tr);
+    tr->ckpt_every_site = -1;
     tr->red.site_peers = MPI_COMM_NULL;
     tr->cfg = *cfg;
     MPI_Comm_rank(world, &tr->rank);

@@ -22,7 +22,9 @@
 #    step, b leaves (exit 0) and a trains on without waiting for a deadline;
 #    b started again rejoins; USR1 to site a (the first site, its job's
 #    time limit): the same with the sites' roles swapped — b hosts from
-#    then on and a started again rejoins there;
+#    then on and a started again rejoins there; a left and b stopped later
+#    (keep = 1): started again together, both resume from the step a left
+#    at, which b kept, not from step 0;
 #  - SIGSTOP of site b beyond the deadline: a trains on; after SIGCONT b
 #    finds a's notice, says it was dropped and exits 3 (no split run); the
 #    site script starts it again and it rejoins;
@@ -294,6 +296,49 @@ if [ $RA -eq 0 ] && [ $RB -eq 0 ] && grep -q '^site a left at step [0-9]*: its j
     pass "USR1 to site a (the first site): a checkpoints and leaves (exit 0), b trains on ($(grep -m1 '^site a left' "$WORK/lefta_b.log" | cut -d: -f1)) and hosts; a started again rejoins"
 else
     fail "site a left: exits $RA/$RB: $(grep -h 'error\|^site a\|^stopping after\|^rejoined\|^resume' "$WORK"/lefta_?.log "$WORK"/lefta_a2.log | head -6 | tr '\n' ' '); same model: $(same_model "$WORK/lefta" && echo yes || echo no)"
+fi
+# both sites stop one after the other: a leaves on its time limit, b trains
+# on alone (a checkpoint every 20 steps, keep = 1) and then stops too; the
+# step a left at stays at b while a is out, so the two started again resume
+# from it (saying that b's newer steps are not used), not from step 0
+PIN="--set outer.run_id=pin $LONG --set train.steps=300 --set checkpoint.every=20 --set checkpoint.keep=1"
+# shellcheck disable=SC2086
+site a 1 "$WORK/pin" $PIN > "$WORK/pin_a.log" 2>&1 &
+a=$!
+# shellcheck disable=SC2086
+site b 1 "$WORK/pin" $PIN > "$WORK/pin_b.log" 2>&1 &
+b=$!
+for _ in $(seq 1 200); do grep -q '^step  *50/' "$WORK/pin_a.log" 2>/dev/null && break; sleep 0.1; done
+pkill -USR1 -f "isthmus train .* --site a .*outer.run_id=pin "
+wait $a
+RA=$?
+left=$(sed -n 's/^site a left at step \([0-9]*\):.*/\1/p' "$WORK/pin_b.log" | head -1)
+for _ in $(seq 1 300); do
+    [ -n "$left" ] && [ "$(ls "$WORK/pin/checkpoints/b" | grep -c '^ckpt-')" -ge 2 ] && break
+    left=$(sed -n 's/^site a left at step \([0-9]*\):.*/\1/p' "$WORK/pin_b.log" | head -1)
+    sleep 0.1
+done
+pkill -USR1 -f "isthmus train .* --site b .*outer.run_id=pin "
+wait $b
+RB=$?
+newest_b=$(ls "$WORK/pin/checkpoints/b" | sed -n 's/^ckpt-0*\([0-9][0-9]*\)\.h5$/\1/p' | sort -n | tail -1)
+# shellcheck disable=SC2086
+site a 1 "$WORK/pin" $PIN --resume auto > "$WORK/pin_a2.log" 2>&1 &
+a=$!
+# shellcheck disable=SC2086
+site b 1 "$WORK/pin" $PIN --resume auto > "$WORK/pin_b2.log" 2>&1 &
+b=$!
+wait $a
+RA2=$?
+wait $b
+RB2=$?
+if [ $RA -eq 0 ] && [ $RB -eq 0 ] && [ $RA2 -eq 0 ] && [ $RB2 -eq 0 ] && [ -n "$left" ] &&
+    [ "${newest_b:-0}" -gt "$left" ] && grep -q "^resumed from .*: step $left," "$WORK/pin_a2.log" &&
+    grep -q "warning: resume: site b has checkpoints up to step $newest_b, but the newest step every site has is $left" \
+        "$WORK/pin_a2.log" && same_model "$WORK/pin"; then
+    pass "a left at step $left, b trained on alone to step $newest_b (keep = 1) and stopped: started again, both resume from step $left (b's newer steps said unused), the same final model"
+else
+    fail "pinned step: exits $RA/$RB, then $RA2/$RB2; a left at '$left', b's newest '$newest_b': $(grep -h 'resume\|error' "$WORK"/pin_a2.log "$WORK"/pin_b2.log | head -4 | tr '\n' ' ')"
 fi
 # the host itself killed: b hosts from then on; a started again rejoins there
 HK="--set outer.run_id=hostkill $LONG --set train.steps=1000 --set train.log_every=5"

@@ -104,12 +104,13 @@ grep -q "memory of world rank .* predicted" "$WORK/plan.txt" && pass "memory per
 # eight (N,D) scratch tensors, the rows sent
 # and returned (2 N K D), each layer's returned rows (N K D), and the head's
 # probabilities, whose buffer holds their gradient in backward (N V), and
-# the pool's largest scratch: the experts' gradient rows rounded to bf16
-# (1.25 N K rows of D, grown as the row buffers; half a float each), in
+# the pool's scratch: the gradients rounded to bf16 of the experts' rows
+# (1.25 N K rows of D, grown as the row buffers) and of the projections
+# (N rows of D), half a float each, in
 # floats; the rest (norms, routing tables, log-sum-exps) is under 1% here
 acts=$(awk '$1 == "activations" && $3 == "B" { print $2 }' "$WORK/plan.txt")
 check "GPU activations per rank (GB)" "$(awk -v a="$acts" 'BEGIN { print a / 1e9 }')" \
-    "$(awk -v V=$V 'BEGIN { L = 32; N = 4096; D = 2560; K = 2; P = 0.5 * 1.25 * N * K * D
+    "$(awk -v V=$V 'BEGIN { L = 32; N = 4096; D = 2560; K = 2; P = 0.5 * (1.25 * N * K * D + N * D)
         print 4 * ((L + 1) * N * D + 4 * L * N * D + 8 * N * D + 2 * N * K * D + L * N * K * D + N * V + P) / 1e9 }')" 0.01
 # train.recompute = layer: the residual stream (L+1 layers) and one layer's
 # seven saved tensors (four floats' worth) and returned rows, the pool's
@@ -119,7 +120,7 @@ check "GPU activations per rank (GB)" "$(awk -v a="$acts" 'BEGIN { print a / 1e9
     > "$WORK/planrl.txt" 2>&1 || fail "recompute=layer plan failed: $(tail -2 "$WORK/planrl.txt")"
 acts=$(awk '$1 == "activations" && $3 == "B" { print $2 }' "$WORK/planrl.txt")
 check "GPU activations per rank with recompute = layer (GB)" "$(awk -v a="$acts" 'BEGIN { print a / 1e9 }')" \
-    "$(awk -v V=$V 'BEGIN { L = 32; N = 4096; D = 2560; K = 2; P = 0.5 * 1.25 * N * K * D
+    "$(awk -v V=$V 'BEGIN { L = 32; N = 4096; D = 2560; K = 2; P = 0.5 * (1.25 * N * K * D + N * D)
         print 4 * ((L + 1) * N * D + 4 * N * D + 8 * N * D + 2 * N * K * D + N * K * D + N * V + P) / 1e9 }')" 0.01
 want=$(awk -v n=$tokens -v f="$fpt" 'BEGIN { printf "%.6g", n * f * 1e9 * 4 / 3 / (64 * 2500 * 1e12 * 0.4) }')
 check "east step time with recompute = layer (s)" "$(sed -n "s/^  east .* step \([0-9.]*\) s$/\1/p" "$WORK/planrl.txt")" "$want" 0.002

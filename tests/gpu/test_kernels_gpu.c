@@ -255,7 +255,8 @@ static int test_attention(int Dh, int T)
 
 /* The tensor-core kernels (bf16 products, fp32 softmax and accumulation)
  * against the fp32 kernels just checked against the CPU, on the same
- * inputs, rounded to bf16 first so that both read the same numbers and
+ * inputs, rounded to bf16 (by the host, or by the bf16 path as it reads
+ * dout) so that both read the same numbers and
  * only the kernels' own roundings differ (unrounded, q's rounding alone
  * moves the output by up to 6% of its RMS at these score spreads). Those
  * roundings: P before P.V, forward (a host port of the kernels, same tiles
@@ -284,15 +285,20 @@ static int test_attention_tc(int Dh, int T)
     float *want = malloc(F4(n)), *got = malloc(F4(n)), *lse_want = malloc(F4(rows)), *lse_got = malloc(F4(rows));
     float *g0 = rnd(n, 54, 0.1); /* both start from the same gradients: += is checked */
     NEED(q && k && v && dout && want && got && lse_want && lse_got && g0);
-    float *in[4] = {q, k, v, dout};
-    for (int i = 0; i < 4; i++)
-        for (size_t j = 0; j < n; j++) in[i][j] = codec_from_bf16(codec_to_bf16(in[i][j]));
+    round_bf16(q, n), round_bf16(k, n), round_bf16(v, n);
+    /* dout arrives in fp32 (the next layer's gradient): the bf16 path rounds
+     * it where it reads it (its products and the delta), the reference is
+     * given it rounded */
+    float *dout_r = bf16_copy(dout, n);
+    NEED(dout_r);
     float *d_q = dev(q, F4(n)), *d_k = dev(k, F4(n)), *d_v = dev(v, F4(n)), *d_dout = dev(dout, F4(n)),
+          *d_dout_r = dev(dout_r, F4(n)),
           *d_out32 = dev(NULL, F4(n)), *d_lse32 = dev(NULL, F4(rows)), *d_lse = dev(NULL, F4(rows)), *d_g32[3],
           *d_g[3];
     uint16_t *d_out = dev(NULL, n * sizeof(uint16_t)), *out16 = malloc(n * sizeof(uint16_t)); /* bf16 writes bf16 */
     uint16_t *d_q16 = dev16(q, n), *d_k16 = dev16(k, n), *d_v16 = dev16(v, n); /* and reads q, k, v as bf16 */
-    NEED(d_q && d_k && d_v && d_dout && d_out32 && d_lse32 && d_out && d_lse && out16 && d_q16 && d_k16 && d_v16);
+    NEED(d_q && d_k && d_v && d_dout && d_dout_r && d_out32 && d_lse32 && d_out && d_lse && out16 && d_q16 && d_k16 &&
+         d_v16);
     for (int i = 0; i < 3; i++) {
         d_g32[i] = dev(g0, F4(n));
         d_g[i] = dev(g0, F4(n));
@@ -310,7 +316,8 @@ static int test_attention_tc(int Dh, int T)
     back(lse_got, d_lse, F4(rows));
     snprintf(name, sizeof name, "attention_tc lse Dh=%d T=%d", Dh, T);
     check_tol(name, lse_got, lse_want, rows, 2e-2, 1);
-    if (cuda_attention_backward(d_g32[0], d_g32[1], d_g32[2], d_dout, d_out32, d_lse32, d_q, d_k, d_v, B, T, D, H, 0) ||
+    if (cuda_attention_backward(d_g32[0], d_g32[1], d_g32[2], d_dout_r, d_out32, d_lse32, d_q, d_k, d_v, B, T, D, H,
+                                0) ||
         cuda_attention_backward_as(1, d_g[0], d_g[1], d_g[2], d_dout, d_out, d_lse, d_q16, d_k16, d_v16, B, T, D, H,
                                    0))
         return 1;
@@ -323,9 +330,10 @@ static int test_attention_tc(int Dh, int T)
         check_tol(name, got, want, n, 1e-1, 1);
         cudaFree(d_g32[i]), cudaFree(d_g[i]);
     }
-    cudaFree(d_q), cudaFree(d_k), cudaFree(d_v), cudaFree(d_dout), cudaFree(d_out32), cudaFree(d_lse32);
-    cudaFree(d_out), cudaFree(d_lse);
-    free(q), free(k), free(v), free(dout), free(want), free(got), free(lse_want), free(lse_got), free(g0), free(out16);
+    cudaFree(d_q), cudaFree(d_k), cudaFree(d_v), cudaFree(d_dout), cudaFree(d_dout_r), cudaFree(d_out32);
+    cudaFree(d_lse32), cudaFree(d_out), cudaFree(d_lse);
+    free(q), free(k), free(v), free(dout), free(dout_r), free(want), free(got), free(lse_want), free(lse_got), free(g0);
+    free(out16);
     return 0;
 }
 
@@ -644,37 +652,46 @@ static int test_moe(CudaBlas *blas, CudaBlas *blas16)
 /* The dispatch plan on the device (cuda_route_*: route_plan.h in kernels)
  * against moe.c's host plan, for every rank of a simulated learner of G
  * ranks: the kernels take the count matrix and the rank, so one GPU can
- * play each rank in turn. Skewed random routings, capacity that drops. */
-static int test_route_plan(void)
+ * play each rank in turn. Skewed random routings, capacity that drops.
+ * One learner of El experts per rank and N tokens per rank: *bad counts
+ * the differences, *worst the losses' largest relative difference. */
+static int route_plan_case(int El, int N, size_t *bad, double *worst)
 {
-    enum { G = 4, El = 3, E = G * El, N = 700, K = 2, C = N * K }; /* 1400 copies: positions counted in 6 chunks */
-    static int choice[G][C], cnt[G * E];
+    enum { G = 4, K = 2 };
+    const int E = G * El, C = N * K;
+    int *choice = malloc(sizeof(int) * (size_t)G * C), *cnt = calloc((size_t)G * E, sizeof(int));
+    int *send_copy = malloc(sizeof(int) * C), *copy_slot = malloc(sizeof(int) * C), *pos = malloc(sizeof(int) * 4 * E);
+    int *recv_row = malloc(sizeof(int) * G * C), *row_src = malloc(sizeof(int) * G * C),
+        *start = malloc(sizeof(int) * (El + 1)), *hdr = malloc(sizeof(int) * (4 + 2 * G + El + 1)),
+        *got_slot = malloc(sizeof(int) * C), *got_token = malloc(sizeof(int) * C), *got_counts = malloc(sizeof(int) * E),
+        *got_row = malloc(sizeof(int) * G * C), *got_src = malloc(sizeof(int) * G * C);
+    double *frac = malloc(sizeof(double) * E), *got_frac = malloc(sizeof(double) * E),
+           *mean = malloc(sizeof(double) * E);
+    NEED(choice && cnt && send_copy && copy_slot && pos && recv_row && row_src && start && hdr && got_slot &&
+         got_token && got_counts && got_row && got_src && frac && got_frac && mean);
     unsigned seed = 7;
-    for (int s = 0; s < G; s++) route_draw(choice[s], cnt + s * E, N, K, E, &seed);
+    for (int s = 0; s < G; s++) route_draw(choice + (size_t)s * C, cnt + s * E, N, K, E, &seed);
     const int cap = moe_capacity(1.0, (size_t)N * G, K, E);
     const double learner_copies = (double)N * G * K;
     const size_t hdr_n = cuda_route_hdr_ints(G, El);
-    int *d_choice = dev(NULL, sizeof(int) * C), *d_counts = dev(NULL, sizeof(int) * E), *d_cnt = dev(cnt, sizeof cnt),
-        *d_hdr = dev(NULL, sizeof(int) * hdr_n), *d_bases = dev(NULL, sizeof(int) * 3 * E),
-        *d_pos = dev(NULL, sizeof(int) * cuda_route_pos_ints(C, E)), *d_slot = dev(NULL, sizeof(int) * C),
-        *d_token = dev(NULL, sizeof(int) * C),
+    int *d_choice = dev(NULL, sizeof(int) * C), *d_counts = dev(NULL, sizeof(int) * E),
+        *d_cnt = dev(cnt, sizeof(int) * G * E), *d_hdr = dev(NULL, sizeof(int) * hdr_n),
+        *d_bases = dev(NULL, sizeof(int) * 3 * E), *d_pos = dev(NULL, sizeof(int) * cuda_route_pos_ints(C, E)),
+        *d_slot = dev(NULL, sizeof(int) * C), *d_token = dev(NULL, sizeof(int) * C),
         *d_recv_row = dev(NULL, sizeof(int) * G * C), *d_row_src = dev(NULL, sizeof(int) * G * C);
     double *d_frac = dev(NULL, sizeof(double) * E), *d_mean = dev(NULL, sizeof(double) * E),
            *d_stats = dev(NULL, sizeof(double) * 3);
     float *d_lse = dev(NULL, sizeof(float) * N);
     NEED(d_choice && d_counts && d_cnt && d_hdr && d_bases && d_pos && d_slot && d_token && d_recv_row && d_row_src &&
          d_frac && d_mean && d_stats && d_lse);
-    size_t bad = 0;
-    double worst = 0.0; /* the losses' relative difference */
     for (int me = 0; me < G; me++) {
-        int send_copy[C], copy_slot[C], send_counts[G], pos[4 * E], recv_counts[G], start[El + 1], dropped;
-        int recv_row[G * C], row_src[G * C], hdr[4 + 2 * G + El + 1], got_slot[C], got_token[C], got_counts[E];
-        int got_row[G * C], got_src[G * C];
-        double frac[E], got_frac[E], mean[E], stats[3];
-        const int n_sent = moe_send_plan(send_copy, copy_slot, send_counts, pos, choice[me], cnt, N, K, G, El, me, cap);
+        int send_counts[G], recv_counts[G], dropped;
+        double stats[3];
+        const int *mine = choice + (size_t)me * C;
+        const int n_sent = moe_send_plan(send_copy, copy_slot, send_counts, pos, mine, cnt, N, K, G, El, me, cap);
         const int n_recv = moe_recv_count(recv_counts, cnt, G, El, me, cap);
         moe_owner_plan(recv_row, row_src, start, &dropped, cnt, G, El, me, cap);
-        cudaMemcpy(d_choice, choice[me], sizeof(int) * C, cudaMemcpyHostToDevice);
+        cudaMemcpy(d_choice, mine, sizeof(int) * C, cudaMemcpyHostToDevice);
         if (cuda_route_histogram(d_counts, d_choice, C, E, 0) ||
             cuda_route_plan(d_hdr, d_bases, d_frac, d_cnt, G, El, me, cap, learner_copies, 0) ||
             cuda_route_slots(d_slot, d_token, d_pos, d_choice, d_bases, d_hdr, N, K, E, 0) ||
@@ -687,46 +704,60 @@ static int test_route_plan(void)
         back(got_row, d_recv_row, sizeof(int) * n_recv);
         back(got_src, d_row_src, sizeof(int) * n_recv);
         back(got_frac, d_frac, sizeof(double) * E);
-        bad += memcmp(got_counts, cnt + me * E, sizeof got_counts) != 0;
-        bad += hdr[ROUTE_HDR_SENT] != n_sent || hdr[ROUTE_HDR_RECV] != n_recv || hdr[ROUTE_HDR_DROPPED] != dropped;
-        bad += memcmp(hdr + ROUTE_HDR_COUNTS, send_counts, sizeof send_counts) != 0;
-        bad += memcmp(hdr + ROUTE_HDR_COUNTS + G, recv_counts, sizeof recv_counts) != 0;
-        bad += memcmp(hdr + ROUTE_HDR_COUNTS + 2 * G, start, sizeof start) != 0;
-        bad += memcmp(got_slot, copy_slot, sizeof copy_slot) != 0;
-        for (int i = 0; i < n_sent; i++) bad += got_token[i] != send_copy[i] / K;
-        for (int i = n_sent; i < C; i++) bad += got_token[i] != -1; /* dropped: gathered as zero rows */
-        bad += memcmp(got_row, recv_row, sizeof(int) * n_recv) != 0 || memcmp(got_src, row_src, sizeof(int) * n_recv);
+        *bad += memcmp(got_counts, cnt + me * E, sizeof(int) * E) != 0;
+        *bad += hdr[ROUTE_HDR_SENT] != n_sent || hdr[ROUTE_HDR_RECV] != n_recv || hdr[ROUTE_HDR_DROPPED] != dropped;
+        *bad += memcmp(hdr + ROUTE_HDR_COUNTS, send_counts, sizeof send_counts) != 0;
+        *bad += memcmp(hdr + ROUTE_HDR_COUNTS + G, recv_counts, sizeof recv_counts) != 0;
+        *bad += memcmp(hdr + ROUTE_HDR_COUNTS + 2 * G, start, sizeof(int) * (El + 1)) != 0;
+        *bad += memcmp(got_slot, copy_slot, sizeof(int) * C) != 0;
+        for (int i = 0; i < n_sent; i++) *bad += got_token[i] != send_copy[i] / K;
+        for (int i = n_sent; i < C; i++) *bad += got_token[i] != -1; /* dropped: gathered as zero rows */
+        *bad += memcmp(got_row, recv_row, sizeof(int) * n_recv) != 0 || memcmp(got_src, row_src, sizeof(int) * n_recv);
         for (int e = 0; e < E; e++) {
             int total = 0;
             for (int q = 0; q < G; q++) total += cnt[q * E + e];
             frac[e] = total / learner_copies;
             mean[e] = (e + 1.0) / (E * (E + 1.0) / 2.0);
         }
-        bad += memcmp(got_frac, frac, sizeof frac) != 0;
+        *bad += memcmp(got_frac, frac, sizeof(double) * E) != 0;
         /* the losses the forward logs: moe.c's sums, the z loss's as a tree */
         float *lse = rnd(N, 40 + me, 2.0);
         NEED(lse);
         cudaMemcpy(d_lse, lse, sizeof(float) * N, cudaMemcpyHostToDevice);
-        cudaMemcpy(d_mean, mean, sizeof mean, cudaMemcpyHostToDevice);
+        cudaMemcpy(d_mean, mean, sizeof(double) * E, cudaMemcpyHostToDevice);
         cudaMemset(d_stats, 0, sizeof stats);
         if (cuda_route_losses(d_stats, d_frac, d_mean, d_lse, d_hdr, N, E, 0.01, 0.001, 0)) return 1;
         back(stats, d_stats, sizeof stats);
         const double aux = moe_balance_loss(frac, mean, E, 0.01), z = moe_z_loss(lse, N, 0.001);
-        worst = fmax(worst, fmax(fabs(stats[0] - aux) / aux, fabs(stats[1] - z) / z));
-        bad += stats[2] != dropped;
+        *worst = fmax(*worst, fmax(fabs(stats[0] - aux) / aux, fabs(stats[1] - z) / z));
+        *bad += stats[2] != dropped;
         free(lse);
     }
+    void *bufs[] = {d_choice, d_counts, d_cnt, d_hdr, d_bases, d_pos, d_slot, d_token, d_recv_row, d_row_src,
+                    d_frac, d_mean, d_stats, d_lse};
+    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) cudaFree(bufs[i]);
+    void *host[] = {choice, cnt, send_copy, copy_slot, pos, recv_row, row_src, start, hdr, got_slot, got_token,
+                    got_counts, got_row, got_src, frac, got_frac, mean};
+    for (size_t i = 0; i < sizeof host / sizeof *host; i++) free(host[i]);
+    return 0;
+}
+
+/* Two learners: 12 experts, 1400 copies per rank (positions counted in 6
+ * chunks); 2048 experts (the positions' per-warp counts past 48 KiB of
+ * shared memory: the opt-in path), 600 copies per rank. */
+static int test_route_plan(void)
+{
+    size_t bad = 0;
+    double worst = 0.0;
+    if (route_plan_case(3, 700, &bad, &worst) || route_plan_case(512, 300, &bad, &worst)) return 1;
     const int planned = in_plan("dispatch plan (4 ranks, every one)");
-    printf("%s %d - dispatch plan (4 ranks, every one): %zu differences from the host's\n",
+    printf("%s %d - dispatch plan (4 ranks, every one; 12 and 2048 experts): %zu differences from the host's\n",
            bad || !planned ? "not ok" : "ok", ++test_no, bad);
     failures += bad != 0 || !planned;
     const int planned2 = in_plan("dispatch plan losses (balance, z, dropped)");
     printf("%s %d - dispatch plan losses (balance, z, dropped): worst relative %.2g (<= 1e-12)\n",
            worst <= 1e-12 && planned2 ? "ok" : "not ok", ++test_no, worst);
     failures += !(worst <= 1e-12) || !planned2;
-    void *bufs[] = {d_choice, d_counts, d_cnt, d_hdr, d_bases, d_pos, d_slot, d_token, d_recv_row, d_row_src,
-                    d_frac, d_mean, d_stats, d_lse};
-    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) cudaFree(bufs[i]);
     return 0;
 }
 
