@@ -351,6 +351,7 @@ static void prune(const char *dir, int keep, long pin)
         ckpt_path(dir, steps[i], path, sizeof path);
         unlink(path);
     }
+    isth_free(steps);
 }
 
 static int write_checkpoint(Trainer *tr);
@@ -668,7 +669,7 @@ int ckpt_find(Trainer *tr, const char *arg, char *path, size_t cap, const long *
             if (all[(size_t)site * CKPT_MAX_LIST + j] > newest) newest = all[(size_t)site * CKPT_MAX_LIST + j];
         if (newest > best && best >= 0)
             fprintf(stderr, "isthmus: warning: resume: site %s has checkpoints up to step %ld, but the newest step "
-                            "every site has is %ld: its steps after that are not used\n", t->sites[site].name, newest,
+                            "every site has is %ld: the later ones are set aside\n", t->sites[site].name, newest,
                     best);
         else if (newest > best)
             fprintf(stderr, "isthmus: warning: resume: site %s has checkpoints up to step %ld, but no step is at "
@@ -683,6 +684,33 @@ int ckpt_find(Trainer *tr, const char *arg, char *path, size_t cap, const long *
     }
     ckpt_path(dir, best, path, cap);
     return ISTH_OK;
+}
+
+int ckpt_set_aside_newer(Trainer *tr)
+{
+    int site_rank;
+    CHECK_MPI(MPI_Comm_rank(tr->topo.site_comm, &site_rank));
+    if (site_rank != 0) return ISTH_OK;
+    char dir[CONFIG_FILE_PATH_MAX];
+    site_dir(tr, dir, sizeof dir);
+    const int n = list_steps(dir, NULL, 0);
+    long *steps = n > 0 ? isth_malloc(sizeof(long) * (size_t)n) : NULL;
+    if (!steps) return ISTH_OK; /* none, or no memory to list them: the files stay as they are */
+    int listed = list_steps(dir, steps, n);
+    if (listed > n) listed = n; /* a file made since the count */
+    int rc = ISTH_OK;
+    for (int i = 0; i < listed && rc == ISTH_OK && steps[i] > tr->step; i++) {
+        char path[CONFIG_FILE_PATH_MAX + 64], aside[CONFIG_FILE_PATH_MAX + 80];
+        ckpt_path(dir, steps[i], path, sizeof path);
+        snprintf(aside, sizeof aside, "%s.passed", path);
+        if (rename(path, aside) != 0)
+            rc = isth_fail(ISTH_ERUNTIME, "resume: cannot set %s aside: %s", path, strerror(errno));
+        else
+            printf("resume: %s is past step %ld, which every site resumed from: kept as %s\n", path, tr->step, aside);
+    }
+    fflush(stdout);
+    isth_free(steps);
+    return rc;
 }
 
 /* ---- loading ----------------------------------------------------------------- */
@@ -939,7 +967,7 @@ static int load_checkpoint(Trainer *tr, const char *path, int from_site, int *da
     if (any_fail) return rc != ISTH_OK ? rc : ISTH_EINPUT;
     if (!same) return isth_fail(ISTH_EINPUT, "resume: the sites' checkpoints are of different steps");
     tr->step = (long)step;
-    tr->ckpt_every_site = tr->step; /* every site loaded this step (ckpt_find agreed on it) */
+    if (from_site < 0) tr->ckpt_every_site = tr->step; /* a resume: every site has this step (ckpt_find) */
     tr->cursor.step = (uint64_t)data_step;
     tr->tokens_seen = tokens;
     be->optimizer_t = (long)adam_t;

@@ -49,6 +49,12 @@ int ckpt_find(Trainer *tr, const char *arg, char *path, size_t cap, const long *
 #define CKPT_MAX_SKIP 16
 long ckpt_step_of(const char *path);
 
+/* After a resume at tr->step: this site's checkpoint files of later steps
+ * (passed over: another site lacks them, or damaged) are renamed
+ * <file>.passed, kept but out of the way, so that pruning the checkpoints
+ * written from now on does not count them. The site's first rank. */
+int ckpt_set_aside_newer(Trainer *tr);
+
 /* Load the state of `path` into a created trainer (collective). Exit-2
  * errors for a model shape that contradicts the config; allowed changes
  * (schedule, layout) are applied and listed. Every value read is verified

@@ -379,6 +379,7 @@ static int take_back(Trainer *tr, Federation *fed, const Config *cfg, int site, 
     const double probes = tr->outer.spread.inter_site_bytes;
     /* and so do the compute utilisation's parts */
     const double compute = tr->compute_s, waited = tr->red.link.wait_s, total = tr->inter_site_total;
+    const long pin = tr->ckpt_every_site;
     trainer_destroy(tr);
     federation_free_world(&old);
     CHECK(trainer_start(tr, cfg, fed->world, fed->link_master, 1, 0));
@@ -393,6 +394,7 @@ static int take_back(Trainer *tr, Federation *fed, const Config *cfg, int site, 
     CHECK(ckpt_share(tr, fed->site, step, path, sizeof path));
     int damaged = 0;
     CHECK(ckpt_load(tr, path, 0, &damaged));
+    tr->ckpt_every_site = pin; /* the joiner keeps no file of this step: the pin stays the step both have */
     CHECK(open_log(tr, cfg, step)); /* the trainer was made again: its log opens again */
     static double tokens_lost_total;
     tokens_lost_total += tokens;
@@ -471,6 +473,7 @@ int train_run(const Config *cfg, const char *resume, const char *site)
         else if (rc == ISTH_OK && !path[0] && tr.log)
             printf("resume: no valid checkpoint found; starting from step 0\n");
         if (rc == ISTH_OK && path[0]) resumed_from = tr.step;
+        if (rc == ISTH_OK && path[0]) rc = ckpt_set_aside_newer(&tr);
     }
     if (rc == ISTH_OK) rc = open_log(&tr, cfg, resumed_from);
     const TrainConfig *tc = &cfg->train;

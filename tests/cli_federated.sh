@@ -314,7 +314,7 @@ wait $a
 RA=$?
 left=$(sed -n 's/^site a left at step \([0-9]*\):.*/\1/p' "$WORK/pin_b.log" | head -1)
 for _ in $(seq 1 300); do
-    [ -n "$left" ] && [ "$(ls "$WORK/pin/checkpoints/b" | grep -c '^ckpt-')" -ge 2 ] && break
+    [ -n "$left" ] && [ "$(ls "$WORK/pin/checkpoints/b" 2> /dev/null | grep -c '^ckpt-.*\.h5$')" -ge 2 ] && break
     left=$(sed -n 's/^site a left at step \([0-9]*\):.*/\1/p' "$WORK/pin_b.log" | head -1)
     sleep 0.1
 done
@@ -335,8 +335,9 @@ RB2=$?
 if [ $RA -eq 0 ] && [ $RB -eq 0 ] && [ $RA2 -eq 0 ] && [ $RB2 -eq 0 ] && [ -n "$left" ] &&
     [ "${newest_b:-0}" -gt "$left" ] && grep -q "^resumed from .*: step $left," "$WORK/pin_a2.log" &&
     grep -q "warning: resume: site b has checkpoints up to step $newest_b, but the newest step every site has is $left" \
-        "$WORK/pin_a2.log" && same_model "$WORK/pin"; then
-    pass "a left at step $left, b trained on alone to step $newest_b (keep = 1) and stopped: started again, both resume from step $left (b's newer steps said unused), the same final model"
+        "$WORK/pin_a2.log" && [ -f "$WORK/pin/checkpoints/b/ckpt-$(printf %08d "$newest_b").h5.passed" ] &&
+    same_model "$WORK/pin"; then
+    pass "a left at step $left, b trained on alone to step $newest_b (keep = 1) and stopped: started again, both resume from step $left (b's newer file said and set aside as .passed), the same final model"
 else
     fail "pinned step: exits $RA/$RB, then $RA2/$RB2; a left at '$left', b's newest '$newest_b': $(grep -h 'resume\|error' "$WORK"/pin_a2.log "$WORK"/pin_b2.log | head -4 | tr '\n' ' ')"
 fi

@@ -13,8 +13,10 @@ static inline void route_draw(int *choice, int *cnt, int N, int K, int E, unsign
             int e, taken;
             do {
                 *seed = *seed * 1103515245u + 12345u;
-                const int r = (int)((*seed >> 16) % (unsigned)(E * E));
-                e = r % E < r / E ? r % E : r / E;
+                const int a = (int)((*seed >> 16) % (unsigned)E);
+                *seed = *seed * 1103515245u + 12345u;
+                const int b = (int)((*seed >> 16) % (unsigned)E); /* two draws: any E up to 65536 */
+                e = a < b ? a : b;
                 taken = 0;
                 for (int j = 0; j < k; j++) taken |= choice[t * K + j] == e;
             } while (taken);
