@@ -17,6 +17,14 @@
 
 #include <stddef.h>
 
+#ifdef __cplusplus /* C declarations, whichever compiler includes this first */
+extern "C" {
+#endif
+#include "cpu/moe.h" /* moe_rows_grow_target: how the row buffers grow */
+#ifdef __cplusplus
+}
+#endif
+
 #define CUDA_ACTS_PIECES 34
 
 /* Layers whose activations are kept (recompute_layer: train.recompute = layer). */
@@ -103,8 +111,8 @@ static inline double cuda_acts_plan_bytes(int layers, int kept, int dim, int hea
 static inline double cuda_expert_row_bytes(int kept, int dim, int ffn, double n, int bf16)
 {
     const size_t rows = (size_t)n, nd = rows * (size_t)dim, nf3 = 3 * rows * (size_t)ffn;
-    const double grow = (double)(rows + rows / 4 + 64), D = dim, F = ffn, op = bf16 ? 2 : 4;
-    const double shared = 4.0 * (double)(nd + nd / 4 + 64) * 4 + (double)(nf3 + nf3 / 4 + 64) * 4;
+    const double grow = (double)moe_rows_grow_target(rows), D = dim, F = ffn, op = bf16 ? 2 : 4;
+    const double shared = 4.0 * (double)moe_rows_grow_target(nd) * 4 + (double)moe_rows_grow_target(nf3) * 4;
     return kept * grow * (2 * 4 + D * op + 2 * F * 4 + F * op) + shared;
 }
 
@@ -118,8 +126,7 @@ static inline double cuda_expert_row_bytes(int kept, int dim, int ffn, double n,
  * expert-row buffers' grown size for n arrivals. */
 static inline double cuda_pool_scratch_bytes(int dim, int heads, int experts, int B, int T, double n, int bf16)
 {
-    const size_t rows = (size_t)n;
-    const double N = (double)B * T, D = dim, grown = (double)(rows + rows / 4 + 64);
+    const double N = (double)B * T, D = dim, grown = (double)moe_rows_grow_target((size_t)n);
     double sum = N * heads * 4 + 64.0 * D * 4; /* the delta: B*T rows per head; the partials */
     if (bf16) sum += N * experts * 2 + N * D * 2 + grown * D * 2;
     return sum;

@@ -201,15 +201,23 @@ expect_exit 2 "--site a: this mpirun has 2 ranks, \[site.a\] ranks = 1" -- mpiru
 
 # 5. losing site b: SIGKILL (then a restart that rejoins), SIGSTOP/SIGCONT
 LONG="--set train.steps=400 --set outer.timeout=3 --set train.log_every=50"
+pair() { # pair NAME [train args...]: both sites into $WORK/NAME (pids in a, b), back once a is past step 50
+    local name=$1
+    shift
+    # shellcheck disable=SC2086
+    site a 1 "$WORK/$name" "$@" > "$WORK/${name}_a.log" 2>&1 &
+    a=$!
+    # shellcheck disable=SC2086
+    site b 1 "$WORK/$name" "$@" > "$WORK/${name}_b.log" 2>&1 &
+    b=$!
+    for _ in $(seq 1 200); do grep -q '^step  *50/' "$WORK/${name}_a.log" 2>/dev/null && break; sleep 0.1; done
+}
 lose() { # [VICTIM=a|b] lose NAME SIGNAL CONT_AFTER RESTART [train args...]: the victim (default b) is signalled
     local name=$1 sig=$2 cont=$3 restart=$4 pids v=${VICTIM:-b}
     local o; [ "$v" = b ] && o=a || o=b
     shift 4
-    site a 1 "$WORK/$name" --set outer.run_id="$name" $LONG "$@" > "$WORK/${name}_a.log" 2>&1 &
-    local a=$!
-    site b 1 "$WORK/$name" --set outer.run_id="$name" $LONG "$@" > "$WORK/${name}_b.log" 2>&1 &
-    local b=$!
-    for _ in $(seq 1 200); do grep -q '^step  *50/' "$WORK/${name}_a.log" 2>/dev/null && break; sleep 0.1; done
+    local a b
+    pair "$name" --set outer.run_id="$name" $LONG "$@"
     pids=$(pgrep -f "isthmus train .* --site $v .*outer.run_id=$name ")
     # shellcheck disable=SC2086
     kill -"$sig" $pids
@@ -303,19 +311,13 @@ fi
 # from it (saying that b's newer steps are not used), not from step 0
 PIN="--set outer.run_id=pin $LONG --set train.steps=300 --set checkpoint.every=20 --set checkpoint.keep=1"
 # shellcheck disable=SC2086
-site a 1 "$WORK/pin" $PIN > "$WORK/pin_a.log" 2>&1 &
-a=$!
-# shellcheck disable=SC2086
-site b 1 "$WORK/pin" $PIN > "$WORK/pin_b.log" 2>&1 &
-b=$!
-for _ in $(seq 1 200); do grep -q '^step  *50/' "$WORK/pin_a.log" 2>/dev/null && break; sleep 0.1; done
+pair pin $PIN
 pkill -USR1 -f "isthmus train .* --site a .*outer.run_id=pin "
 wait $a
 RA=$?
-left=$(sed -n 's/^site a left at step \([0-9]*\):.*/\1/p' "$WORK/pin_b.log" | head -1)
 for _ in $(seq 1 300); do
-    [ -n "$left" ] && [ "$(ls "$WORK/pin/checkpoints/b" 2> /dev/null | grep -c '^ckpt-.*\.h5$')" -ge 2 ] && break
     left=$(sed -n 's/^site a left at step \([0-9]*\):.*/\1/p' "$WORK/pin_b.log" | head -1)
+    [ -n "$left" ] && [ "$(ls "$WORK/pin/checkpoints/b" 2> /dev/null | grep -c '^ckpt-.*\.h5$')" -ge 2 ] && break
     sleep 0.1
 done
 pkill -USR1 -f "isthmus train .* --site b .*outer.run_id=pin "
@@ -344,12 +346,7 @@ fi
 # the host itself killed: b hosts from then on; a started again rejoins there
 HK="--set outer.run_id=hostkill $LONG --set train.steps=1000 --set train.log_every=5"
 # shellcheck disable=SC2086
-site a 1 "$WORK/hostkill" $HK > "$WORK/hostkill_a.log" 2>&1 &
-a=$!
-# shellcheck disable=SC2086
-site b 1 "$WORK/hostkill" $HK > "$WORK/hostkill_b.log" 2>&1 &
-b=$!
-for _ in $(seq 1 200); do grep -q '^step  *50/' "$WORK/hostkill_a.log" 2>/dev/null && break; sleep 0.1; done
+pair hostkill $HK
 pkill -KILL -f "isthmus train .* --site a .*outer.run_id=hostkill "
 wait $a
 for _ in $(seq 1 200); do grep -q '^site a lost at step' "$WORK/hostkill_b.log" && break; sleep 0.1; done
