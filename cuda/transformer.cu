@@ -361,26 +361,24 @@ static int layer_forward(const Model *m, CudaActivations *a, int l, int training
           *k = OP_SLICE(a, a->k, sl, ND), *v = OP_SLICE(a, a->v, sl, ND), *ao = OP_SLICE(a, a->ao, sl, ND),
           *h = SLICE(a->h, sl, ND), *xn2 = OP_SLICE(a, a->xn2, sl, ND), *lse = SLICE(a->att_lse, sl, lse_stride);
     phase_mark(a->clock, PHASE_ELEMENTWISE);
-    if (a->act16) {
-        /* the projections into the backward's dq, dk, dv (free until the
-         * attention's backward, recomputed layers included), then rotated
-         * and rounded into the layer's bf16 q, k, v in one launch */
+    if (a->act16)
         CHECK(cuda_rmsnorm_forward_bf16((uint16_t *)xn1, SLICE(a->rstd1, sl, NmaxT), x,
                                         model_param(m, T_ATTN_NORM, l), N, D, s));
-        phase_mark(a->clock, PHASE_DENSE);
-        CHECK(project(m, a, a->dq, xn1, T_WQ, l, N, D, D));
-        CHECK(project(m, a, a->dk, xn1, T_WK, l, N, D, D));
-        CHECK(project(m, a, a->dv, xn1, T_WV, l, N, D, D));
-        phase_mark(a->clock, PHASE_ELEMENTWISE);
-        CHECK(cuda_rope_qkv_bf16((uint16_t *)q, (uint16_t *)k, (uint16_t *)v, a->dq, a->dk, a->dv, a->rope_cos,
-                                 a->rope_sin, B, T, H, D / H, s));
-    } else {
+    else
         CHECK(cuda_rmsnorm_forward(xn1, SLICE(a->rstd1, sl, NmaxT), x, model_param(m, T_ATTN_NORM, l), N, D, s));
-        phase_mark(a->clock, PHASE_DENSE);
-        CHECK(project(m, a, q, xn1, T_WQ, l, N, D, D));
-        CHECK(project(m, a, k, xn1, T_WK, l, N, D, D));
-        CHECK(project(m, a, v, xn1, T_WV, l, N, D, D));
-        phase_mark(a->clock, PHASE_ELEMENTWISE);
+    /* bf16: the projections go into the backward's dq, dk, dv (free until
+     * the attention's backward, recomputed layers included), then are
+     * rotated and rounded into the layer's bf16 q, k, v in one launch */
+    float *pq = a->act16 ? a->dq : q, *pk = a->act16 ? a->dk : k, *pv = a->act16 ? a->dv : v;
+    phase_mark(a->clock, PHASE_DENSE);
+    CHECK(project(m, a, pq, xn1, T_WQ, l, N, D, D));
+    CHECK(project(m, a, pk, xn1, T_WK, l, N, D, D));
+    CHECK(project(m, a, pv, xn1, T_WV, l, N, D, D));
+    phase_mark(a->clock, PHASE_ELEMENTWISE);
+    if (a->act16) {
+        CHECK(cuda_rope_qkv_bf16((uint16_t *)q, (uint16_t *)k, (uint16_t *)v, pq, pk, pv, a->rope_cos, a->rope_sin, B,
+                                 T, H, D / H, s));
+    } else {
         CHECK(cuda_rope_forward(q, a->rope_cos, a->rope_sin, B, T, H, D / H, s));
         CHECK(cuda_rope_forward(k, a->rope_cos, a->rope_sin, B, T, H, D / H, s));
     }
