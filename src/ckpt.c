@@ -103,13 +103,13 @@ static float *host_at(void *ctx, int t, int l, int e)
 {
     const HostView *v = ctx;
     if (!v->active) return NULL;
-    const Reducer *r = &v->tr->red;
-    const int c = chunk_index(&r->table, t, l, e < 0 ? 0 : e);
+    const Shard *sh = &v->tr->shard;
+    const int c = chunk_index(&sh->table, t, l, e < 0 ? 0 : e);
     switch (v->kind) {
     case VIEW_OUTER:
-        if (v->reading && v->which == OUTER_PENDING && !reduce_result(r, r->table.chunks[c].fragment)) return NULL;
-        return outer_view(&v->tr->outer, r, v->which, t, l, e);
-    case VIEW_RESIDUAL: return reduce_residual_at(r, t, l, e);
+        if (v->reading && v->which == OUTER_PENDING && !shard_result(sh, sh->table.chunks[c].fragment)) return NULL;
+        return outer_view(&v->tr->outer, v->which, t, l, e);
+    case VIEW_RESIDUAL: return shard_residual_at(sh, t, l, e);
     }
     return NULL;
 }
@@ -128,8 +128,8 @@ static int scratch_alloc(const Trainer *tr, CkptScratch *sc)
     sc->frag = isth_calloc((size_t)2 * tr->cfg.outer.fragments + 1, sizeof(double));
     int ok = sc->frag != NULL;
     if (!ok) isth_fail(ISTH_ERUNTIME, "checkpoint: out of memory for the fragment table");
-    const size_t need = state_view_need(&tr->red.table, trainer_owns_chunk, &tr->red);
-    if (ok && state_view_create(&sc->view, &tr->red.table, need) != ISTH_OK) ok = 0;
+    const size_t need = state_view_need(&tr->shard.table, trainer_owns_chunk, &tr->shard);
+    if (ok && state_view_create(&sc->view, &tr->shard.table, need) != ISTH_OK) ok = 0;
     if (!coll_all_ok(tr->topo.site_comm, ok)) {
         state_view_destroy(&sc->view);
         isth_free(sc->frag);
@@ -144,7 +144,7 @@ static void scratch_free(CkptScratch *sc)
     isth_free(sc->frag);
 }
 
-static int no_chunk(const void *red, int c) { (void)red; (void)c; return 0; }
+static int no_chunk(const void *shard, int c) { (void)shard; (void)c; return 0; }
 
 /* The backend's state `which` (params or moments) through the scratch's
  * view; a failed get or put is agreed over the file's ranks, so nobody
@@ -154,8 +154,8 @@ static int transfer_state(H5File *f, const Trainer *tr, CkptScratch *sc, const c
 {
     const int moments = state_is_packed(which);
     StateView *v = &sc->view;
-    state_view_begin(v, tr->be, which, moments ? tr->red.run_pos : NULL, active ? trainer_owns_chunk : no_chunk,
-                     &tr->red, reading);
+    state_view_begin(v, tr->be, which, moments ? tr->shard.run_pos : NULL, active ? trainer_owns_chunk : no_chunk,
+                     &tr->shard, reading);
     const int rc = reading ? h5_read_chunks(f, group, &tr->model, state_view_at, v)
                            : h5_write_chunks(f, group, &tr->model, state_view_at, v);
     const int vrc = state_view_end(v, rc == ISTH_OK);
@@ -181,7 +181,7 @@ static int write_outer(H5File *f, const Trainer *tr, const char *group, OuterSta
 
 static int write_residual(H5File *f, const Trainer *tr, const char *group, int active)
 {
-    HostView v = {tr, VIEW_RESIDUAL, OUTER_ANCHOR, active && reduce_has_residual(&tr->red), 0};
+    HostView v = {tr, VIEW_RESIDUAL, OUTER_ANCHOR, active && shard_has_residual(&tr->shard), 0};
     return h5_write_chunks(f, group, &tr->model, host_at, &v);
 }
 
@@ -190,7 +190,7 @@ static int write_residual(H5File *f, const Trainer *tr, const char *group, int a
 static int read_params(H5File *f, Trainer *tr, CkptScratch *sc, const char *group)
 {
     CHECK(transfer_state(f, tr, sc, group, STATE_PARAMS, 1, 1));
-    return reduce_share_params(&tr->red, tr->be);
+    return shard_share_params(&tr->shard, tr->be);
 }
 
 /* Each owner reads its moments; nobody else holds them. */
@@ -207,7 +207,7 @@ static int read_outer(H5File *f, Trainer *tr, const char *group, OuterState whic
 
 static int read_residual(H5File *f, Trainer *tr, const char *group)
 {
-    HostView v = {tr, VIEW_RESIDUAL, OUTER_ANCHOR, reduce_has_residual(&tr->red), 1};
+    HostView v = {tr, VIEW_RESIDUAL, OUTER_ANCHOR, shard_has_residual(&tr->shard), 1};
     return h5_read_chunks(f, group, &tr->model, host_at, &v);
 }
 
@@ -262,7 +262,7 @@ static int write_state(Trainer *tr, H5File *f, CkptScratch *sc)
     CHECK(h5_attr_write_string(f, "/", "mode", tr->cfg.outer.mode));
     CHECK(h5_attr_write_long(f, "/", "first_learner", site->first_learner));
     CHECK(h5_attr_write_long(f, "/", "learners", site->learners));
-    CHECK(h5_attr_write_long(f, "/", "exchanges", (long long)tr->red.exchanges));
+    CHECK(h5_attr_write_long(f, "/", "exchanges", (long long)tr->shard.exchanges));
     CHECK(h5_attr_write_long(f, "/", "adam_t", be->optimizer_t));
     CHECK(h5_attr_write_long(f, "/", "data_step", (long long)tr->cursor.step));
 
@@ -273,7 +273,7 @@ static int write_state(Trainer *tr, H5File *f, CkptScratch *sc)
         CHECK(write_state_of(f, tr, sc, "/inner/v", STATE_ADAM_V, first));
         CHECK(transfer_shampoo(f, tr, sc, "/inner", first, 0));
         /* sync with a lossy codec: error feedback of the gradient sums */
-        if (reduce_any_residual(&tr->red)) CHECK(write_residual(f, tr, "/outer/residual", first));
+        if (shard_any_residual(&tr->shard)) CHECK(write_residual(f, tr, "/outer/residual", first));
     } else {
         const int bf = tr->mode == MODE_BUTTERFLY; /* butterfly: outer state per learner */
         if (bf) CHECK(write_state_of(f, tr, sc, "/model", STATE_PARAMS, first));
@@ -326,7 +326,7 @@ static int write_state(Trainer *tr, H5File *f, CkptScratch *sc)
 /* How many model-shaped groups write_state writes into this site's file. */
 static int checkpoint_groups(const Trainer *tr)
 {
-    const int learners = tr->topo.sites[tr->topo.site].learners, residual = reduce_any_residual(&tr->red);
+    const int learners = tr->topo.sites[tr->topo.site].learners, residual = shard_any_residual(&tr->shard);
     const int in_flight = exchanges_in_flight(tr);
     const int inner = 2 + (uses_shampoo(tr) ? SHAMPOO_GROUPS : 0); /* m, v (+ shampoo's) */
     if (tr->mode == MODE_SYNC) return 1 + inner + residual;     /* model, inner state (+ residual) */
@@ -415,7 +415,7 @@ static int write_checkpoint(Trainer *tr)
     rc = trainer_control(tr, &mine, sizeof mine, all, "checkpoint completion");
     double first_start = mine.start_wall, bytes_all = 0.0;
     for (int s = 0; rc == ISTH_OK && s < t->n_sites; s++) {
-        if (tr->red.link.lost[s]) continue; /* a lost site has no say */
+        if (link_is_lost(&tr->link, s)) continue; /* a lost site has no say */
         if (all[s].step != tr->step)
             rc = isth_fail(ISTH_ERUNTIME, "checkpoint: site %s completed step %ld, site %s step %ld",
                            t->sites[s].name, all[s].step, t->sites[t->site].name, tr->step);
@@ -425,7 +425,7 @@ static int write_checkpoint(Trainer *tr)
     isth_free(all);
     CHECK(rc);
     int all_in = 1;
-    for (int s = 0; s < t->n_sites; s++) all_in &= !tr->red.link.lost[s];
+    for (int s = 0; s < t->n_sites; s++) all_in &= !link_is_lost(&tr->link, s);
     if (all_in) tr->ckpt_every_site = tr->step;
     int site_rank;
     CHECK_MPI(MPI_Comm_rank(t->site_comm, &site_rank));
@@ -450,7 +450,7 @@ static int write_checkpoint(Trainer *tr)
 
 static int send_file(Trainer *tr, const char *path, int peer)
 {
-    Link *l = &tr->red.link;
+    Link *l = &tr->link;
     const int fd = open(path, O_RDONLY);
     struct stat st;
     if (fd < 0 || fstat(fd, &st) != 0) {
@@ -480,7 +480,7 @@ static int send_file(Trainer *tr, const char *path, int peer)
  * every piece checked, a temporary name renamed when complete. */
 static int recv_file(Trainer *tr, const char *path, int peer)
 {
-    Link *l = &tr->red.link;
+    Link *l = &tr->link;
     const Topology *t = &tr->topo;
     uint64_t size = 0;
     static unsigned char head[FRAME_ROOM + sizeof size]; /* not on the stack: a failed receive may outlive us */
@@ -842,9 +842,9 @@ static int load_checkpoint(Trainer *tr, const char *path, int from_site, int *da
     CHECK(scratch_alloc(tr, &sc));
     /* nothing of an earlier, failed attempt stays: held results go back to
      * the pool, residuals start at zero (a file without them keeps them so) */
-    for (int p = 0; p < tr->red.fragments; p++)
-        if (reduce_result(&tr->red, p)) reduce_release(&tr->red, p);
-    reduce_zero_residuals(&tr->red);
+    for (int p = 0; p < tr->shard.fragments; p++)
+        if (shard_result(&tr->shard, p)) shard_release(&tr->shard, p);
+    shard_zero_residuals(&tr->shard);
     /* a file this site cannot open still goes to the agreement below, so
      * the other sites hear of it instead of waiting for a deadline */
     H5File f;
@@ -895,9 +895,9 @@ static int load_checkpoint(Trainer *tr, const char *path, int from_site, int *da
          * none has none, and the residuals start at zero */
         const int has_residual = H5Lexists(f.file, "/outer", H5P_DEFAULT) > 0 &&
                                  H5Lexists(f.file, "/outer/residual", H5P_DEFAULT) > 0;
-        if (rc == ISTH_OK && reduce_any_residual(&tr->red) && has_residual && from_site < 0) {
+        if (rc == ISTH_OK && shard_any_residual(&tr->shard) && has_residual && from_site < 0) {
             rc = read_residual(&f, tr, "/outer/residual");
-        } else if (rc == ISTH_OK && reduce_any_residual(&tr->red) && tr->log && from_site < 0) {
+        } else if (rc == ISTH_OK && shard_any_residual(&tr->shard) && tr->log && from_site < 0) {
             printf("resume: %s has no error-feedback residuals (written without a lossy codec); they start at 0\n",
                    path);
         }
@@ -925,7 +925,7 @@ static int load_checkpoint(Trainer *tr, const char *path, int from_site, int *da
         if (rc == ISTH_OK) { /* a staging slot per drained fragment; a rank without memory must not
                               * leave the others inside the next collective read */
             for (int p = 0; rc == ISTH_OK && p < P; p++)
-                if (frag[P + p] >= 0 && !reduce_hold(&tr->red, p)) rc = ISTH_ERUNTIME;
+                if (frag[P + p] >= 0 && !shard_hold(&tr->shard, p)) rc = ISTH_ERUNTIME;
             if (!coll_all_ok(t->site_comm, rc == ISTH_OK)) rc = ISTH_ERUNTIME;
         }
         snprintf(g, sizeof g, "/learner_%d/outer/pending", k);
@@ -947,13 +947,13 @@ static int load_checkpoint(Trainer *tr, const char *path, int from_site, int *da
     /* the other sites are loading too, and a load may take as long as the
      * checkpoint deadline, not an exchange's (a rejoining site loads a whole
      * checkpoint it has just received while the host loads its own) */
-    const double exchange_deadline = tr->red.link.timeout_s;
-    if (tr->cfg.checkpoint.timeout > exchange_deadline) tr->red.link.timeout_s = tr->cfg.checkpoint.timeout;
+    const double exchange_deadline = link_timeout(&tr->link);
+    if (tr->cfg.checkpoint.timeout > exchange_deadline) link_set_timeout(&tr->link, tr->cfg.checkpoint.timeout);
     int crc = trainer_control(tr, mine, sizeof mine, all, "resume agreement");
-    tr->red.link.timeout_s = exchange_deadline;
+    link_set_timeout(&tr->link, exchange_deadline);
     int any_fail = 0, same = 1, other = 0, any_damaged = 0;
     for (int s2 = 0; crc == ISTH_OK && s2 < t->n_sites; s2++) {
-        if (s2 < LINK_MAX_SITES && tr->red.link.lost[s2]) continue; /* it missed even that: its slot is empty */
+        if (link_is_lost(&tr->link, s2)) continue; /* it missed even that: its slot is empty */
         const long *site_outcome = all + 3 * s2;
         any_fail |= site_outcome[1] != 0;
         any_damaged |= site_outcome[2] != 0;
@@ -971,7 +971,7 @@ static int load_checkpoint(Trainer *tr, const char *path, int from_site, int *da
     tr->cursor.step = (uint64_t)data_step;
     tr->tokens_seen = tokens;
     be->optimizer_t = (long)adam_t;
-    reduce_restore(&tr->red, (uint64_t)exchanges);
+    shard_restore_exchanges(&tr->shard, (uint64_t)exchanges);
     if (tr->log) {
         printf("resumed from %s: step %lld, %.0f tokens, in %.2f s\n", path, step, tokens, now_s() - t0);
         fflush(stdout);

@@ -112,6 +112,51 @@ void link_mark_left(Link *l, int s)
     l->left[s] = 1;
 }
 
+int link_is_lost(const Link *l, int s) { return s >= 0 && s < LINK_MAX_SITES && l->lost[s]; }
+
+int link_has_left(const Link *l, int s) { return s >= 0 && s < LINK_MAX_SITES && l->left[s]; }
+
+const char *link_lost_what(const Link *l, int s, double *after_s)
+{
+    if (after_s) *after_s = s >= 0 && s < LINK_MAX_SITES ? l->lost_after_s[s] : 0.0;
+    return s >= 0 && s < LINK_MAX_SITES ? l->lost_what[s] : "";
+}
+
+int link_lost_news(const Link *l) { return l->lost_new; }
+
+int link_survives(const Link *l) { return l->survive; }
+
+double link_timeout(const Link *l) { return l->timeout_s; }
+
+void link_set_piece_bytes(Link *l, size_t bytes) { l->piece_bytes = bytes; }
+
+int link_corrupts(const Link *l, uint64_t exchange)
+{
+    return l->corrupt_exchange && (uint64_t)l->corrupt_exchange == exchange;
+}
+
+int link_delay_polls(const Link *l) { return l->delay_polls; }
+
+double link_set_timeout(Link *l, double timeout_s)
+{
+    const double was = l->timeout_s;
+    l->timeout_s = timeout_s;
+    return was;
+}
+
+LinkCounters link_counters(const Link *l)
+{
+    return (LinkCounters){l->bytes_sent, l->bytes_recv, l->auth_failures, l->wait_s};
+}
+
+void link_counters_add(Link *l, LinkCounters c)
+{
+    l->bytes_sent += c.bytes_sent;
+    l->bytes_recv += c.bytes_recv;
+    l->auth_failures += c.auth_failures;
+    l->wait_s += c.wait_s;
+}
+
 int link_any_lost(const Link *l, int n_sites)
 {
     for (int s = 0; s < n_sites && s < LINK_MAX_SITES; s++)

@@ -1,8 +1,8 @@
 /* link.h — the inter-site link: everything that crosses between sites goes
  * through here.
  *
- * Owns: payload framing (a fixed header, then the encoded values), every
- * frame sealed (seal.h: authenticated under its pair of sites' key, the
+ * Owns: the frame (a fixed header in front of the bytes payload.h packs),
+ * every frame sealed (seal.h: authenticated under its pair of sites' key, the
  * payload encrypted unless outer.encrypt = off) and opened, posting non-blocking sends and receives in pieces of at
  * most coll_max_message() bytes (so no MPI count overflows an int) — to
  * another site over the wire (wire.h: isthmus's own TCP transport, whose
@@ -13,8 +13,12 @@
  * (checkpoint outcomes, the resume step, step statistics, replica checks),
  * the byte and wait-time accounting, and the MPI tags of every message that
  * crosses sites. Test hooks (fault.h): ISTHMUS_LINK_CORRUPT, _DELAY, _MUTE.
- * Must not: know what the values mean (see reduce.c); assume that another
- * site's ranks are in MPI_COMM_WORLD beyond the communicator it is given.
+ * Who owns it: the trainer (train.h), one per run; the reducer, the mixer,
+ * payload.c, the checkpoints and the run loop are handed a pointer and
+ * read its state through the accessors below, never its fields.
+ * Must not: know what the values mean or how frames are filled (payload.h
+ * packs them); assume that another site's ranks are in MPI_COMM_WORLD
+ * beyond the communicator it is given.
  */
 #ifndef ISTHMUS_LINK_H
 #define ISTHMUS_LINK_H
@@ -158,6 +162,35 @@ void link_mark_lost(Link *l, int s, const char *what, double after_s);
 /* Site s left: it stopped on a signal to its job, after the checkpoint all
  * sites wrote at the agreed step (lost from now on, without a deadline). */
 void link_mark_left(Link *l, int s);
+/* Site s lost (or left), and left of its own accord. The link's fields are
+ * its own: every other module asks through these. */
+int link_is_lost(const Link *l, int s);
+int link_has_left(const Link *l, int s);
+/* The operation that found site s lost, and (after_s) how long it waited. */
+const char *link_lost_what(const Link *l, int s, double *after_s);
+/* Has a site been lost since the last link_take_lost? */
+int link_lost_news(const Link *l);
+/* Does the link survive a site's loss (link_survive)? */
+int link_survives(const Link *l);
+/* The largest MPI message of a frame ([outer] piece_bytes). */
+void link_set_piece_bytes(Link *l, size_t bytes);
+/* The deadline of every wait. */
+double link_timeout(const Link *l);
+/* Test hooks (fault.h): is exchange number `exchange` to be corrupted
+ * (ISTHMUS_LINK_CORRUPT), and how many polls sends are held back
+ * (ISTHMUS_LINK_DELAY, 0: none)? */
+int link_corrupts(const Link *l, uint64_t exchange);
+int link_delay_polls(const Link *l);
+/* The deadline of every wait from now on; returns the one it replaces (a
+ * checkpoint's outcome waits longer than an exchange, then puts it back). */
+double link_set_timeout(Link *l, double timeout_s);
+/* What crossed and how long the link blocked, this rank, cumulative; a
+ * trainer made again adds the old one's so that a run's totals go on. */
+typedef struct {
+    double bytes_sent, bytes_recv, auth_failures, wait_s;
+} LinkCounters;
+LinkCounters link_counters(const Link *l);
+void link_counters_add(Link *l, LinkCounters c);
 /* Is any of the n_sites lost? */
 int link_any_lost(const Link *l, int n_sites);
 /* Newly lost sites since the last call (0 or 1 each in out[n_sites]);

@@ -13,8 +13,8 @@
 #include "codec.h"
 #include "model.h"
 #include "outer.h"
+#include "payload.h"
 #include "plan.h"
-#include "reduce.h"
 #include "status.h"
 #include "topology.h"
 #include "cpu/precond.h"     /* a matrix optimiser's state */

@@ -10,7 +10,7 @@
 #include <unistd.h>
 
 #include "clock.h"
-#include "reduce.h"
+#include "codec.h"
 #include "status.h"
 #include "version.h"
 
@@ -261,9 +261,8 @@ int metrics_eval(Metrics *mt, const char *set, int byte_set, long step, double b
     return end(mt);
 }
 
-int metrics_outer(Metrics *mt, long outer_step, int fragment, long started, long step, const void *report)
+int metrics_outer(Metrics *mt, long outer_step, int fragment, long started, long step, const ExchangeReport *r)
 {
-    const ReduceReport *r = report;
     printf("outer %5ld | fragment %d | started after step %ld, applied after step %ld | payload %.0f B | "
            "codec rel err %.4f | sites %d/%d%s%s | sent after %d step(s) | arrived %s\n",
            outer_step, fragment, started, step, r->payload_bytes, r->codec_rel_error, r->accepted_sites,
@@ -287,9 +286,8 @@ int metrics_outer(Metrics *mt, long outer_step, int fragment, long started, long
 }
 
 int metrics_mix(Metrics *mt, long round, int fragment, int partner, int crosses, long started, long step,
-                 const void *report, double pair_distance)
+                 const ExchangeReport *r, double pair_distance)
 {
-    const ReduceReport *r = report;
     printf("mix %5ld | fragment %d | partner learner %d%s | started after step %ld, applied after step %ld | "
            "payload %.0f B %s | codec rel err %.4f | pair distance %.5f%s%s\n",
            round, fragment, partner, crosses ? " (other site)" : "", started, step, r->payload_bytes,

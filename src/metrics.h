@@ -14,6 +14,7 @@
 #include <stdio.h>
 
 #include "config.h"
+#include "report.h"
 
 typedef struct {
     long step, steps;
@@ -70,12 +71,11 @@ int metrics_eval(Metrics *mt, const char *set, int byte_set, long step, double b
 
 /* One outer step of one fragment: started after inner step `started`,
  * applied after `step`. */
-int metrics_outer(Metrics *mt, long outer_step, int fragment, long started, long step,
-                   const void *report /* ReduceReport */);
+int metrics_outer(Metrics *mt, long outer_step, int fragment, long started, long step, const ExchangeReport *r);
 
 /* One butterfly round of this learner. */
 int metrics_mix(Metrics *mt, long round, int fragment, int partner, int crosses, long started, long step,
-                 const void *report, double pair_distance);
+                 const ExchangeReport *r, double pair_distance);
 
 /* The training run's shape, after the start record of `isthmus train`
  * ({"run":"start",...}: what `isthmus plot` labels the run with). */

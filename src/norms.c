@@ -1,7 +1,6 @@
-/* norms.c — the learner's gradient norm and the fingerprint of a learner's
- * state (see reduce.h): numbers every rank of every learner agrees on,
- * whatever the sharding. */
-#include "reduce.h"
+/* norms.c — see norms.h: the learner's gradient norm and the fingerprint
+ * of a learner's state. */
+#include "norms.h"
 
 #include <stdint.h>
 #include <stdlib.h>
@@ -70,9 +69,8 @@ static uint64_t fnv1a(uint64_t h, const void *data, size_t n)
 
 #define FNV_OFFSET 14695981039346656037ull
 
-int model_fingerprint(Reducer *r, ChunkView view, void *ctx, MPI_Comm learner_comm, uint64_t *out)
+int model_fingerprint(const ChunkTable *ct, ChunkView view, void *ctx, MPI_Comm learner_comm, uint64_t *out)
 {
-    const ChunkTable *ct = &r->table;
     uint64_t *blocks = isth_calloc((size_t)ct->n_chunks, sizeof(uint64_t));
     CHECK_ALLOC(blocks);
     for (int c = 0; c < ct->n_chunks; c++) {

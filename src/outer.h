@@ -26,9 +26,12 @@
  * Inner optimiser state is never exchanged. At the end of training every
  * fragment with local progress takes one more outer step and every learner
  * ends on the anchor, so the run's final model is the global model.
- * Must not: compute gradients or the inner update, or touch backend memory
- * (weights move through the backend's get, put and share_runs, into host
- * staging of the owned chunks).
+ * It drives the exchanges: the site reduction (reduce.h) in diloco and
+ * streaming, the butterfly mixer (mix.h) in butterfly, each polled here
+ * after every inner step.
+ * Must not: compute gradients or the inner update, touch backend memory
+ * (weights move through the shard's get, put and share_dense, into host
+ * staging of the owned chunks), or reach the link except through them.
  */
 #ifndef ISTHMUS_OUTER_H
 #define ISTHMUS_OUTER_H
@@ -36,11 +39,17 @@
 #include "config.h"
 #include "metrics.h"
 #include "model.h"
+#include "mix.h"
 #include "reduce.h"
+#include "report.h"
+#include "shard.h"
 #include "spread.h"
 
 typedef struct {
     OuterMode mode;            /* diloco, streaming or butterfly (callers read Trainer.mode) */
+    Shard *shard;              /* the owned chunks and their staging (the trainer's) */
+    Reducer *red;              /* diloco, streaming: the site reduction (the trainer's) */
+    Mixer *mix;                /* butterfly: the mixer (the trainer's) */
     int learner, n_learners, k; /* butterfly: my id, N = 2^k */
     double *weights;           /* butterfly: token share of every learner */
     int nesterov_mix;          /* butterfly: apply Nesterov to the mixed change (lr != 1 or momentum != 0) */
@@ -50,7 +59,7 @@ typedef struct {
     double lr, momentum, alpha;
     double learner_weight;     /* this learner's share of a step's tokens */
     /* outer state of the chunks this rank owns, packed: fragment f's chunk
-     * k at off[f] + reduce_owned(f)->off[k]; pos[c]: chunk c's position,
+     * k at off[f] + shard_owned(f)->off[k]; pos[c]: chunk c's position,
      * SIZE_MAX when another rank of the learner owns it */
     float *anchor, *mom;       /* the global model (butterfly: the learner's last mix), Nesterov momentum */
     float *sent;               /* butterfly: theta when the fragment was sent */
@@ -60,7 +69,7 @@ typedef struct {
     long *last_sync;           /* per fragment: inner step of its last start */
     int *reduced;              /* per fragment: its exchange completed early (outer_drain); the
                                 * result waits in its staging slot until the fragment's own finishing step */
-    ReduceReport *pending;     /* per fragment: the report of that exchange */
+    ExchangeReport *pending;     /* per fragment: the report of that exchange */
     double *pending_dist;      /* butterfly: its pair distance */
     long outer_steps;          /* outer updates applied (all fragments) */
 } Outer;
@@ -74,27 +83,29 @@ int outer_fragment_due(long step, int p, int H, int P);
 
 /* The outer state starts as the owned chunks of the backend's weights
  * (every outer function moves weights through the backend's get and put,
- * in host staging). */
-int outer_create(Outer *o, const OuterConfig *cfg, Reducer *r, Backend *be, double learner_weight);
+ * in host staging). r: the site reduction (NULL in butterfly: then
+ * outer_set_butterfly hands in the mixer). */
+int outer_create(Outer *o, const OuterConfig *cfg, Shard *s, Reducer *r, Backend *be, double learner_weight);
 /* Exchanges in flight at once under this schedule (sizes the staging). */
 int outer_max_in_flight(const OuterConfig *cfg);
 /* Where chunk (tensor, layer, expert) of state `which` lives on this rank,
  * or NULL when another rank of the learner owns it. OUTER_PENDING: the
  * drained result of the chunk's fragment (the anchor's values when the
  * fragment is idle: written, never read back). */
-float *outer_view(const Outer *o, const Reducer *r, OuterState which, int tensor, int layer, int expert);
+float *outer_view(const Outer *o, OuterState which, int tensor, int layer, int expert);
 /* Resume: the schedule of a checkpoint (per fragment its last start and the
  * start of the exchange in flight, -1 none) at `step`, and its count of
  * outer updates; drained results are
- * read into staging slots taken with reduce_hold. */
+ * read into staging slots taken with shard_hold. */
 void outer_restore(Outer *o, const double *last_sync, const double *started, int n_sites, long step, long outer_steps);
 /* Evaluation of the anchor: the backend's weights hold the anchor until
  * outer_view_end; their own values wait in the grads (unused between
  * steps). Learner collective. */
-int outer_view_anchor(Outer *o, Reducer *r, Backend *be);
+int outer_view_anchor(Outer *o, Backend *be);
 int outer_view_end(Backend *be);
-/* Butterfly: learner id, every learner's token share (N = power of two). */
-int outer_set_butterfly(Outer *o, Reducer *r, int learner, int n_learners, const double *weights);
+/* Butterfly: the mixer, the link its spread probe samples go over,
+ * learner id, every learner's token share (N = power of two). */
+int outer_set_butterfly(Outer *o, Mixer *m, Link *l, int learner, int n_learners, const double *weights);
 /* Butterfly: log spread samples still open (before a stop; outer_finish does it too). */
 int outer_drain_probes(Outer *o, Metrics *mt);
 /* Butterfly partner of `learner` in round r, and the round's fragment. */
@@ -104,16 +115,16 @@ void outer_destroy(Outer *o);
 
 /* After inner step `step` (1-based): finish exchanges due, start the ones
  * scheduled. Outer events are logged through `mt` when `log`. */
-int outer_after_step(Outer *o, Reducer *r, Backend *be, long step, Metrics *mt, int log);
+int outer_after_step(Outer *o, Backend *be, long step, Metrics *mt, int log);
 
 /* Before a checkpoint: complete every exchange in flight now (its result is
  * kept in its staging slot and applied at its scheduled step, as without a
  * checkpoint), so that the state is a set of buffers: a checkpoint at any
  * step, and a restart that continues bit for bit. */
-int outer_drain(Outer *o, Reducer *r);
+int outer_drain(Outer *o);
 
 /* End of training: finish what is in flight, one last outer step for every
  * fragment with local progress, theta = anchor everywhere. */
-int outer_finish(Outer *o, Reducer *r, Backend *be, long step, Metrics *mt, int log);
+int outer_finish(Outer *o, Backend *be, long step, Metrics *mt, int log);
 
 #endif

@@ -10,6 +10,7 @@
 
 #include "bench.h"
 #include "codec.h"
+#include "link.h" /* LINK_MAX_FRAGMENTS: the fragments a tag can name */
 #include "memory.h"
 #include "model.h"
 #include "plan.h"

@@ -16,6 +16,7 @@
 #include "fault.h"
 #include "federation.h"
 #include "memory.h"
+#include "norms.h"
 #include "coll.h"
 #include "stateview.h"
 #include "status.h"
@@ -30,7 +31,7 @@ typedef struct {
 static const float *replica_view(void *ctx, int t, int l, int e)
 {
     ReplicaView *v = ctx;
-    if (v->tr->mode != MODE_SYNC) return outer_view(&v->tr->outer, &v->tr->red, OUTER_ANCHOR, t, l, e);
+    if (v->tr->mode != MODE_SYNC) return outer_view(&v->tr->outer, OUTER_ANCHOR, t, l, e);
     return state_view_at(&v->weights, t, l, e);
 }
 
@@ -44,14 +45,14 @@ static int check_replicas(Trainer *tr)
     const Topology *t = &tr->topo;
     ReplicaView view = {.tr = tr};
     const int sync = tr->mode == MODE_SYNC;
-    const size_t need = sync ? state_view_need(&tr->red.table, trainer_owns_chunk, &tr->red) : 0;
-    const int made = state_view_create(&view.weights, &tr->red.table, need) == ISTH_OK;
+    const size_t need = sync ? state_view_need(&tr->shard.table, trainer_owns_chunk, &tr->shard) : 0;
+    const int made = state_view_create(&view.weights, &tr->shard.table, need) == ISTH_OK;
     if (!coll_all_ok(t->learner_comm, made)) {
         state_view_destroy(&view.weights);
         return ISTH_ERUNTIME;
     }
-    state_view_begin(&view.weights, tr->be, STATE_PARAMS, NULL, trainer_owns_chunk, &tr->red, 0);
-    int frc = model_fingerprint(&tr->red, replica_view, &view, t->learner_comm, &fp);
+    state_view_begin(&view.weights, tr->be, STATE_PARAMS, NULL, trainer_owns_chunk, &tr->shard, 0);
+    int frc = model_fingerprint(&tr->shard.table, replica_view, &view, t->learner_comm, &fp);
     const int vrc = state_view_end(&view.weights, 0);
     state_view_destroy(&view.weights);
     CHECK(frc);
@@ -73,10 +74,10 @@ static int check_replicas(Trainer *tr)
                            t->sites[t->site].first_rank, (unsigned long long)all[0]);
     if (rc == ISTH_OK) rc = trainer_control(tr, &fp, sizeof fp, all, "replica check");
     int ref = 0; /* the first site still present */
-    while (ref < t->n_sites - 1 && tr->red.link.lost[ref]) ref++;
+    while (ref < t->n_sites - 1 && link_is_lost(&tr->link, ref)) ref++;
     all[0] = all[ref];
     for (int s = 0; rc == ISTH_OK && s < t->n_sites; s++)
-        if (!tr->red.link.lost[s] && all[s] != all[0]) {
+        if (!link_is_lost(&tr->link, s) && all[s] != all[0]) {
             rc = site_rank == 0 && t->site == 0
                      ? isth_fail(ISTH_ERUNTIME, "step %ld: replicas diverged: site %s fingerprint %016llx, site %s %016llx",
                                  tr->step, t->sites[s].name, (unsigned long long)all[s], t->sites[0].name,
@@ -104,7 +105,7 @@ static int check_dropped(Trainer *tr)
     CHECK_MPI(MPI_Comm_rank(t->site_comm, &site_rank));
     if (site_rank == 0)
         for (int s = 0; s < t->n_sites; s++)
-            if (tr->red.link.lost[s] && link_was_dropped(&tr->red.link, tr->site_leaders[s]) && s < t->site &&
+            if (link_is_lost(&tr->link, s) && link_was_dropped(&tr->link, tr->site_leaders[s]) && s < t->site &&
                 dropped_by < 0)
                 dropped_by = s;
     CHECK_MPI(MPI_Bcast(&dropped_by, 1, MPI_INT, 0, t->site_comm));
@@ -129,29 +130,30 @@ static int report_lost_sites(Trainer *tr)
 {
     const Topology *t = &tr->topo;
     unsigned char gone[LINK_MAX_SITES];
-    if (!link_take_lost(&tr->red.link, gone, t->n_sites)) return ISTH_OK;
+    if (!link_take_lost(&tr->link, gone, t->n_sites)) return ISTH_OK;
     int site_rank;
     CHECK_MPI(MPI_Comm_rank(t->site_comm, &site_rank));
     if (site_rank == 0)
         for (int s = 0; s < t->n_sites; s++)
-            if (gone[s]) link_notify_dropped(&tr->red.link, tr->site_leaders[s], t->site);
+            if (gone[s]) link_notify_dropped(&tr->link, tr->site_leaders[s], t->site);
     spread_stop(&tr->outer.spread); /* it samples every learner, or none */
     if (!tr->log) return ISTH_OK;
     int left = 0;
-    for (int s = 0; s < t->n_sites; s++) left += !tr->red.link.lost[s];
+    for (int s = 0; s < t->n_sites; s++) left += !link_is_lost(&tr->link, s);
     for (int s = 0; s < t->n_sites; s++)
         if (gone[s]) lost_at_step[s] = tr->step, lost_count[s]++;
     for (int s = 0; s < t->n_sites; s++) {
         if (!gone[s]) continue;
-        if (tr->red.link.left[s])
+        double after_s;
+        const char *what = link_lost_what(&tr->link, s, &after_s);
+        if (link_has_left(&tr->link, s))
             printf("site %s left at step %ld: its job stopped on a signal (all sites checkpointed this step); "
                    "training on with %d site(s); started again, it rejoins\n", t->sites[s].name, tr->step, left);
         else
             printf("site %s lost at step %ld: nothing from it in the %s within %.1f s; training on with %d site(s)\n",
-                   t->sites[s].name, tr->step, tr->red.link.lost_what[s], tr->red.link.lost_after_s[s], left);
+                   t->sites[s].name, tr->step, what, after_s, left);
         fflush(stdout);
-        CHECK(metrics_site_lost(&tr->metrics, t->sites[s].name, tr->step, tr->red.link.lost_what[s],
-                                tr->red.link.lost_after_s[s], left));
+        CHECK(metrics_site_lost(&tr->metrics, t->sites[s].name, tr->step, what, after_s, left));
     }
     fflush(stdout);
     return metrics_flush(&tr->metrics);
@@ -169,8 +171,9 @@ static int traffic_summary(Trainer *tr, long first_step)
     const Topology *t = &tr->topo;
     const int S = t->n_sites;
     enum { BYTES, AUTH, PEERS, FROM, N_FIELDS };
-    double v[N_FIELDS] = {tr->red.link.bytes_sent + tr->red.link.bytes_recv + tr->outer.spread.inter_site_bytes,
-                          tr->red.link.auth_failures, (double)tr->red.max_peer_learners, 0.0};
+    const LinkCounters lc = link_counters(&tr->link);
+    double v[N_FIELDS] = {lc.bytes_sent + lc.bytes_recv + tr->outer.spread.inter_site_bytes, lc.auth_failures,
+                          (double)tr->shard.max_peer_learners, 0.0};
     CHECK(coll_allreduce_comm(t->site_comm, &v[BYTES], 2, MPI_DOUBLE, sizeof(double), MPI_SUM));
     CHECK(coll_allreduce_comm(t->site_comm, &v[PEERS], 1, MPI_DOUBLE, sizeof(double), MPI_MAX));
     v[FROM] = (double)first_step + 1.0; /* 0: a lost site's empty slot */
@@ -179,7 +182,7 @@ static int traffic_summary(Trainer *tr, long first_step)
     const int rc = trainer_control(tr, v, sizeof v, all, "traffic summary");
     /* sync: every step each site sends its summed gradient (float32, all
      * canonical parameters) to every other site and receives theirs */
-    const double per_site_step = 2.0 * (S - 1) * 4.0 * (double)reduce_canonical_params(&tr->red);
+    const double per_site_step = 2.0 * (S - 1) * 4.0 * (double)shard_canonical_params(&tr->shard);
     double bytes = 0.0, sync_bytes = 0.0, auth = 0.0;
     int peers = 0, same_start = 1;
     for (int s = 0; s < S; s++) {
@@ -272,17 +275,17 @@ static int stop_vote(StopVote *v, MPI_Comm site_comm, int local, int *site_agree
 static int others_leave(Trainer *tr)
 {
     const Topology *t = &tr->topo;
-    Reducer *r = &tr->red;
+    StopBallot *b = &tr->ballot;
     const int may_leave = t->n_sites == 2 ? 0 : 1; /* the first site that may leave alone */
     int any = 0;
-    for (int s = may_leave; s < t->n_sites; s++) any |= r->stop_sites[s];
-    if (!r->link.survive || tr->mode == MODE_BUTTERFLY || !any || (may_leave && r->stop_sites[0]) ||
-        r->stop_sites[t->site])
+    for (int s = may_leave; s < t->n_sites; s++) any |= b->sites[s];
+    if (!link_survives(&tr->link) || tr->mode == MODE_BUTTERFLY || !any || (may_leave && b->sites[0]) ||
+        b->sites[t->site])
         return 0;
     for (int s = may_leave; s < t->n_sites; s++)
-        if (r->stop_sites[s]) link_mark_left(&r->link, s);
-    r->stop_agreed = 0;
-    memset(r->stop_sites, 0, sizeof r->stop_sites);
+        if (b->sites[s]) link_mark_left(&tr->link, s);
+    b->agreed = 0;
+    memset(b->sites, 0, sizeof b->sites);
     return 1;
 }
 
@@ -290,8 +293,8 @@ static int others_leave(Trainer *tr)
 static int stop_decided(Trainer *tr, int site_agreed)
 {
     if (tr->topo.n_sites == 1) return site_agreed;
-    if (site_agreed) tr->red.stop_request = 1; /* goes out with the next verdicts */
-    return tr->red.stop_agreed;
+    if (site_agreed) tr->ballot.request = 1; /* goes out with the next verdicts */
+    return tr->ballot.agreed;
 }
 
 /* A site was found lost (or left): it is reported, and in a two-site run
@@ -301,7 +304,7 @@ static int after_loss(Trainer *tr, Federation *fed, const Config *cfg)
 {
     CHECK(report_lost_sites(tr));
     CHECK(check_dropped(tr)); /* a site the other dropped stops here, before it hosts */
-    if (fed->federated && cfg->n_sites == 2 && tr->red.link.lost[1 - fed->site]) CHECK(federation_host(fed, cfg));
+    if (fed->federated && cfg->n_sites == 2 && link_is_lost(&tr->link, 1 - fed->site)) CHECK(federation_host(fed, cfg));
     return ISTH_OK;
 }
 
@@ -364,7 +367,7 @@ static int take_back(Trainer *tr, Federation *fed, const Config *cfg, int site, 
         vote->pending = 0;
         *stop |= vote->recv;
     }
-    if (tr->mode != MODE_SYNC) CHECK(outer_drain(&tr->outer, &tr->red));
+    if (tr->mode != MODE_SYNC) CHECK(outer_drain(&tr->outer));
     CHECK(ckpt_write(tr));
     const double t0 = now_s();
     const long step = tr->step;
@@ -375,20 +378,17 @@ static int take_back(Trainer *tr, Federation *fed, const Config *cfg, int site, 
     CHECK(federation_rejoin(fed, cfg, site, step, &joined, &old));
     if (!joined) return ISTH_OK; /* it gave up or was refused: train on alone */
     /* the run's traffic so far stays counted (the summary is of the whole run) */
-    const double sent = tr->red.link.bytes_sent, recv = tr->red.link.bytes_recv, auth = tr->red.link.auth_failures;
+    const LinkCounters counted = link_counters(&tr->link);
     const double probes = tr->outer.spread.inter_site_bytes;
-    /* and so do the compute utilisation's parts */
-    const double compute = tr->compute_s, waited = tr->red.link.wait_s, total = tr->inter_site_total;
+    /* and so do the compute utilisation's parts (the link's wait among them) */
+    const double compute = tr->compute_s, total = tr->inter_site_total;
     const long pin = tr->ckpt_every_site;
     trainer_destroy(tr);
     federation_free_world(&old);
     CHECK(trainer_start(tr, cfg, fed->world, fed->link_master, 1, 0));
-    tr->red.link.bytes_sent += sent;
-    tr->red.link.bytes_recv += recv;
-    tr->red.link.auth_failures += auth;
+    link_counters_add(&tr->link, counted);
     tr->outer.spread.inter_site_bytes += probes;
     tr->compute_s += compute;
-    tr->red.link.wait_s += waited;
     tr->inter_site_total += total;
     char path[CONFIG_FILE_PATH_MAX + 64];
     CHECK(ckpt_share(tr, fed->site, step, path, sizeof path));
@@ -490,25 +490,25 @@ int train_run(const Config *cfg, const char *resume, const char *site)
     if (rc == ISTH_OK && tc->eval_every > 0 && tr.step == 0) rc = trainer_eval(&tr);
     /* the training's wall time, less the evaluations and checkpoints in it
      * (paused_s): what compute utilisation is measured against */
-    const double loop_start = now_s(), compute_start = tr.compute_s, wait_start = tr.red.link.wait_s;
+    const double loop_start = now_s(), compute_start = tr.compute_s, wait_start = link_counters(&tr.link).wait_s;
     const long first_step = tr.step; /* the summaries cover the steps from here */
     double paused_s = 0.0;
     while (rc == ISTH_OK && tr.step < tc->steps) {
         StepLog s;
         rc = trainer_step(&tr, &s);
         if (rc != ISTH_OK) break;
-        if (tr.red.link.lost_new) rc = after_loss(&tr, &fed, cfg); /* checks for a drop notice too */
-        else if (tr.red.link.survive && link_any_lost(&tr.red.link, tr.topo.n_sites)) rc = check_dropped(&tr);
+        if (link_lost_news(&tr.link)) rc = after_loss(&tr, &fed, cfg); /* checks for a drop notice too */
+        else if (link_survives(&tr.link) && link_any_lost(&tr.link, tr.topo.n_sites)) rc = check_dropped(&tr);
         /* a two-site run: the live site hosts (the second one from the
          * first one's loss on) and takes the lost site back when it knocks */
         const int other = 1 - fed.site;
-        if (rc == ISTH_OK && fed.federated && cfg->n_sites == 2 && tr.red.link.lost[other] && tr.step < tc->steps &&
+        if (rc == ISTH_OK && fed.federated && cfg->n_sites == 2 && link_is_lost(&tr.link, other) && tr.step < tc->steps &&
             fed.hosting && federation_knocking(&fed, other)) {
             int stop = 0;
             const double t_back = now_s(); /* the knock and the handover are no training */
             rc = take_back(&tr, &fed, cfg, other, &vote, &stop);
             paused_s += now_s() - t_back;
-            if (stop) tr.red.stop_request = 1;
+            if (stop) tr.ballot.request = 1;
         }
         if (rc != ISTH_OK) break;
         for (int k = 0; k < cfg->n_sites; k++) s.misses[k] = lost_count[k], s.site_names[k] = cfg->sites[k].name;
@@ -527,7 +527,7 @@ int train_run(const Config *cfg, const char *resume, const char *site)
         if ((ckpt_due || stopping) && tr.step < tc->steps) {
             /* exchanges in flight complete now; their results are applied at
              * their own step, after a restart too (saved in the checkpoint) */
-            if (tr.mode != MODE_SYNC) rc = outer_drain(&tr.outer, &tr.red);
+            if (tr.mode != MODE_SYNC) rc = outer_drain(&tr.outer);
             if (rc == ISTH_OK && stopping && tr.mode != MODE_SYNC) rc = outer_drain_probes(&tr.outer, &tr.metrics);
             const double t_ckpt = now_s();
             if (rc == ISTH_OK) rc = ckpt_write(&tr);
@@ -559,10 +559,10 @@ int train_run(const Config *cfg, const char *resume, const char *site)
     const int finished = rc == ISTH_OK && tr.step >= tc->steps;
     const double t_final = now_s();
     if (finished && tr.mode != MODE_SYNC)
-        rc = outer_finish(&tr.outer, &tr.red, tr.be, tr.step, &tr.metrics, tr.log);
+        rc = outer_finish(&tr.outer, tr.be, tr.step, &tr.metrics, tr.log);
     if (finished && rc == ISTH_OK)
         rc = utilisation_summary(&tr, first_step, now_s() - loop_start - paused_s, tr.compute_s - compute_start,
-                                 tr.red.link.wait_s - wait_start, paused_s, now_s() - t_final);
+                                 link_counters(&tr.link).wait_s - wait_start, paused_s, now_s() - t_final);
     if (finished && rc == ISTH_OK && tc->check_replicas > 0) rc = check_replicas(&tr);
     if (finished && rc == ISTH_OK) rc = traffic_summary(&tr, first_step);
     if (finished && rc == ISTH_OK) rc = ckpt_write(&tr);

@@ -15,6 +15,7 @@
 #include "h5io.h"
 #include "clock.h"
 #include "coll.h"
+#include "norms.h"
 #include "stateview.h"
 #include "status.h"
 
@@ -54,7 +55,8 @@ int trainer_create(Trainer *tr, const Config *cfg, int log, MPI_Comm world, cons
 {
     memset(tr, 0, sizeof *tr);
     tr->ckpt_every_site = -1;
-    tr->red.site_peers = MPI_COMM_NULL;
+    tr->red.site_peers = MPI_COMM_NULL; /* reducer_destroy frees it only when it was made */
+    tr->ballot.round = -1;
     tr->cfg = *cfg;
     MPI_Comm_rank(world, &tr->rank);
     const ModelConfig *mc = &cfg->model;
@@ -130,22 +132,27 @@ int trainer_create(Trainer *tr, const Config *cfg, int log, MPI_Comm world, cons
 
     CHECK(backend_create(&tr->be, cfg, tr->micro_batch, t->expert_begin, t->experts_local, &tr->ep));
     tr->model = tr->be->table;
-    CHECK(reducer_create(&tr->red, t, &tr->model, cfg->outer.fragments, (Codec)codec_from_name(cfg->outer.codec),
-                         config_codec_params(&cfg->outer), !strcmp(cfg->outer.error_feedback, "on"),
-                         cfg->outer.timeout, world));
-    tr->red.sender_mean = !strcmp(cfg->outer.topk_mean, "senders");
-    reduce_encode_on(&tr->red, tr->be);
+    link_init(&tr->link, world, cfg->outer.timeout, t->sites[t->site].name);
+    {
+        PayloadCodec pc;
+        payload_codec_init(&pc, (Codec)codec_from_name(cfg->outer.codec), config_codec_params(&cfg->outer),
+                           !strcmp(cfg->outer.error_feedback, "on"), !strcmp(cfg->outer.topk_mean, "senders"));
+        payload_encode_on(&pc, tr->be);
+        CHECK(shard_create(&tr->shard, t, &tr->model, cfg->outer.fragments, &pc));
+    }
+    /* the exchange between learners: the site reduction, or the butterfly's mixer */
+    if (tr->mode != MODE_BUTTERFLY) CHECK(reducer_create(&tr->red, &tr->shard, &tr->link, &tr->ballot, world));
     { /* the frames' keys: one per ordered pair of sites (seal.h) */
         static const unsigned char public_key[SEAL_KEY_BYTES];
         int first[CONFIG_MAX_SITES + 1];
         for (int s = 0; s < t->n_sites; s++) first[s] = t->sites[s].first_rank;
         first[t->n_sites] = t->world_size;
-        link_set_keys(&tr->red.link, link_master ? link_master : public_key, !strcmp(cfg->outer.encrypt, "on"),
+        link_set_keys(&tr->link, link_master ? link_master : public_key, !strcmp(cfg->outer.encrypt, "on"),
                       t->site, first, t->n_sites);
     }
     /* one mpirun per site: losing a site is survivable (the joint launch's
      * mpirun ends the whole job instead) */
-    link_survive(&tr->red.link, federated);
+    link_survive(&tr->link, federated);
     if (t->n_sites > 1 && !strcmp(cfg->outer.transport, "tcp")) { /* collective: every rank of every site */
         WireOptions wo = {.streams = cfg->outer.streams, .socket_buffer = cfg->outer.socket_buffer,
                           .unexpected_max = (size_t)256 << 20,
@@ -155,17 +162,16 @@ int trainer_create(Trainer *tr, const Config *cfg, int log, MPI_Comm world, cons
                           .hello_timeout_s = cfg->outer.timeout};
         snprintf(wo.interface, sizeof wo.interface, "%s", cfg->outer.interface);
         (void)wire_parse_ports(cfg->outer.ports, &wo.port_lo, &wo.port_hi); /* checked by config_load */
-        CHECK(link_open_wire(&tr->red.link, &wo));
+        CHECK(link_open_wire(&tr->link, &wo));
     }
     /* how the link moves a payload (docs/configuration.md, [outer]) */
-    tr->red.link.piece_bytes = (size_t)cfg->outer.piece_bytes;
-    tr->red.window_polls = cfg->outer.mode_id == MODE_STREAMING ? cfg->outer.overlap : 0;
-    tr->red.pace = !strcmp(cfg->outer.pace, "on");
-    tr->red.log = tr->log;
-    tr->red.metrics = &tr->metrics;
+    link_set_piece_bytes(&tr->link, (size_t)cfg->outer.piece_bytes);
+    reduce_set_window(&tr->red, cfg->outer.mode_id == MODE_STREAMING ? cfg->outer.overlap : 0,
+                      !strcmp(cfg->outer.pace, "on"));
+    reduce_log_to(&tr->red, tr->log, &tr->metrics);
     if (t->n_sites > 1 && !strcmp(cfg->outer.progress, "thread")) CHECK(link_progress_start());
     if (t->n_sites > 1 && !strcmp(cfg->outer.progress, "poll")) {
-        if (tr->be->ops->set_progress)
+        if (tr->be->ops->set_progress) /* butterfly's pairs are polled after each step only */
             tr->be->ops->set_progress(tr->be, reduce_progress, &tr->red);
         else if (tr->log) /* poll is the default; such a backend still polls after each step */
             printf("link: the %s backend cannot poll between layers; [outer] progress = poll acts as step\n",
@@ -174,15 +180,16 @@ int trainer_create(Trainer *tr, const Config *cfg, int log, MPI_Comm world, cons
     { /* the optimiser's state only for the chunks this rank owns (ZeRO-1) */
         const size_t *off, *len;
         int n;
-        reduce_owned_runs(&tr->red, &off, &len, &n);
+        shard_owned_runs(&tr->shard, &off, &len, &n);
         CHECK(tr->be->ops->optimizer_shard(tr->be, off, len, n));
     }
     /* the backend's scratch for learner sums is sized by its first use: one
      * share now (the weights are a function of the seed, the same on every
      * rank) so that nothing is allocated inside a later collective */
-    CHECK(reduce_share_params(&tr->red, tr->be));
+    CHECK(shard_share_params(&tr->shard, tr->be));
     if (tr->mode != MODE_SYNC) {
-        CHECK(outer_create(&tr->outer, &cfg->outer, &tr->red, tr->be, site->tokens_per_step / t->total_tokens_per_step));
+        CHECK(outer_create(&tr->outer, &cfg->outer, &tr->shard, tr->mode != MODE_BUTTERFLY ? &tr->red : NULL, tr->be,
+                           site->tokens_per_step / t->total_tokens_per_step));
         tr->outer.spread.tolerant = federated; /* a lost site's samples stop the probe, not the run */
     }
     if (tr->mode == MODE_BUTTERFLY) {
@@ -195,7 +202,8 @@ int trainer_create(Trainer *tr, const Config *cfg, int log, MPI_Comm world, cons
         CHECK_ALLOC(w);
         for (int l = 0; l < N; l++)
             w[l] = t->sites[topology_site_of_learner(t, l)].tokens_per_step / t->total_tokens_per_step;
-        const int rc = outer_set_butterfly(&tr->outer, &tr->red, t->learner, N, w);
+        int rc = mixer_create(&tr->mix, &tr->shard, &tr->link, &tr->ballot);
+        if (rc == ISTH_OK) rc = outer_set_butterfly(&tr->outer, &tr->mix, &tr->link, t->learner, N, w);
         isth_free(w);
         CHECK(rc);
     }
@@ -218,7 +226,10 @@ void trainer_destroy(Trainer *tr)
     tr->be = NULL;
     if (tr->created) {
         outer_destroy(&tr->outer);
-        reducer_destroy(&tr->red);
+        link_forget_keys(&tr->link);
+        const int reducer_retired = reducer_destroy(&tr->red), mixer_retired = mixer_destroy(&tr->mix);
+        shard_destroy(&tr->shard, !(reducer_retired && mixer_retired)); /* MPI may still write unretired staging */
+        link_close_wire(&tr->link); /* after every message: nothing of the wire is held any more */
         topology_destroy(&tr->topo);
     }
     dataset_close(&tr->train);
@@ -234,7 +245,7 @@ void trainer_destroy(Trainer *tr)
 int trainer_control(Trainer *tr, const void *mine, size_t bytes, void *all, const char *what)
 {
     const Topology *t = &tr->topo;
-    return link_control(&tr->red.link, mine, bytes, all, tr->site_leaders, t->n_sites, t->site, t->site_comm, what);
+    return link_control(&tr->link, mine, bytes, all, tr->site_leaders, t->n_sites, t->site, t->site_comm, what);
 }
 
 /* What a step adds up over ranks (doubles only: reduced as an array). */
@@ -286,7 +297,7 @@ int trainer_step(Trainer *tr, StepLog *out)
     const int B = tr->micro_batch, T = mc->context, M = tr->grad_accum, G = t->learner_size;
     CHECK(be->ops->zero_grads(be));
     coll_mark(&tr->ep); /* each module counts its own traffic from here */
-    link_mark(&tr->red.link);
+    link_mark(&tr->link);
     /* summed over every site (sync) or this site (outer modes: no per-step
      * traffic between sites), see step_stats */
     StepSums sums = {0};
@@ -310,11 +321,11 @@ int trainer_step(Trainer *tr, StepLog *out)
      * site, the outer steps after the optimiser */
     double compute = 0.0;
     if (tr->mode != MODE_SYNC) {
-        CHECK(reduce_learner_sum(&tr->red, be));
+        CHECK(shard_learner_sum(&tr->shard, be));
         compute += now_s() - t0;
     } else {
         compute += now_s() - t0;
-        ReduceReport rep;
+        ExchangeReport rep;
         CHECK(reduce_start(&tr->red, be, 0, STATE_GRADS, REDUCE_GRADS));
         CHECK(reduce_finish(&tr->red, be, 0, STATE_GRADS, &rep));
     }
@@ -333,14 +344,14 @@ int trainer_step(Trainer *tr, StepLog *out)
     const double lr = lr_at(tc, tr->step);
     CHECK(be->ops->optimizer_step(be, lr));
     /* each owner updated its dense chunks: every rank needs them all */
-    if (t->learner_size > 1) CHECK(reduce_share_params(&tr->red, be));
+    if (t->learner_size > 1) CHECK(shard_share_params(&tr->shard, be));
     tr->step++;
     tr->tokens_seen += t->total_tokens_per_step;
     compute += now_s() - t_update;
     tr->compute_s += compute;
-    if (tr->mode != MODE_SYNC) CHECK(outer_after_step(&tr->outer, &tr->red, be, tr->step, &tr->metrics, tr->log));
+    if (tr->mode != MODE_SYNC) CHECK(outer_after_step(&tr->outer, be, tr->step, &tr->metrics, tr->log));
     double wait;
-    link_since_mark(&tr->red.link, &sums.inter_site_bytes, &wait);
+    link_since_mark(&tr->link, &sums.inter_site_bytes, &wait);
     if (fault_nan_now()) sums.ce_sum = NAN; /* test hook: this site diverges */
     CHECK(step_stats(tr, &sums, &wait));
     const double loss = sums.ce_sum / sums.scored;
@@ -372,14 +383,14 @@ int trainer_step(Trainer *tr, StepLog *out)
     out->link_wait_s = wait;
     out->n_sites = t->n_sites;
     out->sites_present = t->n_sites;
-    for (int s = 0; s < t->n_sites; s++) out->sites_present -= tr->red.link.lost[s] != 0;
+    for (int s = 0; s < t->n_sites; s++) out->sites_present -= link_is_lost(&tr->link, s);
     return ISTH_OK;
 }
 
 int trainer_lead_site(const Trainer *tr)
 {
     for (int s = 0; s < tr->topo.n_sites; s++)
-        if (!tr->red.link.lost[s]) return s;
+        if (!link_is_lost(&tr->link, s)) return s;
     return tr->topo.site;
 }
 
@@ -398,7 +409,7 @@ int trainer_eval(Trainer *tr)
     if (tr->topo.learner != tr->topo.sites[trainer_lead_site(tr)].first_learner || !tr->n_evals) return ISTH_OK;
     const int anchor = tr->mode == MODE_DILOCO || tr->mode == MODE_STREAMING; /* butterfly: learner 0's own */
     Backend *be = tr->be;
-    if (anchor) CHECK(outer_view_anchor(&tr->outer, &tr->red, be));
+    if (anchor) CHECK(outer_view_anchor(&tr->outer, be));
     int rc = ISTH_OK;
     for (int i = 0; i < tr->n_evals && rc == ISTH_OK; i++) {
         EvalResult r;
@@ -460,7 +471,7 @@ int trainer_sample(Trainer *tr)
     if (rc == ISTH_OK && tr->n_evals) rc = corpus_tokens(&tr->evals[0].file, 0, (size_t)prompt_n, window, V);
     else if (rc == ISTH_OK) window[0] = '\n' < V ? '\n' : 0;
     const int anchor = tr->mode == MODE_DILOCO || tr->mode == MODE_STREAMING;
-    if (rc == ISTH_OK && anchor) rc = outer_view_anchor(&tr->outer, &tr->red, tr->be);
+    if (rc == ISTH_OK && anchor) rc = outer_view_anchor(&tr->outer, tr->be);
     /* temperature 1, every token: the model's own distribution, drawn from (seed, step) */
     const SampleRule rule = {1.0, 0, tr->cfg.train.seed ^ ((uint64_t)tr->step * 0x9e3779b97f4a7c15ull)};
     int len = prompt_n;
@@ -491,7 +502,7 @@ int trainer_sample(Trainer *tr)
     return rc;
 }
 
-int trainer_owns_chunk(const void *reducer, int c) { return reduce_owns(reducer, c); }
+int trainer_owns_chunk(const void *shard, int c) { return shard_owns(shard, c); }
 
 int trainer_write_model(Trainer *tr, const char *path)
 {
@@ -501,13 +512,13 @@ int trainer_write_model(Trainer *tr, const char *path)
     /* learner 0's ranks, each the chunks it owns, through host staging
      * (allocated and agreed before the file is created) */
     StateView v;
-    const size_t need = state_view_need(&tr->red.table, trainer_owns_chunk, &tr->red);
-    const int made = state_view_create(&v, &tr->red.table, need) == ISTH_OK;
+    const size_t need = state_view_need(&tr->shard.table, trainer_owns_chunk, &tr->shard);
+    const int made = state_view_create(&v, &tr->shard.table, need) == ISTH_OK;
     int rc = coll_all_ok(tr->topo.learner_comm, made) ? ISTH_OK : ISTH_ERUNTIME;
     H5File f;
     if (rc == ISTH_OK) rc = h5model_create(&f, path, &tr->model, tr->config_text, &meta, tr->topo.learner_comm);
     if (rc == ISTH_OK) {
-        state_view_begin(&v, tr->be, STATE_PARAMS, NULL, trainer_owns_chunk, &tr->red, 0);
+        state_view_begin(&v, tr->be, STATE_PARAMS, NULL, trainer_owns_chunk, &tr->shard, 0);
         rc = h5_write_chunks(&f, "/model", &tr->model, state_view_at, &v);
         const int vrc = state_view_end(&v, rc == ISTH_OK);
         if (rc == ISTH_OK && !coll_all_ok(tr->topo.learner_comm, vrc == ISTH_OK)) rc = vrc != ISTH_OK ? vrc : ISTH_ERUNTIME;

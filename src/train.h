@@ -7,7 +7,9 @@
  * and writing the final model.
  * Must not: parse command lines, or know which backend computes: it calls
  * the verbs of backend.h and hands the backend (never its memory) to
- * reduce, outer and ckpt.
+ * shard, reduce, outer and ckpt. It owns the exchange's parts (the link,
+ * the shard, the reducer or the mixer, the stop ballot) and hands each the
+ * others it needs.
  */
 #ifndef ISTHMUS_TRAIN_H
 #define ISTHMUS_TRAIN_H
@@ -20,8 +22,12 @@
 #include "tokenizer.h"
 #include "metrics.h"
 #include "model.h"
+#include "ballot.h"
+#include "link.h"
+#include "mix.h"
 #include "outer.h"
 #include "reduce.h"
+#include "shard.h"
 #include "topology.h"
 
 typedef struct {
@@ -30,7 +36,11 @@ typedef struct {
     Topology topo;
     Coll ep;             /* the learner: expert-parallel group */
     Tokenizer tokenizer; /* the samples' text ([data] tokenizer; bytes; or ids) */
-    Reducer red;         /* reductions over all learners (sync and outer modes) */
+    Link link;           /* the inter-site link: every frame between sites (link.h) */
+    Shard shard;         /* this rank's owned chunks: staging, residuals, the payload codec */
+    Reducer red;         /* the site reduction (sync, diloco, streaming) */
+    Mixer mix;           /* the butterfly mixer (butterfly) */
+    StopBallot ballot;   /* the stop vote between sites, carried by the exchanges */
     Outer outer;         /* diloco / streaming state */
     OuterMode mode;      /* [outer] mode */
     int *site_leaders;   /* world rank of each site's first rank: the ends of control exchanges */
@@ -93,7 +103,7 @@ int trainer_sample(Trainer *tr);
 
 /* Write the model (learner 0's ranks write collectively; others return). */
 int trainer_write_model(Trainer *tr, const char *path);
-/* A StateSelect (stateview.h): chunk c is owned by this rank (ctx: the Reducer). */
-int trainer_owns_chunk(const void *reducer, int c);
+/* A StateSelect (stateview.h): chunk c is owned by this rank (ctx: the Shard). */
+int trainer_owns_chunk(const void *shard, int c);
 
 #endif

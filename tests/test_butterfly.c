@@ -32,7 +32,10 @@
 #include "config.h"
 #include "model.h"
 #include "outer.h"
-#include "reduce.h"
+#include "link.h"
+#include "mix.h"
+#include "payload.h"
+#include "shard.h"
 #include "rng.h"
 #include "spread.h"
 #include "topology.h"
@@ -43,20 +46,23 @@ typedef struct {
     Config cfg;
     Topology topo;
     Model m;
-    Reducer r;
+    Link link;
+    Shard shard;
+    StopBallot ballot;
+    Mixer mix;
 } World;
 
 /* One round of fragment f with `partner` on the params (each learner is one
  * rank: its owned chunks are every chunk it holds), as outer.c stages it. */
-static void mix_pair(World *w, int f, int partner, double w_me, double w_partner, int exact, ReduceReport *rep)
+static void mix_pair(World *w, int f, int partner, double w_me, double w_partner, int exact, ExchangeReport *rep)
 {
-    const Owned *own = reduce_owned(&w->r, f);
+    const Owned *own = shard_owned(&w->shard, f);
     float *values = malloc(sizeof(float) * (own->size + 1));
     assert_non_null(values);
-    owned_pack(&w->r.table, own, w->m.params, values);
-    assert_int_equal(mix_start(&w->r, f, partner, values, w_me, w_partner, exact), 0);
-    assert_int_equal(mix_finish(&w->r, f, values, rep, NULL), 0);
-    owned_unpack(&w->r.table, own, values, w->m.params);
+    owned_pack(&w->shard.table, own, w->m.params, values);
+    assert_int_equal(mix_start(&w->mix, f, partner, values, w_me, w_partner, exact), 0);
+    assert_int_equal(mix_finish(&w->mix, f, 0, values, rep, NULL), 0);
+    owned_unpack(&w->shard.table, own, values, w->m.params);
     free(values);
 }
 
@@ -69,14 +75,19 @@ static void setup(World *w, int fragments, Codec codec)
     assert_int_equal(config_load_text(&w->cfg, "", "t", over, 5), 0);
     assert_int_equal(topology_create(&w->topo, &w->cfg, MPI_COMM_WORLD), 0);
     assert_int_equal(model_create(&w->m, &w->cfg.model, 0, w->cfg.model.experts), 0);
-    assert_int_equal(reducer_create(&w->r, &w->topo, &w->m, fragments, codec, codec_params(128), 1, 20, MPI_COMM_WORLD), 0);
-    assert_int_equal(reduce_enable_mixing(&w->r), 0);
+    link_init(&w->link, MPI_COMM_WORLD, 20, w->topo.sites[w->topo.site].name);
+    PayloadCodec pc;
+    payload_codec_init(&pc, codec, codec_params(128), 1, 0);
+    assert_int_equal(shard_create(&w->shard, &w->topo, &w->m, fragments, &pc), 0);
+    w->ballot = (StopBallot){.round = -1};
+    assert_int_equal(mixer_create(&w->mix, &w->shard, &w->link, &w->ballot), 0);
     for (size_t i = 0; i < w->m.n_params; i++) w->m.params[i] = (float)rng_normal(5, (uint64_t)me, i);
 }
 
 static void teardown(World *w)
 {
-    reducer_destroy(&w->r);
+    link_forget_keys(&w->link);
+    shard_destroy(&w->shard, !mixer_destroy(&w->mix));
     model_destroy(&w->m);
     topology_destroy(&w->topo);
 }
@@ -126,7 +137,7 @@ static double mix_k_rounds(Codec codec, int exact, int *identical)
                 if ((j >> d) == (me >> d)) gw_me += weights[j];
                 if ((j >> d) == (partner >> d)) gw_p += weights[j];
             }
-            ReduceReport rep;
+            ExchangeReport rep;
             mix_pair(&w, f, partner, gw_me, gw_p, exact, &rep);
             assert_int_equal(rep.partner, partner);
             assert_int_equal(rep.codec, exact ? CODEC_NONE : codec);
@@ -173,7 +184,7 @@ static void test_round_waits_on_partner_only(void **state)
     World w;
     setup(&w, 1, CODEC_NONE);
     if (me < 2) { /* learners 0 and 1 mix; the others never call anything */
-        ReduceReport rep;
+        ExchangeReport rep;
         mix_pair(&w, 0, me ^ 1, 0.5, 0.5, 1, &rep);
         assert_int_equal(rep.accepted_sites, 2);
     }
@@ -199,7 +210,7 @@ static void test_spread_probe(void **state)
     const size_t all = 0, n = w.m.n_params;
     assert_int_equal(be->ops->put(be, STATE_PARAMS, &all, &n, 1, w.m.params), 0);
     Spread s;
-    assert_int_equal(spread_create(&s, &w.topo, &w.m, &w.r.link, NULL), 0);
+    assert_int_equal(spread_create(&s, &w.topo, &w.m, &w.link, NULL), 0);
     if (me == 0) { /* first: nobody else has sent; this must not wait */
         assert_int_equal(spread_round(&s, 0, 10, be, NULL), 0);
         assert_int_equal(s.last_round, N > 1 ? -1 : 0);

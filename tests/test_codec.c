@@ -25,7 +25,8 @@
 #include "coll.h"
 #include "model.h"
 #include "outer.h"
-#include "reduce.h"
+#include "payload.h"
+#include "shard.h"
 #include "rng.h"
 #include "topology.h"
 
@@ -241,14 +242,16 @@ static void test_fragments_partition_the_model(void **state)
     assert_int_equal(topology_create(&topo, &cfg, MPI_COMM_SELF), 0);
     Model m;
     assert_int_equal(model_create(&m, &cfg.model, 0, cfg.model.experts), 0);
-    Reducer r;
-    assert_int_equal(reducer_create(&r, &topo, &m, 3, CODEC_NONE, codec_params(128), 0, 10, MPI_COMM_SELF), 0);
+    PayloadCodec pc;
+    payload_codec_init(&pc, CODEC_NONE, codec_params(128), 0, 0);
+    Shard s;
+    assert_int_equal(shard_create(&s, &topo, &m, 3, &pc), 0);
     unsigned char *seen = calloc(m.n_params, 1);
     size_t total = 0;
     for (int f = 0; f < 3; f++) {
         const size_t *off, *len;
         int n;
-        reduce_fragment_runs(&r, f, &off, &len, &n);
+        shard_fragment_runs(&s, f, &off, &len, &n);
         for (int i = 0; i < n; i++)
             for (size_t j = 0; j < len[i]; j++) {
                 assert_int_equal(seen[off[i] + j], 0);
@@ -256,7 +259,7 @@ static void test_fragments_partition_the_model(void **state)
                 total++;
             }
     }
-    assert_int_equal(total, reduce_canonical_params(&r));
+    assert_int_equal(total, shard_canonical_params(&s));
     /* every element of every tensor is covered (padding excluded) */
     for (int t = 0; t < N_TENSORS; t++)
         for (size_t j = 0; j < m.tensors[t].numel; j++) assert_true(seen[m.tensors[t].offset + j] != 0);
@@ -264,7 +267,7 @@ static void test_fragments_partition_the_model(void **state)
     const size_t per = m.tensors[T_WQ].numel / 5;
     for (int l = 0; l < 5; l++) assert_int_equal(seen[m.tensors[T_WQ].offset + l * per], l % 3 + 1);
     free(seen);
-    reducer_destroy(&r);
+    shard_destroy(&s, 0);
     model_destroy(&m);
     topology_destroy(&topo);
 }

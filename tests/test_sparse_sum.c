@@ -27,7 +27,10 @@
 #include "codec.h"
 #include "config.h"
 #include "model.h"
+#include "link.h"
+#include "payload.h"
 #include "reduce.h"
+#include "shard.h"
 #include "rng.h"
 #include "topology.h"
 
@@ -49,10 +52,17 @@ static void test_sparse_sums_match_a_direct_sum(void **state)
     assert_int_equal(topology_create(&topo, &cfg, MPI_COMM_WORLD), 0);
     Model m;
     assert_int_equal(model_create(&m, &cfg.model, 0, cfg.model.experts), 0);
-    Reducer r;
     const CodecParams cp = config_codec_params(&cfg.outer);
-    assert_int_equal(reducer_create(&r, &topo, &m, 1, CODEC_TOPK, cp, 1, 20, MPI_COMM_WORLD), 0);
-    const Owned *own = reduce_owned(&r, 0);
+    Link link;
+    link_init(&link, MPI_COMM_WORLD, 20, topo.sites[topo.site].name);
+    PayloadCodec pc;
+    payload_codec_init(&pc, CODEC_TOPK, cp, 1, 0);
+    Shard shard;
+    assert_int_equal(shard_create(&shard, &topo, &m, 1, &pc), 0);
+    StopBallot ballot = {.round = -1};
+    Reducer r;
+    assert_int_equal(reducer_create(&r, &shard, &link, &ballot, MPI_COMM_WORLD), 0);
+    const Owned *own = shard_owned(&shard, 0);
     const size_t size = own->size;
     /* every site's values and residuals, as every rank can compute them */
     float *x = malloc(sizeof(float) * size * SITES), *res = calloc(size * SITES, sizeof(float));
@@ -62,8 +72,8 @@ static void test_sparse_sums_match_a_direct_sum(void **state)
     long bad = 0;
     for (int ex = 1; ex <= EXCHANGES; ex++) {
         const int senders = ex % 2 == 0, corrupt = ex >= 3;
-        r.sender_mean = senders;
-        r.link.corrupt_exchange = corrupt && me == 2 ? ex : 0;
+        shard.codec.sender_mean = senders;
+        link.corrupt_exchange = corrupt && me == 2 ? ex : 0;
         for (int s = 0; s < SITES; s++)
             for (size_t i = 0; i < size; i++) /* some exact zeros: a value sent may decode to 0 */
                 x[(size_t)s * size + i] = i % 11 == 4 ? 0.0f : (float)rng_normal(100 + (uint64_t)ex, (uint64_t)s, i);
@@ -71,7 +81,7 @@ static void test_sparse_sums_match_a_direct_sum(void **state)
             for (int k = 0; k < own->n; k++) {
                 const size_t off = (size_t)s * size + own->off[k];
                 double e2, n2;
-                const size_t cn = r.table.chunks[own->chunk[k]].size;
+                const size_t cn = shard.table.chunks[own->chunk[k]].size;
                 assert_int_equal(codec_encode_ef(CODEC_TOPK, x + off, res + off, cn, cp, enc, dec + off, &e2, &n2), 0);
             }
         const int in[SITES] = {1, 1, !corrupt};
@@ -93,20 +103,21 @@ static void test_sparse_sums_match_a_direct_sum(void **state)
         assert_non_null(mine);
         memcpy(mine, x + (size_t)me * size, sizeof(float) * size);
         assert_int_equal(reduce_start_staged(&r, 0), 0);
-        ReduceReport rep;
+        ExchangeReport rep;
         float *result = NULL;
         assert_int_equal(reduce_finish_staged(&r, 0, &rep, &result), 0);
         assert_int_equal(rep.accepted_sites, corrupt ? 2 : 3);
         if (corrupt && me != 2) assert_non_null(strstr(rep.rejected, "c: failed authentication"));
         for (size_t i = 0; i < size; i++) bad += memcmp(&result[i], &want[i], sizeof(float)) != 0;
-        reduce_release(&r, 0);
+        shard_release(&shard, 0);
     }
     long all_bad = 0;
     MPI_Allreduce(&bad, &all_bad, 1, MPI_LONG, MPI_SUM, MPI_COMM_WORLD);
     if (all_bad) print_error("%ld element(s) differ from the direct sums\n", all_bad);
     assert_int_equal(all_bad, 0);
     free(x), free(res), free(dec), free(want), free(enc);
-    reducer_destroy(&r);
+    link_forget_keys(&link);
+    shard_destroy(&shard, !reducer_destroy(&r));
     model_destroy(&m);
     topology_destroy(&topo);
 }
