@@ -3,7 +3,8 @@
  * "file:line: call failed: <the library's message>" and ISTH_ERUNTIME is
  * returned to the caller (never exit: the run ends through its error path,
  * which agrees with the other ranks first).
- * Owns: nothing but the macros. */
+ * Owns: nothing but the macros.
+ * Must not: exit, abort, or retry a call. */
 #ifndef ISTHMUS_CUDA_CHECK_H
 #define ISTHMUS_CUDA_CHECK_H
 

@@ -2,7 +2,9 @@
  * step times, throughput). Never the wall clock, which can jump; wall_s
  * only for times that are compared across processes (sites on one host,
  * or hosts kept in step by NTP) and the metrics records' timestamps, and
- * never for a deadline. */
+ * never for a deadline.
+ * Owns: now_s and wall_s.
+ * Must not: sleep, or keep state. */
 #ifndef ISTHMUS_CLOCK_H
 #define ISTHMUS_CLOCK_H
 

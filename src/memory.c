@@ -1,6 +1,6 @@
 /* memory.c — see memory.h. Every figure mirrors an allocation: model.c
- * (weights, grads), optim.c (AdamW), outer.c (packed outer state), reduce.c
- * and plan.c (residuals, dense staging, the staging pool), transformer.c
+ * (weights, grads), optim.c (AdamW), outer.c (packed outer state), shard.c
+ * (residuals, dense staging, the staging pool), payload.c (frames), transformer.c
  * (activations, expert rows). The memory test keeps them in step. */
 #include "memory.h"
 

@@ -3,7 +3,7 @@
  *
  * Owns: the outer state of the chunks this rank owns (anchor = the global
  * model, Nesterov momentum, butterfly's sent values; the pseudo-gradient
- * lives in the reducer's staging slot), the schedule of outer steps (and
+ * lives in a staging slot of the shard), the schedule of outer steps (and
  * how many exchanges it can have in flight), and the merge of outer
  * results into local progress.
  *   diloco     every H inner steps: delta = anchor - theta, averaged over
