@@ -218,7 +218,7 @@ extern "C" int cuda_codec_encode_ef(CudaCodec *cc, Codec c, const float *x, floa
     *err2 = *norm2 = 0.0;
     if (n == 0) return ISTH_OK;
     if (block < 1) return isth_fail(ISTH_ERUNTIME, "cuda codec: block %d < 1", block);
-    if (c == CODEC_TOPK) return isth_fail(ISTH_ERUNTIME, "cuda codec: topk is encoded on the host (reduce.c)");
+    if (c == CODEC_TOPK) return isth_fail(ISTH_ERUNTIME, "cuda codec: topk is encoded on the host (payload.c)");
     CHECK(reserve(cc, n));
     const cudaStream_t s = cc->stream;
     const size_t f = sizeof(float) * n;

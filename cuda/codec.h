@@ -7,7 +7,7 @@
  * stream it runs on (given: the backend's copy stream, not the compute
  * stream, so an encoding overlaps the inner steps queued there).
  * Must not: know about fragments, peers or the link; keep payloads between
- * calls (the reducer owns them and its residuals, on the host).
+ * calls (payload.c frames them; the shard owns the residuals, on the host).
  */
 #ifndef ISTHMUS_CUDA_CODEC_H
 #define ISTHMUS_CUDA_CODEC_H

@@ -8,10 +8,10 @@
  * activations live in the backend, laid out like the model table
  * (model.h). Nothing outside a backend allocates, frees or computes on that
  * memory except through these verbs.
- * Must not: know about sites, other learners or the link (the trainer,
- * reduce.c and outer.c do; its own learner it knows only as the coll it is
- * given, for expert dispatch and the state's learner sums), or read data
- * and files.
+ * Must not: know about sites, other learners or the link (the trainer and
+ * the exchange modules do: outer, shard, payload, reduce, mix; its own
+ * learner it knows only as the coll it is given, for expert dispatch and
+ * the state's learner sums), or read data and files.
  *
  * Host staging: outer algorithms, reductions, codecs and checkpoints work
  * on host buffers of the chunks they handle, filled and written back with
@@ -98,7 +98,7 @@ typedef struct {
     int (*share_runs)(Backend *b, StateKind which, const size_t *off, const size_t *len, const int *owner, int n);
     /* dst = src over the whole table (params and grads). */
     int (*copy_state)(Backend *b, StateKind dst, StateKind src);
-    /* Optional (NULL: the reducer encodes on the host): codec.h's
+    /* Optional (NULL: payload.c encodes on the host): codec.h's
      * codec_encode_ef on host buffers, computed where the backend computes
      * (the CUDA backend: kernels on its copy stream), producing the host
      * codec's bytes, decoded values and residual bit for bit. Called for

@@ -1,13 +1,16 @@
 /* ballot.h — the stop vote between sites, as it rides on the exchanges'
  * verdicts (docs/architecture.md, failure rule 8, "The stop vote").
  *
- * Owns: the ballot's fields. The run loop (run.c) casts this site's vote
- * (request, the same on every rank of a site) and reads the outcome;
- * the site reduction (reduce.c) carries requests in its verdicts and
- * records which sites asked; the butterfly mixer (mix.c) carries the
- * earliest round in which a learner asked and decides when it has reached
- * every learner. The trainer owns one and hands it to both.
- * Must not: hold behaviour (a type only).
+ * Owns: the ballot's fields. The trainer owns one (stop_ballot_init) and
+ * hands it to the exchange in use. Who writes what:
+ *   request  run.c: this site's vote (the same on every rank of a site);
+ *   agreed   reduce.c, when a finished site exchange carried a request;
+ *            mix.c, when the earliest round has reached every learner;
+ *            run.c clears it when only some sites asked and they leave;
+ *   sites    reduce.c records which sites asked (from the verdicts);
+ *            run.c clears them with `agreed`;
+ *   round    mix.c: the earliest round any learner asked in.
+ * Must not: hold behaviour beyond its initial value.
  */
 #ifndef ISTHMUS_BALLOT_H
 #define ISTHMUS_BALLOT_H
@@ -20,5 +23,8 @@ typedef struct {
     unsigned char sites[CONFIG_MAX_SITES]; /* which sites asked (site exchanges; not butterfly) */
     long round;           /* butterfly: earliest round in which a learner asked to stop, -1 none */
 } StopBallot;
+
+/* No vote cast (round -1: a zeroed ballot would read "asked in round 0"). */
+static inline void stop_ballot_init(StopBallot *b) { *b = (StopBallot){.round = -1}; }
 
 #endif

@@ -1,6 +1,7 @@
 /* codec.c — see codec.h. */
 #include "codec.h"
 #include "codec_math.h"
+#include "codec_topk.h"
 
 #include <math.h>
 #include <string.h>
@@ -21,6 +22,8 @@ int codec_from_name(const char *name)
 
 const char *codec_name(Codec c) { return codec_names[c]; }
 
+static TopkShape topk_shape(CodecParams p) { return (TopkShape){p.block, p.topk_k, p.topk_bits}; }
+
 size_t codec_encoded_size(Codec c, size_t n, CodecParams p)
 {
     const size_t blocks = (n + (size_t)p.block - 1) / (size_t)p.block;
@@ -29,7 +32,7 @@ size_t codec_encoded_size(Codec c, size_t n, CodecParams p)
     case CODEC_BF16: return 2 * n;
     case CODEC_INT8: return n + 4 * blocks;
     case CODEC_FP4: return (n + 1) / 2 + 4 * blocks;
-    case CODEC_TOPK: return codec_topk_size(n, p);
+    case CODEC_TOPK: return codec_topk_size(n, topk_shape(p));
     }
     return 0;
 }
@@ -45,7 +48,7 @@ int codec_encode(Codec c, const float *x, size_t n, CodecParams p, unsigned char
 {
     const size_t B = (size_t)p.block;
     switch (c) {
-    case CODEC_TOPK: return codec_topk_encode(x, n, p, out);
+    case CODEC_TOPK: return codec_topk_encode(x, n, topk_shape(p), out);
     case CODEC_NONE: memcpy(out, x, 4 * n); return 0;
     case CODEC_BF16:
         for (size_t i = 0; i < n; i++) {
@@ -90,7 +93,7 @@ int codec_decode(Codec c, const unsigned char *in, size_t n, CodecParams p, floa
 {
     const size_t B = (size_t)p.block;
     switch (c) {
-    case CODEC_TOPK: return codec_topk_decode(in, n, p, x);
+    case CODEC_TOPK: return codec_topk_decode(in, n, topk_shape(p), x);
     case CODEC_NONE: memcpy(x, in, 4 * n); return 0;
     case CODEC_BF16:
         for (size_t i = 0; i < n; i++) {

@@ -73,15 +73,6 @@ int codec_decode(Codec c, const unsigned char *in, size_t n, CodecParams p, floa
 int codec_encode_ef(Codec c, const float *x, float *residual, size_t n, CodecParams p,
                      unsigned char *out, float *decoded, double *err2, double *norm2);
 
-/* The topk codec (codec_topk.c; codec_encode and codec_decode dispatch to
- * it). Values sent in a chunk of len values under p. */
-size_t codec_topk_count(size_t len, CodecParams p);
-size_t codec_topk_size(size_t n, CodecParams p);
-int codec_topk_encode(const float *x, size_t n, CodecParams p, unsigned char *out);
-/* Did a topk payload carry this decoded value (see above)? */
-static inline int codec_topk_sent(float v) { return v != 0.0f || signbit(v); }
-int codec_topk_decode(const unsigned char *in, size_t n, CodecParams p, float *x);
-
 /* 64-bit FNV-1a over bytes (a fingerprint, not a MAC: the link's frames
  * are authenticated by seal.h). */
 uint64_t checksum64(const void *data, size_t n);

@@ -1,4 +1,4 @@
-/* codec_topk.c — SparseLoCo's sparse payload encoding (see codec.h, topk).
+/* codec_topk.c — see codec_topk.h: SparseLoCo's sparse payload encoding.
  *
  * Wire layout of n values under p (block B, k per chunk, b bits):
  *   2^b float32       the decoded value of each bin
@@ -14,7 +14,7 @@
  * mean is then the common value.
  * Owns: the selection, the bins and the packing; nothing else.
  */
-#include "codec.h"
+#include "codec_topk.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -31,27 +31,27 @@ static unsigned index_bits(size_t len)
     return b;
 }
 
-size_t codec_topk_count(size_t len, CodecParams p)
+size_t codec_topk_count(size_t len, TopkShape p)
 {
-    const size_t B = (size_t)p.block, k = (size_t)p.topk_k;
+    const size_t B = (size_t)p.chunk, k = (size_t)p.k;
     if (len == 0) return 0;
     if (len >= B) return k < len ? k : len;
     const size_t c = (k * len + B - 1) / B; /* a short chunk keeps the density */
     return c < 1 ? 1 : c > len ? len : c;
 }
 
-static size_t header_bytes(CodecParams p) { return sizeof(float) * ((size_t)1 << p.topk_bits); }
+static size_t header_bytes(TopkShape p) { return sizeof(float) * ((size_t)1 << p.bits); }
 
-static uint64_t stream_bits(size_t n, CodecParams p)
+static uint64_t stream_bits(size_t n, TopkShape p)
 {
-    const size_t B = (size_t)p.block, full = n / B, tail = n % B;
-    const unsigned vb = (unsigned)p.topk_bits;
+    const size_t B = (size_t)p.chunk, full = n / B, tail = n % B;
+    const unsigned vb = (unsigned)p.bits;
     uint64_t bits = (uint64_t)full * codec_topk_count(B, p) * (index_bits(B) + vb);
     if (tail) bits += (uint64_t)codec_topk_count(tail, p) * (index_bits(tail) + vb);
     return bits;
 }
 
-size_t codec_topk_size(size_t n, CodecParams p)
+size_t codec_topk_size(size_t n, TopkShape p)
 {
     return n ? header_bytes(p) + (size_t)((stream_bits(n, p) + 7) / 8) : 0;
 }
@@ -126,11 +126,11 @@ static unsigned bin_of(double v, double lo, double width, unsigned bins)
     return b < 0 ? 0u : b >= (double)bins ? bins - 1 : (unsigned)b;
 }
 
-int codec_topk_encode(const float *x, size_t n, CodecParams p, unsigned char *out)
+int codec_topk_encode(const float *x, size_t n, TopkShape p, unsigned char *out)
 {
     if (!n) return 0;
-    const size_t B = (size_t)p.block, total = codec_topk_size(n, p);
-    const unsigned bins = 1u << p.topk_bits;
+    const size_t B = (size_t)p.chunk, total = codec_topk_size(n, p);
+    const unsigned bins = 1u << p.bits;
     memset(out, 0, total);
     /* the indices sent, chunk by chunk (absolute), and their statistics */
     const size_t sent = n / B * codec_topk_count(B, p) + codec_topk_count(n % B, p);
@@ -170,7 +170,7 @@ int codec_topk_encode(const float *x, size_t n, CodecParams p, unsigned char *ou
     }
     for (unsigned b = 0; b < bins; b++) {
         float v = (float)(bcount[b] ? bsum[b] / (double)bcount[b] : lo + (b + 0.5) * width);
-        if (v == 0.0f) v = -0.0f; /* a value sent is never +0.0: that is "not sent" (codec.h) */
+        if (v == 0.0f) v = -0.0f; /* a value sent is never +0.0: that is "not sent" (codec_topk.h) */
         memcpy(out + 4 * b, &v, 4);
     }
     BitWriter w = {out + header_bytes(p), 0};
@@ -180,7 +180,7 @@ int codec_topk_encode(const float *x, size_t n, CodecParams p, unsigned char *ou
         const unsigned ib = index_bits(len);
         for (size_t i = 0; i < k; i++, m++) {
             put_bits(&w, sel[m], ib);
-            put_bits(&w, code[m], (unsigned)p.topk_bits);
+            put_bits(&w, code[m], (unsigned)p.bits);
         }
     }
     free(sel);
@@ -189,10 +189,10 @@ int codec_topk_encode(const float *x, size_t n, CodecParams p, unsigned char *ou
     return 0;
 }
 
-int codec_topk_decode(const unsigned char *in, size_t n, CodecParams p, float *x)
+int codec_topk_decode(const unsigned char *in, size_t n, TopkShape p, float *x)
 {
     if (!n) return 0;
-    const size_t B = (size_t)p.block;
+    const size_t B = (size_t)p.chunk;
     float bin[256];
     memcpy(bin, in, header_bytes(p));
     const unsigned char *s = in + header_bytes(p);
@@ -204,7 +204,7 @@ int codec_topk_decode(const unsigned char *in, size_t n, CodecParams p, float *x
         size_t next = 0; /* the lowest index the next entry may have */
         for (size_t i = 0; i < k; i++) {
             const size_t idx = get_bits(s, &bit, ib);
-            const unsigned b = get_bits(s, &bit, (unsigned)p.topk_bits);
+            const unsigned b = get_bits(s, &bit, (unsigned)p.bits);
             if (idx < next || idx >= len) return -1; /* out of its chunk, repeated or out of order */
             x[c0 + idx] = bin[b] == 0.0f ? -0.0f : bin[b]; /* whatever the wire says: sent is never +0.0 */
             next = idx + 1;

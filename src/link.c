@@ -530,6 +530,20 @@ int link_wait(Link *l, LinkMsg *const *msgs, int n, const char *what)
                      "(peer site down or link cut)", what, peer, l->timeout_s);
 }
 
+void link_msg_skip(LinkMsg *m)
+{
+    m->recv_posted = 0;
+    m->recv_done = 1;
+    m->send_posted = 2;
+}
+
+int link_msg_take_stuck(LinkMsg *m)
+{
+    const int stuck = m->stuck;
+    m->stuck = 0;
+    return stuck;
+}
+
 void link_abandon(LinkMsg *m)
 {
     /* a send MPI cannot cancel only reads its buffer; a receive that

@@ -274,6 +274,12 @@ int link_wait_live(Link *l, LinkMsg *const *msgs, int n, const char *what, unsig
 /* Give up a message to a lost peer: cancel what is posted; what cannot be
  * cancelled marks it stuck (its buffers must not be reused). */
 void link_abandon(LinkMsg *m);
+/* A message left unposted because its peer's site is lost: counted as
+ * complete both ways, nothing sent, nothing awaited. */
+void link_msg_skip(LinkMsg *m);
+/* Did an abandon leave m stuck (a request MPI would not cancel)? Clears
+ * the mark: the caller renews the buffers MPI may still write. */
+int link_msg_take_stuck(LinkMsg *m);
 
 /* Open and check a frame received from `peer`: its size, its seal (the
  * payload is decrypted in place: call once per frame received), then that

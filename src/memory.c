@@ -48,7 +48,8 @@ static double precond_bytes(const Config *cfg, const Model *m, size_t owned)
            sizeof(double) * 2.0 * (double)(largest / (b * b) + 1); /* the grafting's block sums */
 }
 
-/* Staging, residual and outer-state bytes of the reducer and outer state. */
+/* Staging, residual and outer-state bytes of the exchanges (shard, payload
+ * frames) and the outer state. */
 static int plan_exchanges(const Config *cfg, const Topology *t, const Model *m, MemoryPlan *out)
 {
     const OuterConfig *oc = &cfg->outer;

@@ -24,21 +24,19 @@ static PairPlan *plan_at(const Mixer *m, int f, int d, int exact)
 static int build_pair(Mixer *m, int f, int d, int exact)
 {
     const Topology *t = m->topo;
-    const PayloadCodec *pc = &m->shard->codec;
+    const PayloadCodec *pc = shard_codec(m->shard);
     PairPlan *pp = plan_at(m, f, d, exact);
     const int partner = t->learner ^ (1 << d);
     int first, G;
     topology_learner_ranks(t, partner, &first, &G);
     pp->partner = partner;
-    pp->fragment = f;
     pp->crosses = topology_site_of_learner(t, partner) != t->site;
     pp->codec = exact ? CODEC_NONE : pc->codec;
     CHECK(peers_add(&pp->peers, &m->shard->table, shard_owned(m->shard, f), G, first,
                     topology_site_of_learner(t, partner), f, pp->codec, pc->cp, LINK_PAIR_VALUES, PAIR_VERDICT_BYTES,
                     !pp->crosses));
     CHECK(peers_index(&pp->peers));
-    shard_stage_need(m->shard, pp->peers.send_bytes, pp->peers.recv_bytes);
-    return ISTH_OK;
+    return shard_stage_need(m->shard, pp->peers.send_bytes, pp->peers.recv_bytes);
 }
 
 int mixer_create(Mixer *m, Shard *s, Link *l, StopBallot *ballot)
@@ -64,7 +62,7 @@ int mixer_create(Mixer *m, Shard *s, Link *l, StopBallot *ballot)
         for (int c = 0; c < own->n; c++) m->raw_off[f][c] = own->off[c] * sizeof(float);
     }
     /* a slot's rows: mine, then the partner's */
-    shard_stage_rows(s, 2, 0, 0);
+    CHECK(shard_stage_rows(s, 2, 0, 0));
     for (int f = 0; f < m->fragments; f++)
         for (int d = 0; d < k; d++) {
             CHECK(build_pair(m, f, d, 0));
@@ -105,7 +103,7 @@ static PairPlan *pair_in_flight(const Mixer *m, int f)
 int mix_start(Mixer *m, int f, int partner, const float *values, double w_me, double w_partner, int exact)
 {
     const Topology *t = m->topo;
-    const PayloadCodec *pc = &m->shard->codec;
+    const PayloadCodec *pc = shard_codec(m->shard);
     const Owned *own = shard_owned(m->shard, f);
     PairPlan *pp = pair_plan(m, f, partner, exact);
     if (!pp) return isth_fail(ISTH_ERUNTIME, "butterfly: cannot plan fragment %d with learner %d", f, partner);
@@ -193,7 +191,7 @@ static int finish_pair(Mixer *m, int f, ExchangeReport *rep, double *pair_distan
     unsigned char ok = alive[1];
     const char *why = alive[1] ? NULL : "partner's site lost";
     for (int i = 0; i < pp->peers.n && alive[1]; i++) {
-        const char *bad = payload_take(m->link, &m->shard->table, own, pp->codec, m->shard->codec.cp,
+        const char *bad = payload_take(m->link, &m->shard->table, own, pp->codec, shard_codec(m->shard)->cp,
                                        &pp->peers.peers[i], LINK_PAIR_VALUES, f, pp->exchange, theirs);
         if (bad) {
             ok = 0;
@@ -245,11 +243,7 @@ static int finish_pair(Mixer *m, int f, ExchangeReport *rep, double *pair_distan
     CHECK(coll_allreduce_comm(t->learner_comm, alive, 2, MPI_UNSIGNED_CHAR, 1, MPI_MIN));
     ok = alive[0] && alive[1];
     if (!alive[1]) { /* what the waits gave up on: stuck messages renew the slot */
-        for (int i = 0; i < pp->peers.n; i++) {
-            Peer *p = &pp->peers.peers[i];
-            if (p->msg.stuck || p->verdict.stuck) shard_mark_stuck(m->shard, f);
-            p->msg.stuck = p->verdict.stuck = 0;
-        }
+        if (peers_take_stuck(&pp->peers)) shard_mark_stuck(m->shard, f);
     }
     CHECK(coll_allreduce_comm(t->learner_comm, &stop, 1, MPI_INT64_T, sizeof stop, MPI_MIN));
     if (link_survives(m->link) && t->n_sites > 1) { /* the whole site agrees on who is lost */

@@ -28,7 +28,7 @@
 
 /* A butterfly exchange of one fragment with one partner learner. */
 typedef struct {
-    int partner, fragment, crosses;  /* partner learner id; in another site? */
+    int partner, crosses;            /* partner learner id; in another site? */
     Codec codec;                     /* the run's, or none for exact averaging */
     PeerSet peers;                   /* the partner's ranks whose chunks overlap mine */
     double w_me, w_them;

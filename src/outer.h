@@ -31,7 +31,9 @@
  * after every inner step.
  * Must not: compute gradients or the inner update, touch backend memory
  * (weights move through the shard's get, put and share_dense, into host
- * staging of the owned chunks), or reach the link except through them.
+ * staging of the owned chunks), or move bytes on the link itself (the
+ * reducer and the mixer do; outer reads its deadline, and hands it to the
+ * butterfly's spread probe).
  */
 #ifndef ISTHMUS_OUTER_H
 #define ISTHMUS_OUTER_H

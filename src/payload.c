@@ -146,9 +146,16 @@ int peers_abandon_lost(const Link *l, PeerSet *ps)
         if (p->site < 0 || p->site >= LINK_MAX_SITES || !link_is_lost(l, p->site)) continue;
         link_abandon(&p->msg);
         link_abandon(&p->verdict);
-        if (p->msg.stuck || p->verdict.stuck) stuck = 1;
-        p->msg.stuck = p->verdict.stuck = 0;
+        if (link_msg_take_stuck(&p->msg) | link_msg_take_stuck(&p->verdict)) stuck = 1;
     }
+    return stuck;
+}
+
+int peers_take_stuck(PeerSet *ps)
+{
+    int stuck = 0;
+    for (int i = 0; i < ps->n; i++)
+        if (link_msg_take_stuck(&ps->peers[i].msg) | link_msg_take_stuck(&ps->peers[i].verdict)) stuck = 1;
     return stuck;
 }
 
@@ -158,10 +165,7 @@ int payload_post(Link *l, const ChunkTable *ct, const Owned *own, Encoded enc, P
     for (int i = 0; i < ps->n; i++) {
         Peer *p = &ps->peers[i];
         if (p->site >= 0 && p->site < LINK_MAX_SITES && link_is_lost(l, p->site)) {
-            /* a lost site: nothing posted, nothing awaited */
-            p->msg.recv_posted = 0;
-            p->msg.recv_done = 1;
-            p->msg.send_posted = 2;
+            link_msg_skip(&p->msg); /* a lost site: nothing posted, nothing awaited */
             continue;
         }
         unsigned char *payload = p->msg.send + sizeof(LinkHeader);

@@ -1,9 +1,10 @@
 /* payload.h — what crosses between learners, from values to frames and
  * back: encode -> frame -> post, and take -> open -> decode.
  *
- * Owns: the payload codec of a run (codec, its parameters, where it runs:
- * the backend's encode_ef or the host) and the encoding of a fragment's
- * owned chunks with error feedback; the peers of an exchange (the ranks of
+ * Owns: what a payload codec is (PayloadCodec: codec, its parameters,
+ * where it runs: the backend's encode_ef or the host; the run's instance is
+ * the shard's) and the encoding of a fragment's owned chunks with error
+ * feedback; the peers of an exchange (the ranks of
  * another learner, and which of my owned chunks each of them owns too: the
  * canonical-chunk plan that lets layouts differ between sites); packing a
  * peer's encoded chunks into its frame, posting it and its receive on the
@@ -88,6 +89,9 @@ void peers_bind(PeerSet *ps, unsigned char *send, unsigned char *recv);
  * returns 1 when one of them could not be cancelled (MPI may still write
  * its buffers: the staging slot must be renewed). */
 int peers_abandon_lost(const Link *l, PeerSet *ps);
+/* Whether a wait the link gave up on left any of the peers' messages stuck
+ * (then the staging slot must be renewed); clears the marks. */
+int peers_take_stuck(PeerSet *ps);
 
 /* A fragment's owned chunks, encoded: chunk k at bytes + off[k]. */
 typedef struct {

@@ -150,15 +150,3 @@ void owned_free(Owned *o)
     isth_free(o->enc_off);
     memset(o, 0, sizeof *o);
 }
-
-void owned_pack(const ChunkTable *ct, const Owned *o, const float *buf, float *packed)
-{
-    for (int k = 0; k < o->n; k++)
-        memcpy(packed + o->off[k], buf + chunk_offset(ct, o->chunk[k]), ct->chunks[o->chunk[k]].size * sizeof(float));
-}
-
-void owned_unpack(const ChunkTable *ct, const Owned *o, const float *packed, float *buf)
-{
-    for (int k = 0; k < o->n; k++)
-        memcpy(buf + chunk_offset(ct, o->chunk[k]), packed + o->off[k], ct->chunks[o->chunk[k]].size * sizeof(float));
-}

@@ -6,8 +6,8 @@
  * tensor, layer, expert), the fragment of each chunk, the owner of each
  * chunk inside a learner of G ranks, and the packed layout of the chunks
  * a rank owns in a fragment (the layout of outer state, residuals and
- * staging). Pure tables: the same answers for any rank of any site, so the
- * memory planner asks them about ranks it is not.
+ * staging). Pure tables, computed from the model and a rank's place alone
+ * (no MPI), so the memory planner builds them for ranks it is not.
  * Must not: hold values, move them, or know about the link (payload.h
  * frames what these tables describe; shard.h holds this rank's values).
  */
@@ -70,9 +70,5 @@ typedef struct {
 
 int owned_build(Owned *o, ChunkTable *ct, int f, int G, int j, Codec codec, CodecParams cp);
 void owned_free(Owned *o);
-
-/* Copy owned chunks between a params-shaped buffer and the packed layout. */
-void owned_pack(const ChunkTable *ct, const Owned *o, const float *buf, float *packed);
-void owned_unpack(const ChunkTable *ct, const Owned *o, const float *packed, float *buf);
 
 #endif

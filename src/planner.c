@@ -152,7 +152,7 @@ static int planned_config(const Config *cfg, const PlanSite *sites, int n, Confi
 
 /* Canonical values of each fragment (values[p], p < P) and all of them,
  * and their encoded bytes under the codec, chunk by chunk as the
- * reducer encodes them (bytes[p], *all_bytes). */
+ * payloads are encoded (bytes[p], *all_bytes). */
 static int fragment_values(const ModelConfig *mc, int P, Codec codec, CodecParams cp, double *values, double *all,
                            double *bytes, double *all_bytes)
 {

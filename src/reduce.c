@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "alloc.h"
+#include "codec_topk.h"
 #include "coll.h"
 #include "status.h"
 
@@ -25,7 +26,7 @@ static int build_site(Reducer *r, int f)
     const Topology *t = r->topo;
     Shard *sh = r->shard;
     SiteExchange *fp = &r->frag[f];
-    const PayloadCodec *pc = &sh->codec;
+    const PayloadCodec *pc = shard_codec(sh);
     for (int s = 0; s < t->n_sites; s++) {
         if (s == t->site) continue;
         const SiteInfo *o = &t->sites[s];
@@ -33,8 +34,7 @@ static int build_site(Reducer *r, int f)
                         pc->cp, LINK_SITE_VALUES, site_verdict_bytes(t), 0));
     }
     CHECK(peers_index(&fp->site));
-    shard_stage_need(sh, fp->site.send_bytes, fp->site.recv_bytes);
-    return ISTH_OK;
+    return shard_stage_need(sh, fp->site.send_bytes, fp->site.recv_bytes);
 }
 
 int reducer_create(Reducer *r, Shard *s, Link *l, StopBallot *ballot, MPI_Comm world)
@@ -59,7 +59,7 @@ int reducer_create(Reducer *r, Shard *s, Link *l, StopBallot *ballot, MPI_Comm w
     /* a slot's rows: every site's sum (mine ends as the total), and the
      * site's learners' values while they are summed */
     const SiteInfo *site = &t->sites[t->site];
-    shard_stage_rows(s, (size_t)t->n_sites, (size_t)t->site, site->learners > 1 ? (size_t)site->learners : 0);
+    CHECK(shard_stage_rows(s, (size_t)t->n_sites, (size_t)t->site, site->learners > 1 ? (size_t)site->learners : 0));
     if (!r->leader || t->n_sites == 1) return ISTH_OK;
     CHECK(shard_alloc_residuals(s));
     for (int f = 0; f < r->fragments; f++) CHECK(build_site(r, f));
@@ -158,7 +158,6 @@ static int warn_if_late(Reducer *r, int f, SiteExchange *fp)
     const double eta = got > 0 ? elapsed * (1.0 - got) / got : HUGE_VAL;
     if (eta <= left) return ISTH_OK;
     fp->late_warned = 1;
-    r->late_exchanges++;
     if (!r->log) return ISTH_OK;
     if (got > 0)
         printf("link: exchange %llu (fragment %d) will not arrive within its window of %d step(s): %.0f%% after %.1f s "
@@ -205,7 +204,7 @@ int reduce_start_staged(Reducer *r, int f)
     if (t->n_sites == 1 || !r->leader) return ISTH_OK;
 
     /* (3) encode chunk by chunk; my contribution becomes what others decode */
-    const PayloadCodec *pc = &r->shard->codec;
+    const PayloadCodec *pc = shard_codec(r->shard);
     unsigned char *enc = slot->enc;
     CHECK(payload_encode(pc, &r->shard->table, own, mine, shard_residual(r->shard, f), enc, mine, &fp->err2,
                          &fp->norm2));
@@ -386,7 +385,7 @@ static void take_payloads(Reducer *r, SiteExchange *fp, int f, unsigned char *ok
 {
     const size_t size = shard_row_size(r->shard);
     const Owned *own = shard_owned(r->shard, f);
-    const PayloadCodec *pc = &r->shard->codec;
+    const PayloadCodec *pc = shard_codec(r->shard);
     float *staging = shard_slot(r->shard, f)->values;
     for (int i = 0; i < fp->site.n; i++) {
         const Peer *p = &fp->site.peers[i];
@@ -504,7 +503,7 @@ int reduce_finish_staged(Reducer *r, int f, ExchangeReport *rep, float **result)
                           alive[s] ? "rejected by a site" : "lost (missed the deadline)");
         }
     /* (5) sum the accepted sites in site order */
-    if (r->leader && r->shard->codec.codec == CODEC_TOPK && r->shard->codec.sender_mean) {
+    if (r->leader && shard_codec(r->shard)->codec == CODEC_TOPK && shard_codec(r->shard)->sender_mean) {
         /* each value over the sites that sent it: a sparse payload's zero is
          * "not sent", not "zero" (the values arrive pre-scaled by their
          * site's token share, so the divisor is the senders' share) */

@@ -88,7 +88,6 @@ typedef struct {
     int pace_ok;               /* the link kept up with this rank's last exchange (reduce_finish_staged) */
     int log;                   /* print and record warnings (the trainer's logging rank) */
     Metrics *metrics;          /* where they are recorded; NULL: none */
-    long late_exchanges;       /* exchanges found late before their window ended */
 } Reducer;
 
 enum { REDUCE_GRADS, REDUCE_REPLICATED };

@@ -302,16 +302,27 @@ int shard_learner_sum(const Shard *s, Backend *be)
 
 void shard_set_slots(Shard *s, int slots) { s->slots = slots > 0 ? slots : 1; }
 
-void shard_stage_need(Shard *s, size_t send_bytes, size_t recv_bytes)
+/* The pool is sized once, at the first exchange: every plan must have said
+ * what it needs before then. */
+static int pool_sized(const Shard *s)
 {
-    pool_need(&s->pool, 0, 0, send_bytes, recv_bytes);
+    return s->pool.slots ? isth_fail(ISTH_ERUNTIME, "exchange: staging planned after the first exchange") : ISTH_OK;
 }
 
-void shard_stage_rows(Shard *s, size_t rows, size_t result_row, size_t gather_rows)
+int shard_stage_need(Shard *s, size_t send_bytes, size_t recv_bytes)
 {
+    CHECK(pool_sized(s));
+    pool_need(&s->pool, 0, 0, send_bytes, recv_bytes);
+    return ISTH_OK;
+}
+
+int shard_stage_rows(Shard *s, size_t rows, size_t result_row, size_t gather_rows)
+{
+    CHECK(pool_sized(s));
     s->pool.rows = rows;
     s->pool.gather_rows = gather_rows;
     s->result_row = result_row;
+    return ISTH_OK;
 }
 
 Slot *shard_stage(Shard *s, int f)

@@ -10,7 +10,8 @@
  * result waiting to be applied, holds one: staging grows with the
  * exchanges in flight, not with the fragments or the partners); the
  * error-feedback residuals of the payloads this rank encodes; the run's
- * payload codec (payload.h); the count of exchanges (checkpointed).
+ * payload codec (payload.h's type; others read it through shard_codec);
+ * the count of exchanges (checkpointed).
  * Must not: exchange anything between learners (reduce.c, mix.c), decide
  * what the values mean (outer.c), or touch backend memory except through
  * its verbs.
@@ -83,6 +84,8 @@ void shard_destroy(Shard *s, int leak);
 
 /* My owned chunks of fragment f (packed layout of outer state). */
 const Owned *shard_owned(const Shard *s, int f);
+/* The run's payload codec (read-only to the exchanges). */
+static inline const PayloadCodec *shard_codec(const Shard *s) { return &s->codec; }
 /* Local runs (offset, length) of fragment f's chunks on this rank. */
 void shard_fragment_runs(const Shard *s, int f, const size_t **off, const size_t **len, int *n);
 /* The chunks this rank owns as runs of the params (ascending, disjoint):
@@ -111,11 +114,11 @@ int shard_learner_sum(const Shard *s, Backend *be);
 
 /* Staging. How many exchanges may be in flight at once (default 1). */
 void shard_set_slots(Shard *s, int slots);
-/* An exchange plan's needs (before the first shard_stage): frame bytes,
+/* An exchange plan's needs (before the first shard_stage; an error after): frame bytes,
  * and the rows of values per slot, the row that ends as the result, and
  * the rows of a site gather (0: none). */
-void shard_stage_need(Shard *s, size_t send_bytes, size_t recv_bytes);
-void shard_stage_rows(Shard *s, size_t rows, size_t result_row, size_t gather_rows);
+int shard_stage_need(Shard *s, size_t send_bytes, size_t recv_bytes);
+int shard_stage_rows(Shard *s, size_t rows, size_t result_row, size_t gather_rows);
 /* A slot for fragment f (NULL, with the error set, when every slot is
  * taken); the fragment holds it until shard_release. */
 Slot *shard_stage(Shard *s, int f);

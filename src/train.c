@@ -56,7 +56,7 @@ int trainer_create(Trainer *tr, const Config *cfg, int log, MPI_Comm world, cons
     memset(tr, 0, sizeof *tr);
     tr->ckpt_every_site = -1;
     tr->red.site_peers = MPI_COMM_NULL; /* reducer_destroy frees it only when it was made */
-    tr->ballot.round = -1;
+    stop_ballot_init(&tr->ballot);
     tr->cfg = *cfg;
     MPI_Comm_rank(world, &tr->rank);
     const ModelConfig *mc = &cfg->model;
@@ -166,13 +166,16 @@ int trainer_create(Trainer *tr, const Config *cfg, int log, MPI_Comm world, cons
     }
     /* how the link moves a payload (docs/configuration.md, [outer]) */
     link_set_piece_bytes(&tr->link, (size_t)cfg->outer.piece_bytes);
-    reduce_set_window(&tr->red, cfg->outer.mode_id == MODE_STREAMING ? cfg->outer.overlap : 0,
-                      !strcmp(cfg->outer.pace, "on"));
-    reduce_log_to(&tr->red, tr->log, &tr->metrics);
+    if (tr->mode != MODE_BUTTERFLY) {
+        reduce_set_window(&tr->red, cfg->outer.mode_id == MODE_STREAMING ? cfg->outer.overlap : 0,
+                          !strcmp(cfg->outer.pace, "on"));
+        reduce_log_to(&tr->red, tr->log, &tr->metrics);
+    }
     if (t->n_sites > 1 && !strcmp(cfg->outer.progress, "thread")) CHECK(link_progress_start());
     if (t->n_sites > 1 && !strcmp(cfg->outer.progress, "poll")) {
-        if (tr->be->ops->set_progress) /* butterfly's pairs are polled after each step only */
-            tr->be->ops->set_progress(tr->be, reduce_progress, &tr->red);
+        if (tr->be->ops->set_progress) { /* butterfly's pairs are polled after each step only */
+            if (tr->mode != MODE_BUTTERFLY) tr->be->ops->set_progress(tr->be, reduce_progress, &tr->red);
+        }
         else if (tr->log) /* poll is the default; such a backend still polls after each step */
             printf("link: the %s backend cannot poll between layers; [outer] progress = poll acts as step\n",
                    tr->be->ops->name);

@@ -52,6 +52,19 @@ typedef struct {
     Mixer mix;
 } World;
 
+/* Owned chunks between a params-shaped buffer and the packed layout. */
+static void owned_pack(const ChunkTable *ct, const Owned *o, const float *buf, float *packed)
+{
+    for (int k = 0; k < o->n; k++)
+        memcpy(packed + o->off[k], buf + chunk_offset(ct, o->chunk[k]), ct->chunks[o->chunk[k]].size * sizeof(float));
+}
+
+static void owned_unpack(const ChunkTable *ct, const Owned *o, const float *packed, float *buf)
+{
+    for (int k = 0; k < o->n; k++)
+        memcpy(buf + chunk_offset(ct, o->chunk[k]), packed + o->off[k], ct->chunks[o->chunk[k]].size * sizeof(float));
+}
+
 /* One round of fragment f with `partner` on the params (each learner is one
  * rank: its owned chunks are every chunk it holds), as outer.c stages it. */
 static void mix_pair(World *w, int f, int partner, double w_me, double w_partner, int exact, ExchangeReport *rep)
@@ -79,7 +92,7 @@ static void setup(World *w, int fragments, Codec codec)
     PayloadCodec pc;
     payload_codec_init(&pc, codec, codec_params(128), 1, 0);
     assert_int_equal(shard_create(&w->shard, &w->topo, &w->m, fragments, &pc), 0);
-    w->ballot = (StopBallot){.round = -1};
+    stop_ballot_init(&w->ballot);
     assert_int_equal(mixer_create(&w->mix, &w->shard, &w->link, &w->ballot), 0);
     for (size_t i = 0; i < w->m.n_params; i++) w->m.params[i] = (float)rng_normal(5, (uint64_t)me, i);
 }

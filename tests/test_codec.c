@@ -21,6 +21,7 @@
 #include <mpi.h>
 
 #include "codec.h"
+#include "codec_topk.h"
 #include "codec_math.h"
 #include "coll.h"
 #include "model.h"

@@ -25,13 +25,14 @@
 #include <mpi.h>
 
 #include "codec.h"
+#include "codec_topk.h"
 #include "config.h"
-#include "model.h"
 #include "link.h"
+#include "model.h"
 #include "payload.h"
 #include "reduce.h"
-#include "shard.h"
 #include "rng.h"
+#include "shard.h"
 #include "topology.h"
 
 enum { SITES = 3, EXCHANGES = 4 };
@@ -59,7 +60,8 @@ static void test_sparse_sums_match_a_direct_sum(void **state)
     payload_codec_init(&pc, CODEC_TOPK, cp, 1, 0);
     Shard shard;
     assert_int_equal(shard_create(&shard, &topo, &m, 1, &pc), 0);
-    StopBallot ballot = {.round = -1};
+    StopBallot ballot;
+    stop_ballot_init(&ballot);
     Reducer r;
     assert_int_equal(reducer_create(&r, &shard, &link, &ballot, MPI_COMM_WORLD), 0);
     const Owned *own = shard_owned(&shard, 0);

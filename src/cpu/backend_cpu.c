@@ -290,7 +290,7 @@ static const BackendOps cpu_ops = {
     .sum_runs = cpu_sum_runs,
     .share_runs = cpu_share_runs,
     .copy_state = cpu_copy_state,
-    .encode_ef = NULL, /* the reducer's host codec is this backend's */
+    .encode_ef = NULL, /* payload.c's host codec is this backend's */
     .set_progress = cpu_set_progress,
     .predict = cpu_predict,
 };
