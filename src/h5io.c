@@ -451,6 +451,155 @@ static size_t select_call(const TensorCalls *c, int l, const Model *m, const Ten
     return n;
 }
 
+/* Which way a transfer goes (the sign is pack_layer's direction). */
+typedef enum { TO_FILE = 1, FROM_FILE = -1 } Direction;
+
+/* Writing: tensor t's dataset created in group g (chunked per layer and
+ * expert, fletcher32), and its file space. Agreed over the file's ranks:
+ * nobody enters the collective write alone; on failure the file is marked
+ * failed and its first rank says so. */
+static int create_dataset(H5File *f, hid_t g, const char *name, const Tensor *t, hid_t *dset, hid_t *fspace)
+{
+    hsize_t dims[TENSOR_MAX_DIMS], chunk[TENSOR_MAX_DIMS];
+    for (int d = 0; d < t->ndim; d++) dims[d] = chunk[d] = t->shape[d];
+    if (t->flags & PARAM_LAYERED) chunk[0] = 1;
+    if (t->flags & PARAM_EXPERT) chunk[1] = 1;
+    *fspace = H5Screate_simple(t->ndim, dims, NULL);
+    hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
+    H5Pset_chunk(dcpl, t->ndim, chunk);
+    H5Pset_fletcher32(dcpl);
+    H5Pset_fill_time(dcpl, H5D_FILL_TIME_NEVER); /* every chunk is written: no fill pass */
+    *dset = H5Dcreate2(g, t->name, H5T_NATIVE_FLOAT, *fspace, H5P_DEFAULT, dcpl, H5P_DEFAULT);
+    H5Pclose(dcpl);
+    if (coll_all_ok(f->comm, *dset >= 0)) return ISTH_OK;
+    if (*dset >= 0) H5Dclose(*dset);
+    H5Sclose(*fspace);
+    f->failed = 1;
+    return f->rank == 0 ? isth_fail(ISTH_ERUNTIME, "file %s: cannot create %s (disk full?)", f->tmp, name)
+                        : ISTH_ERUNTIME;
+}
+
+/* Reading: dataset `name` (GROUP/TENSOR) opened and its file space, agreed
+ * over the file's ranks to exist with tensor t's canonical shape in
+ * float32; otherwise ISTH_EINPUT naming the file and dataset. */
+static int open_dataset(H5File *f, const char *group, const char *name, const Tensor *t, hid_t *dset, hid_t *fspace)
+{
+    *dset = H5Lexists(f->file, group, H5P_DEFAULT) > 0 && H5Lexists(f->file, name, H5P_DEFAULT) > 0
+                ? H5Dopen2(f->file, name, H5P_DEFAULT)
+                : -1;
+    if (!coll_all_ok(f->comm, *dset >= 0)) {
+        if (*dset >= 0) H5Dclose(*dset);
+        return isth_fail(ISTH_EINPUT, "file %s: missing dataset %s", f->path, name);
+    }
+    *fspace = H5Dget_space(*dset);
+    hsize_t dims[H5S_MAX_RANK];
+    int nd = H5Sget_simple_extent_ndims(*fspace), match = nd == t->ndim;
+    if (match) {
+        H5Sget_simple_extent_dims(*fspace, dims, NULL);
+        for (int d = 0; d < nd; d++) match &= dims[d] == t->shape[d];
+    }
+    if (!coll_all_ok(f->comm, match)) {
+        H5Sclose(*fspace);
+        H5Dclose(*dset);
+        return isth_fail(ISTH_EINPUT, "file %s: dataset %s has a different shape than the configured model", f->path,
+                         name);
+    }
+    /* the dtype is part of the format: float32, nothing converted */
+    hid_t type = H5Dget_type(*dset);
+    const int f32 = type >= 0 && H5Tget_class(type) == H5T_FLOAT && H5Tget_size(type) == 4;
+    if (type >= 0) H5Tclose(type);
+    if (!coll_all_ok(f->comm, f32)) {
+        H5Sclose(*fspace);
+        H5Dclose(*dset);
+        return isth_fail(ISTH_EINPUT, "file %s: dataset %s is not float32", f->path, name);
+    }
+    return ISTH_OK;
+}
+
+/* The outcome of one collective transfer (err: HDF5's; mem: the n values
+ * this rank moved), agreed over the file's ranks before the next call.
+ * Writing: a failed write marks the file failed, its first rank says so.
+ * Reading: a checksum failure, truncated data or a value not finite marks
+ * the file damaged, each rank naming what it read. */
+static int transferred(H5File *f, Direction dir, herr_t err, const float *mem, size_t n, const char *name)
+{
+    if (dir == TO_FILE) {
+        if (coll_all_ok(f->comm, err >= 0)) return ISTH_OK;
+        f->failed = 1;
+        return f->rank == 0 ? isth_fail(ISTH_ERUNTIME, "file %s: writing %s failed (disk full?); the temporary file "
+                                        "is removed", f->tmp, name)
+                            : ISTH_ERUNTIME;
+    }
+    if (err < 0) {
+        f->damaged = 1;
+        if (f->label)
+            isth_fail(ISTH_EINPUT, "%s %s: invalid: dataset %s: checksum mismatch or truncated data", f->label, f->path,
+                      name);
+        else
+            isth_fail(ISTH_EINPUT, "file %s: reading %s failed (checksum mismatch or truncated data)", f->path, name);
+    }
+    if (!coll_all_ok(f->comm, err >= 0)) return ISTH_EINPUT;
+    size_t bad = 0;
+    while (bad < n && isfinite(mem[bad])) bad++;
+    if (bad < n) f->damaged = 1;
+    if (coll_all_ok(f->comm, bad == n)) return ISTH_OK;
+    return bad == n   ? ISTH_EINPUT
+           : f->label ? isth_fail(ISTH_EINPUT, "%s %s: invalid: dataset %s holds NaN or Inf", f->label, f->path, name)
+                      : isth_fail(ISTH_EINPUT, "file %s: dataset %s holds NaN or Inf (a diverged or damaged model)",
+                                  f->path, name);
+}
+
+/* Every tensor of group `group` between the file and the memory the view
+ * `at` gives, one way: its dataset (created in g when writing, opened and
+ * checked when reading), then the calls plan_calls chose, each staged
+ * (select_call, pack_layer), transferred and agreed on. Collective. */
+static int transfer_chunks(H5File *f, Direction dir, hid_t g, const char *group, const Model *m, ChunkAt at,
+                           void *ctx)
+{
+    const char *verb = dir == TO_FILE ? "writing" : "reading";
+    float **ptrs = isth_malloc(sizeof(float *) * (size_t)(m->cfg.experts + 1)), *tmp = NULL;
+    size_t tmp_cap = 0;
+    int rc = ptrs ? ISTH_OK : isth_fail(ISTH_ERUNTIME, "out of memory %s %s", verb, group);
+    if (!coll_all_ok(f->comm, rc == ISTH_OK)) rc = ISTH_ERUNTIME;
+    for (int i = 0; i < N_TENSORS && rc == ISTH_OK; i++) {
+        const Tensor *t = &m->tensors[i];
+        char name[300];
+        snprintf(name, sizeof name, "%s/%s", group, t->name);
+        hid_t dset = -1, fspace = -1;
+        rc = dir == TO_FILE ? create_dataset(f, g, name, t, &dset, &fspace)
+                            : open_dataset(f, group, name, t, &dset, &fspace);
+        if (rc != ISTH_OK) break;
+        TensorCalls calls;
+        plan_calls(f, m, t, fspace, at, ctx, &calls);
+        for (int l = 0; l < calls.calls && rc == ISTH_OK; l++) {
+            float *mem;
+            hid_t mspace;
+            const size_t n = select_call(&calls, l, m, t, fspace, at, ctx, &ptrs, &mem, &tmp, &tmp_cap, &mspace);
+            const int staged = n != (size_t)-1;
+            if (!coll_all_ok(f->comm, staged)) {
+                if (mspace >= 0) H5Sclose(mspace);
+                rc = staged ? ISTH_ERUNTIME : isth_fail(ISTH_ERUNTIME, "out of memory %s %s", verb, group);
+                break;
+            }
+            /* chunks apart in memory go through tmp: packed before a write, unpacked after a read */
+            const int packed = n && !calls.one_call;
+            if (packed && dir == TO_FILE) pack_layer(ptrs, n, chunk_elems(t), mem, dir);
+            float dummy = 0.0f; /* a rank with nothing to move still takes part in the call */
+            const herr_t err = dir == TO_FILE
+                                   ? H5Dwrite(dset, H5T_NATIVE_FLOAT, mspace, fspace, f->xfer, n ? mem : &dummy)
+                                   : H5Dread(dset, H5T_NATIVE_FLOAT, mspace, fspace, f->xfer, n ? mem : &dummy);
+            H5Sclose(mspace);
+            rc = transferred(f, dir, err, mem, n, name);
+            if (rc == ISTH_OK && packed && dir == FROM_FILE) pack_layer(ptrs, n, chunk_elems(t), mem, dir);
+        }
+        H5Sclose(fspace);
+        H5Dclose(dset);
+    }
+    isth_free(tmp);
+    isth_free(ptrs);
+    return rc;
+}
+
 int h5_write_chunks(H5File *f, const char *group, const Model *m, ChunkAt at, void *ctx)
 {
     hid_t lcpl = H5Pcreate(H5P_LINK_CREATE);
@@ -462,154 +611,14 @@ int h5_write_chunks(H5File *f, const char *group, const Model *m, ChunkAt at, vo
         if (g >= 0) H5Gclose(g);
         return f->rank == 0 ? isth_fail(ISTH_ERUNTIME, "file %s: cannot create group %s", f->tmp, group) : ISTH_ERUNTIME;
     }
-    float **ptrs = isth_malloc(sizeof(float *) * (size_t)(m->cfg.experts + 1)), *tmp = NULL;
-    size_t tmp_cap = 0;
-    int rc = ptrs ? ISTH_OK : isth_fail(ISTH_ERUNTIME, "out of memory writing %s", group);
-    if (!coll_all_ok(f->comm, rc == ISTH_OK)) rc = ISTH_ERUNTIME;
-    for (int i = 0; i < N_TENSORS && rc == ISTH_OK; i++) {
-        const Tensor *t = &m->tensors[i];
-        hsize_t dims[TENSOR_MAX_DIMS], chunk[TENSOR_MAX_DIMS];
-        for (int d = 0; d < t->ndim; d++) dims[d] = chunk[d] = t->shape[d];
-        if (t->flags & PARAM_LAYERED) chunk[0] = 1;
-        if (t->flags & PARAM_EXPERT) chunk[1] = 1;
-        hid_t fspace = H5Screate_simple(t->ndim, dims, NULL);
-        hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
-        H5Pset_chunk(dcpl, t->ndim, chunk);
-        H5Pset_fletcher32(dcpl);
-        H5Pset_fill_time(dcpl, H5D_FILL_TIME_NEVER); /* every chunk is written: no fill pass */
-        hid_t dset = H5Dcreate2(g, t->name, H5T_NATIVE_FLOAT, fspace, H5P_DEFAULT, dcpl, H5P_DEFAULT);
-        H5Pclose(dcpl);
-        if (!coll_all_ok(f->comm, dset >= 0)) { /* nobody enters the collective write alone */
-            if (dset >= 0) H5Dclose(dset);
-            H5Sclose(fspace);
-            f->failed = 1;
-            rc = f->rank == 0 ? isth_fail(ISTH_ERUNTIME, "file %s: cannot create %s/%s (disk full?)", f->tmp, group,
-                                          t->name)
-                              : ISTH_ERUNTIME;
-            break;
-        }
-        TensorCalls calls;
-        plan_calls(f, m, t, fspace, at, ctx, &calls);
-        for (int l = 0; l < calls.calls && rc == ISTH_OK; l++) {
-            float *mem;
-            hid_t mspace;
-            const size_t n = select_call(&calls, l, m, t, fspace, at, ctx, &ptrs, &mem, &tmp, &tmp_cap, &mspace);
-            const int ok = n != (size_t)-1;
-            if (!coll_all_ok(f->comm, ok)) {
-                if (mspace >= 0) H5Sclose(mspace);
-                rc = ok ? ISTH_ERUNTIME : isth_fail(ISTH_ERUNTIME, "out of memory writing %s", group);
-                break;
-            }
-            if (n && !calls.one_call) pack_layer(ptrs, n, chunk_elems(t), mem, 1);
-            float dummy = 0.0f;
-            herr_t err = H5Dwrite(dset, H5T_NATIVE_FLOAT, mspace, fspace, f->xfer, n ? mem : &dummy);
-            H5Sclose(mspace);
-            if (!coll_all_ok(f->comm, err >= 0)) { /* agreed: the file's first rank says so */
-                f->failed = 1;
-                rc = f->rank == 0 ? isth_fail(ISTH_ERUNTIME, "file %s: writing %s/%s failed (disk full?); the "
-                                              "temporary file is removed", f->tmp, group, t->name)
-                                  : ISTH_ERUNTIME;
-            }
-        }
-        H5Sclose(fspace);
-        H5Dclose(dset);
-    }
-    isth_free(tmp);
-    isth_free(ptrs);
+    const int rc = transfer_chunks(f, TO_FILE, g, group, m, at, ctx);
     H5Gclose(g);
     return rc;
 }
 
 int h5_read_chunks(H5File *f, const char *group, const Model *m, ChunkAt at, void *ctx)
 {
-    float **ptrs = isth_malloc(sizeof(float *) * (size_t)(m->cfg.experts + 1)), *tmp = NULL;
-    size_t tmp_cap = 0;
-    int rc = ptrs ? ISTH_OK : isth_fail(ISTH_ERUNTIME, "out of memory reading %s", group);
-    if (!coll_all_ok(f->comm, rc == ISTH_OK)) rc = ISTH_ERUNTIME;
-    for (int i = 0; i < N_TENSORS && rc == ISTH_OK; i++) {
-        const Tensor *t = &m->tensors[i];
-        char name[300];
-        snprintf(name, sizeof name, "%s/%s", group, t->name);
-        hid_t dset = H5Lexists(f->file, group, H5P_DEFAULT) > 0 && H5Lexists(f->file, name, H5P_DEFAULT) > 0
-                         ? H5Dopen2(f->file, name, H5P_DEFAULT)
-                         : -1;
-        if (!coll_all_ok(f->comm, dset >= 0)) {
-            if (dset >= 0) H5Dclose(dset);
-            rc = isth_fail(ISTH_EINPUT, "file %s: missing dataset %s", f->path, name);
-            break;
-        }
-        hid_t fspace = H5Dget_space(dset);
-        hsize_t dims[H5S_MAX_RANK];
-        int nd = H5Sget_simple_extent_ndims(fspace), match = nd == t->ndim;
-        if (match) {
-            H5Sget_simple_extent_dims(fspace, dims, NULL);
-            for (int d = 0; d < nd; d++) match &= dims[d] == t->shape[d];
-        }
-        if (!coll_all_ok(f->comm, match)) {
-            H5Sclose(fspace);
-            H5Dclose(dset);
-            rc = isth_fail(ISTH_EINPUT, "file %s: dataset %s has a different shape than the configured model",
-                           f->path, name);
-            break;
-        }
-        /* the dtype is part of the format: float32, nothing converted */
-        hid_t type = H5Dget_type(dset);
-        const int f32 = type >= 0 && H5Tget_class(type) == H5T_FLOAT && H5Tget_size(type) == 4;
-        if (type >= 0) H5Tclose(type);
-        if (!coll_all_ok(f->comm, f32)) {
-            H5Sclose(fspace);
-            H5Dclose(dset);
-            rc = isth_fail(ISTH_EINPUT, "file %s: dataset %s is not float32", f->path, name);
-            break;
-        }
-        TensorCalls calls;
-        plan_calls(f, m, t, fspace, at, ctx, &calls);
-        for (int l = 0; l < calls.calls && rc == ISTH_OK; l++) {
-            float *mem;
-            hid_t mspace;
-            const size_t n = select_call(&calls, l, m, t, fspace, at, ctx, &ptrs, &mem, &tmp, &tmp_cap, &mspace);
-            const int got = n != (size_t)-1;
-            if (!coll_all_ok(f->comm, got)) {
-                if (mspace >= 0) H5Sclose(mspace);
-                rc = got ? ISTH_ERUNTIME : isth_fail(ISTH_ERUNTIME, "out of memory reading %s", group);
-                break;
-            }
-            float dummy;
-            herr_t err = H5Dread(dset, H5T_NATIVE_FLOAT, mspace, fspace, f->xfer, n ? mem : &dummy);
-            H5Sclose(mspace);
-            int ok = err >= 0;
-            if (!ok) {
-                f->damaged = 1;
-                if (f->label)
-                    isth_fail(ISTH_EINPUT, "%s %s: invalid: dataset %s: checksum mismatch or truncated data", f->label,
-                              f->path, name);
-                else
-                    isth_fail(ISTH_EINPUT, "file %s: reading %s failed (checksum mismatch or truncated data)", f->path,
-                              name);
-            }
-            if (!coll_all_ok(f->comm, ok)) {
-                rc = ISTH_EINPUT;
-                break;
-            }
-            size_t bad = 0;
-            while (bad < n && isfinite(mem[bad])) bad++;
-            if (bad < n) f->damaged = 1;
-            if (!coll_all_ok(f->comm, bad == n)) { /* each rank names what it read */
-                rc = bad == n   ? ISTH_EINPUT
-                     : f->label ? isth_fail(ISTH_EINPUT, "%s %s: invalid: dataset %s holds NaN or Inf", f->label, f->path,
-                                            name)
-                                : isth_fail(ISTH_EINPUT, "file %s: dataset %s holds NaN or Inf (a diverged or damaged "
-                                            "model)", f->path, name);
-                break;
-            }
-            if (n && !calls.one_call) pack_layer(ptrs, n, chunk_elems(t), mem, -1);
-        }
-        H5Sclose(fspace);
-        H5Dclose(dset);
-    }
-    isth_free(tmp);
-    isth_free(ptrs);
-    return rc;
+    return transfer_chunks(f, FROM_FILE, -1, group, m, at, ctx);
 }
 
 int h5_write_doubles(H5File *f, const char *name, const double *v, int n)

@@ -5,6 +5,9 @@
 
 #include "alloc.h"
 #include "ckpt.h"
+#include "coll.h"
+#include "plan.h"
+#include "stateview.h"
 #include "status.h"
 
 /* h5io's ChunkAt over a host model holding every expert. */
@@ -15,19 +18,37 @@ static float *host_chunk(void *ctx, int tensor, int layer, int expert)
                                                   : model_param(m, (TensorId)tensor, layer);
 }
 
+/* A StateSelect: every chunk this rank holds (evaluation loads them all). */
+static int held_chunk(const void *ct, int c) { return chunk_held(ct, c); }
+
+int modelfile_config(const char *path, const char *const *overrides, int n_overrides, Config *cfg, char *origin,
+                     size_t cap, MPI_Comm comm)
+{
+    int rank;
+    CHECK_MPI(MPI_Comm_rank(comm, &rank));
+    /* the same validation as inspect and --resume: one verdict per file */
+    int first_rc = ISTH_OK;
+    if (rank == 0) {
+        char reason[512];
+        if (ckpt_validate(path, reason, sizeof reason, NULL) != ISTH_OK)
+            first_rc = isth_fail(ISTH_EINPUT, "model %s: invalid: %s", path, reason);
+    }
+    CHECK_MPI(MPI_Bcast(&first_rc, 1, MPI_INT, 0, comm));
+    CHECK(first_rc);
+    char *text = NULL;
+    CHECK(h5model_read_config(path, &text, comm));
+    char from[CONFIG_FILE_PATH_MAX + 64];
+    snprintf(from, sizeof from, "%s:/config", path);
+    if (origin) snprintf(origin, cap, "%s", from);
+    const int rc = config_load_text(cfg, text, from, overrides, n_overrides);
+    isth_free(text);
+    return rc;
+}
+
 int modelfile_load(const char *path, const char *const *overrides, int n_overrides, Config *cfg, Model *m,
                    H5Meta *meta)
 {
-    char reason[512];
-    if (ckpt_validate(path, reason, sizeof reason, NULL) != ISTH_OK)
-        return isth_fail(ISTH_EINPUT, "model %s: invalid: %s", path, reason);
-    char *text = NULL;
-    CHECK(h5model_read_config(path, &text, MPI_COMM_SELF));
-    char origin[CONFIG_FILE_PATH_MAX + 64];
-    snprintf(origin, sizeof origin, "%s:/config", path);
-    int rc = config_load_text(cfg, text, origin, overrides, n_overrides);
-    isth_free(text);
-    CHECK(rc);
+    CHECK(modelfile_config(path, overrides, n_overrides, cfg, NULL, 0, MPI_COMM_SELF));
     const AllocCategory was = alloc_category(ALLOC_WEIGHTS);
     /* the weights alone: nothing here computes gradients */
     model_describe(m, &cfg->model, 0, cfg->model.experts);
@@ -36,7 +57,26 @@ int modelfile_load(const char *path, const char *const *overrides, int n_overrid
     if (!m->params)
         return isth_fail(ISTH_ERUNTIME, "model %s: out of memory for its %zu parameters (%.1f GiB)", path,
                          m->n_params, m->n_params * 4.0 / (1 << 30));
-    rc = h5model_read(path, m, host_chunk, m, meta, MPI_COMM_SELF);
+    const int rc = h5model_read(path, m, host_chunk, m, meta, MPI_COMM_SELF);
     if (rc != ISTH_OK) model_destroy(m);
+    return rc;
+}
+
+int modelfile_read_backend(const char *path, Backend *be, H5Meta *meta, MPI_Comm comm)
+{
+    /* the file into the backend one tensor at a time (host staging) */
+    ChunkTable ct;
+    StateView view = {0};
+    int rc = chunk_table_create(&ct, &be->table, 1);
+    const int made = rc == ISTH_OK && state_view_create(&view, &ct, state_view_need(&ct, held_chunk, &ct)) == ISTH_OK;
+    rc = coll_all_ok(comm, made) ? ISTH_OK : ISTH_ERUNTIME;
+    if (rc == ISTH_OK) {
+        state_view_begin(&view, be, STATE_PARAMS, NULL, held_chunk, &ct, 1);
+        rc = h5model_read(path, &be->table, state_view_at, &view, meta, comm);
+        const int vrc = state_view_end(&view, rc == ISTH_OK);
+        if (rc == ISTH_OK && !coll_all_ok(comm, vrc == ISTH_OK)) rc = vrc != ISTH_OK ? vrc : ISTH_ERUNTIME;
+    }
+    state_view_destroy(&view);
+    chunk_table_destroy(&ct);
     return rc;
 }

@@ -1,22 +1,39 @@
-/* modelfile.h — a model file (`isthmus train`'s model.h5, or a checkpoint)
- * read whole into host memory, every expert on this process: what the
- * commands that use a trained model outside training (generate, export)
- * start from.
+/* modelfile.h — reading a model file (`isthmus train`'s model.h5, or a
+ * checkpoint) for the commands that use a trained model outside training:
+ * whole into host memory, every expert on this process (generate, export),
+ * or into a backend's parameters, each rank its experts (eval).
  * Owns: the order of validate, config, tensors.
  * Must not: compute, or choose what to do with the model.
  */
 #ifndef ISTHMUS_MODELFILE_H
 #define ISTHMUS_MODELFILE_H
 
+#include <stddef.h>
+
+#include <mpi.h>
+
+#include "backend.h"
 #include "config.h"
 #include "h5io.h"
 #include "model.h"
 
-/* Validate `path` (as isthmus inspect does), load its config (with the
- * given --set overrides applied), and read /model into *m (created here;
- * model_destroy frees it). This process alone (MPI_COMM_SELF). A bad file:
- * ISTH_EINPUT, one line naming it. */
+/* Collective over comm: the first rank validates `path` (as isthmus inspect
+ * does: one verdict per file), then every rank loads its config with the
+ * given --set overrides applied. `origin` (cap bytes; may be NULL) gets the
+ * name messages give the config, "PATH:/config". A bad file: ISTH_EINPUT,
+ * one line naming it. */
+int modelfile_config(const char *path, const char *const *overrides, int n_overrides, Config *cfg, char *origin,
+                     size_t cap, MPI_Comm comm);
+
+/* modelfile_config for this process alone (MPI_COMM_SELF), then /model
+ * into *m (created here; model_destroy frees it). */
 int modelfile_load(const char *path, const char *const *overrides, int n_overrides, Config *cfg, Model *m,
                    H5Meta *meta);
+
+/* Collective over comm (the ranks of the learner `be` belongs to): /model
+ * into the backend's parameters, each rank the chunks it holds, through
+ * host staging one tensor at a time (stateview). The file was checked by
+ * modelfile_config and `be` made from its config. */
+int modelfile_read_backend(const char *path, Backend *be, H5Meta *meta, MPI_Comm comm);
 
 #endif

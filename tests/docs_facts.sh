@@ -3,7 +3,7 @@
 # of src/status.h is in docs/errors.md's exit table and in `isthmus train
 # --help`; the user docs stand alone (no DESIGN.md); jobs/README.md does not
 # call `isthmus plan` unwritten. Needs no build: without an executable
-# $ISTHMUS the help text is read from src/main.c's usage_train string.
+# $ISTHMUS the help text is read from src/cmd_train.c's usage_train string.
 . "$TOP_SRCDIR/tests/lib.sh"
 SRC="$TOP_SRCDIR/src"
 ERRORS="$TOP_SRCDIR/docs/errors.md"
@@ -19,9 +19,9 @@ if [ -x "${ISTHMUS:-}" ]; then
     from="isthmus train --help"
 else
     # the C string: its lines between "usage_train =" and the closing ";", unquoted
-    awk '/usage_train =/ { t = 1; next } t { print } t && /;$/ { exit }' "$SRC/main.c" |
+    awk '/usage_train =/ { t = 1; next } t { print } t && /;$/ { exit }' "$SRC/cmd_train.c" |
         sed 's/^ *"//; s/";$//; s/"$//; s/\\n$//; s/\\"/"/g' > "$WORK/help"
-    from="src/main.c usage_train"
+    from="src/cmd_train.c usage_train"
 fi
 # the exit-status sentence, joined into one line
 exits=$(tr '\n' ' ' < "$WORK/help" | sed -n 's/.*Exit status://p')

@@ -1,0 +1,329 @@
+/* cmd_model.c — the commands that use a trained model file: `isthmus
+ * eval` (bits per byte on the eval sets, over all ranks of the job),
+ * `isthmus generate` (sampling, one process) and `isthmus export`
+ * (safetensors for PyTorch, one process).
+ *
+ * Owns: their --help texts and options, the --set keys evaluation may
+ * change, and the order of their steps (file, backend, tokenizer, output).
+ * Must not: read the model file (modelfile.c), compute, or write a file
+ * format (export.c).
+ */
+#include "cli.h"
+
+#include <cblas.h>
+#include <mpi.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "alloc.h"
+#include "backend.h"
+#include "clock.h"
+#include "coll.h"
+#include "config.h"
+#include "decoder.h"
+#include "eval.h"
+#include "export.h"
+#include "federation.h"
+#include "metrics.h"
+#include "modelfile.h"
+#include "sample.h"
+#include "status.h"
+#include "tokenizer.h"
+
+static const char *const usage_eval =
+    "usage: isthmus eval --model FILE [--set section.key=value]...\n"
+    "\n"
+    "Computes bits per byte (and loss per token) of the model in FILE (written by\n"
+    "'isthmus train') on its eval sets ([eval.NAME] sections, or data.dir's\n"
+    "eval_prose.txt and eval_tech.txt): consecutive windows of context+1 tokens\n"
+    "overlapping by one, no token dropping. The model's stored configuration is\n"
+    "used; --set may change [data] dir, [data] eval_bytes, [eval.NAME] path and\n"
+    "bytes, [train] micro_batch, [train] threads or [train] out_dir (results are\n"
+    "appended to its metrics.jsonl).\n"
+    "Exit status: 0 success, 1 runtime failure, 2 bad file or configuration.\n";
+
+int cmd_eval(int argc, char **argv)
+{
+    if (cli_wants_help(argc, argv)) {
+        fputs(usage_eval, stdout);
+        return ISTH_OK;
+    }
+    const char *overrides[CLI_MAX_OVERRIDES], *pos[1];
+    const char *model_path = NULL;
+    const CliOption opts[] = {{"--model", 1, &model_path}};
+    int n_over, n_pos;
+    CHECK(cli_parse(argc, argv, overrides, &n_over, pos, 1, &n_pos, opts, 1));
+    if (!model_path && n_pos == 1) model_path = pos[0];
+    else if (n_pos) return isth_fail(ISTH_EINPUT, "eval: unexpected argument '%s'", pos[0]);
+    if (!model_path) return isth_fail(ISTH_EINPUT, "eval: missing --model FILE (see isthmus eval --help)");
+    for (int i = 0; i < n_over; i++) {
+        static const char *const allowed[] = {"data.dir=", "data.eval_bytes=", "train.micro_batch=",
+                                              "train.threads=", "train.out_dir=", "train.backend=",
+                                              "train.precision=", "train.gpu_share="};
+        int ok = !strncmp(overrides[i], "eval.", 5); /* the sets to evaluate on */
+        for (size_t a = 0; a < sizeof allowed / sizeof *allowed; a++)
+            ok |= !strncmp(overrides[i], allowed[a], strlen(allowed[a]));
+        if (!ok)
+            return isth_fail(ISTH_EINPUT, "eval: --set %s: only [data] dir/eval_bytes, [eval.*] and [train] "
+                             "micro_batch/threads/out_dir/backend/precision/gpu_share can change for evaluation", overrides[i]);
+    }
+    int rank, size;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    Config cfg;
+    char origin[CONFIG_FILE_PATH_MAX + 64];
+    CHECK(modelfile_config(model_path, overrides, n_over, &cfg, origin, sizeof origin, MPI_COMM_WORLD));
+    /* the machine that evaluates need not be the one that trained: unless
+     * --set says otherwise, the best backend here, in fp32 */
+    int chose_backend = 0, chose_precision = 0;
+    for (int i = 0; i < n_over; i++) {
+        chose_backend |= !strncmp(overrides[i], "train.backend=", 14);
+        chose_precision |= !strncmp(overrides[i], "train.precision=", 16);
+    }
+    if (!chose_backend) snprintf(cfg.train.backend, sizeof cfg.train.backend, "auto");
+    if (!chose_precision) snprintf(cfg.train.precision, sizeof cfg.train.precision, "fp32");
+    /* evaluation ignores the training layout: all ranks of this job form one
+     * learner, experts sharded over them */
+    if (cfg.model.experts % size)
+        return isth_fail(ISTH_EINPUT, "eval: %d ranks cannot share %d experts evenly; use a rank count that divides it",
+                         size, cfg.model.experts);
+    Coll ep;
+    CHECK(coll_init(&ep, MPI_COMM_WORLD));
+    Backend *be = NULL;
+    EvalSet sets[CONFIG_MAX_EVALS];
+    int n_sets = 0;
+    Metrics mt = {0};
+    const int El = cfg.model.experts / size;
+    CHECK(backend_create(&be, &cfg, cfg.train.micro_batch, rank * El, El, &ep));
+    H5Meta meta;
+    int rc = modelfile_read_backend(model_path, be, &meta, MPI_COMM_WORLD);
+    /* the bundled sets are bytes: a model of another vocabulary names its own */
+    if (rc == ISTH_OK && !cfg.n_evals && cfg.model.vocab != 256)
+        rc = isth_fail(ISTH_EINPUT, "eval: %s has a vocabulary of %d, not bytes: name its eval sets "
+                       "(--set eval.NAME.path=FILE --set eval.NAME.bytes=N)", model_path, cfg.model.vocab);
+    /* the sets must be of the data the model was trained on (its file records the kind) */
+    if (rc == ISTH_OK) rc = eval_sets_open(sets, &n_sets, &cfg, meta.data_width);
+    if (rc == ISTH_OK && rank == 0) {
+        char run_id[CONFIG_PATH_MAX];
+        federation_run_id(&cfg, run_id, sizeof run_id);
+        const MetricsStart st = {"eval", origin, (unsigned long long)federation_fingerprint(&cfg), run_id, NULL, size, -1};
+        rc = metrics_open(&mt, cfg.train.out_dir, &st);
+    }
+    if (rc == ISTH_OK && rank == 0)
+        printf("isthmus eval: %s (step %ld, %.0f tokens trained)\n", model_path, meta.step, meta.tokens);
+    for (int i = 0; i < n_sets && rc == ISTH_OK; i++) {
+        EvalResult r;
+        rc = eval_set(be, &ep, cfg.train.micro_batch, cfg.model.context, &sets[i], (size_t)cfg.data.eval_bytes,
+                      cfg.model.vocab, &r);
+        if (rc == ISTH_OK && rank == 0)
+            rc = metrics_eval(&mt, sets[i].cfg.name, sets[i].file.width == 1, meta.step, r.bpb, r.loss, r.predicted,
+                              r.bytes, r.seconds);
+    }
+    const int closed = metrics_close(&mt);
+    if (rc == ISTH_OK) rc = closed;
+    backend_destroy(be);
+    eval_sets_close(sets, n_sets);
+    return rc;
+}
+
+static const char *const usage_generate =
+    "usage: isthmus generate --model FILE [--prompt TEXT] [--tokens N] [--temperature T] [--top-k K]\n"
+    "                        [--seed S] [--tokenizer FILE] [--ids] [--threads N]\n"
+    "\n"
+    "Sample N tokens (default 256) after the prompt from a model file of 'isthmus train'\n"
+    "(or a checkpoint), on this process's CPU with a KV cache. Temperature 0 is greedy;\n"
+    "otherwise the logits / T, cut to the K most likely (0 = all, the default), give\n"
+    "the distribution, and the draws are a function of --seed (default 1): the same\n"
+    "seed gives the same text. Default temperature 1.\n"
+    "Text: a byte model (vocab 256) reads and writes bytes; a token model uses its\n"
+    "sentencepiece tokenizer ([data] tokenizer in its config, or --tokenizer FILE),\n"
+    "and without one (or in a build without libsentencepiece) the prompt and the\n"
+    "sample are token ids separated by spaces. --ids prints ids in every case. The\n"
+    "default prompt is a newline for a byte model; a token model needs --prompt.\n"
+    "The prompt and the sample go to stdout, a summary line to stderr. When the\n"
+    "context fills, generation goes on from the last half of it. --threads: compute\n"
+    "threads (default 1: one token at a time is matrix-vector work).\n";
+
+/* generate and export: one process, the model file whole in host memory,
+ * and the tokenizer's path (--tokenizer, else the model's [data] tokenizer). */
+static int open_model_alone(const char *cmd, const char *model_path, const char *tok_path, Config *cfg, Model *m,
+                            H5Meta *meta, char *tpath, size_t cap)
+{
+    int size;
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    if (size != 1) return isth_fail(ISTH_EINPUT, "%s runs as one process (not under mpirun with %d ranks)", cmd, size);
+    CHECK(modelfile_load(model_path, NULL, 0, cfg, m, meta));
+    const int rc = tok_path ? (snprintf(tpath, cap, "%s", tok_path), ISTH_OK)
+                            : tokenizer_resolve(cfg->data.tokenizer, cfg->data.dir, tpath, cap);
+    if (rc != ISTH_OK) model_destroy(m);
+    return rc;
+}
+
+static const char *const usage_export =
+    "usage: isthmus export --model FILE -o DIR [--tokenizer FILE]\n"
+    "\n"
+    "Write the model of a model file (or checkpoint) as DIR/model.safetensors (every\n"
+    "tensor in float32 under its /model name, canonical shape) and DIR/config.json,\n"
+    "plus DIR/tokenizer.model when the model has a sentencepiece tokenizer ([data]\n"
+    "tokenizer, or --tokenizer). python/isthmus_model.py loads DIR into PyTorch.\n"
+    "Names and shapes: docs/architecture.md.\n";
+
+int cmd_export(int argc, char **argv)
+{
+    if (cli_wants_help(argc, argv)) {
+        fputs(usage_export, stdout);
+        return ISTH_OK;
+    }
+    const char *overrides[CLI_MAX_OVERRIDES], *pos[1];
+    const char *model_path = NULL, *dir = NULL, *tok_path = NULL;
+    const CliOption opts[] = {{"--model", 1, &model_path}, {"-o", 1, &dir}, {"--tokenizer", 1, &tok_path}};
+    int n_over, n_pos;
+    CHECK(cli_parse(argc, argv, overrides, &n_over, pos, 1, &n_pos, opts, sizeof opts / sizeof *opts));
+    if (n_pos) return isth_fail(ISTH_EINPUT, "export: unexpected argument '%s'", pos[0]);
+    if (n_over) return isth_fail(ISTH_EINPUT, "export: --set does not apply (the model file holds the config)");
+    if (!model_path || !dir) return isth_fail(ISTH_EINPUT, "export: needs --model FILE and -o DIR (see isthmus export --help)");
+    Config cfg;
+    Model m;
+    H5Meta meta;
+    char tpath[2 * CONFIG_FILE_PATH_MAX + 2];
+    CHECK(open_model_alone("export", model_path, tok_path, &cfg, &m, &meta, tpath, sizeof tpath));
+    int rc = ISTH_OK;
+    /* the tokenizer must be this model's before it is shipped with it (a build without
+     * sentencepiece cannot check it: copied as it is, said so) */
+    Tokenizer tok = {0};
+    if (rc == ISTH_OK && tpath[0] && tokenizer_have_sentencepiece()) rc = tokenizer_open(&tok, tpath, cfg.model.vocab);
+    else if (rc == ISTH_OK && tpath[0])
+        fprintf(stderr, "isthmus export: this build has no libsentencepiece: %s is copied unchecked\n", tpath);
+    tokenizer_close(&tok);
+    if (rc == ISTH_OK) rc = export_model(dir, &m, &meta, tpath);
+    if (rc == ISTH_OK)
+        printf("isthmus export: %s (step %ld) -> %s/model.safetensors, %s/config.json%s%s%s\n", model_path, meta.step,
+               dir, dir, tpath[0] ? ", " : "", tpath[0] ? dir : "", tpath[0] ? "/tokenizer.model" : "");
+    model_destroy(&m);
+    return rc;
+}
+
+static void emit_id(void *ctx, int token)
+{
+    printf(" %d", token);
+    fflush(stdout);
+}
+
+static void emit_byte(void *ctx, int token)
+{
+    putchar(token);
+    fflush(stdout);
+}
+
+int cmd_generate(int argc, char **argv)
+{
+    if (cli_wants_help(argc, argv)) {
+        fputs(usage_generate, stdout);
+        return ISTH_OK;
+    }
+    const char *overrides[CLI_MAX_OVERRIDES], *pos[1];
+    const char *model_path = NULL, *prompt = NULL, *tokens_text = "256", *temp_text = "1", *topk_text = "0",
+               *seed_text = "1", *tok_path = NULL, *ids_flag = NULL, *threads_text = "1";
+    const CliOption opts[] = {{"--model", 1, &model_path},     {"--prompt", 1, &prompt}, {"--tokens", 1, &tokens_text},
+                           {"--temperature", 1, &temp_text}, {"--top-k", 1, &topk_text}, {"--seed", 1, &seed_text},
+                           {"--tokenizer", 1, &tok_path},   {"--ids", 0, &ids_flag}, {"--threads", 1, &threads_text}};
+    int n_over, n_pos;
+    CHECK(cli_parse(argc, argv, overrides, &n_over, pos, 1, &n_pos, opts, sizeof opts / sizeof *opts));
+    if (n_pos) return isth_fail(ISTH_EINPUT, "generate: unexpected argument '%s'", pos[0]);
+    if (n_over) return isth_fail(ISTH_EINPUT, "generate: --set does not apply (the model file holds the config)");
+    if (!model_path) return isth_fail(ISTH_EINPUT, "generate: missing --model FILE (see isthmus generate --help)");
+    double count, temperature, top_k, seed;
+    CHECK(cli_number("--tokens", tokens_text, 0, 1 << 30, 1, &count));
+    CHECK(cli_number("--temperature", temp_text, 0, 1e6, 0, &temperature));
+    CHECK(cli_number("--top-k", topk_text, 0, 1 << 30, 1, &top_k));
+    CHECK(cli_number("--seed", seed_text, 0, 9007199254740992.0, 1, &seed));
+    double threads;
+    CHECK(cli_number("--threads", threads_text, 1, 4096, 1, &threads));
+    /* one token at a time is matrix-vector work: one thread is the fastest on small models */
+    omp_set_num_threads((int)threads);
+    openblas_set_num_threads((int)threads);
+    Config cfg;
+    Model m;
+    H5Meta meta;
+    char tpath[2 * CONFIG_FILE_PATH_MAX + 2];
+    CHECK(open_model_alone("generate", model_path, tok_path, &cfg, &m, &meta, tpath, sizeof tpath));
+    int rc = ISTH_OK;
+    /* the model's own tokenizer in a build without sentencepiece: ids, said plainly (an
+     * explicit --tokenizer is refused by tokenizer_open, naming why) */
+    if (rc == ISTH_OK && !tok_path && tpath[0] && !tokenizer_have_sentencepiece()) {
+        fprintf(stderr, "isthmus generate: this build has no libsentencepiece: the prompt and the sample are "
+                        "token ids, not text (the model's tokenizer %s is not used)\n", tpath);
+        tpath[0] = '\0';
+    }
+    Tokenizer tok = {0};
+    if (rc == ISTH_OK) rc = tokenizer_open(&tok, tpath, cfg.model.vocab);
+    if (rc == ISTH_OK && !prompt && tok.kind != TOKENIZER_BYTES && cfg.model.vocab != 256)
+        rc = isth_fail(ISTH_EINPUT, "generate: a token model needs --prompt (text, or token ids without its tokenizer)");
+    int *ids = NULL, *out = NULL;
+    size_t n_ids = 0;
+    if (rc == ISTH_OK) rc = tokenizer_encode(&tok, prompt ? prompt : "\n", &ids, &n_ids);
+    if (rc == ISTH_OK && n_ids == 0) rc = isth_fail(ISTH_EINPUT, "generate: the prompt is no tokens");
+    Decoder d = {0};
+    if (rc == ISTH_OK) rc = decoder_create(&d, &m);
+    if (rc == ISTH_OK && !(out = isth_malloc(((size_t)count + 1) * sizeof(int))))
+        rc = isth_fail(ISTH_ERUNTIME, "out of memory for %.0f tokens", count);
+    if (rc == ISTH_OK) {
+        const int as_ids = ids_flag || tok.kind == TOKENIZER_IDS;
+        char *text = NULL;
+        size_t len = 0;
+        if (as_ids) {
+            for (size_t i = 0; i < n_ids; i++) printf("%s%d", i ? " " : "", ids[i]);
+        } else if ((rc = tokenizer_decode(&tok, ids, n_ids, &text, &len)) == ISTH_OK) {
+            fwrite(text, 1, len, stdout);
+        }
+        isth_free(text);
+        fflush(stdout);
+        const SampleRule rule = {temperature, (int)top_k, (uint64_t)seed};
+        const double t0 = now_s();
+        /* bytes and ids appear as they are drawn; sentencepiece text at the end */
+        if (rc == ISTH_OK)
+            rc = sample_generate(&d, ids, n_ids, (int)count, &rule, out,
+                                 as_ids ? emit_id : tok.kind == TOKENIZER_BYTES ? emit_byte : NULL, NULL);
+        const double secs = now_s() - t0;
+        if (rc == ISTH_OK && !as_ids && tok.kind == TOKENIZER_SENTENCEPIECE) {
+            /* the continuation decoded after the prompt's tokens (a piece's space depends on its neighbours) */
+            int *all = isth_malloc((n_ids + (size_t)count) * sizeof(int));
+            char *full = NULL, *head = NULL;
+            size_t full_len = 0, head_len = 0;
+            if (!all) rc = isth_fail(ISTH_ERUNTIME, "out of memory for the sample");
+            if (rc == ISTH_OK) {
+                memcpy(all, ids, n_ids * sizeof(int));
+                memcpy(all + n_ids, out, (size_t)count * sizeof(int));
+                rc = tokenizer_decode(&tok, all, n_ids + (size_t)count, &full, &full_len);
+            }
+            if (rc == ISTH_OK) rc = tokenizer_decode(&tok, ids, n_ids, &head, &head_len);
+            /* the continuation is what follows the prompt's own text; a tokenizer for which it
+             * does not (decoding is not a prefix): the whole text after a newline */
+            if (rc == ISTH_OK && full_len >= head_len && !memcmp(full, head, head_len))
+                fwrite(full + head_len, 1, full_len - head_len, stdout);
+            else if (rc == ISTH_OK) {
+                putchar('\n');
+                fwrite(full, 1, full_len, stdout);
+            }
+            isth_free(all);
+            isth_free(full);
+            isth_free(head);
+        }
+        putchar('\n');
+        fflush(stdout);
+        if (rc == ISTH_OK)
+            fprintf(stderr, "isthmus generate: %s (step %ld), %zu prompt + %.0f sampled tokens, %s, temperature %g, "
+                    "top-k %d, seed %.0f: %.1f tokens/s\n", model_path, meta.step, n_ids, count,
+                    tok.kind == TOKENIZER_BYTES ? "bytes" : tok.kind == TOKENIZER_SENTENCEPIECE ? "sentencepiece"
+                                                                                            : "token ids",
+                    temperature, (int)top_k, seed, secs > 0 ? count / secs : 0.0);
+    }
+    decoder_destroy(&d);
+    isth_free(ids);
+    isth_free(out);
+    tokenizer_close(&tok);
+    model_destroy(&m);
+    return rc;
+}

@@ -1,0 +1,191 @@
+/* cmd_prepare.c — the commands before a run: `isthmus config` (the
+ * resolved configuration, its keys, the memory a rank needs), `isthmus
+ * plan` (what a run would achieve on given sites) and `isthmus keygen`
+ * (a run key for the federated launch).
+ *
+ * Owns: their --help texts and options, checked before anything runs.
+ * Must not: compute a plan or a memory figure itself (planner.c,
+ * memory.c), or write a key (federation.c).
+ */
+#include "cli.h"
+
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "alloc.h"
+#include "config.h"
+#include "federation.h"
+#include "memory.h"
+#include "planner.h"
+#include "status.h"
+
+static const char *const usage_config =
+    "usage: isthmus config [CONFIG.ini] [--set section.key=value]... [--keys]\n"
+    "                      [--memory [--ranks N] [--rank R]]\n"
+    "\n"
+    "Validates and prints the resolved configuration (every key, defaults filled in).\n"
+    "--keys lists every configuration key instead, one a line: \"[section] key\", its\n"
+    "type and accepted values, \"default X\" (in words where a mode or another key\n"
+    "decides) and a one-line meaning (docs/configuration.md has the full text);\n"
+    "columns are separated by two spaces or more.\n"
+    "--memory prints what world rank R (default 0; max: the rank that holds the\n"
+    "most) of an N-rank job (default: the [site.*] ranks) allocates, by category,\n"
+    "computed from the layout without allocating the model; `isthmus train`\n"
+    "prints the measured peak of rank 0.\n";
+
+int cmd_config(int argc, char **argv)
+{
+    if (cli_wants_help(argc, argv)) {
+        fputs(usage_config, stdout);
+        return ISTH_OK;
+    }
+    const char *overrides[CLI_MAX_OVERRIDES], *pos[1];
+    const char *keys = NULL, *memory = NULL, *ranks = NULL, *rank = NULL;
+    const CliOption opts[] = {{"--keys", 0, &keys}, {"--memory", 0, &memory}, {"--ranks", 1, &ranks}, {"--rank", 1, &rank}};
+    int n_over, n_pos;
+    CHECK(cli_parse(argc, argv, overrides, &n_over, pos, 1, &n_pos, opts, 4));
+    if (keys) {
+        config_print_keys();
+        return ISTH_OK;
+    }
+    Config cfg;
+    CHECK(config_load(&cfg, n_pos ? pos[0] : NULL, overrides, n_over));
+    if ((ranks || rank) && !memory) return isth_fail(ISTH_EINPUT, "--ranks and --rank go with --memory");
+    if (memory) {
+        char *end;
+        const long n = ranks ? strtol(ranks, &end, 10) : 0;
+        if (ranks && (*end || n < 1 || n > 1 << 24)) return isth_fail(ISTH_EINPUT, "--ranks %s: expected 1..16777216", ranks);
+        const int largest = rank && !strcmp(rank, "max");
+        long r = rank && !largest ? strtol(rank, &end, 10) : 0;
+        if (rank && !largest && (*end || r < 0))
+            return isth_fail(ISTH_EINPUT, "--rank %s: expected a rank number or max", rank);
+        int world = (int)n;
+        if (!world)
+            for (int s = 0; s < cfg.n_sites; s++) world += cfg.sites[s].ranks;
+        if (!world) world = 1;
+        MemoryPlan plan;
+        if (largest) /* the rank that holds the most: what a GPU must fit */
+            CHECK(memory_plan_largest(&cfg, world, &plan, &r));
+        else
+            CHECK(memory_plan(&cfg, world, (int)r, &plan));
+        memory_print(&plan, world, (int)r);
+        return ISTH_OK;
+    }
+    char *text = config_to_text(&cfg);
+    CHECK_ALLOC(text);
+    fputs(text, stdout);
+    isth_free(text);
+    return ISTH_OK;
+}
+
+static const char *const usage_plan =
+    "usage: isthmus plan CONFIG.ini --site NAME:GPU:COUNT [--site ...] --link RATE,RTT\n"
+    "                    [--mfu F] [--target U] [--set section.key=value]...\n"
+    "\n"
+    "Plans a run of CONFIG on the given sites without running it: one --site per\n"
+    "[site.NAME] of the config (its layout with COUNT ranks, one per GPU), GPU a type\n"
+    "below or a peak in TFLOP/s (e.g. a CPU's rate from `isthmus bench`, with --mfu 1);\n"
+    "--link the rate and round trip between every pair of sites (e.g. 25Gbps,150ms).\n"
+    "Prints the parameters (total, active per token), memory per GPU by category, the\n"
+    "inner-step time of each site (tokens x FLOP per token / (GPUs x peak x MFU), MFU\n"
+    "default 0.4), the outer payload per exchange after the codec and its transfer\n"
+    "time, the compute utilisation of sync, diloco, streaming and butterfly with each\n"
+    "site's idle time, and the smallest H reaching --target (default 0.95).\n"
+    "docs/planner.md derives the model and compares it with measured runs.\n"
+    "GPU types (dense peaks; a plan uses the one of the config's train.precision):\n";
+
+int cmd_plan(int argc, char **argv)
+{
+    if (cli_wants_help(argc, argv)) {
+        fputs(usage_plan, stdout);
+        planner_print_gpus();
+        return ISTH_OK;
+    }
+    const char *overrides[CLI_MAX_OVERRIDES], *config = NULL, *link_text = NULL, *mfu_text = NULL, *target_text = NULL;
+    PlanSite sites[PLAN_MAX_SITES];
+    int n_over = 0, n_sites = 0;
+    for (int i = 0; i < argc; i++) { /* --site repeats, so not parse_common */
+        const char *a = argv[i], *eq = strchr(a, '=');
+        const size_t name_len = a[0] == '-' && eq ? (size_t)(eq - a) : strlen(a);
+        const char *v = a[0] == '-' && eq ? eq + 1 : NULL;
+        static const char *const with_value[] = {"--site", "--link", "--mfu", "--target", "--set"};
+        int known = -1;
+        for (int k = 0; k < 5; k++)
+            if (strlen(with_value[k]) == name_len && !strncmp(a, with_value[k], name_len)) known = k;
+        if (a[0] == '-' && a[1] && known < 0) return isth_fail(ISTH_EINPUT, "plan: unknown option '%s' (see --help)", a);
+        if (known < 0) {
+            if (config) return isth_fail(ISTH_EINPUT, "plan: unexpected argument '%s' (see --help)", a);
+            config = a;
+            continue;
+        }
+        if (!v && i + 1 < argc) v = argv[++i];
+        if (!v) return isth_fail(ISTH_EINPUT, "plan: %s needs a value", with_value[known]);
+        if (known == 0) {
+            if (n_sites == PLAN_MAX_SITES) return isth_fail(ISTH_EINPUT, "plan: more than %d --site", PLAN_MAX_SITES);
+            CHECK(planner_parse_site(v, &sites[n_sites]));
+            for (int j = 0; j < n_sites; j++)
+                if (!strcmp(sites[j].name, sites[n_sites].name))
+                    return isth_fail(ISTH_EINPUT, "plan: --site %s given twice", sites[j].name);
+            n_sites++;
+        } else if (known == 1) {
+            link_text = v;
+        } else if (known == 2) {
+            mfu_text = v;
+        } else if (known == 3) {
+            target_text = v;
+        } else {
+            if (n_over == CLI_MAX_OVERRIDES) return isth_fail(ISTH_EINPUT, "too many --set options");
+            overrides[n_over++] = v;
+        }
+    }
+    if (!config) return isth_fail(ISTH_EINPUT, "plan: missing CONFIG.ini (see isthmus plan --help)");
+    if (!n_sites) return isth_fail(ISTH_EINPUT, "plan: no --site NAME:GPU:COUNT (see isthmus plan --help)");
+    if (!link_text) return isth_fail(ISTH_EINPUT, "plan: no --link RATE,RTT (e.g. --link 25Gbps,150ms)");
+    PlanLink link;
+    CHECK(planner_parse_link(link_text, &link));
+    char *end;
+    const double mfu = mfu_text ? strtod(mfu_text, &end) : 0.4;
+    if (mfu_text && (*end || !(mfu > 0 && mfu <= 1)))
+        return isth_fail(ISTH_EINPUT, "plan: --mfu '%s': a fraction in (0, 1]", mfu_text);
+    const double target = target_text ? strtod(target_text, &end) : 0.95;
+    if (target_text && (*end || !(target > 0 && target < 1)))
+        return isth_fail(ISTH_EINPUT, "plan: --target '%s': a fraction in (0, 1)", target_text);
+    Config cfg;
+    CHECK(config_load(&cfg, config, overrides, n_over));
+    /* the layout the --site counts give, validated as `train --set site.NAME.ranks=N` would be: a
+     * plan for a layout training refuses is refused the same way (names the config lacks are
+     * reported by the planner) */
+    static char layout[PLAN_MAX_SITES][CONFIG_NAME_MAX + 40];
+    int n_all = n_over;
+    for (int i = 0; i < n_sites && n_all < CLI_MAX_OVERRIDES; i++) {
+        int known = cfg.n_sites == 0 && n_sites == 1;
+        for (int s = 0; s < cfg.n_sites; s++) known |= !strcmp(cfg.sites[s].name, sites[i].name);
+        if (!known) continue;
+        snprintf(layout[i], sizeof layout[i], "site.%.64s.ranks=%d", sites[i].name, sites[i].gpus);
+        overrides[n_all++] = layout[i];
+    }
+    if (n_all > n_over) CHECK(config_load(&cfg, config, overrides, n_all));
+    return planner_run(&cfg, sites, n_sites, link, mfu, target);
+}
+
+static const char *const usage_keygen =
+    "usage: isthmus keygen FILE\n"
+    "\n"
+    "Write a new run key to FILE: 32 random bytes in hex, mode 0600, missing directories made.\n"
+    "An existing FILE is never overwritten. Make the key before submitting the sites' jobs, copy it\n"
+    "to every site (scp; the same mode) and name it in [outer] key_file: the federated join proves\n"
+    "it, and every frame between the sites is authenticated and encrypted under keys derived from\n"
+    "it (docs/architecture.md). One rank only.\n";
+
+int cmd_keygen(int argc, char **argv)
+{
+    const char *path;
+    CHECK(cli_one_file(argc, argv, "keygen", usage_keygen, &path));
+    if (!path) return ISTH_OK;
+    int size;
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    if (size != 1) return isth_fail(ISTH_EINPUT, "keygen: run it as one process, not under mpirun -np %d", size);
+    return federation_keygen(path);
+}
