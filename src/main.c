@@ -19,6 +19,7 @@
 #include "alloc.h"
 #include "bench.h"
 #include "federation.h"
+#include "runkey.h"
 #include "backend.h"
 #include "cpu/blas_select.h"
 #include "ckpt.h"
@@ -644,7 +645,7 @@ static int cmd_keygen(int argc, char **argv)
     int size;
     MPI_Comm_size(MPI_COMM_WORLD, &size);
     if (size != 1) return isth_fail(ISTH_EINPUT, "keygen: run it as one process, not under mpirun -np %d", size);
-    return federation_keygen(path);
+    return runkey_keygen(path);
 }
 
 static int cmd_inspect(int argc, char **argv)
