@@ -25,7 +25,12 @@
  * posted or room comes back). A peer whose socket fails or closes, or that
  * sends a chunk that does not parse or repeats one, is failed: nothing more
  * to or from it (its early arrivals are let go).
- * Owns: the sockets, their handshake, chunking, matching, buffering.
+ * Owns: the sockets, their handshake, chunking, matching, buffering — in
+ * parts: wire_conn.c (listening, the address exchange, connecting,
+ * accepting, the hello), wire_stream.c (chunks written and read on a
+ * stream, matched to their message, early arrivals kept), wire_state.c (a
+ * peer's state and its failure), wire.c (the ops a caller posts, and
+ * progress).
  * Must not: block; know what a message means (link.c frames and seals
  * them: a byte from the wire is untrusted until link_check opens it).
  */
