@@ -1,9 +1,11 @@
 /* config.h — the run configuration: INI parsing, --set overrides, schema,
  * validation, and the resolved text that is printed and stored in files.
  *
- * Owns: the list of public keys (the schema table in config.c), their types,
+ * Owns: the list of public keys (the key table in config_keys.c), their types,
  * defaults, ranges and cross-key rules. Every key a user can write is in that
- * table, and nothing else in the program reads INI text.
+ * table, and nothing else in the program reads INI text (config_ini.c). The
+ * order of a load, the [site.*] and [eval.*] sections and the rules between
+ * keys are config.c's.
  * Must not: allocate model memory, touch MPI, or read data files.
  */
 #ifndef ISTHMUS_CONFIG_H
