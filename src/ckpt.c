@@ -18,6 +18,7 @@
 #include "h5io.h"
 #include "clock.h"
 #include "coll.h"
+#include "config_keys.h"
 #include "stateview.h"
 #include "status.h"
 

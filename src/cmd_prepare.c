@@ -16,7 +16,9 @@
 
 #include "alloc.h"
 #include "config.h"
+#include "config_keys.h"
 #include "federation.h"
+#include "runkey.h"
 #include "memory.h"
 #include "planner.h"
 #include "status.h"
@@ -187,5 +189,5 @@ int cmd_keygen(int argc, char **argv)
     int size;
     MPI_Comm_size(MPI_COMM_WORLD, &size);
     if (size != 1) return isth_fail(ISTH_EINPUT, "keygen: run it as one process, not under mpirun -np %d", size);
-    return federation_keygen(path);
+    return runkey_keygen(path);
 }

@@ -9,7 +9,7 @@
  *   ISTHMUS_LINK_CORRUPT=SITE:N   (link.c) flip a byte in exchange N's payloads
  *   ISTHMUS_LINK_DELAY=SITE:S     (link.c) post sends S polls late
  *   ISTHMUS_LINK_MUTE=SITE:1      (link.c) never send payloads (a cut link)
- *   ISTHMUS_WIRE_PORT_SHIFT=SITE:N (train.c, wire.c) connect to other sites'
+ *   ISTHMUS_WIRE_PORT_SHIFT=SITE:N (train.c, wire_conn.c) connect to other sites'
  *                                 ranks at their port + N (a proxy, tests/wan/tamper)
  *   ISTHMUS_NAN_AT=SITE:STEP      the ranks of SITE see a NaN loss at STEP
  *   ISTHMUS_FAIL_ALLOC=RANK:STEP  world rank RANK's first allocation during

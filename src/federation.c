@@ -1,57 +1,24 @@
 /* federation.c — see federation.h. */
 #include "federation.h"
-#include "version.h"
 
-#include <errno.h>
-#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <time.h>
-#include <unistd.h>
 
 #include <sodium.h>
 
 #include "alloc.h"
 #include "clock.h"
 #include "codec.h" /* checksum64 */
+#include "config_keys.h"
 #include "fault.h"
-#include "metrics.h" /* make_dirs */
+#include "handshake.h"
+#include "knock.h"
+#include "runkey.h"
 #include "seal.h"
 #include "status.h"
 
-#define JOIN_MAGIC 0x6a6f696eu /* "join" */
-#define JOIN_VERSION 4u /* 3: the verdict carries the link keys' epoch; 4: the hello the build */
-#define KEY_BYTES 32
-#define NONCE_BYTES 32
-#define TAG_NONCE 41
-#define TAG_HELLO 42
-#define TAG_VERDICT 43
-#define TAG_BUILD 44
-
-/* What a joiner sends: every field is covered by the MAC. */
-typedef struct {
-    uint32_t magic, version;
-    int32_t site, ranks;
-    uint64_t fingerprint;
-    char run_id[64];
-    char build[64];   /* isthmus_build(): both sites run the same program */
-    unsigned char nonce[NONCE_BYTES]; /* the joiner's: the host proves the key over it */
-    unsigned char mac[crypto_auth_hmacsha256_BYTES];
-} JoinHello;
-
-/* The host's answer, its MAC over both nonces and every field: a joiner
- * trusts no host that cannot prove the key (a process that published the
- * run's name first would otherwise receive every payload). */
-typedef struct {
-    int32_t ok;
-    int32_t pad;
-    int64_t rejoin_step; /* -1: the run is forming; else the live host's step to continue from */
-    char reason[200];
-    unsigned char epoch[SEAL_EPOCH_BYTES]; /* the link keys' epoch (seal.h), fresh each time the sites meet */
-    unsigned char mac[crypto_auth_hmacsha256_BYTES];
-} JoinVerdict;
+#define TAG_BUILD 44 /* the merges' MPI_Intercomm_create (41-43: the handshake's) */
 
 void federation_joint(Federation *f)
 {
@@ -123,100 +90,7 @@ void federation_run_id(const Config *cfg, char *out, size_t size)
     else snprintf(out, size, "%016llx", (unsigned long long)federation_fingerprint(cfg));
 }
 
-/* --- the key -------------------------------------------------------------- */
-
-static void key_path(const Config *cfg, char *out, size_t size)
-{
-    if (cfg->outer.key_file[0]) snprintf(out, size, "%s", cfg->outer.key_file);
-    else snprintf(out, size, "%s/run.key", cfg->train.out_dir);
-}
-
-static int read_key(const char *path, unsigned char key[KEY_BYTES])
-{
-    const int fd = open(path, O_RDONLY | O_NOFOLLOW);
-    if (fd < 0)
-        return isth_fail(ISTH_EINPUT, "key file %s: %s (every site needs the run's key: copy it from the first "
-                         "site, mode 0600)", path, strerror(errno));
-    struct stat st;
-    int rc = ISTH_OK;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
-        rc = isth_fail(ISTH_EINPUT, "key file %s: not a regular file", path);
-    else if (st.st_uid != geteuid())
-        rc = isth_fail(ISTH_EINPUT, "key file %s: owned by uid %u, not by this user (%u)", path, (unsigned)st.st_uid,
-                       (unsigned)geteuid());
-    else if (st.st_mode & 077)
-        rc = isth_fail(ISTH_EINPUT, "key file %s: readable by others (mode %03o): chmod 600 %s", path,
-                       (unsigned)(st.st_mode & 0777), path);
-    char hex[2 * KEY_BYTES + 2] = "";
-    ssize_t got = rc == ISTH_OK ? read(fd, hex, sizeof hex - 1) : -1;
-    close(fd);
-    CHECK(rc);
-    size_t len = 0;
-    if (got < 2 * KEY_BYTES || sodium_hex2bin(key, KEY_BYTES, hex, (size_t)got, "\n", &len, NULL) != 0 || len != KEY_BYTES)
-        rc = isth_fail(ISTH_EINPUT, "key file %s: not %d bytes in hex", path, KEY_BYTES);
-    sodium_memzero(hex, sizeof hex);
-    return rc;
-}
-
-/* A new key at `path`: temporary name, then link(). *made = 0 when a key
- * appeared there meanwhile (another launch's: kept). */
-static int write_new_key(const char *path, int *made)
-{
-    *made = 0;
-    char dir[CONFIG_PATH_MAX + 16];
-    snprintf(dir, sizeof dir, "%s", path);
-    char *slash = strrchr(dir, '/');
-    if (slash && slash != dir) {
-        *slash = '\0';
-        CHECK(make_dirs(dir));
-    }
-    unsigned char key[KEY_BYTES];
-    randombytes_buf(key, sizeof key);
-    char hex[2 * KEY_BYTES + 1];
-    sodium_bin2hex(hex, sizeof hex, key, sizeof key);
-    sodium_memzero(key, sizeof key);
-    char tmp[CONFIG_PATH_MAX + 32];
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    unlink(tmp); /* a stale temporary keeps its mode: never reuse it */
-    const int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW, 0600);
-    if (fd < 0) return isth_fail(ISTH_EINPUT, "key file %s: cannot create: %s", tmp, strerror(errno));
-    const size_t n = strlen(hex);
-    hex[n] = '\n';
-    const int ok = write(fd, hex, n + 1) == (ssize_t)(n + 1) && fsync(fd) == 0;
-    close(fd);
-    sodium_memzero(hex, sizeof hex);
-    /* link, not rename: a key another launch made meanwhile is kept */
-    const int linked = ok && link(tmp, path) == 0;
-    const int raced = ok && !linked && errno == EEXIST;
-    unlink(tmp);
-    if (raced) return ISTH_OK;
-    if (!linked) return isth_fail(ISTH_ERUNTIME, "key file %s: cannot write: %s", path, strerror(errno));
-    *made = 1;
-    return ISTH_OK;
-}
-
-/* The host's first launch makes the key when it has none. */
-static int ensure_key(const char *path)
-{
-    if (access(path, F_OK) == 0) return ISTH_OK;
-    int made;
-    CHECK(write_new_key(path, &made));
-    if (made) printf("federation: created the run's key %s (mode 0600); every other site needs a copy\n", path);
-    return ISTH_OK;
-}
-
-int federation_keygen(const char *path)
-{
-    if (sodium_init() < 0) return isth_fail(ISTH_ERUNTIME, "keygen: libsodium failed to initialise");
-    struct stat st;
-    if (lstat(path, &st) == 0)
-        return isth_fail(ISTH_EINPUT, "keygen: %s exists; a run's key is never overwritten (remove it first)", path);
-    int made;
-    CHECK(write_new_key(path, &made));
-    if (!made) return isth_fail(ISTH_EINPUT, "keygen: %s appeared meanwhile; not overwritten", path);
-    printf("keygen: wrote a new run key to %s (mode 0600): copy it to every site, set [outer] key_file\n", path);
-    return ISTH_OK;
-}
+/* --- the link's keys ---------------------------------------------------------------- */
 
 int federation_joint_keys(Federation *f, const Config *cfg)
 {
@@ -231,9 +105,9 @@ int federation_joint_keys(Federation *f, const Config *cfg)
         return ISTH_OK;
     }
     /* every rank reads the key where it runs; the epoch, not secret, goes over MPI */
-    unsigned char key[KEY_BYTES], epoch[SEAL_EPOCH_BYTES];
+    unsigned char key[RUNKEY_BYTES], epoch[SEAL_EPOCH_BYTES];
     const int was = status_set_quiet(me != 0); /* the same error on every rank: rank 0 says it */
-    int rc = read_key(cfg->outer.key_file, key), worst = rc;
+    int rc = runkey_read(cfg->outer.key_file, key), worst = rc;
     status_set_quiet(was);
     CHECK_MPI(MPI_Allreduce(&rc, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD));
     if (worst != ISTH_OK) {
@@ -258,132 +132,6 @@ int federation_joint_keys(Federation *f, const Config *cfg)
                                  "of the same file)", cfg->outer.key_file);
     status_set_quiet(quiet);
     return rc_key;
-}
-
-static void hello_mac(const JoinHello *h, const unsigned char nonce[NONCE_BYTES], const unsigned char key[KEY_BYTES],
-                      unsigned char out[crypto_auth_hmacsha256_BYTES])
-{
-    crypto_auth_hmacsha256_state st;
-    crypto_auth_hmacsha256_init(&st, key, KEY_BYTES);
-    crypto_auth_hmacsha256_update(&st, nonce, NONCE_BYTES);
-    crypto_auth_hmacsha256_update(&st, (const unsigned char *)h, offsetof(JoinHello, mac));
-    crypto_auth_hmacsha256_final(&st, out);
-}
-
-static void verdict_mac(const JoinVerdict *v, const unsigned char host_nonce[NONCE_BYTES],
-                        const unsigned char joiner_nonce[NONCE_BYTES], const unsigned char key[KEY_BYTES],
-                        unsigned char out[crypto_auth_hmacsha256_BYTES])
-{
-    static const unsigned char label[] = "isthmus verdict";
-    crypto_auth_hmacsha256_state st;
-    crypto_auth_hmacsha256_init(&st, key, KEY_BYTES);
-    crypto_auth_hmacsha256_update(&st, label, sizeof label);
-    crypto_auth_hmacsha256_update(&st, host_nonce, NONCE_BYTES);
-    crypto_auth_hmacsha256_update(&st, joiner_nonce, NONCE_BYTES);
-    crypto_auth_hmacsha256_update(&st, (const unsigned char *)v, offsetof(JoinVerdict, mac));
-    crypto_auth_hmacsha256_final(&st, out);
-}
-
-/* --- messages with a deadline ----------------------------------------------- */
-
-static int wait_deadline(MPI_Request *req, double deadline, const char *what, int expect_bytes)
-{
-    int done = 0;
-    MPI_Status st;
-    while (!done) {
-        CHECK_MPI(MPI_Test(req, &done, &st));
-        if (done && expect_bytes >= 0) {
-            int got = -1;
-            MPI_Get_count(&st, MPI_BYTE, &got);
-            if (got != expect_bytes)
-                return isth_fail(ISTH_ERUNTIME, "federation: %s: %d bytes, expected %d", what, got, expect_bytes);
-        }
-        if (done) break;
-        if (now_s() > deadline) {
-            MPI_Cancel(req);
-            MPI_Request_free(req);
-            return isth_fail(ISTH_ERUNTIME, "federation: %s: no answer before the deadline (%s)", what, FAULT_HINT_NET);
-        }
-        struct timespec ts = {0, 1000000};
-        nanosleep(&ts, NULL);
-    }
-    return ISTH_OK;
-}
-
-static int send_within(const void *buf, int bytes, int tag, MPI_Comm c, double deadline, const char *what)
-{
-    MPI_Request r;
-    CHECK_MPI(MPI_Isend(buf, bytes, MPI_BYTE, 0, tag, c, &r));
-    return wait_deadline(&r, deadline, what, -1);
-}
-
-static int recv_within(void *buf, int bytes, int tag, MPI_Comm c, double deadline, const char *what)
-{
-    MPI_Request r;
-    CHECK_MPI(MPI_Irecv(buf, bytes, MPI_BYTE, 0, tag, c, &r));
-    return wait_deadline(&r, deadline, what, bytes);
-}
-
-/* --- the knock: a joiner announces itself before it connects ----------------
- *
- * Open MPI pairs a connect with whatever accept is pending on the port; a
- * leader's accept that times out (3 s, main.c) while a connect is half done
- * leaves that connect hanging (seen about once in 20 joins). So neither
- * side waits in accept/connect on spec: the joiner publishes
- * "<service>-knock-<site>" with a fresh value per attempt, the host answers
- * "<service>-come-<site>" with that value just before it accepts, and the
- * joiner connects to the port that answer names when it reads its own
- * value back. Both calls then start within a poll of each other. A name service lookup of a missing name
- * returns at once; a newer publish of a name replaces the older value. */
-
-#define POLL_S 0.05
-
-static void knock_name(const Federation *f, const char *what, int site, char *out, size_t size)
-{
-    snprintf(out, size, "%s-%s-%d", f->service, what, site);
-}
-
-static void sleep_s(double s)
-{
-    struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
-    nanosleep(&ts, NULL);
-}
-
-/* The value site `site` knocks with now ("" when none). */
-static void knock_value(const Federation *f, int site, char *value)
-{
-    char name[160];
-    knock_name(f, "knock", site, name, sizeof name);
-    if (MPI_Lookup_name(name, MPI_INFO_NULL, value) != MPI_SUCCESS) value[0] = '\0';
-}
-
-/* Host, when it sees a new knock between steps: "busy-<value>" at once, so
- * that the knocker knows a live run will answer (after its checkpoint). */
-static void host_ack_knock(Federation *f, int site, const char *value)
-{
-    char name[160], busy[128];
-    knock_name(f, "come", site, name, sizeof name);
-    snprintf(busy, sizeof busy, "busy-%.63s", value);
-    MPI_Publish_name(name, MPI_INFO_NULL, busy);
-}
-
-/* Host: accept the connect of the joiner that knocked with `value`. */
-static int host_accept_knock(Federation *f, int site, const char *value, MPI_Comm *c)
-{
-    char name[160], answer[MPI_MAX_PORT_NAME];
-    knock_name(f, "come", site, name, sizeof name);
-    *c = MPI_COMM_NULL;
-    /* the answer names the port: the run's name may meanwhile hold another
-     * one (a site that hosted for a moment before it learned it was dropped) */
-    if ((size_t)snprintf(answer, sizeof answer, "%.63s|%s", value, f->port) >= sizeof answer) return 0;
-    if (MPI_Publish_name(name, MPI_INFO_NULL, answer) != MPI_SUCCESS) return 0;
-    /* bounded by pmix_base_exchange_timeout (main.c) */
-    if (MPI_Comm_accept(f->port, MPI_INFO_NULL, 0, MPI_COMM_SELF, c) != MPI_SUCCESS) {
-        *c = MPI_COMM_NULL;
-        return 0;
-    }
-    MPI_Comm_set_errhandler(*c, MPI_ERRORS_RETURN);
-    return 1;
 }
 
 /* --- waiting for the other sites ---------------------------------------------------- */
@@ -425,155 +173,35 @@ static void missing_sites(const Federation *f, const Config *cfg, char *out, siz
 
 /* A leader's wait for the other sites: until outer.join_timeout, or without
  * a limit (0) until a stop signal, saying every minute whom it waits for. */
-typedef struct {
-    double started, deadline, next_note;
-    double busy_max_s; /* a probe: how long a live host's "busy" answer may keep it waiting */
-    char limit[64];    /* "up to 120 s" or "no limit: until stopped" */
-} JoinWait;
-
-#define JOIN_NOTE_S 60.0
-
-static void join_wait_start(JoinWait *w, const Config *cfg)
+static void wait_start(Federation *f, KnockWait *w, const Config *cfg)
 {
-    w->started = now_s();
-    w->next_note = w->started + JOIN_NOTE_S;
     /* the host answers "busy" while it writes the checkpoint it will send */
-    w->busy_max_s = cfg->checkpoint.timeout + FEDERATION_SETUP_S;
-    w->deadline = cfg->outer.join_timeout > 0 ? w->started + cfg->outer.join_timeout : -1.0;
-    if (w->deadline < 0) snprintf(w->limit, sizeof w->limit, "no limit: until stopped");
-    else snprintf(w->limit, sizeof w->limit, "up to %.0f s", cfg->outer.join_timeout);
-}
-
-/* Called at every poll of the wait: 1 to poll again; 0 when the wait is
- * over, on a stop signal (f->stopped set) or past the deadline. */
-static int join_wait_on(Federation *f, JoinWait *w, const char *whom)
-{
-    const double t = now_s();
-    if (f->stopped) return 0;
-    if (f->stop_flag && *f->stop_flag) {
-        f->stopped = 1;
-        printf("federation: stopped by a signal while waiting for %s (%.0f s): the run did not form, nothing "
-               "trained\n", whom, t - w->started);
-        fflush(stdout);
-        return 0;
-    }
-    if (w->deadline >= 0 && t > w->deadline) return 0;
-    if (w->deadline < 0) fault_watchdog_arm(FEDERATION_HEARTBEAT_S, "one poll of the wait for the other sites",
-                                            FAULT_HINT_NET);
-    if (t >= w->next_note) {
-        printf("federation: still waiting for %s (%.0f min so far; %s)\n", whom, (t - w->started) / 60.0, w->limit);
-        fflush(stdout);
-        w->next_note += JOIN_NOTE_S;
-    }
-    return 1;
+    knock_wait_start(w, cfg->outer.join_timeout, cfg->checkpoint.timeout + FEDERATION_SETUP_S, FEDERATION_HEARTBEAT_S,
+                     f->stop_flag, &f->stopped);
 }
 
 /* --- the host (the first site's first rank) ------------------------------------------ */
 
-/* Check one joiner's hello; on refusal `reason` says why. */
-static int check_hello(const Config *cfg, const JoinHello *h, int host, int knocked, const unsigned char nonce[NONCE_BYTES],
-                       const unsigned char key[KEY_BYTES], const char *run_id, uint64_t fingerprint,
-                       const MPI_Comm *links, char *reason, size_t size)
-{
-    unsigned char mac[crypto_auth_hmacsha256_BYTES];
-    if (h->magic != JOIN_MAGIC || h->version != JOIN_VERSION) {
-        snprintf(reason, size, "not an isthmus join of this version (magic %08x, version %u)", h->magic, h->version);
-        return 0;
-    }
-    hello_mac(h, nonce, key, mac);
-    if (sodium_memcmp(mac, h->mac, sizeof mac) != 0) {
-        snprintf(reason, size, "wrong key: the proof does not verify under this run's key");
-        return 0;
-    }
-    if (strncmp(h->run_id, run_id, sizeof h->run_id)) {
-        snprintf(reason, size, "run id '%.63s' is not this run's '%s'", h->run_id, run_id);
-        return 0;
-    }
-    if (strncmp(h->build, isthmus_build(), sizeof h->build - 1)) {
-        snprintf(reason, size, "site %d runs isthmus %.63s, this site %s: every site of a run must run the same build",
-                 (int)h->site, h->build, isthmus_build());
-        return 0;
-    }
-    if (h->fingerprint != fingerprint) {
-        snprintf(reason, size, "config fingerprint %016llx differs from this run's %016llx ([model], [outer], "
-                 "[site.*] and the schedule must match)", (unsigned long long)h->fingerprint,
-                 (unsigned long long)fingerprint);
-        return 0;
-    }
-    if (h->site < 0 || h->site >= cfg->n_sites || h->site == host || h->site != knocked) {
-        snprintf(reason, size, "site %d is not a joining site of this run, or not the one that knocked (%d)", h->site,
-                 knocked);
-        return 0;
-    }
-    if (links[h->site] != MPI_COMM_NULL) {
-        snprintf(reason, size, "site %s has already joined", cfg->sites[h->site].name);
-        return 0;
-    }
-    if (h->ranks != cfg->sites[h->site].ranks) {
-        snprintf(reason, size, "site %s came with %d ranks, [site.%s] ranks = %d", cfg->sites[h->site].name,
-                 h->ranks, cfg->sites[h->site].name, cfg->sites[h->site].ranks);
-        return 0;
-    }
-    return 1;
-}
-
-/* One accepted connection from the site that knocked: the handshake.
- * Returns the joiner's site (its link kept in links[]), -1 when refused or
- * broken (link freed). rejoin_step: -1 while the run forms, else the live
- * host's step the joiner continues from. */
-static int host_handshake(const Config *cfg, MPI_Comm c, int host, int knocked, const unsigned char key[KEY_BYTES],
-                          const char *run_id, uint64_t fingerprint, MPI_Comm *links, long rejoin_step,
-                          const unsigned char epoch[SEAL_EPOCH_BYTES])
-{
-    const double deadline = now_s() + 30.0;
-    unsigned char nonce[NONCE_BYTES];
-    randombytes_buf(nonce, sizeof nonce);
-    JoinHello h;
-    memset(&h, 0, sizeof h);
-    JoinVerdict v;
-    memset(&v, 0, sizeof v);
-    v.rejoin_step = rejoin_step;
-    memcpy(v.epoch, epoch, sizeof v.epoch);
-    if (send_within(nonce, NONCE_BYTES, TAG_NONCE, c, deadline, "sending the nonce") != ISTH_OK ||
-        recv_within(&h, sizeof h, TAG_HELLO, c, deadline, "a joiner's hello") != ISTH_OK) {
-        MPI_Comm_free(&c);
-        return -1;
-    }
-    v.ok = check_hello(cfg, &h, host, knocked, nonce, key, run_id, fingerprint, links, v.reason, sizeof v.reason);
-    const int site = v.ok ? h.site : -1;
-    if (!v.ok) printf("federation: refused a join: %s\n", v.reason);
-    else if (rejoin_step < 0) printf("federation: site %s joined (proof verified)\n", cfg->sites[site].name);
-    else printf("federation: site %s rejoins at step %ld (proof verified)\n", cfg->sites[site].name, rejoin_step);
-    fflush(stdout);
-    verdict_mac(&v, nonce, h.nonce, key, v.mac);
-    if (send_within(&v, sizeof v, TAG_VERDICT, c, deadline, "the verdict") != ISTH_OK || !v.ok) {
-        MPI_Comm_free(&c);
-        return -1;
-    }
-    links[site] = c;
-    return site;
-}
-
 /* Try the knock of `site` if its value is new: 1 when the site is now in. */
-static int host_try_knock(Federation *f, const Config *cfg, int site, const unsigned char key[KEY_BYTES],
+static int host_try_knock(Federation *f, const Config *cfg, int site, const unsigned char key[RUNKEY_BYTES],
                           const char *run_id, uint64_t fingerprint, long rejoin_step,
                           const unsigned char epoch[SEAL_EPOCH_BYTES])
 {
     char value[MPI_MAX_PORT_NAME];
-    knock_value(f, site, value);
+    knock_value(f->service, site, value);
     if (!value[0] || !strncmp(value, f->knock_seen[site], sizeof f->knock_seen[site])) return 0;
     snprintf(f->knock_seen[site], sizeof f->knock_seen[site], "%.63s", value); /* each value is tried once */
     MPI_Comm c;
-    if (!host_accept_knock(f, site, value, &c)) {
+    if (!knock_accept(f->service, f->port, site, value, &c)) {
         printf("federation: site %s knocked but did not connect (a joiner that gave up, or a stale name)\n",
                cfg->sites[site].name);
         fflush(stdout);
         return 0;
     }
-    return host_handshake(cfg, c, f->site, site, key, run_id, fingerprint, f->leader_link, rejoin_step, epoch) == site;
+    return handshake_host(cfg, c, f->site, site, key, run_id, fingerprint, f->leader_link, rejoin_step, epoch) == site;
 }
 
-static int host_accept_all(Federation *f, const Config *cfg, const unsigned char key[KEY_BYTES],
+static int host_accept_all(Federation *f, const Config *cfg, const unsigned char key[RUNKEY_BYTES],
                            const char *run_id, uint64_t fingerprint)
 {
     CHECK_MPI(MPI_Open_port(MPI_INFO_NULL, f->port));
@@ -584,8 +212,8 @@ static int host_accept_all(Federation *f, const Config *cfg, const unsigned char
     f->published = f->hosting = 1;
     char missing[256];
     missing_sites(f, cfg, missing, sizeof missing);
-    JoinWait w;
-    join_wait_start(&w, cfg);
+    KnockWait w;
+    wait_start(f, &w, cfg);
     printf("federation: site %s hosts run %s; waiting for site(s) %s (%s)\n", cfg->sites[0].name, run_id, missing,
            w.limit);
     fflush(stdout);
@@ -597,53 +225,19 @@ static int host_accept_all(Federation *f, const Config *cfg, const unsigned char
         missing_sites(f, cfg, missing, sizeof missing);
         char whom[300];
         snprintf(whom, sizeof whom, "site(s) %s", missing);
-        if (!join_wait_on(f, &w, whom))
+        if (!knock_wait_on(&w, whom))
             return f->stopped ? ISTH_OK
                               : isth_fail(ISTH_ERUNTIME, "federation: %s did not join within %.0f s (outer.join_timeout)",
                                           whom, cfg->outer.join_timeout);
         const int before = joined;
         for (int s = 1; s < cfg->n_sites; s++)
             if (f->leader_link[s] == MPI_COMM_NULL) joined += host_try_knock(f, cfg, s, key, run_id, fingerprint, -1, epoch);
-        if (joined == before) sleep_s(POLL_S);
+        if (joined == before) knock_sleep(KNOCK_POLL_S);
     }
     return ISTH_OK;
 }
 
 /* --- a joiner (another site's first rank) ------------------------------------------ */
-
-/* Knock, wait for the host's answer with our value, connect. probe_s > 0:
- * give up after that long unless a live host has answered "busy" (it will
- * come once its checkpoint is written); *c stays MPI_COMM_NULL then. */
-static int joiner_knock_connect(Federation *f, JoinWait *w, const char *whom, double probe_s, MPI_Comm *c)
-{
-    unsigned char raw[16];
-    char value[2 * sizeof raw + 1], come[MPI_MAX_PORT_NAME], name[160];
-    randombytes_buf(raw, sizeof raw);
-    sodium_bin2hex(value, sizeof value, raw, sizeof raw);
-    knock_name(f, "knock", f->site, name, sizeof name);
-    if (MPI_Publish_name(name, MPI_INFO_NULL, value) != MPI_SUCCESS)
-        return isth_fail(ISTH_ERUNTIME, "federation: cannot publish '%s' in the name service", name);
-    knock_name(f, "come", f->site, name, sizeof name);
-    int answered = 0, busy = 0;
-    double give_up = now_s() + probe_s;
-    while (!answered && (probe_s <= 0 || now_s() < give_up) && join_wait_on(f, w, whom)) {
-        const int found = MPI_Lookup_name(name, MPI_INFO_NULL, come) == MPI_SUCCESS;
-        const size_t n = strlen(value);
-        if (found && !strncmp(come, value, n) && come[n] == '|' && come[n + 1]) {
-            answered = 1;
-            snprintf(f->port, sizeof f->port, "%s", come + n + 1); /* the answering host's port */
-        } else if (found && !busy && !strncmp(come, "busy-", 5) && !strcmp(come + 5, value)) {
-            busy = 1; /* a live host: it comes once its checkpoint is written, within a bound */
-            give_up = now_s() + w->busy_max_s;
-        }
-        if (!answered) sleep_s(POLL_S);
-    }
-    *c = MPI_COMM_NULL;
-    if (answered && MPI_Comm_connect(f->port, MPI_INFO_NULL, 0, MPI_COMM_SELF, c) != MPI_SUCCESS) *c = MPI_COMM_NULL;
-    knock_name(f, "knock", f->site, name, sizeof name);
-    MPI_Unpublish_name(name, MPI_INFO_NULL, value); /* a later host poll finds no stale knock */
-    return ISTH_OK;
-}
 
 /* Join the site `host` hosts. probe_s > 0 (the first site restarted: is a
  * live run hosted by the other site?): *joined = 0 and ISTH_OK when no live
@@ -651,8 +245,8 @@ static int joiner_knock_connect(Federation *f, JoinWait *w, const char *whom, do
 static int joiner_connect(Federation *f, const Config *cfg, int host, const char *key_file, const char *run_id,
                           uint64_t fingerprint, double probe_s, int *joined)
 {
-    JoinWait w;
-    join_wait_start(&w, cfg);
+    KnockWait w;
+    wait_start(f, &w, cfg);
     char whom[200];
     snprintf(whom, sizeof whom, "the host of run %s (site %s)", run_id, cfg->sites[host].name);
     if (probe_s <= 0) {
@@ -661,7 +255,7 @@ static int joiner_connect(Federation *f, const Config *cfg, int host, const char
     }
     MPI_Comm c = MPI_COMM_NULL;
     int found = 0, have_key = 0;
-    unsigned char key[KEY_BYTES];
+    unsigned char key[RUNKEY_BYTES];
     int rc = ISTH_OK;
     *joined = 0;
     while (c == MPI_COMM_NULL) {
@@ -669,7 +263,7 @@ static int joiner_connect(Federation *f, const Config *cfg, int host, const char
             if (have_key) sodium_memzero(key, sizeof key);
             return ISTH_OK;
         }
-        if (!join_wait_on(f, &w, whom)) {
+        if (!knock_wait_on(&w, whom)) {
             if (have_key) sodium_memzero(key, sizeof key);
             if (f->stopped) return ISTH_OK;
             return isth_fail(ISTH_ERUNTIME, "federation: %s: no host %s within %.0f s (outer.join_timeout)",
@@ -679,68 +273,28 @@ static int joiner_connect(Federation *f, const Config *cfg, int host, const char
         /* the port again after a failed connect: the host may have restarted */
         if (MPI_Lookup_name(f->service, MPI_INFO_NULL, f->port) != MPI_SUCCESS) {
             if (probe_s > 0) return ISTH_OK; /* no name: no live run */
-            sleep_s(10 * POLL_S);
+            knock_sleep(10 * KNOCK_POLL_S);
             continue;
         }
         found = 1;
         if (!have_key) { /* the host made the key before it published its name */
-            CHECK(read_key(key_file, key));
+            CHECK(runkey_read(key_file, key));
             have_key = 1;
         }
-        rc = joiner_knock_connect(f, &w, whom, probe_s, &c);
+        rc = knock_connect(f->service, f->site, &w, whom, probe_s, f->port, &c);
         if (rc != ISTH_OK) {
             sodium_memzero(key, sizeof key);
             return rc;
         }
     }
     MPI_Comm_set_errhandler(c, MPI_ERRORS_RETURN);
-    const double until = now_s() + 30.0;
-    unsigned char nonce[NONCE_BYTES];
-    JoinHello h;
-    memset(&h, 0, sizeof h);
-    h.magic = JOIN_MAGIC;
-    h.version = JOIN_VERSION;
-    h.site = f->site;
-    h.ranks = cfg->sites[f->site].ranks;
-    h.fingerprint = fingerprint;
-    snprintf(h.run_id, sizeof h.run_id, "%s", run_id);
-    snprintf(h.build, sizeof h.build, "%s", isthmus_build());
-    randombytes_buf(h.nonce, sizeof h.nonce);
-    JoinVerdict v;
-    memset(&v, 0, sizeof v);
-    rc = recv_within(nonce, NONCE_BYTES, TAG_NONCE, c, until, "the host's nonce");
-    if (rc == ISTH_OK) {
-        hello_mac(&h, nonce, key, h.mac);
-        rc = send_within(&h, sizeof h, TAG_HELLO, c, until, "our hello");
-    }
-    if (rc == ISTH_OK) rc = recv_within(&v, sizeof v, TAG_VERDICT, c, until, "the host's verdict");
-    int proven = 0; /* the host proves the key too: an acceptance that does not verify is not one */
-    if (rc == ISTH_OK) {
-        unsigned char mac[crypto_auth_hmacsha256_BYTES];
-        verdict_mac(&v, nonce, h.nonce, key, mac);
-        proven = sodium_memcmp(mac, v.mac, sizeof mac) == 0;
-        if (proven && v.ok) seal_master(f->link_master, key, run_id, v.epoch); /* the host's epoch, verified */
-    }
+    unsigned char epoch[SEAL_EPOCH_BYTES];
+    long rejoin_step = -1;
+    rc = handshake_join(cfg, c, f->site, host, key, run_id, fingerprint, f->service, epoch, &rejoin_step);
+    if (rc == ISTH_OK) seal_master(f->link_master, key, run_id, epoch); /* the host's epoch, verified */
     sodium_memzero(key, sizeof key);
-    if (rc == ISTH_OK && !v.ok) { /* a refusal's reason is shown, verified or not: it grants nothing */
-        v.reason[sizeof v.reason - 1] = '\0';
-        rc = isth_fail(ISTH_EINPUT, "federation: site %s was refused by site %s: %s", cfg->sites[f->site].name,
-                       cfg->sites[host].name, v.reason);
-    } else if (rc == ISTH_OK && !proven) {
-        rc = isth_fail(ISTH_EINPUT, "federation: the host of %s does not prove the run's key: not joining",
-                       f->service);
-    }
-    if (rc != ISTH_OK) {
-        MPI_Comm_free(&c);
-        return rc;
-    }
-    f->rejoin_step = v.rejoin_step;
-    if (v.rejoin_step < 0)
-        printf("federation: site %s joined run %s at site %s\n", cfg->sites[f->site].name, run_id, cfg->sites[host].name);
-    else
-        printf("federation: site %s rejoins run %s at site %s's step %ld\n", cfg->sites[f->site].name, run_id,
-               cfg->sites[host].name, (long)v.rejoin_step);
-    fflush(stdout);
+    if (rc != ISTH_OK) return rc; /* c freed */
+    f->rejoin_step = rejoin_step;
     f->leader_link[host] = c;
     f->host_site = host;
     *joined = 1;
@@ -813,7 +367,7 @@ static int bcast_polled(void *buf, int count, MPI_Datatype type)
     int rc = MPI_Ibcast(buf, count, type, 0, MPI_COMM_WORLD, &req), done = 0;
     while (rc == MPI_SUCCESS && !done) {
         rc = MPI_Test(&req, &done, MPI_STATUS_IGNORE);
-        if (!done) sleep_s(POLL_S);
+        if (!done) knock_sleep(KNOCK_POLL_S);
     }
     return rc;
 }
@@ -852,7 +406,7 @@ int federation_join(Federation *f, const Config *cfg, const char *site_name, con
 
     /* the leader does the talking; the site agrees on its outcome */
     int rc = ISTH_OK;
-    /* without a limit the leader's polls re-arm it (join_wait_on); the
+    /* without a limit the leader's polls re-arm it (knock_wait_on); the
      * others wait in the outcome's broadcast for as long as it waits */
     if (cfg->outer.join_timeout > 0)
         fault_watchdog_arm(federation_setup_s(cfg), "joining the federated run", FAULT_HINT_NET);
@@ -860,17 +414,17 @@ int federation_join(Federation *f, const Config *cfg, const char *site_name, con
         fault_watchdog_arm(FEDERATION_HEARTBEAT_S, "starting the wait for the other sites", FAULT_HINT_NET);
     if (me == 0) {
         char path[CONFIG_PATH_MAX + 16];
-        key_path(cfg, path, sizeof path);
+        runkey_path(cfg, path, sizeof path);
         int joined = 0;
         if (f->site == 0) {
-            rc = ensure_key(path);
+            rc = runkey_ensure(path);
             /* restarted while the other site trains on (two sites): it hosts
              * now and takes this site back; a run that is not live leaves
              * no one to answer the knock within the probe */
             if (rc == ISTH_OK && cfg->n_sites == 2)
                 rc = joiner_connect(f, cfg, 1, path, run_id, fingerprint, FEDERATION_PROBE_S, &joined);
-            unsigned char key[KEY_BYTES];
-            if (rc == ISTH_OK && !joined && !f->stopped) rc = read_key(path, key);
+            unsigned char key[RUNKEY_BYTES];
+            if (rc == ISTH_OK && !joined && !f->stopped) rc = runkey_read(path, key);
             if (rc == ISTH_OK && !joined && !f->stopped) rc = host_accept_all(f, cfg, key, run_id, fingerprint);
             sodium_memzero(key, sizeof key);
         } else {
@@ -943,9 +497,9 @@ int federation_knocking(Federation *f, int site)
     MPI_Comm_rank(MPI_COMM_WORLD, &me);
     if (me == 0) {
         char value[MPI_MAX_PORT_NAME];
-        knock_value(f, site, value);
+        knock_value(f->service, site, value);
         knocking = value[0] && strncmp(value, f->knock_seen[site], sizeof f->knock_seen[site]) != 0;
-        if (knocking) host_ack_knock(f, site, value);
+        if (knocking) knock_ack(f->service, site, value);
     }
     if (MPI_Bcast(&knocking, 1, MPI_INT, 0, MPI_COMM_WORLD) != MPI_SUCCESS) return 0;
     return knocking;
@@ -966,10 +520,10 @@ int federation_rejoin(Federation *f, const Config *cfg, int site, long step, int
     int in = 0;
     if (me == 0) {
         char path[CONFIG_PATH_MAX + 16], run_id[64];
-        key_path(cfg, path, sizeof path);
+        runkey_path(cfg, path, sizeof path);
         federation_run_id(cfg, run_id, sizeof run_id);
-        unsigned char key[KEY_BYTES];
-        if (read_key(path, key) == ISTH_OK) {
+        unsigned char key[RUNKEY_BYTES];
+        if (runkey_read(path, key) == ISTH_OK) {
             /* the old leaders' link goes (freed, not disconnected: the peer is dead) */
             if (f->leader_link[site] != MPI_COMM_NULL) MPI_Comm_free(&f->leader_link[site]);
             unsigned char epoch[SEAL_EPOCH_BYTES]; /* new keys: nothing from before the loss opens */

@@ -9,21 +9,17 @@
  * of every other site looks the name up, knocks (publishes
  * "isthmus-<run id>-knock-<site>" = a fresh value), and connects when the
  * host answers "...-come-<site>" with that value just before it accepts
- * (federation.c says why accept and connect are never left waiting on
- * spec). The same knock takes a lost site back into a live two-site run:
+ * (knock.h says why accept and connect are never left waiting on spec).
+ * The same knock takes a lost site back into a live two-site run:
  * the live site hosts from each loss on, whichever it is, and looks for the
  * knock between steps (federation_knocking); a restarted first site knocks
  * before it hosts anything itself (FEDERATION_PROBE_S). Only the two leaders
  * take part (MPI_COMM_SELF): Open MPI 4.1 bounds a leader's accept and
  * connect by pmix_base_exchange_timeout (main.c sets it before MPI_Init),
  * where a collective accept would leave the other ranks waiting forever.
- * Over the leaders' link the host sends a fresh nonce; the joiner answers
- * with the run id, its site, its rank count, the config fingerprint and an
- * HMAC-SHA256 (libsodium) under the run's key over all of it and a nonce
- * of its own; the host checks each and answers with a verdict (a reason
- * when refused: the joiner exits 2, the host keeps waiting, undisturbed)
- * that carries the host's own HMAC over both nonces: the joiner trusts no
- * host without the key. When every site has joined, MPI_Intercomm_create
+ * Over the leaders' link the two prove the run's key to each other
+ * (handshake.h); a joiner refused exits 2, the host keeps waiting,
+ * undisturbed. When every site has joined, MPI_Intercomm_create
  * over the leaders' link brings each site's ranks in, site by site in
  * config order, and the merges make the world.
  * The whole join runs under the fault watchdog (outer.join_timeout + 60 s):
@@ -36,21 +32,19 @@
  * until the other site comes or the caller's stop flag (a signal) is
  * raised; the world's collectives after it keep a finite bound.
  *
- * The key: 32 random bytes (hex) in outer.key_file (default
- * <out_dir>/run.key), created with mode 0600 by the host at its first
- * launch if missing (an exclusive temporary, then link(): a key made
- * meanwhile is kept); refused unless a regular file of this user that group
- * and others cannot read (opened without following links). Every site must
- * hold the same file.
+ * The key: outer.key_file (runkey.h), made by the host at its first launch
+ * if missing; every site must hold the same file.
  *
  * The link's keys: the host draws a random epoch for the run as it forms
  * and a new one for every live rejoin, and sends it in its verdict (under
  * its HMAC); each leader derives the link master key from the run key, the
  * run id and the epoch (seal_master) and gives it to its site's ranks.
  *
- * Owns: the run id and the published name, the key file, the wait for the
- * other sites, the handshake and its wire structs, the leaders'
- * communicators and the world made of them, and the link's master key.
+ * Owns: the run id, the fingerprint and the published name, the order of a
+ * join (who hosts, who knocks, when each gives up), the leaders'
+ * communicators and the world made of them, the host side of a live
+ * rejoin, and the link's master key. The key file (runkey.h), the knock and
+ * the wait (knock.h) and the handshake (handshake.h) are its parts.
  * Must not: train or carry payloads (the link does, over this world), or
  * retry a join once it was refused.
  */
@@ -155,10 +149,6 @@ void federation_free_world(MPI_Comm *world);
 /* Unpublish the name (host) and free the communicators (MPI_Comm_free:
  * Open MPI 4.1's MPI_Comm_disconnect hangs on a dead peer). */
 void federation_destroy(Federation *f);
-
-/* `isthmus keygen FILE`: a new run key (32 random bytes in hex, mode 0600,
- * directories made); an existing FILE is never overwritten (exit 2). */
-int federation_keygen(const char *path);
 
 /* What two sites must agree on to train together: the resolved config
  * without the keys each site may set for itself ([data], [checkpoint],

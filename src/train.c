@@ -15,6 +15,7 @@
 #include "h5io.h"
 #include "clock.h"
 #include "coll.h"
+#include "config_keys.h"
 #include "norms.h"
 #include "stateview.h"
 #include "status.h"

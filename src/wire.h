@@ -25,7 +25,12 @@
  * posted or room comes back). A peer whose socket fails or closes, or that
  * sends a chunk that does not parse or repeats one, is failed: nothing more
  * to or from it (its early arrivals are let go).
- * Owns: the sockets, their handshake, chunking, matching, buffering.
+ * Owns: the sockets, their handshake, chunking, matching, buffering — in
+ * parts: wire_conn.c (listening, connecting, accepting, the hello),
+ * wire_stream.c (chunks written and read on a stream, matched to their
+ * message, early arrivals kept), wire_state.c (a peer's state and its
+ * failure), wire.c (opening and closing: the address exchange; the ops a
+ * caller posts, and progress); wire_types.h the types they share.
  * Must not: block; know what a message means (link.c frames and seals
  * them: a byte from the wire is untrusted until link_check opens it).
  */
@@ -38,23 +43,8 @@
 #include <stdio.h>
 
 #include "seal.h"
+#include "wire_types.h"
 
-#define WIRE_MAX_STREAMS 16
-#define WIRE_MAX_SITES 64
-
-typedef struct {
-    int streams;             /* TCP connections per pair of ranks (1..WIRE_MAX_STREAMS) */
-    size_t chunk_bytes;      /* largest chunk (striping unit) */
-    long socket_buffer;      /* SO_SNDBUF/SO_RCVBUF bytes; 0 = the kernel's autotuning */
-    int port_lo, port_hi;    /* listening ports tried in order; 0, 0 = any free port */
-    char interface[32];      /* the address advertised: an interface's IPv4 address ("" = first up non-loopback) */
-    size_t unexpected_max;   /* bytes kept for messages whose receive is not posted yet */
-    int port_shift;          /* test hook (ISTHMUS_WIRE_PORT_SHIFT): connect to a peer's port + this (a proxy) */
-    double hello_timeout_s;  /* an accepted connection must say who it is within this (0: 600 s) */
-} WireOptions;
-
-typedef struct Wire Wire;
-typedef struct WireOp WireOp;
 
 /* Collective over comm (every rank, in the same order): listen, exchange
  * addresses. site_first[n_sites + 1]: site s's ranks are [site_first[s],

@@ -1,6 +1,6 @@
 #!/bin/sh
 # docs_keys.sh — docs/configuration.md documents every configuration key the
-# program accepts (the key table in src/config.c is the source of truth), and
+# program accepts (the key table in src/config_keys.c is the source of truth), and
 # `isthmus config --keys` prints each one's type, default and meaning, the
 # default the one the documentation gives.
 . "$TOP_SRCDIR/tests/lib.sh"

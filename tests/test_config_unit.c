@@ -14,6 +14,7 @@
 #include <cmocka.h>
 
 #include "config.h"
+#include "config_keys.h"
 #include "devices.h"
 #include "status.h"
 

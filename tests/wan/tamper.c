@@ -2,7 +2,7 @@
  * proxy that forwards every connection made to LISTEN_PORT on to
  * 127.0.0.1:TARGET_PORT, both ways, and changes the traffic of the
  * connecting side (the lower-ranked site) as MODE says. It parses the
- * wire's framing (wire.c) with its own code: a 56-byte hello, then chunks
+ * wire's framing (wire_state.h) with its own code: a 56-byte hello, then chunks
  * of a 40-byte header (magic, tag, sequence, offset, total, length) and
  * their data; in a chunk that starts a link frame (the link header's magic
  * at byte 40), the frame's kind is byte 47 (link.h: 0 a site's values, 1

@@ -1,0 +1,72 @@
+/* knock.h — how the leaders of two sites meet through Open MPI's name
+ * service (ompi-server), and a leader's wait for the other sites.
+ *
+ * The knock: Open MPI pairs a connect with whatever accept is pending on
+ * the port; a leader's accept that times out (3 s, main.c) while a connect
+ * is half done leaves that connect hanging (seen about once in 20 joins).
+ * So neither side waits in accept/connect on spec: the joiner publishes
+ * "<service>-knock-<site>" with a fresh value per attempt, the host answers
+ * "<service>-come-<site>" with that value (and its port) just before it
+ * accepts, and the joiner connects to the port that answer names when it
+ * reads its own value back. Both calls then start within a poll of each
+ * other. A name service lookup of a missing name returns at once; a newer
+ * publish of a name replaces the older value. A live host that sees a new
+ * knock between steps answers "busy-<value>" at once (knock_ack): it comes
+ * once its checkpoint is written.
+ *
+ * Owns: the knock's names and values, the host's answers and its accept,
+ * the joiner's knock and connect, the poll interval, and the wait (its
+ * deadline, a note every minute, the stop signal, the watchdog re-armed at
+ * every poll when there is no deadline).
+ * Must not: open or publish the run's port, verify the other side
+ * (handshake.h), or build the world.
+ */
+#ifndef ISTHMUS_KNOCK_H
+#define ISTHMUS_KNOCK_H
+
+#include <signal.h>
+
+#include <mpi.h>
+
+/* the interval of every poll of the name service (and of a leader's wait) */
+#define KNOCK_POLL_S 0.05
+void knock_sleep(double s);
+
+/* A leader's wait for the other sites: until a deadline, or without a
+ * limit until a stop signal, saying every minute whom it waits for. */
+typedef struct {
+    double started, deadline, next_note;
+    double busy_max_s;   /* a probe: how long a live host's "busy" answer may keep it waiting */
+    double heartbeat_s;  /* no deadline: every poll re-arms the watchdog for this long */
+    char limit[64];      /* "up to 120 s" or "no limit: until stopped" */
+    const volatile sig_atomic_t *stop_flag; /* the caller's, raised by a stop signal (may be NULL) */
+    int *stopped;        /* set when the wait ended on that signal; a wait already stopped ends at once */
+} KnockWait;
+
+/* join_timeout > 0: the deadline, seconds from now; 0: none. */
+void knock_wait_start(KnockWait *w, double join_timeout, double busy_max_s, double heartbeat_s,
+                      const volatile sig_atomic_t *stop_flag, int *stopped);
+/* Called at every poll of the wait: 1 to poll again; 0 when the wait is
+ * over, on a stop signal (*stopped set) or past the deadline. */
+int knock_wait_on(KnockWait *w, const char *whom);
+
+/* Host: the value site `site` knocks with now ("" when none) under the
+ * run's name `service`. */
+void knock_value(const char *service, int site, char *value);
+/* Host, when it sees a new knock between steps: "busy-<value>" at once, so
+ * that the knocker knows a live run will answer (after its checkpoint). */
+void knock_ack(const char *service, int site, const char *value);
+/* Host: answer the knock `value` with `port`, then accept the joiner's
+ * connect on it (MPI_COMM_SELF). 1 with *c the leaders' link; 0 when
+ * nobody connected (*c = MPI_COMM_NULL). */
+int knock_accept(const char *service, const char *port, int site, const char *value, MPI_Comm *c);
+/* Joiner (site `site`): knock, wait for the host's answer with our value,
+ * connect to the port it names (copied into port[MPI_MAX_PORT_NAME]).
+ * probe_s > 0: give up after that long unless a live host has answered
+ * "busy" (it will come once its checkpoint is written, within
+ * w->busy_max_s); *c stays MPI_COMM_NULL then, as when the wait ends or
+ * the connect fails. ISTH_ERUNTIME only when the knock cannot be published. */
+int knock_connect(const char *service, int site, KnockWait *w, const char *whom, double probe_s, char *port,
+                  MPI_Comm *c);
+
+#endif
