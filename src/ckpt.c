@@ -1,6 +1,7 @@
 /* ckpt.c — see ckpt.h. */
 #include "ckpt.h"
 #include "alloc.h"
+#include "ckpt_validate.h"
 
 #include <dirent.h>
 #include <errno.h>

@@ -19,7 +19,7 @@
  *               start of the exchange in flight (-1 none)
  * All tensors have canonical shapes, so a run with another expert-parallel
  * degree reads the same file; a restart with the same layout continues bit
- * for bit. Validation (ckpt_validate.c) reads every value block by block.
+ * for bit. Validation (ckpt_validate.h) reads every value block by block.
  * Must not: decide when to checkpoint (run.c) or touch the data stream.
  */
 #ifndef ISTHMUS_CKPT_H
@@ -76,16 +76,5 @@ int ckpt_share(Trainer *tr, int from_site, long step, char *path, size_t cap);
  * this site the state of its learner i mod its count), error-feedback
  * residuals start at zero. Everything else as ckpt_load, without fallback. */
 int ckpt_load_copy(Trainer *tr, const char *path, int from_site);
-
-/* Full validation of one file by the calling rank alone (every dataset read,
- * fletcher32 verified). Returns ISTH_OK or ISTH_EINPUT with `reason`. */
-int ckpt_validate(const char *path, char *reason, size_t cap, long *step);
-/* The same without reading the values (read_data 0): structure, shapes,
- * types, filters and attributes. --resume checks its candidates this way
- * and the load verifies every value it reads, so the file is read once. */
-int ckpt_check(const char *path, char *reason, size_t cap, long *step, int read_data);
-
-/* `isthmus inspect FILE`: attributes, datasets, verdict. */
-int ckpt_inspect(const char *path);
 
 #endif

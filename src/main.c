@@ -21,7 +21,7 @@
 #include "federation.h"
 #include "backend.h"
 #include "cpu/blas_select.h"
-#include "ckpt.h"
+#include "ckpt_validate.h"
 #include "clock.h"
 #include "data.h"
 #include "decoder.h"

@@ -4,7 +4,7 @@
 #include <stdio.h>
 
 #include "alloc.h"
-#include "ckpt.h"
+#include "ckpt_validate.h"
 #include "status.h"
 
 /* h5io's ChunkAt over a host model holding every expert. */
