@@ -1,7 +1,5 @@
-/* ckpt_validate.c — see ckpt.h: checking a checkpoint or model file by
- * one rank alone (structure, attributes, every value read block by block
- * with its fletcher32 checksum), and `isthmus inspect`. */
-#include "ckpt.h"
+/* ckpt_validate.c — see ckpt_validate.h. */
+#include "ckpt_validate.h"
 
 #include <hdf5.h>
 #include <math.h>

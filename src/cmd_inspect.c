@@ -10,7 +10,7 @@
 #include <mpi.h>
 #include <stdio.h>
 
-#include "ckpt.h"
+#include "ckpt_validate.h"
 #include "plot.h"
 #include "status.h"
 

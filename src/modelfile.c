@@ -4,7 +4,7 @@
 #include <stdio.h>
 
 #include "alloc.h"
-#include "ckpt.h"
+#include "ckpt_validate.h"
 #include "coll.h"
 #include "plan.h"
 #include "stateview.h"

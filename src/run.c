@@ -12,6 +12,9 @@
 
 #include "alloc.h"
 #include "ckpt.h"
+#include "ckpt_files.h"
+#include "ckpt_load.h"
+#include "ckpt_share.h"
 #include "clock.h"
 #include "fault.h"
 #include "federation.h"

@@ -58,7 +58,7 @@ typedef struct {
     long step;           /* optimiser steps done */
     long ckpt_every_site; /* the newest step whose checkpoint every site completed while all were in (-1 none):
                            * kept by the pruning while a site is out, so that the sites, started again together,
-                           * still have a step in common (ckpt.c) */
+                           * still have a step in common (ckpt.c, ckpt_load.c) */
     double compute_s;    /* this rank's time in the inner steps' own work so far (trainer_step) */
     double data_s;       /* of which reading training windows (data_fill) */
     double inter_site_total; /* the step lines' inter_site_bytes summed over every step of this start */

@@ -1,0 +1,56 @@
+/* ckpt_files.h — a site's checkpoint files on disk: where they go, what
+ * they are called, which exist, which are kept, and which one a run
+ * resumes from.
+ *
+ * Each site keeps its files in its own directory,
+ * <[checkpoint] dir>/<site>/ (default <out_dir>/checkpoints/<site>/), as
+ * ckpt-<step, 8 digits>.h5; a file of a step past the one every site
+ * resumed from is renamed ckpt-<step>.h5.passed, kept but no longer listed.
+ * Owns: the directory and file names, listing the complete files, pruning
+ * them, setting the passed-over ones aside, probing the output directories
+ * before training, and the sites' agreement on the step to resume from.
+ * Must not: write or read a checkpoint's contents (ckpt.c, ckpt_load.c;
+ * it checks candidates through ckpt_validate.h) or decide when to
+ * checkpoint (run.c).
+ */
+#ifndef ISTHMUS_CKPT_FILES_H
+#define ISTHMUS_CKPT_FILES_H
+
+#include <stddef.h>
+
+#include "train.h"
+
+/* This site's checkpoint directory, and the file of `step` in a directory. */
+void ckpt_site_dir(const Trainer *tr, char *out, size_t cap);
+void ckpt_file_path(const char *dir, long step, char *out, size_t cap);
+
+/* Steps --resume auto may pass over (damaged files), and the step of a
+ * checkpoint file's name (-1: not one). */
+#define CKPT_MAX_SKIP 16
+long ckpt_step_of(const char *path);
+
+/* Remove all but the newest `keep` files of dir, and the file of step
+ * `pin` (>= 0: the newest one every site completed, while a site is out).
+ * The site's first rank. */
+void ckpt_prune(const char *dir, int keep, long pin);
+
+/* Before training: every site's first rank checks that it can create,
+ * write and rename files in [train] out_dir and its checkpoint directory;
+ * ISTH_EINPUT on every rank when any cannot (collective). */
+int ckpt_check_outputs(Trainer *tr);
+
+/* Resolve `--resume` (a file or "auto") to this site's file: with "auto"
+ * each site validates its newest files (falling back past invalid ones,
+ * reported by name and reason) and the sites agree on the newest step they
+ * all have (steps in skip[n_skip] are passed over: a load found them
+ * damaged). Sets *path to "" when "auto" finds nothing (fresh start).
+ * Collective over every rank; the sites agree through the link. */
+int ckpt_find(Trainer *tr, const char *arg, char *path, size_t cap, const long *skip, int n_skip);
+
+/* After a resume at tr->step: this site's checkpoint files of later steps
+ * (passed over: another site lacks them, or damaged) are renamed
+ * <file>.passed, kept but out of the way, so that pruning the checkpoints
+ * written from now on does not count them. The site's first rank. */
+int ckpt_set_aside_newer(Trainer *tr);
+
+#endif
