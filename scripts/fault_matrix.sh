@@ -82,15 +82,7 @@ BEGIN {
 }' > "$OUT/draws"
 now() { date +%s.%N; }
 since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }
-wait_line() { # wait_line FILE PATTERN SECONDS: 0 when PATTERN appears in time
-    local end
-    end=$(awk -v s="$3" -v t="$(now)" 'BEGIN { printf "%.0f", t + s }')
-    while [ "$(date +%s)" -le "$end" ]; do
-        grep -q "$2" "$1" 2>/dev/null && return 0
-        sleep 0.2
-    done
-    return 1
-}
+. scripts/lib.sh # wait_line FILE PATTERN SECONDS
 BIN_NAME=$(basename "$ISTHMUS") # the ranks' command name (a copied binary may have another)
 ranks_of() { pgrep -f "$BIN_NAME train .* --site $1 .*outer.run_id=$2( |$)"; }
 launcher_of() { pgrep -f "federated.sh site .* $1 .*outer.run_id=$2( |$)"; }

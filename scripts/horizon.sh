@@ -113,6 +113,7 @@ esac
 
 . scripts/optim_variant.sh # optim_flags: Shampoo's variants (shampoo-b64, shampoo-e40)
 . jobs/lib.sh              # isthmus_run: USR1, INT, TERM passed on to the run as USR1
+. scripts/lib.sh           # last_bpb
 
 run() { # run MODE OPTIMIZER LR STEPS SEED
     local mode=$1 opt=$2 lr=$3 steps=$4 seed=$5 np layout dir min extra
@@ -163,7 +164,7 @@ RECORDED=${RECORDED:-docs/data/horizon-recorded.tsv}
 
 bpb_of() { # bpb_of RUN_DIR SET: the last evaluation's bpb; else RECORDED's; empty when neither
     local v
-    v=$(grep "\"eval\":\"$2\"" "$1/metrics.jsonl" 2> /dev/null | tail -1 | sed 's/.*"bpb":\([^,]*\),.*/\1/')
+    v=$(last_bpb "$1/metrics.jsonl" "$2" 2> /dev/null)
     if [ -z "$v" ] && [ ! -f "$1/metrics.jsonl" ] && [ -f "$RECORDED" ]; then
         v=$(awk -v m="$MODEL" -v n="$(basename "$1")" -v c="$([ "$2" = prose ] && echo 3 || echo 4)" \
             '!/^#/ && $1 == m && $2 == n { print $c }' "$RECORDED")

@@ -38,7 +38,7 @@ run() { # run SUITE NAME NP [--set ...]
         > "$dir/log" 2>&1
 }
 
-last_bpb() { grep "\"eval\":\"$2\"" "$1" | tail -1 | sed 's/.*"bpb":\([^,]*\),.*/\1/'; }
+. scripts/lib.sh # last_bpb FILE SET
 field() { sed -n "s/.*\"$2\":\"\{0,1\}\([^,\"}]*\).*/\1/p" <<<"$1"; }
 
 table() { # table SUITE — every run of the suite against its own sync run

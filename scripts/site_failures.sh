@@ -25,53 +25,45 @@ SET="--set site.a.ranks=1 --set site.b.ranks=1 --set outer.mode=streaming --set 
  --set train.steps=$STEPS --set train.threads=1 --set train.log_every=10 --set train.eval_every=0
  --set data.eval_bytes=65536 --set outer.join_timeout=120"
 FED=scripts/federated.sh
+. scripts/lib.sh # last_bpb, wait_line, pair_start
 
-site() { # site CORE NAME RUN_DIR [args...]
-    local core=$1 name=$2 dir=$3
-    shift 3
+site() { # site NAME RUN_DIR [args...]: site a on core 0, b on core 1
+    local name=$1 dir=$2 core=0
+    shift 2
+    [ "$name" = b ] && core=1
     # shellcheck disable=SC2086
     taskset -c "$core" "$FED" site "$OUT/server/ompi-server.uri" "$name" 1 "$CFG" $SET \
         --set train.out_dir="$dir" --set outer.run_id="$(basename "$dir")" "$@"
 }
 
-wait_for() { # wait_for FILE PATTERN COUNT: until PATTERN has COUNT lines in FILE (at most 10 min)
-    local n=0
-    while [ "$(grep -c "$2" "$1" 2>/dev/null)" -lt "$3" ]; do
-        n=$((n + 1))
-        [ $n -gt 3000 ] && { echo "site_failures.sh: no '$2' x$3 in $1 within 10 min" >&2; return 1; }
-        sleep 0.2
-    done
+wait_for() { # wait_for FILE PATTERN COUNT: wait_line's 10 min, saying so when they pass
+    wait_line "$1" "$2" 600 "$3" || { echo "site_failures.sh: no '$2' x$3 in $1 within 10 min" >&2; return 1; }
 }
 
 run() { # run NAME KILL_STEP...
-    local name=$1 dir=$OUT/$1 i=0 a b t0
+    local name=$1 dir=$OUT/$1 i=0 pa pb t0
     shift
     rm -rf "$dir"
     mkdir -p "$dir"
     t0=$(date +%s.%N)
-    site 0 a "$dir" > "$dir/a.log" 2>&1 &
-    a=$!
-    site 1 b "$dir" > "$dir/b0.log" 2>&1 &
-    b=$!
+    pair_start "$dir/a.log" "$dir/b0.log" site "$dir"
     for k in "$@"; do
         wait_for "$dir/a.log" "^step  *$k/" 1
         pkill -KILL -f "isthmus train .* --site b .*outer.run_id=$name"
-        wait $b
+        wait $pb
         i=$((i + 1))
         wait_for "$dir/a.log" '^site b lost at step' $i
         sleep "$DELAY"
-        site 1 b "$dir" --resume auto > "$dir/b$i.log" 2>&1 &
-        b=$!
+        site b "$dir" --resume auto > "$dir/b$i.log" 2>&1 &
+        pb=$!
         wait_for "$dir/a.log" '^site b rejoined at step' $i
     done
-    wait $a
+    wait $pa
     echo "a exit $?" >> "$dir/a.log"
-    wait $b
+    wait $pb
     echo "b exit $?" >> "$dir/b$i.log"
     awk -v t0="$t0" -v t1="$(date +%s.%N)" 'BEGIN {printf "%.0f\n", t1 - t0}' > "$dir/wall_s"
 }
-
-bpb() { grep "\"eval\":\"$2\"" "$1/metrics.jsonl" | tail -1 | sed 's/.*"bpb":\([^,]*\),.*/\1/'; }
 
 "$FED" server "$OUT/server" || exit 2
 trap '"$FED" stop "$OUT/server"' EXIT
@@ -83,7 +75,7 @@ echo "| run | prose bpb | tech bpb | wall s | tokens trained |"
 echo "|---|---|---|---|---|"
 for r in undisturbed failures; do
     lost=$(sed -n 's/^{"site_rejoined".*"tokens_lost_total":\([0-9]*\),.*/\1/p' "$OUT/$r/metrics.jsonl" | tail -1)
-    echo "| $r | $(bpb "$OUT/$r" prose) | $(bpb "$OUT/$r" tech) | $(cat "$OUT/$r/wall_s") | $((tokens - ${lost:-0})) of $tokens |"
+    echo "| $r | $(last_bpb "$OUT/$r/metrics.jsonl" prose) | $(last_bpb "$OUT/$r/metrics.jsonl" tech) | $(cat "$OUT/$r/wall_s") | $((tokens - ${lost:-0})) of $tokens |"
 done
 echo
 grep -h '^{"site_lost"\|^{"site_rejoined"' "$OUT/failures/metrics.jsonl"

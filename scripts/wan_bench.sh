@@ -1,4 +1,5 @@
 #!/bin/bash
+# shellcheck disable=SC2154 # ra, rb: set by federated_pair (scripts/lib.sh)
 # wan_bench.sh — a two-site federated run across the emulated wide-area
 # link (tests/wan/wan.sh), or over loopback for comparison; one rank per
 # site, each site pinned to its own core. Root only (network namespaces).
@@ -17,6 +18,7 @@ set -u
 cd "$(dirname "$0")/.." || exit 2
 tree=$(pwd)
 die() { echo "wan_bench.sh: $*" >&2; exit 2; }
+. scripts/lib.sh # last_bpb, federated_pair
 [ $# -ge 3 ] || die "usage: scripts/wan_bench.sh OUT CONFIG LINK [train args...]"
 out=$1 config=$2 link=$3
 shift 3
@@ -44,15 +46,17 @@ else
 fi
 "${in_a[@]}" scripts/federated.sh server "$out/server" || die "ompi-server did not start"
 uri=$out/server/ompi-server.uri
+site() { # site NAME [train args...]: one site on its core (in its namespace across the emulated link)
+    local name=$1 core=$core_a pre=("${in_a[@]}")
+    shift
+    if [ "$name" = b ]; then
+        core=$core_b
+        pre=("${in_b[@]}")
+    fi
+    "${pre[@]}" taskset -c "$core" scripts/federated.sh site "$uri" "$name" 1 "$config" "${common[@]}" "$@"
+}
 start=$(date +%s.%N)
-"${in_a[@]}" taskset -c "$core_a" scripts/federated.sh site "$uri" a 1 "$config" "${common[@]}" "$@" > "$out/a.log" 2>&1 &
-pa=$!
-"${in_b[@]}" taskset -c "$core_b" scripts/federated.sh site "$uri" b 1 "$config" "${common[@]}" "$@" > "$out/b.log" 2>&1 &
-pb=$!
-wait $pa
-ra=$?
-wait $pb
-rb=$?
+federated_pair "$out/a.log" "$out/b.log" site "$@"
 wall=$(awk -v s="$start" -v e="$(date +%s.%N)" 'BEGIN { printf "%.1f", e - s }')
 "${in_a[@]}" scripts/federated.sh stop "$out/server"
 [ -f "$out/wan_check" ] && echo "link: $(cat "$out/wan_check")"
@@ -62,8 +66,8 @@ for s in a b; do
     util=$(sed -n 's/.*"summary":"compute".*"utilisation":\([0-9.]*\).*"link_wait_s":\([0-9.]*\).*/\1 \2/p' "$m" | tail -1)
     tps=$(grep '^{"step"' "$m" | tail -1 | sed 's/.*"tokens_per_s":\([0-9.]*\).*/\1/')
     steps=$(grep -c '^{"step"' "$m")
-    prose=$(sed -n 's/.*"eval":"prose".*"bpb":\([0-9.]*\).*/\1/p' "$m" | tail -1)
-    tech=$(sed -n 's/.*"eval":"tech".*"bpb":\([0-9.]*\).*/\1/p' "$m" | tail -1)
+    prose=$(last_bpb "$m" prose)
+    tech=$(last_bpb "$m" tech)
     echo "site $s: exit $([ $s = a ] && echo $ra || echo $rb), utilisation ${util% *}, link wait ${util#* } s," \
         "last logged tokens/s $tps ($steps step lines), bpb prose ${prose:-?} tech ${tech:-?}, wall ${wall} s"
 done

@@ -9,16 +9,10 @@
 . "$TOP_SRCDIR/tests/lib.sh"
 
 T="$CONFIGS/tiny.ini"
-run() { # run NP NAME [args...]
-    local np=$1 name=$2
-    shift 2
-    mpi "$np" "$ISTHMUS" train "$T" --set train.out_dir="$WORK/$name" --set train.log_every=1 \
-        --set data.eval_bytes=4096 --set outer.mode=butterfly --set outer.inner_steps=2 "$@" \
-        >> "$WORK/$name.log" 2>&1 || fail "$name: training failed: $(tail -3 "$WORK/$name.log")"
-}
+BF="--set outer.mode=butterfly --set outer.inner_steps=2" # every run here (lib.sh's run NP NAME [args...])
 
 EIGHT="--set site.a.ranks=4 --set site.a.learner_ranks=1 --set site.b.ranks=4 --set site.b.learner_ranks=1"
-run 8 eight $EIGHT --set train.steps=24 --set train.check_replicas=24
+run 8 eight $BF $EIGHT --set train.steps=24 --set train.check_replicas=24 || run_failed eight
 M="$WORK/eight/metrics.jsonl"
 partners=$(grep '^{"mix"' "$M" | head -3 | sed 's/.*"partner":\([0-9]*\),.*/\1/' | tr '\n' ' ')
 [ "$partners" = "1 2 4 " ] && pass "learner 0's partners in rounds 0,1,2: $partners(0 XOR 1, 2, 4)" || fail "partners: $partners"
@@ -36,8 +30,8 @@ grep -q '"summary":"traffic".*"max_peer_learners":1[,}]' "$M" && pass "no exchan
     fail "peers waited on: $(grep '"summary":"traffic"' "$M")"
 
 # different expert-parallel degrees: 2 learners of 2 ranks + 2 learners of 1
-run 6 mixed --set site.a.ranks=4 --set site.a.learner_ranks=2 --set site.b.ranks=2 --set site.b.learner_ranks=1 \
-    --set site.b.micro_batch=4 --set outer.codec=int8 --set train.steps=12 --set train.check_replicas=12
+run 6 mixed $BF --set site.a.ranks=4 --set site.a.learner_ranks=2 --set site.b.ranks=2 --set site.b.learner_ranks=1 \
+    --set site.b.micro_batch=4 --set outer.codec=int8 --set train.steps=12 --set train.check_replicas=12 || run_failed mixed
 grep -q "replicas identical at step 12: 4 learner(s)" "$WORK/mixed.log" && pass "learners of 2 and 1 ranks mix (int8) and end equal" || fail "mixed layouts"
 # the final exact rounds (k = 2, one fragment) go uncompressed, the regular ones through int8
 codecs=$(grep '^{"mix"' "$WORK/mixed/metrics.jsonl" | sed 's/.*"codec":"\([a-z0-9]*\)".*/\1/' | uniq -c | awk '{print $2 "x" $1}' | tr '\n' ' ')
@@ -49,10 +43,9 @@ expect_exit 2 "butterfly needs a power-of-two number of learners .* give 3" -- \
 
 # exact restart (stopped between rounds)
 B="--set site.a.ranks=2 --set site.a.learner_ranks=1 --set site.b.ranks=2 --set site.b.learner_ranks=1 --set train.steps=12 --set outer.codec=fp4"
-run 4 straight $B
-ISTHMUS_STOP_AT_STEP=4 run 4 stopped $B
-run 4 stopped $B --resume auto
-losses() { grep '^{"step"' "$1/metrics.jsonl" | sed 's/.*"step":\([0-9]*\),"loss":\([^,]*\),.*/\1 \2/' | sort -n | uniq; }
+run 4 straight $BF $B || run_failed straight
+ISTHMUS_STOP_AT_STEP=4 run 4 stopped $BF $B || run_failed stopped
+run 4 stopped $BF $B --resume auto || run_failed stopped
 [ "$(losses "$WORK/straight")" = "$(losses "$WORK/stopped")" ] && h5diff "$WORK/straight/model.h5" "$WORK/stopped/model.h5" /model /model >/dev/null 2>&1 &&
     pass "butterfly restart: losses and weights bit-identical" || fail "butterfly restart differs"
 finish || exit 1

@@ -56,12 +56,7 @@ site() { # site NAME NP OUT [args...]: one site's mpirun, with a deadline
 # shellcheck disable=SC2086
 mpi 2 "$ISTHMUS" train "$T" $RUN --set train.out_dir="$WORK/joint" > "$WORK/joint.log" 2>&1 ||
     fail "joint launch failed: $(tail -2 "$WORK/joint.log")"
-site a 1 "$WORK/fed" --set outer.run_id=t1 > "$WORK/fed_a.log" 2>&1 &
-a=$!
-site b 1 "$WORK/fed" --set outer.run_id=t1 > "$WORK/fed_b.log" 2>&1
-rb=$?
-wait $a
-ra=$?
+federated_pair "$WORK/fed_a.log" "$WORK/fed_b.log" site 1 "$WORK/fed" --set outer.run_id=t1
 if [ $ra -eq 0 ] && [ $rb -eq 0 ] && h5diff "$WORK/joint/model.h5" "$WORK/fed/model.h5" /model /model > /dev/null 2>&1; then
     pass "federated launch (two mpiruns through ompi-server) = joint launch, bit for bit"
 else
@@ -78,15 +73,9 @@ mode=$(stat -c %a "$WORK/fed/run.key" 2>/dev/null)
 # (ISTHMUS_START counts the starts: the hook breaks only the first), the
 # run forms and ends bit-identical to the joint launch. join_timeout 30:
 # b gives the merge 10 s (federation_build_s), a probes 10 s for a live run
-# once started again, then waits 30 s as the host
-ISTHMUS_BREAK_JOIN=a:1 site a 1 "$WORK/brk" --set outer.run_id=t1b --set outer.join_timeout=30 > "$WORK/brk_a.log" 2>&1 &
-a=$!
-site b 1 "$WORK/brk" --set outer.run_id=t1b --set outer.join_timeout=30 > "$WORK/brk_b.log" 2>&1 &
-b=$!
-wait $a
-ra=$?
-wait $b
-rb=$?
+# once started again, then waits 30 s as the host (b ignores the hook: it names a)
+ISTHMUS_BREAK_JOIN=a:1 federated_pair "$WORK/brk_a.log" "$WORK/brk_b.log" site 1 "$WORK/brk" --set outer.run_id=t1b \
+    --set outer.join_timeout=30
 if [ $ra -eq 0 ] && [ $rb -eq 0 ] &&
     grep -q "the join broke inside Open MPI (the line above); exit 3" "$WORK/brk_a.log" &&
     grep -q "site a was dropped from the run or its join broke (exit 3); starting it again" "$WORK/brk_a.log" &&
@@ -166,10 +155,7 @@ wait_stopped() { # wait_stopped NAME WHOM: started alone, USR1 after 4 s
     pid=$!
     # once it waits (its handler is in place), USR1 to federated.sh, as a job
     # script passes on Slurm's time-limit signal
-    for _ in $(seq 1 300); do
-        grep -q "no limit: until stopped" "$WORK/nolimit_$name.log" 2> /dev/null && break
-        sleep 0.2
-    done
+    wait_line "$WORK/nolimit_$name.log" "no limit: until stopped" 60
     pkill -USR1 -P $pid -f scripts/federated.sh
     wait $pid
     rc=$?
@@ -201,22 +187,17 @@ expect_exit 2 "--site a: this mpirun has 2 ranks, \[site.a\] ranks = 1" -- mpiru
 
 # 5. losing site b: SIGKILL (then a restart that rejoins), SIGSTOP/SIGCONT
 LONG="--set train.steps=400 --set outer.timeout=3 --set train.log_every=50"
-pair() { # pair NAME [train args...]: both sites into $WORK/NAME (pids in a, b), back once a is past step 50
+pair() { # pair NAME [train args...]: both sites into $WORK/NAME (pids in pa, pb), back once a is past step 50
     local name=$1
     shift
-    # shellcheck disable=SC2086
-    site a 1 "$WORK/$name" "$@" > "$WORK/${name}_a.log" 2>&1 &
-    a=$!
-    # shellcheck disable=SC2086
-    site b 1 "$WORK/$name" "$@" > "$WORK/${name}_b.log" 2>&1 &
-    b=$!
-    for _ in $(seq 1 200); do grep -q '^step  *50/' "$WORK/${name}_a.log" 2>/dev/null && break; sleep 0.1; done
+    pair_start "$WORK/${name}_a.log" "$WORK/${name}_b.log" site 1 "$WORK/$name" "$@"
+    wait_line "$WORK/${name}_a.log" '^step  *50/' 20
 }
 lose() { # [VICTIM=a|b] lose NAME SIGNAL CONT_AFTER RESTART [train args...]: the victim (default b) is signalled
     local name=$1 sig=$2 cont=$3 restart=$4 pids v=${VICTIM:-b}
     local o; [ "$v" = b ] && o=a || o=b
     shift 4
-    local a b
+    local pa pb
     pair "$name" --set outer.run_id="$name" $LONG "$@"
     pids=$(pgrep -f "isthmus train .* --site $v .*outer.run_id=$name ")
     # shellcheck disable=SC2086
@@ -227,14 +208,14 @@ lose() { # [VICTIM=a|b] lose NAME SIGNAL CONT_AFTER RESTART [train args...]: the
         kill -CONT $pids
     fi
     if [ -n "$restart" ]; then # the victim's mpirun ends with its rank; start the site again once the other has lost it
-        if [ "$v" = b ]; then wait $b; else wait $a; fi
-        for _ in $(seq 1 200); do grep -q "^site $v \(lost\|left\) at step" "$WORK/${name}_$o.log" && break; sleep 0.1; done
+        if [ "$v" = b ]; then wait $pb; else wait $pa; fi
+        wait_line "$WORK/${name}_$o.log" "^site $v \(lost\|left\) at step" 20
         site "$v" 1 "$WORK/$name" --set outer.run_id="$name" $LONG "$@" --resume auto > "$WORK/${name}_${v}2.log" 2>&1 &
-        if [ "$v" = b ]; then b=$!; else a=$!; fi
+        if [ "$v" = b ]; then pb=$!; else pa=$!; fi
     fi
-    wait $a
+    wait $pa
     RA=$?
-    wait $b
+    wait $pb
     RB=$?
 }
 same_model() { # both sites' final checkpoints hold the same global model
@@ -313,7 +294,7 @@ PIN="--set outer.run_id=pin $LONG --set train.steps=300 --set checkpoint.every=2
 # shellcheck disable=SC2086
 pair pin $PIN
 pkill -USR1 -f "isthmus train .* --site a .*outer.run_id=pin "
-wait $a
+wait $pa
 RA=$?
 for _ in $(seq 1 300); do
     left=$(sed -n 's/^site a left at step \([0-9]*\):.*/\1/p' "$WORK/pin_b.log" | head -1)
@@ -321,19 +302,12 @@ for _ in $(seq 1 300); do
     sleep 0.1
 done
 pkill -USR1 -f "isthmus train .* --site b .*outer.run_id=pin "
-wait $b
+wait $pb
 RB=$?
 newest_b=$(ls "$WORK/pin/checkpoints/b" | sed -n 's/^ckpt-0*\([0-9][0-9]*\)\.h5$/\1/p' | sort -n | tail -1)
 # shellcheck disable=SC2086
-site a 1 "$WORK/pin" $PIN --resume auto > "$WORK/pin_a2.log" 2>&1 &
-a=$!
-# shellcheck disable=SC2086
-site b 1 "$WORK/pin" $PIN --resume auto > "$WORK/pin_b2.log" 2>&1 &
-b=$!
-wait $a
-RA2=$?
-wait $b
-RB2=$?
+federated_pair "$WORK/pin_a2.log" "$WORK/pin_b2.log" site 1 "$WORK/pin" $PIN --resume auto
+RA2=$ra RB2=$rb
 if [ $RA -eq 0 ] && [ $RB -eq 0 ] && [ $RA2 -eq 0 ] && [ $RB2 -eq 0 ] && [ -n "$left" ] &&
     [ "${newest_b:-0}" -gt "$left" ] && grep -q "^resumed from .*: step $left," "$WORK/pin_a2.log" &&
     grep -q "warning: resume: site b has checkpoints up to step $newest_b, but the newest step every site has is $left" \
@@ -348,12 +322,12 @@ HK="--set outer.run_id=hostkill $LONG --set train.steps=1000 --set train.log_eve
 # shellcheck disable=SC2086
 pair hostkill $HK
 pkill -KILL -f "isthmus train .* --site a .*outer.run_id=hostkill "
-wait $a
-for _ in $(seq 1 200); do grep -q '^site a lost at step' "$WORK/hostkill_b.log" && break; sleep 0.1; done
+wait $pa
+wait_line "$WORK/hostkill_b.log" '^site a lost at step' 20
 # shellcheck disable=SC2086
 site a 1 "$WORK/hostkill" $HK --resume auto > "$WORK/hostkill_a2.log" 2>&1
 RA=$?
-wait $b
+wait $pb
 RB=$?
 if [ $RA -eq 0 ] && [ $RB -eq 0 ] && grep -q '^federation: site b hosts run hostkill now' "$WORK/hostkill_b.log" &&
     grep -q '^site a rejoined at step' "$WORK/hostkill_b.log" && grep -q '^rejoined the live run at step' "$WORK/hostkill_a2.log" &&
@@ -380,7 +354,7 @@ J="--set train.steps=400 --set checkpoint.every=20 --set train.log_every=50 --se
 # shellcheck disable=SC2086
 mpi 2 "$ISTHMUS" train "$T" $RUN $J > "$WORK/joint_kill.log" 2>&1 &
 m=$!
-for _ in $(seq 1 200); do grep -q '^step  *100/' "$WORK/joint_kill.log" 2>/dev/null && break; sleep 0.1; done
+wait_line "$WORK/joint_kill.log" '^step  *100/' 20
 t0=$(date +%s)
 pkill -KILL -f "isthmus train .*joint_kill" -n
 wait $m

@@ -46,8 +46,8 @@ for np in 1 2 4; do
 done
 for np in 2 4; do
     for set in prose tech; do
-        a=$(grep "\"eval\":\"$set\"" "$WORK/ev1/metrics.jsonl" | sed 's/.*"bpb":\([^,]*\),.*/\1/')
-        b=$(grep "\"eval\":\"$set\"" "$WORK/ev$np/metrics.jsonl" | sed 's/.*"bpb":\([^,]*\),.*/\1/')
+        a=$(eval_bpb "$WORK/ev1/metrics.jsonl" "$set")
+        b=$(eval_bpb "$WORK/ev$np/metrics.jsonl" "$set")
         close_to "$b" "$a" 1e-5 && pass "eval $set with $np ranks: $b (1 rank: $a)" || fail "eval $set with $np ranks: $b vs $a"
     done
 done

@@ -44,7 +44,7 @@ awk -v r="$red" 'BEGIN {exit !(r > 20)}' && pass "streaming fp4 H=8: $red x fewe
 err=$(grep '^{"outer"' "$M" | head -1 | sed 's/.*"codec_rel_error":\([^,]*\),.*/\1/')
 awk -v e="$err" 'BEGIN {exit !(e > 0.01 && e < 0.3)}' && pass "fp4 relative error logged ($err)" || fail "codec_rel_error '$err'"
 for set in prose tech; do
-    b=$(grep "\"eval\":\"$set\"" "$M" | sed 's/.*"bpb":\([^,]*\),.*/\1/')
+    b=$(eval_bpb "$M" "$set")
     awk -v b="$b" 'BEGIN {exit !(b > 0 && b < 7.5)}' && pass "streaming model learns ($set bpb $b)" || fail "$set bpb '$b'"
 done
 

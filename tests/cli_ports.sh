@@ -1,4 +1,5 @@
 #!/bin/bash
+# shellcheck disable=SC2154 # ra, rb: set by federated_pair (scripts/lib.sh)
 # cli_ports.sh — a federated run through a firewall that opens one port
 # range (jobs/README.md, "Cross-site networking"), in two network
 # namespaces joined by tests/wan/wan.sh:
@@ -71,20 +72,17 @@ URI="$WORK/server/ompi-server.uri"
 grep -q "tcp://10.77.0.1:20000" "$URI" && pass "ompi-server listens on the range's first port ($(cut -d';' -f2 "$URI"))" ||
     fail "ompi-server's URI: $(cat "$URI")"
 
+site() { # site NAME OUT PORTS JOIN_TIMEOUT: one site's mpirun, in namespace NAME behind its firewall
+    # shellcheck disable=SC2086
+    ISTHMUS_PORTS=$3 timeout -k 20 120 "$WAN" exec "$D" "$1" "$FED" site "$URI" "$1" 1 "$T" $RUN \
+        --set outer.join_timeout="$4" --set train.out_dir="$2" --set outer.run_id="$(basename "$2")"
+}
 pair() { # pair OUT PORTS JOIN_TIMEOUT [MPIRUN_ARGS]: both sites through the firewall; sets ra rb secs
-    local out=$1 ports=$2 join=$3 t0 pa
+    # shellcheck disable=SC2034 # pa, pb: set by federated_pair
+    local out=$1 ports=$2 join=$3 t0 pa pb
     local MPIRUN_ARGS="$MPIRUN_ARGS ${4:-}"
     t0=$(date +%s)
-    # shellcheck disable=SC2086
-    ISTHMUS_PORTS=$ports timeout -k 20 120 "$WAN" exec "$D" a "$FED" site "$URI" a 1 "$T" $RUN \
-        --set outer.join_timeout="$join" --set train.out_dir="$out" --set outer.run_id="$(basename "$out")" > "$out.a.log" 2>&1 &
-    pa=$!
-    # shellcheck disable=SC2086
-    ISTHMUS_PORTS=$ports timeout -k 20 120 "$WAN" exec "$D" b "$FED" site "$URI" b 1 "$T" $RUN \
-        --set outer.join_timeout="$join" --set train.out_dir="$out" --set outer.run_id="$(basename "$out")" > "$out.b.log" 2>&1
-    rb=$?
-    wait $pa
-    ra=$?
+    federated_pair "$out.a.log" "$out.b.log" site "$out" "$ports" "$join"
     secs=$(($(date +%s) - t0))
 }
 

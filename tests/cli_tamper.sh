@@ -1,4 +1,5 @@
 #!/bin/bash
+# shellcheck disable=SC2154 # ra, rb: set by federated_pair (scripts/lib.sh)
 # cli_tamper.sh — an attacker on the path between two federated sites
 # (tests/wan/tamper: a TCP proxy in front of site b's port, through which
 # site a connects; ISTHMUS_WIRE_PORT_SHIFT points a at it). Two sites of
@@ -29,34 +30,35 @@ URI="$SERVER/ompi-server.uri"
 PB=$((20000 + $$ % 10000)) # b's port, below Linux's ephemeral range; the proxy listens 1000 above it
 SHIFT=1000
 
-# run NAME [MODE K [FILE]]: both sites, through the proxy when a mode is given
-run() {
-    local name=$1 mode=${2:-} k=${3:-} file=${4:-} env_a=()
+# site NAME RUN: one site's mpirun; a connects through the proxy while one
+# runs, b listens on port PB
+site() {
+    local pre=() post=()
+    [ "$1" = a ] && [ -n "$proxy" ] && pre=(env "ISTHMUS_WIRE_PORT_SHIFT=a:$SHIFT")
+    [ "$1" = b ] && post=(--set "outer.ports=$PB")
+    # shellcheck disable=SC2086
+    timeout 240 "${pre[@]}" "$FED" site "$URI" "$1" 1 "$T" $RUN --set train.out_dir="$WORK/$2" \
+        --set outer.run_id="$2" "${post[@]}"
+}
+# both NAME [MODE K [FILE]]: both sites, through the proxy when a mode is given
+both() {
+    # shellcheck disable=SC2034 # pa, pb: set by federated_pair
+    local name=$1 mode=${2:-} k=${3:-} file=${4:-} pa pb
     if [ -n "$mode" ]; then
         "$TAMPER" $((PB + SHIFT)) "$PB" "$mode" "$k" $file 2> "$WORK/$name.tamper" &
         proxy=$!
-        env_a=(env ISTHMUS_WIRE_PORT_SHIFT=a:$SHIFT)
     fi
-    # shellcheck disable=SC2086
-    timeout 240 "${env_a[@]}" "$FED" site "$URI" a 1 "$T" $RUN --set train.out_dir="$WORK/$name" \
-        --set outer.run_id="$name" > "$WORK/$name.a" 2>&1 &
-    local a=$!
-    # shellcheck disable=SC2086
-    timeout 240 "$FED" site "$URI" b 1 "$T" $RUN --set train.out_dir="$WORK/$name" --set outer.run_id="$name" \
-        --set outer.ports=$PB > "$WORK/$name.b" 2>&1
-    rb=$?
-    wait $a
-    ra=$?
+    federated_pair "$WORK/$name.a" "$WORK/$name.b" site "$name"
     [ -n "$proxy" ] && kill $proxy 2> /dev/null && wait $proxy 2> /dev/null
     proxy=
 }
 same() { h5diff "$WORK/$1/model.h5" "$WORK/$2/model.h5" /model /model > /dev/null 2>&1; }
 
-run clean record 2 "$WORK/frame2"
+both clean record 2 "$WORK/frame2"
 [ $ra -eq 0 ] && [ $rb -eq 0 ] && [ -s "$WORK/frame2" ] &&
     pass "through the proxy, untouched: both sites exit 0, a's 2nd payload frame recorded ($(stat -c %s "$WORK/frame2") bytes)" ||
     fail "untouched run: exits $ra/$rb: $(grep -h error "$WORK"/clean.? | head -2)"
-ISTHMUS_LINK_CORRUPT=a:2 run hooked
+ISTHMUS_LINK_CORRUPT=a:2 both hooked
 [ $ra -eq 0 ] && [ $rb -eq 0 ] && ! same clean hooked &&
     pass "the link's own corruption of a's 2nd payload: exit 0/0, a model other than the clean run's" ||
     fail "hooked run: exits $ra/$rb, or its model equals the clean one"
@@ -64,7 +66,7 @@ ISTHMUS_LINK_CORRUPT=a:2 run hooked
 for attack in "flip 2" "replay 2" "inject 2 $WORK/frame2"; do
     set -- $attack
     name=$1
-    run "$name" "$@"
+    both "$name" "$@"
     said=$(grep -h "tamper:" "$WORK/$name.tamper" | head -1)
     why=$(grep -h '"outer":2,' "$WORK/$name"/site-b/metrics.jsonl 2> /dev/null | sed -n 's/.*"rejected":"\([^"]*\)".*/\1/p')
     auth=$(sed -n 's/^link: \([0-9]*\) frame(s) rejected.*/\1/p' "$WORK/$name.b" | head -1)
@@ -75,7 +77,7 @@ for attack in "flip 2" "replay 2" "inject 2 $WORK/frame2"; do
     fi
 done
 
-run verdict verdict 2
+both verdict verdict 2
 errors=$(grep -c "^isthmus: error" "$WORK/verdict.b")
 if [ $rb -ne 0 ] && grep -q "verdict from world rank 0 .* unreadable: failed authentication" "$WORK/verdict.b" &&
     [ "$errors" -eq 1 ] && grep -q "^site b lost at step" "$WORK/verdict.a"; then

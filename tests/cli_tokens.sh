@@ -47,8 +47,8 @@ mpi 2 "$ISTHMUS" train "$TOK/tiny.ini" --set site.a.ranks=1 --set site.b.ranks=1
     --set train.sample_tokens=24 --set train.out_dir="$WORK/run" > "$WORK/train.log" 2>&1 ||
     fail "training on the shards failed: $(tail -5 "$WORK/train.log")"
 M="$WORK/run/metrics.jsonl"
-b0=$(grep '"eval":"tech","step":0,' "$M" | sed 's/.*"bpb":\([^,]*\),.*/\1/')
-b1=$(grep '"eval":"tech","step":180,' "$M" | sed 's/.*"bpb":\([^,]*\),.*/\1/')
+b0=$(eval_bpb "$M" tech 0)
+b1=$(eval_bpb "$M" tech 180)
 note "tech bpb $b0 -> $b1"
 if awk -v a="$b0" -v b="$b1" 'BEGIN {exit !(b < a - 0.5)}'; then pass "bits per byte fell on the token set"; else fail "bpb $b0 -> $b1"; fi
 # bytes: the set's bytes x predicted / tokens (every token after the first is predicted)

@@ -13,34 +13,33 @@
 . "$TOP_SRCDIR/tests/lib.sh"
 
 T="$CONFIGS/tiny.ini"
-run() { # run NAME [--set ...]
+long_run() { # long_run NAME [--set ...]: 300 steps on one process, evaluated at steps 0 and 300
     local name=$1
     shift
     timeout 300 "$ISTHMUS" train "$T" --set train.out_dir="$WORK/$name" --set train.log_every=1 \
         --set train.eval_every=300 --set train.steps=300 "$@" > "$WORK/$name.log" 2>&1
 }
 
-run a || fail "training run a failed: $(tail -5 "$WORK/a.log")"
-run b || fail "training run b failed: $(tail -5 "$WORK/b.log")"
+long_run a || fail "training run a failed: $(tail -5 "$WORK/a.log")"
+long_run b || fail "training run b failed: $(tail -5 "$WORK/b.log")"
 M="$WORK/a/metrics.jsonl"
 
-# loss: mean of the first 10 steps vs the last 10 (nats per byte)
-losses() { grep '^{"step"' "$1" | sed 's/.*"loss":\([^,]*\),.*/\1/'; }
-first=$(losses "$M" | head -10 | awk '{s+=$1} END {print s/NR}')
-last=$(losses "$M" | tail -10 | awk '{s+=$1} END {print s/NR}')
+# loss: mean of the first 10 steps vs the last 10 (nats per byte; lib.sh's losses: "step loss" lines)
+first=$(losses "$WORK/a" | head -10 | awk '{s+=$2} END {print s/NR}')
+last=$(losses "$WORK/a" | tail -10 | awk '{s+=$2} END {print s/NR}')
 note "training loss: first 10 steps $first, last 10 steps $last"
 if awk -v f="$first" -v l="$last" 'BEGIN {exit !(l < f - 1.5)}'; then pass "loss fell by more than 1.5 nats"; else fail "loss $first -> $last"; fi
 
 # eval bpb at step 0 (untrained) and at the end
 for set in prose tech; do
-    b0=$(grep "\"eval\":\"$set\",\"step\":0," "$M" | sed 's/.*"bpb":\([^,]*\),.*/\1/')
-    b1=$(grep "\"eval\":\"$set\",\"step\":300," "$M" | sed 's/.*"bpb":\([^,]*\),.*/\1/')
+    b0=$(eval_bpb "$M" "$set" 0)
+    b1=$(eval_bpb "$M" "$set" 300)
     note "eval $set: bpb $b0 -> $b1"
     if awk -v a="$b0" -v b="$b1" 'BEGIN {exit !(b < a - 2.0 && b < 5.0)}'; then pass "$set bpb fell"; else fail "$set bpb $b0 -> $b1"; fi
 done
 
 # determinism: identical per-step losses and identical final weights
-if [ -n "$(losses "$M")" ] && [ "$(losses "$M")" = "$(losses "$WORK/b/metrics.jsonl")" ]; then
+if [ -n "$(losses "$WORK/a")" ] && [ "$(losses "$WORK/a")" = "$(losses "$WORK/b")" ]; then
     pass "two runs: bit-identical losses"
 else
     fail "two runs with the same seed differ"
@@ -50,16 +49,16 @@ if [ "$(h5ls -r "$WORK/a/model.h5" | grep -c Dataset)" -eq 12 ]; then pass "mode
 h5ls "$WORK/a/model.h5/model/w_gate" | grep -q '{2, 4, 64, 128}' && pass "w_gate canonical shape [L,E,D,F]" || fail "w_gate shape: $(h5ls "$WORK/a/model.h5/model/w_gate")"
 
 # recomputing the attention in backward changes no bit
-run r --set train.recompute=attention || fail "training run with train.recompute=attention failed: $(tail -3 "$WORK/r.log")"
-if [ "$(losses "$M")" = "$(losses "$WORK/r/metrics.jsonl")" ] && h5diff "$WORK/a/model.h5" "$WORK/r/model.h5" /model /model >/dev/null 2>&1; then
+long_run r --set train.recompute=attention || fail "training run with train.recompute=attention failed: $(tail -3 "$WORK/r.log")"
+if [ "$(losses "$WORK/a")" = "$(losses "$WORK/r")" ] && h5diff "$WORK/a/model.h5" "$WORK/r/model.h5" /model /model >/dev/null 2>&1; then
     pass "train.recompute = attention: the same losses and model.h5, bit for bit"
 else
     fail "train.recompute = attention changes the numbers"
 fi
 # and recomputing each whole layer, on one rank and on a learner of two
 # ranks (the recomputation exchanges the expert rows again)
-run l --set train.recompute=layer || fail "training run with train.recompute=layer failed: $(tail -3 "$WORK/l.log")"
-if [ "$(losses "$M")" = "$(losses "$WORK/l/metrics.jsonl")" ] && h5diff "$WORK/a/model.h5" "$WORK/l/model.h5" /model /model >/dev/null 2>&1; then
+long_run l --set train.recompute=layer || fail "training run with train.recompute=layer failed: $(tail -3 "$WORK/l.log")"
+if [ "$(losses "$WORK/a")" = "$(losses "$WORK/l")" ] && h5diff "$WORK/a/model.h5" "$WORK/l/model.h5" /model /model >/dev/null 2>&1; then
     pass "train.recompute = layer: the same losses and model.h5, bit for bit"
 else
     fail "train.recompute = layer changes the numbers"
@@ -69,8 +68,8 @@ for r in none layer; do
         --set train.eval_every=0 --set data.eval_bytes=4096 --set train.recompute=$r > "$WORK/ep_$r.log" 2>&1 ||
         fail "two-rank learner, recompute $r: $(tail -3 "$WORK/ep_$r.log")"
 done
-if [ -n "$(losses "$WORK/ep_none/metrics.jsonl")" ] &&
-    [ "$(losses "$WORK/ep_none/metrics.jsonl")" = "$(losses "$WORK/ep_layer/metrics.jsonl")" ] &&
+if [ -n "$(losses "$WORK/ep_none")" ] &&
+    [ "$(losses "$WORK/ep_none")" = "$(losses "$WORK/ep_layer")" ] &&
     h5diff "$WORK/ep_none/model.h5" "$WORK/ep_layer/model.h5" /model /model >/dev/null 2>&1; then
     pass "train.recompute = layer on a learner of two ranks (experts split): the same losses and model.h5, bit for bit"
 else
@@ -118,8 +117,8 @@ short ebytes --set data.train="$WORK/piece.txt" --set eval.piece.path="$WORK/pie
     fail "byte run with [eval.piece] failed: $(tail -2 "$WORK/ebytes.log")"
 short etokens --set data.train="$WORK/piece.bin" --set eval.piece.path="$WORK/piece.bin" --set eval.piece.bytes=200000 ||
     fail "token run with [eval.piece] failed: $(tail -2 "$WORK/etokens.log")"
-b1=$(grep '"eval":"piece"' "$WORK/ebytes/metrics.jsonl" | tail -1 | sed 's/.*"bpb":\([^,]*\),.*/\1/')
-b2=$(grep '"eval":"piece"' "$WORK/etokens/metrics.jsonl" | tail -1 | sed 's/.*"bpb":\([^,]*\),.*/\1/')
+b1=$(last_bpb "$WORK/ebytes/metrics.jsonl" piece)
+b2=$(last_bpb "$WORK/etokens/metrics.jsonl" piece)
 if [ -n "$b1" ] && [ "$b1" = "$b2" ] && ! grep -q '"eval":"prose"' "$WORK/ebytes/metrics.jsonl"; then
     pass "[eval.piece]: the byte file and the uint16 shard of its bytes (bytes = 200000) score the same, bpb $b1"
 else
@@ -129,7 +128,7 @@ grep -q '"eval":"piece".*"loss":.*"tokens":199999,"bytes":199999' "$WORK/etokens
     pass "a token set reports loss per token, tokens predicted and the bytes they stand for" ||
     fail "token set's eval record: $(grep '"eval":"piece"' "$WORK/etokens/metrics.jsonl" | tail -1)"
 "$ISTHMUS" eval --model "$WORK/etokens/model.h5" --set train.out_dir="$WORK/etokens-eval" > "$WORK/etokens-eval.log" 2>&1 &&
-    [ "$(grep '"eval":"piece"' "$WORK/etokens-eval/metrics.jsonl" | sed 's/.*"bpb":\([^,]*\),.*/\1/')" = "$b2" ] &&
+    [ "$(eval_bpb "$WORK/etokens-eval/metrics.jsonl" piece)" = "$b2" ] &&
     pass "isthmus eval of the token model: the stored [eval.piece], the same bpb" ||
     fail "isthmus eval of the token model: $(tail -2 "$WORK/etokens-eval.log")"
 expect_exit 2 "\\[eval.p\\] .*piece.txt holds raw bytes, the training data uint16 tokens" -- \
@@ -139,15 +138,15 @@ expect_exit 2 "\\[eval.p\\] .*piece.bin holds tokens: give bytes" -- \
 expect_exit 2 "\\[eval.p\\] path is required" -- "$ISTHMUS" train "$T" --set eval.p.bytes=5 --set train.out_dir="$WORK/e3"
 
 # a different seed changes the numbers (the check above is not vacuous)
-run c --set train.seed=7 || fail "training run c failed"
-if [ "$(losses "$M")" != "$(losses "$WORK/c/metrics.jsonl")" ]; then pass "another seed differs"; else fail "seed has no effect"; fi
+long_run c --set train.seed=7 || fail "training run c failed"
+if [ "$(losses "$WORK/a")" != "$(losses "$WORK/c")" ]; then pass "another seed differs"; else fail "seed has no effect"; fi
 if h5diff "$WORK/a/model.h5" "$WORK/c/model.h5" /model /model >/dev/null 2>&1; then fail "h5diff sees no difference for another seed"; else pass "h5diff detects another seed's weights"; fi
 
 # isthmus eval reproduces the in-training final evaluation
 "$ISTHMUS" eval --model "$WORK/a/model.h5" --set train.out_dir="$WORK/evalout" > "$WORK/eval.log" 2>&1 || fail "eval failed: $(cat "$WORK/eval.log")"
 for set in prose tech; do
-    want=$(grep "\"eval\":\"$set\",\"step\":300," "$M" | sed 's/.*"bpb":\([^,]*\),.*/\1/')
-    got=$(grep "\"eval\":\"$set\"" "$WORK/evalout/metrics.jsonl" | sed 's/.*"bpb":\([^,]*\),.*/\1/')
+    want=$(eval_bpb "$M" "$set" 300)
+    got=$(eval_bpb "$WORK/evalout/metrics.jsonl" "$set")
     if [ -n "$want" ] && [ "$want" = "$got" ]; then pass "eval $set = $got"; else fail "eval $set: $got vs training's $want"; fi
 done
 

@@ -1,4 +1,5 @@
 #!/bin/bash
+# shellcheck disable=SC2154 # ra, rb: set by federated_pair (scripts/lib.sh)
 # cli_wan.sh — the emulated wide-area link (tests/wan/wan.sh) and a
 # federated run across it:
 #  - two namespaces joined by tundelay (75 ms each way) and tbf (20 Mbit/s):
@@ -40,9 +41,9 @@ T="$CONFIGS/tiny.ini"
 RUN="--set site.a.ranks=1 --set site.b.ranks=1 --set outer.mode=streaming --set outer.inner_steps=8
  --set outer.fragments=2 --set outer.overlap=3 --set outer.codec=fp4 --set train.steps=24 --set data.eval_bytes=4096"
 FED="$TOP_SRCDIR/scripts/federated.sh"
-site() { # site WHERE NAME OUT: one site's mpirun (WHERE: a, b or lo)
-    local where=$1 name=$2 out=$3 pre=()
-    [ "$where" != lo ] && pre=("$WAN" exec "$D" "$where")
+site() { # site NAME OUT [lo]: one site's mpirun, in namespace NAME (its end of the link), or on loopback
+    local name=$1 out=$2 pre=()
+    [ "${3:-}" != lo ] && pre=("$WAN" exec "$D" "$name")
     # shellcheck disable=SC2086
     timeout 180 "${pre[@]}" "$FED" site "$URI" "$name" 1 "$T" $RUN --set train.out_dir="$out" \
         --set outer.run_id="$(basename "$out")"
@@ -54,12 +55,7 @@ before=$(link_bytes)
 "$WAN" exec "$D" a "$FED" server "$WORK/server" > /dev/null 2>&1 || fail "ompi-server in site a's namespace did not start"
 URI="$WORK/server/ompi-server.uri"
 export MPIRUN_ARGS="-q --mca btl self,tcp --mca btl_tcp_if_include 10.77.0.0/24"
-site a a "$WORK/over_wan" > "$WORK/wan_a.log" 2>&1 &
-pa=$!
-site b b "$WORK/over_wan" > "$WORK/wan_b.log" 2>&1
-rb=$?
-wait $pa
-ra=$?
+federated_pair "$WORK/wan_a.log" "$WORK/wan_b.log" site "$WORK/over_wan"
 after=$(link_bytes)
 "$WAN" exec "$D" a "$FED" stop "$WORK/server"
 bytes=$(sed -n 's/^inter-site traffic: \([0-9]*\) bytes.*/\1/p' "$WORK/wan_a.log")
@@ -72,10 +68,7 @@ else
 fi
 export MPIRUN_ARGS="-q --oversubscribe"
 "$FED" server "$WORK/server" > /dev/null 2>&1 || fail "ompi-server on loopback did not start"
-site lo a "$WORK/over_lo" > "$WORK/lo_a.log" 2>&1 &
-pa=$!
-site lo b "$WORK/over_lo" > "$WORK/lo_b.log" 2>&1
-wait $pa
+federated_pair "$WORK/lo_a.log" "$WORK/lo_b.log" site "$WORK/over_lo" lo
 "$FED" stop "$WORK/server"
 h5diff "$WORK/over_wan/model.h5" "$WORK/over_lo/model.h5" /model /model > /dev/null 2>&1 &&
     pass "the run across the emulated link ends on the loopback run's model, bit for bit" ||

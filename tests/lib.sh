@@ -2,6 +2,8 @@
 # Environment from Makefile.am: ISTHMUS (the executable), TOP_SRCDIR, DATA_DIR.
 set -u
 : "${ISTHMUS:?run through make check}"
+# metric, eval_bpb, last_bpb, wait_line, pair_start, pair_wait, federated_pair
+. "$TOP_SRCDIR/scripts/lib.sh"
 CONFIGS="$TOP_SRCDIR/share/configs"
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/isthmus-test.XXXXXX")
 trap 'rm -rf "$WORK"' EXIT
@@ -49,9 +51,7 @@ mpi() { # mpi NP command...
 }
 
 # value of a numeric JSON field on the metrics line of step N
-step_field() { # step_field FILE STEP FIELD
-    grep "^{\"step\":$2," "$1" | sed "s/.*\"$3\":\([^,}]*\).*/\1/"
-}
+step_field() { metric "$3" "$1" "^{\"step\":$2,"; } # step_field FILE STEP FIELD
 
 # |a-b| <= tol * |b|
 close_to() { awk -v a="$1" -v b="$2" -v t="$3" 'BEGIN { d = a - b; if (d < 0) d = -d; m = b < 0 ? -b : b; exit !(d <= t * m) }'; }
@@ -79,6 +79,8 @@ run() {
     mpi "$np" "$ISTHMUS" train "$T" --set train.out_dir="$WORK/$name" --set train.log_every=1 \
         --set data.eval_bytes=4096 "$@" >> "$WORK/$name.log" 2>&1
 }
+# run_failed NAME: a failed check naming the run NAME, with its log's last lines
+run_failed() { fail "$1: training failed: $(tail -3 "$WORK/$1.log")"; }
 
 # Exit the test as skipped (visibly) unless network namespaces can be made
 # here (root, and not a sandbox without them): tests/wan's harness needs them.
