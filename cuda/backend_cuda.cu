@@ -10,6 +10,7 @@
  * both on the copy stream: the compute stream waits for a copy only through
  * an event, never the whole device.
  * Must not: know about sites, other learners or the link. */
+#include "backend_cuda.h"
 #include "check.h"
 #include "codec.h"
 #include "coll_nccl.h"

@@ -1,7 +1,7 @@
 /* backend_cpu.c — the CPU backend (backend.h): the model's state in host
  * memory, layers through OpenBLAS and OpenMP, expert parallelism over MPI
  * (coll.h). Owns the thread setup (OpenMP and OpenBLAS) of the process. */
-#include "backend.h"
+#include "backend_cpu.h"
 
 #include <cblas.h>
 #include <omp.h>
