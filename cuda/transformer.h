@@ -26,7 +26,8 @@ extern "C" {
 #include "model.h"
 
 typedef struct {
-    int B, T, L, D, H, E, K, F, V, G, El;
+    int B, T, G, El;
+    ModelDims dims;          /* the model's sizes (model.h) */
     int B_cur, T_cur, training;
     size_t N;
     CudaColl *ep;            /* the learner: counts and rows over NCCL */
