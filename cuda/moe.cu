@@ -1,5 +1,6 @@
 /* moe.cu — see moe.h. */
 #include "moe.h"
+#include "layers.h" /* SwiGLU, bf16 rounding */
 #include "check.h"
 #include "grid.h"
 #include "route_plan.h" /* static inline, __host__ __device__ */

@@ -1,5 +1,6 @@
 /* transformer.cu — see transformer.h. */
 #include "transformer.h"
+#include "attention.h"
 #include "acts_plan.h"
 #include "attention_tc.h"
 #include "check.h"

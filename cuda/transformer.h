@@ -14,6 +14,7 @@
 #include <stddef.h>
 
 #include "coll_nccl.h"
+#include "gemm.h"
 #include "layers.h"
 #include "moe.h"
 #include "phases.h"
