@@ -10,6 +10,7 @@
  * both on the copy stream: the compute stream waits for a copy only through
  * an event, never the whole device.
  * Must not: know about sites, other learners or the link. */
+#include "backend_cuda.h"
 #include "check.h"
 #include "codec.h"
 #include "coll_nccl.h"
@@ -24,6 +25,7 @@
 extern "C" {
 #include "alloc.h"
 #include "backend.h"
+#include "backend_state.h"
 #include "devices.h"
 #include "status.h"
 }
@@ -33,7 +35,7 @@ typedef struct {
     Model model;          /* the table with device params and grads */
     CudaAdamW opt;
     CudaPrecond pre;      /* shampoo, muon: their state for opt's runs */
-    int sharded;          /* opt covers the runs optimizer_shard gave (else not yet created) */
+    StateBook book;       /* the views of the state, the optimiser's runs (backend_state.h) */
     const TrainConfig *train; /* the optimiser's settings */
     CudaActivations acts;
     CudaColl coll;
@@ -122,69 +124,35 @@ static int cuda_zero_grads(Backend *b)
     return ISTH_OK;
 }
 
-/* The optimiser's state for n runs: the moments, and a matrix
- * optimiser's own (the CPU backend's create_optimizer). */
-static int create_optimizer(CudaBackend *c, const size_t *off, const size_t *len, int n)
+/* The book's create: the optimiser's state for n runs, the moments and a
+ * matrix optimiser's own (the CPU backend's create_optimizer). */
+static int create_optimizer(void *backend, const size_t *off, const size_t *len, int n, float *view[STATE_KINDS])
 {
+    CudaBackend *c = (CudaBackend *)backend;
     cuda_precond_destroy(&c->pre);
     cuda_adamw_destroy(&c->opt);
-    c->sharded = 0;
-    CHECK(cuda_adamw_create(&c->opt, off, len, n));
-    if (!strcmp(c->optimizer, "shampoo") || !strcmp(c->optimizer, "muon"))
-        CHECK(cuda_precond_create(&c->pre, c->optimizer, &c->opt, &c->model, c->train, c->stream));
-    c->sharded = 1;
-    return ISTH_OK;
-}
-
-/* Until the trainer says which runs this rank updates: all of them. */
-static int ensure_optimizer(CudaBackend *c)
-{
-    if (c->sharded) return ISTH_OK;
-    const size_t off = 0, len = c->model.n_params;
-    return create_optimizer(c, &off, &len, 1);
+    int rc = cuda_adamw_create(&c->opt, off, len, n);
+    if (rc == ISTH_OK && (!strcmp(c->optimizer, "shampoo") || !strcmp(c->optimizer, "muon")))
+        rc = cuda_precond_create(&c->pre, c->optimizer, &c->opt, &c->model, c->train, c->stream);
+    view[STATE_ADAM_M] = c->opt.m;
+    view[STATE_ADAM_V] = c->opt.v;
+    view[STATE_SHAMPOO_L] = c->pre.l; /* NULL unless the optimiser is shampoo */
+    view[STATE_SHAMPOO_R] = c->pre.r;
+    view[STATE_SHAMPOO_LROOT] = c->pre.lroot;
+    view[STATE_SHAMPOO_RROOT] = c->pre.rroot;
+    return rc;
 }
 
 static int cuda_optimizer_shard(Backend *b, const size_t *off, const size_t *len, int n)
 {
-    CudaBackend *c = cb(b);
-    for (int r = 0; r < n; r++)
-        if (off[r] + len[r] > c->model.n_params)
-            return isth_fail(ISTH_ERUNTIME, "optimizer: run %d [%zu, +%zu) is outside the %zu parameters", r, off[r],
-                             len[r], c->model.n_params);
-    return create_optimizer(c, off, len, n);
+    return state_book_shard(&cb(b)->book, off, len, n);
 }
 
-static float *state(CudaBackend *c, StateKind which)
-{
-    if (state_is_packed(which) && ensure_optimizer(c) != ISTH_OK) return NULL;
-    switch (which) {
-    case STATE_PARAMS: return c->model.params;
-    case STATE_GRADS: return c->model.grads;
-    case STATE_ADAM_M: return c->opt.m;
-    case STATE_ADAM_V: return c->opt.v;
-    case STATE_SHAMPOO_L: return c->pre.l; /* NULL unless the optimiser is shampoo */
-    case STATE_SHAMPOO_R: return c->pre.r;
-    case STATE_SHAMPOO_LROOT: return c->pre.lroot;
-    case STATE_SHAMPOO_RROOT: return c->pre.rroot;
-    default: return NULL;
-    }
-}
-
-/* The state's length in floats (the model table, or the packed optimiser state). */
-static size_t state_len(const CudaBackend *c, StateKind which)
-{
-    return state_is_packed(which) ? c->opt.runs.total : c->model.n_params;
-}
+static float *state(CudaBackend *c, StateKind which) { return state_book_view(&c->book, which); }
 
 static int check_runs(CudaBackend *c, StateKind which, const size_t *off, const size_t *len, int n, const char *verb)
 {
-    if (!state(c, which)) return isth_fail(ISTH_ERUNTIME, "backend: %s of an unknown state (%d)", verb, (int)which);
-    const size_t total = state_len(c, which);
-    for (int i = 0; i < n; i++)
-        if (off[i] > total || len[i] > total - off[i])
-            return isth_fail(ISTH_ERUNTIME, "backend: %s run %d [%zu, +%zu) is outside the state's %zu floats", verb, i,
-                             off[i], len[i], total);
-    return ISTH_OK;
+    return state_book_check_runs(&c->book, which, off, len, n, verb);
 }
 
 /* Host staging through pinned memory on the copy stream (pageable copies
@@ -378,7 +346,7 @@ static int cuda_scale_grads(Backend *b, float factor)
 static int cuda_optimizer_step(Backend *b, double lr)
 {
     CudaBackend *c = cb(b);
-    CHECK(ensure_optimizer(c));
+    CHECK(state_book_ensure(&c->book));
     params_written(c, STATE_PARAMS);
     phase_mark(c->clock, PHASE_OPTIMISER);
     if (!strcmp(c->optimizer, "sgd")) {
@@ -555,6 +523,7 @@ extern "C" int cuda_backend_create(Backend **out, const Config *cfg, int B, int 
         cuda_destroy(&c->base);
         return rc;
     }
+    state_book_init(&c->book, c->model.n_params, c->model.params, c->model.grads, create_optimizer, c);
     c->base.threads = 1;
     c->base.table = c->model;
     c->base.table.params = c->base.table.grads = NULL;

@@ -4,10 +4,14 @@
  * with +=), device pointers. The per-element math is src/elementwise.h's,
  * shared with the CPU. Sums are in a fixed order (a fixed tree per row,
  * fixed row chunks for the weight gradient, no atomics), so a run repeats
- * bit for bit on the same GPU. Matrix products go through cuBLAS (CudaBlas:
- * the handle, its stream and the precision); attention is tiled with an
- * online softmax and keeps only each row's log-sum-exp for backward, so its
- * memory is O(T), not the CPU's O(T^2).
+ * bit for bit on the same GPU.
+ *
+ * Owns: the element-wise and row kernels (bf16 rounding, embedding,
+ * RMSNorm, SwiGLU, rotary, the fused softmax cross-entropy, residuals).
+ * Must not: allocate beyond the stream's pool scratch of a backward.
+ * src/cpu/layers.h's matrix products are gemm.h's here (cuBLAS handles
+ * and grouped calls), its attention attention.h's (tiled, O(T)) and
+ * attention_tc.h's (tensor cores): on the GPU each is a concern of its own.
  */
 #ifndef ISTHMUS_CUDA_LAYERS_H
 #define ISTHMUS_CUDA_LAYERS_H
@@ -15,25 +19,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-/* A cuBLAS handle bound to `stream`; bf16 != 0: products on bf16 tensor
- * cores with fp32 outputs and accumulation — operands stored as bf16 (the
- * *_bf16 functions below), or fp32 operands rounded inside cuBLAS
- * (CUBLAS_COMPUTE_32F_FAST_16BF) — else plain fp32 (no TF32). */
-typedef struct {
-    cublasHandle_t handle;
-    cudaStream_t stream;
-    int bf16;
-} CudaBlas;
-
-int cuda_blas_create(CudaBlas *b, cudaStream_t stream, int bf16);
-void cuda_blas_destroy(CudaBlas *b);
 
 /* The bf16 path's stored operands: a bfloat16's bits (uint16_t, so that C
  * callers need no CUDA type), rounded to nearest even as codec_math.h's
@@ -86,92 +76,6 @@ int cuda_rope_backward(float *dx, const float *cos_t, const float *sin_t, int B,
  * one launch for the three. */
 int cuda_rope_qkv_bf16(uint16_t *q, uint16_t *k, uint16_t *v, const float *qf, const float *kf, const float *vf,
                        const float *cos_t, const float *sin_t, int B, int T, int H, int Dh, cudaStream_t stream);
-
-/* out (N,OC) = inp (N,C) . weight (C,OC)   [weights stored (in, out)] */
-int cuda_matmul_forward(float *out, const float *inp, const float *weight, size_t N, int C, int OC,
-                        const CudaBlas *blas);
-/* dinp (N,C) += dout . weight^T ; dweight (C,OC) += inp^T . dout. Either may be NULL. */
-int cuda_matmul_backward(float *dinp, float *dweight, const float *dout, const float *inp, const float *weight,
-                         size_t N, int C, int OC, const CudaBlas *blas);
-/* The same products with operands stored as bf16 (activations written so
- * by their kernels, weights from the step's bf16 copy): native bf16
- * tensor-core products, fp32 outputs and accumulation (CUBLAS_COMPUTE_32F).
- * A gradient (dout) is fp32: backward rounds it to bf16 once, into
- * scratch from the stream's pool, for both of its products. */
-int cuda_matmul_forward_bf16(float *out, const uint16_t *inp, const uint16_t *weight, size_t N, int C, int OC,
-                             const CudaBlas *blas);
-int cuda_matmul_backward_bf16(float *dinp, float *dweight, const float *dout, const uint16_t *inp,
-                              const uint16_t *weight, size_t N, int C, int OC, const CudaBlas *blas);
-
-/* Many products in one cuBLAS call (cublasGemmGroupedBatchedEx: one
- * launch for problems of different shapes — a layer's experts, whose row
- * counts differ). Each problem is one of the matmul products above,
- * queued with the add functions; the problems of one batch must write
- * distinct outputs. run queues them on the stream and empties the batch.
- * Where the library refuses the grouped call (a compute type it does not
- * group), they run one cublasGemmEx after another — the same products —
- * for the rest of the process. The device pointer arrays are filled by a
- * kernel from its arguments, so the host never waits. */
-typedef struct {
-    int cap, n;
-    int bf16_operands; /* the queued problems' A and B are bf16, else fp32; one kind per batch */
-    cublasOperation_t *ta, *tb;
-    int *m, *nn, *k, *lda, *ldb, *ldc, *group_size;
-    float *alpha, *beta;
-    const void **A, **B;
-    float **C;
-    void **d_ptrs; /* device: A (cap), B (cap), C (cap) */
-} CudaGemmBatch;
-
-int cuda_gemm_batch_create(CudaGemmBatch *g, int cap);
-void cuda_gemm_batch_destroy(CudaGemmBatch *g);
-/* Queue one product; bf16: inp/dout and weight are bf16 (the bf16 path's
- * stored operands), else fp32; the output is fp32 either way, and one
- * batch holds one kind. As cuda_matmul_forward: out (N,OC) = inp . weight
- * (N = 0: nothing queued). */
-int cuda_gemm_batch_forward(CudaGemmBatch *g, int bf16, float *out, const void *inp, const void *weight, size_t N,
-                            int C, int OC);
-/* dinp (N,C) += dout . weight^T, as cuda_matmul_backward's first product. */
-int cuda_gemm_batch_dinp(CudaGemmBatch *g, int bf16, float *dinp, const void *dout, const void *weight, size_t N,
-                         int C, int OC);
-/* dweight (C,OC) += inp^T . dout, as cuda_matmul_backward's second product. */
-int cuda_gemm_batch_dweight(CudaGemmBatch *g, int bf16, float *dweight, const void *dout, const void *inp, size_t N,
-                            int C, int OC);
-int cuda_gemm_batch_run(CudaGemmBatch *g, const CudaBlas *blas);
-/* 1 when the last run's products went in one grouped call. */
-int cuda_gemm_batch_last_grouped(void);
-
-/* The tied output head: logits (N,V) = x (N,D) . embed (V,D)^T. In bf16
- * it keeps fp32 operands (FAST_16BF): a bf16 copy of its gradient would
- * take N*V*2 more bytes at the step's peak. */
-int cuda_tied_head_forward(float *logits, const float *x, const float *embed, size_t N, int D, int V,
-                           const CudaBlas *blas);
-/* dx (N,D) += dlogits . embed ; dembed (V,D) += dlogits^T . x. */
-int cuda_tied_head_backward(float *dx, float *dembed, const float *dlogits, const float *x, const float *embed,
-                            size_t N, int D, int V, const CudaBlas *blas);
-
-/* The head dimensions the attention kernels are built for. */
-int cuda_attention_supports(int Dh);
-/* Causal attention, q,k,v,out (B,T,D) with head h in columns [h*Dh,(h+1)*Dh)
- * (the CPU's layout); lse (B,H,T) keeps each row's log-sum-exp of the
- * scaled scores for backward in place of the CPU's (B,H,T,T) probabilities. */
-int cuda_attention_forward(float *out, float *lse, const float *q, const float *k, const float *v, int B, int T,
-                           int D, int H, cudaStream_t stream);
-/* dq,dk,dv (B,T,D) += ...; recomputes the probabilities from lse. Needs
- * the forward's out; scratch from the stream's pool. */
-int cuda_attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *out, const float *lse,
-                            const float *q, const float *k, const float *v, int B, int T, int D, int H,
-                            cudaStream_t stream);
-/* The attention a precision runs: bf16 == 0 is cuda_attention_forward /
- * _backward (fp32 throughout); bf16 != 0 the tensor-core kernels
- * (attention_tc.h: head dimensions 64 and 128, any other refused with a
- * one-line error), q, k, v read as bf16 (cuda_rope_qkv_bf16) and out
- * written as bf16 (the output projection's stored operand). */
-int cuda_attention_forward_as(int bf16, void *out, float *lse, const void *q, const void *k, const void *v, int B,
-                              int T, int D, int H, cudaStream_t stream);
-int cuda_attention_backward_as(int bf16, float *dq, float *dk, float *dv, const float *dout, const void *out,
-                               const float *lse, const void *q, const void *k, const void *v, int B, int T, int D,
-                               int H, cudaStream_t stream);
 
 /* probs (N,V) = softmax(logits) in place; losses (N) = -log probs[target]
  * (0 where target < 0): the fused softmax cross-entropy, one block per row. */

@@ -1,26 +1,17 @@
 /* moe.cu — see moe.h. */
 #include "moe.h"
+#include "layers.h" /* SwiGLU, bf16 rounding */
 #include "check.h"
 #include "grid.h"
 #include "route_plan.h" /* static inline, __host__ __device__ */
+#include "route_softmax.h"
 #include "route_topk.h"
 #include "acts_plan.h" /* CUDA_ROUTE_CHUNK */
 
-/* The softmax of one token's E logits, the CPU's loop. */
+/* One thread per token: the CPU's row (route_softmax.h). */
 __global__ static void router_softmax_kernel(float *probs, float *lse, const float *logits, size_t N, int E)
 {
-    GRID_STRIDE(t, N)
-    {
-        const float *z = logits + t * E;
-        float *p = probs + t * E;
-        float mx = z[0];
-        for (int e = 1; e < E; e++) mx = z[e] > mx ? z[e] : mx;
-        float sum = 0.0f;
-        for (int e = 0; e < E; e++) sum += expf(z[e] - mx);
-        const float l = logf(sum) + mx;
-        for (int e = 0; e < E; e++) p[e] = expf(z[e] - l);
-        lse[t] = l;
-    }
+    GRID_STRIDE(t, N) lse[t] = route_softmax_row(probs + t * E, logits + t * E, E);
 }
 
 /* One thread per token: the CPU's choice (route_topk.h). */

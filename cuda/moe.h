@@ -21,7 +21,7 @@
 
 #include <stddef.h>
 
-#include "layers.h"
+#include "gemm.h" /* CudaBlas, CudaGemmBatch */
 
 #ifdef __cplusplus
 extern "C" {

@@ -52,7 +52,7 @@
 #include <cuda_runtime_api.h>
 #include <cusolverDn.h>
 
-#include "layers.h" /* CudaBlas */
+#include "gemm.h" /* CudaBlas */
 #include "optim.h"
 
 #ifdef __cplusplus

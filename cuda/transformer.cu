@@ -1,5 +1,6 @@
 /* transformer.cu — see transformer.h. */
 #include "transformer.h"
+#include "attention.h"
 #include "acts_plan.h"
 #include "attention_tc.h"
 #include "check.h"
@@ -23,13 +24,7 @@ static void dims(CudaActivations *a, const ModelConfig *c, int B, int T, int G, 
     a->Lk = cuda_acts_kept_layers(c->layers, recompute == RECOMPUTE_LAYER);
     a->B = B;
     a->T = T;
-    a->L = c->layers;
-    a->D = c->dim;
-    a->H = c->heads;
-    a->E = c->experts;
-    a->K = c->top_k;
-    a->F = c->ffn;
-    a->V = c->vocab;
+    a->dims = model_dims(c);
     a->G = G;
     a->El = c->experts / G;
 }
@@ -51,7 +46,8 @@ static size_t plan(CudaActivations *a, void **where[CUDA_ACTS_PIECES], size_t by
         (void **)&a->block,
     };
     for (int i = 0; i < CUDA_ACTS_PIECES; i++) where[i] = p[i];
-    return cuda_acts_pieces(bytes, a->L, a->Lk, a->D, a->H, a->E, a->K, a->V, a->B, a->T, a->act16);
+    return cuda_acts_pieces(bytes, a->dims.L, a->Lk, a->dims.D, a->dims.H, a->dims.E, a->dims.K, a->dims.V, a->B, a->T,
+                            a->act16);
 }
 
 /* The bf16 copy of the parameter at p (a pointer into m->params past the
@@ -90,7 +86,7 @@ static int project_backward(Model *m, const CudaActivations *a, float *dinp, con
 /* Width in floats of a row of D stored operands: bf16 rows travel and are
  * gathered as D/2 floats' bytes (D is even: heads times a head dimension
  * of 16 or more). */
-static int op_row_floats(const CudaActivations *a) { return a->act16 ? a->D / 2 : a->D; }
+static int op_row_floats(const CudaActivations *a) { return a->act16 ? a->dims.D / 2 : a->dims.D; }
 
 static int create(CudaActivations *a, const ModelConfig *c, int B, int T)
 {
@@ -106,12 +102,12 @@ static int create(CudaActivations *a, const ModelConfig *c, int B, int T)
     }
     a->block = (float *)block;
     a->dlogits = a->probs; /* backward overwrites the probabilities with their gradient (acts_plan.h) */
-    const size_t Lk = (size_t)a->Lk, N = (size_t)B * T, E = (size_t)a->E, K = (size_t)a->K, D = (size_t)a->D,
-                 G = (size_t)a->G;
+    const size_t Lk = (size_t)a->Lk, N = (size_t)B * T, E = (size_t)a->dims.E, K = (size_t)a->dims.K,
+                 D = (size_t)a->dims.D, G = (size_t)a->G;
     a->route = (CudaRouting *)isth_calloc(Lk, sizeof(CudaRouting));
     a->h_losses = (float *)isth_malloc(N * sizeof(float));
     a->h_embed_plan = (int *)isth_calloc(3 * N + 1, sizeof(int)); /* the ids' unused tail uploads as zeros */
-    a->h_embed_count = (int *)isth_malloc((size_t)a->V * sizeof(int));
+    a->h_embed_count = (int *)isth_malloc((size_t)a->dims.V * sizeof(int));
     if (!a->route || !a->h_losses || !a->h_embed_plan || !a->h_embed_count)
         return isth_fail(ISTH_ERUNTIME, "out of host memory for the CUDA activations");
     /* pinned, so that the header's copy is asynchronous: the host waits for
@@ -142,7 +138,7 @@ static int create(CudaActivations *a, const ModelConfig *c, int B, int T)
         if (!r->h_send_counts || !r->h_recv_counts || !r->h_expert_start)
             return isth_fail(ISTH_ERUNTIME, "out of host memory for the CUDA routing tables");
     }
-    const int Dh = a->D / a->H;
+    const int Dh = a->dims.D / a->dims.H;
     float *tab = (float *)isth_malloc(sizeof(float) * (size_t)T * Dh);
     CHECK_ALLOC(tab);
     rope_tables(tab, tab + (size_t)T * (Dh / 2), T, Dh);
@@ -225,7 +221,7 @@ static int grow_device(float **p, size_t *cap, size_t n)
 /* Owner-side buffers of layer route r for n_recv arrivals. */
 static int ensure_owner(CudaActivations *a, CudaRouting *r, int n_recv)
 {
-    const size_t n = (size_t)n_recv, D = (size_t)a->D, F = (size_t)a->F;
+    const size_t n = (size_t)n_recv, D = (size_t)a->dims.D, F = (size_t)a->dims.F;
     const size_t op = a->act16 ? sizeof(uint16_t) : sizeof(float); /* x and h rows: the products' operands */
     if (n > (size_t)r->recv_cap || !r->d_recv_row) {
         const size_t want = moe_rows_grow_target(n);
@@ -279,7 +275,7 @@ static int to_device(void *dst, const void *src, size_t bytes, cudaStream_t s)
  * GPU idles beyond that work. */
 static int moe_forward(float *out, const Model *m, CudaActivations *a, int l, size_t N, int training, int stats)
 {
-    const int D = a->D, E = a->E, K = a->K, G = a->G, El = a->El, me = a->ep->mpi->rank;
+    const int D = a->dims.D, E = a->dims.E, K = a->dims.K, G = a->G, El = a->El, me = a->ep->mpi->rank;
     const CudaBlas *blas = a->blas;
     const cudaStream_t s = blas->stream;
     CudaRouting *r = &a->route[slot(a, l)];
@@ -335,8 +331,8 @@ static int moe_forward(float *out, const Model *m, CudaActivations *a, int l, si
     CHECK(cuda_experts_forward(a->act16, yrows, r->d_arows, r->d_urows, r->d_hrows, r->d_xrows,
                                weights(a, m, model_expert_param(m, T_W_GATE, l, 0)),
                                weights(a, m, model_expert_param(m, T_W_UP, l, 0)),
-                               weights(a, m, model_expert_param(m, T_W_DOWN, l, 0)), r->h_expert_start, El, D, a->F,
-                               &a->gemms, blas));
+                               weights(a, m, model_expert_param(m, T_W_DOWN, l, 0)), r->h_expert_start, El, D,
+                               a->dims.F, &a->gemms, blas));
     phase_mark(a->clock, PHASE_DISPATCH);
     float *leaving = G > 1 ? a->recv_rows2 : r->d_y_back;
     CHECK(cuda_rows_gather(leaving, yrows, r->d_recv_row, (size_t)n_recv, D, s));
@@ -351,7 +347,7 @@ static int moe_forward(float *out, const Model *m, CudaActivations *a, int l, si
  * and z losses and the drops added up when `stats`. */
 static int layer_forward(const Model *m, CudaActivations *a, int l, int training, int next, int stats)
 {
-    const int D = a->D, H = a->H, B = a->B_cur, T = a->T_cur;
+    const int D = a->dims.D, H = a->dims.H, B = a->B_cur, T = a->T_cur;
     const size_t N = a->N, ND = (size_t)a->B * a->T * D, NmaxT = (size_t)a->B * a->T;
     const size_t lse_stride = (size_t)a->B * H * a->T;
     const CudaBlas *blas = a->blas;
@@ -405,7 +401,7 @@ extern "C" int cuda_transformer_forward(const Model *m, CudaActivations *a, cons
     if (B > a->B || T > a->T || m->experts_local != a->El)
         return isth_fail(ISTH_ERUNTIME, "cuda_transformer_forward: batch %dx%d exceeds buffers %dx%d", B, T, a->B,
                          a->T);
-    const int L = a->L, D = a->D, V = a->V;
+    const int L = a->dims.L, D = a->dims.D, V = a->dims.V;
     const size_t N = (size_t)B * T, ND = (size_t)a->B * a->T * D;
     const CudaBlas *blas = a->blas;
     const cudaStream_t s = blas->stream;
@@ -470,7 +466,7 @@ extern "C" int cuda_transformer_forward(const Model *m, CudaActivations *a, cons
 
 static int moe_backward(float *dxn, Model *m, CudaActivations *a, int l, const float *dout, float loss_scale)
 {
-    const int D = a->D, E = a->E, K = a->K, G = a->G;
+    const int D = a->dims.D, E = a->dims.E, K = a->dims.K, G = a->G;
     const size_t N = a->N;
     const CudaBlas *blas = a->blas;
     const cudaStream_t s = blas->stream;
@@ -492,7 +488,7 @@ static int moe_backward(float *dxn, Model *m, CudaActivations *a, int l, const f
                                 weights(a, m, model_expert_param(m, T_W_GATE, l, 0)),
                                 weights(a, m, model_expert_param(m, T_W_UP, l, 0)),
                                 weights(a, m, model_expert_param(m, T_W_DOWN, l, 0)), r->h_expert_start, a->El, D,
-                                a->F, &a->gemms, blas));
+                                a->dims.F, &a->gemms, blas));
     float *leaving = G > 1 ? a->recv_rows2 : a->back_rows;
     phase_mark(a->clock, PHASE_DISPATCH);
     CHECK(cuda_rows_gather(leaving, dxrows, r->d_recv_row, (size_t)r->n_recv, D, s));
@@ -511,7 +507,7 @@ static int moe_backward(float *dxn, Model *m, CudaActivations *a, int l, const f
 extern "C" int cuda_transformer_backward(Model *m, CudaActivations *a, size_t n_targets, float loss_scale)
 {
     if (!a->training) return isth_fail(ISTH_ERUNTIME, "cuda_transformer_backward: the last forward was not training");
-    const int L = a->L, D = a->D, H = a->H, V = a->V, B = a->B_cur, T = a->T_cur;
+    const int L = a->dims.L, D = a->dims.D, H = a->dims.H, V = a->dims.V, B = a->B_cur, T = a->T_cur;
     const size_t N = a->N, ND = (size_t)a->B * a->T * D, NmaxT = (size_t)a->B * a->T;
     const size_t lse_stride = (size_t)a->B * H * a->T, nbytes = N * D * sizeof(float);
     const CudaBlas *blas = a->blas;

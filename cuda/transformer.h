@@ -14,6 +14,7 @@
 #include <stddef.h>
 
 #include "coll_nccl.h"
+#include "gemm.h"
 #include "layers.h"
 #include "moe.h"
 #include "phases.h"
@@ -26,7 +27,8 @@ extern "C" {
 #include "model.h"
 
 typedef struct {
-    int B, T, L, D, H, E, K, F, V, G, El;
+    int B, T, G, El;
+    ModelDims dims;          /* the model's sizes (model.h) */
     int B_cur, T_cur, training;
     size_t N;
     CudaColl *ep;            /* the learner: counts and rows over NCCL */

@@ -17,15 +17,10 @@ int decoder_create(Decoder *d, const Model *m)
         return isth_fail(ISTH_ERUNTIME, "decoder: the model holds %d of %d experts", m->experts_local, c->experts);
     d->m = m;
     d->T = c->context;
-    d->D = c->dim;
-    d->H = c->heads;
-    d->V = c->vocab;
-    d->E = c->experts;
-    d->K = c->top_k;
-    d->F = c->ffn;
-    d->L = c->layers;
-    const size_t T = (size_t)d->T, D = (size_t)d->D, L = (size_t)d->L, E = (size_t)d->E, F = (size_t)d->F;
-    const size_t half = D / (size_t)d->H / 2;
+    d->dims = model_dims(c);
+    const size_t T = (size_t)d->T, D = (size_t)d->dims.D, L = (size_t)d->dims.L, E = (size_t)d->dims.E,
+                 F = (size_t)d->dims.F;
+    const size_t half = D / (size_t)d->dims.H / 2;
     float **bufs[] = {&d->kcache, &d->vcache, &d->x, &d->xn, &d->q, &d->k, &d->v, &d->ao, &d->o, &d->h,
                       &d->scores, &d->router, &d->gates, &d->ea, &d->eu, &d->eh, &d->ey, &d->rope_cos,
                       &d->rope_sin};
@@ -33,7 +28,7 @@ int decoder_create(Decoder *d, const Model *m)
     size_t total = 0;
     for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++) total += (sizes[i] + 15) & ~(size_t)15;
     d->block = isth_aligned_alloc(64, total * sizeof(float));
-    d->choice = isth_malloc((size_t)d->K * sizeof(int));
+    d->choice = isth_malloc((size_t)d->dims.K * sizeof(int));
     if (!d->block || !d->choice) {
         decoder_destroy(d);
         return isth_fail(ISTH_ERUNTIME, "out of memory for the decoder's cache (%zu MiB)", total * sizeof(float) >> 20);
@@ -43,7 +38,7 @@ int decoder_create(Decoder *d, const Model *m)
         *bufs[i] = d->block + off;
         off += (sizes[i] + 15) & ~(size_t)15;
     }
-    rope_tables(d->rope_cos, d->rope_sin, d->T, d->D / d->H);
+    rope_tables(d->rope_cos, d->rope_sin, d->T, d->dims.D / d->dims.H);
     return ISTH_OK;
 }
 
@@ -59,7 +54,7 @@ void decoder_reset(Decoder *d) { d->pos = 0; }
 /* ao (D) = causal attention of the new query over positions 0..p of layer l's cache. */
 static void attend(Decoder *d, int l)
 {
-    const int D = d->D, H = d->H, Dh = D / H, n = d->pos + 1;
+    const int D = d->dims.D, H = d->dims.H, Dh = D / H, n = d->pos + 1;
     const float scale = 1.0f / sqrtf((float)Dh);
     const float *kc = d->kcache + (size_t)l * d->T * D, *vc = d->vcache + (size_t)l * d->T * D;
     for (int h = 0; h < H; h++) {
@@ -91,7 +86,7 @@ static void attend(Decoder *d, int l)
 static void mixture(Decoder *d, int l)
 {
     const Model *m = d->m;
-    const int D = d->D, E = d->E, K = d->K, F = d->F;
+    const int D = d->dims.D, E = d->dims.E, K = d->dims.K, F = d->dims.F;
     matmul_forward(d->router, d->xn, model_param(m, T_ROUTER, l), 1, D, E);
     router_softmax_forward(d->gates, &d->lse, d->router, 1, E);
     router_topk(d->choice, d->gates, 1, E, K);
@@ -108,13 +103,14 @@ static void mixture(Decoder *d, int l)
 int decoder_step(Decoder *d, int token, float *logits)
 {
     if (d->pos >= d->T) return isth_fail(ISTH_ERUNTIME, "decoder: the cache's %d positions are full", d->T);
-    if (token < 0 || token >= d->V) return isth_fail(ISTH_EINPUT, "decoder: token %d is outside the vocabulary of %d", token, d->V);
+    if (token < 0 || token >= d->dims.V)
+        return isth_fail(ISTH_EINPUT, "decoder: token %d is outside the vocabulary of %d", token, d->dims.V);
     const Model *m = d->m;
-    const int D = d->D, H = d->H, Dh = D / H, p = d->pos;
+    const int D = d->dims.D, H = d->dims.H, Dh = D / H, p = d->pos;
     const size_t half = (size_t)Dh / 2;
     float rstd;
     encoder_forward(d->x, &token, model_param(m, T_EMBED, 0), 1, D);
-    for (int l = 0; l < d->L; l++) {
+    for (int l = 0; l < d->dims.L; l++) {
         float *kslot = d->kcache + ((size_t)l * d->T + (size_t)p) * D;
         float *vslot = d->vcache + ((size_t)l * d->T + (size_t)p) * D;
         rmsnorm_forward(d->xn, &rstd, d->x, model_param(m, T_ATTN_NORM, l), 1, D);
@@ -132,7 +128,7 @@ int decoder_step(Decoder *d, int token, float *logits)
         residual_forward(d->x, d->h, d->o, (size_t)D);
     }
     rmsnorm_forward(d->xn, &rstd, d->x, model_param(m, T_FINAL_NORM, 0), 1, D);
-    tied_head_forward(logits, d->xn, model_param(m, T_EMBED, 0), 1, D, d->V);
+    tied_head_forward(logits, d->xn, model_param(m, T_EMBED, 0), 1, D, d->dims.V);
     d->pos++;
     return ISTH_OK;
 }

@@ -16,7 +16,8 @@
 
 typedef struct {
     const Model *m;     /* every expert (model_create with experts_local = experts) */
-    int T, D, H, V, E, K, F, L;
+    int T;              /* the context: the cache's positions */
+    ModelDims dims;     /* the model's sizes (model.h) */
     int pos;            /* positions in the cache */
     float *kcache, *vcache;  /* (L, T, D) keys (rotated) and values */
     float *x, *xn, *q, *k, *v, *ao, *o, *h;  /* (D) */

@@ -2,7 +2,8 @@
  *
  * Owns: the list of model tensors (their stable names and canonical shapes),
  * where each lives in this rank's flat buffer, per-tensor flags, and
- * initialisation. Optimisers, reductions and checkpoints are loops over
+ * initialisation; the model's sizes under the compute code's short names
+ * (ModelDims, filled by model_dims only). Optimisers, reductions and checkpoints are loops over
  * model->tensors; nothing else hard-codes a tensor's position.
  * Must not: compute activations (layers.c, transformer.c) or do I/O.
  *
@@ -37,6 +38,21 @@ typedef enum {
 
 #define TENSOR_MAX_DIMS 4
 #define MODEL_INIT_STD 0.02
+
+/* The model's sizes under the short names the compute code uses: L
+ * layers, D width, H heads, E experts, K = top_k, F expert width, V
+ * vocabulary. One struct that both backends' activations
+ * (cpu/transformer.h, cuda/transformer.h) and the decoder hold, filled
+ * here only. */
+typedef struct {
+    int L, D, H, E, K, F, V;
+} ModelDims;
+
+static inline ModelDims model_dims(const ModelConfig *c)
+{
+    ModelDims d = {c->layers, c->dim, c->heads, c->experts, c->top_k, c->ffn, c->vocab};
+    return d;
+}
 
 typedef struct {
     const char *name;                 /* dataset name under /model */

@@ -79,8 +79,8 @@ int sample_generate(Decoder *d, const int *prompt, size_t n, int count, const Sa
     const size_t T = (size_t)d->T, keep = T / 2;
     /* the tokens of the window in the cache, to start again from its last half */
     int *window = isth_malloc(T * sizeof(int));
-    float *logits = isth_malloc((size_t)d->V * sizeof(float));
-    double *scratch = isth_malloc((size_t)d->V * sizeof(double));
+    float *logits = isth_malloc((size_t)d->dims.V * sizeof(float));
+    double *scratch = isth_malloc((size_t)d->dims.V * sizeof(double));
     int rc = window && logits && scratch ? ISTH_OK : isth_fail(ISTH_ERUNTIME, "out of memory for sampling");
     decoder_reset(d);
     size_t in_window = 0;
@@ -91,7 +91,7 @@ int sample_generate(Decoder *d, const int *prompt, size_t n, int count, const Sa
         rc = decoder_step(d, prompt[i], logits);
     }
     for (int g = 0; g < count && rc == ISTH_OK; g++) {
-        const int tok = sample_draw(logits, d->V, r, (uint64_t)g, scratch);
+        const int tok = sample_draw(logits, d->dims.V, r, (uint64_t)g, scratch);
         if (out) out[g] = tok;
         if (emit) emit(ctx, tok);
         if (g + 1 == count) break;

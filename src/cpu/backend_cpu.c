@@ -1,13 +1,14 @@
 /* backend_cpu.c — the CPU backend (backend.h): the model's state in host
  * memory, layers through OpenBLAS and OpenMP, expert parallelism over MPI
  * (coll.h). Owns the thread setup (OpenMP and OpenBLAS) of the process. */
-#include "backend.h"
+#include "backend_cpu.h"
 
 #include <cblas.h>
 #include <omp.h>
 #include <string.h>
 
 #include "alloc.h"
+#include "backend_state.h"
 #include "optim.h"
 #include "precond.h"
 #include "status.h"
@@ -18,7 +19,7 @@ typedef struct {
     Model model;       /* the table with the buffers */
     AdamW opt;
     Precond pre;       /* shampoo, muon: their state for opt's runs */
-    int sharded;       /* opt covers the runs optimizer_shard gave (else not yet created) */
+    StateBook book;    /* the views of the state, the optimiser's runs (backend_state.h) */
     const TrainConfig *train; /* the optimiser's settings */
     Activations acts;
     Coll *learner;     /* the learner's ranks (expert parallelism and state sums) */
@@ -79,10 +80,11 @@ static int cpu_zero_grads(Backend *b)
     return ISTH_OK;
 }
 
-/* The optimiser's state for n runs: the moments, and a matrix
- * optimiser's own. */
-static int create_optimizer(CpuBackend *c, const size_t *off, const size_t *len, int n)
+/* The book's create: the optimiser's state for n runs, the moments and a
+ * matrix optimiser's own. */
+static int create_optimizer(void *backend, const size_t *off, const size_t *len, int n, float *view[STATE_KINDS])
 {
+    CpuBackend *c = backend;
     precond_destroy(&c->pre);
     adamw_destroy(&c->opt);
     const AllocCategory was = alloc_category(ALLOC_OPTIMIZER);
@@ -90,59 +92,25 @@ static int create_optimizer(CpuBackend *c, const size_t *off, const size_t *len,
     alloc_category(was);
     if (rc == ISTH_OK && (!strcmp(c->optimizer, "shampoo") || !strcmp(c->optimizer, "muon")))
         rc = precond_create(&c->pre, c->optimizer, &c->opt, &c->model, c->train);
-    c->sharded = rc == ISTH_OK;
+    view[STATE_ADAM_M] = c->opt.m;
+    view[STATE_ADAM_V] = c->opt.v;
+    view[STATE_SHAMPOO_L] = c->pre.l; /* NULL unless the optimiser is shampoo */
+    view[STATE_SHAMPOO_R] = c->pre.r;
+    view[STATE_SHAMPOO_LROOT] = c->pre.lroot;
+    view[STATE_SHAMPOO_RROOT] = c->pre.rroot;
     return rc;
-}
-
-/* Until the trainer says which runs this rank updates: all of them. */
-static int ensure_optimizer(CpuBackend *c)
-{
-    if (c->sharded) return ISTH_OK;
-    const size_t off = 0, len = c->model.n_params;
-    return create_optimizer(c, &off, &len, 1);
 }
 
 static int cpu_optimizer_shard(Backend *b, const size_t *off, const size_t *len, int n)
 {
-    CpuBackend *c = cpu(b);
-    for (int r = 0; r < n; r++)
-        if (off[r] + len[r] > c->model.n_params)
-            return isth_fail(ISTH_ERUNTIME, "optimizer: run %d [%zu, +%zu) is outside the %zu parameters", r, off[r],
-                             len[r], c->model.n_params);
-    return create_optimizer(c, off, len, n);
+    return state_book_shard(&cpu(b)->book, off, len, n);
 }
 
-static float *cpu_state(CpuBackend *c, StateKind which)
-{
-    if (state_is_packed(which) && ensure_optimizer(c) != ISTH_OK) return NULL;
-    switch (which) {
-    case STATE_PARAMS: return c->model.params;
-    case STATE_GRADS: return c->model.grads;
-    case STATE_ADAM_M: return c->opt.m;
-    case STATE_ADAM_V: return c->opt.v;
-    case STATE_SHAMPOO_L: return c->pre.l; /* NULL unless the optimiser is shampoo */
-    case STATE_SHAMPOO_R: return c->pre.r;
-    case STATE_SHAMPOO_LROOT: return c->pre.lroot;
-    case STATE_SHAMPOO_RROOT: return c->pre.rroot;
-    default: return NULL;
-    }
-}
-
-/* The state's length in floats (the model table, or the packed optimiser state). */
-static size_t state_len(const CpuBackend *c, StateKind which)
-{
-    return state_is_packed(which) ? c->opt.runs.total : c->model.n_params;
-}
+static float *cpu_state(CpuBackend *c, StateKind which) { return state_book_view(&c->book, which); }
 
 static int check_runs(CpuBackend *c, StateKind which, const size_t *off, const size_t *len, int n, const char *verb)
 {
-    if (!cpu_state(c, which)) return isth_fail(ISTH_ERUNTIME, "backend: %s of an unknown state (%d)", verb, (int)which);
-    const size_t total = state_len(c, which);
-    for (int i = 0; i < n; i++)
-        if (off[i] > total || len[i] > total - off[i])
-            return isth_fail(ISTH_ERUNTIME, "backend: %s run %d [%zu, +%zu) is outside the state's %zu floats", verb, i,
-                             off[i], len[i], total);
-    return ISTH_OK;
+    return state_book_check_runs(&c->book, which, off, len, n, verb);
 }
 
 static int cpu_get(Backend *b, StateKind which, const size_t *off, const size_t *len, int n, float *host)
@@ -257,7 +225,7 @@ static int cpu_scale_grads(Backend *b, float factor)
 static int cpu_optimizer_step(Backend *b, double lr)
 {
     CpuBackend *c = cpu(b);
-    CHECK(ensure_optimizer(c));
+    CHECK(state_book_ensure(&c->book));
     c->opt.t = b->optimizer_t;
     if (!strcmp(c->optimizer, "sgd")) sgd_step(&c->opt.runs, &c->model, lr, c->weight_decay); /* t stays 0 */
     else if (c->pre.dir) precond_step(&c->pre, &c->opt, &c->model, lr, c->weight_decay);
@@ -323,6 +291,7 @@ int cpu_backend_create(Backend **out, const Config *cfg, int B, int expert_begin
         cpu_destroy(&c->base);
         return rc;
     }
+    state_book_init(&c->book, c->model.n_params, c->model.params, c->model.grads, create_optimizer, c);
     c->base.threads = omp_get_max_threads();
     c->base.table = c->model;
     c->base.table.params = c->base.table.grads = NULL; /* the table alone: memory stays here */

@@ -8,6 +8,7 @@
 
 #include "layers.h"
 #include "route_plan.h"
+#include "route_softmax.h"
 #include "route_topk.h"
 
 int moe_capacity(double capacity_factor, size_t tokens, int K, int E)
@@ -20,17 +21,7 @@ int moe_capacity(double capacity_factor, size_t tokens, int K, int E)
 void router_softmax_forward(float *probs, float *lse, const float *logits, size_t N, int E)
 {
 #pragma omp parallel for schedule(static)
-    for (size_t t = 0; t < N; t++) {
-        const float *z = logits + t * E;
-        float *p = probs + t * E;
-        float mx = z[0];
-        for (int e = 1; e < E; e++) mx = z[e] > mx ? z[e] : mx;
-        float sum = 0.0f;
-        for (int e = 0; e < E; e++) sum += expf(z[e] - mx);
-        float l = logf(sum) + mx;
-        for (int e = 0; e < E; e++) p[e] = expf(z[e] - l);
-        lse[t] = l;
-    }
+    for (size_t t = 0; t < N; t++) lse[t] = route_softmax_row(probs + t * E, logits + t * E, E);
 }
 
 void router_topk(int *choice, const float *probs, size_t N, int E, int K)

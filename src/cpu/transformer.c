@@ -16,16 +16,10 @@ static void acts_dims(Activations *a, const ModelConfig *c, int B, int T, int G,
     a->recompute = recompute;
     a->B = B;
     a->T = T;
-    a->L = c->layers;
-    a->D = c->dim;
-    a->H = c->heads;
-    a->E = c->experts;
-    a->K = c->top_k;
-    a->F = c->ffn;
-    a->V = c->vocab;
+    a->dims = model_dims(c);
     a->G = G;
     a->El = c->experts / G;
-    a->Lk = recompute == RECOMPUTE_LAYER ? 1 : a->L;
+    a->Lk = recompute == RECOMPUTE_LAYER ? 1 : a->dims.L;
 }
 
 /* Where layer l's kept activations live: its own slice, or the one slice
@@ -43,14 +37,14 @@ typedef struct {
 static size_t block_plan(Activations *a, int threads, Carve *plan)
 {
     /* Lk: layers whose activations are kept (all, or one when recomputed) */
-    const size_t L = (size_t)a->L, Lk = (size_t)a->Lk, D = (size_t)a->D, E = (size_t)a->E, K = (size_t)a->K,
-                 V = (size_t)a->V, B = (size_t)a->B, T = (size_t)a->T, N = B * T;
-    const size_t Dh2 = D / (size_t)a->H / 2;
+    const size_t L = (size_t)a->dims.L, Lk = (size_t)a->Lk, D = (size_t)a->dims.D, E = (size_t)a->dims.E,
+                 K = (size_t)a->dims.K, V = (size_t)a->dims.V, B = (size_t)a->B, T = (size_t)a->T, N = B * T;
+    const size_t Dh2 = D / (size_t)a->dims.H / 2;
     const size_t VE = V > E ? V : E;
     const Carve p[ACTS_CARVES] = {
         {&a->x, (L + 1) * N * D}, {&a->xn1, Lk * N * D}, {&a->rstd1, Lk * N},
         {&a->q, Lk * N * D}, {&a->k, Lk * N * D}, {&a->v, Lk * N * D}, {&a->ao, Lk * N * D},
-        {&a->att, (a->recompute == RECOMPUTE_NONE ? L : 1) * B * (size_t)a->H * T * T},
+        {&a->att, (a->recompute == RECOMPUTE_NONE ? L : 1) * B * (size_t)a->dims.H * T * T},
         {&a->h, Lk * N * D}, {&a->xn2, Lk * N * D}, {&a->rstd2, Lk * N},
         /* probs: the head's, then in backward its gradient in place (dlogits) and each
          * router's (N,E): nothing reads the probabilities after the head's backward */
@@ -72,7 +66,7 @@ static size_t block_plan(Activations *a, int threads, Carve *plan)
 /* Bytes of one layer's routing tables (allocated in acts_create). */
 static double route_bytes(const Activations *a)
 {
-    const double N = (double)a->B * a->T, E = a->E, K = a->K, D = a->D, G = a->G;
+    const double N = (double)a->B * a->T, E = a->dims.E, K = a->dims.K, D = a->dims.D, G = a->G;
     return N * E * 4 + N * 4 + N * K * 4 + E * 8 + E * 8 + N * K * 4 + N * K * 4 + G * 4 + G * 4 + N * K * D * 4 +
            (a->El + 1.0) * 4;
 }
@@ -84,14 +78,15 @@ double acts_bytes(const ModelConfig *c, int B, int T, int G, int threads, Recomp
     acts_dims(&a, c, B, T, G, recompute);
     const double block = (double)block_plan(&a, threads, plan) * sizeof(float);
     /* + counts (and the plan's scratch) and the learner's count matrix */
-    return block + a.Lk * (route_bytes(&a) + (double)sizeof(MoeRouting)) + (4.0 + a.G) * a.E * sizeof(int);
+    return block + a.Lk * (route_bytes(&a) + (double)sizeof(MoeRouting)) + (4.0 + a.G) * a.dims.E * sizeof(int);
 }
 
 int acts_create(Activations *a, const ModelConfig *c, int B, int T, Coll *ep, Recompute recompute)
 {
     acts_dims(a, c, B, T, ep->size, recompute);
     a->ep = ep;
-    const size_t Lk = (size_t)a->Lk, D = (size_t)a->D, E = (size_t)a->E, K = (size_t)a->K, N = (size_t)B * T;
+    const size_t Lk = (size_t)a->Lk, D = (size_t)a->dims.D, E = (size_t)a->dims.E, K = (size_t)a->dims.K,
+                 N = (size_t)B * T;
     Carve plan[ACTS_CARVES];
     const size_t total = block_plan(a, omp_get_max_threads(), plan);
     a->block = isth_aligned_alloc(64, total * sizeof(float));
@@ -129,7 +124,7 @@ int acts_create(Activations *a, const ModelConfig *c, int B, int T, Coll *ep, Re
             return isth_fail(ISTH_ERUNTIME, "out of memory for routing buffers");
         }
     }
-    rope_tables(a->rope_cos, a->rope_sin, T, a->D / a->H);
+    rope_tables(a->rope_cos, a->rope_sin, T, a->dims.D / a->dims.H);
     return ISTH_OK;
 }
 
@@ -195,7 +190,7 @@ static int ensure_owner(Activations *a, MoeRouting *r, int n_recv)
 
 static int ensure_owner_rows(Activations *a, MoeRouting *r, int n_recv)
 {
-    const size_t n = (size_t)n_recv, D = (size_t)a->D, F = (size_t)a->F;
+    const size_t n = (size_t)n_recv, D = (size_t)a->dims.D, F = (size_t)a->dims.F;
     if (n > (size_t)r->recv_cap || !r->recv_row) {
         size_t want = moe_rows_grow_target(n);
         isth_free(r->recv_row);
@@ -246,7 +241,7 @@ static void expert_weights(const Model *m, int l, int e, const float **wg, const
 static int moe_forward(float *out, const Model *m, Activations *a, int l, size_t N, int training,
                        ForwardStats *st)
 {
-    const int D = a->D, E = a->E, K = a->K, F = a->F, G = a->G, El = a->El, me = a->ep->rank;
+    const int D = a->dims.D, E = a->dims.E, K = a->dims.K, F = a->dims.F, G = a->G, El = a->El, me = a->ep->rank;
     MoeRouting *r = &a->route[slot(a, l)];
     const float *xn = SLICE(a->xn2, slot(a, l), (size_t)a->B * a->T * D);
 
@@ -309,7 +304,7 @@ static int moe_forward(float *out, const Model *m, Activations *a, int l, size_t
  * x_{l+1} when `next` (backward's recomputation needs only the slot). */
 static int layer_forward(const Model *m, Activations *a, int l, int training, ForwardStats *st, int next)
 {
-    const int D = a->D, H = a->H, B = a->B_cur, T = a->T_cur;
+    const int D = a->dims.D, H = a->dims.H, B = a->B_cur, T = a->T_cur;
     const size_t N = a->N, ND = (size_t)a->B * a->T * D, NmaxT = (size_t)a->B * a->T; /* ND: per-layer stride */
     const size_t att_stride = a->recompute == RECOMPUTE_NONE ? (size_t)a->B * H * a->T * a->T : 0;
     const int sl = slot(a, l);
@@ -337,7 +332,7 @@ int transformer_forward(const Model *m, Activations *a, const int *tokens, const
     if (B > a->B || T > a->T || m->experts_local != a->El)
         return isth_fail(ISTH_ERUNTIME, "transformer_forward: batch %dx%d exceeds buffers %dx%d",
                          B, T, a->B, a->T);
-    const int L = a->L, D = a->D, V = a->V;
+    const int L = a->dims.L, D = a->dims.D, V = a->dims.V;
     const size_t N = (size_t)B * T, ND = (size_t)a->B * a->T * D; /* ND: per-layer stride */
     memset(st, 0, sizeof *st);
     a->N = N;
@@ -367,7 +362,7 @@ int transformer_forward(const Model *m, Activations *a, const int *tokens, const
 static int moe_backward(float *dxn, Model *m, Activations *a, int l, const float *dout,
                         float loss_scale)
 {
-    const int D = a->D, E = a->E, K = a->K, F = a->F, El = a->El;
+    const int D = a->dims.D, E = a->dims.E, K = a->dims.K, F = a->dims.F, El = a->El;
     const size_t N = a->N;
     MoeRouting *r = &a->route[slot(a, l)];
     const float *xn = SLICE(a->xn2, slot(a, l), (size_t)a->B * a->T * D);
@@ -407,7 +402,7 @@ static int moe_backward(float *dxn, Model *m, Activations *a, int l, const float
 int transformer_backward(Model *m, Activations *a, const int *tokens, const int *targets,
                          float loss_scale)
 {
-    const int L = a->L, D = a->D, H = a->H, V = a->V, B = a->B_cur;
+    const int L = a->dims.L, D = a->dims.D, H = a->dims.H, V = a->dims.V, B = a->B_cur;
     const size_t N = a->N, ND = (size_t)a->B * a->T * D, NmaxT = (size_t)a->B * a->T;
     const size_t att_stride = a->recompute == RECOMPUTE_NONE ? (size_t)a->B * H * a->T * a->T : 0;
     const size_t nbytes = N * D * sizeof(float);

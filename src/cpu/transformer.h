@@ -19,7 +19,7 @@
 
 typedef struct {
     int B, T;                 /* allocated for up to B sequences of T */
-    int L, D, H, E, K, F, V;
+    ModelDims dims;           /* the model's sizes (model.h) */
     int G, El;                /* ranks in the learner, experts on this rank */
     Coll *ep;                 /* expert-parallel group (the learner) */
     int B_cur, T_cur;         /* sizes of the last forward */

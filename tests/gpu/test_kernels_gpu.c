@@ -19,7 +19,9 @@
 
 #include "cpu/layers.h"
 #include "cpu/moe.h"
+#include "attention.h"
 #include "attention_tc.h"
+#include "gemm.h"
 #include "gpu_tap.h"
 #include "layers.h"
 #include "acts_plan.h"

@@ -1,0 +1,79 @@
+/* backend_choose.c — backend.h's backend_create: which backend a rank
+ * gets. The one module that knows both constructors (src/cpu/backend_cpu.h,
+ * cuda/backend_cuda.h); it sits above them, so the seam (backend.h,
+ * backend.c) and the backends include only downwards, with no circle.
+ * Owns: backend = auto's resolution, the refusal of what this build or
+ * backend cannot do (bf16 on the CPU, cuda without CUDA).
+ * Must not: compute, or hold any state of its own. */
+#include "backend.h"
+
+#include "autoconf.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "alloc.h"
+#include "cpu/backend_cpu.h"
+#include "devices.h"
+#include "status.h"
+#if HAVE_CUDA
+#include "../cuda/backend_cuda.h"
+#endif
+
+/* auto: the CUDA backend when this build has it and every rank of this
+ * host can have a GPU of its own (devices.h); else the CPU one (said once,
+ * by world rank 0, when GPUs are visible but too few). Collective over the
+ * world. */
+static int resolve_auto(const Config *cfg, const char **name)
+{
+    *name = "cpu";
+#if HAVE_CUDA
+    VisibleDevices mine, *all = NULL;
+    cuda_visible_devices(&mine);
+    int local = 0, local_size = 0;
+    /* a failure here still reaches the world-wide agreement below: ranks
+     * of other hosts wait in it */
+    const int gathered = device_gather(MPI_COMM_WORLD, &mine, &all, &local, &local_size);
+    int *device_of = gathered == ISTH_OK ? isth_malloc(sizeof(int) * (size_t)local_size) : NULL;
+    int any = 0;
+    for (int r = 0; all && r < local_size; r++) any |= all[r].n > 0;
+    char why[320]; /* a refusal here means "use the CPU", not an error */
+    const int fits = device_of && device_assign(all, local_size, cfg->train.gpu_share, device_of, why, sizeof why) == 0;
+    isth_free(device_of);
+    isth_free(all);
+    /* one answer for the whole world: a CUDA rank's device selection is
+     * collective, and hosts may differ */
+    int every = fits;
+    CHECK_MPI(MPI_Allreduce(&fits, &every, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD));
+    CHECK(gathered);
+    if (every) *name = "cuda";
+    int world_rank = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+    if (any && !every && world_rank == 0)
+        fprintf(stderr, "isthmus: backend = auto: not every rank has a GPU of its own: the CPU backend "
+                "(backend = cuda says why; gpu_share = 1 lets ranks share)\n");
+#else
+    (void)cfg;
+#endif
+    return ISTH_OK;
+}
+
+int backend_create(Backend **out, const Config *cfg, int B, int expert_begin, int experts_local, Coll *ep)
+{
+    *out = NULL;
+    const char *name = cfg->train.backend;
+    if (!strcmp(name, "auto")) CHECK(resolve_auto(cfg, &name));
+    if (!strcmp(name, "cpu")) {
+        if (!strcmp(cfg->train.precision, "bf16"))
+            return isth_fail(ISTH_EINPUT, "config: [train] precision = bf16 needs the CUDA backend; the CPU backend "
+                             "computes in fp32 (precision = fp32)");
+        return cpu_backend_create(out, cfg, B, expert_begin, experts_local, ep);
+    }
+#if HAVE_CUDA
+    return cuda_backend_create(out, cfg, B, expert_begin, experts_local, ep);
+#else
+    return isth_fail(ISTH_EINPUT, "config: [train] backend = %s, but this isthmus was built without CUDA "
+                     "(./configure --with-cuda); use backend = cpu or auto", name);
+#endif
+}
+
