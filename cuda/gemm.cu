@@ -114,7 +114,7 @@ extern "C" int cuda_tied_head_backward(float *dx, float *dembed, const float *dl
     return ISTH_OK;
 }
 
-/* --- many products in one call (layers.h: CudaGemmBatch) ---------------- */
+/* --- many products in one call (gemm.h: CudaGemmBatch) ---------------- */
 
 /* The pointers of up to PTR_CHUNK problems, passed by value: a kernel's
  * arguments are captured at launch, so the host may refill its arrays at

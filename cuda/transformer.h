@@ -72,7 +72,7 @@ typedef struct {
     float *h_losses;                                 /* (N) */
     /* owner-side device scratch, grown on demand */
     float *recv_rows, *recv_rows2, *row_tmp, *row_tmp2, *ffn_scratch;
-    CudaGemmBatch gemms;     /* a layer's expert products, grouped (layers.h) */
+    CudaGemmBatch gemms;     /* a layer's expert products, grouped (gemm.h) */
     size_t recv_caps[4], ffn_cap;
     /* called on the host before each layer's launches, forward and backward
      * ([outer] progress = poll, as the CPU backend): the link moves while

@@ -135,14 +135,6 @@ struct Backend {
     void *impl;
 };
 
-/* The backend [train] backend names (auto: CUDA when this build has it and
- * the host has a GPU for each of its ranks, else the CPU; collective over
- * the world) for this rank: micro-batches of up to B
- * sequences of the model's context, experts [expert_begin,
- * expert_begin + experts_local), expert parallelism over `ep`. The weights
- * are initialised (model.h: a function of the seed, not of the layout).
- * Defined by src/backend_choose.c, the one module above both backends. */
-int backend_create(Backend **out, const Config *cfg, int B, int expert_begin, int experts_local, Coll *ep);
 void backend_destroy(Backend *b);
 
 #endif

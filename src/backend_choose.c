@@ -1,11 +1,5 @@
-/* backend_choose.c — backend.h's backend_create: which backend a rank
- * gets. The one module that knows both constructors (src/cpu/backend_cpu.h,
- * cuda/backend_cuda.h); it sits above them, so the seam (backend.h,
- * backend.c) and the backends include only downwards, with no circle.
- * Owns: backend = auto's resolution, the refusal of what this build or
- * backend cannot do (bf16 on the CPU, cuda without CUDA).
- * Must not: compute, or hold any state of its own. */
-#include "backend.h"
+/* backend_choose.c — see backend_choose.h. */
+#include "backend_choose.h"
 
 #include "autoconf.h"
 

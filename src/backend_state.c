@@ -51,7 +51,8 @@ float *state_book_view(StateBook *s, StateKind which)
     return s->view[which];
 }
 
-size_t state_book_len(const StateBook *s, StateKind which)
+/* `which`'s length in floats: the model table, or the packed runs. */
+static size_t state_book_len(const StateBook *s, StateKind which)
 {
     return state_is_packed(which) ? s->packed : s->n_params;
 }

@@ -44,8 +44,6 @@ int state_book_ensure(StateBook *s);
 /* The backend's pointer to `which` (creating the optimiser's state for a
  * packed kind first); NULL for a kind not held or a failed creation. */
 float *state_book_view(StateBook *s, StateKind which);
-/* `which`'s length in floats: the model table, or the packed runs. */
-size_t state_book_len(const StateBook *s, StateKind which);
 /* ISTH_OK when `which` is held and n runs (off, len) lie inside it; else a
  * failure naming the verb. */
 int state_book_check_runs(StateBook *s, StateKind which, const size_t *off, const size_t *len, int n,

@@ -1,6 +1,6 @@
 /* cli.h — what the subcommands of `isthmus` share: the grammar of their
- * arguments, and their entry points (main.c's table of commands names
- * them; each cmd_*.c holds a few, grouped by what they work on).
+ * arguments (main.c's table of commands names their entry points, each
+ * declared by its cmd_*.h).
  *
  * Owns: parsing a command's arguments (--set overrides, the command's own
  * options, positional arguments, --help anywhere) and the one-line
@@ -35,21 +35,5 @@ int cli_one_file(int argc, char **argv, const char *cmd, const char *usage, cons
 
 /* A number option: the whole text a number in [lo, hi] (integer: whole). */
 int cli_number(const char *name, const char *text, double lo, double hi, int integer, double *out);
-
-/* --- the entry points: arguments after the command's name; a status code -- */
-/* cmd_train.c: the commands that train */
-int cmd_train(int argc, char **argv);
-int cmd_bench(int argc, char **argv);
-/* cmd_model.c: the commands that use a trained model file */
-int cmd_eval(int argc, char **argv);
-int cmd_generate(int argc, char **argv);
-int cmd_export(int argc, char **argv);
-/* cmd_prepare.c: the commands before a run (its configuration, plan, key) */
-int cmd_config(int argc, char **argv);
-int cmd_plan(int argc, char **argv);
-int cmd_keygen(int argc, char **argv);
-/* cmd_inspect.c: the commands that look at what a run wrote */
-int cmd_inspect(int argc, char **argv);
-int cmd_plot(int argc, char **argv);
 
 #endif

@@ -5,6 +5,8 @@
  * Owns: their --help texts and options.
  * Must not: read the files itself (ckpt_validate.c, plot.c).
  */
+#include "cmd_inspect.h"
+
 #include "cli.h"
 
 #include <mpi.h>

@@ -8,6 +8,8 @@
  * Must not: read the model file (modelfile.c), compute, or write a file
  * format (export.c).
  */
+#include "cmd_model.h"
+
 #include "cli.h"
 
 #include <cblas.h>
@@ -19,6 +21,7 @@
 
 #include "alloc.h"
 #include "backend.h"
+#include "backend_choose.h"
 #include "clock.h"
 #include "coll.h"
 #include "config.h"

@@ -5,8 +5,10 @@
  *
  * Owns: their --help texts and options, checked before anything runs.
  * Must not: compute a plan or a memory figure itself (planner.c,
- * memory.c), or write a key (federation.c).
+ * memory.c), or write a key (runkey.c).
  */
+#include "cmd_prepare.h"
+
 #include "cli.h"
 
 #include <mpi.h>
@@ -17,7 +19,6 @@
 #include "alloc.h"
 #include "config.h"
 #include "config_keys.h"
-#include "federation.h"
 #include "runkey.h"
 #include "memory.h"
 #include "planner.h"

@@ -3,6 +3,8 @@
  * Owns: their --help texts and options, checked before anything runs.
  * Must not: train or time anything itself (run.c's train_run, bench.c).
  */
+#include "cmd_train.h"
+
 #include "cli.h"
 
 #include <stdio.h>

@@ -1,5 +1,5 @@
-/* config.h — the run configuration: INI parsing, --set overrides, schema,
- * validation, and the resolved text that is printed and stored in files.
+/* config.h — the run configuration as a run loads it: defaults, the file,
+ * --set overrides, and the rules between keys.
  *
  * Owns: the order of a load (text and overrides read by config_ini.h,
  * values by config_keys.h's table), the [site.*] and [eval.*] sections, the
@@ -26,6 +26,9 @@ int config_load(Config *cfg, const char *path, const char *const *overrides, int
  * `origin` names it in messages. */
 int config_load_text(Config *cfg, const char *text, const char *origin,
                      const char *const *overrides, int n_overrides);
+
+/* train.recompute as the backends take it. */
+Recompute config_recompute(const TrainConfig *t);
 
 /* The [outer] codec's parameters: the block is codec_block, or topk_chunk
  * for topk; the decay is ef_decay. */

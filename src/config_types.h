@@ -63,7 +63,6 @@ typedef struct {
 
 /* train.recompute as the backends take it */
 typedef enum { RECOMPUTE_NONE, RECOMPUTE_ATTENTION, RECOMPUTE_LAYER } Recompute;
-Recompute config_recompute(const TrainConfig *t);
 
 typedef struct {
     char dir[CONFIG_PATH_MAX];   /* holds train.txt eval_prose.txt eval_tech.txt */

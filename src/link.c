@@ -537,6 +537,14 @@ void link_msg_skip(LinkMsg *m)
     m->send_posted = 2;
 }
 
+void link_msg_bind(LinkMsg *m, unsigned char *send, unsigned char *recv)
+{
+    m->send = send;
+    m->recv = recv;
+}
+
+void link_msg_rearm(LinkMsg *m) { m->send_posted = 0; }
+
 int link_msg_take_stuck(LinkMsg *m)
 {
     const int stuck = m->stuck;

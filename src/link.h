@@ -277,6 +277,11 @@ void link_abandon(LinkMsg *m);
 /* A message left unposted because its peer's site is lost: counted as
  * complete both ways, nothing sent, nothing awaited. */
 void link_msg_skip(LinkMsg *m);
+/* Point a message whose buffers are borrowed at (send, recv) (a staging
+ * slot's frames). */
+void link_msg_bind(LinkMsg *m, unsigned char *send, unsigned char *recv);
+/* Ready a message for its next exchange: its send not yet posted. */
+void link_msg_rearm(LinkMsg *m);
 /* Did an abandon leave m stuck (a request MPI would not cancel)? Clears
  * the mark: the caller renews the buffers MPI may still write. */
 int link_msg_take_stuck(LinkMsg *m);

@@ -19,6 +19,10 @@
 
 #include "autoconf.h"
 #include "cli.h"
+#include "cmd_inspect.h"
+#include "cmd_model.h"
+#include "cmd_prepare.h"
+#include "cmd_train.h"
 #include "cpu/blas_select.h"
 #include "fault.h"
 #include "link.h"
@@ -100,7 +104,7 @@ int main(int argc, char **argv)
      * on a failed write (a full disk), ROMIO returns the error to HDF5 */
     setenv("OMPI_MCA_io", "romio321", 0);
     /* the federated launch: a leader's accept or connect gives up after
-     * this many seconds and is tried again (federation.c), where Open
+     * this many seconds and is tried again (knock.c), where Open
      * MPI's default would wait forever (values under 3 are not honoured) */
     for (int i = 1; i < argc; i++)
         if (!strcmp(argv[i], "--site")) setenv("OMPI_MCA_pmix_base_exchange_timeout", "3", 0);

@@ -11,7 +11,8 @@
  * Point-to-point only: no collective spans learners. outer.c decides the
  * rounds and what the mixed values mean.
  * Must not: sum over sites (reduce.c), frame or decode bytes (payload.c),
- * or write the link's state (its accessors).
+ * or write the link's fields (only through its accessors, e.g.
+ * link_mark_lost).
  */
 #ifndef ISTHMUS_MIX_H
 #define ISTHMUS_MIX_H

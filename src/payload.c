@@ -132,10 +132,8 @@ int peers_free(PeerSet *ps)
 
 void peers_bind(PeerSet *ps, unsigned char *send, unsigned char *recv)
 {
-    for (int i = 0; i < ps->n; i++) {
-        ps->peers[i].msg.send = send + ps->peers[i].send_off;
-        ps->peers[i].msg.recv = recv + ps->peers[i].recv_off;
-    }
+    for (int i = 0; i < ps->n; i++)
+        link_msg_bind(&ps->peers[i].msg, send + ps->peers[i].send_off, recv + ps->peers[i].recv_off);
 }
 
 int peers_abandon_lost(const Link *l, PeerSet *ps)
@@ -178,7 +176,7 @@ int payload_post(Link *l, const ChunkTable *ct, const Owned *own, Encoded enc, P
         link_frame(l, p->world_rank, p->msg.send, (uint8_t)enc.codec, kind, (uint32_t)f, from, exchange, p->values,
                    p->enc_bytes);
         if (corrupt) link_corrupt(p->msg.send, p->msg.send_bytes);
-        p->msg.send_posted = 0;
+        link_msg_rearm(&p->msg);
         CHECK(link_post_recv(l, &p->msg));
         if (send_now) CHECK(link_post_send(l, &p->msg));
     }
@@ -224,7 +222,7 @@ int payload_post_verdict(Link *l, Peer *p, uint8_t kind, int f, uint32_t from, u
 {
     memcpy(p->verdict.send + sizeof(LinkHeader), data, bytes);
     link_frame(l, p->world_rank, p->verdict.send, 0, kind, (uint32_t)f, from, exchange, bytes, bytes);
-    p->verdict.send_posted = 0;
+    link_msg_rearm(&p->verdict);
     CHECK(link_post_recv(l, &p->verdict));
     return link_post_send(l, &p->verdict);
 }

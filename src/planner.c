@@ -18,7 +18,7 @@
 
 /* Dense (no sparsity) peaks per GPU, TFLOP/s, sources in docs/planner.md
  * (vendor datasheets): bf16 on tensor cores, and fp32 on CUDA cores — the
- * CUDA backend's fp32 runs without TF32 (cuda/layers.cu). */
+ * CUDA backend's fp32 runs without TF32 (cuda/gemm.cu). */
 static const struct {
     const char *name;
     double bf16, fp32;

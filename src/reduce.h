@@ -33,7 +33,8 @@
  * Every rank of every learner ends with the same values for the chunks it
  * holds. Callers pre-scale their values by their token share.
  * Must not: apply updates (optim.c, outer.c), compute gradients, frame or
- * decode bytes (payload.c), or write the link's state (its accessors).
+ * decode bytes (payload.c), or write the link's fields (only through its
+ * accessors, e.g. link_mark_lost).
  */
 #ifndef ISTHMUS_REDUCE_H
 #define ISTHMUS_REDUCE_H

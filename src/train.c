@@ -1,4 +1,5 @@
 /* train.c — see train.h. */
+#include "backend_choose.h"
 #include "train.h"
 #include "alloc.h"
 

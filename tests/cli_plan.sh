@@ -30,7 +30,7 @@ for s in east:2500 west:2250; do
     want=$(awk -v n=$tokens -v f="$fpt" -v p="$peak" 'BEGIN { printf "%.6g", n * f * 1e9 / (64 * p * 1e12 * 0.4) }')
     check "$name step time (s)" "$(field "s/^  $name .* step \([0-9.]*\) s$/\1/p")" "$want" 0.002
 done
-# an fp32 config is planned at the GPUs' fp32 peaks (no TF32: cuda/layers.cu), 80 and 75 TFLOP/s
+# an fp32 config is planned at the GPUs' fp32 peaks (no TF32: cuda/gemm.cu), 80 and 75 TFLOP/s
 "$ISTHMUS" plan "$C" --site east:gb300:64 --site west:b300:64 --link 25Gbps,150ms --set train.precision=fp32 \
     > "$WORK/plan32.txt" 2>&1 || fail "fp32 plan failed: $(tail -2 "$WORK/plan32.txt")"
 for s in east:80 west:75; do

@@ -28,6 +28,7 @@
 #include <mpi.h>
 
 #include "backend.h"
+#include "backend_choose.h"
 #include "coll.h"
 #include "config.h"
 #include "model.h"

@@ -1,10 +1,10 @@
 /* backend_cpu.h — the CPU backend's constructor (backend_cpu.c), named for
  * the chooser above the backends (src/backend_choose.c) and nobody else:
- * the trainer creates a backend through backend.h's backend_create.
+ * the trainer creates a backend through backend_choose.h's backend_create.
  *
  * Owns: the constructor's signature. Must not: be included by the seam's
- * generic part (backend.c) or by code below the chooser (that would make
- * the seam and this backend include each other again).
+ * generic part (backend.c) or by code below the chooser (the seam and
+ * this backend would include each other).
  */
 #ifndef ISTHMUS_BACKEND_CPU_H
 #define ISTHMUS_BACKEND_CPU_H

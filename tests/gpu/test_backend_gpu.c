@@ -24,6 +24,7 @@
 #include <string.h>
 
 #include "backend.h"
+#include "backend_choose.h"
 #include "config.h"
 #include "gpu_tap.h"
 #include "rng.h"

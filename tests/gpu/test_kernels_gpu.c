@@ -1,5 +1,5 @@
 /* test_kernels_gpu.c — the CUDA backend's products, attention, fused
- * cross-entropy and MoE kernels (cuda/layers.cu, cuda/moe.cu) against the
+ * cross-entropy and MoE kernels (cuda/layers.cu, gemm.cu, attention.cu, moe.cu) against the
  * CPU backend's (src/cpu/layers.c, src/cpu/moe.c) on random inputs whose
  * sizes are not multiples of the blocks or tiles.
  * Tolerance (fp32): |gpu - cpu| <= 1e-5 * max(|cpu|, floor). Products,
