@@ -13,38 +13,38 @@
 #include "status.h"
 #include "wire.h"
 
-/* Rules that involve several keys. `origin_of` finds where a key was set so
+/* Rules that involve several keys. `config_origin_of` finds where a key was set so
  * that the message points at the line to fix. */
 static int validate(const Config *c, EntryList *l)
 {
     const ModelConfig *m = &c->model;
     if (m->dim % m->heads)
         return isth_fail(ISTH_EINPUT, "config %s: [model] heads = %d does not divide dim = %d",
-                         origin_of(l, "model", "heads"), m->heads, m->dim);
+                         config_origin_of(l, "model", "heads"), m->heads, m->dim);
     if (config_head_dim(m) % 2)
         return isth_fail(ISTH_EINPUT,
                          "config %s: [model] head dim = dim/heads = %d must be even (rotary pairs)",
-                         origin_of(l, "model", "heads"), config_head_dim(m));
+                         config_origin_of(l, "model", "heads"), config_head_dim(m));
     if (m->top_k > m->experts)
         return isth_fail(ISTH_EINPUT, "config %s: [model] top_k = %d exceeds experts = %d",
-                         origin_of(l, "model", "top_k"), m->top_k, m->experts);
+                         config_origin_of(l, "model", "top_k"), m->top_k, m->experts);
     if (c->train.min_lr > c->train.lr)
         return isth_fail(ISTH_EINPUT, "config %s: [train] min_lr = %g exceeds lr = %g",
-                         origin_of(l, "train", "min_lr"), c->train.min_lr, c->train.lr);
+                         config_origin_of(l, "train", "min_lr"), c->train.min_lr, c->train.lr);
     if (!strcmp(c->train.optimizer, "shampoo") &&
         (m->dim % c->train.precond_block || m->ffn % c->train.precond_block))
         return isth_fail(ISTH_EINPUT,
                          "config %s: [train] precond_block = %d must divide [model] dim = %d and ffn = %d "
-                         "(Shampoo's blocks tile every matrix)", origin_of(l, "train", "precond_block"),
+                         "(Shampoo's blocks tile every matrix)", config_origin_of(l, "train", "precond_block"),
                          c->train.precond_block, m->dim, m->ffn);
     if (!strcmp(c->train.optimizer, "shampoo") && c->train.precond_stats_every > c->train.precond_every)
         return isth_fail(ISTH_EINPUT,
                          "config %s: [train] precond_stats_every = %d exceeds precond_every = %d (every root needs "
-                         "statistics newer than the last)", origin_of(l, "train", "precond_stats_every"),
+                         "statistics newer than the last)", config_origin_of(l, "train", "precond_stats_every"),
                          c->train.precond_stats_every, c->train.precond_every);
     if (!c->train.out_dir[0])
         return isth_fail(ISTH_EINPUT, "config %s: [train] out_dir is empty",
-                         origin_of(l, "train", "out_dir"));
+                         config_origin_of(l, "train", "out_dir"));
     return ISTH_OK;
 }
 
@@ -79,7 +79,7 @@ static SiteConfig *site_get(Config *cfg, const char *name, const char *origin, i
 static int apply_eval_key(Config *cfg, const Entry *e)
 {
     const char *name = e->section + 5;
-    const KeySpec *spec = eval_key_find(e->key);
+    const KeySpec *spec = config_eval_key_find(e->key);
     if (!spec)
         return isth_fail(ISTH_EINPUT, "config %s: unknown key '%s' in [%s] (eval keys: path bytes)", e->origin, e->key,
                          e->section);
@@ -98,7 +98,7 @@ static int apply_eval_key(Config *cfg, const Entry *e)
         memset(ev, 0, sizeof *ev);
         snprintf(ev->name, sizeof ev->name, "%s", name);
     }
-    return apply_value_in(ev, spec, e->section, e->value, e->origin);
+    return config_apply_value_in(ev, spec, e->section, e->value, e->origin);
 }
 
 int config_eval_sets(const Config *cfg, EvalConfig out[CONFIG_MAX_EVALS])
@@ -120,13 +120,13 @@ static int apply_site_key(Config *cfg, const Entry *e)
 {
     int rc = ISTH_OK;
     const char *name = e->section + 5;
-    const KeySpec *spec = site_key_find(e->key);
+    const KeySpec *spec = config_site_key_find(e->key);
     if (!spec)
         return isth_fail(ISTH_EINPUT, "config %s: unknown key '%s' in [%s] (site keys: ranks "
                          "learner_ranks micro_batch grad_accum speed)", e->origin, e->key, e->section);
     SiteConfig *site = site_get(cfg, name, e->origin, &rc);
     if (!site) return rc;
-    return apply_value_in(site, spec, e->section, e->value, e->origin);
+    return config_apply_value_in(site, spec, e->section, e->value, e->origin);
 }
 
 /* [outer] values whose default depends on the mode, and rules between keys. */
@@ -141,63 +141,63 @@ static int validate_outer(Config *cfg, EntryList *l)
      * a decay of 0.95; outer momentum on top of it lost (docs/results/sparse-payloads.md) */
     const int topk = !strcmp(o->codec, "topk");
     if (o->lr < 0) {
-        if (entries_find(l, "outer", "lr"))
-            return isth_fail(ISTH_EINPUT, "config %s: [outer] lr = %g must be > 0", origin_of(l, "outer", "lr"), o->lr);
+        if (config_entries_find(l, "outer", "lr"))
+            return isth_fail(ISTH_EINPUT, "config %s: [outer] lr = %g must be > 0", config_origin_of(l, "outer", "lr"), o->lr);
         o->lr = topk ? 1.0 : streaming ? 0.4 : !strcmp(o->mode, "diloco") ? 0.7 : 1.0;
     } else if (o->lr == 0) {
-        return isth_fail(ISTH_EINPUT, "config %s: [outer] lr = 0 must be > 0", origin_of(l, "outer", "lr"));
+        return isth_fail(ISTH_EINPUT, "config %s: [outer] lr = 0 must be > 0", config_origin_of(l, "outer", "lr"));
     }
     if (o->momentum < 0) {
-        if (entries_find(l, "outer", "momentum"))
+        if (config_entries_find(l, "outer", "momentum"))
             return isth_fail(ISTH_EINPUT, "config %s: [outer] momentum = %g must be in [0, 1)",
-                             origin_of(l, "outer", "momentum"), o->momentum);
+                             config_origin_of(l, "outer", "momentum"), o->momentum);
         o->momentum = butterfly || topk ? 0.0 : 0.9; /* butterfly: plain pairwise averaging unless asked */
     }
     if (o->ef_decay < 0) {
-        if (entries_find(l, "outer", "ef_decay"))
+        if (config_entries_find(l, "outer", "ef_decay"))
             return isth_fail(ISTH_EINPUT, "config %s: [outer] ef_decay = %g must be in [0, 1]",
-                             origin_of(l, "outer", "ef_decay"), o->ef_decay);
+                             config_origin_of(l, "outer", "ef_decay"), o->ef_decay);
         o->ef_decay = topk ? 0.95 : 1.0;
     }
     if (cfg->data.eval_bytes == 1)
         return isth_fail(ISTH_EINPUT, "config %s: [data] eval_bytes = 1 leaves no byte to predict; use 0 (whole "
-                         "files) or at least 2", origin_of(l, "data", "eval_bytes"));
-    if (o->fragments == 0 && entries_find(l, "outer", "fragments"))
+                         "files) or at least 2", config_origin_of(l, "data", "eval_bytes"));
+    if (o->fragments == 0 && config_entries_find(l, "outer", "fragments"))
         return isth_fail(ISTH_EINPUT, "config %s: [outer] fragments = 0: at least 1 (leave the key out for the "
-                         "mode's default)", origin_of(l, "outer", "fragments"));
+                         "mode's default)", config_origin_of(l, "outer", "fragments"));
     if (o->fragments == 0) o->fragments = streaming ? cfg->model.layers : 1;
     if (!streaming && !butterfly && o->fragments != 1)
         return isth_fail(ISTH_EINPUT, "config %s: [outer] fragments = %d needs mode = streaming or butterfly (mode is %s)",
-                         origin_of(l, "outer", "fragments"), o->fragments, o->mode);
+                         config_origin_of(l, "outer", "fragments"), o->fragments, o->mode);
     if (butterfly && o->overlap >= o->inner_steps)
         return isth_fail(ISTH_EINPUT,
                          "config %s: [outer] overlap = %d must be less than inner_steps = %d (a round must finish "
                          "before the next one starts)",
-                         origin_of(l, "outer", "overlap"), o->overlap, o->inner_steps);
+                         config_origin_of(l, "outer", "overlap"), o->overlap, o->inner_steps);
     if (o->fragments > cfg->model.layers)
         return isth_fail(ISTH_EINPUT,
                          "config %s: [outer] fragments = %d exceeds [model] layers = %d (fragments are strided over layers)",
-                         origin_of(l, "outer", "fragments"), o->fragments, cfg->model.layers);
+                         config_origin_of(l, "outer", "fragments"), o->fragments, cfg->model.layers);
     if (streaming && o->overlap >= o->inner_steps)
         return isth_fail(ISTH_EINPUT,
                          "config %s: [outer] overlap = %d must be less than inner_steps = %d (an exchange must "
                          "finish before the fragment's next one starts)",
-                         origin_of(l, "outer", "overlap"), o->overlap, o->inner_steps);
+                         config_origin_of(l, "outer", "overlap"), o->overlap, o->inner_steps);
     if (!strcmp(o->codec, "topk") && o->topk_k > o->topk_chunk)
         return isth_fail(ISTH_EINPUT, "config %s: [outer] topk_k = %d exceeds topk_chunk = %d (values sent per chunk)",
-                         origin_of(l, "outer", "topk_k"), o->topk_k, o->topk_chunk);
+                         config_origin_of(l, "outer", "topk_k"), o->topk_k, o->topk_chunk);
     if (!strcmp(o->codec, "topk") && butterfly)
         return isth_fail(ISTH_EINPUT,
                          "config %s: [outer] codec = topk needs mode = diloco, streaming or sync (butterfly sends "
                          "parameter values, which a sparse payload cannot carry; use bf16, int8 or fp4)",
-                         origin_of(l, "outer", "codec"));
+                         config_origin_of(l, "outer", "codec"));
     if (streaming && o->fragments > o->inner_steps)
         return isth_fail(ISTH_EINPUT, "config %s: [outer] fragments = %d exceeds inner_steps = %d (offsets would collide)",
-                         origin_of(l, "outer", "fragments"), o->fragments, o->inner_steps);
+                         config_origin_of(l, "outer", "fragments"), o->fragments, o->inner_steps);
     int lo, hi;
     if (wire_parse_ports(o->ports, &lo, &hi))
         return isth_fail(ISTH_EINPUT, "config %s: [outer] ports = %s: give 0 (any free port), a port, or a range "
-                         "LO-HI within 1-65535", origin_of(l, "outer", "ports"), o->ports);
+                         "LO-HI within 1-65535", config_origin_of(l, "outer", "ports"), o->ports);
     return ISTH_OK;
 }
 
@@ -215,12 +215,12 @@ static int validate_sites(Config *cfg, EntryList *l)
         if (s->ranks % s->learner_ranks)
             return isth_fail(ISTH_EINPUT,
                              "config %s: [%s] learner_ranks = %d does not divide ranks = %d",
-                             origin_of(l, section, "learner_ranks"), section, s->learner_ranks, s->ranks);
+                             config_origin_of(l, section, "learner_ranks"), section, s->learner_ranks, s->ranks);
         if (cfg->model.experts % s->learner_ranks)
             return isth_fail(ISTH_EINPUT,
                              "config %s: [%s] learner_ranks = %d does not divide [model] experts = %d "
                              "(experts are sharded evenly over a learner's ranks)",
-                             origin_of(l, section, "learner_ranks"), section, s->learner_ranks,
+                             config_origin_of(l, section, "learner_ranks"), section, s->learner_ranks,
                              cfg->model.experts);
     }
     return ISTH_OK;
@@ -228,7 +228,7 @@ static int validate_sites(Config *cfg, EntryList *l)
 
 static int load_entries(Config *cfg, EntryList *l, const char *const *overrides, int n_overrides)
 {
-    for (int i = 0; i < n_overrides; i++) CHECK(parse_override(l, overrides[i]));
+    for (int i = 0; i < n_overrides; i++) CHECK(config_parse_override(l, overrides[i]));
 
     memset(&cfg->model, 0, sizeof cfg->model);
     memset(&cfg->train, 0, sizeof cfg->train);
@@ -237,13 +237,13 @@ static int load_entries(Config *cfg, EntryList *l, const char *const *overrides,
     memset(&cfg->checkpoint, 0, sizeof cfg->checkpoint);
     cfg->n_sites = 0;
     cfg->n_evals = 0;
-    CHECK(apply_defaults(cfg));
+    CHECK(config_apply_defaults(cfg));
 
     for (int i = 0; i < l->n; i++) {
         Entry *e = &l->v[i];
-        const KeySpec *s = schema_find(e->section, e->key);
+        const KeySpec *s = config_schema_find(e->section, e->key);
         if (s) {
-            CHECK(apply_value(cfg, s, e->value, e->origin));
+            CHECK(config_apply_value(cfg, s, e->value, e->origin));
             continue;
         }
         if (!strncmp(e->section, "site.", 5)) {
@@ -254,7 +254,7 @@ static int load_entries(Config *cfg, EntryList *l, const char *const *overrides,
             CHECK(apply_eval_key(cfg, e));
             continue;
         }
-        if (!section_known(e->section))
+        if (!config_section_known(e->section))
             return isth_fail(ISTH_EINPUT, "config %s: unknown section [%s]", e->origin, e->section);
         return isth_fail(ISTH_EINPUT, "config %s: unknown key '%s' in [%s]", e->origin, e->key,
                          e->section);
@@ -278,9 +278,9 @@ int config_load_text(Config *cfg, const char *text, const char *origin,
 {
     EntryList l = {0};
     snprintf(cfg->source, sizeof cfg->source, "%s", origin);
-    int rc = text ? parse_ini(&l, text, origin) : ISTH_OK;
+    int rc = text ? config_parse_ini(&l, text, origin) : ISTH_OK;
     if (rc == ISTH_OK) rc = load_entries(cfg, &l, overrides, n_overrides);
-    entries_free(&l);
+    config_entries_free(&l);
     return rc;
 }
 
@@ -289,7 +289,7 @@ int config_load(Config *cfg, const char *path, const char *const *overrides, int
 {
     if (!path) return config_load_text(cfg, NULL, "(defaults)", overrides, n_overrides);
     char *text;
-    CHECK(read_ini_file(path, &text));
+    CHECK(config_read_ini_file(path, &text));
     int rc = config_load_text(cfg, text, path, overrides, n_overrides);
     isth_free(text);
     return rc;

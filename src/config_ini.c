@@ -13,7 +13,7 @@
 #include "alloc.h"
 #include "status.h"
 
-void entries_free(EntryList *l)
+void config_entries_free(EntryList *l)
 {
     for (int i = 0; i < l->n; i++) {
         isth_free(l->v[i].section);
@@ -31,7 +31,7 @@ static char *trim(char *s)
     return s;
 }
 
-Entry *entries_find(EntryList *l, const char *section, const char *key)
+Entry *config_entries_find(EntryList *l, const char *section, const char *key)
 {
     for (int i = 0; i < l->n; i++)
         if (!strcmp(l->v[i].section, section) && !strcmp(l->v[i].key, key)) return &l->v[i];
@@ -41,7 +41,7 @@ Entry *entries_find(EntryList *l, const char *section, const char *key)
 static int entries_put(EntryList *l, const char *section, const char *key, const char *value,
                        const char *origin, int allow_replace)
 {
-    Entry *e = entries_find(l, section, key);
+    Entry *e = config_entries_find(l, section, key);
     if (e) {
         if (!allow_replace)
             return isth_fail(ISTH_EINPUT, "config %s: [%s] %s is set twice (first at %s)", origin,
@@ -75,7 +75,7 @@ static int valid_name(const char *s)
     return 1;
 }
 
-int parse_ini(EntryList *l, const char *text, const char *name)
+int config_parse_ini(EntryList *l, const char *text, const char *name)
 {
     char section[256] = "";
     int lineno = 0;
@@ -123,7 +123,7 @@ int parse_ini(EntryList *l, const char *text, const char *name)
     return ISTH_OK;
 }
 
-int parse_override(EntryList *l, const char *assignment)
+int config_parse_override(EntryList *l, const char *assignment)
 {
     const char *eq = strchr(assignment, '=');
     char lhs[512];
@@ -145,13 +145,13 @@ int parse_override(EntryList *l, const char *assignment)
     return entries_put(l, section, key, trim(value), origin, 1);
 }
 
-const char *origin_of(EntryList *l, const char *section, const char *key)
+const char *config_origin_of(EntryList *l, const char *section, const char *key)
 {
-    Entry *e = entries_find(l, section, key);
+    Entry *e = config_entries_find(l, section, key);
     return e ? e->origin : "(default)";
 }
 
-int read_ini_file(const char *path, char **text_out)
+int config_read_ini_file(const char *path, char **text_out)
 {
     /* O_NONBLOCK: a FIFO must not block the open; only regular files are read */
     int fd = open(path, O_RDONLY | O_NONBLOCK);

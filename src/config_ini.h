@@ -26,19 +26,19 @@ typedef struct {
     int n, cap;
 } EntryList;
 
-void entries_free(EntryList *l);
+void config_entries_free(EntryList *l);
 /* The entry of [section] key, or NULL. */
-Entry *entries_find(EntryList *l, const char *section, const char *key);
+Entry *config_entries_find(EntryList *l, const char *section, const char *key);
 /* Where [section] key was set ("file:line", "--set ..."), or "(default)". */
-const char *origin_of(EntryList *l, const char *section, const char *key);
+const char *config_origin_of(EntryList *l, const char *section, const char *key);
 
 /* INI text into l; `name` names it in messages. ISTH_EINPUT for bad syntax
  * or a key set twice. */
-int parse_ini(EntryList *l, const char *text, const char *name);
+int config_parse_ini(EntryList *l, const char *text, const char *name);
 /* One "section.key=value" into l, replacing any earlier value. */
-int parse_override(EntryList *l, const char *assignment);
+int config_parse_override(EntryList *l, const char *assignment);
 
 /* The text of the config file at `path` (malloc'd, NUL-terminated). */
-int read_ini_file(const char *path, char **text);
+int config_read_ini_file(const char *path, char **text);
 
 #endif

@@ -151,14 +151,14 @@ static const KeySpec eval_schema[] = {
 };
 #define N_EVAL_KEYS (sizeof eval_schema / sizeof eval_schema[0])
 
-const KeySpec *schema_find(const char *section, const char *key)
+const KeySpec *config_schema_find(const char *section, const char *key)
 {
     for (size_t i = 0; i < N_KEYS; i++)
         if (!strcmp(schema[i].section, section) && !strcmp(schema[i].key, key)) return &schema[i];
     return NULL;
 }
 
-int section_known(const char *section)
+int config_section_known(const char *section)
 {
     for (size_t i = 0; i < N_KEYS; i++)
         if (!strcmp(schema[i].section, section)) return 1;
@@ -189,7 +189,7 @@ static int out_of_range(const KeySpec *s, const char *section, const char *where
                      value, s->min_exclusive ? "(" : "[", lo, hi);
 }
 
-int apply_value_in(void *base, const KeySpec *s, const char *section, const char *value,
+int config_apply_value_in(void *base, const KeySpec *s, const char *section, const char *value,
                           const char *where)
 {
     char *field = (char *)base + s->offset;
@@ -258,12 +258,12 @@ int apply_value_in(void *base, const KeySpec *s, const char *section, const char
     return ISTH_OK;
 }
 
-int apply_value(Config *cfg, const KeySpec *s, const char *value, const char *where)
+int config_apply_value(Config *cfg, const KeySpec *s, const char *value, const char *where)
 {
-    return apply_value_in(cfg, s, s->section, value, where);
+    return config_apply_value_in(cfg, s, s->section, value, where);
 }
 
-const KeySpec *site_key_find(const char *key)
+const KeySpec *config_site_key_find(const char *key)
 {
     const KeySpec *spec = NULL;
     for (size_t k = 0; k < N_SITE_KEYS; k++)
@@ -271,7 +271,7 @@ const KeySpec *site_key_find(const char *key)
     return spec;
 }
 
-const KeySpec *eval_key_find(const char *key)
+const KeySpec *config_eval_key_find(const char *key)
 {
     const KeySpec *spec = NULL;
     for (size_t k = 0; k < N_EVAL_KEYS; k++)
@@ -279,9 +279,9 @@ const KeySpec *eval_key_find(const char *key)
     return spec;
 }
 
-int apply_defaults(Config *cfg)
+int config_apply_defaults(Config *cfg)
 {
-    for (size_t i = 0; i < N_KEYS; i++) CHECK(apply_value(cfg, &schema[i], schema[i].dflt, "(default)"));
+    for (size_t i = 0; i < N_KEYS; i++) CHECK(config_apply_value(cfg, &schema[i], schema[i].dflt, "(default)"));
     return ISTH_OK;
 }
 

@@ -20,22 +20,22 @@
 typedef struct KeySpec KeySpec;
 
 /* A key of the fixed sections, or NULL. */
-const KeySpec *schema_find(const char *section, const char *key);
+const KeySpec *config_schema_find(const char *section, const char *key);
 /* Some key of the fixed sections is in [section]. */
-int section_known(const char *section);
+int config_section_known(const char *section);
 /* A key of a [site.NAME] (fields of SiteConfig) or an [eval.NAME] section
  * (fields of EvalConfig), or NULL. */
-const KeySpec *site_key_find(const char *key);
-const KeySpec *eval_key_find(const char *key);
+const KeySpec *config_site_key_find(const char *key);
+const KeySpec *config_eval_key_find(const char *key);
 
 /* Parse one value into the struct at `base` according to its spec; `where`
  * names the origin and `section` the section as the user wrote it. */
-int apply_value_in(void *base, const KeySpec *s, const char *section, const char *value, const char *where);
+int config_apply_value_in(void *base, const KeySpec *s, const char *section, const char *value, const char *where);
 /* The same for a key of the fixed sections, into cfg. */
-int apply_value(Config *cfg, const KeySpec *s, const char *value, const char *where);
+int config_apply_value(Config *cfg, const KeySpec *s, const char *value, const char *where);
 /* Every key of the fixed sections to its default (some are sentinels that
  * config.c resolves: -1, 0, ""). */
-int apply_defaults(Config *cfg);
+int config_apply_defaults(Config *cfg);
 
 /* The resolved configuration as INI text, every key, schema order.
  * Returns a malloc'd string. */

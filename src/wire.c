@@ -22,11 +22,11 @@
 static void on_event(Wire *w, Ev *ev, unsigned events)
 {
     if (ev->kind == EV_LISTEN) {
-        accept_all(w);
+        wire_accept_all(w);
         return;
     }
     if (ev->kind == EV_PENDING) {
-        pending_read(w, (Pending *)ev);
+        wire_pending_read(w, (Pending *)ev);
         return;
     }
     Conn *c = (Conn *)ev;
@@ -34,17 +34,17 @@ static void on_event(Wire *w, Ev *ev, unsigned events)
         int err = 0;
         socklen_t len = sizeof err;
         if (getsockopt(c->fd, SOL_SOCKET, SO_ERROR, &err, &len) || err) {
-            fail_peer(w, c->peer, "cannot connect");
+            wire_fail_peer(w, c->peer, "cannot connect");
             return;
         }
         c->state = CONN_READY;
     }
-    if (events & (EPOLLIN | EPOLLERR | EPOLLHUP)) recv_pump(w, c);
-    if (c->fd >= 0 && (events & EPOLLOUT)) send_pump(w, c);
+    if (events & (EPOLLIN | EPOLLERR | EPOLLHUP)) wire_recv_pump(w, c);
+    if (c->fd >= 0 && (events & EPOLLOUT)) wire_send_pump(w, c);
     /* still stalled (the error waits behind the chunk that has no room) and nothing to send:
      * out of epoll, or the error would be reported at every call */
     if (c->fd >= 0 && c->stalled && (events & (EPOLLERR | EPOLLHUP)) && !(c->events & EPOLLOUT))
-        set_events(w, c, 0);
+        wire_set_events(w, c, 0);
 }
 
 static void wake_stalled(Wire *w)
@@ -52,7 +52,7 @@ static void wake_stalled(Wire *w)
     while (w->room_back) {
         w->room_back = 0;
         for (int r = 0; r < w->size; r++)
-            if (w->peers[r]) unstall(w, w->peers[r]);
+            if (w->peers[r]) wire_unstall(w, w->peers[r]);
     }
 }
 
@@ -70,7 +70,7 @@ void wire_progress(Wire *w, int wait_ms)
         next = q->next;
         if (now - q->t0 > w->o.hello_timeout_s) {
             w->refused += 1;
-            pending_drop(w, q);
+            wire_pending_drop(w, q);
         }
     }
 }
@@ -87,8 +87,8 @@ static int check_peer(const Wire *w, int peer)
 int wire_isend(Wire *w, int peer, int tag, const void *buf, size_t len, WireOp **out)
 {
     CHECK(check_peer(w, peer));
-    Peer *p = peer_get(w, peer);
-    TagSeq *ts = p ? tag_seq(p, tag) : NULL;
+    Peer *p = wire_peer_get(w, peer);
+    TagSeq *ts = p ? wire_tag_seq(p, tag) : NULL;
     WireOp *op = ts ? isth_calloc(1, sizeof *op) : NULL;
     if (!op) return isth_fail(ISTH_ERUNTIME, "wire: out of memory");
     op->is_send = 1;
@@ -99,7 +99,7 @@ int wire_isend(Wire *w, int peer, int tag, const void *buf, size_t len, WireOp *
     op->len = len;
     op->detached = out == NULL;
     if (out) *out = op;
-    peer_start(w, peer, p);
+    wire_peer_start(w, peer, p);
     if (p->failed[0]) { /* never completes */
         if (op->detached) isth_free(op);
         return ISTH_OK;
@@ -112,27 +112,27 @@ int wire_isend(Wire *w, int peer, int tag, const void *buf, size_t len, WireOp *
     /* every idle stream takes chunks while its socket has room (a pump may
      * finish and free a detached op: it is not touched after) */
     for (int s = 0; s < w->streams; s++)
-        if (!p->conn[s].sop) send_pump(w, &p->conn[s]);
+        if (!p->conn[s].sop) wire_send_pump(w, &p->conn[s]);
     return ISTH_OK;
 }
 
 int wire_irecv(Wire *w, int peer, int tag, void *buf, size_t len, WireOp **out)
 {
     CHECK(check_peer(w, peer));
-    Peer *p = peer_get(w, peer);
-    TagSeq *ts = p ? tag_seq(p, tag) : NULL;
+    Peer *p = wire_peer_get(w, peer);
+    TagSeq *ts = p ? wire_tag_seq(p, tag) : NULL;
     if (!ts) return isth_fail(ISTH_ERUNTIME, "wire: out of memory");
     const uint64_t seq = ts->recv++;
-    peer_start(w, peer, p);
-    WireOp *op = find_recv(p, tag, seq);
+    wire_peer_start(w, peer, p);
+    WireOp *op = wire_find_recv(p, tag, seq);
     if (op) { /* it came first */
         if (op->len != len) {
-            fail_peer(w, peer, "message size differs from the receive posted"); /* which lets the op go */
+            wire_fail_peer(w, peer, "message size differs from the receive posted"); /* which lets the op go */
             op = NULL;
         } else {
             op->claimed = 1;
             op->dest = buf;
-            if (op->done && op->refs == 0) recv_complete(w, p, op);
+            if (op->done && op->refs == 0) wire_recv_complete(w, p, op);
             *out = op;
             return ISTH_OK;
         }
@@ -145,8 +145,8 @@ int wire_irecv(Wire *w, int peer, int tag, void *buf, size_t len, WireOp **out)
     op->buf = buf;
     op->len = len;
     *out = op;
-    append_recv(p, op);
-    unstall(w, p);
+    wire_append_recv(p, op);
+    wire_unstall(w, p);
     return ISTH_OK;
 }
 
@@ -172,12 +172,12 @@ void wire_cancel(Wire *w, WireOp **opp)
     Peer *p = w->peers[op->peer];
     op->cancelled = 1;
     if (!op->is_send && p->failed[0]) { /* nothing more comes: let it go now, with its room if it came early */
-        unlink_recv(p, op);
+        wire_unlink_recv(p, op);
         if (op->unexpected) {
             w->unexpected_bytes -= op->len;
             w->room_back = 1;
         }
-        free_op(op);
+        wire_free_op(op);
         return;
     }
     if (!op->is_send) {
@@ -186,19 +186,19 @@ void wire_cancel(Wire *w, WireOp **opp)
         if (op->unexpected) op->claimed = 0;
         return;
     }
-    stream_cancel_send(w, p, op);
+    wire_stream_cancel_send(w, p, op);
     isth_free(op);
 }
 
 int wire_probe(Wire *w, int peer, int tag)
 {
     if (check_peer(w, peer) != ISTH_OK) return 0;
-    Peer *p = peer_get(w, peer);
-    TagSeq *ts = p ? tag_seq(p, tag) : NULL;
+    Peer *p = wire_peer_get(w, peer);
+    TagSeq *ts = p ? wire_tag_seq(p, tag) : NULL;
     if (!ts) return 0;
-    peer_start(w, peer, p);
+    wire_peer_start(w, peer, p);
     wire_progress(w, 0);
-    const WireOp *op = find_recv(p, tag, ts->recv);
+    const WireOp *op = wire_find_recv(p, tag, ts->recv);
     return op && op->unexpected && op->done;
 }
 
@@ -296,11 +296,11 @@ int wire_open(Wire **out, MPI_Comm comm, const int *site_first, int n_sites, int
     }
     uint32_t me_addr = 0;
     uint16_t me_port = 0;
-    if (ok && conn_local_address(o->interface, &me_addr)) {
+    if (ok && wire_conn_local_address(o->interface, &me_addr)) {
         ok = 0;
         snprintf(why, sizeof why, "[outer] interface = %s has no IPv4 address on this host", o->interface);
     }
-    if (ok && conn_listen(w, &me_port, why, sizeof why)) ok = 0;
+    if (ok && wire_conn_listen(w, &me_port, why, sizeof why)) ok = 0;
     if (ok) {
         struct epoll_event e = {.events = EPOLLIN, .data.ptr = &w->listen_ev};
         if (epoll_ctl(w->ep, EPOLL_CTL_ADD, w->lfd, &e)) ok = 0, snprintf(why, sizeof why, "epoll_ctl: %s", strerror(errno));
@@ -334,24 +334,24 @@ void wire_close(Wire *w)
         if (!p) continue;
         for (int s = 0; s < WIRE_MAX_STREAMS; s++) {
             Conn *c = &p->conn[s];
-            close_conn(w, c);
+            wire_close_conn(w, c);
             isth_free(c->tail);
             /* a chunk being written: the stream lets its message go (a detached one,
              * the wire's own, is freed by its last holder; the caller's are theirs) */
             if (c->sop) {
                 WireOp *op = c->sop;
                 c->sop = NULL;
-                if (--op->holders == 0 && op->detached) free_op(op);
+                if (--op->holders == 0 && op->detached) wire_free_op(op);
             }
         }
         for (WireOp *op = p->sq_head, *next; op; op = next) { /* and the queue its hold */
             next = op->snext;
             op->snext = NULL;
-            if (--op->holders == 0 && op->detached) free_op(op);
+            if (--op->holders == 0 && op->detached) wire_free_op(op);
         }
         for (WireOp *op = p->recvs, *next; op; op = next) {
             next = op->next;
-            if (op->unexpected || op->cancelled) free_op(op);
+            if (op->unexpected || op->cancelled) wire_free_op(op);
         }
         for (TagSeq *t = p->tags, *next; t; t = next) {
             next = t->next;
@@ -359,7 +359,7 @@ void wire_close(Wire *w)
         }
         isth_free(p);
     }
-    while (w->pending) pending_drop(w, w->pending);
+    while (w->pending) wire_pending_drop(w, w->pending);
     if (w->lfd >= 0) close(w->lfd);
     if (w->ep >= 0) close(w->ep);
     w->lfd = w->ep = -1;

@@ -41,7 +41,7 @@ static void hello_mac(unsigned char mac[crypto_generichash_BYTES], const Hello *
                        SEAL_KEY_BYTES);
 }
 
-void peer_start(Wire *w, int peer, Peer *p)
+void wire_peer_start(Wire *w, int peer, Peer *p)
 {
     if (p->started || p->failed[0]) return;
     p->started = 1;
@@ -51,14 +51,14 @@ void peer_start(Wire *w, int peer, Peer *p)
         Conn *c = &p->conn[s];
         c->fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
         if (c->fd < 0) {
-            fail_peer(w, peer, "cannot create a socket");
+            wire_fail_peer(w, peer, "cannot create a socket");
             return;
         }
         tune(w, c->fd);
         struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)(w->port[peer] + w->o.port_shift))};
         a.sin_addr.s_addr = w->addr[peer];
         if (connect(c->fd, (struct sockaddr *)&a, sizeof a) && errno != EINPROGRESS) {
-            fail_peer(w, peer, "connection refused");
+            wire_fail_peer(w, peer, "connection refused");
             return;
         }
         c->state = CONN_CONNECTING;
@@ -66,20 +66,20 @@ void peer_start(Wire *w, int peer, Peer *p)
         hello_mac(h.mac, &h, w->tx[to_site]);
         c->tail = isth_malloc(sizeof h);
         if (!c->tail) {
-            fail_peer(w, peer, "out of memory");
+            wire_fail_peer(w, peer, "out of memory");
             return;
         }
         memcpy(c->tail, &h, sizeof h);
         c->tail_len = sizeof h;
         c->tail_off = 0;
-        set_events(w, c, EPOLLIN | EPOLLOUT);
+        wire_set_events(w, c, EPOLLIN | EPOLLOUT);
         if (p->failed[0]) return;
     }
 }
 
 /* --- connections coming in ------------------------------------------------------------------ */
 
-void pending_drop(Wire *w, Pending *q)
+void wire_pending_drop(Wire *w, Pending *q)
 {
     Pending **pp = &w->pending;
     while (*pp && *pp != q) pp = &(*pp)->next;
@@ -91,7 +91,7 @@ void pending_drop(Wire *w, Pending *q)
     isth_free(q);
 }
 
-void accept_all(Wire *w)
+void wire_accept_all(Wire *w)
 {
     for (;;) {
         const int fd = accept4(w->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
@@ -119,12 +119,12 @@ void accept_all(Wire *w)
 }
 
 /* Exactly the hello's bytes are read: the data after it is the stream's. */
-void pending_read(Wire *w, Pending *q)
+void wire_pending_read(Wire *w, Pending *q)
 {
     const ssize_t n = recv(q->fd, (unsigned char *)&q->hello + q->got, sizeof q->hello - q->got, MSG_DONTWAIT);
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return;
     if (n <= 0) {
-        pending_drop(w, q);
+        wire_pending_drop(w, q);
         return;
     }
     q->got += (size_t)n;
@@ -139,29 +139,29 @@ void pending_read(Wire *w, Pending *q)
         hello_mac(mac, h, w->rx[site_of(w, from)]);
         ok = sodium_memcmp(mac, h->mac, sizeof mac) == 0;
     }
-    Peer *p = ok ? peer_get(w, from) : NULL;
+    Peer *p = ok ? wire_peer_get(w, from) : NULL;
     if (!p || p->failed[0] || p->conn[h->stream].fd >= 0) {
         w->refused += 1;
-        pending_drop(w, q);
+        wire_pending_drop(w, q);
         return;
     }
     Conn *c = &p->conn[h->stream];
     epoll_ctl(w->ep, EPOLL_CTL_DEL, q->fd, NULL);
     c->fd = q->fd;
     q->fd = -1;
-    pending_drop(w, q);
+    wire_pending_drop(w, q);
     tune(w, c->fd);
     c->state = CONN_READY;
     p->started = 1;
-    set_events(w, c, EPOLLIN | EPOLLOUT);
-    recv_pump(w, c);
-    send_pump(w, c);
+    wire_set_events(w, c, EPOLLIN | EPOLLOUT);
+    wire_recv_pump(w, c);
+    wire_send_pump(w, c);
 }
 
 /* --- setting up ----------------------------------------------------------------------------- */
 
 /* The IPv4 address other sites reach this rank at. */
-int conn_local_address(const char *interface, uint32_t *addr)
+int wire_conn_local_address(const char *interface, uint32_t *addr)
 {
     struct ifaddrs *ifs = NULL;
     *addr = htonl(INADDR_LOOPBACK);
@@ -177,7 +177,7 @@ int conn_local_address(const char *interface, uint32_t *addr)
     return interface[0] && !found ? -1 : 0;
 }
 
-int conn_listen(Wire *w, uint16_t *port, char *why, size_t why_len)
+int wire_conn_listen(Wire *w, uint16_t *port, char *why, size_t why_len)
 {
     int err = 0;
     for (int p = w->o.port_lo; p <= w->o.port_hi; p++) {

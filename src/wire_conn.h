@@ -18,21 +18,21 @@
 
 /* The lower rank of a pair connects, the first time either end has
  * something for the other (the higher waits for it); once per peer. */
-void peer_start(Wire *w, int peer, Peer *p);
+void wire_peer_start(Wire *w, int peer, Peer *p);
 /* Take every connection waiting on the listening socket (to wait for its
  * hello). */
-void accept_all(Wire *w);
+void wire_accept_all(Wire *w);
 /* Read a waiting connection's hello: verified, it becomes the stream it
  * names (and is pumped); else it is refused. */
-void pending_read(Wire *w, Pending *q);
+void wire_pending_read(Wire *w, Pending *q);
 /* Close and forget a connection waiting for its hello. */
-void pending_drop(Wire *w, Pending *q);
+void wire_pending_drop(Wire *w, Pending *q);
 /* The IPv4 address other sites reach this rank at ([outer] interface, or
  * the first non-loopback interface up; loopback when there is none). -1
  * when a named interface has none. */
-int conn_local_address(const char *interface, uint32_t *addr);
+int wire_conn_local_address(const char *interface, uint32_t *addr);
 /* Listen on the first free port of [outer] ports (w->lfd, *port); -1 and
  * why when none. */
-int conn_listen(Wire *w, uint16_t *port, char *why, size_t why_len);
+int wire_conn_listen(Wire *w, uint16_t *port, char *why, size_t why_len);
 
 #endif

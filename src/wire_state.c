@@ -7,11 +7,11 @@
 
 #include "alloc.h"
 
-void set_events(Wire *w, Conn *c, unsigned events)
+void wire_set_events(Wire *w, Conn *c, unsigned events)
 {
     if (c->fd < 0 || (c->registered && c->events == events)) return;
     if (events == 0) { /* out of epoll: an error or hang-up is reported even for an empty mask, and a
-                        * stalled stream must not be woken by one it cannot read yet (unstall re-adds it) */
+                        * stalled stream must not be woken by one it cannot read yet (wire_unstall re-adds it) */
         if (c->registered) epoll_ctl(w->ep, EPOLL_CTL_DEL, c->fd, NULL);
         c->registered = 0;
         c->events = 0;
@@ -19,20 +19,20 @@ void set_events(Wire *w, Conn *c, unsigned events)
     }
     struct epoll_event e = {.events = events, .data.ptr = &c->ev};
     if (epoll_ctl(w->ep, c->registered ? EPOLL_CTL_MOD : EPOLL_CTL_ADD, c->fd, &e)) {
-        fail_peer(w, c->peer, "epoll_ctl failed"); /* a stream epoll cannot watch would stall unseen */
+        wire_fail_peer(w, c->peer, "epoll_ctl failed"); /* a stream epoll cannot watch would stall unseen */
         return;
     }
     c->registered = 1;
     c->events = events;
 }
 
-void free_op(WireOp *op)
+void wire_free_op(WireOp *op)
 {
     if (op->unexpected) isth_free(op->buf);
     isth_free(op);
 }
 
-TagSeq *tag_seq(Peer *p, int tag)
+TagSeq *wire_tag_seq(Peer *p, int tag)
 {
     for (TagSeq *t = p->tags; t; t = t->next)
         if (t->tag == tag) return t;
@@ -44,7 +44,7 @@ TagSeq *tag_seq(Peer *p, int tag)
     return t;
 }
 
-void close_conn(Wire *w, Conn *c)
+void wire_close_conn(Wire *w, Conn *c)
 {
     if (c->fd >= 0) {
         if (c->registered) epoll_ctl(w->ep, EPOLL_CTL_DEL, c->fd, NULL);
@@ -62,24 +62,24 @@ void close_conn(Wire *w, Conn *c)
     c->rhdr_got = 0;
 }
 
-void fail_peer(Wire *w, int peer, const char *why)
+void wire_fail_peer(Wire *w, int peer, const char *why)
 {
     Peer *p = w->peers[peer];
     if (!p || p->failed[0]) return;
     snprintf(p->failed, sizeof p->failed, "%s", why);
-    for (int s = 0; s < w->streams; s++) close_conn(w, &p->conn[s]);
+    for (int s = 0; s < w->streams; s++) wire_close_conn(w, &p->conn[s]);
     /* what arrived early from it and nobody asked for: its room goes back */
     for (WireOp *op = p->recvs, *next; op; op = next) {
         next = op->next;
         if (!op->unexpected || op->claimed || op->refs) continue;
-        unlink_recv(p, op);
+        wire_unlink_recv(p, op);
         w->unexpected_bytes -= op->len;
-        free_op(op);
+        wire_free_op(op);
         w->room_back = 1; /* the stalled streams are woken at the end of the progress call */
     }
 }
 
-Peer *peer_get(Wire *w, int peer)
+Peer *wire_peer_get(Wire *w, int peer)
 {
     if (!w->peers[peer]) {
         Peer *p = isth_calloc(1, sizeof *p);
@@ -95,14 +95,14 @@ Peer *peer_get(Wire *w, int peer)
     return w->peers[peer];
 }
 
-WireOp *find_recv(Peer *p, int tag, uint64_t seq)
+WireOp *wire_find_recv(Peer *p, int tag, uint64_t seq)
 {
     for (WireOp *op = p->recvs; op; op = op->next)
         if (op->tag == tag && op->seq == seq) return op;
     return NULL;
 }
 
-void unlink_recv(Peer *p, WireOp *op)
+void wire_unlink_recv(Peer *p, WireOp *op)
 {
     WireOp **pp = &p->recvs, *prev = NULL;
     while (*pp && *pp != op) prev = *pp, pp = &(*pp)->next;
@@ -112,7 +112,7 @@ void unlink_recv(Peer *p, WireOp *op)
     op->next = NULL;
 }
 
-void append_recv(Peer *p, WireOp *op)
+void wire_append_recv(Peer *p, WireOp *op)
 {
     op->next = NULL;
     if (p->recvs_tail) p->recvs_tail->next = op;

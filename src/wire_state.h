@@ -141,21 +141,21 @@ static inline int site_of(const Wire *w, int rank)
 
 /* What epoll watches on a stream (0: out of epoll). A stream epoll cannot
  * watch fails its peer. */
-void set_events(Wire *w, Conn *c, unsigned events);
+void wire_set_events(Wire *w, Conn *c, unsigned events);
 /* Close a stream's socket; the chunk it was reading will never finish. */
-void close_conn(Wire *w, Conn *c);
+void wire_close_conn(Wire *w, Conn *c);
 /* Nothing more to or from this peer: its messages never complete (the
  * caller's deadline decides what that means). The first reason is kept. */
-void fail_peer(Wire *w, int peer, const char *why);
+void wire_fail_peer(Wire *w, int peer, const char *why);
 /* The peer's state, made on first use (NULL: no memory). */
-Peer *peer_get(Wire *w, int peer);
+Peer *wire_peer_get(Wire *w, int peer);
 /* Free an op (an unexpected one's own buffer with it). */
-void free_op(WireOp *op);
+void wire_free_op(WireOp *op);
 /* The sequence numbers of (peer, tag), made on first use (NULL: no memory). */
-TagSeq *tag_seq(Peer *p, int tag);
+TagSeq *wire_tag_seq(Peer *p, int tag);
 /* The peer's receive list: find by (tag, seq), take one out, add at the end. */
-WireOp *find_recv(Peer *p, int tag, uint64_t seq);
-void unlink_recv(Peer *p, WireOp *op);
-void append_recv(Peer *p, WireOp *op);
+WireOp *wire_find_recv(Peer *p, int tag, uint64_t seq);
+void wire_unlink_recv(Peer *p, WireOp *op);
+void wire_append_recv(Peer *p, WireOp *op);
 
 #endif

@@ -18,7 +18,7 @@ static void release_send(WireOp *op)
 {
     if (--op->holders == 0 && op->written == op->chunks) {
         op->done = 1;
-        if (op->detached || op->cancelled) free_op(op);
+        if (op->detached || op->cancelled) wire_free_op(op);
     }
 }
 
@@ -49,7 +49,7 @@ static ssize_t send_some(int fd, const void *a, size_t alen, const void *b, size
 }
 
 /* Write what this stream has, until the socket would block. */
-void send_pump(Wire *w, Conn *c)
+void wire_send_pump(Wire *w, Conn *c)
 {
     Peer *p = w->peers[c->peer];
     if (c->fd < 0 || c->state != CONN_READY) return;
@@ -66,7 +66,7 @@ void send_pump(Wire *w, Conn *c)
         if (!c->sop) {
             c->sop = p ? take_chunk(p, c) : NULL;
             if (!c->sop) {
-                set_events(w, c, c->stalled ? 0u : (unsigned)EPOLLIN);
+                wire_set_events(w, c, c->stalled ? 0u : (unsigned)EPOLLIN);
                 return;
             }
             c->ssent = 0;
@@ -89,22 +89,22 @@ void send_pump(Wire *w, Conn *c)
         }
     }
     if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) {
-        set_events(w, c, (c->stalled ? 0u : (unsigned)EPOLLIN) | EPOLLOUT);
+        wire_set_events(w, c, (c->stalled ? 0u : (unsigned)EPOLLIN) | EPOLLOUT);
         return;
     }
-    fail_peer(w, c->peer, p && errno == EPIPE ? "connection closed by the peer" : "send failed");
+    wire_fail_peer(w, c->peer, p && errno == EPIPE ? "connection closed by the peer" : "send failed");
 }
 
 /* --- receiving ----------------------------------------------------------------------------- */
 
 /* A receive has all its bytes. */
-void recv_complete(Wire *w, Peer *p, WireOp *op)
+void wire_recv_complete(Wire *w, Peer *p, WireOp *op)
 {
     if (op->unexpected && !op->claimed && !op->cancelled) {
         op->done = 1; /* kept for the receive that will ask for it */
         return;
     }
-    unlink_recv(p, op);
+    wire_unlink_recv(p, op);
     if (op->unexpected) {
         w->unexpected_bytes -= op->len;
         if (op->claimed && !op->cancelled) memcpy(op->dest, op->buf, op->len);
@@ -112,10 +112,10 @@ void recv_complete(Wire *w, Peer *p, WireOp *op)
         op->buf = NULL;
         op->unexpected = 0;
         for (int r = 0; r < w->size; r++) /* room again: streams that waited for it */
-            if (w->peers[r]) unstall(w, w->peers[r]);
+            if (w->peers[r]) wire_unstall(w, w->peers[r]);
     }
     op->done = 1;
-    if (op->cancelled) free_op(op);
+    if (op->cancelled) wire_free_op(op);
 }
 
 /* A chunk's header is in: which message it belongs to, and room for it. 0
@@ -126,14 +126,14 @@ static int chunk_target(Wire *w, Peer *p, Conn *c)
     const ChunkHeader *h = &c->rhdr;
     if (h->magic != CHUNK_MAGIC || h->total > MAX_MESSAGE || h->offset > h->total || h->len > h->total - h->offset ||
         h->reserved) {
-        fail_peer(w, c->peer, "malformed chunk");
+        wire_fail_peer(w, c->peer, "malformed chunk");
         return -1;
     }
-    WireOp *op = find_recv(p, (int)h->tag, h->seq);
+    WireOp *op = wire_find_recv(p, (int)h->tag, h->seq);
     if (!op) {
-        const TagSeq *ts = tag_seq(p, (int)h->tag);
+        const TagSeq *ts = wire_tag_seq(p, (int)h->tag);
         if (ts && h->seq < ts->recv) { /* its receive was posted and is gone: complete, a chunk again */
-            fail_peer(w, c->peer, "a chunk of a message already complete");
+            wire_fail_peer(w, c->peer, "a chunk of a message already complete");
             return -1;
         }
         if (w->unexpected_bytes + h->total > w->o.unexpected_max) return 1;
@@ -150,14 +150,14 @@ static int chunk_target(Wire *w, Peer *p, Conn *c)
         op->len = h->total;
         op->unexpected = 1;
         w->unexpected_bytes += h->total;
-        append_recv(p, op);
+        wire_append_recv(p, op);
     }
     if (op->len != h->total) {
-        fail_peer(w, c->peer, "message size differs from the receive posted");
+        wire_fail_peer(w, c->peer, "message size differs from the receive posted");
         return -1;
     }
     if (op->done || op->taken + h->len > op->len) { /* a chunk again (a replay on the path) */
-        fail_peer(w, c->peer, "a chunk of a message already complete");
+        wire_fail_peer(w, c->peer, "a chunk of a message already complete");
         return -1;
     }
     op->taken += h->len;
@@ -175,10 +175,10 @@ static void chunk_done(Wire *w, Peer *p, Conn *c)
     op->refs--;
     c->rop = NULL;
     c->rhdr_got = 0;
-    if (op->got >= op->len && op->refs == 0) recv_complete(w, p, op);
+    if (op->got >= op->len && op->refs == 0) wire_recv_complete(w, p, op);
 }
 
-void recv_pump(Wire *w, Conn *c)
+void wire_recv_pump(Wire *w, Conn *c)
 {
     Peer *p = w->peers[c->peer];
     ssize_t n = 0;
@@ -194,11 +194,11 @@ void recv_pump(Wire *w, Conn *c)
             if (t < 0) return;
             if (t == 0 && c->stalled) {
                 c->stalled = 0;
-                set_events(w, c, c->events | EPOLLIN);
+                wire_set_events(w, c, c->events | EPOLLIN);
             }
-            if (t == 1) { /* no room: stop watching its input until a receive or room comes (unstall) */
+            if (t == 1) { /* no room: stop watching its input until a receive or room comes (wire_unstall) */
                 c->stalled = 1;
-                set_events(w, c, c->events & ~(unsigned)EPOLLIN);
+                wire_set_events(w, c, c->events & ~(unsigned)EPOLLIN);
                 return;
             }
             if (c->rleft == 0) chunk_done(w, p, c);
@@ -217,22 +217,22 @@ void recv_pump(Wire *w, Conn *c)
     return;
 io:
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return;
-    fail_peer(w, c->peer, n == 0 ? "connection closed by the peer" : "receive failed");
+    wire_fail_peer(w, c->peer, n == 0 ? "connection closed by the peer" : "receive failed");
 }
 
-void unstall(Wire *w, Peer *p)
+void wire_unstall(Wire *w, Peer *p)
 {
     for (int s = 0; s < w->streams; s++)
         if (p->conn[s].stalled && p->conn[s].fd >= 0) {
             p->conn[s].stalled = 0;
-            set_events(w, &p->conn[s], p->conn[s].events | EPOLLIN);
-            recv_pump(w, &p->conn[s]);
+            wire_set_events(w, &p->conn[s], p->conn[s].events | EPOLLIN);
+            wire_recv_pump(w, &p->conn[s]);
         }
 }
 
 /* --- a send cancelled ----------------------------------------------------------------------- */
 
-void stream_cancel_send(Wire *w, Peer *p, WireOp *op)
+void wire_stream_cancel_send(Wire *w, Peer *p, WireOp *op)
 {
     /* a send: off the queue and every stream; a chunk half written goes on
      * from a copy, so the stream stays in step */
@@ -251,7 +251,7 @@ void stream_cancel_send(Wire *w, Peer *p, WireOp *op)
             const size_t h = sizeof c->shdr, rest = h + len - c->ssent;
             unsigned char *t = isth_malloc(rest);
             if (!t) {
-                fail_peer(w, op->peer, "out of memory");
+                wire_fail_peer(w, op->peer, "out of memory");
             } else {
                 size_t o = 0;
                 if (c->ssent < h) {
@@ -272,7 +272,7 @@ void stream_cancel_send(Wire *w, Peer *p, WireOp *op)
                         c->tail = both;
                     } else {
                         isth_free(t);
-                        fail_peer(w, op->peer, "out of memory");
+                        wire_fail_peer(w, op->peer, "out of memory");
                     }
                 } else {
                     c->tail = t;

@@ -29,19 +29,19 @@ static inline size_t n_chunks(const Wire *w, size_t len)
 }
 
 /* Write what this stream has, until the socket would block. */
-void send_pump(Wire *w, Conn *c);
+void wire_send_pump(Wire *w, Conn *c);
 /* Read what this stream has, until the socket would block or the stream
  * stalls. */
-void recv_pump(Wire *w, Conn *c);
+void wire_recv_pump(Wire *w, Conn *c);
 /* A receive has all its bytes: an unexpected one is kept for its receive,
  * a claimed one copied to the caller, a cancelled one freed. */
-void recv_complete(Wire *w, Peer *p, WireOp *op);
+void wire_recv_complete(Wire *w, Peer *p, WireOp *op);
 /* Room again (a receive posted, early bytes let go): the peer's stalled
  * streams read again. */
-void unstall(Wire *w, Peer *p);
+void wire_unstall(Wire *w, Peer *p);
 /* A send cancelled: off the peer's queue and every stream; a chunk half
  * written goes on from a copy, so the stream stays in step. The op is the
  * caller's to free. */
-void stream_cancel_send(Wire *w, Peer *p, WireOp *op);
+void wire_stream_cancel_send(Wire *w, Peer *p, WireOp *op);
 
 #endif
