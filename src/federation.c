@@ -18,7 +18,7 @@
 #include "seal.h"
 #include "status.h"
 
-#define TAG_BUILD 44 /* the merges' MPI_Intercomm_create (41-43: the handshake's) */
+#define TAG_BUILD 44 /* the "go" before a site is taken into the world (41-43: the handshake's) */
 
 void federation_joint(Federation *f)
 {
@@ -305,38 +305,71 @@ static int joiner_connect(Federation *f, const Config *cfg, int host, const char
 
 static int break_join; /* join_breaks() for this site, read at the join */
 
-/* One merge: the ranks of `local` and those at the other end of the
- * leaders' link become one communicator, the `high` side's ranks after.
- * Only the local leader (rank 0 of local) holds the link; the others pass
- * MPI_COMM_NULL. */
-static int merge_over_link(MPI_Comm local, MPI_Comm link, int high, MPI_Comm *merged)
+/* One site taken into the world: the world so far accepts, collectively
+ * on the host's port, and site s's ranks connect, collectively, when their
+ * leader hears "go" over the leaders' link, sent just before the accept
+ * (the accept and the connect then meet within Open MPI's exchange bound,
+ * as the knock arranges for the leaders). A collective connect, not
+ * MPI_Intercomm_create over the leaders' link: Open MPI 4.1 introduces to
+ * each other the jobs of a connect and an accept, every rank of both, and
+ * no others, so a third site's ranks created into the world through the
+ * host's leader were never known to the second's (its merge waited
+ * forever). `old` holds this side's ranks: the world so far, or the
+ * newcomer's MPI_COMM_WORLD; only its rank `root` holds `link` (the
+ * newcomer's: 0). The result has
+ * the world's ranks first. */
+static int take_in(MPI_Comm old, int root, MPI_Comm link, const char *port, int newcomer, MPI_Comm *merged)
 {
-    MPI_Comm peer = MPI_COMM_NULL, inter; /* the two leaders, the low side first */
-    if (link != MPI_COMM_NULL && break_join)
-        return isth_fail(ISTH_ERUNTIME, "%s:%d: MPI_Intercomm_merge(link, high, &peer) failed: broken on purpose "
-                         "(ISTHMUS_BREAK_JOIN)", __FILE__, __LINE__);
-    if (link != MPI_COMM_NULL) CHECK_MPI(MPI_Intercomm_merge(link, high, &peer));
-    CHECK_MPI(MPI_Intercomm_create(local, 0, peer, high ? 0 : 1, TAG_BUILD, &inter));
-    CHECK_MPI(MPI_Intercomm_merge(inter, high, merged));
+    int me, go = 1;
+    MPI_Comm_rank(old, &me);
+    if (me == root && break_join)
+        return isth_fail(ISTH_ERUNTIME, "%s:%d: MPI_Comm_%s(port, old, &inter) failed: broken on purpose "
+                         "(ISTHMUS_BREAK_JOIN)", __FILE__, __LINE__, newcomer ? "connect" : "accept");
+    MPI_Comm inter;
+    if (!newcomer) {
+        if (me == root) CHECK_MPI(MPI_Send(&go, 1, MPI_INT, 0, TAG_BUILD, link));
+        CHECK_MPI(MPI_Comm_accept(port, MPI_INFO_NULL, root, old, &inter));
+    } else {
+        if (me == 0) CHECK_MPI(MPI_Recv(&go, 1, MPI_INT, 0, TAG_BUILD, link, MPI_STATUS_IGNORE));
+        CHECK_MPI(MPI_Bcast(&go, 1, MPI_INT, 0, old));
+        CHECK_MPI(MPI_Comm_connect(port, MPI_INFO_NULL, 0, old, &inter));
+    }
+    CHECK(fault_mpi_errors_return(inter));
+    const int rc = MPI_Intercomm_merge(inter, newcomer, merged);
     MPI_Comm_free(&inter);
-    if (peer != MPI_COMM_NULL) MPI_Comm_free(&peer);
+    CHECK_MPI(rc);
     return ISTH_OK;
 }
 
+/* The world in config order (a site taken back comes in last): every
+ * rank's key is its site's offset plus its rank in the site. */
+static int world_in_config_order(MPI_Comm *world, const Config *cfg, int site)
+{
+    int me, key = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &me);
+    for (int s = 0; s < site; s++) key += cfg->sites[s].ranks;
+    MPI_Comm ordered;
+    CHECK_MPI(MPI_Comm_split(*world, 0, key + me, &ordered));
+    MPI_Comm_free(world);
+    *world = ordered;
+    return fault_mpi_errors_return(ordered);
+}
+
 /* Site by site in config order: the world so far (the host's ranks, then
- * every site already in) and site s meet through the leaders' link. */
+ * every site already in) takes in site s. Every site joined the host
+ * before the first merge, so each merge waits only for its two sides. */
 static int build_world(Federation *f, const Config *cfg)
 {
     int me;
     MPI_Comm_rank(MPI_COMM_WORLD, &me);
     MPI_Comm world = MPI_COMM_WORLD;
     for (int s = 1; s < cfg->n_sites; s++) {
-        const int in_world = f->site < s;   /* already part of the world */
-        if (f->site > s) continue;          /* joins later */
-        const int leader = me == 0 && (f->site == 0 || f->site == s);
-        MPI_Comm merged;                    /* the newcomer's ranks after */
-        CHECK(merge_over_link(in_world ? world : MPI_COMM_WORLD,
-                              leader ? f->leader_link[f->site == 0 ? s : 0] : MPI_COMM_NULL, !in_world, &merged));
+        if (f->site > s) continue;         /* taken in later */
+        const int newcomer = f->site == s;
+        const int leader = me == 0 && (f->site == 0 || newcomer);
+        MPI_Comm merged;                   /* the newcomer's ranks after */
+        CHECK(take_in(world, 0, leader ? f->leader_link[newcomer ? 0 : s] : MPI_COMM_NULL, f->port, newcomer,
+                      &merged));
         if (world != MPI_COMM_WORLD) MPI_Comm_free(&world);
         world = merged;
     }
@@ -345,14 +378,20 @@ static int build_world(Federation *f, const Config *cfg)
     return ISTH_OK;
 }
 
-/* Two sites, whichever hosts: the lower-numbered site's ranks first. */
-static int build_pair_world(Federation *f, int other)
+/* A site taken back: the live sites' world (`live`: every rank of every
+ * live site, the host's first rank at `host_rank`, holding the link) takes
+ * in the joiner; then the ranks are put in config order. The joiner passes
+ * its own ranks as `live`. */
+static int build_rejoin_world(Federation *f, const Config *cfg, MPI_Comm live, int host_rank, int joiner)
 {
     int me;
-    MPI_Comm_rank(MPI_COMM_WORLD, &me);
+    const int newcomer = f->site == joiner;
+    MPI_Comm_rank(live, &me);
+    const int root = newcomer ? 0 : host_rank;
+    MPI_Comm link = me == root ? f->leader_link[newcomer ? f->host_site : joiner] : MPI_COMM_NULL;
     MPI_Comm merged;
-    CHECK(merge_over_link(MPI_COMM_WORLD, me == 0 ? f->leader_link[other] : MPI_COMM_NULL, f->site > other, &merged));
-    CHECK(fault_mpi_errors_return(merged));
+    CHECK(take_in(live, root, link, f->port, newcomer, &merged));
+    CHECK(world_in_config_order(&merged, cfg, f->site));
     f->world = merged;
     return ISTH_OK;
 }
@@ -450,7 +489,7 @@ int federation_join(Federation *f, const Config *cfg, const char *site_name, con
     /* a rejoin (two sites; either may host) or the run forming (site 0 hosts) */
     if (site_rc == ISTH_OK) {
         break_join = join_breaks(site_name);
-        site_rc = f->rejoin_step >= 0 ? build_pair_world(f, 1 - f->site) : build_world(f, cfg);
+        site_rc = f->rejoin_step >= 0 ? build_rejoin_world(f, cfg, MPI_COMM_WORLD, 0, f->site) : build_world(f, cfg);
         if (site_rc != ISTH_OK)
             site_rc = rc = isth_fail(ISTH_EDROPPED, "federation: the join broke inside Open MPI (the line above); exit 3: "
                                      "start this site again (--resume auto; scripts/federated.sh does) and it joins");
@@ -543,7 +582,7 @@ int federation_rejoin(Federation *f, const Config *cfg, int site, long step, int
          * must find this site hosting again before its own wait ends) */
         fault_watchdog_arm_exit(federation_build_s(cfg), "building the sites' world (a rejoin)", FAULT_HINT_NET,
                                 ISTH_EDROPPED);
-        rc = build_pair_world(f, site); /* sets f->world */
+        rc = build_rejoin_world(f, cfg, MPI_COMM_WORLD, 0, site); /* sets f->world */
         if (rc == ISTH_OK) {
             *old_world = was;
             *joined = 1;
