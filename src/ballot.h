@@ -9,7 +9,11 @@
  *            run.c clears it when only some sites asked and they leave;
  *   sites    reduce.c records which sites asked (from the verdicts);
  *            run.c clears them with `agreed`;
- *   round    mix.c: the earliest round any learner asked in.
+ *   round    mix.c: the earliest round any learner asked in;
+ *   take     run.c: the host asks the live sites to take a knocking site
+ *            back (its index + 1; 0 none) and clears it once taken;
+ *   take_agreed reduce.c, when a finished site exchange carried the host's
+ *            ask; run.c clears it when it has acted on it.
  * Must not: hold behaviour beyond its initial value.
  */
 #ifndef ISTHMUS_BALLOT_H
@@ -22,6 +26,8 @@ typedef struct {
     int agreed;           /* a finished exchange carried a request: stop after this step */
     unsigned char sites[CONFIG_MAX_SITES]; /* which sites asked (site exchanges; not butterfly) */
     long round;           /* butterfly: earliest round in which a learner asked to stop, -1 none */
+    int take;             /* host: take site take - 1 back (0: none) */
+    int take_agreed;      /* every live site takes site take_agreed - 1 back after this step (0: none) */
 } StopBallot;
 
 /* No vote cast (round -1: a zeroed ballot would read "asked in round 0"). */

@@ -85,14 +85,15 @@ static int recv_file(Trainer *tr, const char *path, int peer)
     return rc;
 }
 
-int ckpt_share(Trainer *tr, int from_site, long step, char *path, size_t cap)
+int ckpt_share(Trainer *tr, int from_site, int to_site, long step, char *path, size_t cap)
 {
     const Topology *t = &tr->topo;
     char dir[CONFIG_FILE_PATH_MAX];
     ckpt_site_dir(tr, dir, sizeof dir);
-    const int host = t->site == from_site, other = 1 - from_site; /* two sites */
-    if (host) ckpt_file_path(dir, step, path, cap);
+    const int host = t->site == from_site;
+    if (t->site != to_site) ckpt_file_path(dir, step, path, cap);
     else snprintf(path, cap, "%s/rejoin-%08ld.h5", dir, step);
+    if (!host && t->site != to_site) return ISTH_OK; /* a third site: its own file, nothing to move */
     int site_rank;
     CHECK_MPI(MPI_Comm_rank(t->site_comm, &site_rank));
     fault_watchdog_arm(tr->cfg.checkpoint.timeout, "passing the live site's checkpoint to the rejoining site",
@@ -100,7 +101,7 @@ int ckpt_share(Trainer *tr, int from_site, long step, char *path, size_t cap)
     int rc = ISTH_OK;
     if (site_rank == 0 && !host) rc = make_dirs(dir);
     if (site_rank == 0 && rc == ISTH_OK)
-        rc = host ? send_file(tr, path, tr->site_leaders[other]) : recv_file(tr, path, tr->site_leaders[from_site]);
+        rc = host ? send_file(tr, path, tr->site_leaders[to_site]) : recv_file(tr, path, tr->site_leaders[from_site]);
     const int ok = coll_all_ok(t->site_comm, rc == ISTH_OK);
     fault_watchdog_disarm();
     return ok ? ISTH_OK : rc != ISTH_OK ? rc : ISTH_ERUNTIME;

@@ -1,5 +1,5 @@
-/* ckpt_share.h — the live rejoin's file transfer: the live site's
- * checkpoint sent through the link to the site that rejoins a two-site run.
+/* ckpt_share.h — the live rejoin's file transfer: the host's checkpoint
+ * sent through the link to the site that rejoins the run.
  *
  * Owns: moving the file's bytes between the two sites' first ranks in
  * pieces the link seals, the bound on the size the joiner accepts (what
@@ -16,12 +16,14 @@
 
 #include "train.h"
 
-/* The live rejoin of a two-site run, collective over both sites: the live
- * site's (from_site's) first rank sends its checkpoint of `step` (just
- * written) through the link to the rejoining site's first rank, which writes it as
- * <its checkpoint dir>/rejoin-<step>.h5 (size bounded by the config, each
- * piece sealed by the link, a temporary name renamed when complete). *path: the
- * host's file on the host's ranks, the received one on the joiner's. */
-int ckpt_share(Trainer *tr, int from_site, long step, char *path, size_t cap);
+/* The live rejoin, collective over every site of the new world: the
+ * host's (from_site's) first rank sends its checkpoint of `step` (just
+ * written) through the link to the rejoining site's (to_site's) first
+ * rank, which writes it as <its checkpoint dir>/rejoin-<step>.h5 (size
+ * bounded by the config, each piece sealed by the link, a temporary name
+ * renamed when complete). *path: the received file on the joiner's ranks,
+ * the site's own checkpoint of `step` on every other site's (the host's
+ * included: each loads its own). */
+int ckpt_share(Trainer *tr, int from_site, int to_site, long step, char *path, size_t cap);
 
 #endif

@@ -10,6 +10,7 @@
 #include "alloc.h"
 #include "clock.h"
 #include "codec.h" /* checksum64 */
+#include "coll.h"
 #include "config_keys.h"
 #include "fault.h"
 #include "handshake.h"
@@ -239,16 +240,17 @@ static int host_accept_all(Federation *f, const Config *cfg, const unsigned char
 
 /* --- a joiner (another site's first rank) ------------------------------------------ */
 
-/* Join the site `host` hosts. probe_s > 0 (the first site restarted: is a
- * live run hosted by the other site?): *joined = 0 and ISTH_OK when no live
- * host answers within probe_s. */
-static int joiner_connect(Federation *f, const Config *cfg, int host, const char *key_file, const char *run_id,
+/* Join the run's host: the first site while the run forms, any live site
+ * after a loss (the verdict names it). probe_s > 0 (the first site
+ * restarted: is the run live, hosted by another site?): *joined = 0 and
+ * ISTH_OK when no live host answers within probe_s. */
+static int joiner_connect(Federation *f, const Config *cfg, const char *key_file, const char *run_id,
                           uint64_t fingerprint, double probe_s, int *joined)
 {
     KnockWait w;
     wait_start(f, &w, cfg);
     char whom[200];
-    snprintf(whom, sizeof whom, "the host of run %s (site %s)", run_id, cfg->sites[host].name);
+    snprintf(whom, sizeof whom, "the host of run %s (site %s)", run_id, cfg->sites[0].name); /* or a live one */
     if (probe_s <= 0) {
         printf("federation: site %s waits for %s (%s)\n", cfg->sites[f->site].name, whom, w.limit);
         fflush(stdout);
@@ -290,7 +292,8 @@ static int joiner_connect(Federation *f, const Config *cfg, int host, const char
     MPI_Comm_set_errhandler(c, MPI_ERRORS_RETURN);
     unsigned char epoch[SEAL_EPOCH_BYTES];
     long rejoin_step = -1;
-    rc = handshake_join(cfg, c, f->site, host, key, run_id, fingerprint, f->service, epoch, &rejoin_step);
+    int host = -1;
+    rc = handshake_join(cfg, c, f->site, key, run_id, fingerprint, f->service, epoch, &rejoin_step, &host);
     if (rc == ISTH_OK) seal_master(f->link_master, key, run_id, epoch); /* the host's epoch, verified */
     sodium_memzero(key, sizeof key);
     if (rc != ISTH_OK) return rc; /* c freed */
@@ -457,17 +460,17 @@ int federation_join(Federation *f, const Config *cfg, const char *site_name, con
         int joined = 0;
         if (f->site == 0) {
             rc = runkey_ensure(path);
-            /* restarted while the other site trains on (two sites): it hosts
+            /* restarted while the other sites train on: one of them hosts
              * now and takes this site back; a run that is not live leaves
              * no one to answer the knock within the probe */
-            if (rc == ISTH_OK && cfg->n_sites == 2)
-                rc = joiner_connect(f, cfg, 1, path, run_id, fingerprint, FEDERATION_PROBE_S, &joined);
+            if (rc == ISTH_OK)
+                rc = joiner_connect(f, cfg, path, run_id, fingerprint, FEDERATION_PROBE_S, &joined);
             unsigned char key[RUNKEY_BYTES];
             if (rc == ISTH_OK && !joined && !f->stopped) rc = runkey_read(path, key);
             if (rc == ISTH_OK && !joined && !f->stopped) rc = host_accept_all(f, cfg, key, run_id, fingerprint);
             sodium_memzero(key, sizeof key);
         } else {
-            rc = joiner_connect(f, cfg, 0, path, run_id, fingerprint, 0.0, &joined);
+            rc = joiner_connect(f, cfg, path, run_id, fingerprint, 0.0, &joined);
         }
     }
     long outcome[5] = {rc, f->rejoin_step, f->host_site, f->hosting, f->stopped};
@@ -507,8 +510,14 @@ int federation_join(Federation *f, const Config *cfg, const char *site_name, con
 
 /* --- the live rejoin (host side) ------------------------------------------------- */
 
-int federation_host(Federation *f, const Config *cfg)
+int federation_host(Federation *f, const Config *cfg, const unsigned char *out)
 {
+    /* the host stays while it is live; a lost host's place goes to the
+     * first live site in config order (every site computes the same) */
+    if (out[f->host_site])
+        for (int s = cfg->n_sites - 1; s >= 0; s--)
+            if (!out[s]) f->host_site = s;
+    if (f->host_site != f->site) return ISTH_OK;
     int me, ok = 1;
     MPI_Comm_rank(MPI_COMM_WORLD, &me);
     if (me == 0) {
@@ -544,36 +553,86 @@ int federation_knocking(Federation *f, int site)
     return knocking;
 }
 
-int federation_rejoin(Federation *f, const Config *cfg, int site, long step, int *joined, MPI_Comm *old_world)
+/* The ranks of the live sites (every site but those `out`) as one
+ * communicator, made from the world over those ranks only (the lost
+ * site's ranks are dead or gone); *host_rank: the host leader's rank in it. */
+static int live_world(const Federation *f, const Config *cfg, const unsigned char *out, MPI_Comm *live,
+                      int *host_rank)
+{
+    MPI_Group all, group;
+    int size, n = 0, offset = 0;
+    MPI_Comm_size(f->world, &size);
+    int *ranks = isth_malloc(sizeof(int) * (size_t)size);
+    if (!ranks) return isth_fail(ISTH_ERUNTIME, "federation: out of memory for the live sites' ranks");
+    *host_rank = -1;
+    for (int s = 0; s < cfg->n_sites; s++) {
+        if (!out[s]) {
+            if (s == f->host_site) *host_rank = n;
+            for (int r = 0; r < cfg->sites[s].ranks && offset + r < size; r++) ranks[n++] = offset + r;
+        }
+        offset += cfg->sites[s].ranks;
+    }
+    int rc = MPI_Comm_group(f->world, &all);
+    if (rc == MPI_SUCCESS && *host_rank >= 0) {
+        rc = MPI_Group_incl(all, n, ranks, &group);
+        MPI_Group_free(&all);
+    }
+    isth_free(ranks);
+    if (*host_rank < 0) return isth_fail(ISTH_ERUNTIME, "federation: the host's site is not among the live sites");
+    CHECK_MPI(rc);
+    rc = MPI_Comm_create_group(f->world, group, TAG_BUILD, live);
+    MPI_Group_free(&group);
+    CHECK_MPI(rc);
+    return fault_mpi_errors_return(*live);
+}
+
+int federation_rejoin(Federation *f, const Config *cfg, const unsigned char *out, int site, long step, int *joined,
+                      MPI_Comm *old_world)
 {
     int me;
     MPI_Comm_rank(MPI_COMM_WORLD, &me);
     *joined = 0;
     *old_world = MPI_COMM_NULL;
-    if (cfg->n_sites != 2 || site != 1 - f->site || !f->hosting)
-        return isth_fail(ISTH_EINPUT, "federation: a live rejoin needs a two-site run and its live site hosting");
+    int n_out = 0;
+    for (int s = 0; s < cfg->n_sites; s++) n_out += out[s] != 0;
+    if (!f->federated || !out[site] || n_out != 1 || site == f->host_site)
+        return isth_fail(ISTH_EINPUT, "federation: a live rejoin takes back the one site out of the run");
     /* a hang here ends this site with exit 3: started again, it resumes
      * from the checkpoint take_back wrote for this step */
     fault_watchdog_arm_exit(federation_setup_s(cfg), "taking a site back into the run", FAULT_HINT_NET,
                             ISTH_EDROPPED);
-    int in = 0;
-    if (me == 0) {
-        char path[CONFIG_PATH_MAX + 16], run_id[64];
-        runkey_path(cfg, path, sizeof path);
-        federation_run_id(cfg, run_id, sizeof run_id);
+    MPI_Comm live = MPI_COMM_NULL;
+    int host_rank = -1, live_rank;
+    CHECK(live_world(f, cfg, out, &live, &host_rank));
+    MPI_Comm_rank(live, &live_rank);
+    char path[CONFIG_PATH_MAX + 16], run_id[64];
+    runkey_path(cfg, path, sizeof path);
+    federation_run_id(cfg, run_id, sizeof run_id);
+    /* the host's leader answers the knock; the outcome and the new keys'
+     * epoch (public: each site derives the keys from its own copy of the
+     * run key) go to every live rank */
+    unsigned char epoch[SEAL_EPOCH_BYTES + 1] = {0};
+    if (live_rank == host_rank) {
         unsigned char key[RUNKEY_BYTES];
         if (runkey_read(path, key) == ISTH_OK) {
             /* the old leaders' link goes (freed, not disconnected: the peer is dead) */
             if (f->leader_link[site] != MPI_COMM_NULL) MPI_Comm_free(&f->leader_link[site]);
-            unsigned char epoch[SEAL_EPOCH_BYTES]; /* new keys: nothing from before the loss opens */
-            seal_random(epoch, sizeof epoch);
-            in = host_try_knock(f, cfg, site, key, run_id, federation_fingerprint(cfg), step, epoch);
-            if (in) seal_master(f->link_master, key, run_id, epoch);
+            seal_random(epoch, SEAL_EPOCH_BYTES); /* new keys: nothing from before the loss opens */
+            epoch[SEAL_EPOCH_BYTES] = (unsigned char)host_try_knock(f, cfg, site, key, run_id,
+                                                                    federation_fingerprint(cfg), step, epoch);
         }
         sodium_memzero(key, sizeof key);
     }
-    int rc = MPI_Bcast(&in, 1, MPI_INT, 0, MPI_COMM_WORLD) == MPI_SUCCESS ? ISTH_OK : ISTH_ERUNTIME;
-    if (rc == ISTH_OK && in && MPI_Bcast(f->link_master, SEAL_KEY_BYTES, MPI_BYTE, 0, MPI_COMM_WORLD) != MPI_SUCCESS)
+    int rc = MPI_Bcast(epoch, SEAL_EPOCH_BYTES + 1, MPI_BYTE, host_rank, live) == MPI_SUCCESS ? ISTH_OK : ISTH_ERUNTIME;
+    const int in = rc == ISTH_OK && epoch[SEAL_EPOCH_BYTES];
+    if (in && me == 0) { /* every site's leader: the keys from its own copy of the run key */
+        unsigned char key[RUNKEY_BYTES];
+        rc = runkey_read(path, key);
+        if (rc == ISTH_OK) seal_master(f->link_master, key, run_id, epoch);
+        sodium_memzero(key, sizeof key);
+    }
+    if (in && !coll_all_ok(MPI_COMM_WORLD, rc == ISTH_OK)) rc = rc != ISTH_OK ? rc : ISTH_ERUNTIME;
+    else if (in && MPI_Bcast(f->link_master, SEAL_KEY_BYTES, MPI_BYTE, 0, MPI_COMM_WORLD) != MPI_SUCCESS)
         rc = ISTH_ERUNTIME; /* inside the site: the new keys to every rank */
     if (rc == ISTH_OK && in) {
         MPI_Comm was = f->world;
@@ -582,7 +641,7 @@ int federation_rejoin(Federation *f, const Config *cfg, int site, long step, int
          * must find this site hosting again before its own wait ends) */
         fault_watchdog_arm_exit(federation_build_s(cfg), "building the sites' world (a rejoin)", FAULT_HINT_NET,
                                 ISTH_EDROPPED);
-        rc = build_rejoin_world(f, cfg, MPI_COMM_WORLD, 0, site); /* sets f->world */
+        rc = build_rejoin_world(f, cfg, live, host_rank, site); /* sets f->world */
         if (rc == ISTH_OK) {
             *old_world = was;
             *joined = 1;
@@ -593,6 +652,7 @@ int federation_rejoin(Federation *f, const Config *cfg, int site, long step, int
                            "from the checkpoint of step %ld", cfg->sites[site].name, step);
         }
     }
+    MPI_Comm_free(&live);
     fault_watchdog_disarm();
     return rc;
 }

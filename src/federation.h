@@ -129,21 +129,28 @@ int federation_joint_keys(Federation *f, const Config *cfg);
  * leader prints who it waits for when it starts and every minute after. */
 int federation_join(Federation *f, const Config *cfg, const char *site_name, const volatile sig_atomic_t *stop_flag);
 
-/* The live rejoin, host side (two-site runs; the live site is alone after
- * the other was lost). On each loss the survivor hosts: it opens a port if
- * it has none (the first site lost: the second hosts from now on) and
- * publishes it under the run's name, replacing the lost site's
- * (collective over its ranks). */
-int federation_host(Federation *f, const Config *cfg);
+/* The live rejoin, host side. After each loss (out[s] != 0: site s is out
+ * of the run), collectively over this site's ranks, on every live site:
+ * the host stays while it is live, else the first live site in config
+ * order hosts from now on; the host opens a port if it has none and
+ * publishes it under the run's name, replacing any other (a lost host's:
+ * a restarted site must find the live run). */
+int federation_host(Federation *f, const Config *cfg, const unsigned char *out);
 /* Between steps, collectively over the host's ranks: is the lost `site`
  * knocking with a value not yet tried? (it is told "busy" at once) */
 int federation_knocking(Federation *f, int site);
-/* Take the knocking site back in at `step`: the handshake as when the run
- * formed (the verdict names the step), then a new world of both sites.
- * *joined = 1 and *old_world = the world it replaces (free it with
- * federation_free_world once nothing uses it); *joined = 0 when the joiner
- * gave up or was refused: nothing changed. */
-int federation_rejoin(Federation *f, const Config *cfg, int site, long step, int *joined, MPI_Comm *old_world);
+/* Take the knocking site back in at `step`, collectively over every rank
+ * of every live site (out[s] != 0: site s is out of the run; `site` must
+ * be the only one): the host's leader answers the knock with the handshake
+ * of the run's forming (the verdict names the step and a new keys' epoch,
+ * which every live site's leader turns into the link's keys with its own
+ * copy of the run key), then the live sites' ranks take in the joiner's
+ * and the new world is put in config order. *joined = 1 and *old_world =
+ * the world it replaces (free it with federation_free_world once nothing
+ * uses it); *joined = 0 when the joiner gave up or was refused: nothing
+ * changed. */
+int federation_rejoin(Federation *f, const Config *cfg, const unsigned char *out, int site, long step, int *joined,
+                      MPI_Comm *old_world);
 void federation_free_world(MPI_Comm *world);
 
 /* Unpublish the name (host) and free the communicators (MPI_Comm_free:

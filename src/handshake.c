@@ -14,7 +14,7 @@
 #include "version.h"
 
 #define JOIN_MAGIC 0x6a6f696eu /* "join" */
-#define JOIN_VERSION 4u /* 3: the verdict carries the link keys' epoch; 4: the hello the build */
+#define JOIN_VERSION 5u /* 3: the verdict carries the link keys' epoch; 4: the hello the build; 5: the verdict the host's site */
 #define NONCE_BYTES 32
 #define TAG_NONCE 41
 #define TAG_HELLO 42
@@ -36,7 +36,7 @@ typedef struct {
  * run's name first would otherwise receive every payload). */
 typedef struct {
     int32_t ok;
-    int32_t pad;
+    int32_t host;        /* the host's site: after a loss any live site may host */
     int64_t rejoin_step; /* -1: the run is forming; else the live host's step to continue from */
     char reason[200];
     unsigned char epoch[SEAL_EPOCH_BYTES]; /* the link keys' epoch (seal.h), fresh each time the sites meet */
@@ -172,6 +172,7 @@ int handshake_host(const Config *cfg, MPI_Comm c, int host, int knocked, const u
     JoinVerdict v;
     memset(&v, 0, sizeof v);
     v.rejoin_step = rejoin_step;
+    v.host = host;
     memcpy(v.epoch, epoch, sizeof v.epoch);
     if (send_within(nonce, NONCE_BYTES, TAG_NONCE, c, deadline, "sending the nonce") != ISTH_OK ||
         recv_within(&h, sizeof h, TAG_HELLO, c, deadline, "a joiner's hello") != ISTH_OK) {
@@ -195,9 +196,9 @@ int handshake_host(const Config *cfg, MPI_Comm c, int host, int knocked, const u
 
 /* --- the joiner -------------------------------------------------------------------------------- */
 
-int handshake_join(const Config *cfg, MPI_Comm c, int site, int host, const unsigned char key[RUNKEY_BYTES],
+int handshake_join(const Config *cfg, MPI_Comm c, int site, const unsigned char key[RUNKEY_BYTES],
                    const char *run_id, uint64_t fingerprint, const char *service,
-                   unsigned char epoch[SEAL_EPOCH_BYTES], long *rejoin_step)
+                   unsigned char epoch[SEAL_EPOCH_BYTES], long *rejoin_step, int *host_site)
 {
     const double until = now_s() + 30.0;
     unsigned char nonce[NONCE_BYTES];
@@ -225,11 +226,16 @@ int handshake_join(const Config *cfg, MPI_Comm c, int site, int host, const unsi
         verdict_mac(&v, nonce, h.nonce, key, mac);
         proven = sodium_memcmp(mac, v.mac, sizeof mac) == 0;
         if (proven && v.ok) memcpy(epoch, v.epoch, SEAL_EPOCH_BYTES); /* the host's epoch, verified */
+        if (proven && v.ok && (v.host < 0 || v.host >= cfg->n_sites || v.host == site))
+            rc = isth_fail(ISTH_ERUNTIME, "federation: the host of %s names site index %d as its own: not joining",
+                           service, (int)v.host);
     }
+    /* a refusal names the site that answered only when it is one */
+    const char *host = v.host >= 0 && v.host < cfg->n_sites ? cfg->sites[v.host].name : "?";
     if (rc == ISTH_OK && !v.ok) { /* a refusal's reason is shown, verified or not: it grants nothing */
         v.reason[sizeof v.reason - 1] = '\0';
         rc = isth_fail(ISTH_EINPUT, "federation: site %s was refused by site %s: %s", cfg->sites[site].name,
-                       cfg->sites[host].name, v.reason);
+                       host, v.reason);
     } else if (rc == ISTH_OK && !proven) {
         rc = isth_fail(ISTH_EINPUT, "federation: the host of %s does not prove the run's key: not joining",
                        service);
@@ -240,10 +246,11 @@ int handshake_join(const Config *cfg, MPI_Comm c, int site, int host, const unsi
     }
     *rejoin_step = v.rejoin_step;
     if (v.rejoin_step < 0)
-        printf("federation: site %s joined run %s at site %s\n", cfg->sites[site].name, run_id, cfg->sites[host].name);
+        printf("federation: site %s joined run %s at site %s\n", cfg->sites[site].name, run_id, host);
     else
         printf("federation: site %s rejoins run %s at site %s's step %ld\n", cfg->sites[site].name, run_id,
-               cfg->sites[host].name, (long)v.rejoin_step);
+               host, (long)v.rejoin_step);
     fflush(stdout);
+    *host_site = v.host;
     return ISTH_OK;
 }

@@ -36,14 +36,14 @@ int handshake_host(const Config *cfg, MPI_Comm c, int host, int knocked, const u
                    const char *run_id, uint64_t fingerprint, MPI_Comm *links, long rejoin_step,
                    const unsigned char epoch[SEAL_EPOCH_BYTES]);
 
-/* Joiner: site `site` over connection `c` to site `host` (`service`, the
- * run's published name, for messages). ISTH_OK when accepted by a host
- * that proved the key: *epoch and *rejoin_step are the verdict's, and the
- * outcome is printed. Else the error (ISTH_EINPUT when refused, with the
+/* Joiner: site `site` over connection `c` to the run's host (`service`,
+ * the run's published name, for messages). ISTH_OK when accepted by a host
+ * that proved the key: *epoch, *rejoin_step and *host_site (whichever
+ * site hosts now) are the verdict's, and the outcome is printed. Else the error (ISTH_EINPUT when refused, with the
  * host's reason, or when the host does not prove the key; ISTH_ERUNTIME
  * when it broke off), c freed. */
-int handshake_join(const Config *cfg, MPI_Comm c, int site, int host, const unsigned char key[RUNKEY_BYTES],
+int handshake_join(const Config *cfg, MPI_Comm c, int site, const unsigned char key[RUNKEY_BYTES],
                    const char *run_id, uint64_t fingerprint, const char *service,
-                   unsigned char epoch[SEAL_EPOCH_BYTES], long *rejoin_step);
+                   unsigned char epoch[SEAL_EPOCH_BYTES], long *rejoin_step, int *host_site);
 
 #endif

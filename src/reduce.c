@@ -16,8 +16,9 @@
 #include "status.h"
 
 /* A verdict: per site, its payload was accepted; then per site, it does
- * not ask to stop (0 = it asks: the AND over sites keeps every request). */
-static size_t site_verdict_bytes(const Topology *t) { return 2 * (size_t)t->n_sites; }
+ * not ask to stop (0 = it asks: the AND over sites keeps every request);
+ * then per site, the host does not ask to take it back (0 = it asks). */
+static size_t site_verdict_bytes(const Topology *t) { return 3 * (size_t)t->n_sites; }
 
 /* The first learner of a site: the peers of fragment f in the other
  * sites' first learners, and its error feedback. */
@@ -271,7 +272,8 @@ static void append_reason(char *buf, size_t cap, const char *site, const char *w
 }
 
 /* (4) verdicts: which sites' payloads every site accepted; the stop vote
- * rides along (ok[n_sites + s] = 0 when site s asks to stop). alive[s] = 0 for
+ * rides along (ok[n_sites + s] = 0 when site s asks to stop), and so does
+ * the host's ask to take a lost site back (ok[2 n_sites + s] = 0: site s). alive[s] = 0 for
  * a site this rank found late (federated launch: lost from now on); a
  * verdict that misses the deadline makes its site late too. Both are
  * agreed inside the site, then lost sites are marked in the link.
@@ -287,6 +289,7 @@ static int agree_post(Reducer *r, SiteExchange *fp, int f, const unsigned char *
     unsigned char *buf = fp->verdict;
     memcpy(buf, ok, (size_t)S);
     for (int s = 0; s < S; s++) buf[S + s] = s != t->site || !r->ballot->request;
+    for (int s = 0; s < S; s++) buf[2 * S + s] = r->ballot->take != s + 1;
     memcpy(buf + nv, alive, (size_t)S);
     CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, buf, (int)nv + S, MPI_UNSIGNED_CHAR, MPI_MIN, t->site_comm));
     fp->verdict_posted = 1;
@@ -375,6 +378,8 @@ static int agree_complete(Reducer *r, SiteExchange *fp, int f, unsigned char *ok
     }
     for (int s = 0; s < S; s++)
         if (!buf[S + s]) r->ballot->agreed = 1, r->ballot->sites[s] = 1;
+    for (int s = 0; s < S; s++)
+        if (!buf[2 * S + s]) r->ballot->take_agreed = s + 1;
     return ISTH_OK;
 }
 

@@ -268,24 +268,19 @@ static int stop_vote(StopVote *v, MPI_Comm site_comm, int local, int *site_agree
 /* The federated launch, after the checkpoint of an agreed stop: a stop
  * that only some sites asked for (their jobs' time limit, scancel,
  * preemption) lets those sites leave — they exit 0 and, started again,
- * rejoin — while the others train on; 1 when this site trains on. In a
- * two-site run either site may leave (the one left hosts from then on, as
- * after a loss); with more sites a stop the first site asks for ends the
- * whole run (only a two-site run re-hosts), as does any in butterfly
- * (whose vote does not say who asked) or one every site asked for. The
- * same on every rank of every site still in (the request bits came with
- * the agreed verdicts). */
+ * rejoin — while the others train on; 1 when this site trains on. Any
+ * site may leave (the host's place goes to the first site left, as after
+ * a loss); a stop in butterfly (whose vote does not say who asked) or one
+ * every site asked for ends the whole run. The same on every rank of
+ * every site still in (the request bits came with the agreed verdicts). */
 static int others_leave(Trainer *tr)
 {
     const Topology *t = &tr->topo;
     StopBallot *b = &tr->ballot;
-    const int may_leave = t->n_sites == 2 ? 0 : 1; /* the first site that may leave alone */
     int any = 0;
-    for (int s = may_leave; s < t->n_sites; s++) any |= b->sites[s];
-    if (!link_survives(&tr->link) || tr->mode == MODE_BUTTERFLY || !any || (may_leave && b->sites[0]) ||
-        b->sites[t->site])
-        return 0;
-    for (int s = may_leave; s < t->n_sites; s++)
+    for (int s = 0; s < t->n_sites; s++) any |= b->sites[s];
+    if (!link_survives(&tr->link) || tr->mode == MODE_BUTTERFLY || !any || b->sites[t->site]) return 0;
+    for (int s = 0; s < t->n_sites; s++)
         if (b->sites[s]) link_mark_left(&tr->link, s);
     b->agreed = 0;
     memset(b->sites, 0, sizeof b->sites);
@@ -300,15 +295,25 @@ static int stop_decided(Trainer *tr, int site_agreed)
     return tr->ballot.agreed;
 }
 
-/* A site was found lost (or left): it is reported, and in a two-site run
- * the site left hosts (again) under the run's name, so that the lost one,
- * started again, finds it and rejoins. */
+/* Which sites are out of the run (lost or left); returns how many. */
+static int sites_out(const Trainer *tr, unsigned char *out)
+{
+    int n = 0;
+    for (int s = 0; s < tr->topo.n_sites; s++) n += out[s] = (unsigned char)link_is_lost(&tr->link, s);
+    return n;
+}
+
+/* A site was found lost (or left): it is reported, and the host (a lost
+ * host's place taken by the first live site) publishes its port under the
+ * run's name again, so that the lost one, started again, finds it. */
 static int after_loss(Trainer *tr, Federation *fed, const Config *cfg)
 {
     CHECK(report_lost_sites(tr));
     CHECK(check_dropped(tr)); /* a site the other dropped stops here, before it hosts */
-    if (fed->federated && cfg->n_sites == 2 && link_is_lost(&tr->link, 1 - fed->site)) CHECK(federation_host(fed, cfg));
-    return ISTH_OK;
+    if (!fed->federated) return ISTH_OK;
+    unsigned char out[CONFIG_MAX_SITES];
+    sites_out(tr, out);
+    return federation_host(fed, cfg, out);
 }
 
 /* Open this start's metrics.jsonl (the log's rank): the start record, with
@@ -357,12 +362,13 @@ static int trainer_start(Trainer *tr, const Config *cfg, MPI_Comm world, const u
     return rc;
 }
 
-/* The host of a two-site run whose other site was lost, when that site
- * knocks: everything in flight completes and the state goes to a
- * checkpoint of this step; if the handshake succeeds, both sites build a
- * new world, the host's trainer is made again over it (its state from that
- * checkpoint, bit for bit) and the joiner's learners take copies of the
- * host's. *stop: the site's pending stop vote said stop. */
+/* Every live site, at the same step, when the one site out knocks (the
+ * host saw the knock): everything in flight completes and the state goes
+ * to a checkpoint of this step; if the handshake succeeds, every live
+ * site and the joiner build a new world, each live site's trainer is made
+ * again over it (its state from its own checkpoint, bit for bit) and the
+ * joiner's learners take copies of the host's. *stop: the site's pending
+ * stop vote said stop. */
 static int take_back(Trainer *tr, Federation *fed, const Config *cfg, int site, StopVote *vote, int *stop)
 {
     if (vote->pending) { /* the site communicator goes with the trainer */
@@ -376,10 +382,12 @@ static int take_back(Trainer *tr, Federation *fed, const Config *cfg, int site, 
     const long step = tr->step;
     const double tokens = (double)(step - lost_at_step[site]) * tr->topo.sites[site].tokens_per_step *
                           tr->topo.sites[site].learners;
+    unsigned char out[CONFIG_MAX_SITES];
+    sites_out(tr, out);
     int joined = 0;
     MPI_Comm old = MPI_COMM_NULL;
-    CHECK(federation_rejoin(fed, cfg, site, step, &joined, &old));
-    if (!joined) return ISTH_OK; /* it gave up or was refused: train on alone */
+    CHECK(federation_rejoin(fed, cfg, out, site, step, &joined, &old));
+    if (!joined) return ISTH_OK; /* it gave up or was refused: train on without it */
     /* the run's traffic so far stays counted (the summary is of the whole run) */
     const LinkCounters counted = link_counters(&tr->link);
     const double probes = tr->outer.spread.inter_site_bytes;
@@ -394,10 +402,10 @@ static int take_back(Trainer *tr, Federation *fed, const Config *cfg, int site, 
     tr->compute_s += compute;
     tr->inter_site_total += total;
     char path[CONFIG_FILE_PATH_MAX + 64];
-    CHECK(ckpt_share(tr, fed->site, step, path, sizeof path));
+    CHECK(ckpt_share(tr, fed->host_site, site, step, path, sizeof path));
     int damaged = 0;
     CHECK(ckpt_load(tr, path, 0, &damaged));
-    tr->ckpt_every_site = pin; /* the joiner keeps no file of this step: the pin stays the step both have */
+    tr->ckpt_every_site = pin; /* the joiner keeps no file of this step: the pin stays the step all have */
     CHECK(open_log(tr, cfg, step)); /* the trainer was made again: its log opens again */
     static double tokens_lost_total;
     tokens_lost_total += tokens;
@@ -412,13 +420,47 @@ static int take_back(Trainer *tr, Federation *fed, const Config *cfg, int site, 
     return ISTH_OK;
 }
 
+/* After each step, while one site is out: the host looks for its knock
+ * and takes it back — at once when it trains alone, else at the step every
+ * live site learns of it, from the verdicts of the exchange that carried
+ * the host's ask (ballot.take). Butterfly has no verdict every live site
+ * sees: with more than one live site a lost one rejoins at the run's next
+ * restart. With two or more sites out none rejoins live (the new world
+ * would lack one): they rejoin at the next restart. */
+static int knocks(Trainer *tr, Federation *fed, const Config *cfg, StopVote *vote, double *paused_s)
+{
+    StopBallot *b = &tr->ballot;
+    unsigned char out[CONFIG_MAX_SITES];
+    const int n_out = sites_out(tr, out);
+    int site = -1;
+    for (int s = 0; s < cfg->n_sites && n_out == 1; s++)
+        if (out[s]) site = s;
+    int now = 0;
+    if (b->take_agreed) { /* every live site, at the same step */
+        now = b->take_agreed - 1 == site;
+        site = b->take_agreed - 1;
+        b->take_agreed = b->take = 0;
+    } else if (site >= 0 && fed->hosting && fed->host_site == fed->site && !b->take &&
+               (n_out == cfg->n_sites - 1 || tr->mode != MODE_BUTTERFLY) && federation_knocking(fed, site)) {
+        if (n_out == cfg->n_sites - 1) now = 1;  /* alone: at once */
+        else b->take = site + 1;                 /* rides the next verdicts */
+    }
+    if (!now) return ISTH_OK;
+    int stop = 0;
+    const double t_back = now_s(); /* the knock and the handover are no training */
+    CHECK(take_back(tr, fed, cfg, site, vote, &stop));
+    *paused_s += now_s() - t_back;
+    if (stop) tr->ballot.request = 1;
+    return ISTH_OK;
+}
+
 /* The joiner of a live run: the host's checkpoint of the step it names
  * becomes this site's state (the file goes once loaded: this site's own
  * checkpoints follow). */
 static int rejoin_live(Trainer *tr, int host, long step, double started)
 {
     char path[CONFIG_FILE_PATH_MAX + 64];
-    CHECK(ckpt_share(tr, host, step, path, sizeof path));
+    CHECK(ckpt_share(tr, host, tr->topo.site, step, path, sizeof path));
     CHECK(ckpt_load_copy(tr, path, host));
     int site_rank;
     CHECK_MPI(MPI_Comm_rank(tr->topo.site_comm, &site_rank));
@@ -502,17 +544,9 @@ int train_run(const Config *cfg, const char *resume, const char *site)
         if (rc != ISTH_OK) break;
         if (link_lost_news(&tr.link)) rc = after_loss(&tr, &fed, cfg); /* checks for a drop notice too */
         else if (link_survives(&tr.link) && link_any_lost(&tr.link, tr.topo.n_sites)) rc = check_dropped(&tr);
-        /* a two-site run: the live site hosts (the second one from the
-         * first one's loss on) and takes the lost site back when it knocks */
-        const int other = 1 - fed.site;
-        if (rc == ISTH_OK && fed.federated && cfg->n_sites == 2 && link_is_lost(&tr.link, other) && tr.step < tc->steps &&
-            fed.hosting && federation_knocking(&fed, other)) {
-            int stop = 0;
-            const double t_back = now_s(); /* the knock and the handover are no training */
-            rc = take_back(&tr, &fed, cfg, other, &vote, &stop);
-            paused_s += now_s() - t_back;
-            if (stop) tr.ballot.request = 1;
-        }
+        /* the host takes a lost site back when it knocks */
+        if (rc == ISTH_OK && fed.federated && link_survives(&tr.link) && tr.step < tc->steps)
+            rc = knocks(&tr, &fed, cfg, &vote, &paused_s);
         if (rc != ISTH_OK) break;
         for (int k = 0; k < cfg->n_sites; k++) s.misses[k] = lost_count[k], s.site_names[k] = cfg->sites[k].name;
         if (tr.log && (s.step % tc->log_every == 0 || s.step == tc->steps)) rc = metrics_step(&tr.metrics, &s);

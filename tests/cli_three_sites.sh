@@ -1,0 +1,109 @@
+#!/bin/bash
+# cli_three_sites.sh — three federated sites (one mpirun each, joined
+# through ompi-server) on this machine, real processes:
+#  - the run forms and trains to the same model, bit for bit, as the same
+#    three sites in one mpirun (the joint launch);
+#  - site c killed mid-run: a and b train on; c started again with
+#    --resume auto is taken back live by all three (the host's ask rides
+#    the exchange's verdicts), and every site ends on the same model;
+#  - site a, the host, killed: b hosts from then on, b and c train on; a
+#    started again rejoins at b; every site ends on the same model;
+#  - USR1 to site a (its job's time limit): a checkpoints and leaves, b and
+#    c train on; a started again rejoins.
+. "$TOP_SRCDIR/tests/lib.sh"
+FED="$TOP_SRCDIR/scripts/federated.sh"
+export ISTHMUS MPIRUN_ARGS="-q --oversubscribe"
+T="$CONFIGS/tiny.ini"
+RUN="--set site.a.ranks=1 --set site.b.ranks=1 --set site.c.ranks=1 --set outer.mode=diloco
+--set outer.inner_steps=4 --set data.eval_bytes=4096 --set outer.join_timeout=60 --set outer.timeout=3"
+SERVER="$WORK/server"
+stop_server() { "$FED" stop "$SERVER"; }
+trap 'stop_server; rm -rf "$WORK"' EXIT
+"$FED" server "$SERVER" || { fail "ompi-server did not start"; finish; exit 1; }
+URI="$SERVER/ompi-server.uri"
+
+site() { # site NAME OUT [args...]: one site's mpirun of one rank, with a deadline against a hang
+    local name=$1 out=$2
+    shift 2
+    # shellcheck disable=SC2086
+    timeout 300 "$FED" site "$URI" "$name" 1 "$T" $RUN --set train.out_dir="$out" "$@"
+}
+three() { # three NAME [args...]: sites a, b, c into $WORK/NAME (pids in pa pb pc)
+    local name=$1
+    shift
+    site a "$WORK/$name" --set outer.run_id="$name" "$@" > "$WORK/${name}_a.log" 2>&1 &
+    pa=$!
+    site b "$WORK/$name" --set outer.run_id="$name" "$@" > "$WORK/${name}_b.log" 2>&1 &
+    pb=$!
+    site c "$WORK/$name" --set outer.run_id="$name" "$@" > "$WORK/${name}_c.log" 2>&1 &
+    pc=$!
+}
+wait_three() { wait $pa; ra=$?; wait $pb; rb=$?; wait $pc; rc=$?; }
+same_model() { # every site's final checkpoint holds the same global model
+    local d=$1/checkpoints f g
+    f=$(ls "$d"/a/ckpt-*.h5 2>/dev/null | tail -1)
+    [ -n "$f" ] || return 1
+    for s in b c; do
+        g=$(ls "$d"/$s/ckpt-*.h5 2>/dev/null | tail -1)
+        [ "$(basename "$f")" = "$(basename "$g")" ] && h5diff "$f" "$g" /model /model > /dev/null 2>&1 || return 1
+    done
+}
+
+# 1. three sites == one mpirun of three sites, bit for bit
+# shellcheck disable=SC2086
+mpi 3 "$ISTHMUS" train "$T" $RUN --set train.steps=16 --set train.out_dir="$WORK/joint" > "$WORK/joint.log" 2>&1 ||
+    fail "joint launch failed: $(tail -2 "$WORK/joint.log")"
+three fed --set train.steps=16
+wait_three
+if [ $ra -eq 0 ] && [ $rb -eq 0 ] && [ $rc -eq 0 ] && grep -q "^federation: 3 sites, 3 ranks in one world" "$WORK/fed_a.log" &&
+    h5diff "$WORK/joint/model.h5" "$WORK/fed/model.h5" /model /model > /dev/null 2>&1; then
+    pass "three federated sites form one world and train to the joint launch's model, bit for bit"
+else
+    fail "three sites: exits $ra/$rb/$rc: $(grep -h 'error' "$WORK"/fed_?.log | head -3 | tr '\n' '|')"
+fi
+
+# 2. a site lost and taken back: VICTIM killed (or signalled) after step 40,
+# started again once the others have lost it
+lose() { # lose NAME VICTIM SIGNAL [train args...]
+    local name=$1 v=$2 sig=$3 pids pv o
+    shift 3
+    three "$name" --set train.log_every=5 "$@"
+    [ "$v" = a ] && o=b || o=a
+    wait_line "$WORK/${name}_$o.log" '^step  *40/' 60
+    pids=$(pgrep -f "isthmus train .* --site $v .*outer.run_id=$name ")
+    # shellcheck disable=SC2086
+    kill -"$sig" $pids
+    case $v in a) pv=$pa ;; b) pv=$pb ;; c) pv=$pc ;; esac
+    wait "$pv"
+    wait_line "$WORK/${name}_$o.log" "^site $v \(lost\|left\) at step" 30
+    site "$v" "$WORK/$name" --set outer.run_id="$name" --set train.log_every=5 "$@" --resume auto \
+        > "$WORK/${name}_${v}2.log" 2>&1 &
+    case $v in a) pa=$! ;; b) pb=$! ;; c) pc=$! ;; esac
+    wait_three
+}
+lose killc c KILL --set train.steps=800
+if [ $ra -eq 0 ] && [ $rb -eq 0 ] && [ $rc -eq 0 ] && grep -q '^site c lost at step' "$WORK/killc_a.log" &&
+    grep -q '^site c lost at step' "$WORK/killc_b.log" && grep -q '^site c rejoined at step' "$WORK/killc_a.log" &&
+    grep -q '^site c rejoined at step' "$WORK/killc_b.log" && grep -q '^rejoined the live run at step' "$WORK/killc_c2.log" &&
+    grep -q '^step  *800/800 .*| missed c 1' "$WORK/killc_a.log" && same_model "$WORK/killc"; then
+    pass "three sites, c killed: a and b train on; c started again is taken back live ($(grep -m1 '^site c rejoined' "$WORK/killc_a.log" | cut -d: -f1)); the same final model on every site"
+else
+    fail "three sites, c killed: exits $ra/$rb/$rc: $(grep -h 'error\|rejoin\|lost' "$WORK"/killc_?.log "$WORK"/killc_c2.log | head -4 | tr '\n' '|')"
+fi
+lose killa a KILL --set train.steps=800
+if [ $ra -eq 0 ] && [ $rb -eq 0 ] && [ $rc -eq 0 ] && grep -q '^site a lost at step' "$WORK/killa_b.log" &&
+    grep -q '^federation: site b hosts run' "$WORK/killa_b.log" && grep -q '^site a rejoined at step' "$WORK/killa_c.log" &&
+    grep -q "^federation: site a rejoins run killa at site b's step" "$WORK/killa_a2.log" && same_model "$WORK/killa"; then
+    pass "three sites, the host a killed: b hosts, b and c train on; a started again rejoins at b; the same final model"
+else
+    fail "three sites, a killed: exits $ra/$rb/$rc: $(grep -h 'error\|rejoin\|lost\|hosts' "$WORK"/killa_?.log "$WORK"/killa_a2.log | head -4 | tr '\n' '|')"
+fi
+lose stopa a USR1 --set train.steps=800
+if [ $ra -eq 0 ] && [ $rb -eq 0 ] && [ $rc -eq 0 ] && grep -q '^site a left at step' "$WORK/stopa_b.log" &&
+    grep -q '^site a left at step' "$WORK/stopa_c.log" && grep -q '^site a rejoined at step' "$WORK/stopa_b.log" &&
+    same_model "$WORK/stopa"; then
+    pass "three sites, USR1 to the first site: a leaves, b and c train on (b hosts); a started again rejoins; the same final model"
+else
+    fail "three sites, a stopped: exits $ra/$rb/$rc: $(grep -h 'error\|rejoin\|left\|stopping' "$WORK"/stopa_?.log "$WORK"/stopa_a2.log | head -4 | tr '\n' '|')"
+fi
+finish
