@@ -10,18 +10,22 @@
  * "isthmus-<run id>-knock-<site>" = a fresh value), and connects when the
  * host answers "...-come-<site>" with that value just before it accepts
  * (knock.h says why accept and connect are never left waiting on spec).
- * The same knock takes a lost site back into a live two-site run:
- * the live site hosts from each loss on, whichever it is, and looks for the
- * knock between steps (federation_knocking); a restarted first site knocks
- * before it hosts anything itself (FEDERATION_PROBE_S). Only the two leaders
- * take part (MPI_COMM_SELF): Open MPI 4.1 bounds a leader's accept and
- * connect by pmix_base_exchange_timeout (main.c sets it before MPI_Init),
- * where a collective accept would leave the other ranks waiting forever.
+ * The same knock takes a lost site back into the live run: after a loss
+ * the host stays while it is live, else the first live site hosts, and
+ * the host looks for the knock between steps (federation_knocking); a
+ * restarted first site knocks before it hosts anything itself
+ * (FEDERATION_PROBE_S). Only the two leaders take part in the knock
+ * (MPI_COMM_SELF): Open MPI 4.1 bounds a leader's accept and connect by
+ * pmix_base_exchange_timeout (main.c sets it before MPI_Init), where a
+ * collective accept left waiting would hold the other ranks forever.
  * Over the leaders' link the two prove the run's key to each other
  * (handshake.h); a joiner refused exits 2, the host keeps waiting,
- * undisturbed. When every site has joined, MPI_Intercomm_create
- * over the leaders' link brings each site's ranks in, site by site in
- * config order, and the merges make the world.
+ * undisturbed. When every site has joined, the world so far takes in each
+ * site in config order: a "go" over the leaders' link, then a collective
+ * accept on the host's port matched by the site's collective connect, and
+ * a merge (a collective connect introduces every rank of both sides to
+ * each other; MPI_Intercomm_create over the leaders' link did not, and a
+ * third site never met the second).
  * The whole join runs under the fault watchdog (outer.join_timeout + 60 s):
  * a peer that stops answering part-way ends the process with one line. The
  * merges (bounded by federation_build_s) and the trainer's set-up over the

@@ -18,7 +18,7 @@ RUN="--set site.a.ranks=1 --set site.b.ranks=1 --set site.c.ranks=1 --set outer.
 --set outer.inner_steps=4 --set data.eval_bytes=4096 --set outer.join_timeout=60 --set outer.timeout=3"
 SERVER="$WORK/server"
 stop_server() { "$FED" stop "$SERVER"; }
-trap 'stop_server; rm -rf "$WORK"' EXIT
+trap 'stop_server; [ -n "${KEEP_WORK:-}" ] || rm -rf "$WORK"' EXIT
 "$FED" server "$SERVER" || { fail "ompi-server did not start"; finish; exit 1; }
 URI="$SERVER/ompi-server.uri"
 
