@@ -12,7 +12,11 @@
 #  - no bad file trains silently: a token model refuses a file without a
 #    shard's header (a wrong magic), any model a file cut inside a shard's
 #    header; an eval set's token >= model.vocab is refused before the first
-#    step; a final evaluation that fails leaves model.h5 written.
+#    step; a final evaluation that fails leaves model.h5 written;
+#  - scripts/prepare_data.py: a --vocab too small for the text's characters
+#    is one line, exit 2, nothing left behind;
+#  - [outer] ports with fewer ports than a host's ranks: one line naming the
+#    range and the ranks, exit 2, every time.
 . "$TOP_SRCDIR/tests/lib.sh"
 
 T="$CONFIGS/tiny.ini"
@@ -220,6 +224,31 @@ if "$PY" -c "import sentencepiece" 2> /dev/null; then
 else
     pass "# SKIP prepare_data.py cases: python3 cannot import sentencepiece (scripts/setup.sh installs it)"
 fi
+
+# [outer] ports with fewer ports than a host's ranks: one line naming the
+# range and the ranks, exit 2, whichever rank would have lost the race for
+# the port (three tries); a port of the range held by another process: the
+# first rank without one says so, one line
+P=$((40000 + $$ % 10000 * 2))
+PORTS="--set site.a.ranks=1 --set site.b.ranks=1 --set outer.mode=diloco --set outer.transport=tcp --set train.steps=2"
+for try in 1 2 3; do
+    # shellcheck disable=SC2086
+    expect_exit 2 "^isthmus: error: wire: \\[outer\\] ports = $P holds 1 port, but 2 ranks on host .* listen on it \\(world ranks 0, 1\\): each needs a port of its own" -- \
+        mpirun -q --oversubscribe -np 2 "$ISTHMUS" train "$T" $PORTS --set outer.ports=$P --set train.out_dir="$WORK/port$try"
+done
+python3 -c 'import socket, sys, time
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind(("0.0.0.0", int(sys.argv[1])))
+s.listen(1); print("held", flush=True); time.sleep(120)' $P > "$WORK/hold.out" 2>&1 &
+HOLD=$!
+for _ in $(seq 50); do grep -q held "$WORK/hold.out" && break; sleep 0.1; done
+for try in 1 2; do
+    # shellcheck disable=SC2086
+    expect_exit 2 "^isthmus: error: wire: rank [01]: no free port in \\[outer\\] ports = $P-$((P + 1))" -- \
+        mpirun -q --oversubscribe -np 2 "$ISTHMUS" train "$T" $PORTS --set outer.ports=$P-$((P + 1)) \
+        --set train.out_dir="$WORK/held$try"
+done
+kill "$HOLD" 2> /dev/null
+wait "$HOLD" 2> /dev/null
 
 # a site name is a directory name: '..' or '/' would leave the checkpoint directory
 printf '[site...]\nranks = 1\n' | cat "$T" - > "$WORK/dotdot.ini"
