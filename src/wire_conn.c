@@ -223,10 +223,12 @@ int wire_conn_ports_enough(MPI_Comm comm, const WireOptions *o)
     MPI_Comm host = MPI_COMM_NULL;
     RangeOf mine = {o->port_lo, o->port_hi, rank}, *all = NULL;
     /* a host whose ranks cannot be told (an error here) is not checked: its listen still says why */
-    if (MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &host) == MPI_SUCCESS &&
-        MPI_Comm_size(host, &host_n) == MPI_SUCCESS && (all = isth_malloc(sizeof *all * (size_t)host_n)) &&
-        MPI_Allgather(&mine, 3, MPI_INT, all, 3, MPI_INT, host) != MPI_SUCCESS)
+    if (MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &host) != MPI_SUCCESS ||
+        MPI_Comm_size(host, &host_n) != MPI_SUCCESS)
         host_n = 0;
+    if (host_n > 0) all = isth_malloc(sizeof *all * (size_t)host_n); /* a few ints: every rank of the host has them */
+    if (all && MPI_Allgather(&mine, 3, MPI_INT, all, 3, MPI_INT, host) != MPI_SUCCESS) host_n = 0;
+    if (!all) host_n = 0;
     if (host != MPI_COMM_NULL) MPI_Comm_free(&host);
     int same = 0, first = size; /* ranks of my group; its lowest rank */
     for (int i = 0; i < host_n && o->port_lo; i++)
