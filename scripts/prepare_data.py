@@ -24,22 +24,48 @@ prefix, byte fallback for anything outside its pieces): decoding an eval shard
 gives the file back, byte for byte, which the script checks before it writes
 the byte count that bits per byte divide by. Text is read and encoded a
 batch of lines at a time (each line keeps its newline; no file is held whole);
-a line is never split across shards. Exit 2 with one line on bad input.
+a line is never split across shards. Exit 2 with one line on bad input (a
+--vocab too small for the text's characters included: the tokenizer needs a
+piece for each, 256 byte pieces and <unk>); a run that fails leaves nothing
+behind (no output directory it made, no file it wrote).
 """
 import argparse
 import configparser
 import glob
 import io
 import os
+import shutil
 import struct
 import sys
 
 HEADER_INTS = 256
+META_PIECES = 257  # byte fallback's 256 pieces and <unk>: beside one piece per character
+MADE = []  # what this run created (its output directory, or the files in one that existed), undone on failure
+
+
+def undo():
+    for path in reversed(MADE):
+        try:
+            if os.path.isdir(path):
+                shutil.rmtree(path)
+            else:
+                os.remove(path)
+        except OSError:
+            pass
+    MADE.clear()
 
 
 def fail(msg):
+    undo()
     print(f"prepare_data: error: {msg}", file=sys.stderr)
     sys.exit(2)
+
+
+def made(path):
+    """path is this run's: removed if the run fails (inside a directory this run made, already)."""
+    if not (MADE and os.path.isdir(MADE[0]) and path.startswith(MADE[0] + os.sep)):
+        MADE.append(path)
+    return path
 
 
 def read_text(path):
@@ -81,13 +107,28 @@ def write_shard(path, tokens, vocab):
     body = array.array("I" if wide else "H", tokens)
     if sys.byteorder != "little":
         body.byteswap()
-    tmp = path + ".tmp"
+    tmp = made(path + ".tmp")
+    made(path)
     with open(tmp, "wb") as f:
         f.write(struct.pack("<256i", *header))
         f.write(body.tobytes())
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+def make_out(out, given):
+    """The output directory, made (and made this run's) when it does not exist."""
+    if os.path.isdir(out):
+        return
+    top = out
+    while not os.path.exists(os.path.dirname(top)):  # the first missing parent is what to remove
+        top = os.path.dirname(top)
+    try:
+        os.makedirs(out)
+    except OSError as e:
+        fail(f"--out {given}: cannot create the directory: {e.strerror}")
+    made(top)
 
 
 def encode_lines(sp, text):
@@ -130,18 +171,19 @@ def main():
         fail(f"--vocab {a.vocab}: expected 260 .. 16777216 (byte fallback needs 256 pieces)")
     if a.shard_tokens < 1024 or a.shard_tokens > 2**31 - 1:
         fail(f"--shard-tokens {a.shard_tokens}: expected 1024 .. 2147483647 (a shard's header counts in int32)")
-    os.makedirs(a.out, exist_ok=True)
-    out = os.path.abspath(a.out)
-
     for p in files:
         if not os.path.isfile(p):
             fail(f"{p}: not a regular file")
+    out = os.path.abspath(a.out)
+    if os.path.exists(out) and not os.path.isdir(out):
+        fail(f"--out {a.out}: exists and is not a directory")
     if a.tokenizer:
         tok_path = os.path.abspath(a.tokenizer)
         try:
             sp = spm.SentencePieceProcessor(model_file=tok_path)
         except (OSError, RuntimeError) as e:
             fail(f"{a.tokenizer}: not a sentencepiece model: {e}")
+        make_out(out, a.out)
     else:
         # the trainer reads lines; the sample is the files' first lines up to --sample-bytes
         sample, size = [], 0
@@ -157,13 +199,26 @@ def main():
                 break
         if not sample:
             fail("the training text has no lines to learn a tokenizer from")
+        # every character of the sample is a piece (character_coverage 1.0; a
+        # space is U+2581), beside the meta pieces: a smaller vocabulary is
+        # the user's to change, found before anything is written
+        chars = {"\u2581" if c == " " else c for line in sample if len(line.encode("utf-8")) <= 1 << 20 for c in line}
+        if a.vocab < len(chars) + META_PIECES:
+            fail(f"--vocab {a.vocab}: the training text has {len(chars)} distinct characters, each a piece beside "
+                 f"{META_PIECES} others (256 bytes, <unk>): give --vocab {len(chars) + META_PIECES} or more")
+        make_out(out, a.out)
         prefix = os.path.join(out, "tokenizer")
-        spm.SentencePieceTrainer.train(
-            sentence_iterator=iter(sample), model_prefix=prefix, vocab_size=a.vocab, model_type="bpe",
-            character_coverage=1.0, byte_fallback=True, normalization_rule_name="identity",
-            add_dummy_prefix=False, remove_extra_whitespaces=False, split_digits=True,
-            allow_whitespace_only_pieces=True, unk_id=0, bos_id=-1, eos_id=-1, pad_id=-1,
-            max_sentence_length=1 << 20, num_threads=a.threads, minloglevel=2)
+        made(prefix + ".model")
+        made(prefix + ".vocab")
+        try:
+            spm.SentencePieceTrainer.train(
+                sentence_iterator=iter(sample), model_prefix=prefix, vocab_size=a.vocab, model_type="bpe",
+                character_coverage=1.0, byte_fallback=True, normalization_rule_name="identity",
+                add_dummy_prefix=False, remove_extra_whitespaces=False, split_digits=True,
+                allow_whitespace_only_pieces=True, unk_id=0, bos_id=-1, eos_id=-1, pad_id=-1,
+                max_sentence_length=1 << 20, num_threads=a.threads, minloglevel=2)
+        except RuntimeError as e:  # its own check of the same (and anything else it refuses), as one line
+            fail(f"--vocab {a.vocab}: sentencepiece cannot train the tokenizer: {str(e).strip().splitlines()[-1]}")
         tok_path = prefix + ".model"
         sp = spm.SentencePieceProcessor(model_file=tok_path)
         os.remove(prefix + ".vocab")
@@ -205,12 +260,12 @@ def main():
                  "train one here)")
         nbytes = len(text.encode("utf-8"))
         write_shard(os.path.join(out, f"eval_{name}.bin"), ids, vocab)
-        with open(os.path.join(out, f"eval_{name}.bytes"), "w") as f:
+        with open(made(os.path.join(out, f"eval_{name}.bytes")), "w") as f:
             f.write(f"{nbytes}\n")
         ini[f"eval.{name}"] = {"path": os.path.join(out, f"eval_{name}.bin"), "bytes": str(nbytes)}
         print(f"prepare_data: eval {name}: {len(ids)} tokens for {nbytes} bytes ({nbytes / max(1, len(ids)):.2f} "
               "bytes per token)")
-    with open(os.path.join(out, "data.ini"), "w") as f:
+    with open(made(os.path.join(out, "data.ini")), "w") as f:
         f.write("# written by scripts/prepare_data.py\n")
         ini.write(f)
     if a.config:
@@ -227,7 +282,7 @@ def main():
             for k, v in ini[section].items():
                 base[section][k] = v
         dest = os.path.join(out, os.path.basename(a.config))
-        with open(dest, "w") as f:
+        with open(made(dest), "w") as f:
             f.write(f"# {os.path.basename(a.config)} with the token data of scripts/prepare_data.py\n")
             base.write(f)
         print(f"prepare_data: config {dest}")
@@ -236,4 +291,8 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except BaseException:  # an error of its own (a traceback) or an interrupt: nothing half-made is left
+        undo()
+        raise

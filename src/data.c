@@ -61,8 +61,14 @@ static int open_checked(Corpus *c, size_t want)
 static int read_format(Corpus *c)
 {
     unsigned char h[12] = {0};
-    if (c->size >= sizeof h && pread(c->fd, h, sizeof h, 0) != (ssize_t)sizeof h)
+    const size_t head = c->size < sizeof h ? c->size : sizeof h;
+    if (pread(c->fd, h, head, 0) != (ssize_t)head)
         return isth_fail(ISTH_EINPUT, "data file %s: cannot read its first bytes: %s", c->path, strerror(errno));
+    c->magic = c->size >= 4 ? le32(h) : 0;
+    /* a shard cut inside its header would otherwise be read as raw bytes */
+    if (c->size < SHARD_HEADER_BYTES && (c->magic == SHARD_MAGIC_U16 || c->magic == SHARD_MAGIC_U32))
+        return isth_fail(ISTH_EINPUT, "data file %s: starts with a token shard's magic %u but has %zu bytes, less "
+                         "than the %d-byte header (cut short)", c->path, c->magic, c->size, SHARD_HEADER_BYTES);
     if (c->size >= SHARD_HEADER_BYTES && (le32(h) == SHARD_MAGIC_U16 || le32(h) == SHARD_MAGIC_U32)) {
         const uint32_t magic = le32(h), version = le32(h + 4), want_version = magic == SHARD_MAGIC_U16 ? 1 : 7;
         const int32_t count = (int32_t)le32(h + 8);
@@ -144,6 +150,29 @@ int corpus_tokens(Corpus *c, size_t first, size_t n, int *out, int vocab)
         out[i] = (int)t;
     }
     return ISTH_OK;
+}
+
+int data_kind_fits(int width, int vocab) { return width != 1 || vocab <= 256; }
+
+int corpus_check_kind(const Corpus *c, int vocab)
+{
+    if (data_kind_fits(c->width, vocab)) return ISTH_OK;
+    return isth_fail(ISTH_EINPUT, "data file %s: no token shard header (its first 4 bytes, a little-endian int32, are "
+                     "%u, not the magic %d or %d), and model.vocab = %d reads token shards only (raw bytes are "
+                     "model.vocab = 256)", c->path, c->magic, SHARD_MAGIC_U16, SHARD_MAGIC_U32, vocab);
+}
+
+int corpus_check_tokens(Corpus *c, int vocab)
+{
+    if (c->width == 1 || (c->width == 2 && vocab >= 65536)) return ISTH_OK;
+    enum { PIECE = 65536 }; /* tokens read at once */
+    int *buf = isth_malloc(sizeof(int) * PIECE);
+    CHECK_ALLOC(buf);
+    int rc = ISTH_OK;
+    for (size_t first = 0; first < c->n_tokens && rc == ISTH_OK; first += PIECE)
+        rc = corpus_tokens(c, first, c->n_tokens - first < PIECE ? c->n_tokens - first : PIECE, buf, vocab);
+    isth_free(buf);
+    return rc;
 }
 
 /* --- the training files ---------------------------------------------------- */
@@ -280,6 +309,8 @@ uint64_t dataset_tokens(const Dataset *d)
     for (int i = 0; i < d->n_files; i++) n += d->files[i].n_tokens;
     return n;
 }
+
+int dataset_check_kind(const Dataset *d, int vocab) { return d->n_files ? corpus_check_kind(&d->files[0], vocab) : ISTH_OK; }
 
 /* file i, open (closing the least recently used one when too many are) */
 static int use_file(Dataset *d, int i);

@@ -37,6 +37,7 @@ typedef struct {
     int width;         /* bytes per token: 1 (raw bytes), 2 or 4 (a shard) */
     size_t header;     /* bytes before the first token: 0 or SHARD_HEADER_BYTES */
     size_t n_tokens;
+    uint32_t magic;    /* the first 4 bytes as a little-endian int32 (0 for a shorter file): the messages name it */
     uint64_t last_use; /* a dataset closes the least recently used file first */
     uint64_t dev, ino;  /* the file opened first: a reopen must find the same one */
     int64_t mtime_ns;
@@ -50,8 +51,10 @@ typedef struct {
 
 /* Open `dir/name` (`name` alone when it is absolute or dir is empty) and
  * read its format; a missing, unreadable, non-regular (a FIFO: checked
- * without blocking) or too short file, or a shard whose header does not
- * match its size, is ISTH_EINPUT with one line naming the path. */
+ * without blocking) or too short file, a shard whose header does not
+ * match its size, or a file that starts with a shard's magic but is
+ * shorter than its header (cut short: never read as bytes), is
+ * ISTH_EINPUT with one line naming the path. */
 int corpus_open(Corpus *c, const char *dir, const char *name);
 /* What a file of `width` bytes per token holds, in words: "raw bytes", "uint16 tokens", "uint32 tokens". */
 const char *corpus_kind(int width);
@@ -64,6 +67,20 @@ int corpus_read(Corpus *c, size_t off, unsigned char *buf, size_t n);
 /* Tokens [first, first + n) of the file into out; a token >= vocab is
  * ISTH_EINPUT naming the file and the token's offset. */
 int corpus_tokens(Corpus *c, size_t first, size_t n, int *out, int vocab);
+
+/* Does a file of `width` bytes per token suit a model of `vocab` tokens?
+ * Raw bytes only a byte model's (vocab 256; under 256 is the caller's own
+ * message: raw bytes need 256): a token model reads token shards only, so
+ * a shard whose magic is damaged or unknown, read as raw bytes, never
+ * trains under it. (A byte model reads a shard as tokens, each below 256.) */
+int data_kind_fits(int width, int vocab);
+/* ISTH_EINPUT naming the file and its first 4 bytes when !data_kind_fits. */
+int corpus_check_kind(const Corpus *c, int vocab);
+/* Every token of the file below vocab (read in pieces; a byte file or a
+ * uint16 shard under vocab >= 65536 holds none larger): ISTH_EINPUT naming
+ * one that is not, as corpus_tokens. For a file checked whole before
+ * training (an eval set), not when a window reads it. */
+int corpus_check_tokens(Corpus *c, int vocab);
 
 /* `in` with each ${NAME} replaced by the environment variable's value;
  * ISTH_EINPUT naming the path when one is not set. */
@@ -86,6 +103,8 @@ int dataset_open(Dataset *d, const char *list, const char *dir, int T);
 void dataset_close(Dataset *d);
 /* Tokens in all files. */
 uint64_t dataset_tokens(const Dataset *d);
+/* corpus_check_kind of the files (all of one kind: the first names it). */
+int dataset_check_kind(const Dataset *d, int vocab);
 
 /* The data's identity, what the sites of a run must agree on (their paths
  * may differ): a hash of the kind, the number of files and, in order, each

@@ -133,6 +133,11 @@ int eval_sets_open(EvalSet sets[CONFIG_MAX_EVALS], int *n, const Config *cfg, in
         else if (c->width == 1 && ec[i].bytes && (size_t)ec[i].bytes != c->size)
             rc = isth_fail(ISTH_EINPUT, "[eval.%s] bytes = %ld, but %s is a byte file of %zu bytes", ec[i].name,
                            ec[i].bytes, c->path, c->size);
+        /* every token now, not at the first evaluation (after the training:
+         * the training data's are checked as windows read them); a set of
+         * the wrong kind for the model is the training data's message */
+        else if (data_kind_fits(c->width, cfg->model.vocab))
+            rc = corpus_check_tokens(&s->file, cfg->model.vocab);
         if (rc != ISTH_OK) {
             eval_sets_close(sets, *n);
             return rc;

@@ -38,7 +38,9 @@ typedef struct {
  * data's bytes per token (0: not known); the implicit prose and tech are
  * byte files and are left out (*n = 0) for token data; a set of another
  * kind than the training data, a shard without `bytes`, a byte file whose
- * `bytes` is not its size: ISTH_EINPUT with one line. */
+ * `bytes` is not its size, a token not below model.vocab (every token of
+ * every set is read here, before any training: an evaluation must not
+ * find it after the training): ISTH_EINPUT with one line. */
 int eval_sets_open(EvalSet sets[CONFIG_MAX_EVALS], int *n, const Config *cfg, int train_width);
 void eval_sets_close(EvalSet *sets, int n);
 

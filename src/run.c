@@ -345,6 +345,8 @@ static int trainer_start(Trainer *tr, const Config *cfg, MPI_Comm world, const u
                                 ISTH_EDROPPED);
     int rc = trainer_create(tr, cfg, 1, world, link_master);
     if (federated) fault_watchdog_disarm();
+    /* the same on every rank (the data's identity holds its kind): a token model never trains on bytes */
+    if (rc == ISTH_OK) rc = dataset_check_kind(&tr->train, cfg->model.vocab);
     if (rc == ISTH_OK && tr->log && banner) {
         printf("isthmus train: resolved configuration (%s)\n%s\n", cfg->source, tr->config_text);
         topology_print(&tr->topo, cfg);
@@ -603,13 +605,16 @@ int train_run(const Config *cfg, const char *resume, const char *site)
     if (finished && rc == ISTH_OK && tc->check_replicas > 0) rc = check_replicas(&tr);
     if (finished && rc == ISTH_OK) rc = traffic_summary(&tr, first_step);
     if (finished && rc == ISTH_OK) rc = ckpt_write(&tr);
-    if (finished && rc == ISTH_OK) rc = trainer_eval(&tr);
-    if (finished && rc == ISTH_OK && tc->sample_every > 0) rc = trainer_sample(&tr);
-    if (finished && rc == ISTH_OK) {
-        char path[CONFIG_FILE_PATH_MAX + 80];
-        trainer_model_path(&tr, path, sizeof path);
-        rc = trainer_write_model(&tr, path);
-        if (rc == ISTH_OK && tr.log && trainer_lead_site(&tr) == tr.topo.site) printf("wrote %s (step %ld)\n", path, tr.step);
+    /* the model file before the final evaluation and sample: a failure in
+     * them must not cost the trained model (its line still comes last) */
+    char path[CONFIG_FILE_PATH_MAX + 80];
+    if (finished) trainer_model_path(&tr, path, sizeof path);
+    const int wrote = finished && rc == ISTH_OK && (rc = trainer_write_model(&tr, path)) == ISTH_OK;
+    if (wrote) rc = trainer_eval(&tr);
+    if (wrote && rc == ISTH_OK && tc->sample_every > 0) rc = trainer_sample(&tr);
+    if (wrote && tr.log && trainer_lead_site(&tr) == tr.topo.site) {
+        printf("wrote %s (step %ld)%s\n", path, tr.step, rc == ISTH_OK ? "" : ", before the final evaluation failed");
+        fflush(stdout);
     }
     /* the peaks of the whole run, file writes included: `isthmus config --memory` predicts them */
     if (rc == ISTH_OK && tr.rank == 0) memory_print_measured(0);

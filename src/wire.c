@@ -300,13 +300,17 @@ int wire_open(Wire **out, MPI_Comm comm, const int *site_first, int n_sites, int
         ok = 0;
         snprintf(why, sizeof why, "[outer] interface = %s has no IPv4 address on this host", o->interface);
     }
+    /* a range with fewer ports than a host's ranks on it: one line, whichever rank would lose the race */
+    const int enough = wire_conn_ports_enough(comm, o) == ISTH_OK;
+    if (!enough) ok = 0;
     if (ok && wire_conn_listen(w, &me_port, why, sizeof why)) ok = 0;
     if (ok) {
         struct epoll_event e = {.events = EPOLLIN, .data.ptr = &w->listen_ev};
         if (epoll_ctl(w->ep, EPOLL_CTL_ADD, w->lfd, &e)) ok = 0, snprintf(why, sizeof why, "epoll_ctl: %s", strerror(errno));
     }
-    int all_ok = 0;
-    int rc = MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, comm);
+    int first = ok ? size : rank, first_failed = size; /* the first rank that failed prints why */
+    int rc = MPI_Allreduce(&first, &first_failed, 1, MPI_INT, MPI_MIN, comm);
+    const int all_ok = first_failed == size;
     if (rc == MPI_SUCCESS && all_ok) { /* everyone's address and port */
         const uint64_t mine = (uint64_t)me_addr << 32 | (uint64_t)me_port << 16;
         rc = MPI_Allgather(&mine, 1, MPI_UINT64_T, all, 1, MPI_UINT64_T, comm);
@@ -318,9 +322,13 @@ int wire_open(Wire **out, MPI_Comm comm, const int *site_first, int n_sites, int
     isth_free(all);
     if (rc != MPI_SUCCESS || !all_ok) {
         wire_close(w);
-        if (!ok) return isth_fail(ISTH_EINPUT, "wire: rank %d: %s", rank, why);
         if (rc != MPI_SUCCESS) return isth_fail(ISTH_ERUNTIME, "wire: the address exchange failed");
-        return isth_fail(ISTH_ERUNTIME, "wire: another rank could not listen (its own line says why)");
+        if (enough && rank == first_failed) { /* its line, whatever its rank's quiet mode; the others none */
+            const int was = status_set_quiet(0);
+            isth_fail(ISTH_EINPUT, "wire: rank %d: %s", rank, why);
+            status_set_quiet(was);
+        }
+        return ISTH_EINPUT;
     }
     *out = w;
     return ISTH_OK;

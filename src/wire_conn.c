@@ -4,6 +4,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <ifaddrs.h>
+#include <mpi.h>
 #include <net/if.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -207,4 +208,62 @@ int wire_conn_listen(Wire *w, uint16_t *port, char *why, size_t why_len)
     else
         snprintf(why, why_len, "no free port in [outer] ports = %d-%d", w->o.port_lo, w->o.port_hi);
     return -1;
+}
+
+/* this rank's group: the ranks of its host that listen on the same range */
+typedef struct {
+    int lo, hi, rank;
+} RangeOf;
+
+int wire_conn_ports_enough(MPI_Comm comm, const WireOptions *o)
+{
+    int rank = 0, size = 1, host_n = 0;
+    MPI_Comm_rank(comm, &rank);
+    MPI_Comm_size(comm, &size);
+    MPI_Comm host = MPI_COMM_NULL;
+    RangeOf mine = {o->port_lo, o->port_hi, rank}, *all = NULL;
+    /* a host whose ranks cannot be told (an error here) is not checked: its listen still says why */
+    if (MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &host) != MPI_SUCCESS ||
+        MPI_Comm_size(host, &host_n) != MPI_SUCCESS)
+        host_n = 0;
+    if (host_n > 0) all = isth_malloc(sizeof *all * (size_t)host_n); /* a few ints: every rank of the host has them */
+    if (all && MPI_Allgather(&mine, 3, MPI_INT, all, 3, MPI_INT, host) != MPI_SUCCESS) host_n = 0;
+    if (!all) host_n = 0;
+    if (host != MPI_COMM_NULL) MPI_Comm_free(&host);
+    int same = 0, first = size; /* ranks of my group; its lowest rank */
+    for (int i = 0; i < host_n && o->port_lo; i++)
+        if (all[i].lo == o->port_lo && all[i].hi == o->port_hi) {
+            same++;
+            if (all[i].rank < first) first = all[i].rank;
+        }
+    const int ports = o->port_hi - o->port_lo + 1;
+    /* the lowest rank of the first group short of ports prints the line (the others stay silent) */
+    int me = same > ports && first == rank ? rank : size, printer = size;
+    const int rc = MPI_Allreduce(&me, &printer, 1, MPI_INT, MPI_MIN, comm);
+    if (rc == MPI_SUCCESS && printer == rank) {
+        char ranks[320] = "", name[256] = "?";
+        size_t n = 0;
+        for (int i = 0, listed = 0; i < host_n; i++) {
+            if (all[i].lo != o->port_lo || all[i].hi != o->port_hi) continue;
+            if (listed++ == 16) {
+                snprintf(ranks + n, sizeof ranks - n, ", ...");
+                break;
+            }
+            const int w = snprintf(ranks + n, sizeof ranks - n, "%s%d", n ? ", " : "", all[i].rank);
+            if (w < 0 || (size_t)w >= sizeof ranks - n) break;
+            n += (size_t)w;
+        }
+        gethostname(name, sizeof name - 1);
+        char range[32];
+        if (ports == 1) snprintf(range, sizeof range, "%d", o->port_lo);
+        else snprintf(range, sizeof range, "%d-%d", o->port_lo, o->port_hi);
+        const int was = status_set_quiet(0); /* this rank's line is the run's, whatever its rank */
+        isth_fail(ISTH_EINPUT, "wire: [outer] ports = %s holds %d port%s, but %d ranks on host %s listen on it "
+                  "(world ranks %s): each needs a port of its own", range, ports, ports == 1 ? "" : "s", same, name,
+                  ranks);
+        status_set_quiet(was);
+    }
+    isth_free(all);
+    if (rc != MPI_SUCCESS) return isth_fail(ISTH_ERUNTIME, "wire: the ranks could not count their hosts' ports (MPI)");
+    return printer == size ? ISTH_OK : ISTH_EINPUT;
 }

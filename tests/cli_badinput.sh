@@ -8,7 +8,15 @@
 #  - data.eval_bytes = 1 (no byte to predict) is refused;
 #  - a model file with a NaN weight, or with an integer-typed dataset: eval
 #    and inspect say so (exit 2) and the file is not converted silently;
-#  - metrics.jsonl stays valid JSON (no nan/inf tokens).
+#  - metrics.jsonl stays valid JSON (no nan/inf tokens);
+#  - no bad file trains silently: a token model refuses a file without a
+#    shard's header (a wrong magic), any model a file cut inside a shard's
+#    header; an eval set's token >= model.vocab is refused before the first
+#    step; a final evaluation that fails leaves model.h5 written;
+#  - scripts/prepare_data.py: a --vocab too small for the text's characters
+#    is one line, exit 2, nothing left behind;
+#  - [outer] ports with fewer ports than a host's ranks: one line naming the
+#    range and the ranks, exit 2, every time.
 . "$TOP_SRCDIR/tests/lib.sh"
 
 T="$CONFIGS/tiny.ini"
@@ -139,6 +147,108 @@ printf 'x' > "$WORK/one/train.txt"
 cp "$DATA_DIR"/eval_prose.txt "$DATA_DIR"/eval_tech.txt "$WORK/one/"
 expect_exit 2 "data file $WORK/one/train.txt: 1 byte\\(s\\); a corpus needs at least 2" -- "$ISTHMUS" train "$T" \
     --set data.dir="$WORK/one" --set train.out_dir="$WORK/r"
+
+# no bad file trains silently: a token model (vocab > 256) reads token
+# shards only, so a shard whose magic is wrong is refused, not read as
+# bytes; a file cut inside a shard's header is refused under any model; a
+# token above the vocabulary in an eval set is found before the first step;
+# an evaluation that fails after the training leaves model.h5 written
+head -c 200000 "$DATA_DIR/train.txt" > "$WORK/piece.txt"
+shard() { # shard MAGIC OUT [POS VALUE]: piece.txt as a uint16 shard (token POS set to VALUE)
+    perl -e 'local $/; open F, "<", $ARGV[0] or die; binmode F; @t = unpack("C*", <F>); binmode STDOUT;
+        $t[$ARGV[2]] = $ARGV[3] if @ARGV > 2; print pack("l<256", $ARGV[1], 1, scalar @t), pack("v*", @t)' \
+        "$WORK/piece.txt" "$1" "${3:-}" "${4:-}" > "$2"
+}
+shard 20240520 "$WORK/piece.bin"
+shard 20240519 "$WORK/magic.bin"
+head -c 700 "$WORK/piece.bin" > "$WORK/cut700.bin"
+expect_exit 2 "data file $WORK/magic.bin: no token shard header \\(its first 4 bytes, a little-endian int32, are 20240519, not the magic 20240520 or 20240801\\), and model.vocab = 512 reads token shards only" -- \
+    "$ISTHMUS" train "$T" --set model.vocab=512 --set data.train="$WORK/magic.bin" --set train.out_dir="$WORK/k1"
+expect_exit 2 "data file $WORK/piece.txt: no token shard header .* model.vocab = 300 reads token shards only" -- \
+    mpirun -q --oversubscribe -np 2 "$ISTHMUS" train "$T" --set model.vocab=300 --set data.train="$WORK/piece.txt" \
+    --set train.out_dir="$WORK/k2"
+for v in 512 256; do
+    expect_exit 2 "data file $WORK/cut700.bin: starts with a token shard's magic 20240520 but has 700 bytes, less than the 1024-byte header" -- \
+        "$ISTHMUS" train "$T" --set model.vocab=$v --set data.train="$WORK/cut700.bin" --set train.out_dir="$WORK/k3"
+done
+[ ! -e "$WORK/k1" ] && [ ! -e "$WORK/k2" ] && [ ! -e "$WORK/k3" ] && pass "no output of the refused runs" ||
+    fail "a refused run left outputs: $(ls -d "$WORK"/k? 2>/dev/null)"
+shard 20240520 "$WORK/badtok.bin" 1500 400
+rc=0
+timeout 120 "$ISTHMUS" train "$T" --set model.vocab=300 --set data.train="$WORK/piece.bin" --set train.steps=30 \
+    --set eval.x.path="$WORK/badtok.bin" --set eval.x.bytes=200000 --set train.out_dir="$WORK/k4" \
+    > "$WORK/k4.out" 2> "$WORK/k4.err" || rc=$?
+[ "$rc" = 2 ] && [ "$(grep -c . "$WORK/k4.err")" = 1 ] && ! grep -q '^step' "$WORK/k4.out" &&
+    grep -q "data file $WORK/badtok.bin: token 400 at token 1500 (byte 4024) is not below model.vocab = 300" "$WORK/k4.err" &&
+    pass "an eval set's token >= model.vocab: exit 2 before the first step, one line naming file and offset" ||
+    fail "eval set with token 400, vocab 300: exit $rc, $(grep -c '^step' "$WORK/k4.out") steps: $(head -c 300 "$WORK/k4.err")"
+cp "$WORK/piece.bin" "$WORK/ev.bin"
+rc=0
+( for _ in $(seq 600); do grep -q '^step' "$WORK/k5.out" 2>/dev/null && break; sleep 0.1; done
+  truncate -s 2000 "$WORK/ev.bin" ) &
+timeout 120 "$ISTHMUS" train "$T" --set model.vocab=300 --set data.train="$WORK/piece.bin" --set train.steps=200 \
+    --set train.log_every=1 --set train.eval_every=0 --set eval.x.path="$WORK/ev.bin" --set eval.x.bytes=200000 \
+    --set train.out_dir="$WORK/k5" > "$WORK/k5.out" 2> "$WORK/k5.err" || rc=$?
+wait
+[ "$rc" = 1 ] && [ "$(grep -c . "$WORK/k5.err")" = 1 ] && grep -q "data file $WORK/ev.bin: now 2000 bytes" "$WORK/k5.err" &&
+    "$ISTHMUS" inspect "$WORK/k5/model.h5" 2> /dev/null | grep -q '^step  *200$' &&
+    grep -q "^wrote $WORK/k5/model.h5 (step 200), before the final evaluation failed" "$WORK/k5.out" &&
+    pass "the final evaluation fails (its file truncated during the run): exit 1, model.h5 of step 200 written first" ||
+    fail "final evaluation failing: exit $rc, $(head -c 300 "$WORK/k5.err"); $(tail -1 "$WORK/k5.out")"
+
+# scripts/prepare_data.py: a vocabulary too small for the text's characters
+# (329 here, each a piece beside 256 byte pieces and <unk>) is one line,
+# exit 2, before anything is written; a run that fails later (an eval set
+# not UTF-8) removes what it made; a directory that existed is left as it was
+PY=/usr/bin/python3
+[ -x "$PY" ] || PY=python3
+if "$PY" -c "import sentencepiece" 2> /dev/null; then
+    "$PY" -c 'import sys; sys.stdout.write("".join(chr(0x4e00 + (i * 7 + j) % 329) for i in range(400) for j in range(60 + 1))
+        .replace(chr(0x4e00 + 328), chr(0x4e00 + 328) + "\n"))' > "$WORK/wide.txt"
+    PREP="$TOP_SRCDIR/scripts/prepare_data.py"
+    expect_exit 2 "^prepare_data: error: --vocab 300: the training text has 329 distinct characters, .*give --vocab 586 or more" -- \
+        "$PY" "$PREP" --out "$WORK/pd/tok" --vocab 300 "$WORK/wide.txt"
+    [ ! -e "$WORK/pd" ] && pass "prepare_data.py --vocab 300: no output directory left" || fail "left: $(find "$WORK/pd")"
+    mkdir "$WORK/pd2"
+    printf 'abc\377\n' > "$WORK/notutf8.txt"
+    expect_exit 2 "^prepare_data: error: .*notutf8.txt: not UTF-8 at byte 3" -- \
+        "$PY" "$PREP" --out "$WORK/pd2" --vocab 600 --eval x="$WORK/notutf8.txt" "$WORK/wide.txt"
+    expect_exit 2 "^prepare_data: error: .*notutf8.txt: not UTF-8 at byte 3" -- \
+        "$PY" "$PREP" --out "$WORK/pd3/tok" --vocab 600 --eval x="$WORK/notutf8.txt" "$WORK/wide.txt"
+    [ -d "$WORK/pd2" ] && [ -z "$(ls -A "$WORK/pd2")" ] && [ ! -e "$WORK/pd3" ] &&
+        pass "prepare_data.py failing after its tokenizer and shards: none of them left, the existing directory kept" ||
+        fail "left after a failed prepare_data.py: $(ls -A "$WORK/pd2") $(find "$WORK/pd3" 2> /dev/null)"
+    "$PY" "$PREP" --out "$WORK/pd4" --vocab 586 "$WORK/wide.txt" > "$WORK/pd4.log" 2>&1 &&
+        grep -q "^vocab = 586" "$WORK/pd4/data.ini" && pass "prepare_data.py --vocab 586 (329 characters + 257): trains" ||
+        fail "prepare_data.py --vocab 586: $(tail -2 "$WORK/pd4.log")"
+else
+    pass "# SKIP prepare_data.py cases: python3 cannot import sentencepiece (scripts/setup.sh installs it)"
+fi
+
+# [outer] ports with fewer ports than a host's ranks: one line naming the
+# range and the ranks, exit 2, whichever rank would have lost the race for
+# the port (three tries); a port of the range held by another process: the
+# first rank without one says so, one line
+P=$((40000 + $$ % 10000 * 2))
+PORTS="--set site.a.ranks=1 --set site.b.ranks=1 --set outer.mode=diloco --set outer.transport=tcp --set train.steps=2"
+for try in 1 2 3; do
+    # shellcheck disable=SC2086
+    expect_exit 2 "^isthmus: error: wire: \\[outer\\] ports = $P holds 1 port, but 2 ranks on host .* listen on it \\(world ranks 0, 1\\): each needs a port of its own" -- \
+        mpirun -q --oversubscribe -np 2 "$ISTHMUS" train "$T" $PORTS --set outer.ports=$P --set train.out_dir="$WORK/port$try"
+done
+python3 -c 'import socket, sys, time
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind(("0.0.0.0", int(sys.argv[1])))
+s.listen(1); print("held", flush=True); time.sleep(120)' $P > "$WORK/hold.out" 2>&1 &
+HOLD=$!
+for _ in $(seq 50); do grep -q held "$WORK/hold.out" && break; sleep 0.1; done
+for try in 1 2; do
+    # shellcheck disable=SC2086
+    expect_exit 2 "^isthmus: error: wire: rank [01]: no free port in \\[outer\\] ports = $P-$((P + 1))" -- \
+        mpirun -q --oversubscribe -np 2 "$ISTHMUS" train "$T" $PORTS --set outer.ports=$P-$((P + 1)) \
+        --set train.out_dir="$WORK/held$try"
+done
+kill "$HOLD" 2> /dev/null
+wait "$HOLD" 2> /dev/null
 
 # a site name is a directory name: '..' or '/' would leave the checkpoint directory
 printf '[site...]\nranks = 1\n' | cat "$T" - > "$WORK/dotdot.ini"

@@ -98,7 +98,7 @@ if h5diff "$WORK/bytes/model.h5" "$WORK/shard/model.h5" /model /model >/dev/null
 else
     fail "shard and byte file of the same tokens train different models"
 fi
-short vocab --set model.vocab=300 || fail "model.vocab = 300 failed: $(tail -2 "$WORK/vocab.log")"
+short vocab --set model.vocab=300 --set data.train="$WORK/piece.bin" || fail "model.vocab = 300 failed: $(tail -2 "$WORK/vocab.log")"
 h5ls "$WORK/vocab/model.h5/model/embed" | grep -q '{300, 64}' && pass "model.vocab = 300: embedding [300, 64]" ||
     fail "embedding shape with model.vocab = 300: $(h5ls "$WORK/vocab/model.h5/model/embed")"
 expect_exit 2 "model.vocab = 100: the training data \\(.*piece.txt\\) are raw bytes, which need 256" -- \

@@ -15,8 +15,10 @@
  *   bad input   a header whose count does not match the size, a wrong
  *               version, raw bytes mixed with shards, a shard shorter than a
  *               window, a token >= model.vocab, a glob that matches nothing,
- *               a file listed twice: each ISTH_EINPUT with one line naming
- *               the file (and offset); a file rewritten while the dataset
+ *               a file listed twice, a shard cut inside its header, a file
+ *               without a shard's magic under a token model, a token >=
+ *               vocab anywhere in a file checked whole: each ISTH_EINPUT
+ *               with one line naming the file (and offset); a file rewritten while the dataset
  *               had it closed: ISTH_ERUNTIME when it is opened again
  */
 #include <setjmp.h>
@@ -55,6 +57,13 @@ static void write_shard(const char *name, int file, size_t n, int width, int32_t
         assert_int_equal(fwrite(b, (size_t)width, 1, f), 1);
     }
     assert_int_equal(fclose(f), 0);
+}
+
+static const char *path_in(const char *name)
+{
+    static char path[160];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    return path;
 }
 
 static const char *last_error(void)
@@ -203,6 +212,23 @@ static void test_bad_input(void **state)
     expect_input_error(dataset_open(&d, "nothing-*.bin", dir, T), "matches no file");
     expect_input_error(dataset_open(&d, "ok.bin a.bin ok.bin", dir, T), "are the same file (listed twice)");
     expect_input_error(dataset_open(&d, "missing.bin", dir, T), "missing.bin: cannot open");
+    /* a shard cut inside its header is never raw bytes; a wrong magic is raw bytes, which only a byte model reads */
+    write_shard("whole.bin", 0, 100, 2, SHARD_MAGIC_U16, 1, 100);
+    assert_int_equal(truncate(path_in("whole.bin"), 700), 0);
+    expect_input_error(dataset_open(&d, "whole.bin", dir, T), "magic 20240520 but has 700 bytes, less than the 1024-byte");
+    write_shard("magic.bin", 0, 100, 2, SHARD_MAGIC_U16 - 1, 1, 100);
+    assert_int_equal(dataset_open(&d, "magic.bin", dir, T), ISTH_OK);
+    assert_int_equal(d.width, 1);
+    assert_int_equal(dataset_check_kind(&d, 256), ISTH_OK);
+    expect_input_error(dataset_check_kind(&d, 512), "are 20240519, not the magic 20240520 or 20240801), and model.vocab = 512");
+    dataset_close(&d);
+    /* every token of a file at once (an eval set): ok.bin's largest is 99 x 7 = 693 */
+    Corpus c;
+    assert_int_equal(corpus_open(&c, dir, "ok.bin"), ISTH_OK);
+    assert_int_equal(corpus_check_tokens(&c, 694), ISTH_OK);
+    expect_input_error(corpus_check_tokens(&c, 693), "token 693 at token 99 (byte 1222) is not below model.vocab = 693");
+    assert_int_equal(corpus_check_kind(&c, 693), ISTH_OK);
+    corpus_close(&c);
     unsetenv("ISTHMUS_UNSET_VAR");
     expect_input_error(dataset_open(&d, "${ISTHMUS_UNSET_VAR}/a.bin", dir, T), "${ISTHMUS_UNSET_VAR} is not set");
     /* tokens up to 999 against a vocabulary of 500 */
