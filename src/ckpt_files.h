@@ -39,14 +39,34 @@ void ckpt_prune(const char *dir, int keep, long pin);
  * ISTH_EINPUT on every rank when any cannot (collective). */
 int ckpt_check_outputs(Trainer *tr);
 
-/* Resolve `--resume` (a file or "auto") to this site's file: with "auto"
- * each site validates its newest files (falling back past invalid ones,
- * reported by name and reason) and the sites agree on the newest step they
- * all have (steps in skip[n_skip] are passed over: a load found them
- * damaged). Sets *path to "" when "auto" finds nothing (fresh start).
- * Collective over every rank; the sites agree through the link. */
-int ckpt_find(Trainer *tr, const char *arg, char *path, size_t cap, const long *skip, int n_skip);
+/* What a resume loads (ckpt_find's answer, the same on every rank of every
+ * site but path). */
+typedef struct {
+    char path[CONFIG_FILE_PATH_MAX + 64]; /* this site's own file to load; "" none (fresh, or it fetches) */
+    long step;                /* the step every site continues from; -1: step 0 (fresh start) */
+    int source;               /* >= 0: the site whose file the sites in fetch[] receive and load as a copy */
+    unsigned char fetch[CONFIG_MAX_SITES];
+    int any_fetch;            /* some site fetches: every site writes this step at once after the load */
+    int complete;             /* the run ended at this step and its model is written: nothing to train */
+} CkptPlan;
 
+/* Resolve `--resume` (a file or "auto") to what each site loads. With
+ * "auto" each site's first rank validates every checkpoint file it keeps
+ * (invalid ones reported by name and reason; steps in skip[n_skip] passed
+ * over: a load found them damaged) and reads its lineage (ckpt_lineage.h);
+ * the sites exchange their lists through the link and every rank decides
+ * alike (docs/architecture.md, failure rule 11):
+ *  - the site holding the newest step is the source when every other site's
+ *    newest state is one its lineage passed through (one site strictly
+ *    ahead on the run's one history; a site with no file counts as at step
+ *    0): the sites without that step fetch the source's file, and every
+ *    site continues from it; if that step is train.steps and the source
+ *    wrote its model file, the run is complete;
+ *  - otherwise (the newest states diverge: two sites trained alone) every
+ *    site resumes from the newest step whose files carry the same lineage
+ *    at every site, and one line says which and why.
+ * Collective over every rank; the sites agree through the link. */
+int ckpt_find(Trainer *tr, const char *arg, CkptPlan *plan, const long *skip, int n_skip);
 /* After a resume at tr->step: this site's checkpoint files of later steps
  * (passed over: another site lacks them, or damaged) are renamed
  * <file>.passed, kept but out of the way, so that pruning the checkpoints

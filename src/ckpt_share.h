@@ -1,5 +1,6 @@
-/* ckpt_share.h — the live rejoin's file transfer: the live site's
- * checkpoint sent through the link to the site that rejoins a two-site run.
+/* ckpt_share.h — a checkpoint file sent through the link: the live site's
+ * to the site that rejoins a two-site run, and on a cold restart the file
+ * of the site ahead to the sites that fetch it (ckpt_files.h).
  *
  * Owns: moving the file's bytes between the two sites' first ranks in
  * pieces the link seals, the bound on the size the joiner accepts (what
@@ -23,5 +24,10 @@
  * piece sealed by the link, a temporary name renamed when complete). *path: the
  * host's file on the host's ranks, the received one on the joiner's. */
 int ckpt_share(Trainer *tr, int from_site, long step, char *path, size_t cap);
+
+/* The same to every site s with to[s] (the cold restart's fetch; in site
+ * order), collective over every site: the sending and receiving sites'
+ * ranks set *path as above, the others return at once. */
+int ckpt_share_to(Trainer *tr, int from_site, long step, const unsigned char *to, char *path, size_t cap);
 
 #endif
