@@ -72,7 +72,10 @@ const char *ckpt_lineage_for_write(const Trainer *tr)
     for (int s = 0; s < n && s < (int)(8 * sizeof present); s++)
         if (!link_is_lost(&tr->link, s)) present |= 1ul << s;
     Entry e;
-    if (!last_entry(held, &e)) fresh(held, sizeof held, n), last_entry(held, &e);
+    if (!last_entry(held, &e)) { /* cannot happen: set and appended whole */
+        fresh(held, sizeof held, n);
+        last_entry(held, &e);
+    }
     if (e.mask != present) {
         char add[64];
         snprintf(add, sizeof add, ";%ld:%lx:%llx", tr->step, present, next_id(e.id, present, tr->step));
