@@ -30,14 +30,6 @@ void ckpt_file_path(const char *dir, long step, char *out, size_t cap)
     snprintf(out, cap, "%s/ckpt-%08ld.h5", dir, step);
 }
 
-long ckpt_step_of(const char *path)
-{
-    const char *base = strrchr(path, '/');
-    long step = -1;
-    if (sscanf(base ? base + 1 : path, "ckpt-%ld.h5", &step) != 1) return -1;
-    return step;
-}
-
 /* Steps of the complete checkpoint files in dir, newest first: at most cap
  * of them in steps[]; returns how many there are in all (-1: out of memory). */
 static int list_steps(const char *dir, long *steps, int cap)

@@ -8,10 +8,13 @@
  * resumed from is renamed ckpt-<step>.h5.passed, kept but no longer listed.
  * Owns: the directory and file names, listing the complete files, pruning
  * them, setting the passed-over ones aside, probing the output directories
- * before training, and the sites' agreement on the step to resume from.
+ * before training, and the sites' agreement on what each resumes from
+ * (the site ahead, fetched by the others; a complete run; a rollback
+ * where the sites' lineages diverge).
  * Must not: write or read a checkpoint's contents (ckpt.c, ckpt_load.c;
- * it checks candidates through ckpt_validate.h) or decide when to
- * checkpoint (run.c).
+ * it checks candidates through ckpt_validate.h and reads their lineage
+ * through ckpt_lineage.h), move files between sites (ckpt_share.h) or
+ * decide when to checkpoint (run.c).
  */
 #ifndef ISTHMUS_CKPT_FILES_H
 #define ISTHMUS_CKPT_FILES_H
@@ -24,10 +27,8 @@
 void ckpt_site_dir(const Trainer *tr, char *out, size_t cap);
 void ckpt_file_path(const char *dir, long step, char *out, size_t cap);
 
-/* Steps --resume auto may pass over (damaged files), and the step of a
- * checkpoint file's name (-1: not one). */
+/* Steps --resume auto may pass over (damaged files). */
 #define CKPT_MAX_SKIP 16
-long ckpt_step_of(const char *path);
 
 /* Remove all but the newest `keep` files of dir, and the file of step
  * `pin` (>= 0: the newest one every site completed, while a site is out).
