@@ -11,6 +11,7 @@
 
 #include "alloc.h"
 #include "ckpt_files.h"
+#include "ckpt_lineage.h"
 #include "ckpt_state.h"
 #include "clock.h"
 #include "coll.h"
@@ -55,6 +56,12 @@ static int write_state(Trainer *tr, H5File *f, CkptScratch *sc)
     CHECK(h5_attr_write_long(f, "/", "exchanges", (long long)tr->shard.exchanges));
     CHECK(h5_attr_write_long(f, "/", "adam_t", be->optimizer_t));
     CHECK(h5_attr_write_long(f, "/", "data_step", (long long)tr->cursor.step));
+    /* which sites' training this state holds since when (a cold restart
+     * tells a site ahead from sites that diverged), and the step every site
+     * shares that the writer keeps while a site is out (a rejoined site
+     * takes it over: ckpt_load_copy) */
+    CHECK(h5_attr_write_string(f, "/", "lineage", ckpt_lineage_for_write(tr)));
+    CHECK(h5_attr_write_long(f, "/", "every_site", tr->ckpt_every_site));
 
     const int P = tr->cfg.outer.fragments, in_flight = exchanges_in_flight(tr);
     if (tr->mode == MODE_SYNC) {

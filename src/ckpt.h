@@ -6,7 +6,9 @@
  * ranks at once with parallel HDF5 (each its own chunks), under a
  * temporary name and renamed when complete. Contents:
  *   attributes  format_version, config, step, outer_steps, tokens, written,
- *               site, mode, first_learner, learners, exchanges, adam_t
+ *               site, mode, first_learner, learners, exchanges, adam_t,
+ *               lineage (ckpt_lineage.h), every_site (the step the writer
+ *               keeps for the sites' next joint restart while a site is out)
  *   sync        /model (theta), /inner/m, /inner/v  (every learner is equal)
  *   outer modes /model (the anchor = global model), /outer/momentum,
  *               /outer/residual (error feedback, by chunk owner),

@@ -11,10 +11,10 @@
 #include <unistd.h>
 
 #include "alloc.h"
+#include "ckpt_lineage.h"
 #include "ckpt_validate.h"
+#include "coll.h"
 #include "status.h"
-
-#define CKPT_MAX_LIST 16
 
 void ckpt_site_dir(const Trainer *tr, char *out, size_t cap)
 {
@@ -28,14 +28,6 @@ void ckpt_site_dir(const Trainer *tr, char *out, size_t cap)
 void ckpt_file_path(const char *dir, long step, char *out, size_t cap)
 {
     snprintf(out, cap, "%s/ckpt-%08ld.h5", dir, step);
-}
-
-long ckpt_step_of(const char *path)
-{
-    const char *base = strrchr(path, '/');
-    long step = -1;
-    if (sscanf(base ? base + 1 : path, "ckpt-%ld.h5", &step) != 1) return -1;
-    return step;
 }
 
 /* Steps of the complete checkpoint files in dir, newest first: at most cap
@@ -155,95 +147,247 @@ int ckpt_check_outputs(Trainer *tr)
 
 /* ---- choosing the checkpoint to resume from ------------------------------- */
 
-int ckpt_find(Trainer *tr, const char *arg, char *path, size_t cap, const long *skip, int n_skip)
+/* A valid file of a site: its step and its lineage's ID. */
+typedef struct {
+    long step;
+    uint64_t id;
+} Held;
+
+/* What a site's first rank tells the others about its files, before the
+ * list (whose length the sites agree on from this). */
+typedef struct {
+    long n;                        /* valid files */
+    long complete;                 /* its newest step is train.steps and its model file of it is written */
+    char lineage[CKPT_LINEAGE_CAP]; /* its newest file's ("" none) */
+} Holding;
+
+/* The model file site s writes when it ends the run as the lead site
+ * (trainer_model_path with s the first site present). */
+static void lead_model_path(const Trainer *tr, int s, char *out, size_t cap)
+{
+    if (s == 0) snprintf(out, cap, "%s/model.h5", tr->cfg.train.out_dir);
+    else snprintf(out, cap, "%s/site-%s/model.h5", tr->cfg.train.out_dir, tr->topo.sites[s].name);
+}
+
+/* This site's valid files, newest first (the site's first rank): every file
+ * it keeps, checked (structure and attributes; the load verifies every
+ * value) and its lineage read. *held: allocated (NULL when none). */
+static int list_valid(Trainer *tr, const char *dir, long want, const long *skip, int n_skip, Held **held,
+                      Holding *h)
+{
+    *held = NULL;
+    int n = list_steps(dir, NULL, 0);
+    if (n < 0) return isth_fail(ISTH_ERUNTIME, "resume: out of memory listing %s", dir);
+    if (n == 0) return ISTH_OK;
+    long *steps = isth_malloc(sizeof(long) * (size_t)n);
+    Held *out = isth_malloc(sizeof(Held) * (size_t)n);
+    if (!steps || !out) {
+        isth_free(steps);
+        isth_free(out);
+        return isth_fail(ISTH_ERUNTIME, "resume: out of memory listing %s", dir);
+    }
+    const int listed = list_steps(dir, steps, n);
+    if (listed < n) n = listed; /* one went meanwhile */
+    int k = 0;
+    for (int i = 0; i < n; i++) {
+        if (want >= 0 && steps[i] != want) continue;
+        int skipped = 0;
+        for (int j = 0; j < n_skip; j++) skipped |= steps[i] == skip[j];
+        if (skipped) continue; /* a load found it damaged */
+        char p[CONFIG_FILE_PATH_MAX + 64], reason[512], lineage[CKPT_LINEAGE_CAP];
+        ckpt_file_path(dir, steps[i], p, sizeof p);
+        if (ckpt_check(p, reason, sizeof reason, NULL, 0) != ISTH_OK) {
+            fprintf(stderr, "isthmus: warning: checkpoint %s: invalid: %s; falling back to an older one\n", p, reason);
+        } else if (ckpt_lineage_of_file(p, tr->topo.n_sites, lineage, sizeof lineage) != ISTH_OK) {
+            fprintf(stderr, "isthmus: warning: checkpoint %s: invalid: attribute lineage unreadable; falling back "
+                            "to an older one\n", p);
+        } else {
+            if (k == 0) snprintf(h->lineage, sizeof h->lineage, "%s", lineage);
+            out[k].step = steps[i];
+            out[k++].id = ckpt_lineage_id(lineage);
+        }
+        fflush(stderr);
+    }
+    isth_free(steps);
+    h->n = k;
+    if (k > 0 && out[0].step == tr->cfg.train.steps) { /* ended here: is its model written? */
+        char model[CONFIG_FILE_PATH_MAX + 80], reason[512];
+        long step = -1;
+        lead_model_path(tr, tr->topo.site, model, sizeof model);
+        h->complete = ckpt_check(model, reason, sizeof reason, &step, 0) == ISTH_OK && step == out[0].step;
+    }
+    *held = out;
+    return ISTH_OK;
+}
+
+/* "a", "a and b", "a, b and c": the sites with mark[s] */
+static void name_sites(const Trainer *tr, const unsigned char *mark, char *out, size_t cap)
+{
+    int n = 0, done = 0;
+    for (int s = 0; s < tr->topo.n_sites; s++) n += mark[s] != 0;
+    out[0] = '\0';
+    for (int s = 0; s < tr->topo.n_sites; s++) {
+        if (!mark[s]) continue;
+        const size_t len = strlen(out);
+        snprintf(out + len, cap - len, "%s%s", done == 0 ? "" : done == n - 1 ? " and " : ", ", tr->topo.sites[s].name);
+        done++;
+    }
+}
+
+/* Decide from every site's files (the same on every rank). */
+static int decide(Trainer *tr, long want, const Holding *hold, const Held *all, long width, CkptPlan *plan)
 {
     const Topology *t = &tr->topo;
+    const int S = t->n_sites;
+    long newest[CONFIG_MAX_SITES], top = -1;
+    int src = -1, diverged = 0;
+    for (int s = 0; s < S; s++) {
+        newest[s] = hold[s].n > 0 ? all[s * width].step : -1;
+        if (newest[s] > top) top = newest[s], src = s;
+    }
+    if (top < 0 && want >= 0) return isth_fail(ISTH_EINPUT, "checkpoint step %ld: not valid at every site", want);
+    if (top < 0) return ISTH_OK; /* no file anywhere: a fresh start */
+    const uint64_t id_src = all[src * width].id;
+    for (int s = 0; s < S; s++) {
+        if (newest[s] == top) {
+            diverged |= all[s * width].id != id_src;
+        } else { /* behind: is its newest state one the source's training went through? (none: step 0) */
+            uint64_t id = 0;
+            const long at = newest[s] < 0 ? 0 : newest[s];
+            diverged |= !ckpt_lineage_at(hold[src].lineage, at, &id) || id != (newest[s] < 0 ? 0 : all[s * width].id);
+            if (want >= 0) return isth_fail(ISTH_EINPUT, "checkpoint step %ld: not valid at every site", want);
+        }
+    }
+    char names[CONFIG_MAX_SITES * 40];
+    if (!diverged) {
+        plan->step = top;
+        for (int s = 0; s < S; s++) plan->any_fetch |= plan->fetch[s] = newest[s] != top;
+        plan->source = plan->any_fetch ? src : -1;
+        plan->complete = hold[src].complete != 0;
+        if (tr->log && plan->complete) {
+            char model[CONFIG_FILE_PATH_MAX + 80];
+            lead_model_path(tr, src, model, sizeof model);
+            printf("resume: the run is complete: site %s trained it to step %ld (train.steps) and wrote %s; "
+                   "nothing to train\n", t->sites[src].name, top, model);
+        } else if (tr->log && plan->any_fetch) {
+            char behind[CONFIG_MAX_SITES * 24] = "";
+            for (int s = 0, k = 0; s < S; s++) {
+                if (!plan->fetch[s]) continue;
+                const size_t len = strlen(behind);
+                if (newest[s] < 0) snprintf(behind + len, sizeof behind - len, "%s%s none", k++ ? ", " : "", t->sites[s].name);
+                else snprintf(behind + len, sizeof behind - len, "%s%s %ld", k++ ? ", " : "", t->sites[s].name, newest[s]);
+            }
+            name_sites(tr, plan->fetch, names, sizeof names);
+            printf("resume: site %s holds the run's newest step, %ld, and trained on from the others' newest (%s): "
+                   "every site continues from step %ld, %s with %s's checkpoint sent through the link\n",
+                   t->sites[src].name, top, behind, top, names, t->sites[src].name);
+        }
+        fflush(stdout);
+        return ISTH_OK;
+    }
+    if (want >= 0)
+        return isth_fail(ISTH_EINPUT, "checkpoint step %ld: the sites' files of it hold different training (each "
+                         "trained alone before it)", want);
+    /* diverged: the newest step every site holds with the same lineage */
+    long common = -1;
+    for (long i = 0; i < hold[0].n && common < 0; i++) {
+        const Held c = all[i];
+        int everywhere = 1;
+        for (int s = 1; s < S && everywhere; s++) {
+            int found = 0;
+            for (long j = 0; j < hold[s].n && !found; j++) found = all[s * width + j].step == c.step && all[s * width + j].id == c.id;
+            everywhere = found;
+        }
+        if (everywhere) common = c.step;
+    }
+    unsigned char ahead[CONFIG_MAX_SITES] = {0};
+    char each[CONFIG_MAX_SITES * 40] = "", owners[CONFIG_MAX_SITES * 48] = "";
+    int n_ahead = 0;
+    for (int s = 0; s < S; s++) n_ahead += ahead[s] = newest[s] > common;
+    for (int s = 0, k = 0; s < S; s++) { /* "a to 700, b to 920"; "a's and b's" */
+        if (!ahead[s]) continue;
+        size_t len = strlen(each);
+        snprintf(each + len, sizeof each - len, "%s%s to %ld", k ? ", " : "", t->sites[s].name, newest[s]);
+        len = strlen(owners);
+        snprintf(owners + len, sizeof owners - len, "%s%s's", k == 0 ? "" : k == n_ahead - 1 ? " and " : ", ",
+                 t->sites[s].name);
+        k++;
+    }
+    name_sites(tr, ahead, names, sizeof names);
+    if (tr->log && common >= 0)
+        fprintf(stderr, "isthmus: warning: resume: sites %s each trained alone after step %ld (%s): %s resume from "
+                        "%ld, the newest step they share; %s later files set aside as .passed\n", names, common, each,
+                S == 2 ? "both" : "all sites", common, owners);
+    else if (tr->log)
+        fprintf(stderr, "isthmus: warning: resume: sites %s each trained alone (%s) and no step is at every site with "
+                        "the same training: starting from step 0\n", names, each);
+    fflush(stderr);
+    plan->step = common;
+    return ISTH_OK;
+}
+
+int ckpt_find(Trainer *tr, const char *arg, CkptPlan *plan, const long *skip, int n_skip)
+{
+    const Topology *t = &tr->topo;
+    memset(plan, 0, sizeof *plan);
+    plan->step = -1;
+    plan->source = -1;
     int site_rank;
     CHECK_MPI(MPI_Comm_rank(t->site_comm, &site_rank));
     char dir[CONFIG_FILE_PATH_MAX];
     ckpt_site_dir(tr, dir, sizeof dir);
-    long valid[CKPT_MAX_LIST];
-    for (int i = 0; i < CKPT_MAX_LIST; i++) valid[i] = -1;
     int rc = ISTH_OK;
     long want = -1;
-    long *all = isth_malloc(sizeof(long) * CKPT_MAX_LIST * (size_t)t->n_sites);
-    CHECK_ALLOC(all);
     if (strcmp(arg, "auto")) { /* an explicit file: its step, every site's file of that step */
         char reason[512];
-        long mine[2] = {ISTH_OK, -1}; /* (status, step) of world rank 0's check; the others' are not read */
+        long mine[2] = {ISTH_OK, -1}, *all = isth_malloc(sizeof mine * (size_t)t->n_sites);
+        CHECK_ALLOC(all);
+        /* (status, step) of world rank 0's check; the others' are not read */
         if (t->world_rank == 0 && ckpt_check(arg, reason, sizeof reason, &mine[1], 0) != ISTH_OK)
             mine[0] = isth_fail(ISTH_EINPUT, "checkpoint %s: invalid: %s", arg, reason);
         rc = trainer_control(tr, mine, sizeof mine, all, "resume file");
         if (rc == ISTH_OK) rc = (int)all[0];
         want = all[1];
-        if (rc != ISTH_OK) isth_free(all);
+        isth_free(all);
         CHECK(rc);
         if (t->n_sites == 1) {
-            isth_free(all);
-            snprintf(path, cap, "%s", arg);
+            snprintf(plan->path, sizeof plan->path, "%s", arg);
+            plan->step = want;
             return ISTH_OK;
         }
     }
-    if (site_rank == 0) {
-        long steps[CKPT_MAX_LIST * 4];
-        int n = list_steps(dir, steps, CKPT_MAX_LIST * 4), k = 0;
-        if (n > CKPT_MAX_LIST * 4) n = CKPT_MAX_LIST * 4; /* the newest ones */
-        for (int i = 0; i < n && k < CKPT_MAX_LIST; i++) {
-            if (want >= 0 && steps[i] != want) continue;
-            int skipped = 0;
-            for (int j = 0; j < n_skip; j++) skipped |= steps[i] == skip[j];
-            if (skipped) continue; /* a load found it damaged */
-            char p[CONFIG_FILE_PATH_MAX + 64], reason[512];
-            ckpt_file_path(dir, steps[i], p, sizeof p);
-            /* structure and attributes here; the load verifies every value */
-            if (ckpt_check(p, reason, sizeof reason, NULL, 0) == ISTH_OK) {
-                valid[k++] = steps[i];
-            } else {
-                fprintf(stderr, "isthmus: warning: checkpoint %s: invalid: %s; falling back to an older one\n", p, reason);
-                fflush(stderr);
-            }
-        }
+    Holding mine;
+    memset(&mine, 0, sizeof mine);
+    Held *held = NULL;
+    if (site_rank == 0) rc = list_valid(tr, dir, want, skip, n_skip, &held, &mine);
+    if (!coll_all_ok(t->site_comm, rc == ISTH_OK)) {
+        isth_free(held);
+        return rc != ISTH_OK ? rc : ISTH_ERUNTIME;
     }
-    /* the sites agree on the newest step every one of them has: each site's
-     * first rank sends its list through the link */
-    rc = trainer_control(tr, valid, sizeof valid, all, "resume step");
-    if (rc != ISTH_OK) isth_free(all);
-    CHECK(rc);
-    long best = -1;
-    for (int i = 0; i < CKPT_MAX_LIST; i++) {
-        long s = all[i];
-        if (s < 0) continue;
-        int everywhere = 1;
-        for (int site = 1; site < t->n_sites && everywhere; site++) {
-            int found = 0;
-            for (int j = 0; j < CKPT_MAX_LIST; j++) found |= all[(size_t)site * CKPT_MAX_LIST + j] == s;
-            everywhere = found;
-        }
-        if (everywhere && s > best) best = s;
+    /* the sites agree on what each holds: how many files and the newest's
+     * lineage first, then the lists (as long as the longest) */
+    Holding *hold = isth_malloc(sizeof *hold * (size_t)t->n_sites);
+    if (!hold) isth_free(held);
+    CHECK_ALLOC(hold);
+    rc = trainer_control(tr, &mine, sizeof mine, hold, "resume files");
+    long width = 0;
+    for (int s = 0; rc == ISTH_OK && s < t->n_sites; s++) {
+        if (link_is_lost(&tr->link, s))
+            rc = isth_fail(ISTH_ERUNTIME, "resume: site %s sent nothing in the resume agreement", t->sites[s].name);
+        if (hold[s].n > width) width = hold[s].n;
     }
-    /* newer files at some site than the step every site has (a site trained
-     * on alone after the other left or was lost, then stopped too): said,
-     * as is a start from step 0 over checkpoints that have no step in common */
-    for (int site = 0; site < t->n_sites && t->world_rank == 0 && want < 0; site++) {
-        long newest = -1;
-        for (int j = 0; j < CKPT_MAX_LIST; j++)
-            if (all[(size_t)site * CKPT_MAX_LIST + j] > newest) newest = all[(size_t)site * CKPT_MAX_LIST + j];
-        if (newest > best && best >= 0)
-            fprintf(stderr, "isthmus: warning: resume: site %s has checkpoints up to step %ld, but the newest step "
-                            "every site has is %ld: the later ones are set aside\n", t->sites[site].name, newest,
-                    best);
-        else if (newest > best)
-            fprintf(stderr, "isthmus: warning: resume: site %s has checkpoints up to step %ld, but no step is at "
-                            "every site: starting from step 0\n", t->sites[site].name, newest);
-        fflush(stderr);
-    }
+    Held *list = rc == ISTH_OK ? isth_calloc((size_t)(width ? width : 1), sizeof *list) : NULL;
+    Held *all = rc == ISTH_OK ? isth_calloc((size_t)(width ? width : 1) * (size_t)t->n_sites, sizeof *all) : NULL;
+    if (rc == ISTH_OK && (!list || !all)) rc = isth_fail(ISTH_ERUNTIME, "resume: out of memory for %ld steps", width);
+    if (rc == ISTH_OK && held) memcpy(list, held, sizeof *list * (size_t)mine.n);
+    if (rc == ISTH_OK && width > 0) rc = trainer_control(tr, list, sizeof *list * (size_t)width, all, "resume steps");
+    if (rc == ISTH_OK) rc = decide(tr, want, hold, all, width, plan);
+    isth_free(held);
+    isth_free(list);
     isth_free(all);
-    if (best < 0) {
-        if (want >= 0) return isth_fail(ISTH_EINPUT, "checkpoint step %ld: not valid at every site", want);
-        path[0] = '\0';
-        return ISTH_OK;
-    }
-    ckpt_file_path(dir, best, path, cap);
+    isth_free(hold);
+    CHECK(rc);
+    if (plan->step >= 0 && !plan->fetch[t->site]) ckpt_file_path(dir, plan->step, plan->path, sizeof plan->path);
     return ISTH_OK;
 }
 

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "alloc.h"
+#include "ckpt_lineage.h"
 #include "ckpt_state.h"
 #include "clock.h"
 #include "coll.h"
@@ -118,6 +119,11 @@ int ckpt_load_copy(Trainer *tr, const char *path, int from_site)
     return load_reported(tr, path, from_site, 0, &damaged);
 }
 
+int ckpt_load_from(Trainer *tr, const char *path, int from_site, int fallback, int *damaged)
+{
+    return load_reported(tr, path, from_site, fallback, damaged);
+}
+
 static int load_reported(Trainer *tr, const char *path, int from_site, int fallback, int *damaged)
 {
     fault_watchdog_arm(tr->cfg.checkpoint.timeout, "loading the checkpoint", FAULT_HINT_IO);
@@ -181,6 +187,13 @@ static int load_checkpoint(Trainer *tr, const char *path, int from_site, int *da
     if (rc == ISTH_OK) rc = h5_attr_read_long(&f, "/", "learners", &learners);
     if (rc == ISTH_OK) rc = h5_attr_read_long(&f, "/", "data_step", &data_step);
     if (rc == ISTH_OK) rc = h5_attr_read_double(&f, "/", "tokens", &tokens);
+    /* files written before lineages have neither: a fresh start's lineage, no step kept */
+    char *text_lineage = NULL, lineage[CKPT_LINEAGE_CAP] = "";
+    long long every_site = -1;
+    if (rc == ISTH_OK && H5Aexists(f.file, "lineage") > 0) rc = h5_attr_read_string(&f, "/", "lineage", &text_lineage);
+    if (text_lineage) snprintf(lineage, sizeof lineage, "%s", text_lineage);
+    isth_free(text_lineage);
+    if (rc == ISTH_OK && H5Aexists(f.file, "every_site") > 0) rc = h5_attr_read_long(&f, "/", "every_site", &every_site);
     if (rc == ISTH_OK) rc = check_attributes(tr, &f, path, from_site, step, adam_t, data_step, saved_optimizer);
     if (rc == ISTH_OK && from_site >= 0 && (first != t->sites[from_site].first_learner ||
                                             learners != t->sites[from_site].learners))
@@ -281,7 +294,12 @@ static int load_checkpoint(Trainer *tr, const char *path, int from_site, int *da
     if (any_fail) return rc != ISTH_OK ? rc : ISTH_EINPUT;
     if (!same) return isth_fail(ISTH_EINPUT, "resume: the sites' checkpoints are of different steps");
     tr->step = (long)step;
-    if (from_site < 0) tr->ckpt_every_site = tr->step; /* a resume: every site has this step (ckpt_find) */
+    /* a resume: every site has this step (ckpt_find; after a fetch every
+     * site writes it at once). A copy (a rejoin): the live site's kept
+     * step, which this site's own files have too, stays kept until the
+     * sites complete a checkpoint together */
+    tr->ckpt_every_site = from_site < 0 ? tr->step : (long)every_site;
+    ckpt_lineage_set(lineage, t->n_sites);
     tr->cursor.step = (uint64_t)data_step;
     tr->tokens_seen = tokens;
     be->optimizer_t = (long)adam_t;

@@ -28,7 +28,14 @@ int ckpt_load(Trainer *tr, const char *path, int fallback, int *damaged);
 /* Load another site's file (`from_site`'s, received by ckpt_share): this
  * site's learners take copies of that site's learners' states (learner i of
  * this site the state of its learner i mod its count), error-feedback
- * residuals start at zero. Everything else as ckpt_load, without fallback. */
+ * residuals start at zero; the step the live site kept for the sites' next
+ * joint restart (attribute every_site) is kept here too. Everything else
+ * as ckpt_load, without fallback. */
 int ckpt_load_copy(Trainer *tr, const char *path, int from_site);
+
+/* Either, with fallback: from_site < 0 this site's own file (ckpt_load),
+ * else another site's (a cold restart's fetch, ckpt_files.h): as
+ * ckpt_load_copy, and a damaged value passes the step over. */
+int ckpt_load_from(Trainer *tr, const char *path, int from_site, int fallback, int *damaged);
 
 #endif

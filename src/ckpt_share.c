@@ -85,24 +85,38 @@ static int recv_file(Trainer *tr, const char *path, int peer)
     return rc;
 }
 
-int ckpt_share(Trainer *tr, int from_site, int to_site, long step, char *path, size_t cap)
+int ckpt_share_to(Trainer *tr, int from_site, long step, const unsigned char *to, char *path, size_t cap)
 {
     const Topology *t = &tr->topo;
     char dir[CONFIG_FILE_PATH_MAX];
     ckpt_site_dir(tr, dir, sizeof dir);
-    const int host = t->site == from_site;
-    if (t->site != to_site) ckpt_file_path(dir, step, path, cap);
-    else snprintf(path, cap, "%s/rejoin-%08ld.h5", dir, step);
-    if (!host && t->site != to_site) return ISTH_OK; /* a third site: its own file, nothing to move */
+    const int host = t->site == from_site, receives = !host && to[t->site];
+    if (host) ckpt_file_path(dir, step, path, cap);
+    else if (receives) snprintf(path, cap, "%s/rejoin-%08ld.h5", dir, step);
+    if (!host && !receives) return ISTH_OK; /* neither end */
     int site_rank;
     CHECK_MPI(MPI_Comm_rank(t->site_comm, &site_rank));
-    fault_watchdog_arm(tr->cfg.checkpoint.timeout, "passing the live site's checkpoint to the rejoining site",
-                       FAULT_HINT_IO);
+    char what[96];
+    snprintf(what, sizeof what, "passing site %s's checkpoint of step %ld through the link", t->sites[from_site].name,
+             step);
+    fault_watchdog_arm(tr->cfg.checkpoint.timeout, what, FAULT_HINT_IO);
     int rc = ISTH_OK;
-    if (site_rank == 0 && !host) rc = make_dirs(dir);
-    if (site_rank == 0 && rc == ISTH_OK)
-        rc = host ? send_file(tr, path, tr->site_leaders[to_site]) : recv_file(tr, path, tr->site_leaders[from_site]);
+    if (site_rank == 0 && receives) rc = make_dirs(dir);
+    /* the host sends to each receiving site in turn, in site order */
+    for (int s = 0; site_rank == 0 && host && rc == ISTH_OK && s < t->n_sites; s++)
+        if (s != from_site && to[s]) rc = send_file(tr, path, tr->site_leaders[s]);
+    if (site_rank == 0 && receives && rc == ISTH_OK) rc = recv_file(tr, path, tr->site_leaders[from_site]);
     const int ok = coll_all_ok(t->site_comm, rc == ISTH_OK);
     fault_watchdog_disarm();
     return ok ? ISTH_OK : rc != ISTH_OK ? rc : ISTH_ERUNTIME;
+}
+
+int ckpt_share(Trainer *tr, int from_site, int to_site, long step, char *path, size_t cap)
+{
+    unsigned char to[CONFIG_MAX_SITES] = {0};
+    to[to_site] = 1;
+    char dir[CONFIG_FILE_PATH_MAX];
+    ckpt_site_dir(tr, dir, sizeof dir);
+    ckpt_file_path(dir, step, path, cap); /* a third site's: its own */
+    return ckpt_share_to(tr, from_site, step, to, path, cap);
 }

@@ -1,7 +1,8 @@
-/* ckpt_share.h — the live rejoin's file transfer: the host's checkpoint
- * sent through the link to the site that rejoins the run.
+/* ckpt_share.h — a checkpoint file sent through the link: the host's to
+ * the site that rejoins the live run, and on a cold restart the file of
+ * the site ahead to the sites that fetch it (ckpt_files.h).
  *
- * Owns: moving the file's bytes between the two sites' first ranks in
+ * Owns: moving the file's bytes between two sites' first ranks in
  * pieces the link seals, the bound on the size the joiner accepts (what
  * the config's largest site could have written), and the received file's
  * name, rejoin-<step>.h5 in the joiner's checkpoint directory (a temporary
@@ -25,5 +26,10 @@
  * the site's own checkpoint of `step` on every other site's (the host's
  * included: each loads its own). */
 int ckpt_share(Trainer *tr, int from_site, int to_site, long step, char *path, size_t cap);
+
+/* The same to every site s with to[s] (the cold restart's fetch; in site
+ * order), collective over every site: the sending and receiving sites'
+ * ranks set *path as above, the others return at once. */
+int ckpt_share_to(Trainer *tr, int from_site, long step, const unsigned char *to, char *path, size_t cap);
 
 #endif

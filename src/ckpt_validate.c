@@ -396,7 +396,8 @@ int ckpt_inspect(const char *path)
     hid_t file = !h5_not_readable(path) ? H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT) : -1;
     if (file >= 0) {
         static const char *const names[] = {"format_version", "step", "outer_steps", "tokens", "written", "site",
-                                            "mode", "first_learner", "learners", "exchanges", "adam_t"};
+                                            "mode", "first_learner", "learners", "exchanges", "adam_t",
+                                            "lineage", "every_site"};
         for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
             if (H5Aexists(file, names[i]) <= 0) continue;
             hid_t a = H5Aopen(file, names[i], H5P_DEFAULT);

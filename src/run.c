@@ -474,6 +474,50 @@ static int rejoin_live(Trainer *tr, int host, long step, double started)
     return ISTH_OK;
 }
 
+/* --resume: the sites agree on what each loads (ckpt_find); a site behind
+ * the one ahead receives its file through the link and loads it as a copy,
+ * as in a live rejoin. A step whose values a load finds damaged is passed
+ * over (auto) and the sites agree again; the chosen file is read once
+ * (find checks structure and attributes, the load every value).
+ * *complete: the run had ended and written its model (nothing to do);
+ * *loaded: the step loaded (< 0 none). */
+static int resume_run(Trainer *tr, const char *resume, int *complete, long *loaded)
+{
+    long skip[CKPT_MAX_SKIP];
+    int n_skip = 0, damaged = 0, rc, site_rank;
+    const int fallback = !strcmp(resume, "auto");
+    CHECK_MPI(MPI_Comm_rank(tr->topo.site_comm, &site_rank));
+    static CkptPlan plan; /* large (a path, a flag per site) */
+    do {
+        damaged = 0;
+        rc = ckpt_find(tr, resume, &plan, skip, n_skip);
+        if (rc != ISTH_OK || plan.complete) break;
+        char path[CONFIG_FILE_PATH_MAX + 64];
+        snprintf(path, sizeof path, "%s", plan.path);
+        const int fetch = plan.any_fetch && plan.fetch[tr->topo.site];
+        if (plan.any_fetch) rc = ckpt_share_to(tr, plan.source, plan.step, plan.fetch, path, sizeof path);
+        if (rc == ISTH_OK && plan.step >= 0) rc = ckpt_load_from(tr, path, fetch ? plan.source : -1, fallback, &damaged);
+        if (fetch && site_rank == 0) unlink(path); /* a copy: this site's own checkpoint of the step follows */
+        if (rc != ISTH_OK && fallback && damaged) skip[n_skip++] = plan.step;
+    } while (rc != ISTH_OK && fallback && damaged && n_skip < CKPT_MAX_SKIP);
+    *complete = rc == ISTH_OK && plan.complete;
+    if (*complete) return ISTH_OK;
+    /* a failed attempt may have loaded part of a file: no fresh start from that */
+    if (n_skip && ((rc == ISTH_OK && plan.step < 0) || (rc != ISTH_OK && damaged)))
+        return isth_fail(ISTH_EINPUT, "resume: %d checkpoint step(s) with damaged values passed over and no valid "
+                         "one left; remove them (isthmus inspect names them) or start without --resume", n_skip);
+    CHECK(rc);
+    if (plan.step < 0) {
+        if (tr->log) printf("resume: no valid checkpoint found; starting from step 0\n");
+        return ISTH_OK;
+    }
+    *loaded = tr->step;
+    /* after a fetch every site writes the step at once, so that each holds
+     * a file of the step the sites share from now on */
+    if (plan.any_fetch) CHECK(ckpt_write(tr));
+    return ckpt_set_aside_newer(tr);
+}
+
 int train_run(const Config *cfg, const char *resume, const char *site)
 {
     const double started = now_s();
@@ -495,32 +539,18 @@ int train_run(const Config *cfg, const char *resume, const char *site)
     }
     Trainer tr;
     int rc = trainer_start(&tr, cfg, fed.world, fed.link_master, site != NULL, 1);
+    int complete = 0;
     long resumed_from = -1; /* the checkpoint step this start loaded, for the log's start record */
     if (rc == ISTH_OK && fed.rejoin_step >= 0) {
         rc = rejoin_live(&tr, fed.host_site, fed.rejoin_step, started);
         resumed_from = fed.rejoin_step;
     } else if (rc == ISTH_OK && resume) {
-        /* --resume auto: a step whose values a load finds damaged is passed
-         * over and the sites agree on the next one; the chosen file is read
-         * once (find checks structure and attributes, the load every value) */
-        char path[CONFIG_FILE_PATH_MAX + 64];
-        long skip[CKPT_MAX_SKIP];
-        int n_skip = 0, damaged = 0;
-        const int fallback = !strcmp(resume, "auto");
-        do {
-            damaged = 0;
-            rc = ckpt_find(&tr, resume, path, sizeof path, skip, n_skip);
-            if (rc == ISTH_OK && path[0]) rc = ckpt_load(&tr, path, fallback, &damaged);
-            if (rc != ISTH_OK && fallback && damaged) skip[n_skip++] = ckpt_step_of(path);
-        } while (rc != ISTH_OK && fallback && damaged && n_skip < CKPT_MAX_SKIP);
-        /* a failed attempt may have loaded part of a file: no fresh start from that */
-        if (n_skip && ((rc == ISTH_OK && !path[0]) || (rc != ISTH_OK && damaged)))
-            rc = isth_fail(ISTH_EINPUT, "resume: %d checkpoint step(s) with damaged values passed over and no valid "
-                           "one left; remove them (isthmus inspect names them) or start without --resume", n_skip);
-        else if (rc == ISTH_OK && !path[0] && tr.log)
-            printf("resume: no valid checkpoint found; starting from step 0\n");
-        if (rc == ISTH_OK && path[0]) resumed_from = tr.step;
-        if (rc == ISTH_OK && path[0]) rc = ckpt_set_aside_newer(&tr);
+        rc = resume_run(&tr, resume, &complete, &resumed_from);
+    }
+    if (rc == ISTH_OK && complete) { /* every site said so (ckpt_find): nothing to train or write */
+        trainer_destroy(&tr);
+        federation_destroy(&fed);
+        return ISTH_OK;
     }
     if (rc == ISTH_OK) rc = open_log(&tr, cfg, resumed_from);
     const TrainConfig *tc = &cfg->train;

@@ -94,10 +94,11 @@ expect_exit 2 "checkpoint .*flip.h5: invalid: dataset" -- "$ISTHMUS" train "$T" 
 expect_exit 2 "checkpoint .*flip.h5: invalid: dataset" -- mpirun -q --oversubscribe -np 2 "$ISTHMUS" train "$T" --set train.out_dir="$WORK/x2" \
     --set train.micro_batch=4 --resume "$WORK/flip.h5"
 
-# auto falls back past a corrupted newest checkpoint
+# auto falls back past a corrupted newest checkpoint (a run of 12 steps: one
+# whose newest step ended it, model written, is complete and trains nothing)
 N="$D/ckpt-00000010.h5"
 printf '%064d' 0 | dd of="$N" bs=1 seek=$(( $(stat -c %s "$N") * 3 / 4 )) conv=notrunc 2>/dev/null
-run 4 g4 --set train.steps=10 --set train.micro_batch=2 --resume auto || fail "fallback run failed"
+run 4 g4 --set train.steps=12 --set train.micro_batch=2 --resume auto || fail "fallback run failed"
 grep -q "warning: checkpoint .*ckpt-00000010.h5: invalid: dataset .*checksum mismatch.*falling back" "$WORK/g4.log" &&
     grep -q "resumed from .*ckpt-00000006.h5" "$WORK/g4.log" && pass "auto: corrupted newest reported, previous valid one used" ||
     fail "fallback: $(grep -E 'warning|resumed' "$WORK/g4.log" | tail -3)"

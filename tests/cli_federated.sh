@@ -23,8 +23,8 @@
 #    b started again rejoins; USR1 to site a (the first site, its job's
 #    time limit): the same with the sites' roles swapped — b hosts from
 #    then on and a started again rejoins there; a left and b stopped later
-#    (keep = 1): started again together, both resume from the step a left
-#    at, which b kept, not from step 0;
+#    (keep = 1): started again together, both continue from b's newest
+#    step (a fetches b's file through the link);
 #  - SIGSTOP of site b beyond the deadline: a trains on; after SIGCONT b
 #    finds a's notice, says it was dropped and exits 3 (no split run); the
 #    site script starts it again and it rejoins;
@@ -288,8 +288,9 @@ else
 fi
 # both sites stop one after the other: a leaves on its time limit, b trains
 # on alone (a checkpoint every 20 steps, keep = 1) and then stops too; the
-# step a left at stays at b while a is out, so the two started again resume
-# from it (saying that b's newer steps are not used), not from step 0
+# two started again continue from b's newest step (b's training went on
+# from the step a left at: a fetches b's file), nothing of b's set aside
+# (tests/cli_coldstart.sh has the other cold restarts)
 PIN="--set outer.run_id=pin $LONG --set train.steps=300 --set checkpoint.every=20 --set checkpoint.keep=1"
 # shellcheck disable=SC2086
 pair pin $PIN
@@ -309,11 +310,10 @@ newest_b=$(ls "$WORK/pin/checkpoints/b" | sed -n 's/^ckpt-0*\([0-9][0-9]*\)\.h5$
 federated_pair "$WORK/pin_a2.log" "$WORK/pin_b2.log" site 1 "$WORK/pin" $PIN --resume auto
 RA2=$ra RB2=$rb
 if [ $RA -eq 0 ] && [ $RB -eq 0 ] && [ $RA2 -eq 0 ] && [ $RB2 -eq 0 ] && [ -n "$left" ] &&
-    [ "${newest_b:-0}" -gt "$left" ] && grep -q "^resumed from .*: step $left," "$WORK/pin_a2.log" &&
-    grep -q "warning: resume: site b has checkpoints up to step $newest_b, but the newest step every site has is $left" \
-        "$WORK/pin_a2.log" && [ -f "$WORK/pin/checkpoints/b/ckpt-$(printf %08d "$newest_b").h5.passed" ] &&
-    same_model "$WORK/pin"; then
-    pass "a left at step $left, b trained on alone to step $newest_b (keep = 1) and stopped: started again, both resume from step $left (b's newer file said and set aside as .passed), the same final model"
+    [ "${newest_b:-0}" -gt "$left" ] && grep -q "^resumed from .*/a/rejoin-0*$newest_b.h5: step $newest_b," "$WORK/pin_a2.log" &&
+    grep -q "^resume: site b holds the run's newest step, $newest_b, and trained on from the others' newest (a $left)" \
+        "$WORK/pin_a2.log" && ! ls "$WORK/pin/checkpoints/b" | grep -q passed && same_model "$WORK/pin"; then
+    pass "a left at step $left, b trained on alone to step $newest_b (keep = 1) and stopped: started again, both continue from step $newest_b (a fetched b's file, nothing set aside), the same final model"
 else
     fail "pinned step: exits $RA/$RB, then $RA2/$RB2; a left at '$left', b's newest '$newest_b': $(grep -h 'resume\|error' "$WORK"/pin_a2.log "$WORK"/pin_b2.log | head -4 | tr '\n' ' ')"
 fi
