@@ -1,9 +1,10 @@
 #!/bin/bash
 # shellcheck disable=SC2046 # the process lists (pgrep) are meant to split into arguments
 # fault_matrix.sh — does the link survive a site's death at any moment?
-# Trials of a federated two-site run (one mpirun per site through
-# ompi-server, scripts/federated.sh) in which site b is hurt at a seeded
-# random moment of training, so that every phase of an exchange is hit:
+# Trials of a federated run of two sites (or three: SITES=3), one mpirun
+# per site through ompi-server (scripts/federated.sh), in which one site
+# (b; with three sites a, b or c, drawn) is hurt at a seeded random moment
+# of training, so that every phase of an exchange is hit:
 #   kill-rank  SIGKILL of b's ranks (its mpirun sees them die)
 #   kill-job   SIGKILL of b's mpirun, its launcher and its ranks at once
 #              (a node or a job gone)
@@ -14,12 +15,13 @@
 # in diloco, streaming, butterfly and sync, sites of 1 and of 2 ranks, with
 # small payloads (tiny.ini, fp4) and payloads of MBs per rank (small.ini,
 # codec none).
-# A trial passes when site a logs the loss within outer.timeout + 5 s of the
+# A trial passes when site a (b when a is the victim) logs the loss within outer.timeout + 5 s of the
 # exchange that first needs b after the fault (the bound allows H + overlap
-# inner steps, at 1.5x a's last step time, before it), trains 5 more steps, and site b — started again after a kill, woken
+# inner steps, at 1.5x its last step time, before it), trains 5 more steps, and the victim — started again after a kill, woken
 # after a stop or a mended cut (it finds it was dropped, exits 3 and
-# federated.sh starts it again) — rejoins the live run; both sites are then stopped (TERM) and no
-# process may be left 60 s later.
+# federated.sh starts it again) — rejoins the live run; every site is then stopped (TERM) and no
+# process may be left 60 s later. Three sites: butterfly is not drawn (it
+# takes a lost site back live only when one site is left: architecture.md 4.9).
 #   scripts/fault_matrix.sh OUT TRIALS [SEED]      (a built ./isthmus)
 # One row per trial in OUT/matrix.tsv (mode, ranks, payload, fault,
 # fault time after the first step, detection, verdict); the logs of a failed
@@ -34,7 +36,8 @@
 # none: 7.3 MB).
 # When the faults include cut (the default), every trial runs across the
 # emulated WAN (root, network namespaces: ompi-server and site a in one, b
-# in the other; 1 Gbit/s, 1 ms each way); otherwise over loopback.
+# in the other, with three sites the victim in b's and the others in a's;
+# 1 Gbit/s, 1 ms each way); otherwise over loopback.
 set -u
 cd "$(dirname "$0")/.." || exit 2
 OUT=${1:?usage: scripts/fault_matrix.sh OUT TRIALS [SEED]}
@@ -42,6 +45,9 @@ TRIALS=${2:?usage: scripts/fault_matrix.sh OUT TRIALS [SEED]}
 SEED=${3:-1}
 TIMEOUT=${TIMEOUT:-5}
 WINDOW=${WINDOW:-30}
+SITES=${SITES:-2}
+case $SITES in 2 | 3) ;; *) echo "fault_matrix.sh: SITES=$SITES: 2 or 3" >&2; exit 2 ;; esac
+[ "$SITES" = 3 ] && DEFAULT_MODES="diloco streaming sync" || DEFAULT_MODES="diloco streaming butterfly sync"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 \
     OMPI_MCA_mpi_yield_when_idle=1 MPIRUN_ARGS="-q --bind-to none" ISTHMUS_REJOINS=2
 ISTHMUS=${ISTHMUS:-$PWD/isthmus}
@@ -67,7 +73,7 @@ URI=$OUT/server/ompi-server.uri
 # ranks at. The generator is written out (Park and Miller's, exact in any
 # awk's doubles) so that a seed draws the same trials with mawk and gawk,
 # whose rand() differ.
-awk -v s="$SEED" -v n="$TRIALS" -v w="$WINDOW" -v M="${MODES:-diloco streaming butterfly sync}" \
+awk -v s="$SEED" -v n="$TRIALS" -v w="$WINDOW" -v M="${MODES:-$DEFAULT_MODES}" -v S="$SITES" \
     -v F="$FAULTS" -v P="${PAYLOADS:-small medium large}" -v R="${RANKS:-1 2}" '
 function rnd() { x = (16807 * x) % 2147483647; return (x - 1) / 2147483646 }
 BEGIN {
@@ -77,7 +83,9 @@ BEGIN {
     for (t = 1; t <= n; t++) {
         mo = modes[1 + int(rnd() * nm)]; fa = faults[1 + int(rnd() * nf)]; pa = payloads[1 + int(rnd() * np)]
         ra = ranks[1 + int(rnd() * nr)]
-        printf "%s %s %s %d %.2f\n", mo, fa, pa, ra, rnd() * w
+        at = rnd() * w
+        vi = S == 3 ? substr("abc", 1 + int(rnd() * 3), 1) : "b" # two sites: the draws of earlier seeds unchanged
+        printf "%s %s %s %d %.2f %s\n", mo, fa, pa, ra, at, vi
     }
 }' > "$OUT/draws"
 now() { date +%s.%N; }
@@ -88,10 +96,12 @@ ranks_of() { pgrep -f "$BIN_NAME train .* --site $1 .*outer.run_id=$2( |$)"; }
 launcher_of() { pgrep -f "federated.sh site .* $1 .*outer.run_id=$2( |$)"; }
 mpirun_of() { pgrep -f "^mpirun .* --site $1 .*outer.run_id=$2( |$)"; }
 
-printf 'trial\tmode\tranks\tpayload\tfault\tat_s\tdetected_s\tverdict\n' > "$OUT/matrix.tsv"
+printf 'trial\tmode\tranks\tpayload\tfault\tvictim\tat_s\tdetected_s\tverdict\n' > "$OUT/matrix.tsv"
 passed=0 failed=0
 for t in $(seq 1 "$TRIALS"); do
-    read -r mode fault payload np at < <(sed -n "${t}p" "$OUT/draws")
+    read -r mode fault payload np at v < <(sed -n "${t}p" "$OUT/draws")
+    [ "$v" = a ] && o=b || o=a # the site that must see the loss and the rejoin
+    all=$([ "$SITES" = 3 ] && echo "a b c" || echo "a b")
     id=fm$SEED-$t
     dir=$OUT/trial-$t
     rm -rf "$dir"
@@ -102,73 +112,79 @@ for t in $(seq 1 "$TRIALS"); do
     *) cfg=share/configs/small.ini codec=none ;;
     esac
     set_args="--set site.a.ranks=$np --set site.b.ranks=$np --set outer.mode=$mode --set outer.codec=$codec
+     $([ "$SITES" = 3 ] && echo "--set site.c.ranks=$np")
      --set outer.inner_steps=10 --set outer.timeout=$TIMEOUT --set outer.join_timeout=120 --set train.steps=100000
      --set train.log_every=1 --set train.eval_every=0 --set data.eval_bytes=4096 --set train.threads=1
      --set train.out_dir=$dir --set outer.run_id=$id"
     [ "$mode" = streaming ] && set_args="$set_args --set outer.fragments=2 --set outer.overlap=2"
-    # shellcheck disable=SC2086
-    "${in_a[@]}" "$FED" site "$URI" a "$np" "$cfg" $set_args > "$dir/a.log" 2>&1 &
-    pa=$!
-    # shellcheck disable=SC2086
-    "${in_b[@]}" "$FED" site "$URI" b "$np" "$cfg" $set_args > "$dir/b.log" 2>&1 &
-    pb=$!
-    disown "$pb" # its death by SIGKILL is the point: no job notice
+    declare -A pid=()
+    for s in $all; do # the victim behind the link that a cut cuts
+        # shellcheck disable=SC2086
+        if [ "$s" = "$v" ]; then
+            "${in_b[@]}" "$FED" site "$URI" "$s" "$np" "$cfg" $set_args > "$dir/$s.log" 2>&1 &
+        else
+            "${in_a[@]}" "$FED" site "$URI" "$s" "$np" "$cfg" $set_args > "$dir/$s.log" 2>&1 &
+        fi
+        pid[$s]=$!
+    done
+    disown "${pid[$v]}" # its death by SIGKILL is the point: no job notice
     verdict=pass detected=-
-    if ! wait_line "$dir/a.log" '^step  *1/' 300; then
+    if ! wait_line "$dir/$o.log" '^step  *1/' 300; then
         verdict="fail: no first step"
     else
         sleep "$at"
         t_fault=$(now)
         case $fault in
-        kill-rank) kill -KILL $(ranks_of b "$id") 2> /dev/null ;;
-        kill-job) kill -KILL $(launcher_of b "$id") $(mpirun_of b "$id") $(ranks_of b "$id") 2> /dev/null ;;
-        stop) kill -STOP $(ranks_of b "$id") 2> /dev/null ;;
+        kill-rank) kill -KILL $(ranks_of "$v" "$id") 2> /dev/null ;;
+        kill-job) kill -KILL $(launcher_of "$v" "$id") $(mpirun_of "$v" "$id") $(ranks_of "$v" "$id") 2> /dev/null ;;
+        stop) kill -STOP $(ranks_of "$v" "$id") 2> /dev/null ;;
         cut) "$WAN" cut "$OUT/wan" || verdict="fail: the link could not be cut" ;;
         esac
-        # a learns of the loss when it next needs b: at its next exchange, up
+        # o learns of the loss when it next needs v: at its next exchange, up
         # to H + overlap inner steps after the fault, then within the deadline
-        ms=$(grep '^step ' "$dir/a.log" | tail -1 | sed -n 's/.*| *\([0-9.]*\) ms |.*/\1/p')
+        ms=$(grep '^step ' "$dir/$o.log" | tail -1 | sed -n 's/.*| *\([0-9.]*\) ms |.*/\1/p')
         bound=$(awk -v t="$TIMEOUT" -v ms="${ms:-1000}" 'BEGIN { printf "%.0f", t + 5 + (10 + 2) * ms / 1000 * 1.5 + 0.5 }')
-        if wait_line "$dir/a.log" '^site b lost at step' "$bound"; then
+        if wait_line "$dir/$o.log" "^site $v lost at step" "$bound"; then
             detected=$(since "$t_fault")
         else
             verdict="fail: loss not logged within $bound s (outer.timeout + 5 s + H + overlap steps of ${ms:-?} ms)"
         fi
         if [ "$verdict" = pass ]; then
-            lost=$(grep -m1 '^site b lost at step' "$dir/a.log" | sed 's/^site b lost at step \([0-9]*\).*/\1/')
-            if ! wait_line "$dir/a.log" "^step  *$((lost + 5))/" 120; then verdict="fail: site a did not train on"; fi
+            lost=$(grep -m1 "^site $v lost at step" "$dir/$o.log" | sed "s/^site $v lost at step \([0-9]*\).*/\1/")
+            if ! wait_line "$dir/$o.log" "^step  *$((lost + 5))/" 120; then verdict="fail: site $o did not train on"; fi
         fi
         if [ "$verdict" = pass ]; then
             case $fault in
             stop) # woken after the deadline: b learns it was dropped (exit 3) and its launcher starts it again
-                kill -CONT $(ranks_of b "$id") 2> /dev/null ;;
+                kill -CONT $(ranks_of "$v" "$id") 2> /dev/null ;;
             cut) # the same once the link is back: a's notice reaches b
                 "$WAN" mend "$OUT/wan" ;;
-            *) # b's launcher has ended (or was killed): start the site again
-                wait "$pb" 2> /dev/null
+            *) # the victim's launcher has ended (or was killed): start the site again
+                wait "${pid[$v]}" 2> /dev/null
                 # shellcheck disable=SC2086
-                "${in_b[@]}" "$FED" site "$URI" b "$np" "$cfg" $set_args --resume auto > "$dir/b2.log" 2>&1 &
-                pb=$! ;;
+                "${in_b[@]}" "$FED" site "$URI" "$v" "$np" "$cfg" $set_args --resume auto > "$dir/${v}2.log" 2>&1 &
+                pid[$v]=$! ;;
             esac
-            wait_line "$dir/a.log" '^site b rejoined at step' 240 || verdict="fail: b did not rejoin"
+            wait_line "$dir/$o.log" "^site $v rejoined at step" 240 || verdict="fail: $v did not rejoin"
         fi
     fi
-    # the end: both sites asked to stop; nothing may be left a minute later
+    # the end: every site asked to stop; nothing may be left a minute later
     [ "$fault" = cut ] && "$WAN" mend "$OUT/wan"
-    kill -TERM $(ranks_of a "$id") $(ranks_of b "$id") 2> /dev/null
-    kill -CONT $(ranks_of b "$id") 2> /dev/null
+    every() { local s; for s in $all; do "$1" "$s" "$id"; done; } # every FN: FN's processes of every site
+    kill -TERM $(every ranks_of) 2> /dev/null
+    kill -CONT $(ranks_of "$v" "$id") 2> /dev/null
     for _ in $(seq 1 60); do
-        [ -z "$(ranks_of a "$id")$(ranks_of b "$id")" ] && break
+        [ -z "$(every ranks_of)" ] && break
         sleep 1
     done
-    if [ -n "$(ranks_of a "$id")$(ranks_of b "$id")" ]; then
+    if [ -n "$(every ranks_of)" ]; then
         [ "$verdict" = pass ] && verdict="fail: processes left 60 s after TERM"
-        kill -KILL $(ranks_of a "$id") $(ranks_of b "$id") $(mpirun_of a "$id") $(mpirun_of b "$id") 2> /dev/null
+        kill -KILL $(every ranks_of) $(every mpirun_of) 2> /dev/null
     fi
-    kill -KILL $(launcher_of a "$id") $(launcher_of b "$id") 2> /dev/null
-    wait "$pa" "$pb" 2> /dev/null
-    printf '%d\t%s\t%d+%d\t%s\t%s\t%s\t%s\t%s\n' "$t" "$mode" "$np" "$np" "$payload" "$fault" "$at" \
-        "$detected" "$verdict" | tee -a "$OUT/matrix.tsv"
+    kill -KILL $(every launcher_of) 2> /dev/null
+    wait "${pid[@]}" 2> /dev/null
+    printf '%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$t" "$mode" "$(for _ in $all; do printf '%s' "${sep-}$np"; sep=+; done; unset sep)" \
+        "$payload" "$fault" "$v" "$at" "$detected" "$verdict" | tee -a "$OUT/matrix.tsv"
     if [ "$verdict" = pass ]; then
         passed=$((passed + 1))
         [ -n "${KEEP_LOGS:-}" ] || rm -rf "$dir"
@@ -176,5 +192,5 @@ for t in $(seq 1 "$TRIALS"); do
         failed=$((failed + 1))
     fi
 done
-echo "fault matrix: $passed passed, $failed failed ($TRIALS trials, seed $SEED, outer.timeout $TIMEOUT s)"
+echo "fault matrix: $passed passed, $failed failed ($TRIALS trials of $SITES sites, seed $SEED, outer.timeout $TIMEOUT s)"
 [ "$failed" -eq 0 ]

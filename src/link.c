@@ -182,30 +182,29 @@ int link_take_lost(Link *l, unsigned char *out, int n_sites)
  * number, fragment 1 (never a control exchange's), exchange 0 (a notice
  * comes once per epoch: a site lost is back only through a rejoin, which
  * changes the keys). */
-#define NOTICE_BYTES (sizeof(LinkHeader) + sizeof(int32_t))
+#define NOTICE_BYTES (sizeof(LinkHeader) + sizeof(uint64_t))
 
-void link_notify_dropped(Link *l, int peer, int my_site)
+void link_notify_dropped(Link *l, int peer, int my_site, uint64_t live)
 {
-    static int32_t from[LINK_MAX_SITES]; /* MPI reads it whenever it can: never on the stack */
+    static uint64_t sent[LINK_MAX_SITES]; /* MPI reads it whenever it can: never on the stack */
     static unsigned char notice[LINK_MAX_SITES][NOTICE_BYTES]; /* the same for the wire */
     if (over_wire(l, peer)) {
         unsigned char *f = notice[site_of_rank(l, peer) % LINK_MAX_SITES];
-        const int32_t me = my_site;
-        memcpy(f + sizeof(LinkHeader), &me, sizeof me);
-        link_frame(l, peer, f, 0, LINK_CONTROL, 1, (uint32_t)my_site, 0, sizeof me, sizeof me);
+        memcpy(f + sizeof(LinkHeader), &live, sizeof live);
+        link_frame(l, peer, f, 0, LINK_CONTROL, 1, (uint32_t)my_site, 0, sizeof live, sizeof live);
         (void)wire_isend(l->wire, peer, LINK_TAG_DROPPED, f, NOTICE_BYTES, NULL); /* detached: never awaited */
         wire_progress(l->wire, 0);
         return;
     }
     MPI_Request req;
-    from[my_site % LINK_MAX_SITES] = my_site;
-    if (MPI_Isend(&from[my_site % LINK_MAX_SITES], 1, MPI_INT32_T, peer, LINK_TAG_DROPPED, l->comm, &req) ==
-        MPI_SUCCESS)
-        MPI_Request_free(&req);
+    uint64_t *v = &sent[site_of_rank(l, peer) % LINK_MAX_SITES];
+    *v = live;
+    if (MPI_Isend(v, 1, MPI_UINT64_T, peer, LINK_TAG_DROPPED, l->comm, &req) == MPI_SUCCESS) MPI_Request_free(&req);
 }
 
-int link_was_dropped(Link *l, int peer)
+uint64_t link_was_dropped(Link *l, int peer)
 {
+    uint64_t live = 0;
     if (over_wire(l, peer)) {
         if (!wire_probe(l->wire, peer, LINK_TAG_DROPPED)) return 0;
         unsigned char f[NOTICE_BYTES];
@@ -215,14 +214,15 @@ int link_was_dropped(Link *l, int peer)
             wire_cancel(l->wire, &op);
             return 0;
         }
-        return link_check(l, peer, f, sizeof f, LINK_CONTROL, 1, 0, sizeof(int32_t), sizeof(int32_t)) == NULL;
+        if (link_check(l, peer, f, sizeof f, LINK_CONTROL, 1, 0, sizeof live, sizeof live) != NULL) return 0;
+        memcpy(&live, f + sizeof(LinkHeader), sizeof live);
+        return live;
     }
     int flag = 0;
     MPI_Status st;
     if (MPI_Iprobe(peer, LINK_TAG_DROPPED, l->comm, &flag, &st) != MPI_SUCCESS || !flag) return 0;
-    int32_t v;
-    MPI_Recv(&v, 1, MPI_INT32_T, peer, LINK_TAG_DROPPED, l->comm, MPI_STATUS_IGNORE);
-    return 1;
+    MPI_Recv(&live, 1, MPI_UINT64_T, peer, LINK_TAG_DROPPED, l->comm, MPI_STATUS_IGNORE);
+    return live;
 }
 
 static void msg_init(LinkMsg *m, int peer, int tag, size_t send_bytes, size_t recv_bytes, int local)

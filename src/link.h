@@ -198,10 +198,14 @@ int link_any_lost(const Link *l, int n_sites);
 int link_take_lost(Link *l, unsigned char *out, int n_sites);
 /* Tell a lost site's first rank (peer) that this site dropped it: one
  * small message, never awaited (a dead peer never takes it; a stalled one
- * finds it when it wakes and knows it was dropped rather than left alone). */
-void link_notify_dropped(Link *l, int peer, int my_site);
-/* Did the site whose first rank is `peer` drop us? (a probe, no waiting) */
-int link_was_dropped(Link *l, int peer);
+ * finds it when it wakes and knows it was dropped rather than left alone).
+ * It carries the sites this one trains on with (bit s: site s, itself
+ * included), so that the two sides of a split decide alike who goes on. */
+void link_notify_dropped(Link *l, int peer, int my_site, uint64_t live);
+/* Did the site whose first rank is `peer` drop us? Its sites (bit s: site
+ * s), 0 when not (a probe, no waiting; a notice that fails its check is
+ * not one). */
+uint64_t link_was_dropped(Link *l, int peer);
 /* Inter-site bytes and time blocked since the last link_mark (a step's share). */
 void link_mark(Link *l);
 void link_since_mark(const Link *l, double *bytes, double *wait_s);

@@ -95,27 +95,49 @@ static int check_replicas(Trainer *tr)
     return ISTH_OK;
 }
 
+/* The sites this one trains with, itself included: bit s for site s. */
+static uint64_t live_mask(const Trainer *tr)
+{
+    uint64_t m = 0;
+    for (int s = 0; s < tr->topo.n_sites; s++)
+        if (s == tr->topo.site || !link_is_lost(&tr->link, s)) m |= (uint64_t)1 << s;
+    return m;
+}
+
+/* Which of two sides of a split goes on: the one with more sites, and of
+ * two as large the one holding the lower-numbered site. Both sides compute
+ * it alike from the two sets (each notice carries its sender's). */
+static int other_side_goes_on(uint64_t mine, uint64_t theirs)
+{
+    const int a = __builtin_popcountll(mine), b = __builtin_popcountll(theirs);
+    if (a != b) return b > a;
+    return __builtin_ctzll(theirs) < __builtin_ctzll(mine);
+}
+
 /* After a loss, every step: has a lost site told us that it dropped us?
  * Two sides that lost each other (a cut link, a stall on either side) both
- * send that notice; the one with the lower site index goes on and the
- * other stops, so one run never splits into two. A site dropped this way
- * stops with one line; started again it rejoins the live run (two sites)
- * or waits for the run's next restart from checkpoints. */
+ * send that notice, with the sites each trains on; the larger side goes on
+ * (of two as large, the one with the lower-numbered site) and the other
+ * stops, so one run never splits into two. A site dropped this way stops
+ * with one line; started again it rejoins the live run. */
 static int check_dropped(Trainer *tr)
 {
     const Topology *t = &tr->topo;
     int site_rank, dropped_by = -1;
     CHECK_MPI(MPI_Comm_rank(t->site_comm, &site_rank));
-    if (site_rank == 0)
-        for (int s = 0; s < t->n_sites; s++)
-            if (link_is_lost(&tr->link, s) && link_was_dropped(&tr->link, tr->site_leaders[s]) && s < t->site &&
-                dropped_by < 0)
-                dropped_by = s;
+    if (site_rank == 0) {
+        const uint64_t mine = live_mask(tr);
+        for (int s = 0; s < t->n_sites; s++) {
+            if (!link_is_lost(&tr->link, s)) continue;
+            const uint64_t theirs = link_was_dropped(&tr->link, tr->site_leaders[s]);
+            if (theirs && dropped_by < 0 && other_side_goes_on(mine, theirs)) dropped_by = s;
+        }
+    }
     CHECK_MPI(MPI_Bcast(&dropped_by, 1, MPI_INT, 0, t->site_comm));
     if (dropped_by >= 0)
         return isth_fail(ISTH_EDROPPED, "site %s was dropped from the run by site %s by step %ld (one of them missed "
-                         "the other's deadline; the lower-numbered site goes on); exit 3: start it again (--resume auto) "
-                         "and it rejoins the live run",
+                         "the other's deadline; the side with more sites, or the lower-numbered site, goes on); exit 3: "
+                         "start it again (--resume auto) and it rejoins the live run",
                          t->sites[t->site].name, t->sites[dropped_by].name, tr->step);
     return ISTH_OK;
 }
@@ -138,7 +160,7 @@ static int report_lost_sites(Trainer *tr)
     CHECK_MPI(MPI_Comm_rank(t->site_comm, &site_rank));
     if (site_rank == 0)
         for (int s = 0; s < t->n_sites; s++)
-            if (gone[s]) link_notify_dropped(&tr->link, tr->site_leaders[s], t->site);
+            if (gone[s]) link_notify_dropped(&tr->link, tr->site_leaders[s], t->site, live_mask(tr));
     spread_stop(&tr->outer.spread); /* it samples every learner, or none */
     if (!tr->log) return ISTH_OK;
     int left = 0;

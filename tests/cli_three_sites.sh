@@ -9,7 +9,10 @@
 #  - site a, the host, killed: b hosts from then on, b and c train on; a
 #    started again rejoins at b; every site ends on the same model;
 #  - USR1 to site a (its job's time limit): a checkpoints and leaves, b and
-#    c train on; a started again rejoins.
+#    c train on; a started again rejoins;
+#  - a cold restart: c killed, a and b train on and are stopped later; all
+#    three started again continue from a's and b's newest step (c fetches
+#    it), not from c's, and end on the same model.
 . "$TOP_SRCDIR/tests/lib.sh"
 FED="$TOP_SRCDIR/scripts/federated.sh"
 export ISTHMUS MPIRUN_ARGS="-q --oversubscribe"
@@ -105,5 +108,24 @@ if [ $ra -eq 0 ] && [ $rb -eq 0 ] && [ $rc -eq 0 ] && grep -q '^site a left at s
     pass "three sites, USR1 to the first site: a leaves, b and c train on (b hosts); a started again rejoins; the same final model"
 else
     fail "three sites, a stopped: exits $ra/$rb/$rc: $(grep -h 'error\|rejoin\|left\|stopping' "$WORK"/stopa_?.log "$WORK"/stopa_a2.log | head -4 | tr '\n' '|')"
+fi
+
+# 3. a cold restart after one site trained less
+three cold --set train.steps=400 --set train.log_every=5 --set checkpoint.every=20
+wait_line "$WORK/cold_a.log" '^step  *40/' 60
+kill -KILL $(pgrep -f "isthmus train .* --site c .*outer.run_id=cold ")
+wait_line "$WORK/cold_a.log" '^site c lost at step' 30
+wait_line "$WORK/cold_a.log" '^step  *120/' 60
+kill -USR1 $(pgrep -f "isthmus train .* --site [ab] .*outer.run_id=cold ")
+wait_three
+stopped=$(sed -n 's/^stopping after step \([0-9]*\) .*/\1/p' "$WORK/cold_a.log" | tail -1)
+three cold --set train.steps=400 --set train.log_every=5 --set checkpoint.every=20 --resume auto
+wait_three
+if [ $ra -eq 0 ] && [ $rb -eq 0 ] && [ $rc -eq 0 ] && [ -n "$stopped" ] &&
+    grep -q "^resume: site [ab] holds the run's newest step, $stopped," "$WORK/cold_c.log" &&
+    grep -q '^step  *400/400' "$WORK/cold_c.log" && same_model "$WORK/cold"; then
+    pass "three sites, cold restart: c lost, a and b stopped at step $stopped; started again, c fetches their state and all continue from $stopped; the same final model"
+else
+    fail "three sites, cold restart: exits $ra/$rb/$rc, stopped at '${stopped}': $(grep -h 'error\|resume' "$WORK"/cold_?.log | head -4 | tr '\n' '|')"
 fi
 finish
