@@ -98,7 +98,9 @@ static void *watchdog(void *arg)
         while (!dog_armed) pthread_cond_wait(&dog_cond, &dog_lock);
         const int rc = pthread_cond_timedwait(&dog_cond, &dog_lock, &dog_deadline);
         if (rc == ETIMEDOUT && dog_armed) {
-            if (dog_rc == ISTH_EDROPPED)
+            if (!dog_what[0]) /* fault_exit_within: the failure was said already */
+                ;
+            else if (dog_rc == ISTH_EDROPPED)
                 isth_fail(dog_rc, "%s did not finish within %g s (%s); exit 3: start this site again "
                           "(--resume auto; scripts/federated.sh does) and it joins", dog_what, dog_seconds, dog_hint);
             else
@@ -142,6 +144,11 @@ void fault_watchdog_arm_exit(double seconds, const char *what, const char *hint,
     dog_armed = dog_started;
     pthread_cond_broadcast(&dog_cond);
     pthread_mutex_unlock(&dog_lock);
+}
+
+void fault_exit_within(double seconds, int rc)
+{
+    fault_watchdog_arm_exit(seconds, "", "", rc);
 }
 
 void fault_watchdog_disarm(void)

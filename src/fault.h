@@ -64,6 +64,11 @@ int fault_alloc_fails(void);
 void fault_watchdog_arm(double seconds, const char *what, const char *hint);
 void fault_watchdog_arm_exit(double seconds, const char *what, const char *hint, int rc);
 void fault_watchdog_disarm(void);
+/* A process that failed, on its way out: if MPI_Finalize has not returned
+ * within `seconds`, exit with `rc` and no further line (a federated site
+ * cut off from the others may wait there for peers it cannot reach). */
+void fault_exit_within(double seconds, int rc);
+#define FAULT_FINALIZE_S 15.0
 
 /* End the job for status `rc`: in a multi-rank job any failure aborts every
  * rank with that exit code (the rank that found it has printed its line; a

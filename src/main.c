@@ -152,6 +152,7 @@ int main(int argc, char **argv)
     /* a runtime failure on one rank must not leave the others waiting */
     rc = fault_end_job(rc);
     link_progress_stop();
+    if (rc != ISTH_OK) fault_exit_within(FAULT_FINALIZE_S, rc);
     MPI_Finalize();
     return rc;
 }
