@@ -77,17 +77,32 @@ isthmus_launcher() {
     echo "isthmus job: launching with ${LAUNCH[*]}"
 }
 
+# PAUSED: the pause marker isthmus writes when this job's site stops on a
+# pause (its own time limit, or a pause of every site that another site's
+# time limit started): <out_dir>/paused, or <out_dir>/paused-SITE for a
+# federated site (docs/architecture.md, failure rule 8).
+isthmus_pause_marker() {
+    local config=$1 site=${2:-} out
+    shift 2
+    out=$(isthmus_config_value "$config" train.out_dir "$@")
+    PAUSED=$out/paused${site:+-$site}
+}
+
 # Run the command in the background, pass USR1/TERM/INT on to it (the
 # time-limit warning and cancellation: isthmus checkpoints and exits 0),
-# and return its exit status. After a stop on USR1 the job requeues itself
-# (ISTHMUS_REQUEUE=1, the default) so that the run continues.
-# Every stop goes on as USR1, which isthmus treats as TERM: srun answers a
+# and return its exit status. When isthmus stopped on a pause (exit 0 and
+# the marker PAUSED written: its own USR1, or another site's time limit
+# that paused every site) the job requeues itself (ISTHMUS_REQUEUE=1, the
+# default) so that the run continues; after an end (scancel) it does not.
+# A pause goes on as USR1, an end as USR2 (isthmus's TERM): srun answers a
 # TERM by sending SIGKILL to its tasks (the checkpoint of the stop would be
-# lost), while it passes USR1 on as it is; so do mpirun and federated.sh.
+# lost), while it passes USR1 and USR2 on as they are; so do mpirun and
+# federated.sh.
 isthmus_run() {
     local child rc signalled=
     trap 'signalled=USR1; [ -n "${child:-}" ] && kill -USR1 "$child" 2> /dev/null' USR1
-    trap 'signalled=TERM; [ -n "${child:-}" ] && kill -USR1 "$child" 2> /dev/null' TERM INT
+    trap 'signalled=TERM; [ -n "${child:-}" ] && kill -USR2 "$child" 2> /dev/null' TERM INT
+    [ -n "${PAUSED:-}" ] && rm -f "$PAUSED" # isthmus removes it too: one of an earlier start is stale
     "$@" &
     child=$!
     wait "$child"
@@ -98,11 +113,13 @@ isthmus_run() {
     done
     trap '' USR1 TERM INT # the run is over; the job ends below (a requeue's TERM may come)
     echo "isthmus job: exit $rc${signalled:+ after SIG$signalled}, $(date -u +%FT%TZ)"
-    if [ "$signalled" = USR1 ] && [ $rc -eq 0 ] && [ "${ISTHMUS_REQUEUE:-1}" = 1 ] && [ -n "${SLURM_JOB_ID:-}" ]; then
-        echo "isthmus job: stopped before the time limit; requeueing job $SLURM_JOB_ID to continue"
+    local paused=
+    [ $rc -eq 0 ] && [ -n "${PAUSED:-}" ] && [ -f "$PAUSED" ] && paused=1
+    if [ -n "$paused" ] && [ "${ISTHMUS_REQUEUE:-1}" = 1 ] && [ -n "${SLURM_JOB_ID:-}" ]; then
+        echo "isthmus job: paused ($PAUSED: $(cat "$PAUSED" 2> /dev/null)); requeueing job $SLURM_JOB_ID to continue"
         scontrol requeue "$SLURM_JOB_ID"
     fi
-    [ -n "$signalled" ] && isthmus_leave_the_second
+    [ -n "$signalled$paused" ] && isthmus_leave_the_second
     return $rc
 }
 

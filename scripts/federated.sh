@@ -108,17 +108,18 @@ cmd_site() {
             --site "$site" "$@" ${port_wire:+--set "outer.ports=$port_wire"} "${extra[@]}" &
         child=$!
         # a signal to this script (timeout, scancel) goes on to mpirun; USR1
-        # (the job scripts' stop: checkpoint and leave) as it is, which
-        # mpirun passes on to the ranks
+        # and USR2 (the job scripts' pause and end: checkpoint and leave) as
+        # they are, which mpirun passes on to the ranks
         trap 'kill -TERM "$child" 2>/dev/null' TERM INT HUP
         trap 'kill -USR1 "$child" 2>/dev/null' USR1
+        trap 'kill -USR2 "$child" 2>/dev/null' USR2
         wait "$child"
         rc=$?
         while kill -0 "$child" 2>/dev/null; do
             wait "$child"
             rc=$?
         done
-        trap - TERM INT HUP USR1
+        trap - TERM INT HUP USR1 USR2
         [ $rc -eq 3 ] && [ $tries -lt "${ISTHMUS_REJOINS:-3}" ] || return $rc
         tries=$((tries + 1))
         echo "federated.sh: site $site was dropped from the run or its join broke (exit 3); starting it again to (re)join ($tries of ${ISTHMUS_REJOINS:-3})" >&2

@@ -112,7 +112,7 @@ esac
 }
 
 . scripts/optim_variant.sh # optim_flags: Shampoo's variants (shampoo-b64, shampoo-e40)
-. jobs/lib.sh              # isthmus_run: USR1, INT, TERM passed on to the run as USR1
+. jobs/lib.sh              # isthmus_run: USR1 passed on to the run as USR1, INT and TERM as USR2
 . scripts/lib.sh           # last_bpb
 
 run() { # run MODE OPTIMIZER LR STEPS SEED
@@ -126,7 +126,7 @@ run() { # run MODE OPTIMIZER LR STEPS SEED
     [ -f "$OUT/model" ] || { echo "$MODEL" > "$OUT/model.tmp" && mv "$OUT/model.tmp" "$OUT/model"; }
     min=$(awk -v l="$lr" 'BEGIN { print l / 10 }')
     echo "== $dir $(date +%T)" | tee -a "$dir/log" >&2
-    # a stop goes on to mpirun as USR1, which it forwards to the ranks: checkpoint, exit 0
+    # a stop goes on to mpirun as USR1 or USR2, which it forwards to the ranks: checkpoint, exit 0
     local rc=0
     # shellcheck disable=SC2086
     ISTHMUS_REQUEUE=0 isthmus_run mpirun -q -np "$np" "$ISTHMUS" train share/configs/small.ini $MODEL_FLAGS $layout --set train.out_dir="$dir" \

@@ -13,8 +13,19 @@
 #include "status.h"
 
 /* A pair verdict: one byte "accepted", then the earliest round in which a
- * learner asked to stop (int64, INT64_MAX: none). */
-#define PAIR_VERDICT_BYTES (1 + sizeof(int64_t))
+ * learner asked to stop (int64, INT64_MAX: none), the sites that asked in
+ * that round and which of them asked to end (uint64 each, bit s: site s). */
+#define PAIR_VERDICT_BYTES (1 + 3 * sizeof(int64_t))
+
+/* Two views of the stop vote combined: the earlier round wins with its
+ * sites; in the same round the sites add up (every site that asked in the
+ * earliest round reaches every learner with it). */
+static void vote_merge(int64_t *round, uint64_t *sites, uint64_t *ends, int64_t o_round, uint64_t o_sites,
+                       uint64_t o_ends)
+{
+    if (o_round < *round) *round = o_round, *sites = o_sites, *ends = o_ends;
+    else if (o_round == *round) *sites |= o_sites, *ends |= o_ends;
+}
 
 static PairPlan *plan_at(const Mixer *m, int f, int d, int exact)
 {
@@ -199,15 +210,18 @@ static int finish_pair(Mixer *m, int f, ExchangeReport *rep, double *pair_distan
         }
     }
     /* agree inside my learner, then with the partner learner, then again;
-     * the earliest stop round either side knows of rides along */
+     * the earliest stop round either side knows of rides along, with the
+     * sites that asked in it */
     alive[0] = ok;
     CHECK(coll_allreduce_comm(t->learner_comm, alive, 2, MPI_UNSIGNED_CHAR, 1, MPI_MIN));
     ok = alive[0];
     int64_t stop = m->ballot->round < 0 ? INT64_MAX : (int64_t)m->ballot->round;
+    uint64_t asked[2] = {m->ballot->round_sites, m->ballot->round_ends}; /* the sites, those that end */
     for (int i = 0; i < pp->peers.n && alive[1]; i++) {
         unsigned char verdict[PAIR_VERDICT_BYTES];
         verdict[0] = ok;
         memcpy(verdict + 1, &stop, sizeof stop);
+        memcpy(verdict + 1 + sizeof stop, asked, sizeof asked);
         CHECK(payload_post_verdict(m->link, &pp->peers.peers[i], LINK_PAIR_VERDICT, f, (uint32_t)t->learner,
                                    pp->exchange, verdict, PAIR_VERDICT_BYTES));
     }
@@ -236,8 +250,10 @@ static int finish_pair(Mixer *m, int f, ExchangeReport *rep, double *pair_distan
                              pp->peers.peers[i].world_rank, bad);
         if (!v[0]) ok = 0;
         int64_t other;
+        uint64_t o_asked[2];
         memcpy(&other, v + 1, sizeof other);
-        if (other < stop) stop = other;
+        memcpy(o_asked, v + 1 + sizeof other, sizeof o_asked);
+        vote_merge(&stop, &asked[0], &asked[1], other, o_asked[0], o_asked[1]);
     }
     alive[0] = ok;
     CHECK(coll_allreduce_comm(t->learner_comm, alive, 2, MPI_UNSIGNED_CHAR, 1, MPI_MIN));
@@ -245,7 +261,10 @@ static int finish_pair(Mixer *m, int f, ExchangeReport *rep, double *pair_distan
     if (!alive[1]) { /* what the waits gave up on: stuck messages renew the slot */
         if (peers_take_stuck(&pp->peers)) shard_mark_stuck(m->shard, f);
     }
+    int64_t mine_stop = stop; /* the learner's earliest round, and only its sites */
     CHECK(coll_allreduce_comm(t->learner_comm, &stop, 1, MPI_INT64_T, sizeof stop, MPI_MIN));
+    if (mine_stop != stop || stop == INT64_MAX) asked[0] = asked[1] = 0;
+    CHECK(coll_allreduce_comm(t->learner_comm, asked, 2, MPI_UINT64_T, sizeof asked[0], MPI_BOR));
     if (link_survives(m->link) && t->n_sites > 1) { /* the whole site agrees on who is lost */
         unsigned char present[CONFIG_MAX_SITES];
         for (int s = 0; s < t->n_sites; s++) present[s] = !link_is_lost(m->link, s);
@@ -263,6 +282,8 @@ static int finish_pair(Mixer *m, int f, ExchangeReport *rep, double *pair_distan
             }
     }
     m->ballot->round = stop == INT64_MAX ? -1 : (long)stop;
+    m->ballot->round_sites = asked[0];
+    m->ballot->round_ends = asked[1];
     rep->accepted_sites = ok ? 2 : 1;
     if (!ok) snprintf(rep->rejected, sizeof rep->rejected, "learner %d: %s",
                       why && alive[1] ? t->learner : pp->partner, why ? why : "rejected by the partner");
@@ -295,16 +316,30 @@ static int finish_pair(Mixer *m, int f, ExchangeReport *rep, double *pair_distan
 }
 
 /* The stop ballot's butterfly half around the exchange: a request of
- * this learner goes out with this round's verdict; a stop raised in round
- * m has reached every learner after round m + k - 1 (one round per bit):
- * all decide then, at the same step. */
+ * this learner goes out with this round's verdict, with its site (and
+ * whether it asks to end); a stop raised in round m has reached every
+ * learner after round m + k - 1 (one round per bit), with every site that
+ * asked in round m: all decide then, at the same step, on the same sites.
+ * (A site that asks later keeps its request: it goes out again once the
+ * sites of round m have left.) */
 int mix_finish_staged(Mixer *m, int f, long round, ExchangeReport *rep, double *pair_distance, float **mixed,
                       int *accepted)
 {
     StopBallot *b = m->ballot;
-    if (b->request && b->round < 0) b->round = round; /* raised in this round */
+    const int site = m->topo->site;
+    if (b->request && b->round < 0) { /* raised in this round */
+        b->round = round;
+        b->round_sites = (uint64_t)1 << site;
+        b->round_ends = b->request == STOP_END ? (uint64_t)1 << site : 0;
+    }
     CHECK(finish_pair(m, f, rep, pair_distance, mixed, accepted));
-    if (b->round >= 0 && round >= b->round + m->pair_bits - 1) b->agreed = 1;
+    if (b->round >= 0 && round >= b->round + m->pair_bits - 1) {
+        b->agreed = 1;
+        for (int s = 0; s < m->topo->n_sites; s++) {
+            b->sites[s] = (unsigned char)(b->round_sites >> s & 1);
+            b->ends[s] = (unsigned char)(b->round_ends >> s & 1);
+        }
+    }
     return ISTH_OK;
 }
 

@@ -4,10 +4,10 @@
  * Owns: the pair plans (per fragment, per bit of the learner id, lossy and
  * exact: the partner's ranks whose chunks overlap mine), the exchange in
  * flight with one partner and its polls, the pair verdict (accepted, and
- * the earliest stop round either side knows of: the stop ballot's
- * butterfly half), and which sites a missed partner makes lost. Values
- * live in the shard's staging (shard.h), bytes go out through payload.h,
- * over the link the trainer hands in.
+ * the earliest stop round either side knows of, and which sites asked in
+ * it: the stop ballot's butterfly half), and which sites a missed partner
+ * makes lost. Values live in the shard's staging (shard.h), bytes go out
+ * through payload.h, over the link the trainer hands in.
  * Point-to-point only: no collective spans learners. outer.c decides the
  * rounds and what the mixed values mean.
  * Must not: sum over sites (reduce.c), frame or decode bytes (payload.c),
@@ -42,7 +42,7 @@ typedef struct {
     const Topology *topo;
     Shard *shard;              /* values, staging, codec, residuals */
     Link *link;                /* the trainer's */
-    StopBallot *ballot;        /* the trainer's: the earliest stop round rides on the pair verdicts */
+    StopBallot *ballot;        /* the trainer's: the earliest stop round and its sites ride on the pair verdicts */
     PairPlan *pairs;           /* (fragments, pair_bits, 2) plans (lossy, exact) */
     int pair_bits;             /* k: learners = 2^k */
     int fragments;

@@ -15,10 +15,20 @@
 #include "coll.h"
 #include "status.h"
 
-/* A verdict: per site, its payload was accepted; then per site, it does
- * not ask to stop (0 = it asks: the AND over sites keeps every request);
- * then per site, the host does not ask to take it back (0 = it asks). */
+/* A verdict: per site, its payload was accepted; then per site, its stop
+ * vote: bit 0 clear = it asks to stop, bit 1 clear = it asks to end (not to
+ * pause); then per site, the host does not ask to take it back (0 = it
+ * asks). A site writes only its own vote (VOTE_NONE for the others), so
+ * the AND over sites (and the MIN inside one: VOTE_END < VOTE_PAUSE <
+ * VOTE_NONE, each one's bits within the next's) keeps every request and
+ * its intent. */
 static size_t site_verdict_bytes(const Topology *t) { return 3 * (size_t)t->n_sites; }
+enum { VOTE_END = 0, VOTE_PAUSE = 2, VOTE_NONE = 3 };
+
+static unsigned char site_vote(int request)
+{
+    return request == STOP_END ? VOTE_END : request ? VOTE_PAUSE : VOTE_NONE;
+}
 
 /* The first learner of a site: the peers of fragment f in the other
  * sites' first learners, and its error feedback. */
@@ -288,7 +298,7 @@ static int agree_post(Reducer *r, SiteExchange *fp, int f, const unsigned char *
     const size_t nv = site_verdict_bytes(t);
     unsigned char *buf = fp->verdict;
     memcpy(buf, ok, (size_t)S);
-    for (int s = 0; s < S; s++) buf[S + s] = s != t->site || !r->ballot->request;
+    for (int s = 0; s < S; s++) buf[S + s] = s == t->site ? site_vote(r->ballot->request) : VOTE_NONE;
     for (int s = 0; s < S; s++) buf[2 * S + s] = r->ballot->take != s + 1;
     memcpy(buf + nv, alive, (size_t)S);
     CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, buf, (int)nv + S, MPI_UNSIGNED_CHAR, MPI_MIN, t->site_comm));
@@ -376,8 +386,10 @@ static int agree_complete(Reducer *r, SiteExchange *fp, int f, unsigned char *ok
             link_mark_lost(r->link, s, what, w);
         }
     }
-    for (int s = 0; s < S; s++)
-        if (!buf[S + s]) r->ballot->agreed = 1, r->ballot->sites[s] = 1;
+    for (int s = 0; s < S; s++) {
+        if (!(buf[S + s] & 1)) r->ballot->agreed = 1, r->ballot->sites[s] = 1;
+        if (!(buf[S + s] & 2)) r->ballot->ends[s] = 1;
+    }
     for (int s = 0; s < S; s++)
         if (!buf[2 * S + s]) r->ballot->take_agreed = s + 1;
     return ISTH_OK;

@@ -255,11 +255,52 @@ static int utilisation_summary(Trainer *tr, long first_step, double wall_s, doub
                                    compute_s / wall_s, wait_s, paused_s, final_s, steady);
 }
 
-/* SIGTERM / SIGUSR1 (what Slurm sends before the time limit): finish the
- * step, checkpoint, exit 0. The handler only raises a flag; a second signal
- * during the checkpoint changes nothing (the file is renamed when complete). */
-static volatile sig_atomic_t stop_signal;
-static void on_stop_signal(int sig) { stop_signal = sig; }
+/* SIGUSR1 (what Slurm sends before the time limit), SIGTERM (scancel) and
+ * SIGUSR2 (a job script passing SIGTERM on: jobs/lib.sh): finish the step,
+ * checkpoint, exit 0. USR1 asks for a pause (the job comes back: the pause
+ * marker), TERM and USR2 for an end (ballot.h), which no later USR1 undoes.
+ * The handler only raises flags; a second signal during the checkpoint
+ * changes nothing (the file is renamed when complete). */
+static volatile sig_atomic_t stop_signal, stop_end;
+static void on_stop_signal(int sig)
+{
+    if (sig != SIGUSR1) stop_end = 1;
+    stop_signal = sig;
+}
+
+static void stop_handlers(void)
+{
+    signal(SIGTERM, on_stop_signal);
+    signal(SIGUSR1, on_stop_signal);
+    signal(SIGUSR2, on_stop_signal);
+}
+
+/* The pause marker that jobs/lib.sh requeues a job by: <out_dir>/paused,
+ * or <out_dir>/paused-SITE for a federated site. Removed at every start;
+ * written (by this launch's first rank) when the site stops on a pause,
+ * its own or the run's, and not when it ends. */
+static void pause_marker(const Config *cfg, const char *site, char *path, size_t cap)
+{
+    snprintf(path, cap, "%s/paused%s%s", cfg->train.out_dir, site ? "-" : "", site ? site : "");
+}
+
+static int mark_paused(const Config *cfg, const char *site, long step, const char *why)
+{
+    int rank;
+    CHECK_MPI(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
+    if (rank != 0) return ISTH_OK;
+    char path[CONFIG_FILE_PATH_MAX + 80];
+    pause_marker(cfg, site, path, sizeof path);
+    CHECK(make_dirs(cfg->train.out_dir));
+    FILE *f = fopen(path, "w");
+    int bad = !f || fprintf(f, "step %ld: %s\n", step, why) < 0;
+    if (f && fclose(f) != 0) bad = 1;
+    if (bad)
+        return isth_fail(ISTH_ERUNTIME, "%s: cannot write the pause marker (the job would not come back)", path);
+    printf("paused: wrote %s (a job script requeues the job; resume with --resume auto)\n", path);
+    fflush(stdout);
+    return ISTH_OK;
+}
 
 /* Every rank must stop after the same step. Inside a site the flags are
  * combined with a non-blocking all-reduce on the site communicator, started
@@ -273,6 +314,7 @@ typedef struct {
     int send, recv, pending;
 } StopVote;
 
+/* local and *site_agreed: STOP_NONE, STOP_PAUSE or STOP_END (an end wins) */
 static int stop_vote(StopVote *v, MPI_Comm site_comm, int local, int *site_agreed)
 {
     *site_agreed = 0;
@@ -292,29 +334,57 @@ static int stop_vote(StopVote *v, MPI_Comm site_comm, int local, int *site_agree
  * preemption) lets those sites leave — they exit 0 and, started again,
  * rejoin — while the others train on; 1 when this site trains on. Any
  * site may leave (the host's place goes to the first site left, as after
- * a loss); a stop in butterfly (whose vote does not say who asked) or one
- * every site asked for ends the whole run. The same on every rank of
- * every site still in (the request bits came with the agreed verdicts). */
-static int others_leave(Trainer *tr)
+ * a loss); a stop every site asked for ends the whole run. The same on
+ * every rank of every site still in (the request bits came with the
+ * agreed verdicts). *alone: this site stops and the others train on (its
+ * own request's intent decides whether its job comes back); otherwise a
+ * stop is run-wide (stop_pauses). */
+static int others_leave(Trainer *tr, int *alone)
 {
     const Topology *t = &tr->topo;
     StopBallot *b = &tr->ballot;
-    int any = 0;
+    int any = 0, all = 1;
     for (int s = 0; s < t->n_sites; s++) any |= b->sites[s];
-    if (!link_survives(&tr->link) || tr->mode == MODE_BUTTERFLY || !any || b->sites[t->site]) return 0;
+    for (int s = 0; s < t->n_sites; s++) all &= b->sites[s] || link_is_lost(&tr->link, s);
+    *alone = 0;
+    if (!link_survives(&tr->link) || !any) return 0;
+    if (b->sites[t->site]) {
+        *alone = !all;
+        return 0;
+    }
     for (int s = 0; s < t->n_sites; s++)
         if (b->sites[s]) link_mark_left(&tr->link, s);
     b->agreed = 0;
     memset(b->sites, 0, sizeof b->sites);
+    memset(b->ends, 0, sizeof b->ends);
+    b->round = -1; /* butterfly: a site that asked later votes again */
+    b->round_sites = b->round_ends = 0;
     return 1;
 }
 
-/* Has every site agreed to stop after this step? */
+/* Has every site agreed to stop after this step? site_agreed: the site's
+ * vote (STOP_NONE, STOP_PAUSE, STOP_END). */
 static int stop_decided(Trainer *tr, int site_agreed)
 {
     if (tr->topo.n_sites == 1) return site_agreed;
-    if (site_agreed) tr->ballot.request = 1; /* goes out with the next verdicts */
+    /* goes out with the next verdicts; an end replaces a pause */
+    if (site_agreed > tr->ballot.request) tr->ballot.request = site_agreed;
     return tr->ballot.agreed;
+}
+
+/* Does this site's job come back after the stop (a pause), or end? A site
+ * that leaves alone does as its own request says; a stop of every site is
+ * an end when any site that asked asked to end (from the verdicts: the same
+ * at every site). An end this site's ranks saw (scancel) wins either way. */
+static int stop_pauses(const Trainer *tr, int site_intent, int alone)
+{
+    const StopBallot *b = &tr->ballot;
+    if (stop_end || site_intent == STOP_END || b->request == STOP_END) return 0;
+    if (tr->topo.n_sites == 1) return site_intent == STOP_PAUSE;
+    if (alone) return !b->ends[tr->topo.site];
+    for (int s = 0; s < tr->topo.n_sites; s++)
+        if (b->sites[s] && b->ends[s]) return 0;
+    return 1;
 }
 
 /* Which sites are out of the run (lost or left); returns how many. */
@@ -398,7 +468,7 @@ static int take_back(Trainer *tr, Federation *fed, const Config *cfg, int site, 
     if (vote->pending) { /* the site communicator goes with the trainer */
         CHECK_MPI(MPI_Wait(&vote->req, MPI_STATUS_IGNORE));
         vote->pending = 0;
-        *stop |= vote->recv;
+        if (vote->recv > *stop) *stop = vote->recv;
     }
     if (tr->mode != MODE_SYNC) CHECK(outer_drain(&tr->outer));
     CHECK(ckpt_write(tr));
@@ -474,7 +544,7 @@ static int knocks(Trainer *tr, Federation *fed, const Config *cfg, StopVote *vot
     const double t_back = now_s(); /* the knock and the handover are no training */
     CHECK(take_back(tr, fed, cfg, site, vote, &stop));
     *paused_s += now_s() - t_back;
-    if (stop) tr->ballot.request = 1;
+    if (stop > tr->ballot.request) tr->ballot.request = stop;
     return ISTH_OK;
 }
 
@@ -549,15 +619,17 @@ int train_run(const Config *cfg, const char *resume, const char *site)
     /* federated: a stop signal from here on is a request, also while the
      * sites wait for each other (a job's time limit: exit 0, and the job
      * requeues); every launch installs the handlers below in any case */
-    if (site) {
-        signal(SIGTERM, on_stop_signal);
-        signal(SIGUSR1, on_stop_signal);
-    }
+    if (site) stop_handlers();
+    char marker[CONFIG_FILE_PATH_MAX + 80]; /* a pause marker of an earlier start is stale */
+    pause_marker(cfg, site, marker, sizeof marker);
+    int world_rank;
+    CHECK_MPI(MPI_Comm_rank(MPI_COMM_WORLD, &world_rank));
+    if (world_rank == 0) unlink(marker);
     if (site) CHECK(federation_join(&fed, cfg, site, &stop_signal));
     else if (cfg->n_sites > 1) CHECK(federation_joint_keys(&fed, cfg));
-    if (fed.stopped) { /* the sites never met: nothing to train, save or report */
+    if (fed.stopped) { /* the sites never met: nothing to train or report; a pause comes back */
         federation_destroy(&fed);
-        return ISTH_OK;
+        return stop_end ? ISTH_OK : mark_paused(cfg, site, 0, "stopped by the time-limit signal while the sites met");
     }
     Trainer tr;
     int rc = trainer_start(&tr, cfg, fed.world, fed.link_master, site != NULL, 1);
@@ -576,15 +648,16 @@ int train_run(const Config *cfg, const char *resume, const char *site)
     }
     if (rc == ISTH_OK) rc = open_log(&tr, cfg, resumed_from);
     const TrainConfig *tc = &cfg->train;
-    const char *hook = getenv("ISTHMUS_STOP_AT_STEP"); /* test hook: behave as if signalled */
+    /* test hook: behave as if signalled at step N: "N" a pause (USR1), "N:end" an end (TERM) */
+    const char *hook = getenv("ISTHMUS_STOP_AT_STEP");
     const long stop_at = hook ? atol(hook) : -1;
-    signal(SIGTERM, on_stop_signal);
-    signal(SIGUSR1, on_stop_signal);
+    const int stop_at_intent = hook && strstr(hook, ":end") ? STOP_END : STOP_PAUSE;
+    stop_handlers();
     /* static: an all-reduce still posted when an error ends the job must
      * not write into a stack frame that is gone */
     static StopVote vote;
     memset(&vote, 0, sizeof vote);
-    int stopping = 0, ckpt_due = 0;
+    int stopping = 0, ckpt_due = 0, site_intent = STOP_NONE;
     fault_set_step(tr.step);
     if (rc == ISTH_OK && tc->eval_every > 0 && tr.step == 0) rc = trainer_eval(&tr);
     /* the training's wall time, less the evaluations and checkpoints in it
@@ -611,9 +684,11 @@ int train_run(const Config *cfg, const char *resume, const char *site)
             rc = check_replicas(&tr);
         if (rc != ISTH_OK) break;
         int site_stop;
-        rc = stop_vote(&vote, tr.topo.site_comm, stop_signal != 0 || tr.step == stop_at, &site_stop);
+        const int local = stop_end ? STOP_END : stop_signal ? STOP_PAUSE : tr.step == stop_at ? stop_at_intent : STOP_NONE;
+        rc = stop_vote(&vote, tr.topo.site_comm, local, &site_stop);
         if (rc != ISTH_OK) break;
-        stopping |= stop_decided(&tr, site_stop);
+        if (site_stop > site_intent) site_intent = site_stop;
+        stopping |= stop_decided(&tr, site_stop) != 0;
         if (cfg->checkpoint.every > 0 && tr.step % cfg->checkpoint.every == 0) ckpt_due = 1;
         if ((ckpt_due || stopping) && tr.step < tc->steps) {
             /* exchanges in flight complete now; their results are applied at
@@ -625,12 +700,19 @@ int train_run(const Config *cfg, const char *resume, const char *site)
             paused_s += now_s() - t_ckpt;
             ckpt_due = 0;
             if (rc != ISTH_OK) break;
-            if (stopping && others_leave(&tr)) {
+            int alone = 0;
+            if (stopping && others_leave(&tr, &alone)) {
                 stopping = 0;
                 rc = after_loss(&tr, &fed, cfg);
                 if (rc != ISTH_OK) break;
             } else if (stopping) {
-                if (tr.log) printf("stopping after step %ld on request (signal); resume with --resume auto\n", tr.step);
+                const int pause = stop_pauses(&tr, site_intent, alone);
+                if (tr.log)
+                    printf("stopping after step %ld on request (signal): %s; resume with --resume auto\n", tr.step,
+                           !pause ? "an end (the job ends)"
+                           : alone || tr.topo.n_sites == 1 ? "a pause (the job comes back)"
+                                                           : "a pause of every site (every site's job comes back)");
+                if (pause) rc = mark_paused(cfg, site, tr.step, alone || tr.topo.n_sites == 1 ? "a pause" : "a pause of every site");
                 break;
             }
         }

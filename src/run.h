@@ -1,9 +1,10 @@
 /* run.h — one `isthmus train` run from start to end.
  *
  * Owns: the run loop around trainer_step (train.h): periodic replica
- * checks, evaluation and checkpoints, the stop vote (SIGTERM/SIGUSR1 and
- * the test hook), resume, the end of training (outer_finish, the final
- * checkpoint, evaluation and model file) and the traffic summary.
+ * checks, evaluation and checkpoints, the stop vote (SIGUSR1 a pause,
+ * SIGTERM/SIGUSR2 an end, the test hook) and the pause marker, resume,
+ * the end of training (outer_finish, the final checkpoint, evaluation and
+ * model file) and the traffic summary.
  * Must not: compute a step (train.c) or know which backend computes.
  */
 #ifndef ISTHMUS_RUN_H

@@ -10,7 +10,8 @@
 #  - no ompi-server: the site script says so in one line, exit 2, no hang;
 #    a host whose partner never comes gives up at outer.join_timeout, exit 1;
 #    with join_timeout = 0 either site waits without a limit, naming whom,
-#    until a stop signal ends it with exit 0, and the run forms whenever
+#    until a stop signal ends it with exit 0 (USR1: its pause marker
+#    written, which the job scripts requeue on), and the run forms whenever
 #    the other site comes;
 #  - SIGKILL of site b's processes mid-run: site a logs the loss once within
 #    its deadline + 2 s and trains on alone; b started again with --resume
@@ -19,12 +20,17 @@
 #  - SIGKILL of site a, the host: b trains on and hosts; a started again
 #    rejoins there;
 #  - SIGTERM of site b (its job cancelled): all sites checkpoint the agreed
-#    step, b leaves (exit 0) and a trains on without waiting for a deadline;
-#    b started again rejoins; USR1 to site a (the first site, its job's
-#    time limit): the same with the sites' roles swapped — b hosts from
-#    then on and a started again rejoins there; a left and b stopped later
-#    (keep = 1): started again together, both continue from b's newest
-#    step (a fetches b's file through the link);
+#    step, b leaves (exit 0, an end: no pause marker) and a trains on
+#    without waiting for a deadline; b started again rejoins; USR1 to site
+#    a (the first site, its job's time limit): the same with the sites'
+#    roles swapped (a pause: a writes its marker) — b hosts from then on
+#    and a started again rejoins there; the same in butterfly (its vote
+#    says which sites asked); a left and b stopped later (keep = 1):
+#    started again together, both continue from b's newest step (a fetches
+#    b's file through the link);
+#  - both sites ask at the same step (the test hook): a pause of every
+#    site writes both markers, and both started again end on the joint
+#    launch's model; a pause and an end together end both (no marker);
 #  - SIGSTOP of site b beyond the deadline: a trains on; after SIGCONT b
 #    finds a's notice, says it was dropped and exits 3 (no split run); the
 #    site script starts it again and it rejoins;
@@ -162,8 +168,9 @@ wait_stopped() { # wait_stopped NAME WHOM: started alone, USR1 after 4 s
     dt=$(($(date +%s) - t0))
     if [ $rc -eq 0 ] && grep -q "waiting for $whom (no limit: until stopped)\|waits for $whom (no limit: until stopped)" \
         "$WORK/nolimit_$name.log" && grep -q "stopped by a signal while waiting for $whom" "$WORK/nolimit_$name.log" &&
-        ! ls "$WORK/nolimit_$name"/model.h5 "$WORK/nolimit_$name"/checkpoints > /dev/null 2>&1; then
-        pass "join_timeout = 0: site $name alone waits for $whom without a limit; USR1 ends it, exit 0 after $dt s, nothing written"
+        ! ls "$WORK/nolimit_$name"/model.h5 "$WORK/nolimit_$name"/checkpoints > /dev/null 2>&1 &&
+        [ -f "$WORK/nolimit_$name/paused-$name" ]; then
+        pass "join_timeout = 0: site $name alone waits for $whom without a limit; USR1 ends it, exit 0 after $dt s, nothing written but its pause marker"
     else
         fail "join_timeout = 0, site $name: exit $rc after $dt s: $(grep -v '^\[' "$WORK/nolimit_$name.log" | tail -3 | tr '\n' '|')"
     fi
@@ -270,7 +277,8 @@ else
 fi
 lose left TERM "" restart --set train.steps=1000 # b's job is cancelled (SIGTERM), then started again
 if [ $RA -eq 0 ] && [ $RB -eq 0 ] && grep -q '^site b left at step [0-9]*: its job stopped on a signal' "$WORK/left_a.log" &&
-    grep -q '^stopping after step [0-9]* on request (signal)' "$WORK/left_b.log" &&
+    grep -q '^stopping after step [0-9]* on request (signal): an end (the job ends)' "$WORK/left_b.log" &&
+    ! grep -q '^paused: ' "$WORK/left_b.log" &&
     grep -q '^rejoined the live run at step' "$WORK/left_b2.log" && same_model "$WORK/left"; then
     pass "SIGTERM to site b: b checkpoints and leaves (exit 0), a trains on at once ($(grep -m1 '^site b left' "$WORK/left_a.log" | cut -d: -f1)); b started again rejoins"
 else
@@ -280,11 +288,25 @@ fi
 # leaves like any other, b trains on and hosts, a started again rejoins there
 VICTIM=a lose lefta USR1 "" restart --set train.steps=1000
 if [ $RA -eq 0 ] && [ $RB -eq 0 ] && grep -q '^site a left at step [0-9]*: its job stopped on a signal' "$WORK/lefta_b.log" &&
-    grep -q '^stopping after step [0-9]* on request (signal)' "$WORK/lefta_a.log" &&
+    grep -q '^stopping after step [0-9]* on request (signal): a pause (the job comes back)' "$WORK/lefta_a.log" &&
+    grep -q "^paused: wrote $WORK/lefta/paused-a " "$WORK/lefta_a.log" &&
     grep -q '^rejoined the live run at step' "$WORK/lefta_a2.log" && same_model "$WORK/lefta"; then
     pass "USR1 to site a (the first site): a checkpoints and leaves (exit 0), b trains on ($(grep -m1 '^site a left' "$WORK/lefta_b.log" | cut -d: -f1)) and hosts; a started again rejoins"
 else
     fail "site a left: exits $RA/$RB: $(grep -h 'error\|^site a\|^stopping after\|^rejoined\|^resume' "$WORK"/lefta_?.log "$WORK"/lefta_a2.log | head -6 | tr '\n' ' '); same model: $(same_model "$WORK/lefta" && echo yes || echo no)"
+fi
+# butterfly's stop vote says which sites asked: USR1 to site a (its job's
+# time limit) lets just a leave — it checkpoints, writes its pause marker
+# and exits 0 — while b trains on and hosts; a started again rejoins there
+VICTIM=a lose bfleft USR1 "" restart --set outer.mode=butterfly --set train.steps=1000
+if [ $RA -eq 0 ] && [ $RB -eq 0 ] && grep -q '^site a left at step [0-9]*: its job stopped on a signal' "$WORK/bfleft_b.log" &&
+    grep -q '^stopping after step [0-9]* on request (signal): a pause (the job comes back)' "$WORK/bfleft_a.log" &&
+    grep -q "^paused: wrote $WORK/bfleft/paused-a " "$WORK/bfleft_a.log" && ! grep -q '^stopping after' "$WORK/bfleft_b.log" &&
+    grep -q '^rejoined the live run at step' "$WORK/bfleft_a2.log" && grep -q '^step  *1000/1000 ' "$WORK/bfleft_b.log" &&
+    same_model "$WORK/bfleft"; then
+    pass "butterfly, USR1 to site a: a leaves alone (exit 0, pause marker), b trains on ($(grep -m1 '^site a left' "$WORK/bfleft_b.log" | cut -d: -f1)) and hosts; a started again rejoins, the same final model"
+else
+    fail "butterfly, a left: exits $RA/$RB: $(grep -h 'error\|^site a\|^stopping after\|^paused\|^rejoined' "$WORK"/bfleft_?.log "$WORK"/bfleft_a2.log | head -6 | tr '\n' ' '); same model: $(same_model "$WORK/bfleft" && echo yes || echo no)"
 fi
 # both sites stop one after the other: a leaves on its time limit, b trains
 # on alone (a checkpoint every 20 steps, keep = 1) and then stops too; the
@@ -316,6 +338,40 @@ if [ $RA -eq 0 ] && [ $RB -eq 0 ] && [ $RA2 -eq 0 ] && [ $RB2 -eq 0 ] && [ -n "$
     pass "a left at step $left, b trained on alone to step $newest_b (keep = 1) and stopped: started again, both continue from step $newest_b (a fetched b's file, nothing set aside), the same final model"
 else
     fail "pinned step: exits $RA/$RB, then $RA2/$RB2; a left at '$left', b's newest '$newest_b': $(grep -h 'resume\|error' "$WORK"/pin_a2.log "$WORK"/pin_b2.log | head -4 | tr '\n' ' ')"
+fi
+# the stop vote's intent: both sites ask at the same step (the test hook at
+# step 5: the site's vote is agreed after step 6 and rides on the verdicts
+# of the exchange of step 8, posted after both have it), so the stop is
+# run-wide. A pause of every site: each writes its pause marker
+# (<out_dir>/paused-SITE, which jobs/lib.sh requeues on) and exits 0; both
+# started again resume and end on the joint launch's model, and the markers
+# are gone. An end anywhere (one site's hook "5:end", scancel's TERM) ends
+# every site: no marker.
+hooked() { # hooked NAME args...: site NAME with the test hook HOOK_a / HOOK_b
+    local h=HOOK_$1
+    ISTHMUS_STOP_AT_STEP=${!h} site "$@"
+}
+HOOK_a=5 HOOK_b=5 federated_pair "$WORK/pause_a.log" "$WORK/pause_b.log" hooked 1 "$WORK/pause" --set outer.run_id=t5p
+RA=$ra RB=$rb
+ma=$(cat "$WORK/pause/paused-a" 2> /dev/null) mb=$(cat "$WORK/pause/paused-b" 2> /dev/null)
+at=$(echo "$ma" | sed -n 's/^step \([0-9]*\): .*/\1/p')
+federated_pair "$WORK/pause_a2.log" "$WORK/pause_b2.log" site 1 "$WORK/pause" --set outer.run_id=t5p --resume auto
+if [ $RA -eq 0 ] && [ $RB -eq 0 ] && [ -n "$at" ] && [ "$ma" = "step $at: a pause of every site" ] && [ "$mb" = "$ma" ] &&
+    grep -q "^stopping after step $at on request (signal): a pause of every site" "$WORK/pause_b.log" &&
+    [ $ra -eq 0 ] && [ $rb -eq 0 ] && ! ls "$WORK"/pause/paused-* > /dev/null 2>&1 &&
+    grep -q "^resumed from .*: step $at," "$WORK/pause_b2.log" &&
+    h5diff "$WORK/joint/model.h5" "$WORK/pause/model.h5" /model /model > /dev/null 2>&1; then
+    pass "a pause of both sites at step $at: both exit 0 with a pause marker ('$ma'); started again, both resume from step $at and end on the joint launch's model, markers gone"
+else
+    fail "pause of every site: exits $RA/$RB then $ra/$rb, markers '$ma'/'$mb': $(grep -h 'error\|^stopping\|^resume' "$WORK"/pause_*.log | head -4 | tr '\n' '|')"
+fi
+HOOK_a=5 HOOK_b=5:end federated_pair "$WORK/end_a.log" "$WORK/end_b.log" hooked 1 "$WORK/end" --set outer.run_id=t5e
+if [ $ra -eq 0 ] && [ $rb -eq 0 ] && ! ls "$WORK"/end/paused* > /dev/null 2>&1 &&
+    grep -q '^stopping after step [0-9]* on request (signal): an end (the job ends)' "$WORK/end_a.log" &&
+    grep -q '^stopping after step [0-9]* on request (signal): an end (the job ends)' "$WORK/end_b.log"; then
+    pass "a's pause and b's end at the same step: an end of every site (exit 0, no pause marker at either)"
+else
+    fail "pause and end: exits $ra/$rb, markers: $(ls "$WORK"/end/paused* 2>&1 | tr '\n' ' '): $(grep -h 'error\|^stopping' "$WORK"/end_?.log | head -4 | tr '\n' '|')"
 fi
 # the host itself killed: b hosts from then on; a started again rejoins there
 HK="--set outer.run_id=hostkill $LONG --set train.steps=1000 --set train.log_every=5"

@@ -13,6 +13,10 @@
 #    rejoins the live run and both end on the same model;
 #  - a federated site alone in its queue waits, is requeued by its time-limit
 #    signal and, requeued, meets the other site;
+#  - a pause of every site (both sites' stop at one step, as when the first
+#    site's time limit pauses the whole run): neither job is signalled, each
+#    writes its pause marker and both jobs requeue themselves; requeued, they
+#    train to the end, the same final model at both;
 #  - the harness stops every daemon it started, by PID.
 # Skipped (visibly) when the Slurm packages are not installed.
 . "$TOP_SRCDIR/tests/lib.sh"
@@ -163,7 +167,6 @@ qb=$(submit_q b siteB "$WORK/queue_b.log")
 scontrol update JobId="$qa" StartTime=now 2> /dev/null
 wait_state "$qa" COMPLETED 240
 wait_state "$qb" COMPLETED 120
-scancel "$sjid"
 if [ "$(job_field "$qa" JobState)" = COMPLETED ] && [ "$(job_field "$qa" Restarts)" = 1 ] &&
     [ "$(job_field "$qb" JobState)" = COMPLETED ] &&
     grep -q "stopped by a signal while waiting for site(s) b" "$WORK/queue_a.log" &&
@@ -175,7 +178,46 @@ else
     fail "queue: a $(job_field "$qa" JobState) (restarts $(job_field "$qa" Restarts)), b $(job_field "$qb" JobState): $(grep -h 'federation\|isthmus job\|error' "$WORK"/queue_?.log | head -8 | tr '\n' '|')"
 fi
 
-# 7. the harness stops what it started, by PID (also on the way out of a failed test: the trap)
+# 7. a pause of every site: the test hook stops both sites at step 45 (the
+# site votes are agreed after step 46 and ride on the same verdicts: no
+# exchange posts its verdicts at step 46), a stop every site asked for, as a
+# pause; no job sees a signal, each site writes its marker, and both jobs
+# requeue themselves (site.sbatch reads the marker). Requeued (started now
+# rather than in two minutes), they resume and train to the end.
+submit_p() { # submit_p NAME NODE LOG
+    ISTHMUS_STOP_AT_STEP=45 ISTHMUS_SITE=$1 ISTHMUS_SERVER="$URI" ISTHMUS_OUT="$WORK/pause" ISTHMUS_ARGS="$FED
+ --set outer.run_id=slurm-pause --set train.steps=120" ISTHMUS_MPIRUN_ARGS="$LOCAL_MPIRUN" \
+        sbatch --parsable -w "$2" -o "$3" "$TOP_SRCDIR/jobs/site.sbatch" "$T"
+}
+pja=$(submit_p a siteA "$WORK/pause_a.log")
+pjb=$(submit_p b siteB "$WORK/pause_b.log")
+for j in $pja $pjb; do
+    for _ in $(seq 1 900); do
+        [ "$(job_field "$j" Restarts)" = 1 ] && [ "$(job_field "$j" JobState)" = PENDING ] && break
+        case $(job_field "$j" JobState) in COMPLETED | FAILED | CANCELLED | TIMEOUT | NODE_FAIL) break ;; esac
+        sleep 0.2
+    done
+    scontrol update JobId="$j" StartTime=now 2> /dev/null
+done
+wait_state "$pja" COMPLETED 240
+wait_state "$pjb" COMPLETED 120
+scancel "$sjid"
+fa=$(ls "$WORK"/pause/checkpoints/a/ckpt-*.h5 2> /dev/null | tail -1)
+fb=$(ls "$WORK"/pause/checkpoints/b/ckpt-*.h5 2> /dev/null | tail -1)
+at=$(sed -n 's/^stopping after step \([0-9]*\) on request (signal): a pause of every site.*/\1/p' "$WORK/pause_b.log" | head -1)
+if [ "$(job_field "$pja" JobState)" = COMPLETED ] && [ "$(job_field "$pjb" JobState)" = COMPLETED ] &&
+    [ "$(job_field "$pja" Restarts)" = 1 ] && [ "$(job_field "$pjb" Restarts)" = 1 ] && [ -n "$at" ] &&
+    grep -q "^isthmus job: paused ($WORK/pause/paused-a: step $at: a pause of every site); requeueing job $pja" "$WORK/pause_a.log" &&
+    grep -q "^isthmus job: paused ($WORK/pause/paused-b: step $at: a pause of every site); requeueing job $pjb" "$WORK/pause_b.log" &&
+    ! grep -q "isthmus job: exit 0 after SIG" "$WORK/pause_b.log" && grep -q "^resumed from .*: step $at," "$WORK/pause_b.log" &&
+    [ "$(basename "$fa")" = ckpt-00000120.h5 ] && [ "$(basename "$fb")" = ckpt-00000120.h5 ] &&
+    h5diff "$fa" "$fb" /model /model > /dev/null 2>&1 && ! ls "$WORK"/pause/paused-* > /dev/null 2>&1; then
+    pass "a pause of every site at step $at: both jobs (neither signalled) requeue on their pause markers, resume and train to the end, the same final model"
+else
+    fail "pause of every site: a $(job_field "$pja" JobState) (restarts $(job_field "$pja" Restarts)), b $(job_field "$pjb" JobState) (restarts $(job_field "$pjb" Restarts)), paused at '$at': $(grep -h 'isthmus job\|^stopping\|^paused\|^resumed\|error' "$WORK"/pause_?.log | head -8 | tr '\n' '|')"
+fi
+
+# 8. the harness stops what it started, by PID (also on the way out of a failed test: the trap)
 pids=$("$CLUSTER" alive "$CL")
 "$CLUSTER" stop "$CL"
 left=""
