@@ -17,6 +17,12 @@
 #    site's time limit pauses the whole run): neither job is signalled, each
 #    writes its pause marker and both jobs requeue themselves; requeued, they
 #    train to the end, the same final model at both;
+#  - three federated sites (a and c on siteA, b on siteB): the first site's
+#    time-limit signal pauses it alone — a leaves, its job requeues, b hosts
+#    and b and c train on; requeued, a rejoins live; every site ends on the
+#    same model;
+#  - three sites paused at one step (the hook at every site): all three
+#    jobs requeue themselves, resume and end on the same model;
 #  - the harness stops every daemon it started, by PID.
 # Skipped (visibly) when the Slurm packages are not installed.
 . "$TOP_SRCDIR/tests/lib.sh"
@@ -201,7 +207,6 @@ for j in $pja $pjb; do
 done
 wait_state "$pja" COMPLETED 240
 wait_state "$pjb" COMPLETED 120
-scancel "$sjid"
 fa=$(ls "$WORK"/pause/checkpoints/a/ckpt-*.h5 2> /dev/null | tail -1)
 fb=$(ls "$WORK"/pause/checkpoints/b/ckpt-*.h5 2> /dev/null | tail -1)
 at=$(sed -n 's/^stopping after step \([0-9]*\) on request (signal): a pause of every site.*/\1/p' "$WORK/pause_b.log" | head -1)
@@ -216,6 +221,79 @@ if [ "$(job_field "$pja" JobState)" = COMPLETED ] && [ "$(job_field "$pjb" JobSt
 else
     fail "pause of every site: a $(job_field "$pja" JobState) (restarts $(job_field "$pja" Restarts)), b $(job_field "$pjb" JobState) (restarts $(job_field "$pjb" Restarts)), paused at '$at': $(grep -h 'isthmus job\|^stopping\|^paused\|^resumed\|error' "$WORK"/pause_?.log | head -8 | tr '\n' '|')"
 fi
+
+# 7b. three sites: USR1 to site a's batch shell (its time limit, as
+# --signal=B:USR1 sends it): a pauses alone (it leaves, its marker
+# written), its job requeues itself; b hosts, b and c train on; requeued
+# (started now), a rejoins at b; all three end on the same model
+FED3="$FED --set site.c.ranks=1 --set train.steps=900"
+submit_3() { # submit_3 NAME NODE LOG RUN_ID [env...]: a site of the three-site run
+    local name=$1 node=$2 log=$3 id=$4
+    shift 4
+    env "$@" ISTHMUS_SITE="$name" ISTHMUS_SERVER="$URI" ISTHMUS_OUT="$WORK/$id" ISTHMUS_ARGS="$FED3 --set outer.run_id=$id" \
+        ISTHMUS_MPIRUN_ARGS="$LOCAL_MPIRUN" sbatch --parsable -w "$node" -o "$log" "$TOP_SRCDIR/jobs/site.sbatch" "$T"
+}
+same3() { # same3 DIR: every site's newest checkpoint is of STEP and holds the same model
+    local f g s
+    f=$(ls "$1"/checkpoints/a/ckpt-*.h5 2> /dev/null | tail -1)
+    [ "$(basename "$f")" = "$2" ] || return 1
+    for s in b c; do
+        g=$(ls "$1"/checkpoints/$s/ckpt-*.h5 2> /dev/null | tail -1)
+        [ "$(basename "$g")" = "$2" ] && h5diff "$f" "$g" /model /model > /dev/null 2>&1 || return 1
+    done
+}
+j3a=$(submit_3 a siteA "$WORK/t3_a.log" slurm-three)
+j3b=$(submit_3 b siteB "$WORK/t3_b.log" slurm-three)
+j3c=$(submit_3 c siteA "$WORK/t3_c.log" slurm-three)
+wait_log "$WORK/t3_a.log" '^step  *200/' 180 "$j3a" && scancel -s USR1 -b "$j3a"
+for _ in $(seq 1 600); do [ "$(job_field "$j3a" JobState)" = PENDING ] && break; sleep 0.2; done
+scontrol update JobId="$j3a" StartTime=now 2> /dev/null
+wait_state "$j3a" COMPLETED 300
+wait_state "$j3b" COMPLETED 120
+wait_state "$j3c" COMPLETED 120
+if [ "$(job_field "$j3a" JobState)" = COMPLETED ] && [ "$(job_field "$j3a" Restarts)" = 1 ] &&
+    [ "$(job_field "$j3b" JobState)" = COMPLETED ] && [ "$(job_field "$j3c" JobState)" = COMPLETED ] &&
+    grep -q "^isthmus job: paused ($WORK/slurm-three/paused-a: step [0-9]*: .*); requeueing job $j3a" "$WORK/t3_a.log" &&
+    grep -q '^site a left at step' "$WORK/t3_b.log" && grep -q '^site a left at step' "$WORK/t3_c.log" &&
+    grep -q '^federation: site b hosts run' "$WORK/t3_b.log" && grep -q '^site a rejoined at step' "$WORK/t3_c.log" &&
+    grep -q '^rejoined the live run at step' "$WORK/t3_a.log" && same3 "$WORK/slurm-three" ckpt-00000900.h5; then
+    pass "three sites: the first site's time limit pauses it alone (its job requeues), b hosts and b and c train on; requeued, a rejoins ($(grep -m1 '^site a rejoined' "$WORK/t3_c.log" | cut -d: -f1)); the same final model at all three"
+else
+    fail "three sites, a's time limit: a $(job_field "$j3a" JobState) (restarts $(job_field "$j3a" Restarts)), b $(job_field "$j3b" JobState), c $(job_field "$j3c" JobState): $(grep -h 'isthmus job\|^site a\|^rejoined\|error' "$WORK"/t3_?.log | head -8 | tr '\n' '|')"
+fi
+
+# 7c. three sites paused at one step (the hook at all three: a stop every
+# site asked for, a pause): all three jobs requeue on their markers,
+# resume and train to the end
+pids3=""
+for s in a b c; do
+    node=siteA
+    [ $s = b ] && node=siteB
+    pids3="$pids3 $(submit_3 $s $node "$WORK/p3_$s.log" slurm-pause3 ISTHMUS_STOP_AT_STEP=45)"
+done
+for j in $pids3; do
+    for _ in $(seq 1 900); do
+        [ "$(job_field "$j" Restarts)" = 1 ] && [ "$(job_field "$j" JobState)" = PENDING ] && break
+        case $(job_field "$j" JobState) in COMPLETED | FAILED | CANCELLED | TIMEOUT | NODE_FAIL) break ;; esac
+        sleep 0.2
+    done
+    scontrol update JobId="$j" StartTime=now 2> /dev/null
+done
+ok3=1
+for j in $pids3; do
+    wait_state "$j" COMPLETED 300
+    [ "$(job_field "$j" JobState)" = COMPLETED ] && [ "$(job_field "$j" Restarts)" = 1 ] || ok3=0
+done
+for s in a b c; do
+    grep -q "^isthmus job: paused ($WORK/slurm-pause3/paused-$s: step [0-9]*: a pause of every site); requeueing job" \
+        "$WORK/p3_$s.log" || ok3=0
+done
+if [ $ok3 = 1 ] && same3 "$WORK/slurm-pause3" ckpt-00000900.h5 && ! ls "$WORK"/slurm-pause3/paused-* > /dev/null 2>&1; then
+    pass "three sites paused at one step: all three jobs (none signalled) requeue on their markers, resume and train to the end, the same final model"
+else
+    fail "three sites paused: $(for j in $pids3; do printf '%s ' "$(job_field "$j" JobState)/$(job_field "$j" Restarts)"; done): $(grep -h 'isthmus job\|^stopping\|^paused\|^resumed\|error' "$WORK"/p3_?.log | head -8 | tr '\n' '|')"
+fi
+scancel "$sjid"
 
 # 8. the harness stops what it started, by PID (also on the way out of a failed test: the trap)
 pids=$("$CLUSTER" alive "$CL")
