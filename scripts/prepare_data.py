@@ -62,8 +62,10 @@ def fail(msg):
 
 
 def made(path):
-    """path is this run's: removed if the run fails (inside a directory this run made, already)."""
-    if not (MADE and os.path.isdir(MADE[0]) and path.startswith(MADE[0] + os.sep)):
+    """path is this run's: removed if the run fails (inside a directory this run made, already). A file
+    that was there before this run (an earlier run's output) is not this run's to remove."""
+    inside = MADE and os.path.isdir(MADE[0]) and path.startswith(MADE[0] + os.sep)
+    if not inside and not os.path.lexists(path):
         MADE.append(path)
     return path
 

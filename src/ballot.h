@@ -21,8 +21,9 @@
  *            pair verdicts; run.c clears them with `round`;
  *   take     run.c: the host asks the live sites to take a knocking site
  *            back (its index + 1; 0 none) and clears it once taken;
- *   take_agreed reduce.c, when a finished site exchange carried the host's
- *            ask; run.c clears it when it has acted on it.
+ *   take_agreed, take_out  reduce.c, when a finished site exchange
+ *            carried the host's ask (take_out: the sites any site saw out
+ *            then); run.c clears it when it has acted on it.
  * Must not: hold behaviour beyond its initial value.
  */
 #ifndef ISTHMUS_BALLOT_H
@@ -49,6 +50,7 @@ typedef struct {
     uint64_t round_ends;  /* butterfly: which of them asked to end */
     int take;             /* host: take site take - 1 back (0: none) */
     int take_agreed;      /* every live site takes site take_agreed - 1 back after this step (0: none) */
+    unsigned char take_out[CONFIG_MAX_SITES]; /* the sites out of the run, as every site agreed with the ask */
 } StopBallot;
 
 /* No vote cast (round -1: a zeroed ballot would read "asked in round 0"). */

@@ -104,6 +104,9 @@ int eval_set(Backend *be, Coll *ep, int B, int T, EvalSet *s, size_t max_bytes, 
     return ISTH_OK;
 }
 
+/* the sets' tokens were checked in this process (they are the config's: the same each time) */
+static int tokens_checked;
+
 int eval_sets_open(EvalSet sets[CONFIG_MAX_EVALS], int *n, const Config *cfg, int train_width)
 {
     EvalConfig ec[CONFIG_MAX_EVALS];
@@ -135,14 +138,16 @@ int eval_sets_open(EvalSet sets[CONFIG_MAX_EVALS], int *n, const Config *cfg, in
                            ec[i].bytes, c->path, c->size);
         /* every token now, not at the first evaluation (after the training:
          * the training data's are checked as windows read them); a set of
-         * the wrong kind for the model is the training data's message */
-        else if (data_kind_fits(c->width, cfg->model.vocab))
+         * the wrong kind for the model is the training data's message. Once
+         * per process: a live rejoin opens the same sets again */
+        else if (!tokens_checked && data_kind_fits(c->width, cfg->model.vocab))
             rc = corpus_check_tokens(&s->file, cfg->model.vocab);
         if (rc != ISTH_OK) {
             eval_sets_close(sets, *n);
             return rc;
         }
     }
+    tokens_checked = 1;
     return ISTH_OK;
 }
 

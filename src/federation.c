@@ -489,7 +489,7 @@ int federation_join(Federation *f, const Config *cfg, const char *site_name, con
     f->rejoin_step = outcome[1];
     f->host_site = (int)outcome[2];
     f->hosting = (int)outcome[3];
-    /* a rejoin (two sites; either may host) or the run forming (site 0 hosts) */
+    /* a rejoin (any live site may host) or the run forming (site 0 hosts) */
     if (site_rc == ISTH_OK) {
         break_join = join_breaks(site_name);
         site_rc = f->rejoin_step >= 0 ? build_rejoin_world(f, cfg, MPI_COMM_WORLD, 0, f->site) : build_world(f, cfg);
@@ -559,7 +559,7 @@ int federation_knocking(Federation *f, int site)
 static int live_world(const Federation *f, const Config *cfg, const unsigned char *out, MPI_Comm *live,
                       int *host_rank)
 {
-    MPI_Group all, group;
+    MPI_Group all = MPI_GROUP_NULL, group;
     int size, n = 0, offset = 0;
     MPI_Comm_size(f->world, &size);
     int *ranks = isth_malloc(sizeof(int) * (size_t)size);
@@ -573,10 +573,8 @@ static int live_world(const Federation *f, const Config *cfg, const unsigned cha
         offset += cfg->sites[s].ranks;
     }
     int rc = MPI_Comm_group(f->world, &all);
-    if (rc == MPI_SUCCESS && *host_rank >= 0) {
-        rc = MPI_Group_incl(all, n, ranks, &group);
-        MPI_Group_free(&all);
-    }
+    if (rc == MPI_SUCCESS && *host_rank >= 0) rc = MPI_Group_incl(all, n, ranks, &group);
+    if (all != MPI_GROUP_NULL) MPI_Group_free(&all);
     isth_free(ranks);
     if (*host_rank < 0) return isth_fail(ISTH_ERUNTIME, "federation: the host's site is not among the live sites");
     CHECK_MPI(rc);

@@ -67,19 +67,19 @@ typedef struct {
     int federated;       /* 0: the joint launch (world is MPI_COMM_WORLD) */
     int site;            /* this mpirun's site (config index) */
     MPI_Comm world;      /* every site's ranks in config order */
-    MPI_Comm leader_link[CONFIG_MAX_SITES]; /* host: one per other site; joiner: [0] to the host */
+    MPI_Comm leader_link[CONFIG_MAX_SITES]; /* host: one per site it took in; joiner: [host_site] */
     char service[96];    /* "isthmus-<run id>" */
     char port[MPI_MAX_PORT_NAME];
     int published;       /* the host's name is in the name service */
     char knock_seen[CONFIG_MAX_SITES][64]; /* host: the knock value last tried per site */
     long rejoin_step;    /* joiner: the live host's step to continue from; -1 the run is forming */
     int hosting;         /* this site has a port open under the run's name (the first site; a survivor) */
-    int host_site;       /* joiner: the site it joined */
+    int host_site;       /* the site that hosts now (every site: after a loss, the first live one) */
     /* the link's master key (seal.h) on every rank: federated, from the run
      * key and the epoch of the sites' last meeting; joint, see
      * federation_joint_keys */
     unsigned char link_master[SEAL_KEY_BYTES];
-    /* the caller's flag, raised by a stop signal (SIGUSR1, SIGTERM): it
+    /* the caller's flag, raised by a stop signal (SIGUSR1, SIGTERM, SIGUSR2): it
      * ends a wait for the other sites */
     const volatile sig_atomic_t *stop_flag;
     int stopped;         /* the join ended on that signal before the run formed */
@@ -87,7 +87,8 @@ typedef struct {
 
 /* How long a restarted first site waits for a live run to answer its knock
  * (a "busy" answer, given within the host's next step, extends it to
- * outer.join_timeout) before it hosts the run's forming itself. */
+ * checkpoint.timeout + FEDERATION_SETUP_S) before it hosts the run's
+ * forming itself. */
 #define FEDERATION_PROBE_S 10.0
 
 /* outer.join_timeout = 0: the sites wait for each other without a limit,

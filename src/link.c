@@ -186,10 +186,17 @@ int link_take_lost(Link *l, unsigned char *out, int n_sites)
 
 void link_notify_dropped(Link *l, int peer, int my_site, uint64_t live)
 {
-    static uint64_t sent[LINK_MAX_SITES]; /* MPI reads it whenever it can: never on the stack */
-    static unsigned char notice[LINK_MAX_SITES][NOTICE_BYTES]; /* the same for the wire */
+    /* MPI (or the wire) reads a notice whenever it can and its request is
+     * never awaited: never on the stack, and a peer lost again takes the
+     * next of a few slots, not the one an earlier notice may still be read from */
+    enum { SLOTS = 4 };
+    static uint64_t sent[LINK_MAX_SITES][SLOTS];
+    static unsigned char notice[LINK_MAX_SITES][SLOTS][NOTICE_BYTES];
+    static unsigned turn[LINK_MAX_SITES];
+    const int ps = site_of_rank(l, peer) % LINK_MAX_SITES;
+    const unsigned slot = turn[ps]++ % SLOTS;
     if (over_wire(l, peer)) {
-        unsigned char *f = notice[site_of_rank(l, peer) % LINK_MAX_SITES];
+        unsigned char *f = notice[ps][slot];
         memcpy(f + sizeof(LinkHeader), &live, sizeof live);
         link_frame(l, peer, f, 0, LINK_CONTROL, 1, (uint32_t)my_site, 0, sizeof live, sizeof live);
         (void)wire_isend(l->wire, peer, LINK_TAG_DROPPED, f, NOTICE_BYTES, NULL); /* detached: never awaited */
@@ -197,7 +204,7 @@ void link_notify_dropped(Link *l, int peer, int my_site, uint64_t live)
         return;
     }
     MPI_Request req;
-    uint64_t *v = &sent[site_of_rank(l, peer) % LINK_MAX_SITES];
+    uint64_t *v = &sent[ps][slot];
     *v = live;
     if (MPI_Isend(v, 1, MPI_UINT64_T, peer, LINK_TAG_DROPPED, l->comm, &req) == MPI_SUCCESS) MPI_Request_free(&req);
 }

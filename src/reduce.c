@@ -18,11 +18,12 @@
 /* A verdict: per site, its payload was accepted; then per site, its stop
  * vote: bit 0 clear = it asks to stop, bit 1 clear = it asks to end (not to
  * pause); then per site, the host does not ask to take it back (0 = it
- * asks). A site writes only its own vote (VOTE_NONE for the others), so
+ * asks); then per site, the sender sees it in the run (0 = out: the AND
+ * is the set of sites every site sees in, the one a take-back acts on). A site writes only its own vote (VOTE_NONE for the others), so
  * the AND over sites (and the MIN inside one: VOTE_END < VOTE_PAUSE <
  * VOTE_NONE, each one's bits within the next's) keeps every request and
  * its intent. */
-static size_t site_verdict_bytes(const Topology *t) { return 3 * (size_t)t->n_sites; }
+static size_t site_verdict_bytes(const Topology *t) { return REDUCE_VERDICT_BYTES(t->n_sites); }
 enum { VOTE_END = 0, VOTE_PAUSE = 2, VOTE_NONE = 3 };
 
 static unsigned char site_vote(int request)
@@ -300,6 +301,7 @@ static int agree_post(Reducer *r, SiteExchange *fp, int f, const unsigned char *
     memcpy(buf, ok, (size_t)S);
     for (int s = 0; s < S; s++) buf[S + s] = s == t->site ? site_vote(r->ballot->request) : VOTE_NONE;
     for (int s = 0; s < S; s++) buf[2 * S + s] = r->ballot->take != s + 1;
+    for (int s = 0; s < S; s++) buf[3 * S + s] = !link_is_lost(r->link, s);
     memcpy(buf + nv, alive, (size_t)S);
     CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, buf, (int)nv + S, MPI_UNSIGNED_CHAR, MPI_MIN, t->site_comm));
     fp->verdict_posted = 1;
@@ -391,7 +393,10 @@ static int agree_complete(Reducer *r, SiteExchange *fp, int f, unsigned char *ok
         if (!(buf[S + s] & 2)) r->ballot->ends[s] = 1;
     }
     for (int s = 0; s < S; s++)
-        if (!buf[2 * S + s]) r->ballot->take_agreed = s + 1;
+        if (!buf[2 * S + s]) {
+            r->ballot->take_agreed = s + 1;
+            for (int k = 0; k < S; k++) r->ballot->take_out[k] = !buf[3 * S + k];
+        }
     return ISTH_OK;
 }
 

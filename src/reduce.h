@@ -53,6 +53,11 @@
 #include "topology.h"
 
 /* One fragment's site exchange. */
+/* A site verdict's bytes for S sites (reduce.c says what they hold):
+ * whether each payload was accepted, each site's stop vote, the host's ask
+ * to take each back, whether the site sees each in the run. */
+#define REDUCE_VERDICT_BYTES(S) (4 * (size_t)(S))
+
 typedef struct {
     PeerSet site;              /* ranks of the other sites' first learners (first learner of a site) */
     int in_flight, polls, arrived_poll, sends_deferred, sent_poll;
@@ -65,7 +70,7 @@ typedef struct {
     /* the site's verdict: agreed and posted (at the finish, or one poll
      * before it when everything had arrived), with what it was made of */
     int verdict_posted;
-    unsigned char verdict[3 * CONFIG_MAX_SITES];
+    unsigned char verdict[REDUCE_VERDICT_BYTES(CONFIG_MAX_SITES) + CONFIG_MAX_SITES]; /* + the alive bytes */
     unsigned char early_ok[CONFIG_MAX_SITES + 1], early_alive[CONFIG_MAX_SITES];
     char early_rejected[512];
 } SiteExchange;

@@ -106,9 +106,13 @@ static uint64_t live_mask(const Trainer *tr)
 
 /* Which of two sides of a split goes on: the one with more sites, and of
  * two as large the one holding the lower-numbered site. Both sides compute
- * it alike from the two sets (each notice carries its sender's). */
+ * it alike from the two sets (each notice carries its sender's). Sets that
+ * share a site are no split: a notice sent before its sender lost that
+ * site too (a newer one follows), or a link cut between two sites that
+ * both still reach a third; nobody stops on it. */
 static int other_side_goes_on(uint64_t mine, uint64_t theirs)
 {
+    if (mine & theirs) return 0;
     const int a = __builtin_popcountll(mine), b = __builtin_popcountll(theirs);
     if (a != b) return b > a;
     return __builtin_ctzll(theirs) < __builtin_ctzll(mine);
@@ -129,7 +133,8 @@ static int check_dropped(Trainer *tr)
         const uint64_t mine = live_mask(tr);
         for (int s = 0; s < t->n_sites; s++) {
             if (!link_is_lost(&tr->link, s)) continue;
-            const uint64_t theirs = link_was_dropped(&tr->link, tr->site_leaders[s]);
+            uint64_t theirs = 0, newer; /* the newest of its notices */
+            while ((newer = link_was_dropped(&tr->link, tr->site_leaders[s])) != 0) theirs = newer;
             if (theirs && dropped_by < 0 && other_side_goes_on(mine, theirs)) dropped_by = s;
         }
     }
@@ -158,9 +163,12 @@ static int report_lost_sites(Trainer *tr)
     if (!link_take_lost(&tr->link, gone, t->n_sites)) return ISTH_OK;
     int site_rank;
     CHECK_MPI(MPI_Comm_rank(t->site_comm, &site_rank));
+    /* every site out hears of each loss, with the sites this one trains on
+     * now (a side that shrank says so to those it dropped before) */
     if (site_rank == 0)
         for (int s = 0; s < t->n_sites; s++)
-            if (gone[s]) link_notify_dropped(&tr->link, tr->site_leaders[s], t->site, live_mask(tr));
+            if (s != t->site && link_is_lost(&tr->link, s))
+                link_notify_dropped(&tr->link, tr->site_leaders[s], t->site, live_mask(tr));
     spread_stop(&tr->outer.spread); /* it samples every learner, or none */
     if (!tr->log) return ISTH_OK;
     int left = 0;
@@ -463,7 +471,8 @@ static int trainer_start(Trainer *tr, const Config *cfg, MPI_Comm world, const u
  * again over it (its state from its own checkpoint, bit for bit) and the
  * joiner's learners take copies of the host's. *stop: the site's pending
  * stop vote said stop. */
-static int take_back(Trainer *tr, Federation *fed, const Config *cfg, int site, StopVote *vote, int *stop)
+static int take_back(Trainer *tr, Federation *fed, const Config *cfg, int site, const unsigned char *out,
+                     StopVote *vote, int *stop)
 {
     if (vote->pending) { /* the site communicator goes with the trainer */
         CHECK_MPI(MPI_Wait(&vote->req, MPI_STATUS_IGNORE));
@@ -476,8 +485,6 @@ static int take_back(Trainer *tr, Federation *fed, const Config *cfg, int site, 
     const long step = tr->step;
     const double tokens = (double)(step - lost_at_step[site]) * tr->topo.sites[site].tokens_per_step *
                           tr->topo.sites[site].learners;
-    unsigned char out[CONFIG_MAX_SITES];
-    sites_out(tr, out);
     int joined = 0;
     MPI_Comm old = MPI_COMM_NULL;
     CHECK(federation_rejoin(fed, cfg, out, site, step, &joined, &old));
@@ -488,9 +495,11 @@ static int take_back(Trainer *tr, Federation *fed, const Config *cfg, int site, 
     /* and so do the compute utilisation's parts (the link's wait among them) */
     const double compute = tr->compute_s, total = tr->inter_site_total;
     const long pin = tr->ckpt_every_site;
+    const StopBallot ballot = tr->ballot; /* a stop agreed with the take goes on after it */
     trainer_destroy(tr);
     federation_free_world(&old);
     CHECK(trainer_start(tr, cfg, fed->world, fed->link_master, 1, 0));
+    tr->ballot = ballot;
     link_counters_add(&tr->link, counted);
     tr->outer.spread.inter_site_bytes += probes;
     tr->compute_s += compute;
@@ -514,35 +523,43 @@ static int take_back(Trainer *tr, Federation *fed, const Config *cfg, int site, 
     return ISTH_OK;
 }
 
-/* After each step, while one site is out: the host looks for its knock
- * and takes it back — at once when it trains alone, else at the step every
- * live site learns of it, from the verdicts of the exchange that carried
- * the host's ask (ballot.take). Butterfly has no verdict every live site
- * sees: with more than one live site a lost one rejoins at the run's next
- * restart. With two or more sites out none rejoins live (the new world
- * would lack one): they rejoin at the next restart. */
+/* After each step, while sites are out: the host answers their knocks
+ * ("busy") and takes one back — at once when it trains alone, else at the
+ * step every live site learns of it, from the verdicts of the exchange
+ * that carried the host's ask (ballot.take), on the set of sites out they
+ * agreed on there. Butterfly has no verdict every live site sees: with
+ * more than one live site a lost one rejoins at the run's next restart.
+ * With two or more sites out none rejoins live (the new world would lack
+ * one): they rejoin at the next restart. */
 static int knocks(Trainer *tr, Federation *fed, const Config *cfg, StopVote *vote, double *paused_s)
 {
     StopBallot *b = &tr->ballot;
     unsigned char out[CONFIG_MAX_SITES];
-    const int n_out = sites_out(tr, out);
-    int site = -1;
-    for (int s = 0; s < cfg->n_sites && n_out == 1; s++)
-        if (out[s]) site = s;
-    int now = 0;
-    if (b->take_agreed) { /* every live site, at the same step */
-        now = b->take_agreed - 1 == site;
+    int n_out = sites_out(tr, out), site = -1, now = 0;
+    if (b->take_agreed) { /* every live site, at the same step, on the set of sites out they agreed on */
         site = b->take_agreed - 1;
+        memcpy(out, b->take_out, sizeof out);
+        n_out = 0;
+        for (int s = 0; s < cfg->n_sites; s++) n_out += out[s] != 0;
+        now = n_out == 1 && out[site];
         b->take_agreed = b->take = 0;
-    } else if (site >= 0 && fed->hosting && fed->host_site == fed->site && !b->take &&
-               (n_out == cfg->n_sites - 1 || tr->mode != MODE_BUTTERFLY) && federation_knocking(fed, site)) {
-        if (n_out == cfg->n_sites - 1) now = 1;  /* alone: at once */
-        else b->take = site + 1;                 /* rides the next verdicts */
+    } else if (fed->hosting && fed->host_site == fed->site && !b->take) {
+        /* every site out has its knock answered ("busy") at once, also one
+         * that cannot come back live now: a restarted first site that found
+         * the run's name must learn that the run is live, not host it */
+        const int alone = n_out == cfg->n_sites - 1;
+        for (int s = 0; s < cfg->n_sites && !now && !b->take; s++) {
+            if (!out[s] || !federation_knocking(fed, s)) continue;
+            if (n_out != 1 || (!alone && tr->mode == MODE_BUTTERFLY)) continue; /* at the run's next restart */
+            site = s;
+            if (alone) now = 1;    /* at once */
+            else b->take = s + 1;  /* rides the next verdicts */
+        }
     }
     if (!now) return ISTH_OK;
     int stop = 0;
     const double t_back = now_s(); /* the knock and the handover are no training */
-    CHECK(take_back(tr, fed, cfg, site, vote, &stop));
+    CHECK(take_back(tr, fed, cfg, site, out, vote, &stop));
     *paused_s += now_s() - t_back;
     if (stop > tr->ballot.request) tr->ballot.request = stop;
     return ISTH_OK;

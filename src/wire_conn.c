@@ -226,9 +226,13 @@ int wire_conn_ports_enough(MPI_Comm comm, const WireOptions *o)
     if (MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &host) != MPI_SUCCESS ||
         MPI_Comm_size(host, &host_n) != MPI_SUCCESS)
         host_n = 0;
-    if (host_n > 0) all = isth_malloc(sizeof *all * (size_t)host_n); /* a few ints: every rank of the host has them */
-    if (all && MPI_Allgather(&mine, 3, MPI_INT, all, 3, MPI_INT, host) != MPI_SUCCESS) host_n = 0;
-    if (!all) host_n = 0;
+    if (host_n > 0) all = isth_malloc(sizeof *all * (size_t)host_n); /* a few ints */
+    /* every rank of the host gathers, or none (a rank without the buffer
+     * must not leave the others in the gather) */
+    int have = all != NULL;
+    if (host_n > 0 && MPI_Allreduce(MPI_IN_PLACE, &have, 1, MPI_INT, MPI_MIN, host) != MPI_SUCCESS) have = 0;
+    if (have && MPI_Allgather(&mine, 3, MPI_INT, all, 3, MPI_INT, host) != MPI_SUCCESS) host_n = 0;
+    if (!have) host_n = 0;
     if (host != MPI_COMM_NULL) MPI_Comm_free(&host);
     int same = 0, first = size; /* ranks of my group; its lowest rank */
     for (int i = 0; i < host_n && o->port_lo; i++)
