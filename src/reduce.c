@@ -348,7 +348,14 @@ static int agree_complete(Reducer *r, SiteExchange *fp, int f, unsigned char *ok
             peer_of[n++] = i;
         }
         double vwait = 0.0;
+        /* with three sites or more a peer posts its verdict only once its
+         * own wait for a third site has ended, up to one deadline after
+         * ours began: its verdict gets two (a live site is not lost for a
+         * dead one's silence) */
+        const double deadline = link_timeout(r->link);
+        if (S > 2) link_set_timeout(r->link, 2 * deadline);
         if (rc == ISTH_OK) rc = link_wait_live(r->link, wait, n, "verdict exchange", late, &vwait);
+        if (S > 2) link_set_timeout(r->link, deadline);
         if (vwait > waited) waited = vwait;
         for (int k = 0; rc == ISTH_OK && k < n; k++) {
             const Peer *p = &fp->site.peers[peer_of[k]];
