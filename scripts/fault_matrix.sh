@@ -15,11 +15,13 @@
 # in diloco, streaming, butterfly and sync, sites of 1 and of 2 ranks, with
 # small payloads (tiny.ini, fp4) and payloads of MBs per rank (small.ini,
 # codec none).
-# A trial passes when site a (b when a is the victim) logs the loss within outer.timeout + 5 s of the
+# A trial passes when site a (b when a is the victim) logs the loss within outer.timeout + 5 s (three
+# sites: a loss of any site, within 2 x outer.timeout + 5 s: a verdict's wait) of the
 # exchange that first needs b after the fault (the bound allows H + overlap
 # inner steps, at 1.5x its last step time, before it), trains 5 more steps, and the victim — started again after a kill, woken
 # after a stop or a mended cut (it finds it was dropped, exits 3 and
-# federated.sh starts it again) — rejoins the live run; every site is then stopped (TERM) and no
+# federated.sh starts it again) — rejoins the live run (three sites: every site out after the fault,
+# the victim or the smaller side of a cut, is back); every site is then stopped (TERM) and no
 # process may be left 60 s later. Three sites: butterfly is not drawn (it
 # takes a lost site back live only when one site is left: architecture.md 4.9).
 #   scripts/fault_matrix.sh OUT TRIALS [SEED]      (a built ./isthmus)
@@ -96,6 +98,14 @@ ranks_of() { pgrep -f "$BIN_NAME train .* --site $1 .*outer.run_id=$2( |$)"; }
 launcher_of() { pgrep -f "federated.sh site .* $1 .*outer.run_id=$2( |$)"; }
 mpirun_of() { pgrep -f "^mpirun .* --site $1 .*outer.run_id=$2( |$)"; }
 
+# site_back S (three sites): S is in the run — never out, or its newest
+# process (the restart's log after a kill) rejoined after its last drop
+site_back() {
+    local f=$dir/$1.log restarted=0
+    [ -f "$dir/${1}2.log" ] && f=$dir/${1}2.log restarted=1
+    awk -v r=$restarted '/was dropped from the run/ { out = 1 } /^rejoined the live run/ { out = 0; back = 1 }
+        END { exit !(!out && (back || !r)) }' "$f"
+}
 printf 'trial\tmode\tranks\tpayload\tfault\tvictim\tat_s\tdetected_s\tverdict\n' > "$OUT/matrix.tsv"
 passed=0 failed=0
 for t in $(seq 1 "$TRIALS"); do
@@ -143,14 +153,18 @@ for t in $(seq 1 "$TRIALS"); do
         # o learns of the loss when it next needs v: at its next exchange, up
         # to H + overlap inner steps after the fault, then within the deadline
         ms=$(grep '^step ' "$dir/$o.log" | tail -1 | sed -n 's/.*| *\([0-9.]*\) ms |.*/\1/p')
-        bound=$(awk -v t="$TIMEOUT" -v ms="${ms:-1000}" 'BEGIN { printf "%.0f", t + 5 + (10 + 2) * ms / 1000 * 1.5 + 0.5 }')
-        if wait_line "$dir/$o.log" "^site $v lost at step" "$bound"; then
+        # (three sites: a verdict's wait is two deadlines, and the site o
+        # loses may be another than v: the smaller side of a cut goes)
+        lost_re="^site $v lost at step" waits=1
+        [ "$SITES" = 3 ] && lost_re="^site [a-z]* lost at step" waits=2
+        bound=$(awk -v t="$TIMEOUT" -v w=$waits -v ms="${ms:-1000}" 'BEGIN { printf "%.0f", w * t + 5 + (10 + 2) * ms / 1000 * 1.5 + 0.5 }')
+        if wait_line "$dir/$o.log" "$lost_re" "$bound"; then
             detected=$(since "$t_fault")
         else
             verdict="fail: loss not logged within $bound s (outer.timeout + 5 s + H + overlap steps of ${ms:-?} ms)"
         fi
         if [ "$verdict" = pass ]; then
-            lost=$(grep -m1 "^site $v lost at step" "$dir/$o.log" | sed "s/^site $v lost at step \([0-9]*\).*/\1/")
+            lost=$(grep -m1 "$lost_re" "$dir/$o.log" | sed "s/^site [a-z]* lost at step \([0-9]*\).*/\1/")
             if ! wait_line "$dir/$o.log" "^step  *$((lost + 5))/" 120; then verdict="fail: site $o did not train on"; fi
         fi
         if [ "$verdict" = pass ]; then
@@ -165,7 +179,16 @@ for t in $(seq 1 "$TRIALS"); do
                 "${in_b[@]}" "$FED" site "$URI" "$v" "$np" "$cfg" $set_args --resume auto > "$dir/${v}2.log" 2>&1 &
                 pid[$v]=$! ;;
             esac
-            wait_line "$dir/$o.log" "^site $v rejoined at step" 240 || verdict="fail: $v did not rejoin"
+            if [ "$SITES" = 2 ]; then
+                wait_line "$dir/$o.log" "^site $v rejoined at step" 240 || verdict="fail: $v did not rejoin"
+            else # every site out after the fault (v, or the smaller side of a cut) is back
+                for _ in $(seq 1 240); do
+                    out=$(for s in $all; do site_back "$s" || printf ' %s' "$s"; done)
+                    [ -z "$out" ] && break
+                    sleep 1
+                done
+                [ -z "$out" ] || verdict="fail:$out not back in the run"
+            fi
         fi
     fi
     # the end: every site asked to stop; nothing may be left a minute later
