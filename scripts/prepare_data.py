@@ -130,7 +130,7 @@ def make_out(out, given):
         os.makedirs(out)
     except OSError as e:
         fail(f"--out {given}: cannot create the directory: {e.strerror}")
-    made(top)
+    MADE.insert(0, top)  # this run's (it was not there): made() keeps what is inside it
 
 
 def encode_lines(sp, text):
