@@ -523,14 +523,50 @@ static int take_back(Trainer *tr, Federation *fed, const Config *cfg, int site, 
     return ISTH_OK;
 }
 
+/* Butterfly's verdicts are pairwise: no exchange reaches every live site
+ * at one step. With three sites or more the live sites therefore meet in
+ * a control exchange at the end of every round (every H steps, whether a
+ * site is out or not: the same steps on every site, whatever each has
+ * seen), where the host's ask to take a site back, and each site's view
+ * of who is out, reach every live site. One small round trip per round. */
+static int butterfly_meets(const Trainer *tr, const Config *cfg)
+{
+    return tr->mode == MODE_BUTTERFLY && cfg->n_sites > 2 && link_survives(&tr->link) &&
+           tr->step % cfg->outer.inner_steps == 0;
+}
+
+static int butterfly_meeting(Trainer *tr, const Config *cfg, unsigned char *out, int *site, int *now)
+{
+    StopBallot *b = &tr->ballot;
+    const int S = cfg->n_sites;
+    unsigned char mine[1 + CONFIG_MAX_SITES] = {0}, *all = isth_calloc((size_t)S, sizeof mine);
+    CHECK_ALLOC(all);
+    mine[0] = (unsigned char)b->take; /* the host's ask (site + 1), 0 elsewhere */
+    for (int s = 0; s < S; s++) mine[1 + s] = (unsigned char)link_is_lost(&tr->link, s);
+    const int rc = trainer_control(tr, mine, sizeof mine, all, "butterfly's meeting of the live sites");
+    int ask = 0, n_out = 0;
+    memset(out, 0, CONFIG_MAX_SITES); /* the caller's: CONFIG_MAX_SITES bytes */
+    for (int k = 0; rc == ISTH_OK && k < S; k++) { /* a lost site's slot is zero */
+        const unsigned char *v = all + (size_t)k * sizeof mine;
+        if (v[0]) ask = v[0];
+        for (int s = 0; s < S; s++) out[s] |= v[1 + s];
+    }
+    isth_free(all);
+    CHECK(rc);
+    for (int s = 0; s < S; s++) n_out += out[s] != 0;
+    b->take = 0;
+    *site = ask - 1;
+    *now = ask && n_out == 1 && out[ask - 1]; /* the same on every live site */
+    return ISTH_OK;
+}
+
 /* After each step, while sites are out: the host answers their knocks
  * ("busy") and takes one back — at once when it trains alone, else at the
  * step every live site learns of it, from the verdicts of the exchange
  * that carried the host's ask (ballot.take), on the set of sites out they
- * agreed on there. Butterfly has no verdict every live site sees: with
- * more than one live site a lost one rejoins at the run's next restart.
- * With two or more sites out none rejoins live (the new world would lack
- * one): they rejoin at the next restart. */
+ * agreed on there (butterfly: at the live sites' next meeting). With two
+ * or more sites out none rejoins live (the new world would lack one):
+ * they rejoin at the next restart. */
 static int knocks(Trainer *tr, Federation *fed, const Config *cfg, StopVote *vote, double *paused_s)
 {
     StopBallot *b = &tr->ballot;
@@ -550,12 +586,13 @@ static int knocks(Trainer *tr, Federation *fed, const Config *cfg, StopVote *vot
         const int alone = n_out == cfg->n_sites - 1;
         for (int s = 0; s < cfg->n_sites && !now && !b->take; s++) {
             if (!out[s] || !federation_knocking(fed, s)) continue;
-            if (n_out != 1 || (!alone && tr->mode == MODE_BUTTERFLY)) continue; /* at the run's next restart */
+            if (n_out != 1) continue; /* at the run's next restart */
             site = s;
             if (alone) now = 1;    /* at once */
-            else b->take = s + 1;  /* rides the next verdicts */
+            else b->take = s + 1;  /* rides the next verdicts (butterfly: the next meeting) */
         }
     }
+    if (!now && butterfly_meets(tr, cfg)) CHECK(butterfly_meeting(tr, cfg, out, &site, &now));
     if (!now) return ISTH_OK;
     int stop = 0;
     const double t_back = now_s(); /* the knock and the handover are no training */

@@ -10,6 +10,9 @@
 #    started again rejoins at b; every site ends on the same model;
 #  - USR1 to site a (its job's time limit): a checkpoints and leaves, b and
 #    c train on; a started again rejoins;
+#  - butterfly: c killed, a and b train on; c started again is taken back
+#    live (the live sites meet at the end of every round); the same final
+#    model on every site;
 #  - a cold restart: c killed, a and b train on and are stopped later; all
 #    three started again continue from a's and b's newest step (c fetches
 #    it), not from c's, and end on the same model.
@@ -29,7 +32,8 @@ site() { # site NAME OUT [args...]: one site's mpirun of one rank, with a deadli
     local name=$1 out=$2
     shift 2
     # shellcheck disable=SC2086
-    timeout 300 "$FED" site "$URI" "$name" 1 "$T" $RUN --set train.out_dir="$out" "$@"
+    timeout 300 "$FED" site "$URI" "$name" "$([ "$name" = a ] && echo "${NP_A:-1}" || echo 1)" "$T" $RUN \
+        --set train.out_dir="$out" "$@"
 }
 three() { # three NAME [args...]: sites a, b, c into $WORK/NAME (pids in pa pb pc)
     local name=$1
@@ -108,6 +112,16 @@ if [ $ra -eq 0 ] && [ $rb -eq 0 ] && [ $rc -eq 0 ] && grep -q '^site a left at s
     pass "three sites, USR1 to the first site: a leaves, b and c train on (b hosts); a started again rejoins; the same final model"
 else
     fail "three sites, a stopped: exits $ra/$rb/$rc: $(grep -h 'error\|rejoin\|left\|stopping' "$WORK"/stopa_?.log "$WORK"/stopa_a2.log | head -4 | tr '\n' '|')"
+fi
+# (butterfly needs a power-of-two number of learners: a has two)
+NP_A=2 lose bfkillc c KILL --set train.steps=800 --set outer.mode=butterfly --set site.a.ranks=2 \
+    --set site.a.learner_ranks=1
+if [ $ra -eq 0 ] && [ $rb -eq 0 ] && [ $rc -eq 0 ] && grep -q '^site c lost at step' "$WORK/bfkillc_a.log" &&
+    grep -q '^site c rejoined at step' "$WORK/bfkillc_b.log" && grep -q '^rejoined the live run at step' "$WORK/bfkillc_c2.log" &&
+    same_model "$WORK/bfkillc"; then
+    pass "three sites, butterfly, c killed: a and b train on; c started again is taken back live at the sites' meeting ($(grep -m1 '^site c rejoined' "$WORK/bfkillc_a.log" | cut -d: -f1)); the same final model"
+else
+    fail "three sites, butterfly, c killed: exits $ra/$rb/$rc: $(grep -h 'error\|rejoin\|lost' "$WORK"/bfkillc_?.log "$WORK"/bfkillc_c2.log | head -4 | tr '\n' '|')"
 fi
 
 # 3. a cold restart after one site trained less
