@@ -23,6 +23,7 @@
 #include "coll.h"
 #include "stateview.h"
 #include "status.h"
+#include "stop.h"
 
 /* The state replicas must agree on, each chunk from its owner: the anchor
  * in the outer modes, the weights (through host staging) in sync. */
@@ -261,138 +262,6 @@ static int utilisation_summary(Trainer *tr, long first_step, double wall_s, doub
     fflush(stdout);
     return metrics_summary_compute(&tr->metrics, tr->step - first_step, first_step, wall_s, compute_s,
                                    compute_s / wall_s, wait_s, paused_s, final_s, steady);
-}
-
-/* SIGUSR1 (what Slurm sends before the time limit), SIGTERM (scancel) and
- * SIGUSR2 (a job script passing SIGTERM on: jobs/lib.sh): finish the step,
- * checkpoint, exit 0. USR1 asks for a pause (the job comes back: the pause
- * marker), TERM and USR2 for an end (ballot.h), which no later USR1 undoes.
- * The handler only raises flags; a second signal during the checkpoint
- * changes nothing (the file is renamed when complete). */
-static volatile sig_atomic_t stop_signal, stop_end;
-static void on_stop_signal(int sig)
-{
-    if (sig != SIGUSR1) stop_end = 1;
-    stop_signal = sig;
-}
-
-static void stop_handlers(void)
-{
-    signal(SIGTERM, on_stop_signal);
-    signal(SIGUSR1, on_stop_signal);
-    signal(SIGUSR2, on_stop_signal);
-}
-
-/* The pause marker that jobs/lib.sh requeues a job by: <out_dir>/paused,
- * or <out_dir>/paused-SITE for a federated site. Removed at every start;
- * written (by this launch's first rank) when the site stops on a pause,
- * its own or the run's, and not when it ends. */
-static void pause_marker(const Config *cfg, const char *site, char *path, size_t cap)
-{
-    snprintf(path, cap, "%s/paused%s%s", cfg->train.out_dir, site ? "-" : "", site ? site : "");
-}
-
-static int mark_paused(const Config *cfg, const char *site, long step, const char *why)
-{
-    int rank;
-    CHECK_MPI(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
-    if (rank != 0) return ISTH_OK;
-    char path[CONFIG_FILE_PATH_MAX + 80];
-    pause_marker(cfg, site, path, sizeof path);
-    CHECK(make_dirs(cfg->train.out_dir));
-    FILE *f = fopen(path, "w");
-    int bad = !f || fprintf(f, "step %ld: %s\n", step, why) < 0;
-    if (f && fclose(f) != 0) bad = 1;
-    if (bad)
-        return isth_fail(ISTH_ERUNTIME, "%s: cannot write the pause marker (the job would not come back)", path);
-    printf("paused: wrote %s (a job script requeues the job; resume with --resume auto)\n", path);
-    fflush(stdout);
-    return ISTH_OK;
-}
-
-/* Every rank must stop after the same step. Inside a site the flags are
- * combined with a non-blocking all-reduce on the site communicator, started
- * after step t and completed after step t+1 (the site's decision lags one
- * step). Between sites the site's decision rides on the verdicts of the next
- * exchange that finishes (reduce.c), so the vote adds no message and no wait
- * on the link; every site learns it when that exchange finishes, at the same
- * step. The bound on the lag is in docs/architecture.md. */
-typedef struct {
-    MPI_Request req;
-    int send, recv, pending;
-} StopVote;
-
-/* local and *site_agreed: STOP_NONE, STOP_PAUSE or STOP_END (an end wins) */
-static int stop_vote(StopVote *v, MPI_Comm site_comm, int local, int *site_agreed)
-{
-    *site_agreed = 0;
-    if (v->pending) {
-        CHECK_MPI(MPI_Wait(&v->req, MPI_STATUS_IGNORE));
-        *site_agreed = v->recv;
-        v->pending = 0;
-    }
-    v->send = local;
-    CHECK_MPI(MPI_Iallreduce(&v->send, &v->recv, 1, MPI_INT, MPI_MAX, site_comm, &v->req));
-    v->pending = 1;
-    return ISTH_OK;
-}
-
-/* The federated launch, after the checkpoint of an agreed stop: a stop
- * that only some sites asked for (their jobs' time limit, scancel,
- * preemption) lets those sites leave — they exit 0 and, started again,
- * rejoin — while the others train on; 1 when this site trains on. Any
- * site may leave (the host's place goes to the first site left, as after
- * a loss); a stop every site asked for ends the whole run. The same on
- * every rank of every site still in (the request bits came with the
- * agreed verdicts). *alone: this site stops and the others train on (its
- * own request's intent decides whether its job comes back); otherwise a
- * stop is run-wide (stop_pauses). */
-static int others_leave(Trainer *tr, int *alone)
-{
-    const Topology *t = &tr->topo;
-    StopBallot *b = &tr->ballot;
-    int any = 0, all = 1;
-    for (int s = 0; s < t->n_sites; s++) any |= b->sites[s];
-    for (int s = 0; s < t->n_sites; s++) all &= b->sites[s] || link_is_lost(&tr->link, s);
-    *alone = 0;
-    if (!link_survives(&tr->link) || !any) return 0;
-    if (b->sites[t->site]) {
-        *alone = !all;
-        return 0;
-    }
-    for (int s = 0; s < t->n_sites; s++)
-        if (b->sites[s]) link_mark_left(&tr->link, s);
-    b->agreed = 0;
-    memset(b->sites, 0, sizeof b->sites);
-    memset(b->ends, 0, sizeof b->ends);
-    b->round = -1; /* butterfly: a site that asked later votes again */
-    b->round_sites = b->round_ends = 0;
-    return 1;
-}
-
-/* Has every site agreed to stop after this step? site_agreed: the site's
- * vote (STOP_NONE, STOP_PAUSE, STOP_END). */
-static int stop_decided(Trainer *tr, int site_agreed)
-{
-    if (tr->topo.n_sites == 1) return site_agreed;
-    /* goes out with the next verdicts; an end replaces a pause */
-    if (site_agreed > tr->ballot.request) tr->ballot.request = site_agreed;
-    return tr->ballot.agreed;
-}
-
-/* Does this site's job come back after the stop (a pause), or end? A site
- * that leaves alone does as its own request says; a stop of every site is
- * an end when any site that asked asked to end (from the verdicts: the same
- * at every site). An end this site's ranks saw (scancel) wins either way. */
-static int stop_pauses(const Trainer *tr, int site_intent, int alone)
-{
-    const StopBallot *b = &tr->ballot;
-    if (stop_end || site_intent == STOP_END || b->request == STOP_END) return 0;
-    if (tr->topo.n_sites == 1) return site_intent == STOP_PAUSE;
-    if (alone) return !b->ends[tr->topo.site];
-    for (int s = 0; s < tr->topo.n_sites; s++)
-        if (b->sites[s] && b->ends[s]) return 0;
-    return 1;
 }
 
 /* Which sites are out of the run (lost or left); returns how many. */
@@ -675,15 +544,15 @@ int train_run(const Config *cfg, const char *resume, const char *site)
      * requeues); every launch installs the handlers below in any case */
     if (site) stop_handlers();
     char marker[CONFIG_FILE_PATH_MAX + 80]; /* a pause marker of an earlier start is stale */
-    pause_marker(cfg, site, marker, sizeof marker);
+    stop_marker_path(cfg, site, marker, sizeof marker);
     int world_rank;
     CHECK_MPI(MPI_Comm_rank(MPI_COMM_WORLD, &world_rank));
     if (world_rank == 0) unlink(marker);
-    if (site) CHECK(federation_join(&fed, cfg, site, &stop_signal));
+    if (site) CHECK(federation_join(&fed, cfg, site, stop_flag()));
     else if (cfg->n_sites > 1) CHECK(federation_joint_keys(&fed, cfg));
     if (fed.stopped) { /* the sites never met: nothing to train or report; a pause comes back */
         federation_destroy(&fed);
-        return stop_end ? ISTH_OK : mark_paused(cfg, site, 0, "stopped by the time-limit signal while the sites met");
+        return stop_ended() ? ISTH_OK : stop_mark_paused(cfg, site, 0, "stopped by the time-limit signal while the sites met");
     }
     Trainer tr;
     int rc = trainer_start(&tr, cfg, fed.world, fed.link_master, site != NULL, 1);
@@ -738,7 +607,7 @@ int train_run(const Config *cfg, const char *resume, const char *site)
             rc = check_replicas(&tr);
         if (rc != ISTH_OK) break;
         int site_stop;
-        const int local = stop_end ? STOP_END : stop_signal ? STOP_PAUSE : tr.step == stop_at ? stop_at_intent : STOP_NONE;
+        const int local = stop_ended() ? STOP_END : *stop_flag() ? STOP_PAUSE : tr.step == stop_at ? stop_at_intent : STOP_NONE;
         rc = stop_vote(&vote, tr.topo.site_comm, local, &site_stop);
         if (rc != ISTH_OK) break;
         if (site_stop > site_intent) site_intent = site_stop;
@@ -755,7 +624,7 @@ int train_run(const Config *cfg, const char *resume, const char *site)
             ckpt_due = 0;
             if (rc != ISTH_OK) break;
             int alone = 0;
-            if (stopping && others_leave(&tr, &alone)) {
+            if (stopping && stop_others_leave(&tr, &alone)) {
                 stopping = 0;
                 rc = after_loss(&tr, &fed, cfg);
                 if (rc != ISTH_OK) break;
@@ -766,7 +635,7 @@ int train_run(const Config *cfg, const char *resume, const char *site)
                            !pause ? "an end (the job ends)"
                            : alone || tr.topo.n_sites == 1 ? "a pause (the job comes back)"
                                                            : "a pause of every site (every site's job comes back)");
-                if (pause) rc = mark_paused(cfg, site, tr.step, alone || tr.topo.n_sites == 1 ? "a pause" : "a pause of every site");
+                if (pause) rc = stop_mark_paused(cfg, site, tr.step, alone || tr.topo.n_sites == 1 ? "a pause" : "a pause of every site");
                 break;
             }
         }
