@@ -189,7 +189,7 @@ void link_notify_dropped(Link *l, int peer, int my_site, uint64_t live)
     /* MPI (or the wire) reads a notice whenever it can and its request is
      * never awaited: never on the stack, and a peer lost again takes the
      * next of a few slots, not the one an earlier notice may still be read from */
-    enum { SLOTS = 4 };
+    enum { SLOTS = 16 }; /* a notice to each site out at every loss: many before one is read */
     static uint64_t sent[LINK_MAX_SITES][SLOTS];
     static unsigned char notice[LINK_MAX_SITES][SLOTS][NOTICE_BYTES];
     static unsigned turn[LINK_MAX_SITES];

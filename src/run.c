@@ -408,24 +408,30 @@ static int butterfly_meeting(Trainer *tr, const Config *cfg, unsigned char *out,
 {
     StopBallot *b = &tr->ballot;
     const int S = cfg->n_sites;
-    unsigned char mine[1 + CONFIG_MAX_SITES] = {0}, *all = isth_calloc((size_t)S, sizeof mine);
+    unsigned char mine[2 + CONFIG_MAX_SITES] = {0}, *all = isth_calloc((size_t)S, sizeof mine);
     CHECK_ALLOC(all);
     mine[0] = (unsigned char)b->take; /* the host's ask (site + 1), 0 elsewhere */
-    for (int s = 0; s < S; s++) mine[1 + s] = (unsigned char)link_is_lost(&tr->link, s);
+    mine[1] = b->agreed || b->round >= 0; /* a stop on its way: the joiner would miss it */
+    for (int s = 0; s < S; s++) mine[2 + s] = (unsigned char)link_is_lost(&tr->link, s);
+    /* a site whose partner just died reaches the meeting up to one deadline
+     * late (its pair wait): two, as a site verdict's wait (reduce.c) */
+    const double deadline = link_set_timeout(&tr->link, 2 * link_timeout(&tr->link));
     const int rc = trainer_control(tr, mine, sizeof mine, all, "butterfly's meeting of the live sites");
-    int ask = 0, n_out = 0;
+    link_set_timeout(&tr->link, deadline);
+    int ask = 0, stopping = 0, n_out = 0;
     memset(out, 0, CONFIG_MAX_SITES); /* the caller's: CONFIG_MAX_SITES bytes */
     for (int k = 0; rc == ISTH_OK && k < S; k++) { /* a lost site's slot is zero */
         const unsigned char *v = all + (size_t)k * sizeof mine;
         if (v[0]) ask = v[0];
-        for (int s = 0; s < S; s++) out[s] |= v[1 + s];
+        stopping |= v[1];
+        for (int s = 0; s < S; s++) out[s] |= v[2 + s];
     }
     isth_free(all);
     CHECK(rc);
     for (int s = 0; s < S; s++) n_out += out[s] != 0;
     b->take = 0;
     *site = ask - 1;
-    *now = ask && n_out == 1 && out[ask - 1]; /* the same on every live site */
+    *now = ask && !stopping && n_out == 1 && out[ask - 1]; /* the same on every live site */
     return ISTH_OK;
 }
 
@@ -446,7 +452,7 @@ static int knocks(Trainer *tr, Federation *fed, const Config *cfg, StopVote *vot
         memcpy(out, b->take_out, sizeof out);
         n_out = 0;
         for (int s = 0; s < cfg->n_sites; s++) n_out += out[s] != 0;
-        now = n_out == 1 && out[site];
+        now = n_out == 1 && out[site] && !b->agreed; /* a stop agreed with it goes first (the joiner would miss it) */
         b->take_agreed = b->take = 0;
     } else if (fed->hosting && fed->host_site == fed->site && !b->take) {
         /* every site out has its knock answered ("busy") at once, also one
@@ -462,7 +468,14 @@ static int knocks(Trainer *tr, Federation *fed, const Config *cfg, StopVote *vot
         }
     }
     if (!now && butterfly_meets(tr, cfg)) CHECK(butterfly_meeting(tr, cfg, out, &site, &now));
+    /* a site found lost in the exchange that agreed the take (its verdict,
+     * its slot at the meeting, never came) is not in the agreed set: no take */
+    for (int s = 0; s < cfg->n_sites && now; s++)
+        if (link_is_lost(&tr->link, s) && !out[s]) now = 0;
     if (!now) return ISTH_OK;
+    /* the host as the agreed set says (a site that saw the old host lost
+     * only there learns who hosts now) */
+    CHECK(federation_host(fed, cfg, out));
     int stop = 0;
     const double t_back = now_s(); /* the knock and the handover are no training */
     CHECK(take_back(tr, fed, cfg, site, out, vote, &stop));
