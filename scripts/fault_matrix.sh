@@ -22,8 +22,8 @@
 # after a stop or a mended cut (it finds it was dropped, exits 3 and
 # federated.sh starts it again) — rejoins the live run (three sites: every site out after the fault,
 # the victim or the smaller side of a cut, is back); every site is then stopped (TERM) and no
-# process may be left 60 s later. Three sites: butterfly is not drawn (it
-# takes a lost site back live only when one site is left: architecture.md 4.9).
+# process may be left 60 s later. Three sites in butterfly: site a has two
+# learners (two ranks or four: a power of two in all).
 #   scripts/fault_matrix.sh OUT TRIALS [SEED]      (a built ./isthmus)
 # One row per trial in OUT/matrix.tsv (mode, ranks, payload, fault,
 # fault time after the first step, detection, verdict); the logs of a failed
@@ -49,7 +49,7 @@ TIMEOUT=${TIMEOUT:-5}
 WINDOW=${WINDOW:-30}
 SITES=${SITES:-2}
 case $SITES in 2 | 3) ;; *) echo "fault_matrix.sh: SITES=$SITES: 2 or 3" >&2; exit 2 ;; esac
-[ "$SITES" = 3 ] && DEFAULT_MODES="diloco streaming sync" || DEFAULT_MODES="diloco streaming butterfly sync"
+DEFAULT_MODES="diloco streaming butterfly sync"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 \
     OMPI_MCA_mpi_yield_when_idle=1 MPIRUN_ARGS="-q --bind-to none" ISTHMUS_REJOINS=2
 ISTHMUS=${ISTHMUS:-$PWD/isthmus}
@@ -121,8 +121,12 @@ for t in $(seq 1 "$TRIALS"); do
     medium) cfg=share/configs/tiny.ini codec=none ;;
     *) cfg=share/configs/small.ini codec=none ;;
     esac
-    set_args="--set site.a.ranks=$np --set site.b.ranks=$np --set outer.mode=$mode --set outer.codec=$codec
+    np_of() { if [ "$1" = a ]; then echo "$np_a"; else echo "$np"; fi; } # a site's ranks
+    np_a=$np # three sites in butterfly: a power of two learners, two at site a
+    [ "$SITES" = 3 ] && [ "$mode" = butterfly ] && np_a=$((2 * np))
+    set_args="--set site.a.ranks=$np_a --set site.b.ranks=$np --set outer.mode=$mode --set outer.codec=$codec
      $([ "$SITES" = 3 ] && echo "--set site.c.ranks=$np")
+     $([ "$SITES" = 3 ] && [ "$mode" = butterfly ] && echo "--set site.a.learner_ranks=$np")
      --set outer.inner_steps=10 --set outer.timeout=$TIMEOUT --set outer.join_timeout=120 --set train.steps=100000
      --set train.log_every=1 --set train.eval_every=0 --set data.eval_bytes=4096 --set train.threads=1
      --set train.out_dir=$dir --set outer.run_id=$id"
@@ -131,9 +135,9 @@ for t in $(seq 1 "$TRIALS"); do
     for s in $all; do # the victim behind the link that a cut cuts
         # shellcheck disable=SC2086
         if [ "$s" = "$v" ]; then
-            "${in_b[@]}" "$FED" site "$URI" "$s" "$np" "$cfg" $set_args > "$dir/$s.log" 2>&1 &
+            "${in_b[@]}" "$FED" site "$URI" "$s" "$(np_of "$s")" "$cfg" $set_args > "$dir/$s.log" 2>&1 &
         else
-            "${in_a[@]}" "$FED" site "$URI" "$s" "$np" "$cfg" $set_args > "$dir/$s.log" 2>&1 &
+            "${in_a[@]}" "$FED" site "$URI" "$s" "$(np_of "$s")" "$cfg" $set_args > "$dir/$s.log" 2>&1 &
         fi
         pid[$s]=$!
     done
@@ -176,7 +180,7 @@ for t in $(seq 1 "$TRIALS"); do
             *) # the victim's launcher has ended (or was killed): start the site again
                 wait "${pid[$v]}" 2> /dev/null
                 # shellcheck disable=SC2086
-                "${in_b[@]}" "$FED" site "$URI" "$v" "$np" "$cfg" $set_args --resume auto > "$dir/${v}2.log" 2>&1 &
+                "${in_b[@]}" "$FED" site "$URI" "$v" "$(np_of "$v")" "$cfg" $set_args --resume auto > "$dir/${v}2.log" 2>&1 &
                 pid[$v]=$! ;;
             esac
             if [ "$SITES" = 2 ]; then
@@ -206,7 +210,7 @@ for t in $(seq 1 "$TRIALS"); do
     fi
     kill -KILL $(every launcher_of) 2> /dev/null
     wait "${pid[@]}" 2> /dev/null
-    printf '%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$t" "$mode" "$(for _ in $all; do printf '%s' "${sep-}$np"; sep=+; done; unset sep)" \
+    printf '%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$t" "$mode" "$(for s in $all; do printf '%s' "${sep-}$(np_of "$s")"; sep=+; done; unset sep)" \
         "$payload" "$fault" "$v" "$at" "$detected" "$verdict" | tee -a "$OUT/matrix.tsv"
     if [ "$verdict" = pass ]; then
         passed=$((passed + 1))
