@@ -174,11 +174,22 @@ static void missing_sites(const Federation *f, const Config *cfg, char *out, siz
 
 /* A leader's wait for the other sites: until outer.join_timeout, or without
  * a limit (0) until a stop signal, saying every minute whom it waits for. */
-static void wait_start(Federation *f, KnockWait *w, const Config *cfg)
+static void wait_start(Federation *f, KnockWait *w, const Config *cfg, double limit)
 {
     /* the host answers "busy" while it writes the checkpoint it will send */
-    knock_wait_start(w, cfg->outer.join_timeout, cfg->checkpoint.timeout + FEDERATION_SETUP_S, FEDERATION_HEARTBEAT_S,
-                     f->stop_flag, &f->stopped);
+    knock_wait_start(w, limit, cfg->checkpoint.timeout + FEDERATION_SETUP_S, FEDERATION_HEARTBEAT_S, f->stop_flag,
+                     &f->stopped);
+}
+
+/* How long the host waits for the other sites as the run forms. With three
+ * sites or more, join_timeout and the merges' bound after it: when a join
+ * breaks inside Open MPI the host is started again at once, while a site
+ * left in the merges comes back only when their bound has passed (two
+ * sites: the bound is made short enough, federation_build_s). */
+static double host_wait_s(const Config *cfg)
+{
+    const double t = cfg->outer.join_timeout;
+    return t > 0 && cfg->n_sites > 2 ? t + federation_build_s(cfg) : t;
 }
 
 /* --- the host (the first site's first rank) ------------------------------------------ */
@@ -214,7 +225,7 @@ static int host_accept_all(Federation *f, const Config *cfg, const unsigned char
     char missing[256];
     missing_sites(f, cfg, missing, sizeof missing);
     KnockWait w;
-    wait_start(f, &w, cfg);
+    wait_start(f, &w, cfg, host_wait_s(cfg));
     printf("federation: site %s hosts run %s; waiting for site(s) %s (%s)\n", cfg->sites[0].name, run_id, missing,
            w.limit);
     fflush(stdout);
@@ -228,8 +239,9 @@ static int host_accept_all(Federation *f, const Config *cfg, const unsigned char
         snprintf(whom, sizeof whom, "site(s) %s", missing);
         if (!knock_wait_on(&w, whom))
             return f->stopped ? ISTH_OK
-                              : isth_fail(ISTH_ERUNTIME, "federation: %s did not join within %.0f s (outer.join_timeout)",
-                                          whom, cfg->outer.join_timeout);
+                              : isth_fail(ISTH_ERUNTIME, "federation: %s did not join within %.0f s (outer.join_timeout%s)",
+                                          whom, host_wait_s(cfg), cfg->n_sites > 2 ? ", and with three sites or more "
+                                          "the merges' bound after it" : "");
         const int before = joined;
         for (int s = 1; s < cfg->n_sites; s++)
             if (f->leader_link[s] == MPI_COMM_NULL) joined += host_try_knock(f, cfg, s, key, run_id, fingerprint, -1, epoch);
@@ -248,7 +260,7 @@ static int joiner_connect(Federation *f, const Config *cfg, const char *key_file
                           uint64_t fingerprint, double probe_s, int *joined)
 {
     KnockWait w;
-    wait_start(f, &w, cfg);
+    wait_start(f, &w, cfg, cfg->outer.join_timeout);
     char whom[200];
     snprintf(whom, sizeof whom, "the host of run %s (site %s)", run_id, cfg->sites[0].name); /* or a live one */
     if (probe_s <= 0) {
@@ -451,7 +463,8 @@ int federation_join(Federation *f, const Config *cfg, const char *site_name, con
     /* without a limit the leader's polls re-arm it (knock_wait_on); the
      * others wait in the outcome's broadcast for as long as it waits */
     if (cfg->outer.join_timeout > 0)
-        fault_watchdog_arm(federation_setup_s(cfg), "joining the federated run", FAULT_HINT_NET);
+        fault_watchdog_arm(federation_setup_s(cfg) + host_wait_s(cfg) - cfg->outer.join_timeout,
+                           "joining the federated run", FAULT_HINT_NET); /* the host's longer wait, three sites or more */
     else if (me == 0) /* until its first poll: the key, the port, the name */
         fault_watchdog_arm(FEDERATION_HEARTBEAT_S, "starting the wait for the other sites", FAULT_HINT_NET);
     if (me == 0) {

@@ -3,6 +3,9 @@
 # through ompi-server) on this machine, real processes:
 #  - the run forms and trains to the same model, bit for bit, as the same
 #    three sites in one mpirun (the joint launch);
+#  - a join that breaks inside Open MPI at the host (the hook): every site
+#    exits 3 and, started again by the site script, the three form the run
+#    (the host waits out the merges' bound) and train to the joint model;
 #  - site c killed mid-run: a and b train on; c started again with
 #    --resume auto is taken back live by all three (the host's ask rides
 #    the exchange's verdicts), and every site ends on the same model;
@@ -67,6 +70,20 @@ if [ $ra -eq 0 ] && [ $rb -eq 0 ] && [ $rc -eq 0 ] && grep -q "^federation: 3 si
     pass "three federated sites form one world and train to the joint launch's model, bit for bit"
 else
     fail "three sites: exits $ra/$rb/$rc: $(grep -h 'error' "$WORK"/fed_?.log | head -3 | tr '\n' '|')"
+fi
+
+# a join broken at the host's first merge
+export ISTHMUS_BREAK_JOIN=a:1
+three broken --set train.steps=16
+unset ISTHMUS_BREAK_JOIN
+wait_three
+if [ $ra -eq 0 ] && [ $rb -eq 0 ] && [ $rc -eq 0 ] && grep -q 'broken on purpose' "$WORK/broken_a.log" &&
+    [ "$(grep -c 'was dropped from the run or its join broke' "$WORK/broken_b.log")" = 1 ] &&
+    grep -q "^federation: 3 sites, 3 ranks in one world" "$WORK/broken_a.log" &&
+    h5diff "$WORK/joint/model.h5" "$WORK/broken/model.h5" /model /model > /dev/null 2>&1; then
+    pass "a join broken inside Open MPI at the host: every site exits 3, started again the three form the run, the joint launch's model"
+else
+    fail "broken join of three: exits $ra/$rb/$rc: $(grep -h 'error\|federated.sh' "$WORK"/broken_?.log | head -4 | tr '\n' '|')"
 fi
 
 # 2. a site lost and taken back: VICTIM killed (or signalled) after step 40,
