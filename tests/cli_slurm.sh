@@ -55,6 +55,19 @@ wait_state() { # wait_state JOB STATE SECONDS: until the state, the deadline, or
         sleep 0.2
     done
 }
+# start_requeued JOB...: once each job has requeued itself (its first
+# start over, pending again), start it now rather than in two minutes
+start_requeued() {
+    local j
+    for j in "$@"; do
+        for _ in $(seq 1 900); do
+            [ "$(job_field "$j" Restarts)" = 1 ] && [ "$(job_field "$j" JobState)" = PENDING ] && break
+            case $(job_field "$j" JobState) in COMPLETED | FAILED | CANCELLED | TIMEOUT | NODE_FAIL) break ;; esac
+            sleep 0.2
+        done
+        scontrol update JobId="$j" StartTime=now 2> /dev/null
+    done
+}
 wait_log() { # wait_log FILE PATTERN SECONDS JOB: until the line, the deadline, or the job's end
     local n=0 st
     while ! grep -q "$2" "$1" 2> /dev/null; do
@@ -197,14 +210,7 @@ submit_p() { # submit_p NAME NODE LOG
 }
 pja=$(submit_p a siteA "$WORK/pause_a.log")
 pjb=$(submit_p b siteB "$WORK/pause_b.log")
-for j in $pja $pjb; do
-    for _ in $(seq 1 900); do
-        [ "$(job_field "$j" Restarts)" = 1 ] && [ "$(job_field "$j" JobState)" = PENDING ] && break
-        case $(job_field "$j" JobState) in COMPLETED | FAILED | CANCELLED | TIMEOUT | NODE_FAIL) break ;; esac
-        sleep 0.2
-    done
-    scontrol update JobId="$j" StartTime=now 2> /dev/null
-done
+start_requeued $pja $pjb
 wait_state "$pja" COMPLETED 240
 wait_state "$pjb" COMPLETED 120
 fa=$(ls "$WORK"/pause/checkpoints/a/ckpt-*.h5 2> /dev/null | tail -1)
@@ -246,8 +252,7 @@ j3a=$(submit_3 a siteA "$WORK/t3_a.log" slurm-three)
 j3b=$(submit_3 b siteB "$WORK/t3_b.log" slurm-three)
 j3c=$(submit_3 c siteA "$WORK/t3_c.log" slurm-three)
 wait_log "$WORK/t3_a.log" '^step  *200/' 180 "$j3a" && scancel -s USR1 -b "$j3a"
-for _ in $(seq 1 600); do [ "$(job_field "$j3a" JobState)" = PENDING ] && break; sleep 0.2; done
-scontrol update JobId="$j3a" StartTime=now 2> /dev/null
+start_requeued "$j3a"
 wait_state "$j3a" COMPLETED 300
 wait_state "$j3b" COMPLETED 120
 wait_state "$j3c" COMPLETED 120
@@ -271,14 +276,7 @@ for s in a b c; do
     [ $s = b ] && node=siteB
     pids3="$pids3 $(submit_3 $s $node "$WORK/p3_$s.log" slurm-pause3 ISTHMUS_STOP_AT_STEP=45)"
 done
-for j in $pids3; do
-    for _ in $(seq 1 900); do
-        [ "$(job_field "$j" Restarts)" = 1 ] && [ "$(job_field "$j" JobState)" = PENDING ] && break
-        case $(job_field "$j" JobState) in COMPLETED | FAILED | CANCELLED | TIMEOUT | NODE_FAIL) break ;; esac
-        sleep 0.2
-    done
-    scontrol update JobId="$j" StartTime=now 2> /dev/null
-done
+start_requeued $pids3
 ok3=1
 for j in $pids3; do
     wait_state "$j" COMPLETED 300
