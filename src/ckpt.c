@@ -120,16 +120,20 @@ static int write_state(Trainer *tr, H5File *f, CkptScratch *sc)
     return rc;
 }
 
+int ckpt_groups(OuterMode mode, int learners, int shampoo, int residual, int in_flight)
+{
+    const int inner = 2 + (shampoo ? CKPT_SHAMPOO_GROUPS : 0); /* m, v (+ shampoo's) */
+    if (mode == MODE_SYNC) return 1 + inner + residual;     /* model, inner state (+ residual) */
+    if (mode == MODE_BUTTERFLY) /* model; per learner anchor, momentum, residual, */
+        return 1 + learners * (4 + inner + 2 * in_flight); /* pending, sent, model, inner state */
+    return 3 + in_flight + (1 + inner) * learners;        /* anchor, momentum, residual, pending; per learner */
+}
+
 /* How many model-shaped groups write_state writes into this site's file. */
 static int checkpoint_groups(const Trainer *tr)
 {
-    const int learners = tr->topo.sites[tr->topo.site].learners, residual = shard_any_residual(&tr->shard);
-    const int in_flight = exchanges_in_flight(tr);
-    const int inner = 2 + (ckpt_uses_shampoo(tr) ? CKPT_SHAMPOO_GROUPS : 0); /* m, v (+ shampoo's) */
-    if (tr->mode == MODE_SYNC) return 1 + inner + residual;     /* model, inner state (+ residual) */
-    if (tr->mode == MODE_BUTTERFLY) /* model; per learner anchor, momentum, residual, */
-        return 1 + learners * (4 + inner + 2 * in_flight); /* pending, sent, model, inner state */
-    return 3 + in_flight + (1 + inner) * learners;        /* anchor, momentum, residual, pending; per learner */
+    return ckpt_groups(tr->mode, tr->topo.sites[tr->topo.site].learners, ckpt_uses_shampoo(tr),
+                       shard_any_residual(&tr->shard), exchanges_in_flight(tr));
 }
 
 static int write_checkpoint(Trainer *tr);

@@ -31,6 +31,15 @@
 
 #include "train.h"
 
+/* Model-sized groups (a float32 value per parameter) a site's file holds:
+ * the contents above for a site of `learners` learners, its optimiser's
+ * state (shampoo: CKPT_SHAMPOO_GROUPS more per learner, counted at a
+ * model's size each, the bound the writer reserves), the residual (sync:
+ * error feedback between sites; every outer mode writes one) and the
+ * exchanges in flight at the checkpoint's step. The writer sizes its file
+ * by it; `isthmus plan` prints it. */
+int ckpt_groups(OuterMode mode, int learners, int shampoo, int residual, int in_flight);
+
 /* Write a checkpoint of the current state (collective over every rank of
  * every site; the sites confirm completion through the link), then prune
  * the site's older files. */

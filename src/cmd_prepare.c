@@ -21,7 +21,7 @@
 #include "config_keys.h"
 #include "runkey.h"
 #include "memory.h"
-#include "planner.h"
+#include "planner_report.h"
 #include "status.h"
 
 static const char *const usage_config =
@@ -70,7 +70,7 @@ int cmd_config(int argc, char **argv)
         if (!world) world = 1;
         MemoryPlan plan;
         if (largest) /* the rank that holds the most: what a GPU must fit */
-            CHECK(memory_plan_largest(&cfg, world, &plan, &r));
+            CHECK(memory_plan_largest(&cfg, world, 0, world, &plan, &r));
         else
             CHECK(memory_plan(&cfg, world, (int)r, &plan));
         memory_print(&plan, world, (int)r);
@@ -85,19 +85,24 @@ int cmd_config(int argc, char **argv)
 
 static const char *const usage_plan =
     "usage: isthmus plan CONFIG.ini --site NAME:GPU:COUNT [--site ...] --link RATE,RTT\n"
-    "                    [--mfu F] [--target U] [--set section.key=value]...\n"
+    "                    [--mfu F] [--target U] [--storage RATE] [--set section.key=value]...\n"
     "\n"
     "Plans a run of CONFIG on the given sites without running it: one --site per\n"
-    "[site.NAME] of the config (its layout with COUNT ranks, one per GPU), GPU a type\n"
-    "below or a peak in TFLOP/s (e.g. a CPU's rate from `isthmus bench`, with --mfu 1);\n"
-    "--link the rate and round trip between every pair of sites (e.g. 25Gbps,150ms).\n"
-    "Prints the parameters (total, active per token), memory per GPU by category, the\n"
-    "inner-step time of each site (tokens x FLOP per token / (GPUs x peak x MFU), MFU\n"
-    "default 0.4), the outer payload per exchange after the codec and its transfer\n"
-    "time, the compute utilisation of sync, diloco, streaming and butterfly with each\n"
-    "site's idle time, and the smallest H reaching --target (default 0.95).\n"
-    "docs/planner.md derives the model and compares it with measured runs.\n"
-    "GPU types (dense peaks; a plan uses the one of the config's train.precision):\n";
+    "[site.NAME] of the config (COUNT ranks, one per GPU), GPU a type below or a peak\n"
+    "in TFLOP/s (e.g. a CPU's rate from `isthmus bench`, with --mfu 1); --link the\n"
+    "rate and round trip between every pair of sites (e.g. 25Gbps,150ms).\n"
+    "The layout follows the counts: a site's learner_ranks that no longer divides its\n"
+    "COUNT (or the experts) becomes the largest that does, and the plan prints the\n"
+    "--set lines it applied. Prints the parameters, each site's inner step (tokens x\n"
+    "FLOP per token / (GPUs x peak x MFU), MFU default 0.4), each site's largest rank's\n"
+    "memory against its GPU's (exit 2 when one does not fit), the utilisation of sync,\n"
+    "diloco, streaming and butterfly with each site's idle time, the grad_accum that\n"
+    "balances the sites (--set lines), the smallest H reaching --target (default\n"
+    "0.95), the socket buffers the link needs, the codecs compared on the link with\n"
+    "their measured bpb cost, and the run's totals: wall time for train.steps, each\n"
+    "site's checkpoint size and write time at --storage (default 5GB/s per site) and\n"
+    "the checkpoint.every they allow. docs/planner.md derives the model.\n"
+    "GPU types (dense peaks, memory; a plan uses the peak of the config's train.precision):\n";
 
 int cmd_plan(int argc, char **argv)
 {
@@ -106,16 +111,17 @@ int cmd_plan(int argc, char **argv)
         planner_print_gpus();
         return ISTH_OK;
     }
-    const char *overrides[CLI_MAX_OVERRIDES], *config = NULL, *link_text = NULL, *mfu_text = NULL, *target_text = NULL;
+    const char *overrides[CLI_MAX_OVERRIDES], *config = NULL, *link_text = NULL, *mfu_text = NULL, *target_text = NULL,
+               *storage_text = "5GB/s";
     PlanSite sites[PLAN_MAX_SITES];
     int n_over = 0, n_sites = 0;
     for (int i = 0; i < argc; i++) { /* --site repeats, so not parse_common */
         const char *a = argv[i], *eq = strchr(a, '=');
         const size_t name_len = a[0] == '-' && eq ? (size_t)(eq - a) : strlen(a);
         const char *v = a[0] == '-' && eq ? eq + 1 : NULL;
-        static const char *const with_value[] = {"--site", "--link", "--mfu", "--target", "--set"};
+        static const char *const with_value[] = {"--site", "--link", "--mfu", "--target", "--set", "--storage"};
         int known = -1;
-        for (int k = 0; k < 5; k++)
+        for (int k = 0; k < 6; k++)
             if (strlen(with_value[k]) == name_len && !strncmp(a, with_value[k], name_len)) known = k;
         if (a[0] == '-' && a[1] && known < 0) return isth_fail(ISTH_EINPUT, "plan: unknown option '%s' (see --help)", a);
         if (known < 0) {
@@ -138,6 +144,8 @@ int cmd_plan(int argc, char **argv)
             mfu_text = v;
         } else if (known == 3) {
             target_text = v;
+        } else if (known == 5) {
+            storage_text = v;
         } else {
             if (n_over == CLI_MAX_OVERRIDES) return isth_fail(ISTH_EINPUT, "too many --set options");
             overrides[n_over++] = v;
@@ -146,31 +154,43 @@ int cmd_plan(int argc, char **argv)
     if (!config) return isth_fail(ISTH_EINPUT, "plan: missing CONFIG.ini (see isthmus plan --help)");
     if (!n_sites) return isth_fail(ISTH_EINPUT, "plan: no --site NAME:GPU:COUNT (see isthmus plan --help)");
     if (!link_text) return isth_fail(ISTH_EINPUT, "plan: no --link RATE,RTT (e.g. --link 25Gbps,150ms)");
-    PlanLink link;
-    CHECK(planner_parse_link(link_text, &link));
+    PlanInputs in = {0};
+    CHECK(planner_parse_link(link_text, &in.link));
+    CHECK(planner_parse_storage(storage_text, &in.storage_bytes_per_s));
     char *end;
-    const double mfu = mfu_text ? strtod(mfu_text, &end) : 0.4;
-    if (mfu_text && (*end || !(mfu > 0 && mfu <= 1)))
+    in.mfu = mfu_text ? strtod(mfu_text, &end) : 0.4;
+    if (mfu_text && (*end || !(in.mfu > 0 && in.mfu <= 1)))
         return isth_fail(ISTH_EINPUT, "plan: --mfu '%s': a fraction in (0, 1]", mfu_text);
-    const double target = target_text ? strtod(target_text, &end) : 0.95;
-    if (target_text && (*end || !(target > 0 && target < 1)))
+    in.target = target_text ? strtod(target_text, &end) : 0.95;
+    if (target_text && (*end || !(in.target > 0 && in.target < 1)))
         return isth_fail(ISTH_EINPUT, "plan: --target '%s': a fraction in (0, 1)", target_text);
+    /* the config as the user's --set make it; where their [site.*] keys
+     * are meant for the --site counts and do not load with the file's,
+     * without those. Then the layout the counts give (planner_layout_sets:
+     * ranks, and a learner that fits them unless the user set one), loaded
+     * with every --set and validated as `train --set ...` would be: a
+     * layout training refuses is refused the same way (names the config
+     * lacks are reported by the planner) */
     Config cfg;
-    CHECK(config_load(&cfg, config, overrides, n_over));
-    /* the layout the --site counts give, validated as `train --set site.NAME.ranks=N` would be: a
-     * plan for a layout training refuses is refused the same way (names the config lacks are
-     * reported by the planner) */
-    static char layout[PLAN_MAX_SITES][CONFIG_NAME_MAX + 40];
-    int n_all = n_over;
-    for (int i = 0; i < n_sites && n_all < CLI_MAX_OVERRIDES; i++) {
-        int known = cfg.n_sites == 0 && n_sites == 1;
-        for (int s = 0; s < cfg.n_sites; s++) known |= !strcmp(cfg.sites[s].name, sites[i].name);
-        if (!known) continue;
-        snprintf(layout[i], sizeof layout[i], "site.%.64s.ranks=%d", sites[i].name, sites[i].gpus);
-        overrides[n_all++] = layout[i];
+    const int was = status_set_quiet(1);
+    const int as_given = config_load(&cfg, config, overrides, n_over);
+    status_set_quiet(was);
+    if (as_given != ISTH_OK) {
+        const char *plain[CLI_MAX_OVERRIDES];
+        int n_plain = 0;
+        for (int i = 0; i < n_over; i++)
+            if (strncmp(overrides[i], "site.", 5)) plain[n_plain++] = overrides[i];
+        CHECK(config_load(&cfg, config, plain, n_plain));
     }
-    if (n_all > n_over) CHECK(config_load(&cfg, config, overrides, n_all));
-    return planner_run(&cfg, sites, n_sites, link, mfu, target);
+    static PlanSet layout[PLAN_MAX_SETS];
+    int n_layout = 0;
+    CHECK(planner_layout_sets(&cfg, sites, n_sites, overrides, n_over, layout, &n_layout));
+    int n_all = n_over;
+    for (int i = 0; i < n_layout && n_all < CLI_MAX_OVERRIDES; i++) overrides[n_all++] = layout[i].text;
+    CHECK(config_load(&cfg, config, overrides, n_all));
+    in.layout = layout;
+    in.n_layout = n_layout;
+    return planner_run(&cfg, sites, n_sites, &in);
 }
 
 static const char *const usage_keygen =

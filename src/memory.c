@@ -36,7 +36,7 @@ static double precond_bytes(const Config *cfg, const Model *m, size_t owned)
     size_t largest, side;
     precond_matrix_extent(m, 0, &largest, &side); /* no block check: cannot fail */
     const size_t b = (size_t)cfg->train.precond_block;
-    if (!strcmp(cfg->train.backend, "cuda")) {
+    if (memory_on_gpu(&cfg->train)) {
         size_t pieces[CUDA_PRECOND_PIECES];
         return (double)cuda_precond_pieces(pieces, shampoo, owned, largest, side, b);
     }
@@ -153,7 +153,7 @@ int memory_plan(const Config *cfg, int world_size, int rank, MemoryPlan *out)
     const double copies = (double)site->micro_batch * cfg->model.context * t.learner_size * cfg->model.top_k;
     const double arrivals = copies * t.experts_local / cfg->model.experts;
     out->bytes[ALLOC_EXPERT_ROWS] = acts_expert_row_bytes(&cfg->model, arrivals, config_recompute(&cfg->train));
-    if (!strcmp(cfg->train.backend, "cuda")) { /* the GPU's (device memory; its attention keeps O(T) per row) */
+    if (memory_on_gpu(&cfg->train)) { /* the GPU's (device memory; its attention keeps O(T) per row) */
         const int bf16 = !strcmp(cfg->train.precision, "bf16");
         const int kept =
             cuda_acts_kept_layers(cfg->model.layers, config_recompute(&cfg->train) == RECOMPUTE_LAYER);
@@ -168,6 +168,7 @@ int memory_plan(const Config *cfg, int world_size, int rank, MemoryPlan *out)
             out->bytes[ALLOC_WEIGHTS] += aligned64(2.0 * (double)(m.n_params - model_after_embed(&m)));
     }
     out->plain_state = 4 * params; /* what plain data-parallel training holds: weights, grads, AdamW m and v */
+    out->gpu = memory_on_gpu(&cfg->train);
     out->site = t.site;
     out->learner = t.learner;
     out->learner_rank = t.learner_rank;
@@ -176,21 +177,23 @@ int memory_plan(const Config *cfg, int world_size, int rank, MemoryPlan *out)
     return ISTH_OK;
 }
 
-static double plan_total(const MemoryPlan *p)
+double memory_total(const MemoryPlan *p)
 {
     double total = 0.0;
     for (int c = 1; c < ALLOC_CATEGORIES; c++) total += p->bytes[c];
     return total;
 }
 
-int memory_plan_largest(const Config *cfg, int world_size, MemoryPlan *out, long *rank)
+int memory_on_gpu(const TrainConfig *t) { return !strcmp(t->backend, "cuda") || !strcmp(t->precision, "bf16"); }
+
+int memory_plan_largest(const Config *cfg, int world_size, int first, int count, MemoryPlan *out, long *rank)
 {
-    *rank = 0;
-    CHECK(memory_plan(cfg, world_size, 0, out));
-    for (int r = 1; r < world_size; r++) {
+    *rank = first;
+    CHECK(memory_plan(cfg, world_size, first, out));
+    for (int r = first + 1; r < first + count; r++) {
         MemoryPlan p;
         CHECK(memory_plan(cfg, world_size, r, &p));
-        if (plan_total(&p) > plan_total(out)) {
+        if (memory_total(&p) > memory_total(out)) {
             *out = p;
             *rank = r;
         }
@@ -206,9 +209,11 @@ static void print_row(const char *name, double bytes, double total)
 
 void memory_print(const MemoryPlan *p, int world_size, int rank)
 {
-    const double total = plan_total(p);
+    const double total = memory_total(p);
     printf("memory of world rank %d of %d (learner %d, rank %d of %d, %d expert(s)), predicted:\n", rank, world_size,
            p->learner, p->learner_rank, p->learner_size, p->experts_local);
+    printf("  %s\n", p->gpu ? "the CUDA backend's buffers (train.backend = cuda, or train.precision = bf16, which needs it)"
+                            : "the CPU backend's buffers (--set train.backend=cuda for the GPU's)");
     for (int c = 1; c < ALLOC_CATEGORIES; c++) print_row(alloc_category_name[c], p->bytes[c], total);
     print_row("total", total, total);
     const double model_state = p->plain_state, rest = total - p->bytes[ALLOC_ACTIVATIONS] - p->bytes[ALLOC_EXPERT_ROWS];

@@ -20,13 +20,24 @@ typedef struct {
     double bytes[ALLOC_CATEGORIES]; /* ALLOC_OTHER: not predicted (tables, plans, I/O) */
     double plain_state;             /* weights + grads + unsharded AdamW of the parameters the rank holds */
     int site, learner, learner_rank, learner_size, experts_local;
+    int gpu; /* the CUDA backend's buffers (memory_on_gpu), else the CPU backend's */
 } MemoryPlan;
+
+/* Does the plan lay out the CUDA backend's buffers? For train.backend =
+ * cuda, and for train.precision = bf16, which only the CUDA backend runs:
+ * a bf16 config is planned for the GPU whatever the build (auto with fp32
+ * is the CPU's: which backend auto picks depends on the machine). */
+int memory_on_gpu(const TrainConfig *t);
 
 /* World rank `rank` of a job of `world_size` ranks (0: the config's). */
 int memory_plan(const Config *cfg, int world_size, int rank, MemoryPlan *out);
 
-/* The rank of the job whose total is largest (the lowest such rank), and its plan. */
-int memory_plan_largest(const Config *cfg, int world_size, MemoryPlan *out, long *rank);
+/* Of world ranks first .. first+count-1, the one whose total is largest
+ * (the lowest such rank), and its plan. */
+int memory_plan_largest(const Config *cfg, int world_size, int first, int count, MemoryPlan *out, long *rank);
+
+/* The predicted bytes of every category together. */
+double memory_total(const MemoryPlan *p);
 
 /* The table: one line per category, then the total and the ratio to the
  * plain state (what data-parallel training without outer state or

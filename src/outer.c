@@ -34,6 +34,19 @@ int outer_max_in_flight(const OuterConfig *cfg)
     return most < P ? most : P;
 }
 
+int outer_in_flight_at(const OuterConfig *cfg, long step)
+{
+    const int butterfly = cfg->mode_id == MODE_BUTTERFLY;
+    const int tau = cfg->mode_id == MODE_STREAMING || butterfly ? cfg->overlap : 0; /* diloco finishes at once */
+    for (long s = step - tau + 1; tau > 0 && s <= step; s++) { /* one started at s finishes at s + tau */
+        if (s < 1) continue;
+        if (butterfly && s % cfg->inner_steps == 0) return 1;
+        for (int p = 0; !butterfly && p < cfg->fragments; p++)
+            if (outer_fragment_due(s, p, cfg->inner_steps, cfg->fragments)) return 1;
+    }
+    return 0;
+}
+
 int outer_create(Outer *o, const OuterConfig *cfg, Shard *s, Reducer *r, Backend *be, double learner_weight)
 {
     memset(o, 0, sizeof *o);

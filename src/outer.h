@@ -90,6 +90,10 @@ int outer_fragment_due(long step, int p, int H, int P);
 int outer_create(Outer *o, const OuterConfig *cfg, Shard *s, Reducer *r, Backend *be, double learner_weight);
 /* Exchanges in flight at once under this schedule (sizes the staging). */
 int outer_max_in_flight(const OuterConfig *cfg);
+/* Is an exchange in flight after inner step `step` (started within the
+ * last overlap steps, so still waiting for its own step: a checkpoint
+ * written then holds its drained result)? From the schedule alone. */
+int outer_in_flight_at(const OuterConfig *cfg, long step);
 /* Where chunk (tensor, layer, expert) of state `which` lives on this rank,
  * or NULL when another rank of the learner owns it. OUTER_PENDING: the
  * drained result of the chunk's fragment (the anchor's values when the

@@ -11,35 +11,39 @@
 #include "bench.h"
 #include "codec.h"
 #include "link.h" /* LINK_MAX_FRAGMENTS: the fragments a tag can name */
-#include "memory.h"
 #include "model.h"
 #include "plan.h"
 #include "status.h"
 
 /* Dense (no sparsity) peaks per GPU, TFLOP/s, sources in docs/planner.md
  * (vendor datasheets): bf16 on tensor cores, and fp32 on CUDA cores — the
- * CUDA backend's fp32 runs without TF32 (cuda/gemm.cu). */
+ * CUDA backend's fp32 runs without TF32 (cuda/gemm.cu). Memory per GPU:
+ * the vendors' figures (A100 and H100 SXM 80 GB, H200 141 GB; DGX B200
+ * 1,440 GB and HGX B300 2.3 TB for 8 GPUs; GB200 NVL72 13.4 TB for 72;
+ * GB300 288 GB per GPU; MI300X 192 GB), read as GiB: HBM comes in binary
+ * sizes (an H100's 80 GB is 81,559 MiB in nvidia-smi, 79.6 GiB), so a
+ * peak within a GiB or two of the figure is already too much. */
 static const struct {
     const char *name;
-    double bf16, fp32;
+    double bf16, fp32, mem_gib;
     const char *what;
 } gpu_types[] = {
-    {"a100", 312, 19.5, "NVIDIA A100 SXM"},
-    {"h100", 989, 67, "NVIDIA H100 SXM"},
-    {"h200", 989, 67, "NVIDIA H200 SXM"},
-    {"b200", 2250, 75, "NVIDIA B200 (HGX)"},
-    {"b300", 2250, 75, "NVIDIA B300 (HGX Blackwell Ultra)"},
-    {"gb200", 2500, 75, "NVIDIA GB200 (NVL72, per GPU)"},
-    {"gb300", 2500, 80, "NVIDIA GB300 (NVL72, per GPU)"},
-    {"mi300x", 1307, 163.4, "AMD Instinct MI300X"},
+    {"a100", 312, 19.5, 80, "NVIDIA A100 SXM 80GB"},
+    {"h100", 989, 67, 80, "NVIDIA H100 SXM"},
+    {"h200", 989, 67, 141, "NVIDIA H200 SXM"},
+    {"b200", 2250, 75, 180, "NVIDIA B200 (HGX)"},
+    {"b300", 2250, 75, 288, "NVIDIA B300 (HGX Blackwell Ultra)"},
+    {"gb200", 2500, 75, 186, "NVIDIA GB200 (NVL72, per GPU)"},
+    {"gb300", 2500, 80, 288, "NVIDIA GB300 (NVL72, per GPU)"},
+    {"mi300x", 1307, 163.4, 192, "AMD Instinct MI300X"},
 };
 #define N_GPU_TYPES ((int)(sizeof gpu_types / sizeof gpu_types[0]))
 
 void planner_print_gpus(void)
 {
     for (int i = 0; i < N_GPU_TYPES; i++)
-        printf("  %-7s %6.0f TFLOP/s bf16, %5.1f fp32  %s\n", gpu_types[i].name, gpu_types[i].bf16, gpu_types[i].fp32,
-               gpu_types[i].what);
+        printf("  %-7s %6.0f TFLOP/s bf16, %5.1f fp32, %3.0f GiB  %s\n", gpu_types[i].name, gpu_types[i].bf16,
+               gpu_types[i].fp32, gpu_types[i].mem_gib, gpu_types[i].what);
 }
 
 int planner_parse_site(const char *text, PlanSite *out)
@@ -65,6 +69,7 @@ int planner_parse_site(const char *text, PlanSite *out)
             snprintf(out->gpu, sizeof out->gpu, "%s", gpu_types[i].name);
             out->peak_bf16 = gpu_types[i].bf16;
             out->peak_fp32 = gpu_types[i].fp32;
+            out->mem_gib = gpu_types[i].mem_gib;
             return ISTH_OK;
         }
     const double peak = strtod(gpu, &end);
@@ -113,7 +118,28 @@ int planner_parse_link(const char *text, PlanLink *out)
     return ISTH_OK;
 }
 
-/* The config with each planned site's ranks set to its GPU count. */
+int planner_parse_storage(const char *text, double *bytes_per_s)
+{
+    static const char *const units[] = {"B/s", "KB/s", "MB/s", "GB/s", "TB/s"};
+    static const double f[] = {1, 1e3, 1e6, 1e9, 1e12};
+    double v;
+    const double uf = with_unit(text, units, f, 5, &v);
+    if (uf < 0 || !(v > 0))
+        return isth_fail(ISTH_EINPUT, "plan: --storage '%s': a positive rate with B/s, KB/s, MB/s, GB/s or TB/s "
+                         "(e.g. 5GB/s)", text);
+    *bytes_per_s = v * uf;
+    return ISTH_OK;
+}
+
+const PlanSite *planner_site_of(const Config *cfg, int s, const PlanSite *sites, int n_sites)
+{
+    for (int i = 0; i < n_sites; i++)
+        if (!strcmp(sites[i].name, cfg->sites[s].name)) return &sites[i];
+    return NULL;
+}
+
+/* The config with each planned site's ranks set to its GPU count (the
+ * layout planner_layout_sets made fits them: checked again here). */
 static int planned_config(const Config *cfg, const PlanSite *sites, int n, Config *out)
 {
     *out = *cfg;
@@ -146,7 +172,6 @@ static int planned_config(const Config *cfg, const PlanSite *sites, int n, Confi
                              "[site.%s] learner_ranks = %d", sites[i].name, sites[i].gpus, sc->name, sc->learner_ranks);
         sc->ranks = sites[i].gpus;
     }
-    snprintf(out->train.backend, sizeof out->train.backend, "cuda"); /* memory: the GPU's activation layout */
     return ISTH_OK;
 }
 
@@ -179,8 +204,9 @@ static int fragment_values(const ModelConfig *mc, int P, Codec codec, CodecParam
  * attention recomputes them whatever the setting, inside its MFU. */
 static double plan_recompute_factor(const TrainConfig *t) { return config_recompute(t) == RECOMPUTE_LAYER ? 4.0 / 3.0 : 1.0; }
 
-static double wire_s(double bytes, PlanLink l) { return bytes * 8.0 / (l.bits_per_s * PLAN_TCP_EFFICIENCY); }
-static double transfer_s(double bytes, PlanLink l) { return wire_s(bytes, l) + PLAN_LINK_RTTS * l.rtt_s; }
+double planner_wire_s(double bytes, PlanLink l) { return bytes * 8.0 / (l.bits_per_s * PLAN_TCP_EFFICIENCY); }
+double planner_link_rtts(const OuterConfig *oc) { return strcmp(oc->transport, "mpi") ? PLAN_LINK_RTTS_TCP : PLAN_LINK_RTTS_MPI; }
+static double transfer_s(double bytes, PlanLink l, double rtts) { return planner_wire_s(bytes, l) + rtts * l.rtt_s; }
 
 /* Utilisation and idle time of every site for a period of `steps` inner
  * steps paced by the slowest site, plus `stall` of waiting for the link. */
@@ -190,6 +216,7 @@ static void fill_mode(PlanMode *pm, const PlanResult *r, double steps, double st
     for (int s = 0; s < r->n_sites; s++) slowest = fmax(slowest, r->step_s[s]);
     pm->steps = steps;
     pm->link_stall_s = stall;
+    pm->link_busy_s = link_busy;
     pm->period_s = steps * slowest + stall;
     pm->link_bound = link_busy > steps * slowest;
     if (pm->link_bound) { /* the link cannot carry a period's bytes in its compute time: it sets the pace */
@@ -216,12 +243,11 @@ int planner_compute(const Config *cfg0, const PlanSite *sites, int n_sites, Plan
     const int H = oc->inner_steps, tau = oc->overlap;
     r->n_sites = cfg.n_sites;
     r->flops_per_token = model_flops_per_token(mc);
+    const double rtts = r->rtts = planner_link_rtts(oc);
     int learners = 0;
     for (int s = 0; s < cfg.n_sites; s++) {
         const SiteConfig *sc = &cfg.sites[s];
-        const PlanSite *ps = NULL;
-        for (int i = 0; i < n_sites; i++)
-            if (!strcmp(sites[i].name, sc->name)) ps = &sites[i];
+        const PlanSite *ps = planner_site_of(&cfg, s, sites, n_sites);
         r->tokens_per_step[s] = (double)sc->ranks * sc->micro_batch * sc->grad_accum * mc->context;
         r->peak_tflops[s] = !strcmp(cfg.train.precision, "bf16") ? ps->peak_bf16 : ps->peak_fp32;
         r->step_s[s] = r->tokens_per_step[s] * r->flops_per_token * plan_recompute_factor(&cfg.train) /
@@ -237,14 +263,16 @@ int planner_compute(const Config *cfg0, const PlanSite *sites, int n_sites, Plan
     CHECK(fragment_values(mc, 1, codec, cp, frag, &all, fbytes, &all_bytes));
     PlanMode *m = &r->sync;
     m->payload_bytes = all_bytes;
-    m->transfer_s = peers ? transfer_s(m->payload_bytes, link) : 0;
+    m->transfer_s = peers ? transfer_s(m->payload_bytes, link, rtts) : 0;
     fill_mode(m, r, 1, m->transfer_s, 0);
+    m->link_busy_s = peers ? planner_wire_s(m->payload_bytes, link) : 0;
 
     /* diloco: every H steps, the whole pseudo-gradient, blocking */
     m = &r->diloco;
     m->payload_bytes = all_bytes;
-    m->transfer_s = peers ? transfer_s(m->payload_bytes, link) : 0;
+    m->transfer_s = peers ? transfer_s(m->payload_bytes, link, rtts) : 0;
     fill_mode(m, r, H, m->transfer_s, 0);
+    m->link_busy_s = peers ? planner_wire_s(m->payload_bytes, link) : 0;
 
     /* streaming: P fragments, each once per H steps, each exchange hidden
      * behind tau inner steps; what it does not hide stalls the step */
@@ -253,13 +281,13 @@ int planner_compute(const Config *cfg0, const PlanSite *sites, int n_sites, Plan
     m = &r->streaming;
     double stall = 0, busy = 0, largest = 0;
     for (int p = 0; p < P; p++) {
-        const double bytes = fbytes[p], x = peers ? transfer_s(bytes, link) : 0;
+        const double bytes = fbytes[p], x = peers ? transfer_s(bytes, link, rtts) : 0;
         stall += fmax(0.0, x - tau * slowest);
-        busy += peers ? wire_s(bytes, link) : 0;
+        busy += peers ? planner_wire_s(bytes, link) : 0;
         if (bytes > largest) largest = bytes;
     }
     m->payload_bytes = largest;
-    m->transfer_s = peers ? transfer_s(largest, link) : 0;
+    m->transfer_s = peers ? transfer_s(largest, link, rtts) : 0;
     fill_mode(m, r, H, stall, busy);
 
     /* butterfly: 2^k learners, one round every H steps, each learner
@@ -277,27 +305,15 @@ int planner_compute(const Config *cfg0, const PlanSite *sites, int n_sites, Plan
         for (int j = 0; j < k; j++) crossing += (1 << j) >= per_site;
         m = &r->butterfly;
         m->payload_bytes = fbytes[0] * per_site;
-        m->transfer_s = transfer_s(m->payload_bytes, link);
+        m->transfer_s = transfer_s(m->payload_bytes, link, rtts);
         const double x_stall = fmax(0.0, m->transfer_s - tau * slowest);
-        fill_mode(m, r, (double)H * k, crossing * x_stall, crossing * wire_s(m->payload_bytes, link));
+        fill_mode(m, r, (double)H * k, crossing * x_stall, crossing * planner_wire_s(m->payload_bytes, link));
     }
     return ISTH_OK;
 }
 
-static void print_mode(const char *name, const char *shape, const PlanMode *m, const PlanResult *r, const Config *cfg)
-{
-    double worst = 1;
-    for (int s = 0; s < r->n_sites; s++) worst = fmin(worst, m->utilisation[s]);
-    printf("  %-10s %-24s %12.6g MB %9.3f s %9.3f s %8.1f%%", name, shape, m->payload_bytes / 1e6, m->transfer_s,
-           m->period_s, 100.0 * worst);
-    for (int s = 0; s < r->n_sites; s++) printf(" | %s %5.1f%% idle %.2f s", cfg->sites[s].name, 100 * m->utilisation[s],
-                                                 m->idle_s[s] + m->link_stall_s);
-    printf("%s\n", m->link_bound ? " | link-bound" : "");
-}
-
-/* The smallest H at which the slowest site reaches `target`, or -1. */
-static long smallest_h(const Config *cfg0, const PlanSite *sites, int n, PlanLink link, double mfu, double target,
-                       int streaming)
+long planner_smallest_h(const Config *cfg0, const PlanSite *sites, int n, PlanLink link, double mfu, double target,
+                        int streaming)
 {
     Config c = *cfg0;
     for (long H = 1; H <= 1L << 20; H = H < 16 ? H + 1 : H + H / 8) {
@@ -317,93 +333,4 @@ static long smallest_h(const Config *cfg0, const PlanSite *sites, int n, PlanLin
         if (u >= target) return H;
     }
     return -1;
-}
-
-int planner_run(const Config *cfg0, const PlanSite *sites, int n_sites, PlanLink link, double mfu, double target)
-{
-    PlanResult r;
-    CHECK(planner_compute(cfg0, sites, n_sites, link, mfu, &r));
-    Config cfg;
-    CHECK(planned_config(cfg0, sites, n_sites, &cfg));
-    const ModelConfig *mc = &cfg.model;
-    const OuterConfig *oc = &cfg.outer;
-    const double total = model_total_params(mc);
-    const double active = total - (double)mc->layers * (mc->experts - mc->top_k) * 3.0 * mc->dim * mc->ffn;
-    if (!strcmp(oc->codec, "topk"))
-        printf("plan: %s (mode %s, H = %d, fragments %d, overlap %d, codec topk: %d of %d values at %d bits, "
-               "%.3f bits per value)\n", cfg.source, oc->mode, oc->inner_steps, oc->fragments, oc->overlap,
-               oc->topk_k, oc->topk_chunk, oc->topk_bits,
-               8.0 * r.sync.payload_bytes / model_total_params(mc));
-    else
-        printf("plan: %s (mode %s, H = %d, fragments %d, overlap %d, codec %s/%d)\n", cfg.source, oc->mode,
-               oc->inner_steps, oc->fragments, oc->overlap, oc->codec, oc->codec_block);
-    printf("model: %.4g B parameters, %.4g B active per token (%.1fx expert sparsity), %.4g GFLOP per token "
-           "trained\n", total / 1e9, active / 1e9, (double)mc->experts / mc->top_k, r.flops_per_token / 1e9);
-    printf("link: %.4g Gbit/s, %.4g ms round trip between every pair of sites (%.4g MB in flight per round trip); "
-           "an exchange costs bytes / (rate x %.3f TCP payload per wire byte) + %.0f round trips\n",
-           link.bits_per_s / 1e9, link.rtt_s * 1e3, link.bits_per_s * link.rtt_s / 8e6, PLAN_TCP_EFFICIENCY, PLAN_LINK_RTTS);
-    if (plan_recompute_factor(&cfg.train) > 1)
-        printf("sites (inner step = tokens x FLOP per token x 4/3 for train.recompute = layer's second forward pass "
-               "/ (GPUs x %s peak x MFU %.2f)):\n", cfg.train.precision, mfu);
-    else
-        printf("sites (inner step = tokens x FLOP per token / (GPUs x %s peak x MFU %.2f)):\n", cfg.train.precision,
-               mfu);
-    for (int s = 0; s < cfg.n_sites; s++) {
-        const PlanSite *ps = NULL;
-        for (int i = 0; i < n_sites; i++)
-            if (!strcmp(sites[i].name, cfg.sites[s].name)) ps = &sites[i];
-        printf("  %-8s %-7s %8.4g TFLOP/s x %5d GPUs, %4d learner(s) of %d, %10.0f tokens/step, step %.4g s\n",
-               cfg.sites[s].name, ps->gpu, r.peak_tflops[s], ps->gpus, cfg.sites[s].ranks / cfg.sites[s].learner_ranks,
-               cfg.sites[s].learner_ranks, r.tokens_per_step[s], r.step_s[s]);
-    }
-    /* memory per GPU: the rank that holds the most, the config's mode */
-    int world = 0;
-    for (int s = 0; s < cfg.n_sites; s++) world += cfg.sites[s].ranks;
-    MemoryPlan mp;
-    long rank = 0;
-    CHECK(memory_plan_largest(&cfg, world, &mp, &rank));
-    printf("memory per GPU (%s mode), ", oc->mode);
-    memory_print(&mp, world, (int)rank);
-    printf("per mode (utilisation: inner-step time / wall time; idle: per period, waiting for a slower site or "
-           "the link):\n");
-    printf("  %-10s %-24s %15s %11s %11s %9s\n", "mode", "shape", "payload", "transfer", "period", "lowest");
-    char shape[64];
-    print_mode("sync", "every step", &r.sync, &r, &cfg);
-    snprintf(shape, sizeof shape, "H=%d", oc->inner_steps);
-    print_mode("diloco", shape, &r.diloco, &r, &cfg);
-    snprintf(shape, sizeof shape, "H=%d P=%d overlap=%d", oc->inner_steps,
-             oc->mode_id == MODE_STREAMING ? oc->fragments : mc->layers, oc->overlap);
-    print_mode("streaming", shape, &r.streaming, &r, &cfg);
-    if (r.butterfly_learners && r.n_sites > 1 && !strcmp(oc->codec, "topk")) {
-        printf("  butterfly  (not with codec topk: butterfly sends parameter values)\n");
-    } else if (r.butterfly_learners && r.n_sites > 1) {
-        snprintf(shape, sizeof shape, "%d learners, H=%d", r.butterfly_learners, oc->inner_steps);
-        print_mode("butterfly", shape, &r.butterfly, &r, &cfg);
-    }
-    double slowest = 0, fastest = 1e300;
-    for (int s = 0; s < r.n_sites; s++) slowest = fmax(slowest, r.step_s[s]), fastest = fmin(fastest, r.step_s[s]);
-    if (r.n_sites > 1 && slowest > fastest * 1.001)
-        printf("the sites' steps differ (%.4g s against %.4g s): the faster idles %.1f%% of each period; give it "
-               "%.3gx the tokens per step (micro_batch or grad_accum) to balance\n", fastest, slowest,
-               100.0 * (1 - fastest / slowest), slowest / fastest);
-    const long hd = smallest_h(&cfg, sites, n_sites, link, mfu, target, 0);
-    const long hs = smallest_h(&cfg, sites, n_sites, link, mfu, target, 1);
-    printf("smallest H for >= %.0f%% utilisation (beside the sites' imbalance): diloco ", 100 * target);
-    if (hd > 0) printf("%ld", hd); else printf("none up to 2^20");
-    printf(", streaming ");
-    if (hs > 0) printf("%ld", hs); else printf("none up to 2^20");
-    const double x = r.streaming.transfer_s;
-    printf(" (P=%d, overlap %d); overlap that hides a streaming fragment: >= %.0f steps\n",
-           oc->mode_id == MODE_STREAMING ? oc->fragments : mc->layers, oc->overlap, ceil(x / slowest));
-    if (r.n_sites > 1) { /* each rank of a site's first learner seals its share of a payload once for every
-                          * other site (a key per pair) and opens each other site's share: the whole model's
-                          * bytes once per H steps in diloco and streaming */
-        int G = cfg.sites[0].learner_ranks;
-        for (int s = 1; s < cfg.n_sites; s++) G = G < cfg.sites[s].learner_ranks ? G : cfg.sites[s].learner_ranks;
-        const double seal_s = r.diloco.payload_bytes / G * 2.0 * (r.n_sites - 1) / PLAN_SEAL_BYTES_PER_S;
-        printf("link seal (%s, %.2g GB/s per core): %.3g s per rank every H steps, %.2f%% of the H steps' "
-               "compute\n", strcmp(oc->encrypt, "on") ? "authenticated" : "encrypted and authenticated",
-               PLAN_SEAL_BYTES_PER_S / 1e9, seal_s, 100.0 * seal_s / (oc->inner_steps * slowest));
-    }
-    return ISTH_OK;
 }

@@ -112,6 +112,20 @@ got=$("$ISTHMUS" config "$T" $TWO --memory --rank max | sed -n 's/^memory of wor
 [ "$got" = "$best" ] && [ "$best" -ge 2 ] && pass "--rank max: rank $got, the largest of the four ($best_total bytes)" ||
     fail "--rank max gave rank '$got', the largest is $best"
 
+# a bf16 config is planned for the GPU whatever the build (only the CUDA
+# backend runs bf16): the bytes of backend = cuda, not the CPU backend's
+# (what fp32 with backend auto still plans), as `isthmus plan` does
+M="$CONFIGS/moe-32b.ini"
+total() { awk '$1 == "total" && $3 == "B" { print $2 }'; }
+b16=$("$ISTHMUS" config "$M" --memory --rank max | total)
+cuda=$("$ISTHMUS" config "$M" --set train.backend=cuda --memory --rank max | total)
+cpu32=$("$ISTHMUS" config "$M" --set train.precision=fp32 --memory --rank max | total)
+[ -n "$b16" ] && [ "$b16" = "$cuda" ] && [ "$b16" != "$cpu32" ] &&
+    pass "bf16 moe-32b: $b16 B per GPU, as with train.backend = cuda (fp32 on the CPU backend: $cpu32 B)" ||
+    fail "bf16 moe-32b: '$b16' B, backend = cuda '$cuda' B, fp32 CPU '$cpu32' B"
+"$ISTHMUS" config "$M" --memory | grep -q "the CUDA backend's buffers" && pass "config --memory says whose buffers it lays out" ||
+    fail "config --memory does not say whose buffers"
+
 # bad planning input: one line, exit 2
 expect_exit 2 "--ranks abc: expected" -- "$ISTHMUS" config "$T" --memory --ranks abc
 expect_exit 2 "memory: rank 9 is not in a job of 4 ranks" -- "$ISTHMUS" config "$T" --memory --ranks 4 --rank 9
