@@ -111,10 +111,8 @@ int ckpt_share_to(Trainer *tr, int from_site, long step, const unsigned char *to
     return ok ? ISTH_OK : rc != ISTH_OK ? rc : ISTH_ERUNTIME;
 }
 
-int ckpt_share(Trainer *tr, int from_site, int to_site, long step, char *path, size_t cap)
+int ckpt_share(Trainer *tr, int from_site, const unsigned char *to, long step, char *path, size_t cap)
 {
-    unsigned char to[CONFIG_MAX_SITES] = {0};
-    to[to_site] = 1;
     char dir[CONFIG_FILE_PATH_MAX];
     ckpt_site_dir(tr, dir, sizeof dir);
     ckpt_file_path(dir, step, path, cap); /* a third site's: its own */

@@ -19,13 +19,13 @@
 
 /* The live rejoin, collective over every site of the new world: the
  * host's (from_site's) first rank sends its checkpoint of `step` (just
- * written) through the link to the rejoining site's (to_site's) first
- * rank, which writes it as <its checkpoint dir>/rejoin-<step>.h5 (size
- * bounded by the config, each piece sealed by the link, a temporary name
- * renamed when complete). *path: the received file on the joiner's ranks,
- * the site's own checkpoint of `step` on every other site's (the host's
- * included: each loads its own). */
-int ckpt_share(Trainer *tr, int from_site, int to_site, long step, char *path, size_t cap);
+ * written) through the link to each rejoining site's (to[s]: site s, in
+ * site order) first rank, which writes it as <its checkpoint
+ * dir>/rejoin-<step>.h5 (size bounded by the config, each piece sealed by
+ * the link, a temporary name renamed when complete). *path: the received
+ * file on a joiner's ranks, the site's own checkpoint of `step` on every
+ * other site's (the host's included: each loads its own). */
+int ckpt_share(Trainer *tr, int from_site, const unsigned char *to, long step, char *path, size_t cap);
 
 /* The same to every site s with to[s] (the cold restart's fetch; in site
  * order), collective over every site: the sending and receiving sites'

@@ -196,7 +196,7 @@ static double host_wait_s(const Config *cfg)
 
 /* Try the knock of `site` if its value is new: 1 when the site is now in. */
 static int host_try_knock(Federation *f, const Config *cfg, int site, const unsigned char key[RUNKEY_BYTES],
-                          const char *run_id, uint64_t fingerprint, long rejoin_step,
+                          const char *run_id, uint64_t fingerprint, long rejoin_step, uint64_t joiners,
                           const unsigned char epoch[SEAL_EPOCH_BYTES])
 {
     char value[MPI_MAX_PORT_NAME];
@@ -210,7 +210,8 @@ static int host_try_knock(Federation *f, const Config *cfg, int site, const unsi
         fflush(stdout);
         return 0;
     }
-    return handshake_host(cfg, c, f->site, site, key, run_id, fingerprint, f->leader_link, rejoin_step, epoch) == site;
+    return handshake_host(cfg, c, f->site, site, key, run_id, fingerprint, f->leader_link, rejoin_step, joiners,
+                          epoch) == site;
 }
 
 static int host_accept_all(Federation *f, const Config *cfg, const unsigned char key[RUNKEY_BYTES],
@@ -244,7 +245,7 @@ static int host_accept_all(Federation *f, const Config *cfg, const unsigned char
                                           "the merges' bound after it" : "");
         const int before = joined;
         for (int s = 1; s < cfg->n_sites; s++)
-            if (f->leader_link[s] == MPI_COMM_NULL) joined += host_try_knock(f, cfg, s, key, run_id, fingerprint, -1, epoch);
+            if (f->leader_link[s] == MPI_COMM_NULL) joined += host_try_knock(f, cfg, s, key, run_id, fingerprint, -1, 0, epoch);
         if (joined == before) knock_sleep(KNOCK_POLL_S);
     }
     return ISTH_OK;
@@ -305,11 +306,14 @@ static int joiner_connect(Federation *f, const Config *cfg, const char *key_file
     unsigned char epoch[SEAL_EPOCH_BYTES];
     long rejoin_step = -1;
     int host = -1;
-    rc = handshake_join(cfg, c, f->site, key, run_id, fingerprint, f->service, epoch, &rejoin_step, &host);
+    uint64_t rejoiners = 0;
+    rc = handshake_join(cfg, c, f->site, key, run_id, fingerprint, f->service, epoch, &rejoin_step, &host,
+                        &rejoiners);
     if (rc == ISTH_OK) seal_master(f->link_master, key, run_id, epoch); /* the host's epoch, verified */
     sodium_memzero(key, sizeof key);
     if (rc != ISTH_OK) return rc; /* c freed */
     f->rejoin_step = rejoin_step;
+    f->rejoiners = rejoiners;
     f->leader_link[host] = c;
     f->host_site = host;
     *joined = 1;
@@ -393,22 +397,43 @@ static int build_world(Federation *f, const Config *cfg)
     return ISTH_OK;
 }
 
-/* A site taken back: the live sites' world (`live`: every rank of every
- * live site, the host's first rank at `host_rank`, holding the link) takes
- * in the joiner; then the ranks are put in config order. The joiner passes
- * its own ranks as `live`. */
-static int build_rejoin_world(Federation *f, const Config *cfg, MPI_Comm live, int host_rank, int joiner)
+/* Sites taken back: the live sites' world (`live`: every rank of every
+ * live site, the host's first rank at `host_rank`, holding the links)
+ * takes in the joiners one by one in config order, as the run forms
+ * (build_world): a joiner taken in takes part in taking in the next; then
+ * the ranks are put in config order. A joiner passes its own ranks as
+ * `live` and the host's first rank in the live sites' world as host_rank. */
+static int build_rejoin_world(Federation *f, const Config *cfg, MPI_Comm live, int host_rank, uint64_t joiners)
 {
-    int me;
-    const int newcomer = f->site == joiner;
-    MPI_Comm_rank(live, &me);
-    const int root = newcomer ? 0 : host_rank;
-    MPI_Comm link = me == root ? f->leader_link[newcomer ? f->host_site : joiner] : MPI_COMM_NULL;
-    MPI_Comm merged;
-    CHECK(take_in(live, root, link, f->port, newcomer, &merged));
-    CHECK(world_in_config_order(&merged, cfg, f->site));
-    f->world = merged;
+    MPI_Comm world = live;
+    const int joining = (int)(joiners >> f->site & 1);
+    for (int s = 0; s < cfg->n_sites; s++) {
+        if (!(joiners >> s & 1) || (joining && f->site > s)) continue; /* not one, or this site comes in later */
+        const int newcomer = f->site == s;
+        int me;
+        MPI_Comm_rank(world, &me);
+        const int root = newcomer ? 0 : host_rank;
+        MPI_Comm link = me == root ? f->leader_link[newcomer ? f->host_site : s] : MPI_COMM_NULL;
+        MPI_Comm merged; /* the world so far's ranks first: host_rank stays the host's */
+        const int rc = take_in(world, root, link, f->port, newcomer, &merged);
+        if (world != live) MPI_Comm_free(&world);
+        CHECK(rc);
+        world = merged;
+    }
+    CHECK(world_in_config_order(&world, cfg, f->site));
+    f->world = world;
     return ISTH_OK;
+}
+
+/* The first rank of the host's site among the live sites' ranks (config
+ * order, the sites out of `joiners` only): where a joiner taken in with
+ * others finds the root of the merges after its own. */
+static int live_host_rank(const Federation *f, const Config *cfg, uint64_t joiners)
+{
+    int rank = 0;
+    for (int s = 0; s < f->host_site; s++)
+        if (!(joiners >> s & 1)) rank += cfg->sites[s].ranks;
+    return rank;
 }
 
 /* MPI_Bcast from the leader over MPI_COMM_WORLD, tested every poll with a
@@ -486,8 +511,8 @@ int federation_join(Federation *f, const Config *cfg, const char *site_name, con
             rc = joiner_connect(f, cfg, path, run_id, fingerprint, 0.0, &joined);
         }
     }
-    long outcome[5] = {rc, f->rejoin_step, f->host_site, f->hosting, f->stopped};
-    if (bcast_polled(outcome, 5, MPI_LONG) != MPI_SUCCESS) outcome[0] = ISTH_ERUNTIME;
+    long outcome[6] = {rc, f->rejoin_step, f->host_site, f->hosting, f->stopped, (long)f->rejoiners};
+    if (bcast_polled(outcome, 6, MPI_LONG) != MPI_SUCCESS) outcome[0] = ISTH_ERUNTIME;
     f->stopped = (int)outcome[4];
     if (outcome[0] == ISTH_OK && f->stopped) {
         fault_watchdog_disarm();
@@ -502,10 +527,13 @@ int federation_join(Federation *f, const Config *cfg, const char *site_name, con
     f->rejoin_step = outcome[1];
     f->host_site = (int)outcome[2];
     f->hosting = (int)outcome[3];
+    f->rejoiners = (uint64_t)outcome[5];
     /* a rejoin (any live site may host) or the run forming (site 0 hosts) */
     if (site_rc == ISTH_OK) {
         break_join = join_breaks(site_name);
-        site_rc = f->rejoin_step >= 0 ? build_rejoin_world(f, cfg, MPI_COMM_WORLD, 0, f->site) : build_world(f, cfg);
+        site_rc = f->rejoin_step >= 0 ? build_rejoin_world(f, cfg, MPI_COMM_WORLD, live_host_rank(f, cfg, f->rejoiners),
+                                                             f->rejoiners)
+                                        : build_world(f, cfg);
         if (site_rc != ISTH_OK)
             site_rc = rc = isth_fail(ISTH_EDROPPED, "federation: the join broke inside Open MPI (the line above); exit 3: "
                                      "start this site again (--resume auto; scripts/federated.sh does) and it joins");
@@ -597,17 +625,33 @@ static int live_world(const Federation *f, const Config *cfg, const unsigned cha
     return fault_mpi_errors_return(*live);
 }
 
-int federation_rejoin(Federation *f, const Config *cfg, const unsigned char *out, int site, long step, int *joined,
+/* Is every site but `site` out? */
+static int out_but(const unsigned char *out, const Config *cfg, int site)
+{
+    for (int s = 0; s < cfg->n_sites; s++)
+        if (!out[s] != (s == site)) return 0;
+    return 1;
+}
+
+int federation_rejoin(Federation *f, const Config *cfg, const unsigned char *out, uint64_t take, long step, int *joined,
                       MPI_Comm *old_world)
 {
     int me;
     MPI_Comm_rank(MPI_COMM_WORLD, &me);
     *joined = 0;
     *old_world = MPI_COMM_NULL;
-    int n_out = 0;
-    for (int s = 0; s < cfg->n_sites; s++) n_out += out[s] != 0;
-    if (!f->federated || !out[site] || n_out != 1 || site == f->host_site)
-        return isth_fail(ISTH_EINPUT, "federation: a live rejoin takes back the one site out of the run");
+    int every_out = take != 0, n_take = 0;
+    char names[256] = "";
+    for (int s = 0; s < cfg->n_sites; s++) {
+        every_out &= !out[s] == !(take >> s & 1);
+        if (take >> s & 1) {
+            const size_t n = strlen(names);
+            snprintf(names + n, sizeof names - n, "%s%s", n_take++ ? ", " : "", cfg->sites[s].name);
+        }
+    }
+    if (!f->federated || !every_out || (take >> f->host_site & 1) || (n_take > 1 && !out_but(out, cfg, f->site)))
+        return isth_fail(ISTH_EINPUT, "federation: a live rejoin takes back every site out of the run: one, or "
+                         "several when only this site is left");
     /* a hang here ends this site with exit 3: started again, it resumes
      * from the checkpoint take_back wrote for this step */
     fault_watchdog_arm_exit(federation_setup_s(cfg), "taking a site back into the run", FAULT_HINT_NET,
@@ -626,11 +670,18 @@ int federation_rejoin(Federation *f, const Config *cfg, const unsigned char *out
     if (live_rank == host_rank) {
         unsigned char key[RUNKEY_BYTES];
         if (runkey_read(path, key) == ISTH_OK) {
-            /* the old leaders' link goes (freed, not disconnected: the peer is dead) */
-            if (f->leader_link[site] != MPI_COMM_NULL) MPI_Comm_free(&f->leader_link[site]);
             seal_random(epoch, SEAL_EPOCH_BYTES); /* new keys: nothing from before the loss opens */
-            epoch[SEAL_EPOCH_BYTES] = (unsigned char)host_try_knock(f, cfg, site, key, run_id,
-                                                                    federation_fingerprint(cfg), step, epoch);
+            /* each knock in config order; all must be answered (one that is
+             * not: the joiners answered before it wait for their merge in
+             * vain, exit 3 and knock again) */
+            epoch[SEAL_EPOCH_BYTES] = 1;
+            for (int s = 0; s < cfg->n_sites && epoch[SEAL_EPOCH_BYTES]; s++) {
+                if (!(take >> s & 1)) continue;
+                /* the old leaders' link goes (freed, not disconnected: the peer is dead) */
+                if (f->leader_link[s] != MPI_COMM_NULL) MPI_Comm_free(&f->leader_link[s]);
+                epoch[SEAL_EPOCH_BYTES] = (unsigned char)host_try_knock(f, cfg, s, key, run_id,
+                                                                        federation_fingerprint(cfg), step, take, epoch);
+            }
         }
         sodium_memzero(key, sizeof key);
     }
@@ -652,15 +703,15 @@ int federation_rejoin(Federation *f, const Config *cfg, const unsigned char *out
          * must find this site hosting again before its own wait ends) */
         fault_watchdog_arm_exit(federation_build_s(cfg), "building the sites' world (a rejoin)", FAULT_HINT_NET,
                                 ISTH_EDROPPED);
-        rc = build_rejoin_world(f, cfg, live, host_rank, site); /* sets f->world */
+        rc = build_rejoin_world(f, cfg, live, host_rank, take); /* sets f->world */
         if (rc == ISTH_OK) {
             *old_world = was;
             *joined = 1;
         } else { /* the site's ranks may be split between the merges: no training on from here */
             f->world = was;
-            rc = isth_fail(ISTH_EDROPPED, "federation: taking site %s back broke inside Open MPI (the line above); "
-                           "exit 3: start this site again (--resume auto; scripts/federated.sh does): it resumes "
-                           "from the checkpoint of step %ld", cfg->sites[site].name, step);
+            rc = isth_fail(ISTH_EDROPPED, "federation: taking site(s) %s back broke inside Open MPI (the line "
+                           "above); exit 3: start this site again (--resume auto; scripts/federated.sh does): it "
+                           "resumes from the checkpoint of step %ld", names, step);
         }
     }
     MPI_Comm_free(&live);

@@ -73,6 +73,7 @@ typedef struct {
     int published;       /* the host's name is in the name service */
     char knock_seen[CONFIG_MAX_SITES][64]; /* host: the knock value last tried per site */
     long rejoin_step;    /* joiner: the live host's step to continue from; -1 the run is forming */
+    uint64_t rejoiners;  /* joiner of a live run: the sites taken back together (bit s), itself among them */
     int hosting;         /* this site has a port open under the run's name (the first site; a survivor) */
     int host_site;       /* the site that hosts now (every site: after a loss, the first live one) */
     /* the link's master key (seal.h) on every rank: federated, from the run
@@ -144,17 +145,20 @@ int federation_host(Federation *f, const Config *cfg, const unsigned char *out);
 /* Between steps, collectively over the host's ranks: is the lost `site`
  * knocking with a value not yet tried? (it is told "busy" at once) */
 int federation_knocking(Federation *f, int site);
-/* Take the knocking site back in at `step`, collectively over every rank
- * of every live site (out[s] != 0: site s is out of the run; `site` must
- * be the only one): the host's leader answers the knock with the handshake
- * of the run's forming (the verdict names the step and a new keys' epoch,
- * which every live site's leader turns into the link's keys with its own
- * copy of the run key), then the live sites' ranks take in the joiner's
- * and the new world is put in config order. *joined = 1 and *old_world =
- * the world it replaces (free it with federation_free_world once nothing
- * uses it); *joined = 0 when the joiner gave up or was refused: nothing
- * changed. */
-int federation_rejoin(Federation *f, const Config *cfg, const unsigned char *out, int site, long step, int *joined,
+/* Take the knocking sites back in at `step`, collectively over every rank
+ * of every live site (out[s] != 0: site s is out of the run; every site out
+ * is taken, `take` bit s: site s — one, or all of them at once when this
+ * site is the only one left): the host's leader answers each knock in
+ * config order with the handshake of the run's forming (the verdict names
+ * the step, the sites taken together and a new keys' epoch, which every
+ * live site's leader turns into the link's keys with its own copy of the
+ * run key), then the live sites' ranks take in the joiners', one site
+ * after another, and the new world is put in config order. *joined = 1
+ * and *old_world = the world it replaces (free it with
+ * federation_free_world once nothing uses it); *joined = 0 when a joiner
+ * gave up or was refused: nothing changed (a joiner already answered
+ * waits for the merge until its bound, exits 3 and knocks again). */
+int federation_rejoin(Federation *f, const Config *cfg, const unsigned char *out, uint64_t take, long step, int *joined,
                       MPI_Comm *old_world);
 void federation_free_world(MPI_Comm *world);
 

@@ -14,7 +14,8 @@
 #include "version.h"
 
 #define JOIN_MAGIC 0x6a6f696eu /* "join" */
-#define JOIN_VERSION 5u /* 3: the verdict carries the link keys' epoch; 4: the hello the build; 5: the verdict the host's site */
+#define JOIN_VERSION 6u /* 3: the verdict carries the link keys' epoch; 4: the hello the build; 5: the verdict the host's
+                           * site; 6: the sites taken back together */
 #define NONCE_BYTES 32
 #define TAG_NONCE 41
 #define TAG_HELLO 42
@@ -38,6 +39,7 @@ typedef struct {
     int32_t ok;
     int32_t host;        /* the host's site: after a loss any live site may host */
     int64_t rejoin_step; /* -1: the run is forming; else the live host's step to continue from */
+    uint64_t joiners;    /* a live rejoin: every site taken back with this one (bit s: site s), itself included */
     char reason[200];
     unsigned char epoch[SEAL_EPOCH_BYTES]; /* the link keys' epoch (seal.h), fresh each time the sites meet */
     unsigned char mac[crypto_auth_hmacsha256_BYTES];
@@ -161,7 +163,7 @@ static int check_hello(const Config *cfg, const JoinHello *h, int host, int knoc
  * broken (link freed). rejoin_step: -1 while the run forms, else the live
  * host's step the joiner continues from. */
 int handshake_host(const Config *cfg, MPI_Comm c, int host, int knocked, const unsigned char key[RUNKEY_BYTES],
-                   const char *run_id, uint64_t fingerprint, MPI_Comm *links, long rejoin_step,
+                   const char *run_id, uint64_t fingerprint, MPI_Comm *links, long rejoin_step, uint64_t joiners,
                    const unsigned char epoch[SEAL_EPOCH_BYTES])
 {
     const double deadline = now_s() + 30.0;
@@ -172,6 +174,7 @@ int handshake_host(const Config *cfg, MPI_Comm c, int host, int knocked, const u
     JoinVerdict v;
     memset(&v, 0, sizeof v);
     v.rejoin_step = rejoin_step;
+    v.joiners = rejoin_step < 0 ? 0 : joiners;
     v.host = host;
     memcpy(v.epoch, epoch, sizeof v.epoch);
     if (send_within(nonce, NONCE_BYTES, TAG_NONCE, c, deadline, "sending the nonce") != ISTH_OK ||
@@ -198,7 +201,7 @@ int handshake_host(const Config *cfg, MPI_Comm c, int host, int knocked, const u
 
 int handshake_join(const Config *cfg, MPI_Comm c, int site, const unsigned char key[RUNKEY_BYTES],
                    const char *run_id, uint64_t fingerprint, const char *service,
-                   unsigned char epoch[SEAL_EPOCH_BYTES], long *rejoin_step, int *host_site)
+                   unsigned char epoch[SEAL_EPOCH_BYTES], long *rejoin_step, int *host_site, uint64_t *joiners)
 {
     const double until = now_s() + 30.0;
     unsigned char nonce[NONCE_BYTES];
@@ -229,6 +232,12 @@ int handshake_join(const Config *cfg, MPI_Comm c, int site, const unsigned char 
         if (proven && v.ok && (v.host < 0 || v.host >= cfg->n_sites || v.host == site))
             rc = isth_fail(ISTH_ERUNTIME, "federation: the host of %s names site index %d as its own: not joining",
                            service, (int)v.host);
+        /* a rejoin's set of joiners: this site in it, the host and sites the config lacks not */
+        const uint64_t sites = cfg->n_sites >= 64 ? ~0ull : (1ull << cfg->n_sites) - 1;
+        if (rc == ISTH_OK && proven && v.ok && v.rejoin_step >= 0 &&
+            (!(v.joiners >> site & 1) || (v.joiners & ~sites) || (v.joiners >> v.host & 1)))
+            rc = isth_fail(ISTH_ERUNTIME, "federation: the host of %s names the sites taken back as %#llx: not "
+                           "joining", service, (unsigned long long)v.joiners);
     }
     /* a refusal names the site that answered only when it is one */
     const char *host = v.host >= 0 && v.host < cfg->n_sites ? cfg->sites[v.host].name : "?";
@@ -252,5 +261,6 @@ int handshake_join(const Config *cfg, MPI_Comm c, int site, const unsigned char 
                host, (long)v.rejoin_step);
     fflush(stdout);
     *host_site = v.host;
+    *joiners = v.rejoin_step < 0 ? 0 : v.joiners;
     return ISTH_OK;
 }

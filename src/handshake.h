@@ -31,19 +31,21 @@
  * `host` its own site. Returns the joiner's site, its link kept in
  * links[site]; -1 when refused or broken (c freed). rejoin_step: -1 while
  * the run forms, else the live host's step the joiner continues from;
- * epoch: the link keys' epoch the verdict carries. */
+ * joiners: then every site taken back with it (bit s: site s); epoch: the
+ * link keys' epoch the verdict carries. */
 int handshake_host(const Config *cfg, MPI_Comm c, int host, int knocked, const unsigned char key[RUNKEY_BYTES],
-                   const char *run_id, uint64_t fingerprint, MPI_Comm *links, long rejoin_step,
+                   const char *run_id, uint64_t fingerprint, MPI_Comm *links, long rejoin_step, uint64_t joiners,
                    const unsigned char epoch[SEAL_EPOCH_BYTES]);
 
 /* Joiner: site `site` over connection `c` to the run's host (`service`,
  * the run's published name, for messages). ISTH_OK when accepted by a host
- * that proved the key: *epoch, *rejoin_step and *host_site (whichever
- * site hosts now) are the verdict's, and the outcome is printed. Else the error (ISTH_EINPUT when refused, with the
+ * that proved the key: *epoch, *rejoin_step, *host_site (whichever site
+ * hosts now) and *joiners (a live rejoin: the sites taken back together,
+ * this one among them; checked) are the verdict's, and the outcome is printed. Else the error (ISTH_EINPUT when refused, with the
  * host's reason, or when the host does not prove the key; ISTH_ERUNTIME
  * when it broke off), c freed. */
 int handshake_join(const Config *cfg, MPI_Comm c, int site, const unsigned char key[RUNKEY_BYTES],
                    const char *run_id, uint64_t fingerprint, const char *service,
-                   unsigned char epoch[SEAL_EPOCH_BYTES], long *rejoin_step, int *host_site);
+                   unsigned char epoch[SEAL_EPOCH_BYTES], long *rejoin_step, int *host_site, uint64_t *joiners);
 
 #endif

@@ -36,6 +36,7 @@ void knock_ack(const char *service, int site, const char *value)
     char name[160], busy[128];
     knock_name(service, "come", site, name, sizeof name);
     snprintf(busy, sizeof busy, "busy-%.63s", value);
+    MPI_Unpublish_name(name, MPI_INFO_NULL, busy); /* as knock_accept's answer: a publish may not replace */
     MPI_Publish_name(name, MPI_INFO_NULL, busy);
 }
 
@@ -47,6 +48,11 @@ int knock_accept(const char *service, const char *port, int site, const char *va
     /* the answer names the port: the run's name may meanwhile hold another
      * one (a site that hosted for a moment before it learned it was dropped) */
     if ((size_t)snprintf(answer, sizeof answer, "%.63s|%s", value, port) >= sizeof answer) return 0;
+    /* withdrawn first: after this process's connect to another site, Open
+     * MPI's name service kept the old value (the "busy") under a publish
+     * that replaced it, returning success: the second of two sites taken
+     * back together never saw its answer */
+    MPI_Unpublish_name(name, MPI_INFO_NULL, answer);
     if (MPI_Publish_name(name, MPI_INFO_NULL, answer) != MPI_SUCCESS) return 0;
     /* bounded by pmix_base_exchange_timeout (main.c) */
     if (MPI_Comm_accept(port, MPI_INFO_NULL, 0, MPI_COMM_SELF, c) != MPI_SUCCESS) {

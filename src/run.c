@@ -340,7 +340,7 @@ static int trainer_start(Trainer *tr, const Config *cfg, MPI_Comm world, const u
  * again over it (its state from its own checkpoint, bit for bit) and the
  * joiner's learners take copies of the host's. *stop: the site's pending
  * stop vote said stop. */
-static int take_back(Trainer *tr, Federation *fed, const Config *cfg, int site, const unsigned char *out,
+static int take_back(Trainer *tr, Federation *fed, const Config *cfg, uint64_t take, const unsigned char *out,
                      StopVote *vote, int *stop)
 {
     if (vote->pending) { /* the site communicator goes with the trainer */
@@ -352,11 +352,14 @@ static int take_back(Trainer *tr, Federation *fed, const Config *cfg, int site, 
     CHECK(ckpt_write(tr));
     const double t0 = now_s();
     const long step = tr->step;
-    const double tokens = (double)(step - lost_at_step[site]) * tr->topo.sites[site].tokens_per_step *
-                          tr->topo.sites[site].learners;
+    double tokens[CONFIG_MAX_SITES] = {0};
+    unsigned char to[CONFIG_MAX_SITES] = {0};
+    for (int s = 0; s < cfg->n_sites; s++)
+        if ((to[s] = take >> s & 1))
+            tokens[s] = (double)(step - lost_at_step[s]) * tr->topo.sites[s].tokens_per_step * tr->topo.sites[s].learners;
     int joined = 0;
     MPI_Comm old = MPI_COMM_NULL;
-    CHECK(federation_rejoin(fed, cfg, out, site, step, &joined, &old));
+    CHECK(federation_rejoin(fed, cfg, out, take, step, &joined, &old));
     if (!joined) return ISTH_OK; /* it gave up or was refused: train on without it */
     /* the run's traffic so far stays counted (the summary is of the whole run) */
     const LinkCounters counted = link_counters(&tr->link);
@@ -374,19 +377,21 @@ static int take_back(Trainer *tr, Federation *fed, const Config *cfg, int site, 
     tr->compute_s += compute;
     tr->inter_site_total += total;
     char path[CONFIG_FILE_PATH_MAX + 64];
-    CHECK(ckpt_share(tr, fed->host_site, site, step, path, sizeof path));
+    CHECK(ckpt_share(tr, fed->host_site, to, step, path, sizeof path));
     int damaged = 0;
     CHECK(ckpt_load(tr, path, 0, &damaged));
     tr->ckpt_every_site = pin; /* the joiner keeps no file of this step: the pin stays the step all have */
     CHECK(open_log(tr, cfg, step)); /* the trainer was made again: its log opens again */
     static double tokens_lost_total;
-    tokens_lost_total += tokens;
-    if (tr->log) {
+    for (int site = 0; site < cfg->n_sites; site++) {
+        if (!to[site]) continue;
+        tokens_lost_total += tokens[site];
+        if (!tr->log) continue;
         printf("site %s rejoined at step %ld (lost at step %ld): %.0f of its tokens not trained (%.0f in all), "
-               "%.1f s from its knock to training\n", cfg->sites[site].name, step, lost_at_step[site], tokens,
+               "%.1f s from its knock to training\n", cfg->sites[site].name, step, lost_at_step[site], tokens[site],
                tokens_lost_total, now_s() - t0);
         fflush(stdout);
-        CHECK(metrics_site_rejoined(&tr->metrics, cfg->sites[site].name, step, lost_at_step[site], tokens,
+        CHECK(metrics_site_rejoined(&tr->metrics, cfg->sites[site].name, step, lost_at_step[site], tokens[site],
                                     tokens_lost_total, now_s() - t0));
     }
     return ISTH_OK;
@@ -440,13 +445,17 @@ static int butterfly_meeting(Trainer *tr, const Config *cfg, unsigned char *out,
  * step every live site learns of it, from the verdicts of the exchange
  * that carried the host's ask (ballot.take), on the set of sites out they
  * agreed on there (butterfly: at the live sites' next meeting). With two
- * or more sites out none rejoins live (the new world would lack one):
- * they rejoin at the next restart. */
+ * or more sites out, a host left alone takes them back together once
+ * every one of them knocks (a live site's wait for a dead one can make a
+ * third site find it lost too: one fault, two sites out); with other live
+ * sites beside it none rejoins live (the new world would lack one): they
+ * rejoin at the next restart. */
 static int knocks(Trainer *tr, Federation *fed, const Config *cfg, StopVote *vote, double *paused_s)
 {
     StopBallot *b = &tr->ballot;
     unsigned char out[CONFIG_MAX_SITES];
     int n_out = sites_out(tr, out), site = -1, now = 0;
+    uint64_t take = 0; /* an alone host's: every site out (bit s) */
     if (b->take_agreed) { /* every live site, at the same step, on the set of sites out they agreed on */
         site = b->take_agreed - 1;
         memcpy(out, b->take_out, sizeof out);
@@ -459,13 +468,19 @@ static int knocks(Trainer *tr, Federation *fed, const Config *cfg, StopVote *vot
          * that cannot come back live now: a restarted first site that found
          * the run's name must learn that the run is live, not host it */
         const int alone = n_out == cfg->n_sites - 1;
-        for (int s = 0; s < cfg->n_sites && !now && !b->take; s++) {
-            if (!out[s] || !federation_knocking(fed, s)) continue;
-            if (n_out != 1) continue; /* at the run's next restart */
-            site = s;
-            if (alone) now = 1;    /* at once */
-            else b->take = s + 1;  /* rides the next verdicts (butterfly: the next meeting) */
+        uint64_t knocking = 0, all_out = 0;
+        for (int s = 0; s < cfg->n_sites; s++) {
+            if (!out[s]) continue;
+            all_out |= 1ull << s;
+            if (federation_knocking(fed, s)) knocking |= 1ull << s, site = s;
         }
+        if (n_out == 1 && knocking) {
+            if (alone) now = 1;       /* at once */
+            else b->take = site + 1;  /* rides the next verdicts (butterfly: the next meeting) */
+        } else if (n_out > 1 && alone && knocking == all_out) {
+            now = 1; /* every site out knocks: all of them at once */
+            take = all_out;
+        } /* else at the run's next restart, or once every site out knocks */
     }
     if (!now && butterfly_meets(tr, cfg)) CHECK(butterfly_meeting(tr, cfg, out, &site, &now));
     /* a site found lost in the exchange that agreed the take (its verdict,
@@ -478,7 +493,7 @@ static int knocks(Trainer *tr, Federation *fed, const Config *cfg, StopVote *vot
     CHECK(federation_host(fed, cfg, out));
     int stop = 0;
     const double t_back = now_s(); /* the knock and the handover are no training */
-    CHECK(take_back(tr, fed, cfg, site, out, vote, &stop));
+    CHECK(take_back(tr, fed, cfg, take ? take : 1ull << site, out, vote, &stop));
     *paused_s += now_s() - t_back;
     if (stop > tr->ballot.request) tr->ballot.request = stop;
     return ISTH_OK;
@@ -487,10 +502,12 @@ static int knocks(Trainer *tr, Federation *fed, const Config *cfg, StopVote *vot
 /* The joiner of a live run: the host's checkpoint of the step it names
  * becomes this site's state (the file goes once loaded: this site's own
  * checkpoints follow). */
-static int rejoin_live(Trainer *tr, int host, long step, double started)
+static int rejoin_live(Trainer *tr, int host, uint64_t joiners, long step, double started)
 {
     char path[CONFIG_FILE_PATH_MAX + 64];
-    CHECK(ckpt_share(tr, host, tr->topo.site, step, path, sizeof path));
+    unsigned char to[CONFIG_MAX_SITES] = {0};
+    for (int s = 0; s < tr->topo.n_sites; s++) to[s] = joiners >> s & 1;
+    CHECK(ckpt_share(tr, host, to, step, path, sizeof path));
     CHECK(ckpt_load_copy(tr, path, host));
     int site_rank;
     CHECK_MPI(MPI_Comm_rank(tr->topo.site_comm, &site_rank));
@@ -572,7 +589,7 @@ int train_run(const Config *cfg, const char *resume, const char *site)
     int complete = 0;
     long resumed_from = -1; /* the checkpoint step this start loaded, for the log's start record */
     if (rc == ISTH_OK && fed.rejoin_step >= 0) {
-        rc = rejoin_live(&tr, fed.host_site, fed.rejoin_step, started);
+        rc = rejoin_live(&tr, fed.host_site, fed.rejoiners, fed.rejoin_step, started);
         resumed_from = fed.rejoin_step;
     } else if (rc == ISTH_OK && resume) {
         rc = resume_run(&tr, resume, &complete, &resumed_from);

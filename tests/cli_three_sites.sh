@@ -9,6 +9,8 @@
 #  - site c killed mid-run: a and b train on; c started again with
 #    --resume auto is taken back live by all three (the host's ask rides
 #    the exchange's verdicts), and every site ends on the same model;
+#  - sites b and c killed together: a trains alone; b started again is
+#    answered "busy" until c knocks too, then a takes both back at once;
 #  - site a, the host, killed: b hosts from then on, b and c train on; a
 #    started again rejoins at b; every site ends on the same model;
 #  - USR1 to site a (its job's time limit): a checkpoints and leaves, b and
@@ -113,6 +115,35 @@ if [ $ra -eq 0 ] && [ $rb -eq 0 ] && [ $rc -eq 0 ] && grep -q '^site c lost at s
     pass "three sites, c killed: a and b train on; c started again is taken back live ($(grep -m1 '^site c rejoined' "$WORK/killc_a.log" | cut -d: -f1)); the same final model on every site"
 else
     fail "three sites, c killed: exits $ra/$rb/$rc: $(grep -h 'error\|rejoin\|lost' "$WORK"/killc_?.log "$WORK"/killc_c2.log | head -4 | tr '\n' '|')"
+fi
+# two sites out at once (a live site's wait for a dead one can make a third
+# site find it lost too): a, left alone, answers b's knock "busy" until c
+# knocks too, then takes both back together
+three killbc --set train.log_every=5 --set train.steps=1500
+wait_line "$WORK/killbc_a.log" '^step  *40/' 60
+# shellcheck disable=SC2046
+kill -KILL $(pgrep -f "isthmus train .* --site [bc] .*outer.run_id=killbc ")
+wait $pb
+wait $pc
+wait_line "$WORK/killbc_a.log" '^site b lost at step' 30
+wait_line "$WORK/killbc_a.log" '^site c lost at step' 30
+site b "$WORK/killbc" --set outer.run_id=killbc --set train.log_every=5 --set train.steps=1500 --resume auto \
+    > "$WORK/killbc_b2.log" 2>&1 &
+pb=$!
+wait_line "$WORK/killbc_b2.log" '^federation: site b waits for the host' 60
+sleep 3 # b's knock answered "busy" meanwhile
+site c "$WORK/killbc" --set outer.run_id=killbc --set train.log_every=5 --set train.steps=1500 --resume auto \
+    > "$WORK/killbc_c2.log" 2>&1 &
+pc=$!
+wait_three
+back_b=$(grep -m1 '^site b rejoined at step' "$WORK/killbc_a.log" | awk '{print $6}')
+back_c=$(grep -m1 '^site c rejoined at step' "$WORK/killbc_a.log" | awk '{print $6}')
+if [ $ra -eq 0 ] && [ $rb -eq 0 ] && [ $rc -eq 0 ] && [ -n "$back_b" ] && [ "$back_b" = "$back_c" ] &&
+    grep -q '^rejoined the live run at step' "$WORK/killbc_b2.log" &&
+    grep -q '^rejoined the live run at step' "$WORK/killbc_c2.log" && same_model "$WORK/killbc"; then
+    pass "three sites, b and c killed: a trains alone, answers b's knock busy until c knocks, then takes both back at step $back_b; the same final model"
+else
+    fail "three sites, b and c killed: exits $ra/$rb/$rc, back at '$back_b'/'$back_c': $(grep -h 'error\|rejoin\|lost' "$WORK"/killbc_?.log "$WORK"/killbc_?2.log | head -5 | tr '\n' '|')"
 fi
 lose killa a KILL --set train.steps=800
 if [ $ra -eq 0 ] && [ $rb -eq 0 ] && [ $rc -eq 0 ] && grep -q '^site a lost at step' "$WORK/killa_b.log" &&
