@@ -1,7 +1,7 @@
 """isthmus_model.py — an isthmus model in PyTorch, from `isthmus export`'s directory.
 
     from isthmus_model import IsthmusModel
-    model = IsthmusModel.from_dir("exported")          # config.json + model.safetensors
+    model = IsthmusModel.from_dir("exported")          # config.json + model.safetensors (or the shards' index)
     logits = model(tokens)                              # (B, T) int64 -> (B, T, vocab)
     ids = model.generate(prompt_ids, 50)                # greedy continuation
 
@@ -11,8 +11,12 @@ base 10000, causal), and a mixture of experts (softmax router over all
 experts, the top_k most probable taken, lower index first on ties, each
 output weighted by its router probability, no renormalisation, no capacity
 limit; SwiGLU experts); a final RMSNorm and the output head tied to the
-embedding. Weights are stored (in, out): y = x @ w. Needs only torch (and
-sentencepiece for text, through the tokenizer.model beside the weights).
+embedding. Weights are stored (in, out): y = x @ w. Both layouts of
+`isthmus export` load: one model.safetensors of whole tensors, or shards
+named by model.safetensors.index.json's weight_map with the tensors split by
+layer ("layers.L.NAME", stacked back here); float32 or bfloat16 values
+(computed in float32). Needs only torch (and sentencepiece for text,
+through the tokenizer.model beside the weights).
 """
 import json
 import math
@@ -21,11 +25,11 @@ import struct
 
 import torch
 
-_DTYPES = {"F32": torch.float32}
+_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16}
 
 
 def load_safetensors(path):
-    """The tensors of a safetensors file (little-endian float32 only) as a dict."""
+    """The tensors of a safetensors file (little-endian float32 or bfloat16) as a dict."""
     with open(path, "rb") as f:
         (n,) = struct.unpack("<Q", f.read(8))
         header = json.loads(f.read(n))
@@ -62,7 +66,7 @@ class IsthmusModel(torch.nn.Module):
     def from_dir(cls, path):
         with open(os.path.join(path, "config.json")) as f:
             config = json.load(f)
-        return cls(config, load_safetensors(os.path.join(path, "model.safetensors")))
+        return cls(config, load_dir(path, int(config["layers"])))
 
     def _rms(self, x, w):
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * w
@@ -157,6 +161,35 @@ class IsthmusModel(torch.nn.Module):
                 window = window[len(window) - keep:]
             window.append(t)
         return out
+
+
+def load_dir(path, layers):
+    """An export's tensors in their canonical shapes, float32: model.safetensors,
+    or the files model.safetensors.index.json names, each tensor from the file
+    its weight_map gives and per-layer tensors ("layers.L.NAME") stacked."""
+    index = os.path.join(path, "model.safetensors.index.json")
+    if os.path.exists(index):
+        with open(index) as f:
+            weight_map = json.load(f)["weight_map"]
+        parts = {}
+        for name in sorted(set(weight_map.values())):
+            tensors = load_safetensors(os.path.join(path, name))
+            for k, t in tensors.items():
+                if weight_map.get(k) != name:
+                    raise ValueError(f"{path}: {name} holds {k}, which the index places elsewhere")
+                parts[k] = t
+        missing = set(weight_map) - set(parts)
+        if missing:
+            raise ValueError(f"{path}: the index names tensors no file holds: {sorted(missing)[:4]}")
+    else:
+        parts = load_safetensors(os.path.join(path, "model.safetensors"))
+    out = {}
+    for name in IsthmusModel.NAMES:
+        if name in parts:
+            out[name] = parts[name].float()
+        elif f"layers.0.{name}" in parts:
+            out[name] = torch.stack([parts[f"layers.{l}.{name}"] for l in range(layers)]).float()
+    return out
 
 
 def read_shard(path):

@@ -38,9 +38,10 @@ static const char *const usage_plot =
     "bits per byte on the first two eval sets (prose and tech unless [eval.NAME]\n"
     "sections name others) and training loss against tokens,\n"
     "and the cumulative inter-site bytes against steps (log scale), one line per run,\n"
-    "labelled with the directory's name, mode and codec. Needs gnuplot (Debian's\n"
-    "gnuplot-nox). Default size 1600x1000. The PNG is written under FILE.png.tmp and\n"
-    "renamed when complete.\n";
+    "labelled with the directory's name, mode and codec; the training loss of the\n"
+    "other sites of a multi-site run too, from their summaries (site_step records).\n"
+    "Needs gnuplot (Debian's gnuplot-nox). Default size 1600x1000. The PNG is written\n"
+    "under FILE.png.tmp and renamed when complete.\n";
 
 int cmd_plot(int argc, char **argv)
 {

@@ -1,7 +1,8 @@
 /* cmd_model.c — the commands that use a trained model file: `isthmus
  * eval` (bits per byte on the eval sets, over all ranks of the job),
  * `isthmus generate` (sampling, one process) and `isthmus export`
- * (safetensors for PyTorch, one process).
+ * (safetensors for PyTorch, over the ranks of the job, each its share of
+ * the experts).
  *
  * Owns: their --help texts and options, the --set keys evaluation may
  * change, and the order of their steps (file, backend, tokenizer, output).
@@ -13,11 +14,13 @@
 #include "cli.h"
 
 #include <cblas.h>
+#include <math.h>
 #include <mpi.h>
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "alloc.h"
 #include "backend.h"
@@ -149,8 +152,8 @@ static const char *const usage_generate =
     "context fills, generation goes on from the last half of it. --threads: compute\n"
     "threads (default 1: one token at a time is matrix-vector work).\n";
 
-/* generate and export: one process, the model file whole in host memory,
- * and the tokenizer's path (--tokenizer, else the model's [data] tokenizer). */
+/* generate: one process, the model file whole in host memory, and the
+ * tokenizer's path (--tokenizer, else the model's [data] tokenizer). */
 static int open_model_alone(const char *cmd, const char *model_path, const char *tok_path, Config *cfg, Model *m,
                             H5Meta *meta, char *tpath, size_t cap)
 {
@@ -165,13 +168,46 @@ static int open_model_alone(const char *cmd, const char *model_path, const char 
 }
 
 static const char *const usage_export =
-    "usage: isthmus export --model FILE -o DIR [--tokenizer FILE]\n"
+    "usage: isthmus export --model FILE -o DIR [--dtype f32|bf16] [--max-shard-size SIZE]\n"
+    "                      [--tokenizer FILE]\n"
     "\n"
-    "Write the model of a model file (or checkpoint) as DIR/model.safetensors (every\n"
-    "tensor in float32 under its /model name, canonical shape) and DIR/config.json,\n"
-    "plus DIR/tokenizer.model when the model has a sentencepiece tokenizer ([data]\n"
-    "tokenizer, or --tokenizer). python/isthmus_model.py loads DIR into PyTorch.\n"
-    "Names and shapes: docs/architecture.md.\n";
+    "Write the model of a model file (or checkpoint) as safetensors in DIR, with\n"
+    "DIR/config.json, plus DIR/tokenizer.model when the model has a sentencepiece\n"
+    "tokenizer ([data] tokenizer, or --tokenizer). python/isthmus_model.py loads DIR\n"
+    "into PyTorch. Names and shapes: docs/architecture.md.\n"
+    "  --dtype f32|bf16      the values' type (default f32; bf16: rounded to nearest,\n"
+    "                        ties to even: half the bytes)\n"
+    "  --max-shard-size SIZE sharded: DIR/model-00001-of-0000N.safetensors ... and\n"
+    "                        DIR/model.safetensors.index.json (its weight_map: the\n"
+    "                        layout PyTorch and Hugging Face loaders read), each file\n"
+    "                        at most SIZE bytes (5GB, 500MB, 2GiB, or a number of\n"
+    "                        bytes; a tensor larger than SIZE alone), the tensors\n"
+    "                        split by layer (layers.L.NAME). Without it, one file:\n"
+    "                        DIR/model.safetensors, every tensor whole.\n"
+    "Under mpirun with R ranks (R dividing the experts) each rank reads and writes\n"
+    "its share of the experts (1/R of the memory; DIR on a filesystem every rank\n"
+    "sees); the files are the same, byte for byte, whatever R. Files of the other\n"
+    "layout left in DIR by an earlier export are removed.\n";
+
+/* "5GB", "500MB", "2GiB", "1048576": bytes (decimal units are powers of 1000,
+ * binary ones of 1024, as Hugging Face's max_shard_size). */
+static int parse_size(const char *text, double *bytes)
+{
+    static const struct {
+        const char *unit;
+        double scale;
+    } units[] = {{"", 1}, {"B", 1}, {"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"TB", 1e12}, {"KiB", 1024.0},
+                 {"MiB", 1048576.0}, {"GiB", 1073741824.0}, {"TiB", 1099511627776.0}};
+    char *end;
+    const double v = strtod(text, &end);
+    for (size_t u = 0; end != text && u < sizeof units / sizeof *units; u++)
+        if (!strcasecmp(end, units[u].unit) && v * units[u].scale >= 1 && v * units[u].scale < 1e18) {
+            *bytes = floor(v * units[u].scale);
+            return ISTH_OK;
+        }
+    return isth_fail(ISTH_EINPUT, "export: --max-shard-size '%s': expected a size such as 5GB, 500MB, 2GiB or a "
+                     "number of bytes (at least 1)", text);
+}
 
 int cmd_export(int argc, char **argv)
 {
@@ -180,30 +216,51 @@ int cmd_export(int argc, char **argv)
         return ISTH_OK;
     }
     const char *overrides[CLI_MAX_OVERRIDES], *pos[1];
-    const char *model_path = NULL, *dir = NULL, *tok_path = NULL;
-    const CliOption opts[] = {{"--model", 1, &model_path}, {"-o", 1, &dir}, {"--tokenizer", 1, &tok_path}};
+    const char *model_path = NULL, *dir = NULL, *tok_path = NULL, *dtype = "f32", *shard = NULL;
+    const CliOption opts[] = {{"--model", 1, &model_path}, {"-o", 1, &dir}, {"--tokenizer", 1, &tok_path},
+                              {"--dtype", 1, &dtype}, {"--max-shard-size", 1, &shard}};
     int n_over, n_pos;
     CHECK(cli_parse(argc, argv, overrides, &n_over, pos, 1, &n_pos, opts, sizeof opts / sizeof *opts));
     if (n_pos) return isth_fail(ISTH_EINPUT, "export: unexpected argument '%s'", pos[0]);
     if (n_over) return isth_fail(ISTH_EINPUT, "export: --set does not apply (the model file holds the config)");
     if (!model_path || !dir) return isth_fail(ISTH_EINPUT, "export: needs --model FILE and -o DIR (see isthmus export --help)");
+    ExportOptions eo = {EXPORT_F32, 0};
+    if (!strcmp(dtype, "bf16") || !strcmp(dtype, "bfloat16")) eo.dtype = EXPORT_BF16;
+    else if (strcmp(dtype, "f32") && strcmp(dtype, "float32"))
+        return isth_fail(ISTH_EINPUT, "export: --dtype '%s': f32 or bf16", dtype);
+    if (shard) CHECK(parse_size(shard, &eo.max_shard_bytes));
+    int rank;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     Config cfg;
     Model m;
     H5Meta meta;
+    /* every rank its share of the experts */
+    CHECK(modelfile_load_shard(model_path, &cfg, &m, &meta, MPI_COMM_WORLD, "export"));
     char tpath[2 * CONFIG_FILE_PATH_MAX + 2];
-    CHECK(open_model_alone("export", model_path, tok_path, &cfg, &m, &meta, tpath, sizeof tpath));
-    int rc = ISTH_OK;
+    int rc = tok_path ? (snprintf(tpath, sizeof tpath, "%s", tok_path), ISTH_OK)
+                      : tokenizer_resolve(cfg.data.tokenizer, cfg.data.dir, tpath, sizeof tpath);
     /* the tokenizer must be this model's before it is shipped with it (a build without
      * sentencepiece cannot check it: copied as it is, said so) */
     Tokenizer tok = {0};
-    if (rc == ISTH_OK && tpath[0] && tokenizer_have_sentencepiece()) rc = tokenizer_open(&tok, tpath, cfg.model.vocab);
-    else if (rc == ISTH_OK && tpath[0])
+    if (rc == ISTH_OK && rank == 0 && tpath[0] && tokenizer_have_sentencepiece()) rc = tokenizer_open(&tok, tpath, cfg.model.vocab);
+    else if (rc == ISTH_OK && rank == 0 && tpath[0])
         fprintf(stderr, "isthmus export: this build has no libsentencepiece: %s is copied unchecked\n", tpath);
     tokenizer_close(&tok);
-    if (rc == ISTH_OK) rc = export_model(dir, &m, &meta, tpath);
-    if (rc == ISTH_OK)
-        printf("isthmus export: %s (step %ld) -> %s/model.safetensors, %s/config.json%s%s%s\n", model_path, meta.step,
-               dir, dir, tpath[0] ? ", " : "", tpath[0] ? dir : "", tpath[0] ? "/tokenizer.model" : "");
+    if (!coll_all_ok(MPI_COMM_WORLD, rc == ISTH_OK)) rc = rc != ISTH_OK ? rc : ISTH_EINPUT;
+    ExportResult res = {0};
+    if (rc == ISTH_OK) rc = export_model(dir, &m, &meta, rank == 0 ? tpath : "", &eo, MPI_COMM_WORLD, &res);
+    if (rc == ISTH_OK && rank == 0) {
+        const char *t = eo.dtype == EXPORT_BF16 ? "bf16" : "f32";
+        if (eo.max_shard_bytes > 0)
+            printf("isthmus export: %s (step %ld) -> %s/model-*-of-%05d.safetensors (%d file(s), %.0f bytes of %s "
+                   "tensors), %s/model.safetensors.index.json, %s/config.json%s%s%s\n", model_path, meta.step, dir,
+                   res.files, res.files, res.bytes, t, dir, dir, tpath[0] ? ", " : "", tpath[0] ? dir : "",
+                   tpath[0] ? "/tokenizer.model" : "");
+        else
+            printf("isthmus export: %s (step %ld) -> %s/model.safetensors (%.0f bytes of %s tensors), %s/config.json%s%s%s\n",
+                   model_path, meta.step, dir, res.bytes, t, dir, tpath[0] ? ", " : "", tpath[0] ? dir : "",
+                   tpath[0] ? "/tokenizer.model" : "");
+    }
     model_destroy(&m);
     return rc;
 }

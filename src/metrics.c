@@ -187,6 +187,20 @@ int metrics_flush(Metrics *mt)
     return ISTH_OK;
 }
 
+/* A duration for a person: 42s, 7m05s, 3h12m, 2d04h. */
+static void duration_text(double secs, char *out, size_t cap)
+{
+    if (!isfinite(secs) || secs < 0) {
+        snprintf(out, cap, "?");
+        return;
+    }
+    const long s = (long)(secs + 0.5);
+    if (s < 60) snprintf(out, cap, "%lds", s);
+    else if (s < 3600) snprintf(out, cap, "%ldm%02lds", s / 60, s % 60);
+    else if (s < 86400) snprintf(out, cap, "%ldh%02ldm", s / 3600, s % 3600 / 60);
+    else snprintf(out, cap, "%ldd%02ldh", s / 86400, s % 86400 / 3600);
+}
+
 int metrics_step(Metrics *mt, const StepLog *s)
 {
     const double bpb = s->loss / M_LN2;
@@ -201,10 +215,12 @@ int metrics_step(Metrics *mt, const StepLog *s)
         snprintf(missed + a, sizeof missed - a, "%s %s %d", a ? "," : " | missed", s->site_names[i], s->misses[i]);
         n_missed++;
     }
+    char eta[32];
+    duration_text(s->eta_s, eta, sizeof eta);
     printf("step %6ld/%ld | loss %.4f | bpb %.4f | lr %.3e | gnorm %.3f | %8.0f tok/s | %7.1f ms"
-           " | aux %.4f z %.5f | drop %.1f%% | link %.0f B %.3f s%s%s\n",
+           " | aux %.4f z %.5f | drop %.1f%% | link %.0f B %.3f s | eta %s%s%s\n",
            s->step, s->steps, s->loss, bpb, s->lr, s->grad_norm, s->tokens_per_s, s->ms_per_step,
-           s->aux_loss, s->z_loss, 100.0 * s->dropped_frac, s->inter_site_bytes, s->link_wait_s, sites, missed);
+           s->aux_loss, s->z_loss, 100.0 * s->dropped_frac, s->inter_site_bytes, s->link_wait_s, eta, sites, missed);
     fflush(stdout);
     if (!mt || !mt->f) return ISTH_OK;
     begin(mt);
@@ -224,6 +240,7 @@ int metrics_step(Metrics *mt, const StepLog *s)
     field_num(mt, "link_wait_s", "%.6f", s->link_wait_s);
     field_num(mt, "compute_s", "%.6f", s->compute_s);
     field_num(mt, "inter_site_bytes_total", "%.0f", s->inter_site_total);
+    field_num(mt, "eta_s", "%.3f", s->eta_s);
     if (s->sites_present < s->n_sites) field_long(mt, "sites_present", s->sites_present);
     if (n_missed) {
         key(mt, "deadline_misses");
@@ -258,6 +275,28 @@ int metrics_eval(Metrics *mt, const char *set, int byte_set, long step, double b
     fprintf(mt->f, "%zu", tokens);
     field_num(mt, "bytes", "%.0f", bytes);
     field_num(mt, "seconds", "%.3f", seconds);
+    return end(mt);
+}
+
+int metrics_site_step(Metrics *mt, const char *site, long step, long steps, int averaged, double loss,
+                      double tokens_per_s, double ms_per_step, long at_step)
+{
+    const double eta = step < steps ? (double)(steps - step) * ms_per_step / 1e3 : 0.0;
+    char eta_text[32];
+    duration_text(eta, eta_text, sizeof eta_text);
+    printf("site %s step %ld/%ld | loss %.4f (mean of %d steps) | %8.0f tok/s | %7.1f ms | eta %s | heard after "
+           "step %ld\n", site, step, steps, loss, averaged, tokens_per_s, ms_per_step, eta_text, at_step);
+    fflush(stdout);
+    if (!mt || !mt->f) return ISTH_OK;
+    begin(mt);
+    field_str(mt, "site_step", site);
+    field_long(mt, "step", step);
+    field_long(mt, "steps_averaged", averaged);
+    field_num(mt, "loss", "%.7g", loss);
+    field_num(mt, "tokens_per_s", "%.1f", tokens_per_s);
+    field_num(mt, "ms_per_step", "%.3f", ms_per_step);
+    field_num(mt, "eta_s", "%.3f", eta);
+    field_long(mt, "heard_after_step", at_step);
     return end(mt);
 }
 

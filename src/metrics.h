@@ -28,6 +28,7 @@ typedef struct {
     double dropped_frac;  /* share of routed copies dropped for capacity */
     double a2a_bytes;     /* expert all-to-all bytes, sent + received, all ranks */
     double inter_site_bytes, link_wait_s;
+    double eta_s;         /* seconds to train.steps at the recent steps' mean time */
     double inter_site_total; /* inter_site_bytes of every step since this start of the run (logged or not) */
     int sites_present, n_sites; /* federated launch: the sites still in the run */
     /* federated launch: deadlines each site has missed in this run (each a
@@ -68,6 +69,13 @@ int metrics_flush(Metrics *mt);
 int metrics_step(Metrics *mt, const StepLog *s);
 int metrics_eval(Metrics *mt, const char *set, int byte_set, long step, double bpb, double loss, size_t tokens,
                  double bytes, double seconds);
+
+/* Another site's summary of its recent steps, as an exchange brought it
+ * (progress.h): its last step of `steps`, the steps its means cover, their
+ * mean loss, tokens/s and step time; `at_step`: this site's step when it
+ * arrived. */
+int metrics_site_step(Metrics *mt, const char *site, long step, long steps, int averaged, double loss,
+                      double tokens_per_s, double ms_per_step, long at_step);
 
 /* One outer step of one fragment: started after inner step `started`,
  * applied after `step`. */

@@ -14,8 +14,13 @@
 
 /* A pair verdict: one byte "accepted", then the earliest round in which a
  * learner asked to stop (int64, INT64_MAX: none), the sites that asked in
- * that round and which of them asked to end (uint64 each, bit s: site s). */
-#define PAIR_VERDICT_BYTES (1 + 3 * sizeof(int64_t))
+ * that round and which of them asked to end (uint64 each, bit s: site s),
+ * then the learner's progress table (progress.h: every site's newest
+ * summary it knows, its own site's included). Pairs pass the table on, so
+ * every site's summary reaches every learner within a cycle of rounds,
+ * also a learner whose partners are all on its own site. */
+#define PAIR_HEAD_BYTES (1 + 3 * sizeof(int64_t))
+#define PAIR_VERDICT_BYTES(S) (PAIR_HEAD_BYTES + PROGRESS_BYTES * (size_t)(S))
 
 /* Two views of the stop vote combined: the earlier round wins with its
  * sites; in the same round the sites add up (every site that asked in the
@@ -44,7 +49,7 @@ static int build_pair(Mixer *m, int f, int d, int exact)
     pp->crosses = topology_site_of_learner(t, partner) != t->site;
     pp->codec = exact ? CODEC_NONE : pc->codec;
     CHECK(peers_add(&pp->peers, &m->shard->table, shard_owned(m->shard, f), G, first,
-                    topology_site_of_learner(t, partner), f, pp->codec, pc->cp, LINK_PAIR_VALUES, PAIR_VERDICT_BYTES,
+                    topology_site_of_learner(t, partner), f, pp->codec, pc->cp, LINK_PAIR_VALUES, PAIR_VERDICT_BYTES(t->n_sites),
                     !pp->crosses));
     CHECK(peers_index(&pp->peers));
     return shard_stage_need(m->shard, pp->peers.send_bytes, pp->peers.recv_bytes);
@@ -93,6 +98,8 @@ int mixer_destroy(Mixer *m)
     memset(m, 0, sizeof *m);
     return retired;
 }
+
+void mix_watch(Mixer *m, Progress *progress) { m->progress = progress; }
 
 static PairPlan *pair_plan(const Mixer *m, int f, int partner, int exact)
 {
@@ -211,19 +218,21 @@ static int finish_pair(Mixer *m, int f, ExchangeReport *rep, double *pair_distan
     }
     /* agree inside my learner, then with the partner learner, then again;
      * the earliest stop round either side knows of rides along, with the
-     * sites that asked in it */
+     * sites that asked in it, and the progress table */
     alive[0] = ok;
     CHECK(coll_allreduce_comm(t->learner_comm, alive, 2, MPI_UNSIGNED_CHAR, 1, MPI_MIN));
     ok = alive[0];
     int64_t stop = m->ballot->round < 0 ? INT64_MAX : (int64_t)m->ballot->round;
     uint64_t asked[2] = {m->ballot->round_sites, m->ballot->round_ends}; /* the sites, those that end */
+    const size_t vbytes = PAIR_VERDICT_BYTES(t->n_sites);
     for (int i = 0; i < pp->peers.n && alive[1]; i++) {
-        unsigned char verdict[PAIR_VERDICT_BYTES];
+        unsigned char verdict[PAIR_VERDICT_BYTES(CONFIG_MAX_SITES)];
         verdict[0] = ok;
         memcpy(verdict + 1, &stop, sizeof stop);
         memcpy(verdict + 1 + sizeof stop, asked, sizeof asked);
+        progress_encode(m->progress, t->n_sites, 0, verdict + PAIR_HEAD_BYTES);
         CHECK(payload_post_verdict(m->link, &pp->peers.peers[i], LINK_PAIR_VERDICT, f, (uint32_t)t->learner,
-                                   pp->exchange, verdict, PAIR_VERDICT_BYTES));
+                                   pp->exchange, verdict, vbytes));
     }
     if (pp->peers.n && alive[1]) {
         unsigned char *late = isth_calloc((size_t)pp->peers.n, 1);
@@ -241,10 +250,16 @@ static int finish_pair(Mixer *m, int f, ExchangeReport *rep, double *pair_distan
             why = "partner's site lost";
         }
     }
+    /* {ok, partner alive, the partner's progress table}: a rank that read
+     * no verdict holds 0xFF there, the others the same bytes (the partner
+     * learner's table is one on all its ranks), so the MIN is that table */
+    unsigned char agreed[2 + PROGRESS_BYTES * CONFIG_MAX_SITES];
+    const size_t n_agreed = 2 + PROGRESS_BYTES * (size_t)t->n_sites;
+    memset(agreed + 2, 0xFF, n_agreed - 2);
     for (int i = 0; i < pp->peers.n && alive[1]; i++) {
         const unsigned char *v;
         const char *bad = payload_open_verdict(m->link, &pp->peers.peers[i], LINK_PAIR_VERDICT, f, pp->exchange,
-                                               PAIR_VERDICT_BYTES, &v);
+                                               vbytes, &v);
         if (bad) /* the partners would disagree on the result: the run cannot go on */
             return isth_fail(ISTH_ERUNTIME, "link: butterfly verdict from world rank %d unreadable: %s",
                              pp->peers.peers[i].world_rank, bad);
@@ -254,10 +269,15 @@ static int finish_pair(Mixer *m, int f, ExchangeReport *rep, double *pair_distan
         memcpy(&other, v + 1, sizeof other);
         memcpy(o_asked, v + 1 + sizeof other, sizeof o_asked);
         vote_merge(&stop, &asked[0], &asked[1], other, o_asked[0], o_asked[1]);
+        if (i == 0) memcpy(agreed + 2, v + PAIR_HEAD_BYTES, n_agreed - 2);
     }
-    alive[0] = ok;
-    CHECK(coll_allreduce_comm(t->learner_comm, alive, 2, MPI_UNSIGNED_CHAR, 1, MPI_MIN));
+    agreed[0] = ok;
+    agreed[1] = alive[1];
+    CHECK(coll_allreduce_comm(t->learner_comm, agreed, n_agreed, MPI_UNSIGNED_CHAR, 1, MPI_MIN));
+    alive[0] = agreed[0];
+    alive[1] = agreed[1];
     ok = alive[0] && alive[1];
+    progress_learn(m->progress, agreed + 2); /* observation only; the same on every rank of the learner */
     if (!alive[1]) { /* what the waits gave up on: stuck messages renew the slot */
         if (peers_take_stuck(&pp->peers)) shard_mark_stuck(m->shard, f);
     }

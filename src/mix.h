@@ -5,7 +5,8 @@
  * exact: the partner's ranks whose chunks overlap mine), the exchange in
  * flight with one partner and its polls, the pair verdict (accepted, and
  * the earliest stop round either side knows of, and which sites asked in
- * it: the stop ballot's butterfly half), and which sites a missed partner
+ * it: the stop ballot's butterfly half; and the progress table, passed
+ * on), and which sites a missed partner
  * makes lost. Values live in the shard's staging (shard.h), bytes go out
  * through payload.h, over the link the trainer hands in.
  * Point-to-point only: no collective spans learners. outer.c decides the
@@ -23,6 +24,7 @@
 #include "ballot.h"
 #include "link.h"
 #include "payload.h"
+#include "progress.h"
 #include "report.h"
 #include "shard.h"
 #include "topology.h"
@@ -47,6 +49,7 @@ typedef struct {
     int pair_bits;             /* k: learners = 2^k */
     int fragments;
     size_t **raw_off;          /* (fragments) byte offsets of my owned chunks as raw float32 (exact rounds) */
+    Progress *progress;        /* the trainer's: the table every pair verdict carries on; NULL: none */
 } Mixer;
 
 /* Plans and error-feedback state for every fragment and partner. The
@@ -54,6 +57,8 @@ typedef struct {
 int mixer_create(Mixer *m, Shard *s, Link *l, StopBallot *ballot);
 /* Returns 1 when every message was retired (the shard's staging may go). */
 int mixer_destroy(Mixer *m);
+/* The progress table the pair verdicts carry (the trainer's; NULL: none). */
+void mix_watch(Mixer *m, Progress *progress);
 
 /* Mixing of fragment f with learner `partner` (point-to-point between the
  * two learners' ranks on canonical chunk plans, codec and error feedback

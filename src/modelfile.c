@@ -10,12 +10,14 @@
 #include "stateview.h"
 #include "status.h"
 
-/* h5io's ChunkAt over a host model holding every expert. */
+/* h5io's ChunkAt over a host model: every dense chunk, and the experts it
+ * holds (NULL for the others: another rank reads them). */
 static float *host_chunk(void *ctx, int tensor, int layer, int expert)
 {
     const Model *m = ctx;
-    return m->tensors[tensor].flags & PARAM_EXPERT ? model_expert_param(m, (TensorId)tensor, layer, expert)
-                                                  : model_param(m, (TensorId)tensor, layer);
+    if (!(m->tensors[tensor].flags & PARAM_EXPERT)) return model_param(m, (TensorId)tensor, layer);
+    const int e = expert - m->expert_begin;
+    return e >= 0 && e < m->experts_local ? model_expert_param(m, (TensorId)tensor, layer, e) : NULL;
 }
 
 /* A StateSelect: every chunk this rank holds (evaluation loads them all). */
@@ -45,21 +47,41 @@ int modelfile_config(const char *path, const char *const *overrides, int n_overr
     return rc;
 }
 
+/* /model into a host model of experts [begin, begin + count), read with the ranks of comm. */
+static int load_part(const char *path, const Config *cfg, int begin, int count, Model *m, H5Meta *meta, MPI_Comm comm)
+{
+    const AllocCategory was = alloc_category(ALLOC_WEIGHTS);
+    /* the weights alone: nothing here computes gradients */
+    model_describe(m, &cfg->model, begin, count);
+    m->params = isth_aligned_alloc(64, m->n_params * sizeof(float));
+    alloc_category(was);
+    const int made = coll_all_ok(comm, m->params != NULL);
+    if (!m->params)
+        return isth_fail(ISTH_ERUNTIME, "model %s: out of memory for its %zu parameters (%.1f GiB)", path,
+                         m->n_params, m->n_params * 4.0 / (1 << 30));
+    const int rc = made ? h5model_read(path, m, host_chunk, m, meta, comm) : ISTH_ERUNTIME;
+    if (rc != ISTH_OK) model_destroy(m);
+    return rc;
+}
+
 int modelfile_load(const char *path, const char *const *overrides, int n_overrides, Config *cfg, Model *m,
                    H5Meta *meta)
 {
     CHECK(modelfile_config(path, overrides, n_overrides, cfg, NULL, 0, MPI_COMM_SELF));
-    const AllocCategory was = alloc_category(ALLOC_WEIGHTS);
-    /* the weights alone: nothing here computes gradients */
-    model_describe(m, &cfg->model, 0, cfg->model.experts);
-    m->params = isth_aligned_alloc(64, m->n_params * sizeof(float));
-    alloc_category(was);
-    if (!m->params)
-        return isth_fail(ISTH_ERUNTIME, "model %s: out of memory for its %zu parameters (%.1f GiB)", path,
-                         m->n_params, m->n_params * 4.0 / (1 << 30));
-    const int rc = h5model_read(path, m, host_chunk, m, meta, MPI_COMM_SELF);
-    if (rc != ISTH_OK) model_destroy(m);
-    return rc;
+    return load_part(path, cfg, 0, cfg->model.experts, m, meta, MPI_COMM_SELF);
+}
+
+int modelfile_load_shard(const char *path, Config *cfg, Model *m, H5Meta *meta, MPI_Comm comm, const char *cmd)
+{
+    int rank, size;
+    CHECK_MPI(MPI_Comm_rank(comm, &rank));
+    CHECK_MPI(MPI_Comm_size(comm, &size));
+    CHECK(modelfile_config(path, NULL, 0, cfg, NULL, 0, comm));
+    const int E = cfg->model.experts;
+    if (E % size)
+        return isth_fail(ISTH_EINPUT, "%s: %d ranks cannot share %d experts evenly; use a rank count that divides it",
+                         cmd, size, E);
+    return load_part(path, cfg, rank * (E / size), E / size, m, meta, comm);
 }
 
 int modelfile_read_backend(const char *path, Backend *be, H5Meta *meta, MPI_Comm comm)

@@ -1,7 +1,8 @@
 /* modelfile.h — reading a model file (`isthmus train`'s model.h5, or a
  * checkpoint) for the commands that use a trained model outside training:
- * whole into host memory, every expert on this process (generate, export),
- * or into a backend's parameters, each rank its experts (eval).
+ * whole into host memory, every expert on this process (generate), each
+ * rank of a job its share of the experts in host memory (export), or into
+ * a backend's parameters, each rank its experts (eval).
  * Owns: the order of validate, config, tensors.
  * Must not: compute, or choose what to do with the model.
  */
@@ -29,6 +30,12 @@ int modelfile_config(const char *path, const char *const *overrides, int n_overr
  * into *m (created here; model_destroy frees it). */
 int modelfile_load(const char *path, const char *const *overrides, int n_overrides, Config *cfg, Model *m,
                    H5Meta *meta);
+
+/* Collective over comm: modelfile_config (no overrides), then /model into
+ * *m on each rank: every dense tensor and its share of the experts, rank r
+ * of R experts [r E/R, (r+1) E/R) (export). A rank count that does not
+ * divide the experts: ISTH_EINPUT, `cmd` naming the command. */
+int modelfile_load_shard(const char *path, Config *cfg, Model *m, H5Meta *meta, MPI_Comm comm, const char *cmd);
 
 /* Collective over comm (the ranks of the learner `be` belongs to): /model
  * into the backend's parameters, each rank the chunks it holds, through

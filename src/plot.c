@@ -17,6 +17,7 @@
 
 #define PLOT_MAX_RUNS 32
 #define PLOT_PATH_MAX 4096
+#define PLOT_MAX_SITES 8 /* other sites' loss curves per run (site_step records) */
 
 /* The number after "key": in a JSON line, if there is one. */
 static int json_number(const char *line, const char *key, double *v)
@@ -46,9 +47,49 @@ static int json_string(const char *line, const char *key, char *out, size_t cap)
 
 typedef struct {
     char label[256];
+    char site[64];      /* the site the file logs (its run record) */
     int steps, evals[2];
     int positive_bytes; /* some step moved bytes between sites (a log scale can show it) */
+    int n_sites;        /* other sites with site_step records (the first PLOT_MAX_SITES) */
+    char sites[PLOT_MAX_SITES][64];
 } RunData;
+
+/* Points (x, y) in two growing arrays. */
+typedef struct {
+    double *x, *y;
+    int n, cap;
+} Points;
+
+static int points_add(Points *p, double x, double y)
+{
+    if (p->n == p->cap) {
+        const int cap = p->cap ? 2 * p->cap : 64;
+        double *a = isth_realloc(p->x, sizeof(double) * (size_t)cap);
+        if (a) p->x = a;
+        double *b = a ? isth_realloc(p->y, sizeof(double) * (size_t)cap) : NULL;
+        if (b) p->y = b;
+        if (!a || !b) return isth_fail(ISTH_ERUNTIME, "plot: out of memory");
+        p->cap = cap;
+    }
+    p->x[p->n] = x;
+    p->y[p->n++] = y;
+    return ISTH_OK;
+}
+
+/* Write the points with x scaled (steps to tokens) into tmp/NAME; frees them. */
+static int points_write(Points *p, double scale, const char *tmp, const char *name)
+{
+    char path[PLOT_PATH_MAX];
+    snprintf(path, sizeof path, "%s/%s", tmp, name);
+    FILE *f = fopen(path, "w");
+    int ok = f != NULL;
+    for (int i = 0; ok && i < p->n; i++) ok = fprintf(f, "%.0f %.9g\n", p->x[i] * scale, p->y[i]) > 0;
+    if (f) ok = fclose(f) == 0 && ok;
+    isth_free(p->x);
+    isth_free(p->y);
+    memset(p, 0, sizeof *p);
+    return ok ? ISTH_OK : isth_fail(ISTH_ERUNTIME, "plot: writing %s failed", path);
+}
 
 /* The two eval sets the plot shows: the first two names met, in run order
  * (prose and tech unless the runs named their own in [eval.*]). */
@@ -63,8 +104,8 @@ static int set_slot(const char *name)
     return -1; /* a third set: not plotted */
 }
 
-/* Read one run's metrics.jsonl into three data files in tmp (rI_steps,
- * rI_e0, rI_e1: the two eval sets). */
+/* Read one run's metrics.jsonl into data files in tmp (rI_steps; rI_e0,
+ * rI_e1: the two eval sets; rI_s0...: the other sites' losses). */
 static int read_run(const char *dir, int index, const char *tmp, RunData *rd)
 {
     char path[PLOT_PATH_MAX], out[PLOT_PATH_MAX];
@@ -82,14 +123,7 @@ static int read_run(const char *dir, int index, const char *tmp, RunData *rd)
     snprintf(rd->label, sizeof rd->label, "%.*s", (int)strcspn(base, "/"), base);
     snprintf(out, sizeof out, "%s/r%d_steps", tmp, index);
     FILE *fs = fopen(out, "w");
-    snprintf(out, sizeof out, "%s/r%d_e0", tmp, index);
-    FILE *fe[2] = {fopen(out, "w"), NULL};
-    snprintf(out, sizeof out, "%s/r%d_e1", tmp, index);
-    fe[1] = fopen(out, "w");
-    if (!fs || !fe[0] || !fe[1]) {
-        if (fs) fclose(fs);
-        for (int i = 0; i < 2; i++)
-            if (fe[i]) fclose(fe[i]);
+    if (!fs) {
         fclose(f);
         return isth_fail(ISTH_ERUNTIME, "plot: cannot write into %s: %s", tmp, strerror(errno));
     }
@@ -97,9 +131,11 @@ static int read_run(const char *dir, int index, const char *tmp, RunData *rd)
     size_t cap = 0;
     int have_run = 0;
     double last_total = 0, offset = 0, summed = 0, last_step = 0, last_tokens = 0;
-    /* eval lines may precede the step line of their step: keep them and place them after */
-    double *eval_step[2] = {NULL, NULL}, *eval_bpb[2] = {NULL, NULL};
-    int n_eval[2] = {0, 0}, cap_eval[2] = {0, 0}, rc = ISTH_OK;
+    /* eval lines may precede the step line of their step, and tokens per
+     * step are known at the end: keep them (and the other sites' losses)
+     * and place them after */
+    Points evals[2] = {{0}}, sites[PLOT_MAX_SITES] = {{0}};
+    int rc = ISTH_OK;
     while (rc == ISTH_OK && getline(&line, &cap, f) > 0) {
         double step, v;
         char s[64];
@@ -107,9 +143,16 @@ static int read_run(const char *dir, int index, const char *tmp, RunData *rd)
             char mode[32] = "?", codec[32] = "?";
             json_string(line, "mode", mode, sizeof mode);
             json_string(line, "codec", codec, sizeof codec);
+            json_string(line, "site", rd->site, sizeof rd->site);
             const size_t n = strlen(rd->label);
             snprintf(rd->label + n, sizeof rd->label - n, " (%s, %s)", mode, codec);
             have_run = 1;
+        } else if (!strncmp(line, "{\"site_step\":", 13) && json_string(line, "site_step", s, sizeof s) &&
+                   json_number(line, "step", &step) && json_number(line, "loss", &v)) {
+            int k = 0; /* the site's curve: a new one while there is room */
+            while (k < rd->n_sites && strcmp(rd->sites[k], s)) k++;
+            if (k == rd->n_sites && k < PLOT_MAX_SITES) snprintf(rd->sites[rd->n_sites++], sizeof rd->sites[0], "%s", s);
+            if (k < rd->n_sites) rc = points_add(&sites[k], step, v);
         } else if (!strncmp(line, "{\"step\":", 8) && json_number(line, "step", &step)) {
             double tokens = 0, loss = NAN, bytes = 0, total;
             json_number(line, "tokens", &tokens);
@@ -130,35 +173,26 @@ static int read_run(const char *dir, int index, const char *tmp, RunData *rd)
         } else if (json_string(line, "eval", s, sizeof s) && json_number(line, "step", &step) &&
                    json_number(line, "bpb", &v)) {
             const int k = set_slot(s);
-            if (k < 0) continue;
-            if (n_eval[k] == cap_eval[k]) {
-                cap_eval[k] = cap_eval[k] ? 2 * cap_eval[k] : 64;
-                double *a = isth_realloc(eval_step[k], sizeof(double) * (size_t)cap_eval[k]);
-                double *b = a ? isth_realloc(eval_bpb[k], sizeof(double) * (size_t)cap_eval[k]) : NULL;
-                if (a) eval_step[k] = a;
-                if (b) eval_bpb[k] = b;
-                if (!a || !b) rc = isth_fail(ISTH_ERUNTIME, "plot: out of memory reading %s", path);
-                if (rc != ISTH_OK) break;
-            }
-            eval_step[k][n_eval[k]] = step;
-            eval_bpb[k][n_eval[k]++] = v;
+            if (k >= 0) rc = points_add(&evals[k], step, v);
         }
     }
     free(line);
     fclose(f);
-    /* tokens at an eval's step: every step of a run trains the same number */
+    if (fclose(fs) != 0 && rc == ISTH_OK) rc = isth_fail(ISTH_ERUNTIME, "plot: writing into %s failed", tmp);
+    /* tokens at an eval's (or another site's) step: every step of a run trains the same number */
     const double per_step = last_step > 0 ? last_tokens / last_step : 0;
     for (int k = 0; k < 2; k++) {
-        for (int i = 0; i < n_eval[k]; i++) fprintf(fe[k], "%.0f %.9g\n", eval_step[k][i] * per_step, eval_bpb[k][i]);
-        rd->evals[k] = n_eval[k];
-        isth_free(eval_step[k]);
-        isth_free(eval_bpb[k]);
+        rd->evals[k] = evals[k].n;
+        snprintf(out, sizeof out, "r%d_e%d", index, k);
+        const int wrc = points_write(&evals[k], per_step, tmp, out);
+        if (rc == ISTH_OK) rc = wrc;
     }
-    int closed = fclose(fs) == 0;
-    closed &= fclose(fe[0]) == 0;
-    closed &= fclose(fe[1]) == 0;
-    if (rc == ISTH_OK && !closed) rc = isth_fail(ISTH_ERUNTIME, "plot: writing into %s failed", tmp);
-    if (rc == ISTH_OK && rd->steps == 0 && n_eval[0] + n_eval[1] == 0)
+    for (int k = 0; k < PLOT_MAX_SITES; k++) {
+        snprintf(out, sizeof out, "r%d_s%d", index, k);
+        const int wrc = k < rd->n_sites ? points_write(&sites[k], per_step, tmp, out) : ISTH_OK;
+        if (rc == ISTH_OK) rc = wrc;
+    }
+    if (rc == ISTH_OK && rd->steps == 0 && rd->evals[0] + rd->evals[1] == 0)
         rc = isth_fail(ISTH_EINPUT, "plot: %s has no step or eval lines", path);
     return rc;
 }
@@ -188,11 +222,23 @@ static void panel(FILE *g, const char *title, const char *xlabel, const char *yl
     int any = 0;
     for (int i = 0; i < n; i++) {
         const int has = which == 0 ? rd[i].steps > 0 : which == 3 ? rd[i].positive_bytes : rd[i].evals[which - 1] > 0;
-        if (!has) continue;
-        fprintf(g, "%s'r%d_%s' using %s with %s lw 2 title ", any ? ", \\\n     " : "plot ", i, file, columns,
-                which == 1 || which == 2 ? "linespoints pt 7 ps 0.8" : "lines");
-        quoted(g, rd[i].label);
-        any = 1;
+        char label[400];
+        /* a run with other sites' curves names its own site too */
+        snprintf(label, sizeof label, "%s%s%s", rd[i].label, which == 0 && rd[i].n_sites && rd[i].site[0] ? ": site " : "",
+                 which == 0 && rd[i].n_sites ? rd[i].site : "");
+        if (has) {
+            fprintf(g, "%s'r%d_%s' using %s with %s lw 2 title ", any ? ", \\\n     " : "plot ", i, file, columns,
+                    which == 1 || which == 2 ? "linespoints pt 7 ps 0.8" : "lines");
+            quoted(g, label);
+            any = 1;
+        }
+        /* training loss: every other site's, from its summaries (the mean over its recent steps) */
+        for (int k = 0; which == 0 && k < rd[i].n_sites; k++) {
+            fprintf(g, "%s'r%d_s%d' using 1:2 with linespoints pt 6 ps 0.6 lw 1 title ", any ? ", \\\n     " : "plot ", i, k);
+            snprintf(label, sizeof label, "%s: site %s (summaries)", rd[i].label, rd[i].sites[k]);
+            quoted(g, label);
+            any = 1;
+        }
     }
     /* an empty panel: fixed ranges and a function outside them (gnuplot refuses a plot of no defined point) */
     if (!any)
@@ -283,6 +329,12 @@ int plot_runs(const char *const *runs, int n_runs, const char *png, int width, i
     /* the temporary directory holds only what read_run and the script wrote */
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
     if (system(cmd) != 0) fprintf(stderr, "isthmus: warning: plot: could not remove %s\n", tmp);
-    if (rc == ISTH_OK) printf("wrote %s (%d run(s), %dx%d)\n", png, n_runs, width, height);
+    int other_sites = 0;
+    for (int i = 0; i < n_runs && rc == ISTH_OK; i++) other_sites += rd[i].n_sites;
+    if (rc == ISTH_OK && other_sites)
+        printf("wrote %s (%d run(s), %dx%d; the training loss of %d other site(s) from their site_step records)\n", png,
+               n_runs, width, height, other_sites);
+    else if (rc == ISTH_OK)
+        printf("wrote %s (%d run(s), %dx%d)\n", png, n_runs, width, height);
     return rc;
 }

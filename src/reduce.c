@@ -22,7 +22,10 @@
  * is the set of sites every site sees in, the one a take-back acts on). A site writes only its own vote (VOTE_NONE for the others), so
  * the AND over sites (and the MIN inside one: VOTE_END < VOTE_PAUSE <
  * VOTE_NONE, each one's bits within the next's) keeps every request and
- * its intent. */
+ * its intent. Last, per site, PROGRESS_BYTES of its progress summary: a
+ * site writes only its own slot (the same on each of its ranks), the
+ * others are 0xFF, so the same AND and MIN leave every site's summary in
+ * its slot (observation only: nothing decided reads it). */
 static size_t site_verdict_bytes(const Topology *t) { return REDUCE_VERDICT_BYTES(t->n_sites); }
 enum { VOTE_END = 0, VOTE_PAUSE = 2, VOTE_NONE = 3 };
 
@@ -101,6 +104,8 @@ void reduce_log_to(Reducer *r, int log, Metrics *metrics)
     r->log = log;
     r->metrics = metrics;
 }
+
+void reduce_watch(Reducer *r, Progress *progress) { r->progress = progress; }
 
 float *reduce_stage(Reducer *r, int f)
 {
@@ -302,6 +307,7 @@ static int agree_post(Reducer *r, SiteExchange *fp, int f, const unsigned char *
     for (int s = 0; s < S; s++) buf[S + s] = s == t->site ? site_vote(r->ballot->request) : VOTE_NONE;
     for (int s = 0; s < S; s++) buf[2 * S + s] = r->ballot->take != s + 1;
     for (int s = 0; s < S; s++) buf[3 * S + s] = !link_is_lost(r->link, s);
+    progress_encode(r->progress, S, 1, buf + 4 * S);
     memcpy(buf + nv, alive, (size_t)S);
     CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, buf, (int)nv + S, MPI_UNSIGNED_CHAR, MPI_MIN, t->site_comm));
     fp->verdict_posted = 1;
@@ -404,6 +410,7 @@ static int agree_complete(Reducer *r, SiteExchange *fp, int f, unsigned char *ok
             r->ballot->take_agreed = s + 1;
             for (int k = 0; k < S; k++) r->ballot->take_out[k] = !buf[3 * S + k];
         }
+    progress_learn(r->progress, buf + 4 * S); /* the same on every rank of the site */
     return ISTH_OK;
 }
 

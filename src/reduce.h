@@ -48,6 +48,7 @@
 #include "link.h"
 #include "metrics.h"
 #include "payload.h"
+#include "progress.h"
 #include "report.h"
 #include "shard.h"
 #include "topology.h"
@@ -55,8 +56,9 @@
 /* One fragment's site exchange. */
 /* A site verdict's bytes for S sites (reduce.c says what they hold):
  * whether each payload was accepted, each site's stop vote, the host's ask
- * to take each back, whether the site sees each in the run. */
-#define REDUCE_VERDICT_BYTES(S) (4 * (size_t)(S))
+ * to take each back, whether the site sees each in the run, and each
+ * site's progress summary (progress.h; the sender's own slot only). */
+#define REDUCE_VERDICT_BYTES(S) ((4 + PROGRESS_BYTES) * (size_t)(S))
 
 typedef struct {
     PeerSet site;              /* ranks of the other sites' first learners (first learner of a site) */
@@ -94,6 +96,8 @@ typedef struct {
     int pace_ok;               /* the link kept up with this rank's last exchange (reduce_finish_staged) */
     int log;                   /* print and record warnings (the trainer's logging rank) */
     Metrics *metrics;          /* where they are recorded; NULL: none */
+    Progress *progress;        /* the trainer's: this site's summary rides on the verdicts, the others' are
+                                * learned from them; NULL: none sent (every slot empty) */
 } Reducer;
 
 enum { REDUCE_GRADS, REDUCE_REPLICATED };
@@ -106,6 +110,8 @@ int reducer_destroy(Reducer *r);
  * warnings go. */
 void reduce_set_window(Reducer *r, int window_polls, int pace);
 void reduce_log_to(Reducer *r, int log, Metrics *metrics);
+/* The progress table the verdicts carry (the trainer's; NULL: none). */
+void reduce_watch(Reducer *r, Progress *progress);
 
 /* Begin reducing fragment f of the backend's state `which`. REDUCE_GRADS
  * sums the dense chunks inside the learner first; REDUCE_REPLICATED takes

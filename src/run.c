@@ -264,6 +264,18 @@ static int utilisation_summary(Trainer *tr, long first_step, double wall_s, doub
                                    compute_s / wall_s, wait_s, paused_s, final_s, steady);
 }
 
+/* The other sites' summaries the exchanges brought since the last step
+ * (progress.h): one line and one `site_step` record each. */
+static int report_sites(Trainer *tr)
+{
+    SiteProgress p;
+    int s;
+    while ((s = progress_news(&tr->progress, &p)) >= 0)
+        CHECK(metrics_site_step(&tr->metrics, tr->topo.sites[s].name, p.step, tr->cfg.train.steps, p.steps, p.loss,
+                                p.tokens_per_s, p.ms_per_step, tr->step));
+    return ISTH_OK;
+}
+
 /* Which sites are out of the run (lost or left); returns how many. */
 static int sites_out(const Trainer *tr, unsigned char *out)
 {
@@ -368,10 +380,16 @@ static int take_back(Trainer *tr, Federation *fed, const Config *cfg, uint64_t t
     const double compute = tr->compute_s, total = tr->inter_site_total;
     const long pin = tr->ckpt_every_site;
     const StopBallot ballot = tr->ballot; /* a stop agreed with the take goes on after it */
+    Progress progress = tr->progress; /* the recent steps and what the log wrote of the others go on too */
+    tr->progress.loss = tr->progress.seconds = NULL;
     trainer_destroy(tr);
     federation_free_world(&old);
-    CHECK(trainer_start(tr, cfg, fed->world, fed->link_master, 1, 0));
+    const int started = trainer_start(tr, cfg, fed->world, fed->link_master, 1, 0);
+    if (started != ISTH_OK) progress_destroy(&progress);
+    CHECK(started);
     tr->ballot = ballot;
+    progress_destroy(&tr->progress);
+    tr->progress = progress;
     link_counters_add(&tr->link, counted);
     tr->outer.spread.inter_site_bytes += probes;
     tr->compute_s += compute;
@@ -630,6 +648,7 @@ int train_run(const Config *cfg, const char *resume, const char *site)
         if (rc != ISTH_OK) break;
         for (int k = 0; k < cfg->n_sites; k++) s.misses[k] = lost_count[k], s.site_names[k] = cfg->sites[k].name;
         if (tr.log && (s.step % tc->log_every == 0 || s.step == tc->steps)) rc = metrics_step(&tr.metrics, &s);
+        if (rc == ISTH_OK && tr.log) rc = report_sites(&tr);
         if (rc != ISTH_OK) break;
         /* butterfly learners agree only at the end */
         if (tc->check_replicas > 0 && tr.mode != MODE_BUTTERFLY &&
@@ -686,6 +705,7 @@ int train_run(const Config *cfg, const char *resume, const char *site)
     const double t_final = now_s();
     if (finished && tr.mode != MODE_SYNC)
         rc = outer_finish(&tr.outer, tr.be, tr.step, &tr.metrics, tr.log);
+    if (finished && rc == ISTH_OK && tr.log) rc = report_sites(&tr); /* what the final exchanges brought */
     if (finished && rc == ISTH_OK)
         rc = utilisation_summary(&tr, first_step, now_s() - loop_start - paused_s, tr.compute_s - compute_start,
                                  link_counters(&tr.link).wait_s - wait_start, paused_s, now_s() - t_final);

@@ -144,6 +144,10 @@ int trainer_create(Trainer *tr, const Config *cfg, int log, MPI_Comm world, cons
     }
     /* the exchange between learners: the site reduction, or the butterfly's mixer */
     if (tr->mode != MODE_BUTTERFLY) CHECK(reducer_create(&tr->red, &tr->shard, &tr->link, &tr->ballot, world));
+    /* the site's recent steps (the ETA; the outer modes' summary for the other sites) */
+    CHECK(progress_create(&tr->progress, cfg->outer.inner_steps, tc->steps, t->n_sites, t->site,
+                          site->tokens_per_step * site->learners));
+    if (tr->mode != MODE_BUTTERFLY && tr->mode != MODE_SYNC) reduce_watch(&tr->red, &tr->progress);
     { /* the frames' keys: one per ordered pair of sites (seal.h) */
         static const unsigned char public_key[SEAL_KEY_BYTES];
         int first[CONFIG_MAX_SITES + 1];
@@ -208,6 +212,7 @@ int trainer_create(Trainer *tr, const Config *cfg, int log, MPI_Comm world, cons
         for (int l = 0; l < N; l++)
             w[l] = t->sites[topology_site_of_learner(t, l)].tokens_per_step / t->total_tokens_per_step;
         int rc = mixer_create(&tr->mix, &tr->shard, &tr->link, &tr->ballot);
+        mix_watch(&tr->mix, &tr->progress);
         if (rc == ISTH_OK) rc = outer_set_butterfly(&tr->outer, &tr->mix, &tr->link, t->learner, N, w);
         isth_free(w);
         CHECK(rc);
@@ -238,6 +243,7 @@ void trainer_destroy(Trainer *tr)
         topology_destroy(&tr->topo);
     }
     dataset_close(&tr->train);
+    progress_destroy(&tr->progress);
     eval_sets_close(tr->evals, tr->n_evals);
     tokenizer_close(&tr->tokenizer);
     isth_free(tr->config_text);
@@ -265,14 +271,18 @@ typedef struct {
 #define STEP_SUMS (sizeof(StepSums) / sizeof(double))
 
 /* Step statistics: sums over this site, then (sync: every site's, added in
- * site order through the link) over the sites; `wait` is a maximum. */
-static int step_stats(Trainer *tr, StepSums *step, double *wait)
+ * site order through the link) over the sites; `wait` is a maximum, and so
+ * is `took` (the step's time so far: the site's, its slowest rank's). */
+static int step_stats(Trainer *tr, StepSums *step, double *wait, double *took)
 {
     const int n = (int)STEP_SUMS;
     double *sums = (double *)step;
     const Topology *t = &tr->topo;
     CHECK(coll_allreduce_comm(t->site_comm, sums, (size_t)n, MPI_DOUBLE, sizeof(double), MPI_SUM));
-    CHECK(coll_allreduce_comm(t->site_comm, wait, 1, MPI_DOUBLE, sizeof(double), MPI_MAX));
+    double most[2] = {*wait, *took};
+    CHECK(coll_allreduce_comm(t->site_comm, most, 2, MPI_DOUBLE, sizeof(double), MPI_MAX));
+    *wait = most[0];
+    *took = most[1];
     if (tr->mode != MODE_SYNC || t->n_sites == 1) return ISTH_OK; /* outer modes: rank 0's site */
     double mine[STEP_SUMS + 1], *all = isth_malloc(sizeof mine * (size_t)t->n_sites);
     CHECK_ALLOC(all);
@@ -358,7 +368,8 @@ int trainer_step(Trainer *tr, StepLog *out)
     double wait;
     link_since_mark(&tr->link, &sums.inter_site_bytes, &wait);
     if (fault_nan_now()) sums.ce_sum = NAN; /* test hook: this site diverges */
-    CHECK(step_stats(tr, &sums, &wait));
+    double took = now_s() - t0;
+    CHECK(step_stats(tr, &sums, &wait, &took));
     const double loss = sums.ce_sum / sums.scored;
     if (!isfinite(loss)) { /* every rank of the site sees it: its first rank says so */
         int site_rank;
@@ -368,6 +379,8 @@ int trainer_step(Trainer *tr, StepLog *out)
     }
 
     const double dt = now_s() - t0;
+    /* the same on every rank of the site: what its summary and the ETA are made of */
+    progress_step(&tr->progress, tr->step, loss, took);
     memset(out, 0, sizeof *out);
     out->step = tr->step;
     out->steps = tc->steps;
@@ -386,6 +399,7 @@ int trainer_step(Trainer *tr, StepLog *out)
     tr->inter_site_total += sums.inter_site_bytes;
     out->inter_site_total = tr->inter_site_total;
     out->link_wait_s = wait;
+    out->eta_s = progress_eta(&tr->progress);
     out->n_sites = t->n_sites;
     out->sites_present = t->n_sites;
     for (int s = 0; s < t->n_sites; s++) out->sites_present -= link_is_lost(&tr->link, s);

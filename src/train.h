@@ -26,6 +26,7 @@
 #include "link.h"
 #include "mix.h"
 #include "outer.h"
+#include "progress.h"
 #include "reduce.h"
 #include "shard.h"
 #include "topology.h"
@@ -41,6 +42,7 @@ typedef struct {
     Reducer red;         /* the site reduction (sync, diloco, streaming) */
     Mixer mix;           /* the butterfly mixer (butterfly) */
     StopBallot ballot;   /* the stop vote between sites, carried by the exchanges */
+    Progress progress;   /* this site's recent steps, every site's summary the exchanges brought */
     Outer outer;         /* diloco / streaming state */
     OuterMode mode;      /* [outer] mode */
     int *site_leaders;   /* world rank of each site's first rank: the ends of control exchanges */

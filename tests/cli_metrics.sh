@@ -95,12 +95,12 @@ for t, fields in tables.items():
     names = [f for f, _ in fields]
     if not names or names[0] != t[0] or names[-1] != "time" or len(set(names)) != len(names):
         problems.append(f"{t}: the first field must be the type's key, the last time, each once: {names}")
-need = {"start", "run", "step", "eval", "outer", "mix", "spread", "checkpoint", "link_late", "site_lost",
+need = {"start", "run", "step", "site_step", "eval", "outer", "mix", "spread", "checkpoint", "link_late", "site_lost",
         "site_rejoined", "summary"}
 missing_types = need - {k for k, _ in tables}
 if missing_types:
     problems.append(f"no table for {sorted(missing_types)}")
-result(not problems and len(tables) >= 13,
+result(not problems and len(tables) >= 14,
        f"docs/metrics.md: {len(tables)} record tables, first field the type, time last"
        + ("" if not problems else ": " + "; ".join(problems)))
 
@@ -202,9 +202,9 @@ EOF
 SPEC=(
     "$SYNC/metrics.jsonl|train|lsf-42|-|start,run/start,step,eval,checkpoint,summary/compute"
     "$WORK/eval/metrics.jsonl|eval|slurm-7|-|start,eval"
-    "$WORK/diloco/metrics.jsonl|train|$JOB|-,${FROM:-?}|start,run/start,step,eval,outer,checkpoint,summary/traffic,summary/compute"
-    "$WORK/late/metrics.jsonl|train|$JOB|-|start,run/start,step,eval,outer,link_late,summary/traffic"
-    "$WORK/butterfly/metrics.jsonl|train|$JOB|-|start,run/start,step,eval,mix,spread,summary/traffic,summary/compute"
+    "$WORK/diloco/metrics.jsonl|train|$JOB|-,${FROM:-?}|start,run/start,step,site_step,eval,outer,checkpoint,summary/traffic,summary/compute"
+    "$WORK/late/metrics.jsonl|train|$JOB|-|start,run/start,step,site_step,eval,outer,link_late,summary/traffic"
+    "$WORK/butterfly/metrics.jsonl|train|$JOB|-|start,run/start,step,site_step,eval,mix,spread,summary/traffic,summary/compute"
 )
 "$PY" "$WORK/check.py" "$DOC" "$BUILD" "${SPEC[@]}" > "$WORK/check.out" 2>&1
 while IFS= read -r l; do
