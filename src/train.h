@@ -74,7 +74,8 @@ typedef struct {
  * `steps`. step counts from 0. */
 double lr_at(const TrainConfig *tc, long step);
 
-/* Build everything a run needs. `log`: write metrics and print lines. */
+/* Build everything a run needs. `log`: write metrics and print lines, and
+ * refuse a token model's byte data (a training run; bench passes 0). */
 /* `world`: every rank of the run (MPI_COMM_WORLD, or the federated world);
  * `link_master`: the link's master key (federation.h), NULL: a key every
  * build knows (one site, benchmarks: no frame crosses a site). */
