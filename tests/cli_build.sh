@@ -9,6 +9,10 @@
 #    builds isthmus and `make install`s it under --prefix;
 #  - the installed isthmus names those options in --version and trains
 #    tiny.ini for a few steps, writing its model through that HDF5;
+#  - outside git the build is named by its sources' hash (never "unknown");
+#    `make dist` records the commit and that hash in SOURCE_ID: an unchanged
+#    tarball is named as the tree it came from (the commit, when made in the
+#    checkout), one byte changed makes another name;
 #  - a prefix without mpicc or hdf5.h stops configure with one line naming
 #    the option and the missing file;
 #  - without CMocka configure warns, isthmus builds and make check stops
@@ -75,6 +79,44 @@ ver=$(as_user "$inst" --version 2>&1)
 echo "$ver" | grep -q -- "--with-mpi=$B/mpi" && echo "$ver" | grep -q -- "--with-hdf5=$HDF5_PREFIX" &&
     pass "the installed isthmus --version names its configure options: $(echo "$ver" | sed -n 2p | cut -c1-100)" ||
     fail "installed --version: $ver"
+# outside a git checkout (this copy, a release tarball) the build is named
+# by its sources, never "unknown": the federated join compares the name, so
+# two builds of different code must differ. `make dist` records the commit
+# and the sources' hash in the tarball (SOURCE_ID): a tarball's tree is named
+# as the tree it was made from while unchanged, and differs once one byte of
+# its sources does; a commit recorded is the name of the unchanged tarball
+SID="$TOP_SRCDIR/scripts/source_id.sh"
+copy_id=$(sh "$SID" "$B/src")
+echo "$ver" | head -1 | grep -Eq "^isthmus 0\.1\.0\+src\.[0-9a-f]{12}$" && [ "$(echo "$ver" | head -1)" = "isthmus 0.1.0+$copy_id" ] &&
+    pass "outside git the build is named by its sources' hash: $(echo "$ver" | head -1)" ||
+    fail "installed --version outside git: '$(echo "$ver" | head -1)', the sources' id '$copy_id'"
+rel="$B/src/isthmus-0.1.0"
+if as_user make --no-print-directory distdir > "$WORK/distdir.log" 2>&1 && [ -s "$rel/SOURCE_ID" ]; then
+    rel_id=$(sh "$SID" "$rel")
+    lost=$(cd "$TOP_SRCDIR" && git ls-files | grep -v '^\.ci/\|^\.gitignore$' | while read -r f; do
+        [ -e "$rel/$f" ] || echo "$f"; done)
+    [ -z "$lost" ] && pass "make dist's tree holds every file of the checkout (but .ci/, .gitignore)" ||
+        fail "make dist leaves out: $(echo $lost | cut -c1-300)"
+    cp -a "$rel" "$WORK/rel2"
+    printf ' ' >> "$WORK/rel2/src/main.c"
+    rel2_id=$(sh "$SID" "$WORK/rel2")
+    [ "$rel_id" = "$copy_id" ] && [ "$rel2_id" = "$copy_id-modified.$(echo "$rel2_id" | sed 's/.*-modified\.//')" ] &&
+        [ "$rel2_id" != "$rel_id" ] && pass "make dist's tree ($(cat "$rel/SOURCE_ID")): named $rel_id as its source; one byte more in src/main.c: $rel2_id" ||
+        fail "make dist's tree named '$rel_id' (its source '$copy_id'), with one byte changed '$rel2_id'"
+    rm -f "$WORK/rel2/SOURCE_ID"
+    a=$(sh "$SID" "$WORK/rel2")
+    printf ' ' >> "$WORK/rel2/src/main.c"
+    b=$(sh "$SID" "$WORK/rel2")
+    echo "$a $b" | grep -Eq "^src\.[0-9a-f]{12} src\.[0-9a-f]{12}$" && [ "$a" != "$b" ] &&
+        pass "without SOURCE_ID two trees one byte apart are two builds: $a, $b" || fail "one byte apart, no SOURCE_ID: '$a' '$b'"
+    git_id=$(sh "$SID" "$TOP_SRCDIR")
+    sh "$SID" --record "$TOP_SRCDIR" "$WORK/rel2" && c=$(sh "$SID" "$WORK/rel2")
+    [ "$c" = "$git_id" ] && echo "$git_id" | grep -Eq "^[0-9a-f]{12}(-dirty\.[0-9a-f]{8})?$" &&
+        pass "a tarball made in the checkout is named by its commit, as the checkout's build: $c" ||
+        fail "recorded from the checkout: '$c', the checkout's id '$git_id'"
+else
+    fail "make distdir as nobody: $(tail -3 "$WORK/distdir.log" | tr '\n' '|')"
+fi
 if as_user mpirun -q -np 1 "$inst" train "$B/inst/share/isthmus/tiny.ini" --set train.steps=3 --set data.eval_bytes=4096 \
     --set data.dir="$B/src/share/data" --set train.out_dir="$B/out" > "$WORK/train.log" 2>&1 &&
     h5ls "$B/out/model.h5" > /dev/null 2>&1; then
