@@ -89,7 +89,7 @@ int trainer_control(Trainer *tr, const void *mine, size_t bytes, void *all, cons
 /* One optimiser step (grad_accum micro-batches). Fills *out. */
 int trainer_step(Trainer *tr, StepLog *out);
 
-/* bpb on both eval sets, logged with the current step. */
+/* bpb on the eval sets, logged with the current step. */
 /* The first site still present (federated launch: site 0 unless it was
  * lost); its first learner evaluates and writes the model file, to
  * trainer_model_path: <out_dir>/model.h5, or <out_dir>/site-NAME/model.h5. */
