@@ -5,7 +5,8 @@
 # call `isthmus plan` unwritten; every path of the tree that a doc, script,
 # source or test cites exists and every relative markdown link resolves; a
 # page that sends the reader elsewhere for a command sends them where it is
-# documented; eval --help names every key eval accepts, and the main help
+# documented; a metrics field has one unit wherever it appears; eval
+# --help names every key eval accepts, and the main help
 # neither calls the model byte-level nor counts the eval sets. Needs no
 # build: without an executable $ISTHMUS the help text is read from
 # src/cmd_train.c's usage_train string (and the help facts are skipped).
@@ -94,7 +95,18 @@ while read -r page cmd target; do
 done <<< "$sent"
 pass "$(echo "$sent" | grep -c .) pointer(s) from a command to its page checked"
 
-# (f) the main help and eval's: what the program accepts. Every key `eval
+# (f) one name, one meaning: a field of docs/metrics.md's record tables has
+# one unit in every record type that carries it (bits per token and bits per
+# byte are two names)
+awk -F' \\| ' '/^\| `[a-z_]+`/ { f = $1; sub(/^\| /, "", f); gsub(/`| \*\(optional\)\*/, "", f); print f "\t" $3 }' \
+    docs/metrics.md | sort -u > "$WORK/units"
+twice=$(cut -f1 "$WORK/units" | uniq -d)
+n_fields=$(cut -f1 "$WORK/units" | sort -u | grep -c .)
+[ "$n_fields" -gt 40 ] || fail "docs/metrics.md: found only $n_fields fields"
+[ -z "$twice" ] && pass "docs/metrics.md: each of $n_fields field names has one unit in every record" ||
+    fail "docs/metrics.md: one name, two units: $(for f in $twice; do grep "^$f	" "$WORK/units" | tr '\t\n' ': '; done)"
+
+# (g) the main help and eval's: what the program accepts. Every key `eval
 # --set` accepts (its refusal lists them) is in eval --help; the main help
 # does not call the model byte-level while model.vocab goes above 256, nor
 # count the eval sets while [eval.NAME] names any number
