@@ -27,7 +27,7 @@ hash_sources() { # hash_sources DIR: 12 hex digits
     } | LC_ALL=C sort | while read -r f; do
         printf '%s %s\n' "$f" "$(wc -c < "$f" | tr -d ' ')"
         cat "$f"
-    done | { sha256sum 2> /dev/null || shasum -a 256; } | cut -c1-12)
+    done | { sha256sum 2> /dev/null || shasum -a 256 2> /dev/null || cksum; } | awk '{ print substr($1, 1, 12) }')
 }
 
 git_id() { # git_id DIR: the commit (and its local changes), or nothing outside DIR's own checkout
