@@ -6,13 +6,17 @@
 # Slurm runs a copy of the batch script from its spool directory, so the
 # scripts find this file and the tree through SLURM_SUBMIT_DIR (submit from
 # the isthmus tree) or ISTHMUS_JOBS / ISTHMUS (set them to submit from
-# elsewhere).
+# elsewhere); installed (`make install`), through the paths written in.
 
-# ISTHMUS (the executable) and ISTHMUS_TREE (its source tree, for scripts/).
+# ISTHMUS (the executable) and ISTHMUS_TREE (its source tree, or where
+# `make install` put the jobs: PREFIX/share/isthmus, for scripts/). The
+# executable: ISTHMUS, else the tree's, else the one installed with these
+# scripts (its directory written in at install), else isthmus on PATH.
 isthmus_locate() {
     ISTHMUS_TREE=$(cd "${ISTHMUS_JOBS:-${SLURM_SUBMIT_DIR:-.}/jobs}/.." && pwd)
     if [ -z "${ISTHMUS:-}" ]; then
         if [ -x "$ISTHMUS_TREE/isthmus" ]; then ISTHMUS=$ISTHMUS_TREE/isthmus
+        elif [ -x "@ISTHMUS_BINDIR@/isthmus" ]; then ISTHMUS=@ISTHMUS_BINDIR@/isthmus
         else ISTHMUS=$(command -v isthmus || true)
         fi
     fi

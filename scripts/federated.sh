@@ -16,7 +16,8 @@
 # the live run dropped, or whose join broke inside Open MPI (isthmus exits
 # 3), is started again, with --resume auto, and (re)joins; ISTHMUS_REJOINS
 # (default 3) bounds how often; ISTHMUS_START numbers the starts (1, 2, ...).
-# Environment: ISTHMUS (the executable; default: the one in the tree),
+# Environment: ISTHMUS (the executable; default: the one in the tree, or
+# installed with this script, or on PATH),
 # MPIRUN_ARGS (extra mpirun options, e.g. --oversubscribe), ISTHMUS_PORTS.
 #
 # ISTHMUS_PORTS=LO-HI keeps every listening socket that the other site
@@ -29,7 +30,14 @@
 # needs at least 4 + 2 x (ranks per node) ports.
 set -u
 here=$(cd "$(dirname "$0")/.." && pwd)
+# the tree's isthmus, else (installed: PREFIX/share/isthmus/scripts) the one
+# installed with it (its directory written in at install), else PATH's
 isthmus=${ISTHMUS:-$here/isthmus}
+if [ -z "${ISTHMUS:-}" ] && [ ! -x "$isthmus" ]; then
+    if [ -x "@ISTHMUS_BINDIR@/isthmus" ]; then isthmus=@ISTHMUS_BINDIR@/isthmus
+    else isthmus=$(command -v isthmus || echo "$here/isthmus")
+    fi
+fi
 
 die() { echo "federated.sh: $*" >&2; exit 2; }
 

@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """prepare_data.py — text files in, token shards out: what `isthmus train` reads
-for a tokenized model (docs/data.md).
+for a tokenized model (docs/tokens.md).
 
   scripts/prepare_data.py --out DIR [--vocab N | --tokenizer FILE.model]
                           [--eval NAME=FILE]... [--config BASE.ini] [--shard-tokens N]

@@ -45,15 +45,47 @@ static const char *const usage_eval =
     "'isthmus train') on its eval sets ([eval.NAME] sections, or data.dir's\n"
     "eval_prose.txt and eval_tech.txt): consecutive windows of context+1 tokens\n"
     "overlapping by one, no token dropping. The model's stored configuration is\n"
-    "used; --set may change [data] dir, [data] eval_bytes, [eval.NAME] path and\n"
-    "bytes, [train] micro_batch, [train] threads or [train] out_dir (results are\n"
-    "appended to its metrics.jsonl).\n"
+    "used; results are appended to [train] out_dir's metrics.jsonl. Unless --set\n"
+    "says otherwise it runs on the best backend here (train.backend = auto) in fp32.\n"
+    "--set may change only these keys:\n";
+static const char *const usage_eval_tail =
     "Exit status: 0 success, 1 runtime failure, 2 bad file or configuration.\n";
+/* What --set may change for evaluation, the help and the refusal both
+ * printed from here; "eval.NAME.*": any key of an [eval.NAME] section. */
+static const char *const eval_keys[] = {"data.dir", "data.eval_bytes", "eval.NAME.path", "eval.NAME.bytes",
+                                        "train.micro_batch", "train.threads", "train.out_dir", "train.backend",
+                                        "train.precision", "train.gpu_share"};
+#define N_EVAL_KEYS ((int)(sizeof eval_keys / sizeof *eval_keys))
+
+static int eval_key_allowed(const char *assignment)
+{
+    if (!strncmp(assignment, "eval.", 5)) return 1; /* the sets to evaluate on */
+    for (int k = 0; k < N_EVAL_KEYS; k++) {
+        const size_t n = strlen(eval_keys[k]);
+        if (strncmp(eval_keys[k], "eval.", 5) && !strncmp(assignment, eval_keys[k], n) && assignment[n] == '=')
+            return 1;
+    }
+    return 0;
+}
+
+/* The keys, separated by `sep`, into buf. */
+static void eval_keys_list(char *buf, size_t cap, const char *sep)
+{
+    size_t o = 0;
+    buf[0] = '\0';
+    for (int k = 0; k < N_EVAL_KEYS && o < cap; k++) {
+        const int n = snprintf(buf + o, cap - o, "%s%s", k ? sep : "", eval_keys[k]);
+        if (n < 0) break;
+        o += (size_t)n;
+    }
+}
 
 int cmd_eval(int argc, char **argv)
 {
+    char keys[512];
     if (cli_wants_help(argc, argv)) {
-        fputs(usage_eval, stdout);
+        eval_keys_list(keys, sizeof keys, "\n  ");
+        printf("%s  %s\n%s", usage_eval, keys, usage_eval_tail);
         return ISTH_OK;
     }
     const char *overrides[CLI_MAX_OVERRIDES], *pos[1];
@@ -64,17 +96,11 @@ int cmd_eval(int argc, char **argv)
     if (!model_path && n_pos == 1) model_path = pos[0];
     else if (n_pos) return isth_fail(ISTH_EINPUT, "eval: unexpected argument '%s'", pos[0]);
     if (!model_path) return isth_fail(ISTH_EINPUT, "eval: missing --model FILE (see isthmus eval --help)");
-    for (int i = 0; i < n_over; i++) {
-        static const char *const allowed[] = {"data.dir=", "data.eval_bytes=", "train.micro_batch=",
-                                              "train.threads=", "train.out_dir=", "train.backend=",
-                                              "train.precision=", "train.gpu_share="};
-        int ok = !strncmp(overrides[i], "eval.", 5); /* the sets to evaluate on */
-        for (size_t a = 0; a < sizeof allowed / sizeof *allowed; a++)
-            ok |= !strncmp(overrides[i], allowed[a], strlen(allowed[a]));
-        if (!ok)
-            return isth_fail(ISTH_EINPUT, "eval: --set %s: only [data] dir/eval_bytes, [eval.*] and [train] "
-                             "micro_batch/threads/out_dir/backend/precision/gpu_share can change for evaluation", overrides[i]);
-    }
+    for (int i = 0; i < n_over; i++)
+        if (!eval_key_allowed(overrides[i])) {
+            eval_keys_list(keys, sizeof keys, ", ");
+            return isth_fail(ISTH_EINPUT, "eval: --set %s: only %s can change for evaluation", overrides[i], keys);
+        }
     int rank, size;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &size);

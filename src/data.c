@@ -178,24 +178,24 @@ int corpus_check_tokens(Corpus *c, int vocab)
 /* --- the training files ---------------------------------------------------- */
 
 /* `in` with each ${NAME} replaced by the environment's value */
-int data_expand(const char *in, char *out, size_t cap)
+int data_expand(const char *key, const char *in, char *out, size_t cap)
 {
     size_t o = 0;
     for (const char *p = in; *p;) {
         if (p[0] == '$' && p[1] == '{') {
             const char *end = strchr(p, '}');
-            if (!end) return isth_fail(ISTH_EINPUT, "data path '%s': a ${ without its }", in);
+            if (!end) return isth_fail(ISTH_EINPUT, "%s = '%s': a ${ without its }", key, in);
             char name[256];
             snprintf(name, sizeof name, "%.*s", (int)(end - p - 2 < 255 ? end - p - 2 : 255), p + 2);
             const char *v = getenv(name);
-            if (!v) return isth_fail(ISTH_EINPUT, "data path '%s': ${%s} is not set in the environment", in, name);
+            if (!v) return isth_fail(ISTH_EINPUT, "%s = '%s': ${%s} is not set in the environment", key, in, name);
             const size_t n = strlen(v);
-            if (o + n >= cap) return isth_fail(ISTH_EINPUT, "data path '%s': too long", in);
+            if (o + n >= cap) return isth_fail(ISTH_EINPUT, "%s = '%s': too long", key, in);
             memcpy(out + o, v, n);
             o += n;
             p = end + 1;
         } else {
-            if (o + 1 >= cap) return isth_fail(ISTH_EINPUT, "data path '%s': too long", in);
+            if (o + 1 >= cap) return isth_fail(ISTH_EINPUT, "%s = '%s': too long", key, in);
             out[o++] = *p++;
         }
     }
@@ -259,7 +259,7 @@ int dataset_open(Dataset *d, const char *list, const char *dir, int T)
     char *save = NULL;
     for (char *item = strtok_r(copy, " ,\t", &save); item && rc == ISTH_OK; item = strtok_r(NULL, " ,\t", &save)) {
         char name[CONFIG_FILE_PATH_MAX], pattern[CONFIG_FILE_PATH_MAX];
-        rc = data_expand(item, name, sizeof name);
+        rc = data_expand("data.train", item, name, sizeof name);
         if (rc != ISTH_OK) break;
         if (!strpbrk(name, "*?[")) { /* a plain path: its own message when it cannot be opened */
             rc = add_file(d, dir, name, T);

@@ -82,9 +82,10 @@ int corpus_check_kind(const Corpus *c, int vocab);
  * training (an eval set), not when a window reads it. */
 int corpus_check_tokens(Corpus *c, int vocab);
 
-/* `in` with each ${NAME} replaced by the environment variable's value;
- * ISTH_EINPUT naming the path when one is not set. */
-int data_expand(const char *in, char *out, size_t cap);
+/* `in`, the value of config key `key`, with each ${NAME} replaced by the
+ * environment variable's value; ISTH_EINPUT naming the key, the value and
+ * the variable when one is not set. */
+int data_expand(const char *key, const char *in, char *out, size_t cap);
 
 /* The training files. */
 typedef struct {

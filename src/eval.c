@@ -119,7 +119,9 @@ int eval_sets_open(EvalSet sets[CONFIG_MAX_EVALS], int *n, const Config *cfg, in
         s->cfg = ec[i];
         s->file.fd = -1;
         char path[CONFIG_FILE_PATH_MAX];
-        int rc = data_expand(ec[i].path, path, sizeof path);
+        char key[CONFIG_NAME_MAX + 16];
+        snprintf(key, sizeof key, "eval.%.*s.path", CONFIG_NAME_MAX - 1, ec[i].name);
+        int rc = data_expand(key, ec[i].path, path, sizeof path);
         if (rc == ISTH_OK) rc = corpus_open(&s->file, cfg->data.dir, path);
         if (rc != ISTH_OK) {
             eval_sets_close(sets, *n);

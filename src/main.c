@@ -45,7 +45,7 @@ typedef struct {
 static const Command commands[] = {
     {"train", cmd_train, "CONFIG [--set section.key=value]...", "train, evaluate, write <out_dir>/model.h5",
      MPI_THREAD_MULTIPLE},
-    {"eval", cmd_eval, "--model FILE [--set ...]...", "bits per byte on both eval sets", MPI_THREAD_SINGLE},
+    {"eval", cmd_eval, "--model FILE [--set ...]...", "bits per byte and loss per token on the eval sets", MPI_THREAD_SINGLE},
     {"generate", cmd_generate, "--model FILE [--prompt TEXT]", "sample a continuation (KV cache, this process)",
      MPI_THREAD_SINGLE},
     {"export", cmd_export, "--model FILE -o DIR", "model.safetensors + config.json (PyTorch: python/)",
@@ -74,7 +74,8 @@ static void print_usage(FILE *out)
 {
     fputs("usage: isthmus <command> [options]\n"
           "\n"
-          "Train a byte-level mixture-of-experts language model (CPU or CUDA backend; MPI program).\n"
+          "Train a mixture-of-experts language model on bytes or token shards, on one site or\n"
+          "several (CPU or CUDA backend; MPI program).\n"
           "\n"
           "commands:\n",
           out);

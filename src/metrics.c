@@ -203,7 +203,9 @@ static void duration_text(double secs, char *out, size_t cap)
 
 int metrics_step(Metrics *mt, const StepLog *s)
 {
-    const double bpb = s->loss / M_LN2;
+    /* bits per token (per byte only for a byte model): "bpt", never "bpb",
+     * which the eval records keep for bits per byte of text */
+    const double bpt = s->loss / M_LN2;
     /* after a site's loss the line says how many are left, and which sites
      * have missed deadlines, how often */
     char sites[48] = "", missed[160] = "";
@@ -217,16 +219,16 @@ int metrics_step(Metrics *mt, const StepLog *s)
     }
     char eta[32];
     duration_text(s->eta_s, eta, sizeof eta);
-    printf("step %6ld/%ld | loss %.4f | bpb %.4f | lr %.3e | gnorm %.3f | %8.0f tok/s | %7.1f ms"
+    printf("step %6ld/%ld | loss %.4f | bpt %.4f | lr %.3e | gnorm %.3f | %8.0f tok/s | %7.1f ms"
            " | aux %.4f z %.5f | drop %.1f%% | link %.0f B %.3f s | eta %s%s%s\n",
-           s->step, s->steps, s->loss, bpb, s->lr, s->grad_norm, s->tokens_per_s, s->ms_per_step,
+           s->step, s->steps, s->loss, bpt, s->lr, s->grad_norm, s->tokens_per_s, s->ms_per_step,
            s->aux_loss, s->z_loss, 100.0 * s->dropped_frac, s->inter_site_bytes, s->link_wait_s, eta, sites, missed);
     fflush(stdout);
     if (!mt || !mt->f) return ISTH_OK;
     begin(mt);
     field_long(mt, "step", s->step);
     field_num(mt, "loss", "%.17g", s->loss);
-    field_num(mt, "bpb", "%.6f", bpb);
+    field_num(mt, "bpt", "%.6f", bpt);
     field_num(mt, "aux_loss", "%.6g", s->aux_loss);
     field_num(mt, "z_loss", "%.6g", s->z_loss);
     field_num(mt, "lr", "%.6g", s->lr);

@@ -326,8 +326,6 @@ static int trainer_start(Trainer *tr, const Config *cfg, MPI_Comm world, const u
                                 ISTH_EDROPPED);
     int rc = trainer_create(tr, cfg, 1, world, link_master);
     if (federated) fault_watchdog_disarm();
-    /* the same on every rank (the data's identity holds its kind): a token model never trains on bytes */
-    if (rc == ISTH_OK) rc = dataset_check_kind(&tr->train, cfg->model.vocab);
     if (rc == ISTH_OK && tr->log && banner) {
         printf("isthmus train: resolved configuration (%s)\n%s\n", cfg->source, tr->config_text);
         topology_print(&tr->topo, cfg);

@@ -56,7 +56,7 @@ int tokenizer_resolve(const char *configured, const char *dir, char *out, size_t
     out[0] = '\0';
     if (!configured[0]) return ISTH_OK;
     char expanded[CONFIG_FILE_PATH_MAX];
-    CHECK(data_expand(configured, expanded, sizeof expanded));
+    CHECK(data_expand("data.tokenizer", configured, expanded, sizeof expanded));
     const int n = expanded[0] != '/' && dir[0] ? snprintf(out, cap, "%s/%s", dir, expanded)
                                                : snprintf(out, cap, "%s", expanded);
     if (n < 0 || (size_t)n >= cap) return isth_fail(ISTH_EINPUT, "tokenizer %s: path too long", configured);

@@ -31,11 +31,20 @@ double lr_at(const TrainConfig *tc, long step)
     return tc->min_lr + 0.5 * (tc->lr - tc->min_lr) * (1.0 + cos(M_PI * progress));
 }
 
-/* This rank's training files, eval sets and tokenizer (no collective). */
-static int data_open(Trainer *tr, const Config *cfg, int say)
+/* This rank's training files, eval sets and tokenizer (no collective).
+ * `training`: a token model never trains on bytes, refused here, before
+ * the model is allocated (a 33B one takes minutes, or more memory than a
+ * CPU build has); a benchmark (`bench`) times the steps on any data. */
+static int data_open(Trainer *tr, const Config *cfg, int say, int training)
 {
     const ModelConfig *mc = &cfg->model;
     CHECK(dataset_open(&tr->train, cfg->data.train, cfg->data.dir, mc->context));
+    if (training && !cfg->data.train[0] && !data_kind_fits(tr->train.width, mc->vocab))
+        return isth_fail(ISTH_EINPUT, "config %s: [model] vocab = %d reads token shards only, and [data] train is "
+                         "empty: the bundled corpus %s is raw bytes (model.vocab = 256); set data.train to the "
+                         "shards (scripts/prepare_data.py, docs/tokens.md)", cfg->source, mc->vocab,
+                         tr->train.files[0].path);
+    if (training) CHECK(dataset_check_kind(&tr->train, mc->vocab));
     CHECK(eval_sets_open(tr->evals, &tr->n_evals, cfg, tr->train.width));
     if (tr->train.width == 1 && mc->vocab < 256)
         return isth_fail(ISTH_EINPUT, "model.vocab = %d: the training data (%s) are raw bytes, which need 256",
@@ -99,7 +108,7 @@ int trainer_create(Trainer *tr, const Config *cfg, int log, MPI_Comm world, cons
     /* [data] is site-local: what one site finds wrong with its files the
      * others learn from the agreement below, so no rank waits for one that
      * returned (the failing rank printed why; the others return its code) */
-    int rc = data_open(tr, cfg, t->world_rank == 0);
+    int rc = data_open(tr, cfg, t->world_rank == 0, log);
     uint64_t mine[2] = {(uint64_t)rc, 0};
     if (rc == ISTH_OK) rc = dataset_identity(&tr->train, &mine[1]);
     mine[0] = (uint64_t)rc;

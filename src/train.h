@@ -76,7 +76,8 @@ typedef struct {
  * `steps`. step counts from 0. */
 double lr_at(const TrainConfig *tc, long step);
 
-/* Build everything a run needs. `log`: write metrics and print lines. */
+/* Build everything a run needs. `log`: write metrics and print lines, and
+ * refuse a token model's byte data (a training run; bench passes 0). */
 /* `world`: every rank of the run (MPI_COMM_WORLD, or the federated world);
  * `link_master`: the link's master key (federation.h), NULL: a key every
  * build knows (one site, benchmarks: no frame crosses a site). */
@@ -90,7 +91,7 @@ int trainer_control(Trainer *tr, const void *mine, size_t bytes, void *all, cons
 /* One optimiser step (grad_accum micro-batches). Fills *out. */
 int trainer_step(Trainer *tr, StepLog *out);
 
-/* bpb on both eval sets, logged with the current step. */
+/* bpb on the eval sets, logged with the current step. */
 /* The first site still present (federated launch: site 0 unless it was
  * lost); its first learner evaluates and writes the model file, to
  * trainer_model_path: <out_dir>/model.h5, or <out_dir>/site-NAME/model.h5. */

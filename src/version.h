@@ -5,8 +5,10 @@
 #ifndef ISTHMUS_VERSION_H
 #define ISTHMUS_VERSION_H
 
-/* "0.1.0+<commit>" (commit: git's short hash, "-dirty" with local changes,
- * "unknown" outside a git checkout): what the sites compare. */
+/* "0.1.0+<sources>" (scripts/source_id.sh: git's short hash, "-dirty." and
+ * a hash with local changes; outside a git checkout a release tarball's
+ * recorded commit while its sources are unchanged, else a hash of them):
+ * what the sites compare. */
 const char *isthmus_build(void);
 /* The configure options this build was made with. */
 const char *isthmus_configure_args(void);

@@ -13,6 +13,10 @@
 #    shard's header (a wrong magic), any model a file cut inside a shard's
 #    header; an eval set's token >= model.vocab is refused before the first
 #    step; a final evaluation that fails leaves model.h5 written;
+#  - share/configs/moe-32b.ini: ${ISTHMUS_DATA} unset is one line naming the
+#    key and the variable; without shards (the bundled bytes) it is refused
+#    naming [model] vocab and [data] train before its model is allocated;
+#    with shards in ${ISTHMUS_DATA} (its shape made small) it trains;
 #  - scripts/prepare_data.py: a --vocab too small for the text's characters
 #    is one line, exit 2, nothing left behind;
 #  - [outer] ports with fewer ports than a host's ranks: one line naming the
@@ -195,6 +199,34 @@ wait
     grep -q "^wrote $WORK/k5/model.h5 (step 200), before the final evaluation failed" "$WORK/k5.out" &&
     pass "the final evaluation fails (its file truncated during the run): exit 1, model.h5 of step 200 written first" ||
     fail "final evaluation failing: exit $rc, $(head -c 300 "$WORK/k5.err"); $(tail -1 "$WORK/k5.out")"
+
+# share/configs/moe-32b.ini (vocabulary 32,768) as submitted: its shards
+# are ${ISTHMUS_DATA}'s; unset, one line naming the key and the variable;
+# without shards (data.train empty: the bundled bytes) refused naming the
+# keys, before its 33B parameters are allocated (a limit of 8 GB of address
+# space: an allocation would be "out of memory", exit 1); with the shards
+# there (the shape made small) it trains
+M32="$CONFIGS/moe-32b.ini"
+L32="--set site.east.ranks=1 --set site.west.ranks=1 --set site.east.learner_ranks=1 --set site.west.learner_ranks=1 --set train.precision=fp32"
+# shellcheck disable=SC2086
+expect_exit 2 "^isthmus: error: data.train = '\\\$\\{ISTHMUS_DATA\\}/train_\\*.bin': \\\$\\{ISTHMUS_DATA\\} is not set in the environment$" -- \
+    env -u ISTHMUS_DATA mpirun -q --oversubscribe -np 2 "$ISTHMUS" train "$M32" $L32 --set train.out_dir="$WORK/m1"
+# shellcheck disable=SC2086
+expect_exit 2 "^isthmus: error: config $M32: \\[model\\] vocab = 32768 reads token shards only, and \\[data\\] train is empty: the bundled corpus .*/train.txt is raw bytes" -- \
+    sh -c 'ulimit -v 8000000 && exec "$@"' sh mpirun -q --oversubscribe -np 2 "$ISTHMUS" train "$M32" $L32 \
+    --set data.train= --set train.out_dir="$WORK/m2"
+mkdir "$WORK/m32data"
+cp "$WORK/piece.bin" "$WORK/m32data/train_000000.bin"
+rc=0
+# shellcheck disable=SC2086
+ISTHMUS_DATA="$WORK/m32data" timeout 120 mpirun -q --oversubscribe -np 2 "$ISTHMUS" train "$M32" $L32 \
+    --set model.layers=1 --set model.dim=32 --set model.heads=2 --set model.experts=2 --set model.ffn=32 \
+    --set model.context=32 --set outer.fragments=1 --set outer.inner_steps=2 --set outer.overlap=1 \
+    --set train.steps=2 --set train.warmup=1 --set train.eval_every=0 --set data.tokenizer= \
+    --set train.out_dir="$WORK/m3" > "$WORK/m3.out" 2>&1 || rc=$?
+[ "$rc" = 0 ] && grep -q "^data: 1 file(s) of uint16 tokens.*$WORK/m32data/train_000000.bin" "$WORK/m3.out" &&
+    pass "moe-32b.ini with ISTHMUS_DATA set (shape made small): trains on \${ISTHMUS_DATA}/train_*.bin" ||
+    fail "moe-32b.ini with ISTHMUS_DATA=$WORK/m32data: exit $rc: $(tail -3 "$WORK/m3.out")"
 
 # scripts/prepare_data.py: a vocabulary too small for the text's characters
 # (329 here, each a piece beside 256 byte pieces and <unk>) is one line,
