@@ -20,7 +20,15 @@
 #define SHARE_PIECE ((size_t)64 << 20)
 #define FRAME_ROOM sizeof(LinkHeader) /* the link's header goes in front of each piece, in place */
 
-static int send_file(Trainer *tr, const char *path, int peer)
+/* The host's side, to every receiving site's first rank (peers[0..n)):
+ * the size to each, then the file piece by piece, each piece to every
+ * receiver in turn. Interleaved, not one whole file after another: a
+ * receiver's every wait is then one piece per receiver long, within the
+ * link's deadline (outer.timeout), however large the file (a second
+ * joiner waiting for the first one's 800 GB would miss it). Each piece is
+ * read again for each receiver: the link seals it in place with that
+ * pair's key. */
+static int send_file(Trainer *tr, const char *path, const int *peers, int n_peers)
 {
     Link *l = &tr->link;
     const int fd = open(path, O_RDONLY);
@@ -33,15 +41,20 @@ static int send_file(Trainer *tr, const char *path, int peer)
     /* static: a send that misses its deadline cannot be cancelled and must
      * not point into a stack frame that is gone (as recv_file's buffer) */
     static unsigned char head[FRAME_ROOM + sizeof size];
-    memcpy(head + FRAME_ROOM, &size, sizeof size);
-    int rc = link_send_blob(l, peer, LINK_TAG_REJOIN, head, sizeof size, 0, "the rejoin checkpoint's size");
+    int rc = ISTH_OK;
+    for (int i = 0; rc == ISTH_OK && i < n_peers; i++) {
+        memcpy(head + FRAME_ROOM, &size, sizeof size); /* sealed in place: again for each */
+        rc = link_send_blob(l, peers[i], LINK_TAG_REJOIN, head, sizeof size, 0, "the rejoin checkpoint's size");
+    }
     unsigned char *buf = rc == ISTH_OK ? isth_malloc(FRAME_ROOM + SHARE_PIECE) : NULL;
     if (rc == ISTH_OK && !buf) rc = isth_fail(ISTH_ERUNTIME, "rejoin: out of memory for a %zu-byte piece", SHARE_PIECE);
     for (uint64_t off = 0, seq = 1; rc == ISTH_OK && off < size; off += SHARE_PIECE, seq++) {
         const size_t n = size - off < SHARE_PIECE ? (size_t)(size - off) : SHARE_PIECE;
-        if (pread(fd, buf + FRAME_ROOM, n, (off_t)off) != (ssize_t)n)
-            rc = isth_fail(ISTH_ERUNTIME, "rejoin: reading %s: %s", path, strerror(errno));
-        if (rc == ISTH_OK) rc = link_send_blob(l, peer, LINK_TAG_REJOIN, buf, n, seq, "the rejoin checkpoint");
+        for (int i = 0; rc == ISTH_OK && i < n_peers; i++) {
+            if (pread(fd, buf + FRAME_ROOM, n, (off_t)off) != (ssize_t)n)
+                rc = isth_fail(ISTH_ERUNTIME, "rejoin: reading %s: %s", path, strerror(errno));
+            if (rc == ISTH_OK) rc = link_send_blob(l, peers[i], LINK_TAG_REJOIN, buf, n, seq, "the rejoin checkpoint");
+        }
     }
     if (rc == ISTH_OK) isth_free(buf); /* after a failure MPI may still hold it: leaked (failure rule 6) */
     close(fd);
@@ -102,9 +115,13 @@ int ckpt_share_to(Trainer *tr, int from_site, long step, const unsigned char *to
     fault_watchdog_arm(tr->cfg.checkpoint.timeout, what, FAULT_HINT_IO);
     int rc = ISTH_OK;
     if (site_rank == 0 && receives) rc = make_dirs(dir);
-    /* the host sends to each receiving site in turn, in site order */
-    for (int s = 0; site_rank == 0 && host && rc == ISTH_OK && s < t->n_sites; s++)
-        if (s != from_site && to[s]) rc = send_file(tr, path, tr->site_leaders[s]);
+    /* the host sends to every receiving site, in site order, piece by piece */
+    if (site_rank == 0 && host && rc == ISTH_OK) {
+        int peers[CONFIG_MAX_SITES], n = 0;
+        for (int s = 0; s < t->n_sites; s++)
+            if (s != from_site && to[s]) peers[n++] = tr->site_leaders[s];
+        rc = send_file(tr, path, peers, n);
+    }
     if (site_rank == 0 && receives && rc == ISTH_OK) rc = recv_file(tr, path, tr->site_leaders[from_site]);
     const int ok = coll_all_ok(t->site_comm, rc == ISTH_OK);
     fault_watchdog_disarm();

@@ -20,7 +20,8 @@
 /* The live rejoin, collective over every site of the new world: the
  * host's (from_site's) first rank sends its checkpoint of `step` (just
  * written) through the link to each rejoining site's (to[s]: site s, in
- * site order) first rank, which writes it as <its checkpoint
+ * site order, piece by piece: each piece to every one in turn, so that no
+ * receiver's wait is another's whole file) first rank, which writes it as <its checkpoint
  * dir>/rejoin-<step>.h5 (size bounded by the config, each piece sealed by
  * the link, a temporary name renamed when complete). *path: the received
  * file on a joiner's ranks, the site's own checkpoint of `step` on every

@@ -190,7 +190,8 @@ int metrics_flush(Metrics *mt)
 /* A duration for a person: 42s, 7m05s, 3h12m, 2d04h. */
 static void duration_text(double secs, char *out, size_t cap)
 {
-    if (!isfinite(secs) || secs < 0) {
+    if (!isfinite(secs) || secs < 0 || secs >= 1e15) { /* beyond a long's range after the cast: another site's
+                                                       * summary can say anything (progress.h) */
         snprintf(out, cap, "?");
         return;
     }

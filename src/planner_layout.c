@@ -62,7 +62,11 @@ void planner_balance_sets(const Config *cfg, const PlanResult *r, PlanSet *out, 
          * others), whichever leaves the smaller share idle */
         const double ideal = sc->grad_accum * slowest / r->step_s[s];
         const double below = floor(ideal), above = below + 1;
-        const int ga = (int)(below > 0 && 1 - below / ideal <= 1 - ideal / above ? below : above);
+        double pick = below > 0 && 1 - below / ideal <= 1 - ideal / above ? below : above;
+        /* sites a thousandfold apart (a peak given as a number) would need
+         * more than the key takes: its largest, which train accepts */
+        if (!(pick <= PLAN_GRAD_ACCUM_MAX)) pick = PLAN_GRAD_ACCUM_MAX;
+        const int ga = (int)pick;
         if (ga == sc->grad_accum) continue;
         add_set(out, n_out, sc->name, "grad_accum", ga, 1);
         balanced->sites[s].grad_accum = ga;

@@ -18,6 +18,7 @@
 
 #define PLAN_SET_MAX (CONFIG_NAME_MAX + 48)
 #define PLAN_MAX_SETS (2 * PLAN_MAX_SITES)
+#define PLAN_GRAD_ACCUM_MAX (1 << 20) /* the grad_accum keys' bound (config_keys.c) */
 
 typedef struct {
     char text[PLAN_SET_MAX]; /* "site.NAME.KEY=VALUE", as --set takes it */

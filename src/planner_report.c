@@ -2,6 +2,7 @@
  * figure. */
 #include "planner_report.h"
 
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -325,8 +326,11 @@ static void print_totals(const Config *cfg, const PlanResult *r, const PlanInput
            "counted)\n", final_s, wall / 3600, 100 * ckpt_total / wall);
     /* the interval at which checkpoints cost PLAN_CKPT_SHARE of the time */
     const double worst = n_flight ? cost_flight : cost;
-    long want = (long)ceil(worst * (1 - PLAN_CKPT_SHARE) / (PLAN_CKPT_SHARE * per_step));
     const long H = oc->mode_id == MODE_SYNC ? 1 : oc->inner_steps;
+    /* within the key's range (checkpoint.every <= INT_MAX): a step of
+     * nanoseconds (a peak given as a number) must not overflow the cast */
+    const double steps_apart = ceil(worst * (1 - PLAN_CKPT_SHARE) / (PLAN_CKPT_SHARE * per_step));
+    long want = steps_apart < (double)(INT_MAX - H) ? (long)steps_apart : INT_MAX - H;
     want = (want + H - 1) / H * H;
     printf("checkpoint.every for checkpoints at <= %.0f%% of the wall time: %ld (%.3g h apart%s)\n",
            100 * PLAN_CKPT_SHARE, want, want * per_step / 3600, H > 1 ? "; a multiple of H" : "");

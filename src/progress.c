@@ -119,7 +119,10 @@ static int decode_one(const Progress *p, const unsigned char *b, SiteProgress *s
     s->loss = get_f32(b + 8); /* a diverging site's is written as null */
     s->tokens_per_s = get_f32(b + 12);
     s->ms_per_step = get_f32(b + 16);
-    return isfinite(s->tokens_per_s) && s->tokens_per_s >= 0 && isfinite(s->ms_per_step) && s->ms_per_step >= 0;
+    /* a plausible rate and step time (a step longer than a day is no
+     * summary: the ETA made of it would be years) */
+    return isfinite(s->tokens_per_s) && s->tokens_per_s >= 0 && s->tokens_per_s <= PROGRESS_MAX_TOKENS_PER_S &&
+           isfinite(s->ms_per_step) && s->ms_per_step >= 0 && s->ms_per_step <= PROGRESS_MAX_MS_PER_STEP;
 }
 
 void progress_encode(const Progress *p, int n_sites, int only_mine, unsigned char *out)

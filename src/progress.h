@@ -31,6 +31,8 @@
 
 #define PROGRESS_BYTES 20          /* one site's summary on the wire */
 #define PROGRESS_WINDOW_MAX 4096   /* the most recent steps a summary's means cover */
+#define PROGRESS_MAX_MS_PER_STEP 86.4e6   /* a day: a slower step in a summary is not plausible */
+#define PROGRESS_MAX_TOKENS_PER_S 1e15    /* nor a faster rate */
 
 typedef struct {
     long step;                     /* the site's last step; < 0: nothing known */

@@ -155,6 +155,8 @@ static void test_untrusted(void **state)
     assert_int_equal(learns(50, 8, 3.0f, -1.0f, 20.0f), 0);
     assert_int_equal(learns(50, 8, 3.0f, INFINITY, 20.0f), 0);
     assert_int_equal(learns(50, 8, 3.0f, 100.0f, NAN), 0);
+    assert_int_equal(learns(50, 8, 3.0f, 100.0f, 3e38f), 0);          /* an ETA beyond any clock */
+    assert_int_equal(learns(50, 8, 3.0f, 3e38f, 20.0f), 0);
     /* random tables: whatever is taken is plausible */
     Progress p;
     assert_int_equal(progress_create(&p, 8, 100, S, 0, 1.0), 0);
@@ -169,7 +171,8 @@ static void test_untrusted(void **state)
             if (g->step < 0) continue;
             assert_true(g->step >= 1 && g->step <= 100 && g->steps >= 1 && g->steps <= g->step);
             assert_true(isfinite(g->tokens_per_s) && g->tokens_per_s >= 0 && isfinite(g->ms_per_step) &&
-                        g->ms_per_step >= 0);
+                        g->ms_per_step >= 0 && g->ms_per_step <= PROGRESS_MAX_MS_PER_STEP &&
+                        g->tokens_per_s <= PROGRESS_MAX_TOKENS_PER_S);
         }
     }
     /* an older summary never replaces a newer */
