@@ -18,15 +18,20 @@
 # (the server's address and port as this site reaches it; ISTHMUS_PORTS
 # fixes the port). HOST:PORT is turned into the URI by asking the server
 # its process name (a one-rank mpirun the server answers with it), so it
-# also finds a server started again at that address; a URI or file names
-# one start of the server. `site` resolves SERVER at every start.
-# `site` checks that the server answers before it starts mpirun (Open MPI's
-# mpirun would wait for it forever) and says so in one line, exit 2. A site
+# also finds a server started again at that address; a URI names one start
+# of the server (a later one at its address is refused: another name), a
+# file whatever URI it holds then. `site` resolves SERVER at every start,
+# checks that the server answers before it starts mpirun (Open MPI's mpirun
+# would wait for it forever) and says so in one line, exit 2, and gives the
+# ranks its address (ISTHMUS_NAME_SERVER: isthmus leaves a server that
+# went away alone, src/nameserver.h). A site
 # the live run dropped, or whose join broke inside Open MPI (isthmus exits
 # 3), is started again, with --resume auto, and (re)joins; ISTHMUS_REJOINS
-# (default 3) bounds how often; ISTHMUS_START numbers the starts (1, 2, ...).
+# (default 3) bounds how often; ISTHMUS_START numbers the starts (1, 2, ...);
+# a start again waits up to ISTHMUS_SERVER_WAIT s (300) for the server.
 # Environment: ISTHMUS (the executable; default: the one in the tree),
-# MPIRUN_ARGS (extra mpirun options, e.g. --oversubscribe), ISTHMUS_PORTS.
+# MPIRUN_ARGS (extra mpirun options, e.g. --oversubscribe), ISTHMUS_PORTS,
+# ISTHMUS_SERVER_WAIT.
 #
 # ISTHMUS_PORTS=LO-HI keeps every listening socket that the other site
 # connects to inside that range (jobs/README.md, "Cross-site networking"):
