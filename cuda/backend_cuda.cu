@@ -20,6 +20,7 @@
 #include "transformer.h"
 
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 extern "C" {
@@ -436,6 +437,25 @@ extern "C" void cuda_visible_devices(VisibleDevices *v)
 
 /* This rank's GPU: the first it sees that no lower local rank of its host
  * drives (devices.h). Collective over the world. */
+static int select_device(const Config *cfg, int *device);
+
+extern "C" int cuda_select_device(const Config *cfg, int *device) { return select_device(cfg, device); }
+
+extern "C" void cuda_describe_device(char *out, size_t size)
+{
+    int d = -1, n = cuda_device_count();
+    char bus[32] = "?";
+    cudaDeviceProp p;
+    if (cudaGetDevice(&d) != cudaSuccess || cudaGetDeviceProperties(&p, d) != cudaSuccess) {
+        snprintf(out, size, "GPU unknown (%s)", cudaGetErrorString(cudaGetLastError()));
+        return;
+    }
+    if (cudaDeviceGetPCIBusId(bus, (int)sizeof bus, d) != cudaSuccess) snprintf(bus, sizeof bus, "?");
+    const char *visible = getenv("CUDA_VISIBLE_DEVICES");
+    snprintf(out, size, "GPU %d of %d visible (PCI %s, %s; CUDA_VISIBLE_DEVICES=%s)", d, n, bus, p.name,
+             visible ? visible : "unset");
+}
+
 static int select_device(const Config *cfg, int *device)
 {
     VisibleDevices mine, *all = NULL;
@@ -443,7 +463,7 @@ static int select_device(const Config *cfg, int *device)
     int local, local_size;
     CHECK(device_gather(MPI_COMM_WORLD, &mine, &all, &local, &local_size));
     int *device_of = (int *)isth_malloc(sizeof(int) * (size_t)local_size);
-    char why[320];
+    char why[512];
     int rc = !device_of ? isth_fail(ISTH_ERUNTIME, "devices: out of memory")
              : device_assign(all, local_size, cfg->train.gpu_share, device_of, why, sizeof why) ? isth_fail(ISTH_EINPUT, "%s", why)
                                                                                              : ISTH_OK;

@@ -22,6 +22,12 @@ int cuda_backend_create(Backend **out, const Config *cfg, int B, int expert_begi
 int cuda_device_count(void);
 /* Their ids, in CUDA's order (devices.h). */
 void cuda_visible_devices(VisibleDevices *v);
+/* Sets this rank's GPU as the backend does (devices.h; collective over the
+ * world): what `config --devices` shows without creating a backend. */
+int cuda_select_device(const Config *cfg, int *device);
+/* The current GPU in words: its index among those visible, their number,
+ * its PCI bus id and name, and CUDA_VISIBLE_DEVICES. */
+void cuda_describe_device(char *out, size_t size);
 
 #ifdef __cplusplus
 }

@@ -51,17 +51,33 @@ isthmus_config_value() {
             /^\[/ { in_sec = ($0 == sec) } in_sec && $1 == k && $2 == "=" { sub(/^[^=]*= */, ""); print; exit }'
 }
 
-# Wait up to SECONDS for ompi-server's URI file to exist and answer.
+# Wait up to SECONDS for ompi-server (SERVER: its URI file, the URI itself,
+# or HOST:PORT; scripts/federated.sh) to answer: 0 when it does. When it
+# does not, or the time-limit signal (USR1) comes first, the job requeues
+# itself (ISTHMUS_REQUEUE=1, the default, under Slurm) and the caller exits
+# 0: the job is back in the queue, as a site's job waiting for the other
+# site is (the server's job may not have started yet); 2 without a requeue
+# (no Slurm, ISTHMUS_REQUEUE=0, or cancelled: TERM).
 isthmus_wait_server() {
-    local uri=$1 wait=$2 n=0
-    while ! { [ -s "$uri" ] && "$ISTHMUS_TREE/scripts/federated.sh" check "$uri" 2> /dev/null; }; do
-        n=$((n + 1))
-        if [ $n -gt "$wait" ]; then
-            echo "isthmus job: ompi-server URI file $uri missing or not answering after $wait s (submit jobs/ompi-server.sbatch first)" >&2
-            return 2
-        fi
+    local server=$1 wait=$2 start=$SECONDS signalled=
+    trap 'signalled=USR1' USR1
+    trap 'signalled=TERM' TERM INT
+    while ! "$ISTHMUS_TREE/scripts/federated.sh" check "$server" 2> /dev/null; do
+        [ -z "$signalled" ] && [ $((SECONDS - start)) -lt "$wait" ] || break
         sleep 1
     done
+    trap - USR1 TERM INT
+    "$ISTHMUS_TREE/scripts/federated.sh" check "$server" 2> /dev/null && [ -z "$signalled" ] && return 0
+    local why="not answering after $((SECONDS - start)) s"
+    [ -n "$signalled" ] && why="not answering when SIG$signalled came ($((SECONDS - start)) s)"
+    if [ "$signalled" != TERM ] && [ "${ISTHMUS_REQUEUE:-1}" = 1 ] && [ -n "${SLURM_JOB_ID:-}" ]; then
+        echo "isthmus job: ompi-server $server $why (ISTHMUS_SERVER_WAIT); requeueing job $SLURM_JOB_ID to try again"
+        scontrol requeue "$SLURM_JOB_ID"
+        isthmus_leave_the_second
+        return 1
+    fi
+    echo "isthmus job: ompi-server $server $why (submit jobs/ompi-server.sbatch first, or set ISTHMUS_SERVER)" >&2
+    return 2
 }
 
 # LAUNCH: the command that starts NTASKS ranks in this allocation.
@@ -94,9 +110,9 @@ isthmus_pause_marker() {
 
 # Run the command in the background, pass USR1/TERM/INT on to it (the
 # time-limit warning and cancellation: isthmus checkpoints and exits 0),
-# and return its exit status. When isthmus stopped on a pause (exit 0 and
-# the marker PAUSED written: its own USR1, or another site's time limit
-# that paused every site) the job requeues itself (ISTHMUS_REQUEUE=1, the
+# and return its exit status. When isthmus stopped on a pause (the marker
+# PAUSED written: its own USR1, or another site's time limit that paused
+# every site) the job requeues itself (ISTHMUS_REQUEUE=1, the
 # default) so that the run continues; after an end (scancel) it does not.
 # A pause goes on as USR1, an end as USR2 (isthmus's TERM): srun answers a
 # TERM by sending SIGKILL to its tasks (the checkpoint of the stop would be
@@ -118,7 +134,9 @@ isthmus_run() {
     trap '' USR1 TERM INT # the run is over; the job ends below (a requeue's TERM may come)
     echo "isthmus job: exit $rc${signalled:+ after SIG$signalled}, $(date -u +%FT%TZ)"
     local paused=
-    [ $rc -eq 0 ] && [ -n "${PAUSED:-}" ] && [ -f "$PAUSED" ] && paused=1
+    # the marker alone: isthmus wrote it after the pause's checkpoint, and
+    # an mpirun whose ompi-server was started again ends with exit 1 after it
+    [ -n "${PAUSED:-}" ] && [ -f "$PAUSED" ] && paused=1
     if [ -n "$paused" ] && [ "${ISTHMUS_REQUEUE:-1}" = 1 ] && [ -n "${SLURM_JOB_ID:-}" ]; then
         echo "isthmus job: paused ($PAUSED: $(cat "$PAUSED" 2> /dev/null)); requeueing job $SLURM_JOB_ID to continue"
         scontrol requeue "$SLURM_JOB_ID"

@@ -31,7 +31,7 @@ static int resolve_auto(const Config *cfg, const char **name)
     int *device_of = gathered == ISTH_OK ? isth_malloc(sizeof(int) * (size_t)local_size) : NULL;
     int any = 0;
     for (int r = 0; all && r < local_size; r++) any |= all[r].n > 0;
-    char why[320]; /* a refusal here means "use the CPU", not an error */
+    char why[512]; /* a refusal here means "use the CPU", not an error */
     const int fits = device_of && device_assign(all, local_size, cfg->train.gpu_share, device_of, why, sizeof why) == 0;
     isth_free(device_of);
     isth_free(all);
@@ -50,6 +50,50 @@ static int resolve_auto(const Config *cfg, const char **name)
     (void)cfg;
 #endif
     return ISTH_OK;
+}
+
+#define DEVICE_LINE_BYTES 320
+
+int backend_print_devices(const Config *cfg, const Backend *be)
+{
+    int rank, size, local = 0, local_size = 1, len = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    MPI_Comm host;
+    CHECK_MPI(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &host));
+    MPI_Comm_rank(host, &local);
+    MPI_Comm_size(host, &local_size);
+    MPI_Comm_free(&host);
+    char name[MPI_MAX_PROCESSOR_NAME] = "?", what[256] = "cpu";
+    MPI_Get_processor_name(name, &len);
+    const char *backend = be ? be->ops->name : cfg->train.backend;
+    if (!be && !strcmp(backend, "auto")) CHECK(resolve_auto(cfg, &backend));
+    int rc = ISTH_OK;
+#if HAVE_CUDA
+    if (!strcmp(backend, "cuda")) {
+        int device;
+        if (!be) rc = cuda_select_device(cfg, &device); /* the backend's choice, without the backend */
+        if (rc == ISTH_OK) cuda_describe_device(what, sizeof what);
+    }
+#else
+    if (strcmp(backend, "cpu"))
+        rc = isth_fail(ISTH_EINPUT, "config: [train] backend = %s, but this isthmus was built without CUDA "
+                       "(./configure --with-cuda); use backend = cpu or auto", backend);
+#endif
+    /* every rank reaches the gather: a rank that failed says so in its line */
+    char line[DEVICE_LINE_BYTES];
+    snprintf(line, sizeof line, "device: rank %d: host %s (local rank %d of %d), %s", rank, name, local, local_size,
+             rc == ISTH_OK ? what : "no device (the error above)");
+    char *all = rank == 0 ? isth_malloc((size_t)size * DEVICE_LINE_BYTES) : NULL;
+    int ok = rank != 0 || all;
+    if (MPI_Gather(line, DEVICE_LINE_BYTES, MPI_CHAR, all, DEVICE_LINE_BYTES, MPI_CHAR, 0, MPI_COMM_WORLD) !=
+        MPI_SUCCESS)
+        ok = 0;
+    for (int r = 0; rank == 0 && all && ok && r < size; r++) printf("%s\n", all + (size_t)r * DEVICE_LINE_BYTES);
+    fflush(stdout);
+    isth_free(all);
+    if (rc == ISTH_OK && !ok) rc = isth_fail(ISTH_ERUNTIME, "devices: cannot gather the ranks' device lines");
+    return rc;
 }
 
 int backend_create(Backend **out, const Config *cfg, int B, int expert_begin, int experts_local, Coll *ep)

@@ -1,5 +1,6 @@
 /* cmd_prepare.c — the commands before a run: `isthmus config` (the
- * resolved configuration, its keys, the memory a rank needs), `isthmus
+ * resolved configuration, its keys, the memory a rank needs, the device
+ * each rank of a launch computes on), `isthmus
  * plan` (what a run would achieve on given sites) and `isthmus keygen`
  * (a run key for the federated launch).
  *
@@ -17,6 +18,7 @@
 #include <string.h>
 
 #include "alloc.h"
+#include "backend_choose.h"
 #include "config.h"
 #include "config_keys.h"
 #include "runkey.h"
@@ -26,7 +28,7 @@
 
 static const char *const usage_config =
     "usage: isthmus config [CONFIG.ini] [--set section.key=value]... [--keys]\n"
-    "                      [--memory [--ranks N] [--rank R]]\n"
+    "                      [--memory [--ranks N] [--rank R]] [--devices]\n"
     "\n"
     "Validates and prints the resolved configuration (every key, defaults filled in).\n"
     "--keys lists every configuration key instead, one a line: \"[section] key\", its\n"
@@ -36,7 +38,11 @@ static const char *const usage_config =
     "--memory prints what world rank R (default 0; max: the rank that holds the\n"
     "most) of an N-rank job (default: the [site.*] ranks) allocates, by category,\n"
     "computed from the layout without allocating the model; `isthmus train`\n"
-    "prints the measured peak of rank 0.\n";
+    "prints the measured peak of rank 0.\n"
+    "--devices, run under the job's launcher (srun, mpirun) as `train` would be,\n"
+    "prints one line per rank: its host, local rank and the device it would compute\n"
+    "on (GPU index, PCI bus id, name, CUDA_VISIBLE_DEVICES; or cpu), as `train`\n"
+    "prints at its start: the check that each rank has a GPU of its own.\n";
 
 int cmd_config(int argc, char **argv)
 {
@@ -45,10 +51,11 @@ int cmd_config(int argc, char **argv)
         return ISTH_OK;
     }
     const char *overrides[CLI_MAX_OVERRIDES], *pos[1];
-    const char *keys = NULL, *memory = NULL, *ranks = NULL, *rank = NULL;
-    const CliOption opts[] = {{"--keys", 0, &keys}, {"--memory", 0, &memory}, {"--ranks", 1, &ranks}, {"--rank", 1, &rank}};
+    const char *keys = NULL, *memory = NULL, *ranks = NULL, *rank = NULL, *devices = NULL;
+    const CliOption opts[] = {{"--keys", 0, &keys}, {"--memory", 0, &memory}, {"--ranks", 1, &ranks}, {"--rank", 1, &rank},
+                              {"--devices", 0, &devices}};
     int n_over, n_pos;
-    CHECK(cli_parse(argc, argv, overrides, &n_over, pos, 1, &n_pos, opts, 4));
+    CHECK(cli_parse(argc, argv, overrides, &n_over, pos, 1, &n_pos, opts, 5));
     if (keys) {
         config_print_keys();
         return ISTH_OK;
@@ -56,6 +63,8 @@ int cmd_config(int argc, char **argv)
     Config cfg;
     CHECK(config_load(&cfg, n_pos ? pos[0] : NULL, overrides, n_over));
     if ((ranks || rank) && !memory) return isth_fail(ISTH_EINPUT, "--ranks and --rank go with --memory");
+    if (devices && memory) return isth_fail(ISTH_EINPUT, "--devices and --memory: one at a time");
+    if (devices) return backend_print_devices(&cfg, NULL); /* under the job's launcher: each rank's GPU */
     if (memory) {
         char *end;
         const long n = ranks ? strtol(ranks, &end, 10) : 0;

@@ -46,8 +46,9 @@ int device_assign(const VisibleDevices *seen, int local_size, int allow_shared, 
                 distinct += !before;
             }
         snprintf(why, why_size, "devices: %d ranks on this host but %d GPU(s) among them (local rank %d finds none "
-                 "of its %d free): one rank per GPU — start %d ranks per host, or give each task a GPU of its own "
-                 "(srun --gpus-per-task=1); [train] gpu_share = 1 lets ranks share (tests)",
+                 "of its %d free): one rank per GPU — start %d ranks per host, or let each rank see the host's GPUs "
+                 "(sbatch --gpus-per-node=N with N ranks per node; under mpirun, --gpus-per-task=1 can leave the "
+                 "ranks of a node one GPU: jobs/README.md); [train] gpu_share = 1 lets ranks share (tests)",
                  local_size, distinct, r, seen[r].n, distinct);
         return -1;
     }

@@ -15,6 +15,7 @@
 #include "fault.h"
 #include "handshake.h"
 #include "knock.h"
+#include "nameserver.h"
 #include "runkey.h"
 #include "seal.h"
 #include "status.h"
@@ -194,6 +195,16 @@ static double host_wait_s(const Config *cfg)
 
 /* --- the host (the first site's first rank) ------------------------------------------ */
 
+/* A wait for other sites whose name service went away (nameserver.h):
+ * exit 3, so that the site script starts it again with the server there is
+ * now (it resolves the server at every start) */
+static int name_service_gone(const char *whom)
+{
+    return isth_fail(ISTH_EDROPPED, "federation: the name service went away while this site waited for %s; exit 3: "
+                     "start this site again (scripts/federated.sh does) with the server's new URI or HOST:PORT",
+                     whom);
+}
+
 /* Try the knock of `site` if its value is new: 1 when the site is now in. */
 static int host_try_knock(Federation *f, const Config *cfg, int site, const unsigned char key[RUNKEY_BYTES],
                           const char *run_id, uint64_t fingerprint, long rejoin_step, uint64_t joiners,
@@ -243,6 +254,7 @@ static int host_accept_all(Federation *f, const Config *cfg, const unsigned char
                               : isth_fail(ISTH_ERUNTIME, "federation: %s did not join within %.0f s (outer.join_timeout%s)",
                                           whom, host_wait_s(cfg), cfg->n_sites > 2 ? ", and with three sites or more "
                                           "the merges' bound after it" : "");
+        if (nameserver_gone()) return name_service_gone(whom);
         const int before = joined;
         for (int s = 1; s < cfg->n_sites; s++)
             if (f->leader_link[s] == MPI_COMM_NULL) joined += host_try_knock(f, cfg, s, key, run_id, fingerprint, -1, 0, epoch);
@@ -284,6 +296,10 @@ static int joiner_connect(Federation *f, const Config *cfg, const char *key_file
             return isth_fail(ISTH_ERUNTIME, "federation: %s: no host %s within %.0f s (outer.join_timeout)",
                              found ? "could not connect to" : "the name service does not know", f->service,
                              cfg->outer.join_timeout);
+        }
+        if (nameserver_gone()) {
+            if (have_key) sodium_memzero(key, sizeof key);
+            return name_service_gone(whom);
         }
         /* the port again after a failed connect: the host may have restarted */
         if (MPI_Lookup_name(f->service, MPI_INFO_NULL, f->port) != MPI_SUCCESS) {
@@ -493,6 +509,7 @@ int federation_join(Federation *f, const Config *cfg, const char *site_name, con
     else if (me == 0) /* until its first poll: the key, the port, the name */
         fault_watchdog_arm(FEDERATION_HEARTBEAT_S, "starting the wait for the other sites", FAULT_HINT_NET);
     if (me == 0) {
+        nameserver_watch(); /* at the start: a restart of the server from here on is seen */
         char path[CONFIG_PATH_MAX + 16];
         runkey_path(cfg, path, sizeof path);
         int joined = 0;
@@ -563,7 +580,8 @@ int federation_host(Federation *f, const Config *cfg, const unsigned char *out)
     MPI_Comm_rank(MPI_COMM_WORLD, &me);
     if (me == 0) {
         const int was = f->hosting;
-        ok = was || MPI_Open_port(MPI_INFO_NULL, f->port) == MPI_SUCCESS;
+        /* a call to a name service that is gone waits forever or ends mpirun */
+        ok = !nameserver_gone() && (was || MPI_Open_port(MPI_INFO_NULL, f->port) == MPI_SUCCESS);
         /* the newer publish replaces any other port under the run's name
          * (the lost site's, when it hosted: a restarted site must find us) */
         if (ok) ok = MPI_Publish_name(f->service, MPI_INFO_NULL, f->port) == MPI_SUCCESS;
@@ -584,7 +602,7 @@ int federation_knocking(Federation *f, int site)
 {
     int me, knocking = 0;
     MPI_Comm_rank(MPI_COMM_WORLD, &me);
-    if (me == 0) {
+    if (me == 0 && !nameserver_gone()) {
         char value[MPI_MAX_PORT_NAME];
         knock_value(f->service, site, value);
         knocking = value[0] && strncmp(value, f->knock_seen[site], sizeof f->knock_seen[site]) != 0;
@@ -729,7 +747,7 @@ void federation_destroy(Federation *f)
 {
     seal_wipe(f->link_master, sizeof f->link_master);
     if (!f->federated) return;
-    if (f->published) MPI_Unpublish_name(f->service, MPI_INFO_NULL, f->port);
+    if (f->published && !nameserver_gone()) MPI_Unpublish_name(f->service, MPI_INFO_NULL, f->port);
     if (f->hosting) MPI_Close_port(f->port);
     for (int i = 0; i < CONFIG_MAX_SITES; i++)
         if (f->leader_link[i] != MPI_COMM_NULL) MPI_Comm_free(&f->leader_link[i]);

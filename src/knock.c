@@ -91,7 +91,12 @@ int knock_wait_on(KnockWait *w, const char *whom)
         return 0;
     }
     if (w->deadline >= 0 && t > w->deadline) return 0;
-    if (w->deadline < 0) fault_watchdog_arm(w->heartbeat_s, "one poll of the wait for the other sites", FAULT_HINT_NET);
+    /* a poll that never returns: a call to a name service that went away
+     * mid-call (nameserver.h); exit 3, and the site script starts the site
+     * again with the server there is now */
+    if (w->deadline < 0)
+        fault_watchdog_arm_exit(w->heartbeat_s, "one poll of the wait for the other sites",
+                                "a call to the name service that never returned: ompi-server gone?", ISTH_EDROPPED);
     if (t >= w->next_note) {
         printf("federation: still waiting for %s (%.0f min so far; %s)\n", whom, (t - w->started) / 60.0, w->limit);
         fflush(stdout);

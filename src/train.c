@@ -142,6 +142,7 @@ int trainer_create(Trainer *tr, const Config *cfg, int log, MPI_Comm world, cons
     tr->cursor.step = 0;
 
     CHECK(backend_create(&tr->be, cfg, tr->micro_batch, t->expert_begin, t->experts_local, &tr->ep));
+    CHECK(backend_print_devices(cfg, tr->be)); /* each rank's GPU: the launcher's binding, checked at a glance */
     tr->model = tr->be->table;
     link_init(&tr->link, world, cfg->outer.timeout, t->sites[t->site].name);
     {

@@ -58,6 +58,28 @@ else
     fail "--version: $(head -1 "$WORK/version"), not a commit of $TOP_SRCDIR's history"
 fi
 
+# config --devices under the launcher: one line per rank, in rank order, each
+# naming its host, local rank and device (the CPU here), as train prints them
+mpi 3 "$ISTHMUS" config "$T" --devices > "$WORK/devices" 2> "$WORK/devices.err"
+rc=$?
+lines=$(grep -c '^device: ' "$WORK/devices")
+if [ $rc -eq 0 ] && [ "$lines" = 3 ] &&
+    [ "$(sed -n 's/^device: rank \([0-9]\): host [^ ]* (local rank \([0-9]\) of 3), cpu$/\1\2/p' "$WORK/devices" | tr -d '\n')" = 001122 ]; then
+    pass "config --devices on 3 ranks: one line each, in rank order: $(head -1 "$WORK/devices")"
+else
+    fail "config --devices: exit $rc, $lines line(s): $(head -c 300 "$WORK/devices" "$WORK/devices.err")"
+fi
+mpi 2 "$ISTHMUS" train "$T" --set train.steps=1 --set data.eval_bytes=4096 --set train.out_dir="$WORK/devtrain" \
+    > "$WORK/devtrain.log" 2>&1
+if grep -q "^device: rank 1: host [^ ]* (local rank 1 of 2), cpu$" "$WORK/devtrain.log"; then
+    pass "train prints each rank's device at its start"
+else
+    fail "train: no device line for rank 1: $(grep -m2 '^device' "$WORK/devtrain.log" | tr '\n' '|')"
+fi
+expect_exit 2 "backend = cuda, but this isthmus was built without CUDA" -- \
+    "$ISTHMUS" config "$T" --devices --set train.backend=cuda
+expect_exit 2 "--devices and --memory: one at a time" -- "$ISTHMUS" config "$T" --devices --memory
+
 for cmd in train eval bench config inspect generate export; do
     if "$ISTHMUS" "$cmd" --help | grep -q "^usage: isthmus $cmd"; then pass "$cmd --help"; else fail "$cmd --help"; fi
 done

@@ -12,7 +12,8 @@
 #    of site b's job lets b leave while a trains on; b submitted again
 #    rejoins the live run and both end on the same model;
 #  - a federated site alone in its queue waits, is requeued by its time-limit
-#    signal and, requeued, meets the other site;
+#    signal and, requeued, meets the other site (each site in a directory of
+#    its own, the server given as HOST:PORT: nothing shared but the network);
 #  - a pause of every site (both sites' stop at one step, as when the first
 #    site's time limit pauses the whole run): neither job is signalled, each
 #    writes its pause marker and both jobs requeue themselves; requeued, they
@@ -23,6 +24,8 @@
 #    same model;
 #  - three sites paused at one step (the hook at every site): all three
 #    jobs requeue themselves, resume and end on the same model;
+#  - a federated site whose name server does not answer waits
+#    ISTHMUS_SERVER_WAIT and requeues its job (exit 2 with ISTHMUS_REQUEUE=0);
 #  - the harness stops every daemon it started, by PID.
 # Skipped (visibly) when the Slurm packages are not installed.
 . "$TOP_SRCDIR/tests/lib.sh"
@@ -148,7 +151,9 @@ fi
 FED="$SHORT --set site.a.ranks=1 --set site.b.ranks=1 --set outer.mode=diloco --set outer.codec=fp4
  --set outer.inner_steps=4 --set train.steps=1500 --set outer.timeout=5 --set outer.run_id=slurm-fed"
 URI="$WORK/fed/ompi-server.uri"
-sjid=$(sbatch --parsable -w siteA -o "$WORK/server.log" "$TOP_SRCDIR/jobs/ompi-server.sbatch" "$URI")
+SPORT=23900 # the server's port (ISTHMUS_PORTS' first): section 6's sites give it as HOST:PORT
+sjid=$(ISTHMUS_PORTS=$SPORT-$((SPORT + 23)) sbatch --parsable -w siteA -o "$WORK/server.log" \
+    "$TOP_SRCDIR/jobs/ompi-server.sbatch" "$URI")
 submit_site() { # submit_site NAME NODE LOG
     ISTHMUS_SITE=$1 ISTHMUS_SERVER="$URI" ISTHMUS_OUT="$WORK/fed" ISTHMUS_ARGS="$FED" ISTHMUS_MPIRUN_ARGS="$LOCAL_MPIRUN" \
         sbatch --parsable -w "$2" -o "$3" "$TOP_SRCDIR/jobs/site.sbatch" "$T"
@@ -174,10 +179,15 @@ fi
 # 6. sites in different queues: site a's job starts alone and waits (site.sbatch
 # sets outer.join_timeout = 0) naming whom; its time-limit signal (USR1 to the
 # batch shell, as --signal=B:USR1 sends it) ends the wait with exit 0 and the
-# job requeues itself; requeued, it meets site b and the run forms
+# job requeues itself; requeued, it meets site b and the run forms. No file
+# in common: each site has a directory of its own (out_dir, a copy of the
+# key made once) and is given the server as HOST:PORT
+mkdir -p "$WORK/queue_a" "$WORK/queue_b" && "$ISTHMUS" keygen "$WORK/queue_a/run.key" > /dev/null &&
+    cp -p "$WORK/queue_a/run.key" "$WORK/queue_b/run.key"
 submit_q() { # submit_q NAME NODE LOG
-    ISTHMUS_SITE=$1 ISTHMUS_SERVER="$URI" ISTHMUS_OUT="$WORK/queue" ISTHMUS_ARGS="$FED --set outer.run_id=slurm-queue
- --set train.steps=40" ISTHMUS_MPIRUN_ARGS="$LOCAL_MPIRUN" sbatch --parsable -w "$2" -o "$3" "$TOP_SRCDIR/jobs/site.sbatch" "$T"
+    ISTHMUS_SITE=$1 ISTHMUS_SERVER="127.0.0.1:$SPORT" ISTHMUS_OUT="$WORK/queue_$1" ISTHMUS_ARGS="$FED
+ --set outer.run_id=slurm-queue --set train.steps=40 --set outer.key_file=$WORK/queue_$1/run.key" \
+        ISTHMUS_MPIRUN_ARGS="$LOCAL_MPIRUN" sbatch --parsable -w "$2" -o "$3" "$TOP_SRCDIR/jobs/site.sbatch" "$T"
 }
 qa=$(submit_q a siteA "$WORK/queue_a.log")
 wait_log "$WORK/queue_a.log" 'waiting for site(s) b (no limit: until stopped)' 120 "$qa" && scancel -s USR1 -b "$qa"
@@ -191,8 +201,8 @@ if [ "$(job_field "$qa" JobState)" = COMPLETED ] && [ "$(job_field "$qa" Restart
     grep -q "stopped by a signal while waiting for site(s) b" "$WORK/queue_a.log" &&
     grep -q "isthmus job: exit 0 after SIGUSR1" "$WORK/queue_a.log" && grep -q "requeueing job $qa" "$WORK/queue_a.log" &&
     grep -q "(restart 1)" "$WORK/queue_a.log" && grep -q "site b joined (proof verified)" "$WORK/queue_a.log" &&
-    [ -f "$WORK/queue/model.h5" ]; then
-    pass "a site alone in its queue waits without a limit, its time-limit signal requeues it (exit 0), and requeued it meets site b: the run trains to the end"
+    [ -f "$WORK/queue_a/model.h5" ] && [ -f "$WORK/queue_b/checkpoints/b/ckpt-00000040.h5" ]; then
+    pass "a site alone in its queue waits without a limit, its time-limit signal requeues it (exit 0), and requeued it meets site b (the server given as HOST:PORT, no file in common): the run trains to the end"
 else
     fail "queue: a $(job_field "$qa" JobState) (restarts $(job_field "$qa" Restarts)), b $(job_field "$qb" JobState): $(grep -h 'federation\|isthmus job\|error' "$WORK"/queue_?.log | head -8 | tr '\n' '|')"
 fi
@@ -290,6 +300,38 @@ if [ $ok3 = 1 ] && same3 "$WORK/slurm-pause3" ckpt-00000900.h5 && ! ls "$WORK"/s
     pass "three sites paused at one step: all three jobs (none signalled) requeue on their markers, resume and train to the end, the same final model"
 else
     fail "three sites paused: $(for j in $pids3; do printf '%s ' "$(job_field "$j" JobState)/$(job_field "$j" Restarts)"; done): $(grep -h 'isthmus job\|^stopping\|^paused\|^resumed\|error' "$WORK"/p3_?.log | head -8 | tr '\n' '|')"
+fi
+
+# 7d. no name server answering: a site's job waits ISTHMUS_SERVER_WAIT and
+# then requeues itself (back in the queue, like a site waiting for the
+# other), not exit 2; with ISTHMUS_REQUEUE=0 it ends with exit 2
+submit_ns() { # submit_ns LOG [env...]: site a of a run whose server does not answer (port 9)
+    local log=$1
+    shift
+    env "$@" ISTHMUS_SITE=a ISTHMUS_SERVER=127.0.0.1:9 ISTHMUS_SERVER_WAIT=2 ISTHMUS_OUT="$WORK/noserver" \
+        ISTHMUS_ARGS="$FED" ISTHMUS_MPIRUN_ARGS="$LOCAL_MPIRUN" sbatch --parsable -w siteB -o "$log" \
+        "$TOP_SRCDIR/jobs/site.sbatch" "$T"
+}
+nsj=$(submit_ns "$WORK/noserver.log")
+for _ in $(seq 1 300); do
+    [ "$(job_field "$nsj" Restarts)" = 1 ] && [ "$(job_field "$nsj" JobState)" = PENDING ] && break
+    sleep 0.2
+done
+if [ "$(job_field "$nsj" Restarts)" = 1 ] && [ "$(job_field "$nsj" JobState)" = PENDING ] &&
+    grep -q "^isthmus job: ompi-server 127.0.0.1:9 not answering after [0-9]* s (ISTHMUS_SERVER_WAIT); requeueing job $nsj to try again" \
+        "$WORK/noserver.log"; then
+    pass "no name server: the site's job waits ISTHMUS_SERVER_WAIT, then requeues itself (pending again, restart 1)"
+else
+    fail "no name server: job $nsj $(job_field "$nsj" JobState), restarts $(job_field "$nsj" Restarts), exit $(job_field "$nsj" ExitCode): $(grep -h 'isthmus job\|site.sbatch' "$WORK/noserver.log" | tail -3 | tr '\n' '|')"
+fi
+scancel "$nsj"
+nsj=$(submit_ns "$WORK/noserver0.log" ISTHMUS_REQUEUE=0)
+wait_state "$nsj" COMPLETED 60
+if [ "$(job_field "$nsj" JobState)" = FAILED ] && [ "$(job_field "$nsj" ExitCode)" = 2:0 ] &&
+    [ "$(job_field "$nsj" Restarts)" = 0 ] && grep -q "ompi-server 127.0.0.1:9 not answering" "$WORK/noserver0.log"; then
+    pass "no name server, ISTHMUS_REQUEUE=0: the job ends with exit 2, not requeued"
+else
+    fail "no name server, no requeue: job $nsj $(job_field "$nsj" JobState), exit $(job_field "$nsj" ExitCode), restarts $(job_field "$nsj" Restarts)"
 fi
 scancel "$sjid"
 

@@ -146,7 +146,7 @@ static void test_device_assign(void **state)
 {
     (void)state;
     int d[8];
-    char why[320];
+    char why[512];
     const char *all4[] = {"0:1b 0:1c 0:1d 0:1e"};
     VisibleDevices *v = sees(4, 1, all4); /* --gpus-per-node=4 or mpirun: all see all: local rank r drives the r-th */
     assert_int_equal(device_assign(v, 4, 0, d, why, sizeof why), 0);
@@ -176,7 +176,7 @@ static void test_device_assign(void **state)
     v = sees(8, 1, one); /* eight ranks, one GPU between them: refused, then shared when allowed */
     assert_int_not_equal(device_assign(v, 8, 0, d, why, sizeof why), 0);
     assert_non_null(strstr(why, "8 ranks on this host but 1 GPU(s)"));
-    assert_non_null(strstr(why, "--gpus-per-task=1"));
+    assert_non_null(strstr(why, "--gpus-per-node=N with N ranks per node"));
     assert_int_equal(device_assign(v, 8, 1, d, why, sizeof why), 0);
     for (int r = 0; r < 8; r++) assert_int_equal(d[r], 0);
     free(v);
