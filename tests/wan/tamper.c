@@ -14,7 +14,7 @@
  *   record K F   its bytes written to file F, nothing changed
  *   inject K F   its bytes replaced by those of F (a frame recorded from
  *                another run), when the sizes match
- *   verdict K    one bit of the K-th verdict frame flipped
+ *   verdict K    one bit of the K-th verdict frame flipped (its last, sealed byte)
  * Prints one line per change to stderr. Runs until killed.
  *   tamper LISTEN_PORT TARGET_PORT MODE K [FILE]
  */
@@ -77,7 +77,10 @@ static void chunk(Pair *c)
     const int verdict_mode = !strcmp(mode, "verdict");
     if (n == k_target && kind == (verdict_mode ? 1 : 0)) {
         if (!strcmp(mode, "flip") || verdict_mode) {
-            c->data[len / 2] ^= 0x10;
+            /* a verdict frame is small: its middle may be the header's
+             * size field (refused before the seal is opened); its last
+             * byte is sealed, so the seal's check is what refuses it */
+            c->data[verdict_mode ? len - 1 : len / 2] ^= 0x10;
             fprintf(stderr, "tamper: flipped a bit of %s frame %ld (%u bytes)\n", verdict_mode ? "verdict" : "values", n,
                     len);
         } else if (!strcmp(mode, "replay") && last_data && last_len == len) {
