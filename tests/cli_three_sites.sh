@@ -132,18 +132,19 @@ site b "$WORK/killbc" --set outer.run_id=killbc --set train.log_every=5 --set tr
 pb=$!
 wait_line "$WORK/killbc_b2.log" '^federation: site b waits for the host' 60
 sleep 3 # b's knock answered "busy" meanwhile
+early=$(grep -c '^site b rejoined' "$WORK/killbc_a.log") # 0: b waits for c
 site c "$WORK/killbc" --set outer.run_id=killbc --set train.log_every=5 --set train.steps=1500 --resume auto \
     > "$WORK/killbc_c2.log" 2>&1 &
 pc=$!
 wait_three
 back_b=$(grep -m1 '^site b rejoined at step' "$WORK/killbc_a.log" | awk '{print $6}')
 back_c=$(grep -m1 '^site c rejoined at step' "$WORK/killbc_a.log" | awk '{print $6}')
-if [ $ra -eq 0 ] && [ $rb -eq 0 ] && [ $rc -eq 0 ] && [ -n "$back_b" ] && [ "$back_b" = "$back_c" ] &&
+if [ $ra -eq 0 ] && [ $rb -eq 0 ] && [ $rc -eq 0 ] && [ "$early" = 0 ] && [ -n "$back_b" ] && [ "$back_b" = "$back_c" ] &&
     grep -q '^rejoined the live run at step' "$WORK/killbc_b2.log" &&
     grep -q '^rejoined the live run at step' "$WORK/killbc_c2.log" && same_model "$WORK/killbc"; then
     pass "three sites, b and c killed: a trains alone, answers b's knock busy until c knocks, then takes both back at step $back_b; the same final model"
 else
-    fail "three sites, b and c killed: exits $ra/$rb/$rc, back at '$back_b'/'$back_c': $(grep -h 'error\|rejoin\|lost' "$WORK"/killbc_?.log "$WORK"/killbc_?2.log | head -5 | tr '\n' '|')"
+    fail "three sites, b and c killed: exits $ra/$rb/$rc, b back early $early, back at '$back_b'/'$back_c': $(grep -h 'error\|rejoin\|lost' "$WORK"/killbc_?.log "$WORK"/killbc_?2.log | head -5 | tr '\n' '|')"
 fi
 lose killa a KILL --set train.steps=800
 if [ $ra -eq 0 ] && [ $rb -eq 0 ] && [ $rc -eq 0 ] && grep -q '^site a lost at step' "$WORK/killa_b.log" &&
