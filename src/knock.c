@@ -24,6 +24,16 @@ static void knock_name(const char *service, const char *what, int site, char *ou
     snprintf(out, size, "%s-%s-%d", service, what, site);
 }
 
+/* The answer to one knock lives under a name of its own (the knock's
+ * value in it): a site that hosted for a moment before it learned it was
+ * dropped may have answered the site's earlier knock "busy", and Open
+ * MPI's name service keeps that entry (its publisher gone or not) beside
+ * the live host's under a shared name, a lookup returning either. */
+static void answer_name(const char *service, int site, const char *value, char *out, size_t size)
+{
+    snprintf(out, size, "%s-come-%d-%.63s", service, site, value);
+}
+
 void knock_value(const char *service, int site, char *value)
 {
     char name[160];
@@ -33,8 +43,8 @@ void knock_value(const char *service, int site, char *value)
 
 void knock_ack(const char *service, int site, const char *value)
 {
-    char name[160], busy[128];
-    knock_name(service, "come", site, name, sizeof name);
+    char name[240], busy[128];
+    answer_name(service, site, value, name, sizeof name);
     snprintf(busy, sizeof busy, "busy-%.63s", value);
     MPI_Unpublish_name(name, MPI_INFO_NULL, busy); /* as knock_accept's answer: a publish may not replace */
     MPI_Publish_name(name, MPI_INFO_NULL, busy);
@@ -42,8 +52,8 @@ void knock_ack(const char *service, int site, const char *value)
 
 int knock_accept(const char *service, const char *port, int site, const char *value, MPI_Comm *c)
 {
-    char name[160], answer[MPI_MAX_PORT_NAME];
-    knock_name(service, "come", site, name, sizeof name);
+    char name[240], answer[MPI_MAX_PORT_NAME];
+    answer_name(service, site, value, name, sizeof name);
     *c = MPI_COMM_NULL;
     /* the answer names the port: the run's name may meanwhile hold another
      * one (a site that hosted for a moment before it learned it was dropped) */
@@ -111,13 +121,13 @@ int knock_connect(const char *service, int site, KnockWait *w, const char *whom,
                   MPI_Comm *c)
 {
     unsigned char raw[16];
-    char value[2 * sizeof raw + 1], come[MPI_MAX_PORT_NAME], name[160];
+    char value[2 * sizeof raw + 1], come[MPI_MAX_PORT_NAME], name[240];
     randombytes_buf(raw, sizeof raw);
     sodium_bin2hex(value, sizeof value, raw, sizeof raw);
     knock_name(service, "knock", site, name, sizeof name);
     if (MPI_Publish_name(name, MPI_INFO_NULL, value) != MPI_SUCCESS)
         return isth_fail(ISTH_ERUNTIME, "federation: cannot publish '%s' in the name service", name);
-    knock_name(service, "come", site, name, sizeof name);
+    answer_name(service, site, value, name, sizeof name);
     int answered = 0, busy = 0;
     double give_up = now_s() + probe_s;
     while (!answered && (probe_s <= 0 || now_s() < give_up) && knock_wait_on(w, whom)) {

@@ -6,11 +6,16 @@
  * is half done leaves that connect hanging (seen about once in 20 joins).
  * So neither side waits in accept/connect on spec: the joiner publishes
  * "<service>-knock-<site>" with a fresh value per attempt, the host answers
- * "<service>-come-<site>" with that value (and its port) just before it
- * accepts, and the joiner connects to the port that answer names when it
- * reads its own value back. Both calls then start within a poll of each
- * other. A name service lookup of a missing name returns at once; a newer
- * publish of a name replaces the older value. A live host that sees a new
+ * "<service>-come-<site>-<value>" with that value (and its port) just
+ * before it accepts, and the joiner connects to the port that answer names
+ * when it reads its own value back. Both calls then start within a poll of
+ * each other. A name service lookup of a missing name returns at once. A
+ * newer publish of a name by another process does not replace the older
+ * value, and after a connect not even one by the same process (Open MPI
+ * 4.1): an answer is withdrawn before it is published again, and each
+ * knock's answer has a name of its own, so that a site that answered an
+ * earlier knock for a moment (it hosted before it learned it was dropped)
+ * cannot stand in front of the live host's answer. A live host that sees a new
  * knock between steps answers "busy-<value>" at once (knock_ack): it comes
  * once its checkpoint is written.
  *
