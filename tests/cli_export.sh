@@ -135,13 +135,7 @@ result(ok and all(stacked(parts, k, L)[2] == f32[k][2] and stacked(parts, k, L)[
        f"sharded float32 on 2 ranks ({len(files)} files): the tensors stacked are the one-file export's, bit for bit")
 EOF
 "$PY" "$WORK/check.py" "$WORK" > "$WORK/check.out" 2>&1
-while IFS= read -r l; do
-    case "$l" in
-    "ok "*) pass "${l#ok }" ;;
-    "not ok "*) fail "${l#not ok }" ;;
-    esac
-done < "$WORK/check.out"
-[ "$(grep -c '^\(not \)\{0,1\}ok ' "$WORK/check.out")" = 6 ] || fail "the export check broke: $(tail -5 "$WORK/check.out")"
+verdicts "$WORK/check.out" 6 "the export check"
 
 # the ranks: the same files, byte for byte
 if diff -r "$WORK/sh1" "$WORK/sh2" > /dev/null && diff -r "$WORK/sh1" "$WORK/sh4" > /dev/null &&

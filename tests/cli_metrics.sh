@@ -207,15 +207,8 @@ SPEC=(
     "$WORK/butterfly/metrics.jsonl|train|$JOB|-|start,run/start,step,site_step,eval,mix,spread,summary/traffic,summary/compute"
 )
 "$PY" "$WORK/check.py" "$DOC" "$BUILD" "${SPEC[@]}" > "$WORK/check.out" 2>&1
-while IFS= read -r l; do
-    case "$l" in
-    "ok "*) pass "${l#ok }" ;;
-    "not ok "*) fail "${l#not ok }" ;;
-    "#"*) echo "$l" ;;
-    esac
-done < "$WORK/check.out"
 # the checker itself ran through (one verdict for the doc, one per file)
-[ "$(grep -c '^\(not \)\{0,1\}ok ' "$WORK/check.out")" = 6 ] || fail "the metrics check broke: $(tail -5 "$WORK/check.out")"
+verdicts "$WORK/check.out" 6 "the metrics check"
 
 # the escaped path reads back as the directory's own name
 got=$("$PY" -c 'import json, sys

@@ -162,11 +162,5 @@ for name, ev, s, tokens in cases:
     print(("ok" if got == ids[prompt:] else "not ok") + f" greedy {name}: torch {got[:8]}... isthmus {ids[prompt:prompt + 8]}...")
 EOF
 "$PY" "$WORK/check.py" "$TOP_SRCDIR/python" "$WORK" "$TOK" "$D/eval_prose.txt" > "$WORK/check.out" 2>&1
-while IFS= read -r l; do
-    case "$l" in
-    "ok "*) pass "PyTorch: ${l#ok }" ;;
-    "not ok "*) fail "PyTorch: ${l#not ok }" ;;
-    esac
-done < "$WORK/check.out"
-[ "$(grep -c '^ok ' "$WORK/check.out")" = 4 ] || fail "PyTorch checks: $(tail -5 "$WORK/check.out")"
+verdicts "$WORK/check.out" 4 "the PyTorch checks" "PyTorch: "
 finish || exit 1

@@ -97,13 +97,7 @@ check() { # check ARGS...: the checker's verdicts as checks; at least MIN of the
     local min=$1
     shift
     "$PY" "$WORK/check.py" "$@" > "$WORK/check.out" 2>&1
-    while IFS= read -r l; do
-        case "$l" in
-        "ok "*) pass "${l#ok }" ;;
-        "not ok "*) fail "${l#not ok }" ;;
-        esac
-    done < "$WORK/check.out"
-    [ "$(grep -c '^\(not \)\{0,1\}ok ' "$WORK/check.out")" -ge "$min" ] || fail "check $1 broke: $(tail -3 "$WORK/check.out")"
+    verdicts "$WORK/check.out" "$min+" "check $1"
 }
 # the host hears each site at the outer steps 4, 8, 12, 16: of the steps before
 check 2 joint "$WORK/diloco/metrics.jsonl" 16 4 b 3,7,11,15

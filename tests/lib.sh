@@ -14,6 +14,22 @@ NCHECK=0
 fail() { NCHECK=$((NCHECK + 1)); FAILS=$((FAILS + 1)); echo "not ok $NCHECK - $*"; }
 pass() { NCHECK=$((NCHECK + 1)); echo "ok $NCHECK - $*"; }
 note() { echo "# $*"; }
+# verdicts FILE N[+] WHAT [PREFIX]: a checker's output (lines "ok TEXT",
+# "not ok TEXT", "# note") as checks; it must have given N verdicts (N+: at
+# least N), or it broke (fail naming WHAT and its last lines)
+verdicts() {
+    local file=$1 want=$2 what=$3 prefix=${4:-} l n
+    while IFS= read -r l; do
+        case "$l" in
+        "ok "*) pass "$prefix${l#ok }" ;;
+        "not ok "*) fail "$prefix${l#not ok }" ;;
+        "#"*) echo "$l" ;;
+        esac
+    done < "$file"
+    n=$(grep -c '^\(not \)\{0,1\}ok ' "$file")
+    if [ "${want%+}" != "$want" ]; then [ "$n" -ge "${want%+}" ]; else [ "$n" = "$want" ]; fi ||
+        fail "$what broke ($n verdicts, $want expected): $(tail -5 "$file")"
+}
 
 # expect_exit CODE PATTERN -- command...: exit status CODE and stderr
 # matching the extended regex PATTERN, in one line.
