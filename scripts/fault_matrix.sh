@@ -27,10 +27,12 @@
 #   scripts/fault_matrix.sh OUT TRIALS [SEED]      (a built ./isthmus)
 # One row per trial in OUT/matrix.tsv (mode, ranks, payload, fault,
 # fault time after the first step, detection, verdict); the logs of a failed
-# trial stay in OUT/trial-N; the last line counts passes and failures.
+# trial stay in OUT/trial-N (with the stacks of the processes a TERM left,
+# where gdb is installed); the last line counts passes and failures.
 # Environment: TIMEOUT (outer.timeout, default 5), WINDOW (the fault falls
 # uniformly in the first WINDOW seconds after the first logged step,
-# default 30); KEEP_LOGS=1 keeps a passed trial's logs too; MODES, FAULTS, PAYLOADS, RANKS (space-separated lists to draw
+# default 30); KEEP_LOGS=1 keeps a passed trial's logs too; ONLY="3 9" runs
+# only those trials of the seed's draws (a failure again); MODES, FAULTS, PAYLOADS, RANKS (space-separated lists to draw
 # from; default every mode, fault, payload and 1 2). Payloads: small
 # (tiny.ini, fp4: 131 KB per exchange), medium (tiny.ini, codec none: 986 KB,
 # the setting in which Open MPI's transport hung: 8 of 8 in the issue's
@@ -109,6 +111,7 @@ site_back() {
 printf 'trial\tmode\tranks\tpayload\tfault\tvictim\tat_s\tdetected_s\tverdict\n' > "$OUT/matrix.tsv"
 passed=0 failed=0
 for t in $(seq 1 "$TRIALS"); do
+    case " ${ONLY:-$t} " in *" $t "*) ;; *) continue ;; esac
     read -r mode fault payload np at v < <(sed -n "${t}p" "$OUT/draws")
     [ "$v" = a ] && o=b || o=a # the site that must see the loss and the rejoin
     all=$([ "$SITES" = 3 ] && echo "a b c" || echo "a b")
@@ -179,8 +182,11 @@ for t in $(seq 1 "$TRIALS"); do
                 "$WAN" mend "$OUT/wan" ;;
             *) # the victim's launcher has ended (or was killed): start the site again
                 wait "${pid[$v]}" 2> /dev/null
+                # its log exists before the check below reads it: a check
+                # that ran first took the victim for a site never out
+                : > "$dir/${v}2.log"
                 # shellcheck disable=SC2086
-                "${in_b[@]}" "$FED" site "$URI" "$v" "$(np_of "$v")" "$cfg" $set_args --resume auto > "$dir/${v}2.log" 2>&1 &
+                "${in_b[@]}" "$FED" site "$URI" "$v" "$(np_of "$v")" "$cfg" $set_args --resume auto >> "$dir/${v}2.log" 2>&1 &
                 pid[$v]=$! ;;
             esac
             if [ "$SITES" = 2 ]; then
@@ -198,14 +204,31 @@ for t in $(seq 1 "$TRIALS"); do
     # the end: every site asked to stop; nothing may be left a minute later
     [ "$fault" = cut ] && "$WAN" mend "$OUT/wan"
     every() { local s; for s in $all; do "$1" "$s" "$id"; done; } # every FN: FN's processes of every site
-    kill -TERM $(every ranks_of) 2> /dev/null
+    # (a process started after the TERM, a site's restart launched a moment
+    # before, gets one too: it never had the signal to obey)
+    termed=" "
+    term_new() {
+        local p
+        for p in $(every ranks_of); do
+            case $termed in *" $p "*) ;; *) kill -TERM "$p" 2> /dev/null; termed="$termed$p " ;; esac
+        done
+    }
+    term_new
     kill -CONT $(ranks_of "$v" "$id") 2> /dev/null
     for _ in $(seq 1 60); do
         [ -z "$(every ranks_of)" ] && break
         sleep 1
+        term_new
     done
     if [ -n "$(every ranks_of)" ]; then
         [ "$verdict" = pass ] && verdict="fail: processes left 60 s after TERM"
+        # where each one is stuck, before it goes (gdb, where installed)
+        if command -v gdb > /dev/null; then
+            for s in $all; do for p in $(ranks_of "$s" "$id"); do
+                echo "=== site $s pid $p"
+                timeout 30 gdb -p "$p" -batch -ex "thread apply all bt 16" 2> /dev/null | grep -E '^#|^Thread'
+            done; done > "$dir/stacks.txt" 2>&1
+        fi
         kill -KILL $(every ranks_of) $(every mpirun_of) 2> /dev/null
     fi
     kill -KILL $(every launcher_of) 2> /dev/null
@@ -219,5 +242,5 @@ for t in $(seq 1 "$TRIALS"); do
         failed=$((failed + 1))
     fi
 done
-echo "fault matrix: $passed passed, $failed failed ($TRIALS trials of $SITES sites, seed $SEED, outer.timeout $TIMEOUT s)"
+echo "fault matrix: $passed passed, $failed failed ($((passed + failed)) trials of $SITES sites, seed $SEED, outer.timeout $TIMEOUT s)"
 [ "$failed" -eq 0 ]
