@@ -21,6 +21,7 @@
 #include "backend_choose.h"
 #include "config.h"
 #include "config_keys.h"
+#include "expert_split_report.h"
 #include "runkey.h"
 #include "memory.h"
 #include "planner_report.h"
@@ -89,6 +90,10 @@ int cmd_config(int argc, char **argv)
     CHECK_ALLOC(text);
     fputs(text, stdout);
     isth_free(text);
+    if (expert_split_on(&cfg)) { /* comments: the text still loads */
+        putchar('\n');
+        CHECK(expert_split_print(&cfg, stdout));
+    }
     return ISTH_OK;
 }
 

@@ -10,6 +10,7 @@
 #include "alloc.h"
 #include "config_ini.h"
 #include "config_keys.h"
+#include "expert_split.h"
 #include "status.h"
 #include "wire.h"
 
@@ -123,7 +124,7 @@ static int apply_site_key(Config *cfg, const Entry *e)
     const KeySpec *spec = config_site_key_find(e->key);
     if (!spec)
         return isth_fail(ISTH_EINPUT, "config %s: unknown key '%s' in [%s] (site keys: ranks "
-                         "learner_ranks micro_batch grad_accum speed)", e->origin, e->key, e->section);
+                         "learner_ranks micro_batch grad_accum speed experts)", e->origin, e->key, e->section);
     SiteConfig *site = site_get(cfg, name, e->origin, &rc);
     if (!site) return rc;
     return config_apply_value_in(site, spec, e->section, e->value, e->origin);
@@ -216,14 +217,28 @@ static int validate_sites(Config *cfg, EntryList *l)
             return isth_fail(ISTH_EINPUT,
                              "config %s: [%s] learner_ranks = %d does not divide ranks = %d",
                              config_origin_of(l, section, "learner_ranks"), section, s->learner_ranks, s->ranks);
-        if (cfg->model.experts % s->learner_ranks)
+        if (cfg->model.experts % s->learner_ranks && !expert_split_on(cfg)) /* split: its own experts (below) */
             return isth_fail(ISTH_EINPUT,
                              "config %s: [%s] learner_ranks = %d does not divide [model] experts = %d "
                              "(experts are sharded evenly over a learner's ranks)",
                              config_origin_of(l, section, "learner_ranks"), section, s->learner_ranks,
                              cfg->model.experts);
+        if (s->experts[0] && !expert_split_on(cfg))
+            return isth_fail(ISTH_EINPUT, "config %s: [%s] experts = %s needs [outer] experts = split (experts are "
+                             "%s: every site trains every expert)", config_origin_of(l, section, "experts"), section,
+                             s->experts, cfg->outer.experts);
     }
-    return ISTH_OK;
+    if (cfg->outer.expert_replicas < 0) cfg->outer.expert_replicas = cfg->n_sites < 2 ? 1 : 2;
+    if (!expert_split_on(cfg)) return ISTH_OK;
+    ExpertSplit x;
+    ExpertSplitFault bad;
+    char why[512], section[CONFIG_NAME_MAX + 8] = "outer";
+    if (!expert_split_assign(cfg, &x, why, sizeof why, &bad)) return ISTH_OK;
+    if (bad.site >= 0) snprintf(section, sizeof section, "site.%s", cfg->sites[bad.site].name);
+    /* a site's range not given: where split was asked for */
+    const char *origin = config_entries_find(l, section, bad.key) ? config_origin_of(l, section, bad.key)
+                                                                  : config_origin_of(l, "outer", "experts");
+    return isth_fail(ISTH_EINPUT, "config %s: %s", origin, why);
 }
 
 static int load_entries(Config *cfg, EntryList *l, const char *const *overrides, int n_overrides)

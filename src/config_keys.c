@@ -122,6 +122,10 @@ static const KeySpec schema[] = {
     {"outer", "socket_buffer", KEY_LONG, OU(socket_buffer), 0, 0, INT_MAX, 0, NULL, "0", .help = "tcp: SO_SNDBUF and SO_RCVBUF of each connection in bytes; 0 = Linux autotuning"},
     {"outer", "ports", KEY_STR, OU(ports), STRSZ(outer.ports), 0, 0, 0, NULL, "0", .help = "tcp: the listening port: 0 = any free port, N, or the first free one of LO-HI"},
     {"outer", "interface", KEY_STR, OU(interface), STRSZ(outer.interface), 0, 0, 0, NULL, "", .help = "tcp: the interface whose IPv4 address a rank gives the other sites", .dflt_words = "(empty: the first non-loopback interface)"},
+    {"outer", "experts", KEY_ENUM, OU(experts), STRSZ(outer.experts), 0, 0, 0, "replicated|split", "replicated", .help = "split: each site trains its own experts, only the dense part crosses sites"},
+    {"outer", "expert_routing", KEY_ENUM, OU(expert_routing), STRSZ(outer.expert_routing), 0, 0, 0, "local|drop", "local", .help = "split: the router over the site's experts, or the full one, others' copies dropped"},
+    {"outer", "expert_replicas", KEY_INT, OU(expert_replicas), 0, -1, CONFIG_MAX_SITES, 0, NULL, "-1", .help = "split: r, the sites holding each expert (its owner and r - 1 copies)", .dflt_words = "2 (1 with one site)", .type_words = "int 1..64"},
+    {"outer", "expert_refresh", KEY_INT, OU(expert_refresh), 0, 1, 1 << 24, 0, NULL, "32", .help = "split: outer periods (of inner_steps) between refreshes of the copies"},
 
     {"checkpoint", "dir", KEY_STR, CK(dir), STRSZ(checkpoint.dir), 0, 0, 0, NULL, "", .help = "checkpoint directory; each site writes <dir>/<site>/ckpt-<step>.h5", .dflt_words = "(empty: <out_dir>/checkpoints)"},
     {"checkpoint", "every", KEY_INT, CK(every), 0, 0, INT_MAX, 0, NULL, "0", .help = "write a checkpoint every N steps; 0 = only at the end and on SIGTERM/SIGUSR1"},
@@ -136,10 +140,11 @@ static const KeySpec schema[] = {
 #define SI(field) offsetof(SiteConfig, field)
 static const KeySpec site_schema[] = {
     {"site.*", "ranks", KEY_INT, SI(ranks), 0, 1, 1 << 24, 0, NULL, NULL, .help = "ranks (GPUs) of this site", .dflt_words = "required"},
-    {"site.*", "learner_ranks", KEY_INT, SI(learner_ranks), 0, 1, 1 << 24, 0, NULL, "-1", .help = "ranks per learner (expert-parallel degree); divides ranks and [model] experts", .dflt_words = "ranks"},
+    {"site.*", "learner_ranks", KEY_INT, SI(learner_ranks), 0, 1, 1 << 24, 0, NULL, "-1", .help = "ranks per learner (expert-parallel degree); divides ranks and the learner's experts", .dflt_words = "ranks"},
     {"site.*", "micro_batch", KEY_INT, SI(micro_batch), 0, 1, 1 << 20, 0, NULL, "-1", .help = "sequences per rank per micro-step", .dflt_words = "[train] micro_batch"},
     {"site.*", "grad_accum", KEY_INT, SI(grad_accum), 0, 1, 1 << 20, 0, NULL, "-1", .help = "micro-steps per optimiser step", .dflt_words = "[train] grad_accum"},
     {"site.*", "speed", KEY_REAL, SI(speed), 0, 0, 1e6, 1, NULL, "1", .help = "relative speed of the site's GPUs, for your records (nothing computes with it)"},
+    {"site.*", "experts", KEY_STR, SI(experts), sizeof(((SiteConfig *)0)->experts), 0, 0, 0, NULL, "", .help = "split: the experts this site trains, LO-HI (every site's, or none)", .dflt_words = "(empty: by the site's share of the tokens per step)"},
 };
 #define N_SITE_KEYS (sizeof site_schema / sizeof site_schema[0])
 
@@ -355,6 +360,7 @@ char *config_to_text(const Config *cfg)
         append(&buf, &len, &cap,
                "\n[site.%s]\nranks = %d\nlearner_ranks = %d\nmicro_batch = %d\ngrad_accum = %d\nspeed = %s\n",
                st->name, st->ranks, st->learner_ranks, st->micro_batch, st->grad_accum, num);
+        if (st->experts[0]) append(&buf, &len, &cap, "experts = %s\n", st->experts); /* only when given: old texts stay */
     }
     for (int i = 0; i < cfg->n_evals; i++) /* none written for the implicit prose and tech: old texts stay as they were */
         append(&buf, &len, &cap, "\n[eval.%s]\npath = %s\nbytes = %ld\n", cfg->evals[i].name, cfg->evals[i].path,

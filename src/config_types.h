@@ -83,6 +83,7 @@ typedef struct {
     int micro_batch;    /* sequences per rank per micro-step; default [train] micro_batch */
     int grad_accum;     /* micro-steps per step; default [train] grad_accum */
     double speed;       /* relative speed: parsed, printed, stored; nothing computes with it; default 1 */
+    char experts[24];   /* [outer] experts = split: the experts it trains, "LO-HI" ("" = by compute share) */
 } SiteConfig;
 
 /* [outer] mode, parsed once (config_load). */
@@ -118,6 +119,10 @@ typedef struct {
     long socket_buffer; /* tcp: SO_SNDBUF/SO_RCVBUF bytes (0 = the kernel's autotuning) */
     char ports[16];     /* tcp: listening ports, "0" (any), "N" or "LO-HI" */
     char interface[32]; /* tcp: the interface whose IPv4 address other sites reach ("" = first non-loopback) */
+    char experts[12];   /* replicated | split: every site trains every expert, or each its own (expert_split.h) */
+    char expert_routing[8]; /* split: local (the router over the site's experts) | drop (copies to others' dropped) */
+    int expert_replicas; /* split: sites holding each expert, owner included (-1: 2, or 1 with one site) */
+    int expert_refresh; /* split: outer periods between refreshes of the copies */
 } OuterConfig;
 
 typedef struct {

@@ -80,6 +80,35 @@ expect_exit 2 "backend = cuda, but this isthmus was built without CUDA" -- \
     "$ISTHMUS" config "$T" --devices --set train.backend=cuda
 expect_exit 2 "--devices and --memory: one at a time" -- "$ISTHMUS" config "$T" --devices --memory
 
+# [outer] experts = split: the assignment printed as comments (the text still
+# loads), every layout that cannot split refused naming the key, and train's
+# refusal until the trainer takes it
+S="$CONFIGS/two-site.ini"
+if "$ISTHMUS" config "$S" --set outer.experts=split --set site.east.experts=0-5 --set site.west.experts=6-7 \
+    > "$WORK/split.ini" 2> "$WORK/split.err" &&
+    grep -q "^#   east  *experts 0-5  *(6 of 8; 50.0% of the tokens per step); copies at west$" "$WORK/split.ini" &&
+    grep -q "^#   west  *experts 6-7  *(2 of 8;" "$WORK/split.ini" &&
+    grep -q "^# per outer period (codec fp4), a site sends .* more$" "$WORK/split.ini" &&
+    "$ISTHMUS" config "$WORK/split.ini" > /dev/null; then
+    pass "config prints the split assignment as comments, and the text loads back"
+else
+    fail "config with split experts: $(head -c 300 "$WORK/split.err"; grep '^#' "$WORK/split.ini" | head -3)"
+fi
+expect_exit 2 "\[outer\] experts = split needs mode = diloco or streaming \(mode is sync" -- \
+    "$ISTHMUS" config "$S" --set outer.experts=split --set outer.mode=sync --set outer.fragments=1
+expect_exit 2 "set site.west.experts: \[site.west\] experts = 3-7: expert 3 is also site east's" -- \
+    "$ISTHMUS" config "$S" --set outer.experts=split --set site.east.experts=0-3 --set site.west.experts=3-7
+expect_exit 2 "set outer.experts: \[site.west\] experts is not given while another site's is" -- \
+    "$ISTHMUS" config "$S" --set outer.experts=split --set site.east.experts=0-3
+expect_exit 2 "\[site.east\] experts = 0-2: 3 experts over learner_ranks = 2 ranks" -- \
+    "$ISTHMUS" config "$S" --set outer.experts=split --set site.east.experts=0-2 --set site.west.experts=3-7
+expect_exit 2 "\[site.east\] experts = 0-3 needs \[outer\] experts = split" -- \
+    "$ISTHMUS" config "$S" --set site.east.experts=0-3
+expect_exit 2 "cannot be split into whole multiples of each site's learner_ranks \(east 64, west 64\)" -- \
+    "$ISTHMUS" config "$CONFIGS/moe-32b.ini" --set outer.experts=split
+expect_exit 2 "experts = split: training with the experts split across sites is not built yet" -- \
+    "$ISTHMUS" train "$S" --set outer.experts=split --set train.out_dir="$WORK/split"
+
 for cmd in train eval bench config inspect generate export; do
     if "$ISTHMUS" "$cmd" --help | grep -q "^usage: isthmus $cmd"; then pass "$cmd --help"; else fail "$cmd --help"; fi
 done
