@@ -9,6 +9,7 @@
 
 #include "ckpt.h"
 #include "codec.h"
+#include "expert_split_report.h"
 #include "memory.h"
 #include "model.h"
 #include "outer.h"
@@ -339,6 +340,60 @@ static void print_totals(const Config *cfg, const PlanResult *r, const PlanInput
                planner_wire_s(largest, in->link) / 60);
 }
 
+/* The experts split across the sites against replicated: the assignment
+ * (with the learner_ranks that give every rank whole experts, halved from
+ * the layout's until they do), the bytes a site sends per outer period,
+ * and diloco's blocking exchange at this link either way. */
+static int print_split(const Config *cfg0, const PlanResult *r, PlanLink link)
+{
+    Config cfg = *cfg0;
+    snprintf(cfg.outer.experts, sizeof cfg.outer.experts, "split");
+    if (cfg.outer.mode_id != MODE_STREAMING) cfg.outer.mode_id = MODE_DILOCO; /* the modes split runs in */
+    ExpertSplit x;
+    ExpertSplitFault bad;
+    char why[512], sets[512] = "";
+    int halved = 0;
+    while (expert_split_assign(&cfg, &x, why, sizeof why, &bad) && bad.key && !strcmp(bad.key, "experts") &&
+           halved < 24) { /* whole experts per rank: smaller learners */
+        int changed = 0;
+        for (int s = 0; s < cfg.n_sites; s++)
+            if (cfg.sites[s].learner_ranks % 2 == 0) cfg.sites[s].learner_ranks /= 2, changed = 1;
+        if (!changed) break;
+        halved++;
+    }
+    printf("experts split across sites (outer.experts = split, %s, codec %s):", cfg.outer.mode_id == MODE_STREAMING
+           ? "streaming" : "diloco", cfg.outer.codec);
+    if (expert_split_assign(&cfg, &x, why, sizeof why, &bad)) {
+        printf(" not with this layout: %s\n", why);
+        return ISTH_OK;
+    }
+    for (int s = 0; halved && s < cfg.n_sites; s++)
+        if (cfg.sites[s].learner_ranks != cfg0->sites[s].learner_ranks)
+            snprintf(sets + strlen(sets), sizeof sets - strlen(sets), " --set site.%s.learner_ranks=%d",
+                     cfg.sites[s].name, cfg.sites[s].learner_ranks);
+    printf("%s%s\n ", sets[0] ? " with" : "", sets);
+    for (int s = 0; s < cfg.n_sites; s++)
+        printf(" %s experts %d-%d (%d);", cfg.sites[s].name, x.begin[s], x.begin[s] + x.count[s] - 1, x.count[s]);
+    printf(" each held by %d site(s), copies refreshed every %d outer periods\n", x.replicas, cfg.outer.expert_refresh);
+    ExpertSplitSizes z;
+    CHECK(expert_split_sizes(&cfg, &z));
+    double copies = 0;
+    for (int s = 0; s < cfg.n_sites; s++) copies = fmax(copies, expert_split_refresh_bytes(&cfg, &x, &z, s));
+    const double sent = z.dense_bytes + copies;
+    printf("  per outer period a site sends %.4g MB (the dense part) + %.4g MB (copies, averaged) = %.4g MB against "
+           "%.4g MB replicated: %.1fx fewer (%.1fx without the copies)\n", z.dense_bytes / 1e6, copies / 1e6,
+           sent / 1e6, z.all_bytes / 1e6, z.all_bytes / sent, z.all_bytes / z.dense_bytes);
+    /* diloco's exchange blocks: H steps of the slowest site, then the transfer */
+    const double work = cfg.outer.inner_steps * slowest_step(r);
+    const double t_split = planner_wire_s(sent, link) + r->rtts * link.rtt_s,
+                 t_rep = planner_wire_s(z.all_bytes, link) + r->rtts * link.rtt_s;
+    printf("  diloco at this link (H = %d): transfer %.4g s against %.4g s, utilisation %.2f%% against %.2f%%, the "
+           "link busy %.2f%% of the period against %.2f%%\n", cfg.outer.inner_steps, t_split, t_rep,
+           100 * work / (work + t_split), 100 * work / (work + t_rep), 100 * planner_wire_s(sent, link) / (work + t_split),
+           100 * planner_wire_s(z.all_bytes, link) / (work + t_rep));
+    return ISTH_OK;
+}
+
 int planner_run(const Config *cfg, const PlanSite *sites, int n_sites, const PlanInputs *in)
 {
     PlanResult r;
@@ -410,6 +465,7 @@ int planner_run(const Config *cfg, const PlanSite *sites, int n_sites, const Pla
                PLAN_SEAL_BYTES_PER_S / 1e9, seal_s, 100.0 * seal_s / (oc->inner_steps * slowest));
         print_buffers(cfg, link);
         CHECK(print_codecs(cfg, sites, n_sites, in));
+        CHECK(print_split(cfg, &r, link));
     }
     print_totals(cfg, &r, in);
     fflush(stdout);

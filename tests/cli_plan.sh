@@ -176,7 +176,7 @@ I="$WORK/issue.txt"
 # west's 32 GPUs cannot hold the config's learner of 64: one learner of 32
 # (the largest dividing 32 ranks and 64 experts), east as configured
 grep -qx '  --set site.west.ranks=32 --set site.west.learner_ranks=32   (1 learner(s) of 32, 2 expert(s) per rank)' "$I" &&
-    ! grep -q -- '--set site.east' "$I" && pass "west adapted to one learner of 32, printed as --set lines; east unchanged" ||
+    ! grep -q -- '^  --set site.east' "$I" && pass "west adapted to one learner of 32, printed as --set lines; east unchanged" ||
     fail "adapted layout: $(grep -- '--set' "$I")"
 # the grad_accum that balances: a step's time is proportional to it; west
 # takes the whole number nearest the ideal 8 x t_east / t_west that leaves
@@ -316,4 +316,23 @@ if mpi 4 "$ISTHMUS" train "$CONFIGS/tiny.ini" $TW --set train.out_dir="$WORK/ck"
 else
     fail "tiny two-site training failed: $(tail -3 "$WORK/ck.log")"
 fi
+# experts split across the sites: 64 experts over 64-rank learners are not
+# whole experts per rank at 32 a site, so the plan halves learner_ranks;
+# a site sends the dense part (fp4) and, averaged, its 32 experts' copy
+# once every 32 outer periods; replicated sends the whole model
+split=$(sed -n '/^experts split across sites/,+3p' "$WORK/plan.txt")
+if echo "$split" | grep -q "with --set site.east.learner_ranks=32 --set site.west.learner_ranks=32$" &&
+    echo "$split" | grep -q "east experts 0-31 (32); west experts 32-63 (32); each held by 2 site(s)"; then
+    pass "split: the layout that gives every rank whole experts, and the assignment"
+else
+    fail "split: $(echo "$split" | head -2)"
+fi
+dense=$(fp4 "$(awk -v L=$L -v D=$D -v E=$E -v V=$V 'BEGIN { printf "%.0f", V*D + L*(4*D*D + D*E + 2*D) + D }')")
+expert=$(fp4 "$(awk -v L=$L -v D=$D -v F=$F 'BEGIN { printf "%.0f", L*3*D*F }')")
+per=$(echo "$split" | sed -n 's/.*a site sends \([0-9.e+]*\) MB (the dense part) + \([0-9.e+]*\) MB (copies.*/\1 \2/p')
+check "split: dense part per outer period (MB)" "${per% *}" "$(awk -v b="$dense" 'BEGIN { print b / 1e6 }')" 0.002
+check "split: copies per outer period (MB)" "${per#* }" "$(awk -v b="$expert" 'BEGIN { print b * 32 / 32 / 1e6 }')" 0.002
+check "split: fewer bytes than replicated, without the copies" \
+    "$(echo "$split" | sed -n 's/.*(\([0-9.]*\)x without the copies).*/\1/p')" \
+    "$(awk -v w="$whole" -v d="$dense" 'BEGIN { printf "%.4g", w / d }')" 0.003
 finish || exit 1
