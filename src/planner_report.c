@@ -287,10 +287,28 @@ static void print_totals(const Config *cfg, const PlanResult *r, const PlanInput
     for (int s = 0; s < r->n_sites; s++) tokens += r->tokens_per_step[s];
     /* checkpoints during the run, and how many with an exchange in flight */
     const long every = cfg->checkpoint.every;
-    long n_ckpt = 0, n_flight = 0;
-    for (long k = every; every > 0 && k < cfg->train.steps; k += every) {
-        n_ckpt++;
-        n_flight += outer_in_flight_at(oc, k);
+    const long n_ckpt = every > 0 ? (cfg->train.steps - 1) / every : 0; /* steps every, 2 every, ... before the end */
+    long n_flight = 0;
+    /* whether an exchange is in flight at step k repeats every H steps once
+     * k >= overlap: the checkpoints' pattern repeats every H / gcd(every, H)
+     * of them; counted once, not train.steps / every times */
+    long a = every > 0 ? every : 1, b = oc->inner_steps;
+    while (b) {
+        const long t = a % b;
+        a = b;
+        b = t;
+    }
+    const long cycle = oc->inner_steps / a, head = oc->overlap / (every > 0 ? every : 1) + 1;
+    long period = 0;
+    for (long i = 1; i <= n_ckpt && i <= head + cycle; i++) {
+        const int f = outer_in_flight_at(oc, i * every);
+        n_flight += f;
+        if (i > head) period += f;
+    }
+    if (n_ckpt > head + cycle) { /* whole cycles after the first, then the start of one */
+        const long rest = n_ckpt - head - cycle;
+        n_flight += rest / cycle * period;
+        for (long i = head + 1; i <= head + rest % cycle; i++) n_flight += outer_in_flight_at(oc, i * every);
     }
     const int codec_lossy = strcmp(oc->codec, "none") != 0;
     const int residual = !strcmp(oc->error_feedback, "on") && codec_lossy && cfg->n_sites > 1;

@@ -316,6 +316,15 @@ if mpi 4 "$ISTHMUS" train "$CONFIGS/tiny.ini" $TW --set train.out_dir="$WORK/ck"
 else
     fail "tiny two-site training failed: $(tail -3 "$WORK/ck.log")"
 fi
+# the checkpoints' count is arithmetic, not a loop over train.steps / every
+# (two billion checkpoints here): the plan answers at once
+if timeout 30 "$ISTHMUS" plan "$C" --site east:gb300:64 --site west:b300:64 --link 25Gbps,150ms \
+    --set train.steps=2000000000 --set checkpoint.every=1 > "$WORK/many.txt" 2>&1 &&
+    grep -q "+ 1999999999 checkpoint(s) every 1 steps" "$WORK/many.txt"; then
+    pass "a plan of 2e9 steps with a checkpoint at every step"
+else
+    fail "plan of 2e9 steps, checkpoint.every = 1: $(grep -o '+ [0-9]* checkpoint(s)' "$WORK/many.txt"; tail -1 "$WORK/many.txt")"
+fi
 # experts split across the sites: 64 experts over 64-rank learners are not
 # whole experts per rank at 32 a site, so the plan halves learner_ranks;
 # a site sends the dense part (fp4) and, averaged, its 32 experts' copy
