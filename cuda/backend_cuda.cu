@@ -501,8 +501,8 @@ static int create_state(CudaBackend *c, const Config *cfg, int expert_begin, int
     if (e == cudaSuccess) e = cudaDeviceSynchronize();
     model_destroy(&host);
     if (e != cudaSuccess)
-        return isth_fail(ISTH_ERUNTIME, "cuda: the model's %zu MiB of weights and gradients: %s", 2 * bytes >> 20,
-                         cudaGetErrorString(e));
+        return isth_fail(ISTH_ERUNTIME, "cuda: the model's %zu MiB of weights and gradients: %s (%s)",
+                         2 * bytes >> 20, cudaGetErrorName(e), cudaGetErrorString(e));
     return ISTH_OK;
 }
 

@@ -1,6 +1,8 @@
 /* check.h (cuda/) — CUDA, cuBLAS, cuSOLVER and NCCL calls that must succeed, in the
  * style of status.h's CHECK_MPI: the failure is printed as
- * "file:line: call failed: <the library's message>" and ISTH_ERUNTIME is
+ * "file:line: call failed: <the library's message>" (with the error's
+ * name for CUDA and cuBLAS, e.g. cudaErrorIllegalAddress: what
+ * compute-sanitizer and NVIDIA's documentation call it) and ISTH_ERUNTIME is
  * returned to the caller (never exit: the run ends through its error path,
  * which agrees with the other ranks first).
  * Owns: nothing but the macros.
@@ -25,16 +27,16 @@ extern "C" {
     do {                                                                                          \
         cudaError_t check_e_ = (call);                                                            \
         if (check_e_ != cudaSuccess)                                                              \
-            return isth_fail(ISTH_ERUNTIME, "%s:%d: %s failed: %s", __FILE__, __LINE__, #call,     \
-                             cudaGetErrorString(check_e_));                                       \
+            return isth_fail(ISTH_ERUNTIME, "%s:%d: %s failed: %s (%s)", __FILE__, __LINE__, #call, \
+                             cudaGetErrorName(check_e_), cudaGetErrorString(check_e_));           \
     } while (0)
 
 #define CHECK_CUBLAS(call)                                                                        \
     do {                                                                                          \
         cublasStatus_t check_s_ = (call);                                                         \
         if (check_s_ != CUBLAS_STATUS_SUCCESS)                                                    \
-            return isth_fail(ISTH_ERUNTIME, "%s:%d: %s failed: cuBLAS status %d", __FILE__, __LINE__, #call, \
-                             (int)check_s_);                                                      \
+            return isth_fail(ISTH_ERUNTIME, "%s:%d: %s failed: cuBLAS status %d (%s)", __FILE__, __LINE__, \
+                             #call, (int)check_s_, cublasGetStatusName(check_s_));                \
     } while (0)
 
 /* cuSOLVER has no message for its statuses: the number (cusolver_common.h) */

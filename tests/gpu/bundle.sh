@@ -3,9 +3,15 @@
 # (the device the project's tool lends: a driver, nvcc, Python with PyTorch
 # and NVIDIA's library wheels, but no MPI, HDF5, OpenBLAS or CMocka).
 #
+#   sh tests/gpu/bundle.sh [--arch sm_90|all]     (or BUNDLE_ARCH=sm_90|all)
+#
+# --arch sm_90 (the default): the H100 and H200 of the device tool alone, in a
+# third of the build time and size; --arch all: also sm_100 and sm_103
+# (B200, B300), configure's default.
 # Writes gpubundle/isthmus-gpu.tar.xz (ignored by git; carry it: under
 # 64 MiB), holding
-#   bin/    isthmus and the GPU tests, built --with-cuda (sm_90/100/103)
+#   BUILD   the commit, the GPUs built for, nvcc's version (run.sh reports it)
+#   bin/    isthmus and the GPU tests, built --with-cuda
 #   lib/    every shared library they and Open MPI load that is neither
 #           glibc, the C++ runtime, nor CUDA's big libraries (cuBLAS,
 #           cuBLASLt, cuSOLVER and what it loads: cuSPARSE, nvJitLink;
@@ -14,25 +20,44 @@
 #           help texts) and PMIx's, under their Debian paths, relocated at
 #           run time with OPAL_PREFIX and PMIX_INSTALL_PREFIX
 #   share/  the configs
-# Run as root on the development machine after scripts/setup.sh; the CUDA
-# toolkit is taken from /usr/local/cuda (or $CUDA_DIR).
+# compute-sanitizer is not carried: the device's image has it (run.sh finds
+# it in /usr/local/cuda/bin or PATH). Run as root on the development machine
+# after scripts/setup.sh; the CUDA toolkit is taken from /usr/local/cuda (or
+# $CUDA_DIR).
 set -eu
 top=$(cd "$(dirname "$0")/../.." && pwd)
 cuda=${CUDA_DIR:-/usr/local/cuda}
 build=${BUNDLE_BUILD:-/tmp/isthmus-cuda-build}
-jobs=$(nproc 2>/dev/null || echo 2)
+jobs=${BUNDLE_JOBS:-$(nproc 2>/dev/null || echo 2)}
 tests="test_optim_gpu test_layers_gpu test_kernels_gpu test_backend_gpu test_codec_gpu"
+arch=${BUNDLE_ARCH:-sm_90}
+while [ $# -gt 0 ]; do
+    case $1 in
+    --arch) [ $# -ge 2 ] || { echo "bundle.sh: --arch needs sm_90 or all" >&2; exit 2; }; arch=$2; shift 2 ;;
+    --arch=*) arch=${1#*=}; shift ;;
+    *) echo "bundle.sh: unknown argument '$1' (usage: sh tests/gpu/bundle.sh [--arch sm_90|all])" >&2; exit 2 ;;
+    esac
+done
+case $arch in
+sm_90) gencode="-gencode arch=compute_90,code=sm_90" ;;
+all) gencode="-gencode arch=compute_90,code=sm_90 -gencode arch=compute_100,code=sm_100 -gencode arch=compute_103,code=sm_103" ;;
+*) echo "bundle.sh: --arch '$arch': sm_90 (H100, H200) or all (and sm_100, sm_103)" >&2; exit 2 ;;
+esac
 
 # a copy of the tree (tar keeps the times, so a build dir already configured
 # is rebuilt incrementally; make reruns automake when Makefile.am changed)
-echo "bundle: building --with-cuda in $build"
+echo "bundle: building --with-cuda for $arch in $build"
 mkdir -p "$build"
 (cd "$top" && git ls-files -co --exclude-standard | tar cf - -T -) | tar xf - -C "$build"
 (
     cd "$build"
-    if [ ! -f config.status ] || ! grep -q with-cuda config.status; then
+    # configured once per set of GPUs: another set reconfigures, and its
+    # device code is compiled anew (make does not see a flag change)
+    if [ ! -f config.status ] || ! grep -q with-cuda config.status || [ "$(cat .bundle-gencode 2>/dev/null)" != "$gencode" ]; then
         autoreconf -fi > autoreconf.log 2>&1 || { tail -5 autoreconf.log; exit 1; }
-        ./configure -q --with-cuda="$cuda" > configure.log 2>&1 || { tail -5 configure.log; exit 1; }
+        ./configure -q --with-cuda="$cuda" CUDA_GENCODE="$gencode" > configure.log 2>&1 || { tail -5 configure.log; exit 1; }
+        rm -f cuda/*.o libisthmus_cuda.a
+        echo "$gencode" > .bundle-gencode
     fi
     # the libraries first, alone: two archive writers at once race in ar
     make -j"$jobs" libisthmus.a libisthmus_cuda.a > make.log 2>&1 || { tail -20 make.log; exit 1; }
@@ -49,6 +74,11 @@ cp "$build/isthmus" "$root/bin/"
 for t in $tests; do cp "$build/tests/gpu/$t" "$root/bin/"; done
 strip --strip-unneeded "$root"/bin/*
 cp "$top"/share/configs/*.ini "$root/share/configs/"
+{
+    echo "bundle of $(git -C "$top" describe --always --dirty 2>/dev/null || echo 'an unknown commit'), $(date -u +%Y-%m-%d), for $arch"
+    echo "CUDA_GENCODE: $gencode"
+    echo "nvcc: $("$cuda/bin/nvcc" --version | tail -1)"
+} > "$root/BUILD"
 
 # Open MPI's runtime under its Debian paths (ompi_info --path all: prefix
 # /usr, libdir and pkglibdir under /usr/lib/x86_64-linux-gnu/openmpi).

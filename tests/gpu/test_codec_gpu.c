@@ -74,7 +74,7 @@ int main(void)
     const int blocks[] = {1, 7, 64, 256};
     printf("1..%d\n", 4 * 2);
     cudaStream_t s;
-    if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess) return 1;
+    GPU_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     CudaCodec cc;
     cuda_codec_init(&cc, s);
     int failed = 0;
@@ -91,6 +91,6 @@ int main(void)
             failed += bad != 0;
         }
     cuda_codec_destroy(&cc);
-    cudaStreamDestroy(s);
+    GPU_CHECK(cudaStreamDestroy(s));
     return failed ? 1 : 0;
 }

@@ -83,19 +83,19 @@ static float *rnd(size_t n, uint64_t stream, double scale)
     return v;
 }
 
-/* A device copy of n bytes (NULL on failure: the test stops). */
+/* A device copy of n bytes (h NULL: uninitialised); a failed call ends the test (GPU_CHECK). */
 static void *dev(const void *h, size_t bytes)
 {
     void *d = NULL;
-    if (cudaMalloc(&d, bytes ? bytes : 1) != cudaSuccess) return NULL;
-    if (h) cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice);
+    GPU_CHECK(cudaMalloc(&d, bytes ? bytes : 1));
+    if (h) GPU_CHECK(cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice));
     return d;
 }
 
 static void back(void *h, const void *d, size_t bytes)
 {
-    cudaDeviceSynchronize();
-    cudaMemcpy(h, d, bytes, cudaMemcpyDeviceToHost);
+    GPU_CHECK(cudaDeviceSynchronize());
+    GPU_CHECK(cudaMemcpy(h, d, bytes, cudaMemcpyDeviceToHost));
 }
 
 /* A device bf16 copy of n host floats, rounded as the GPU rounds (codec_to_bf16). */
@@ -216,7 +216,7 @@ static int test_products_stored(CudaBlas *blas)
     back(got, d_dw, F4((size_t)C * OC));
     check_tol("matmul_backward dweight (+=) (bf16 stored)", got, dw, (size_t)C * OC, 2e-4, 1);
     void *d[] = {d_x, d_w, d_dy, d_dx, d_dw, d_y};
-    for (size_t i = 0; i < sizeof d / sizeof *d; i++) cudaFree(d[i]);
+    for (size_t i = 0; i < sizeof d / sizeof *d; i++) GPU_CHECK(cudaFree(d[i]));
     free(x), free(w), free(dy), free(dx), free(dw), free(y), free(got);
     return 0;
 }
@@ -249,8 +249,8 @@ static int test_attention(int Dh, int T)
         snprintf(name, sizeof name, "attention_backward %s (+=) Dh=%d T=%d", which[i], Dh, T);
         check_sums(name, got, want[i], n);
     }
-    cudaFree(d_q), cudaFree(d_k), cudaFree(d_v), cudaFree(d_dout), cudaFree(d_dq), cudaFree(d_dk), cudaFree(d_dv);
-    cudaFree(d_out), cudaFree(d_lse);
+    GPU_CHECK(cudaFree(d_q)), GPU_CHECK(cudaFree(d_k)), GPU_CHECK(cudaFree(d_v)), GPU_CHECK(cudaFree(d_dout)), GPU_CHECK(cudaFree(d_dq)), GPU_CHECK(cudaFree(d_dk)), GPU_CHECK(cudaFree(d_dv));
+    GPU_CHECK(cudaFree(d_out)), GPU_CHECK(cudaFree(d_lse));
     free(q), free(k), free(v), free(dout), free(dq), free(dk), free(dv), free(out), free(att), free(scratch), free(got);
     return 0;
 }
@@ -323,17 +323,17 @@ static int test_attention_tc(int Dh, int T)
         cuda_attention_backward_as(1, d_g[0], d_g[1], d_g[2], d_dout, d_out, d_lse, d_q16, d_k16, d_v16, B, T, D, H,
                                    0))
         return 1;
-    cudaFree(d_q16), cudaFree(d_k16), cudaFree(d_v16);
+    GPU_CHECK(cudaFree(d_q16)), GPU_CHECK(cudaFree(d_k16)), GPU_CHECK(cudaFree(d_v16));
     const char *which[3] = {"dq", "dk", "dv"};
     for (int i = 0; i < 3; i++) {
         back(want, d_g32[i], F4(n));
         back(got, d_g[i], F4(n));
         snprintf(name, sizeof name, "attention_tc backward %s (+=) Dh=%d T=%d", which[i], Dh, T);
         check_tol(name, got, want, n, 1e-1, 1);
-        cudaFree(d_g32[i]), cudaFree(d_g[i]);
+        GPU_CHECK(cudaFree(d_g32[i])), GPU_CHECK(cudaFree(d_g[i]));
     }
-    cudaFree(d_q), cudaFree(d_k), cudaFree(d_v), cudaFree(d_dout), cudaFree(d_dout_r), cudaFree(d_out32);
-    cudaFree(d_lse32), cudaFree(d_out), cudaFree(d_lse);
+    GPU_CHECK(cudaFree(d_q)), GPU_CHECK(cudaFree(d_k)), GPU_CHECK(cudaFree(d_v)), GPU_CHECK(cudaFree(d_dout)), GPU_CHECK(cudaFree(d_dout_r)), GPU_CHECK(cudaFree(d_out32));
+    GPU_CHECK(cudaFree(d_lse32)), GPU_CHECK(cudaFree(d_out)), GPU_CHECK(cudaFree(d_lse));
     free(q), free(k), free(v), free(dout), free(dout_r), free(want), free(got), free(lse_want), free(lse_got), free(g0);
     free(out16);
     return 0;
@@ -439,7 +439,7 @@ static int test_gemm_batch(CudaBlas *blas, CudaBlas *blas16, int D, int F)
         back(got, d_dw2, F4(X * DF));
         check_tol("gemm_batch dweight (+=) (bf16 stored)", got, dw2, X * DF, 2e-4, 1);
         void *d16[] = {d_x16, d_dy16, d_h16, d_w1_16, d_w2_16};
-        for (size_t i = 0; i < sizeof d16 / sizeof *d16; i++) cudaFree(d16[i]);
+        for (size_t i = 0; i < sizeof d16 / sizeof *d16; i++) GPU_CHECK(cudaFree(d16[i]));
         free(xr), free(dyr), free(hr), free(w1r), free(w2r);
     }
     return 0;
@@ -467,8 +467,8 @@ static int test_moe(CudaBlas *blas, CudaBlas *blas16)
     back(got, d_lse, F4(N));
     check_tol("router_softmax_forward lse", got, lse, N, 1e-5, 0);
     /* from here on both sides start from the CPU's probabilities */
-    cudaMemcpy(d_probs, probs, F4(N * E), cudaMemcpyHostToDevice);
-    cudaMemcpy(d_lse, lse, F4(N), cudaMemcpyHostToDevice);
+    GPU_CHECK(cudaMemcpy(d_probs, probs, F4(N * E), cudaMemcpyHostToDevice));
+    GPU_CHECK(cudaMemcpy(d_lse, lse, F4(N), cudaMemcpyHostToDevice));
     router_topk(choice, probs, N, E, K);
     if (cuda_router_topk(d_choice, d_probs, N, E, K, 0)) return 1;
     back(gotc, d_choice, NK * sizeof(int));
@@ -493,7 +493,7 @@ static int test_moe(CudaBlas *blas, CudaBlas *blas16)
     if (cuda_moe_balance_backward(d_dprobs, d_frac, N, E, 0.01, 0.7f, 0)) return 1;
     back(got, d_dprobs, F4(N * E));
     check_tol("moe_balance_backward (+=)", got, dprobs, N * E, 1e-5, 0);
-    cudaMemcpy(d_dprobs, dprobs, F4(N * E), cudaMemcpyHostToDevice);
+    GPU_CHECK(cudaMemcpy(d_dprobs, dprobs, F4(N * E), cudaMemcpyHostToDevice));
     router_softmax_backward(dlog, dprobs, probs, lse, N, E, 0.001, 0.7f);
     if (cuda_router_softmax_backward(d_dlog, d_dprobs, d_probs, d_lse, N, E, 0.001, 0.7f, 0)) return 1;
     back(got, d_dlog, F4(N * E));
@@ -576,9 +576,9 @@ static int test_moe(CudaBlas *blas, CudaBlas *blas16)
     back(got, d_y, F4(n * D));
     check_sums("expert_forward", got, y, n * D);
     /* the backward from the CPU's saved activations on both sides */
-    cudaMemcpy(d_a, a, F4(n * F), cudaMemcpyHostToDevice);
-    cudaMemcpy(d_u, u, F4(n * F), cudaMemcpyHostToDevice);
-    cudaMemcpy(d_h, h, F4(n * F), cudaMemcpyHostToDevice);
+    GPU_CHECK(cudaMemcpy(d_a, a, F4(n * F), cudaMemcpyHostToDevice));
+    GPU_CHECK(cudaMemcpy(d_u, u, F4(n * F), cudaMemcpyHostToDevice));
+    GPU_CHECK(cudaMemcpy(d_h, h, F4(n * F), cudaMemcpyHostToDevice));
     for (int e = 0; e < XE; e++) {
         const size_t r0 = (size_t)start[e], ne = (size_t)start[e + 1] - r0;
         if (ne)
@@ -645,7 +645,7 @@ static int test_moe(CudaBlas *blas, CudaBlas *blas16)
         back(got, d_dwd2, F4(W));
         check_tol("expert_backward dwd (+=) (bf16 stored)", got, dwd2, W, 3e-2, 1);
         void *d16[] = {d_dyr, d_x16, d_wg16, d_wu16, d_wd16, d_h16, d_dx2, d_dwg2, d_dwu2, d_dwd2};
-        for (size_t i = 0; i < sizeof d16 / sizeof *d16; i++) cudaFree(d16[i]);
+        for (size_t i = 0; i < sizeof d16 / sizeof *d16; i++) GPU_CHECK(cudaFree(d16[i]));
         free(y2), free(dx2), free(dwg2), free(dwu2), free(dwd2), free(xr), free(wgr), free(wur), free(wdr), free(dyr);
     }
     return test_gemm_batch(blas, blas16, D, F);
@@ -693,7 +693,7 @@ static int route_plan_case(int El, int N, size_t *bad, double *worst)
         const int n_sent = moe_send_plan(send_copy, copy_slot, send_counts, pos, mine, cnt, N, K, G, El, me, cap);
         const int n_recv = moe_recv_count(recv_counts, cnt, G, El, me, cap);
         moe_owner_plan(recv_row, row_src, start, &dropped, cnt, G, El, me, cap);
-        cudaMemcpy(d_choice, mine, sizeof(int) * C, cudaMemcpyHostToDevice);
+        GPU_CHECK(cudaMemcpy(d_choice, mine, sizeof(int) * C, cudaMemcpyHostToDevice));
         if (cuda_route_histogram(d_counts, d_choice, C, E, 0) ||
             cuda_route_plan(d_hdr, d_bases, d_frac, d_cnt, G, El, me, cap, learner_copies, 0) ||
             cuda_route_slots(d_slot, d_token, d_pos, d_choice, d_bases, d_hdr, N, K, E, 0) ||
@@ -725,9 +725,9 @@ static int route_plan_case(int El, int N, size_t *bad, double *worst)
         /* the losses the forward logs: moe.c's sums, the z loss's as a tree */
         float *lse = rnd(N, 40 + me, 2.0);
         NEED(lse);
-        cudaMemcpy(d_lse, lse, sizeof(float) * N, cudaMemcpyHostToDevice);
-        cudaMemcpy(d_mean, mean, sizeof(double) * E, cudaMemcpyHostToDevice);
-        cudaMemset(d_stats, 0, sizeof stats);
+        GPU_CHECK(cudaMemcpy(d_lse, lse, sizeof(float) * N, cudaMemcpyHostToDevice));
+        GPU_CHECK(cudaMemcpy(d_mean, mean, sizeof(double) * E, cudaMemcpyHostToDevice));
+        GPU_CHECK(cudaMemset(d_stats, 0, sizeof stats));
         if (cuda_route_losses(d_stats, d_frac, d_mean, d_lse, d_hdr, N, E, 0.01, 0.001, 0)) return 1;
         back(stats, d_stats, sizeof stats);
         const double aux = moe_balance_loss(frac, mean, E, 0.01), z = moe_z_loss(lse, N, 0.001);
@@ -737,7 +737,7 @@ static int route_plan_case(int El, int N, size_t *bad, double *worst)
     }
     void *bufs[] = {d_choice, d_counts, d_cnt, d_hdr, d_bases, d_pos, d_slot, d_token, d_recv_row, d_row_src,
                     d_frac, d_mean, d_stats, d_lse};
-    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) cudaFree(bufs[i]);
+    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) GPU_CHECK(cudaFree(bufs[i]));
     void *host[] = {choice, cnt, send_copy, copy_slot, pos, recv_row, row_src, start, hdr, got_slot, got_token,
                     got_counts, got_row, got_src, frac, got_frac, mean};
     for (size_t i = 0; i < sizeof host / sizeof *host; i++) free(host[i]);

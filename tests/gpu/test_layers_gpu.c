@@ -46,15 +46,17 @@ static void check_rounded(const char *what, const float *d_fp32, const uint16_t 
     float *f = malloc((n ? n : 1) * sizeof(float));
     uint16_t *b = malloc((n ? n : 1) * sizeof(uint16_t));
     size_t bad = n + 1;
-    if (f && b && cudaDeviceSynchronize() == cudaSuccess &&
-        cudaMemcpy(f, d_fp32, n * sizeof(float), cudaMemcpyDeviceToHost) == cudaSuccess &&
-        cudaMemcpy(b, d_bf16, n * sizeof(uint16_t), cudaMemcpyDeviceToHost) == cudaSuccess)
+    GPU_CHECK(cudaDeviceSynchronize());
+    if (f && b) {
+        GPU_CHECK(cudaMemcpy(f, d_fp32, n * sizeof(float), cudaMemcpyDeviceToHost));
+        GPU_CHECK(cudaMemcpy(b, d_bf16, n * sizeof(uint16_t), cudaMemcpyDeviceToHost));
         for (size_t j = bad = 0; j < n; j++)
             if (b[j] != codec_to_bf16(f[j])) {
                 if (bad < 3) fprintf(stderr, "%s[%zu]: bf16 %#06x, the fp32 value %.9g rounds to %#06x\n", what, j,
                                      b[j], f[j], codec_to_bf16(f[j]));
                 bad++;
             }
+    }
     const int planned = plan_matches(plan_layer_checks, test_no, what);
     if (!planned) fprintf(stderr, "check %d ('%s') is not the plan's (tests/gpu/plans.h)\n", test_no + 1, what);
     printf("%s %d - %s: %zu values, %zu not the fp32 kernel's rounded\n", bad || !planned ? "not ok" : "ok",
@@ -98,15 +100,15 @@ static float *random_floats(size_t n, uint64_t stream, double scale)
 static float *to_device(const float *h, size_t n)
 {
     float *d = NULL;
-    if (cudaMalloc((void **)&d, n * sizeof(float)) != cudaSuccess) return NULL;
-    cudaMemcpy(d, h, n * sizeof(float), cudaMemcpyHostToDevice);
+    GPU_CHECK(cudaMalloc((void **)&d, n * sizeof(float)));
+    GPU_CHECK(cudaMemcpy(d, h, n * sizeof(float), cudaMemcpyHostToDevice));
     return d;
 }
 
 static void from_device(float *h, const float *d, size_t n)
 {
-    cudaDeviceSynchronize();
-    cudaMemcpy(h, d, n * sizeof(float), cudaMemcpyDeviceToHost);
+    GPU_CHECK(cudaDeviceSynchronize());
+    GPU_CHECK(cudaMemcpy(h, d, n * sizeof(float), cudaMemcpyDeviceToHost));
 }
 
 int main(void)
@@ -125,8 +127,8 @@ int main(void)
         float *got = malloc((size_t)V * D * sizeof(float) + N * (size_t)D * sizeof(float));
         if (!tok || !emb || !dout || !dE || !out || !got) return 1;
         for (size_t t = 0; t < N; t++) tok[t] = (int)(rng_bits(11, 16, t) % 37); /* few distinct tokens */
-        if (cudaMalloc((void **)&d_tok, N * sizeof(int)) != cudaSuccess) return 1;
-        cudaMemcpy(d_tok, tok, N * sizeof(int), cudaMemcpyHostToDevice);
+        GPU_CHECK(cudaMalloc((void **)&d_tok, N * sizeof(int)));
+        GPU_CHECK(cudaMemcpy(d_tok, tok, N * sizeof(int), cudaMemcpyHostToDevice));
         float *d_emb = to_device(emb, (size_t)V * D), *d_dout = to_device(dout, N * (size_t)D),
               *d_dE = to_device(dE, (size_t)V * D), *d_out = to_device(out, N * (size_t)D);
         if (!d_emb || !d_dout || !d_dE || !d_out) return 1;
@@ -136,9 +138,10 @@ int main(void)
         check("encoder_forward", got, out, N * (size_t)D);
         encoder_backward(dE, dout, tok, N, D);
         int *plan = malloc((3 * N + 1) * sizeof(int)), *count = malloc(V * sizeof(int)), *d_plan = NULL;
-        if (!plan || !count || cudaMalloc((void **)&d_plan, (3 * N + 1) * sizeof(int)) != cudaSuccess) return 1;
+        if (!plan || !count) return 1;
+        GPU_CHECK(cudaMalloc((void **)&d_plan, (3 * N + 1) * sizeof(int)));
         const int n_ids = embed_buckets(tok, N, V, count, plan, plan + N, plan + 2 * N + 1);
-        cudaMemcpy(d_plan, plan, (3 * N + 1) * sizeof(int), cudaMemcpyHostToDevice);
+        GPU_CHECK(cudaMemcpy(d_plan, plan, (3 * N + 1) * sizeof(int), cudaMemcpyHostToDevice));
         if (cuda_encoder_backward(d_dE, d_dout, d_plan, d_plan + N, d_plan + 2 * N + 1, n_ids, D, 0)) return 1;
         from_device(got, d_dE, (size_t)V * D);
         const int same = !memcmp(got, dE, (size_t)V * D * sizeof(float));
@@ -188,7 +191,7 @@ int main(void)
         failures += !same || !planned;
         /* the same two writing bf16 out */
         uint16_t *d16 = NULL;
-        if (cudaMalloc((void **)&d16, nd * sizeof(uint16_t)) != cudaSuccess) return 1;
+        GPU_CHECK(cudaMalloc((void **)&d16, nd * sizeof(uint16_t)));
         if (cuda_rmsnorm_forward(d_out, d_rs, d_x, d_w, N, D, 0) ||
             cuda_rmsnorm_forward_bf16(d16, d_r1, d_x, d_w, N, D, 0))
             return 1;
@@ -200,7 +203,7 @@ int main(void)
         if (memcmp(want, fused, nd * sizeof(float))) /* h stays fp32: the same bits */
             fprintf(stderr, "residual_rmsnorm_forward_bf16: h differs from the fp32 kernel's\n"), failures++;
         check_rounded("residual_rmsnorm_forward (h, out) (bf16 stored)", d_o1, d16, nd);
-        cudaFree(d16);
+        GPU_CHECK(cudaFree(d16));
     }
     /* SwiGLU */
     const size_t n = 100003;
@@ -217,10 +220,10 @@ int main(void)
     check("swiglu_forward", g, h, n);
     {
         uint16_t *d16 = NULL;
-        if (cudaMalloc((void **)&d16, n * sizeof(uint16_t)) != cudaSuccess) return 1;
+        GPU_CHECK(cudaMalloc((void **)&d16, n * sizeof(uint16_t)));
         if (cuda_swiglu_forward_bf16(d16, d_a, d_u, n, 0)) return 1;
         check_rounded("swiglu_forward (bf16 stored)", d_h, d16, n);
-        cudaFree(d16);
+        GPU_CHECK(cudaFree(d16));
     }
     swiglu_backward(da, du, dh, a, u, n);
     if (cuda_swiglu_backward(d_da, d_du, d_dh, d_a, d_u, n, 0)) return 1;
@@ -257,18 +260,18 @@ int main(void)
         uint16_t *q16 = malloc(nx * sizeof(uint16_t)), *k16 = malloc(nx * sizeof(uint16_t)),
                  *v16 = malloc(nx * sizeof(uint16_t)), *dq16 = NULL, *dk16 = NULL, *dv16 = NULL;
         float *d_qf = to_device(qf, nx), *d_kf = to_device(kf, nx), *d_vf = to_device(vf, nx);
-        if (!qf || !kf || !vf || !q16 || !k16 || !v16 || !d_qf || !d_kf || !d_vf ||
-            cudaMalloc((void **)&dq16, nx * 2) != cudaSuccess || cudaMalloc((void **)&dk16, nx * 2) != cudaSuccess ||
-            cudaMalloc((void **)&dv16, nx * 2) != cudaSuccess)
-            return 1;
+        if (!qf || !kf || !vf || !q16 || !k16 || !v16 || !d_qf || !d_kf || !d_vf) return 1;
+        GPU_CHECK(cudaMalloc((void **)&dq16, nx * 2));
+        GPU_CHECK(cudaMalloc((void **)&dk16, nx * 2));
+        GPU_CHECK(cudaMalloc((void **)&dv16, nx * 2));
         if (cuda_rope_qkv_bf16(dq16, dk16, dv16, d_qf, d_kf, d_vf, d_cos, d_sin, B, T, H, Dh, 0) ||
             cuda_rope_forward(d_qf, d_cos, d_sin, B, T, H, Dh, 0) ||
             cuda_rope_forward(d_kf, d_cos, d_sin, B, T, H, Dh, 0))
             return 1;
-        cudaDeviceSynchronize();
-        cudaMemcpy(q16, dq16, nx * 2, cudaMemcpyDeviceToHost);
-        cudaMemcpy(k16, dk16, nx * 2, cudaMemcpyDeviceToHost);
-        cudaMemcpy(v16, dv16, nx * 2, cudaMemcpyDeviceToHost);
+        GPU_CHECK(cudaDeviceSynchronize());
+        GPU_CHECK(cudaMemcpy(q16, dq16, nx * 2, cudaMemcpyDeviceToHost));
+        GPU_CHECK(cudaMemcpy(k16, dk16, nx * 2, cudaMemcpyDeviceToHost));
+        GPU_CHECK(cudaMemcpy(v16, dv16, nx * 2, cudaMemcpyDeviceToHost));
         from_device(qf, d_qf, nx);
         from_device(kf, d_kf, nx);
         double ss = 0.0;
@@ -285,7 +288,7 @@ int main(void)
         printf("%s %d - rope_qkv forward (bf16 stored): %zu of %zu values off\n", bad || !planned ? "not ok" : "ok",
                ++test_no, bad, 3 * nx);
         failures += bad != 0 || !planned;
-        cudaFree(dq16), cudaFree(dk16), cudaFree(dv16), cudaFree(d_qf), cudaFree(d_kf), cudaFree(d_vf);
+        GPU_CHECK(cudaFree(dq16)), GPU_CHECK(cudaFree(dk16)), GPU_CHECK(cudaFree(dv16)), GPU_CHECK(cudaFree(d_qf)), GPU_CHECK(cudaFree(d_kf)), GPU_CHECK(cudaFree(d_vf));
         free(qf), free(kf), free(vf), free(q16), free(k16), free(v16);
     }
     if (test_no != PLAN) {

@@ -115,7 +115,8 @@ static double rms_err(const float *gpu, const float *cpu, size_t n)
 static float *download(const float *d, size_t n)
 {
     float *h = malloc(sizeof(float) * (n + 1));
-    if (!h || cudaMemcpy(h, d, sizeof(float) * n, cudaMemcpyDeviceToHost) != cudaSuccess) exit(1);
+    if (!h) exit(1);
+    GPU_CHECK(cudaMemcpy(h, d, sizeof(float) * n, cudaMemcpyDeviceToHost));
     return h;
 }
 
@@ -134,16 +135,15 @@ static int test_adamw(Model *m)
     CudaAdamW gpu;
     if (adamw_create(&cpu, off, len, 3) != 0 || cuda_adamw_create(&gpu, off, len, 3) != 0) return 1;
     float *d_params, *d_grads;
-    if (cudaMalloc((void **)&d_params, n * sizeof(float)) != cudaSuccess ||
-        cudaMalloc((void **)&d_grads, n * sizeof(float)) != cudaSuccess)
-        return 1;
-    cudaMemcpy(d_params, m->params, n * sizeof(float), cudaMemcpyHostToDevice);
-    cudaMemcpy(d_grads, m->grads, n * sizeof(float), cudaMemcpyHostToDevice);
+    GPU_CHECK(cudaMalloc((void **)&d_params, n * sizeof(float)));
+    GPU_CHECK(cudaMalloc((void **)&d_grads, n * sizeof(float)));
+    GPU_CHECK(cudaMemcpy(d_params, m->params, n * sizeof(float), cudaMemcpyHostToDevice));
+    GPU_CHECK(cudaMemcpy(d_grads, m->grads, n * sizeof(float), cudaMemcpyHostToDevice));
     for (int step = 0; step < 3; step++) {
         adamw_step(&cpu, m, 1e-2, 0.1);
         if (cuda_adamw_step(&gpu, m, d_params, d_grads, 1e-2, 0.1, 0) != 0) return 1;
     }
-    if (cudaDeviceSynchronize() != cudaSuccess) return 1;
+    GPU_CHECK(cudaDeviceSynchronize());
     float *p = download(d_params, n), *mm = download(gpu.m, cpu.runs.total), *vv = download(gpu.v, cpu.runs.total);
     const char *what[3] = {"adamw weights", "adamw first moment", "adamw second moment"};
     const float *g[3] = {p, mm, vv}, *c[3] = {m->params, cpu.m, cpu.v};
@@ -153,8 +153,8 @@ static int test_adamw(Model *m)
         report(bad == 0, what[i], "%zu values, %zu outside 1e-5 relative", len_of[i], bad);
     }
     free(p), free(mm), free(vv);
-    cudaFree(d_params);
-    cudaFree(d_grads);
+    GPU_CHECK(cudaFree(d_params));
+    GPU_CHECK(cudaFree(d_grads));
     cuda_adamw_destroy(&gpu);
     adamw_destroy(&cpu);
     return 0;
@@ -192,26 +192,25 @@ static int gpu_run(GpuRun *g, const char *optimizer, Model *m, const Config *cfg
     if (cuda_adamw_create(&g->opt, off, len, n_runs) != 0 ||
         cuda_precond_create(&g->pre, optimizer, &g->opt, m, &cfg->train, stream) != 0)
         return 1;
-    if (cudaMalloc((void **)&g->params, n * sizeof(float)) != cudaSuccess ||
-        cudaMalloc((void **)&g->grads, n * sizeof(float)) != cudaSuccess ||
-        cudaMemcpyAsync(g->params, w0, n * sizeof(float), cudaMemcpyHostToDevice, stream) != cudaSuccess)
-        return 1;
+    GPU_CHECK(cudaMalloc((void **)&g->params, n * sizeof(float)));
+    GPU_CHECK(cudaMalloc((void **)&g->grads, n * sizeof(float)));
+    GPU_CHECK(cudaMemcpyAsync(g->params, w0, n * sizeof(float), cudaMemcpyHostToDevice, stream));
     for (int s = 1; s <= STEPS; s++) {
         gradient(m, s);
-        if (cudaMemcpyAsync(g->grads, m->grads, n * sizeof(float), cudaMemcpyHostToDevice, stream) != cudaSuccess ||
-            cudaStreamSynchronize(stream) != cudaSuccess) /* m->grads is rewritten next step */
-            return 1;
+        GPU_CHECK(cudaMemcpyAsync(g->grads, m->grads, n * sizeof(float), cudaMemcpyHostToDevice, stream));
+        GPU_CHECK(cudaStreamSynchronize(stream)); /* m->grads is rewritten next step */
         if (cuda_precond_step(&g->pre, &g->opt, m, g->params, g->grads, 1e-2, 0.1, stream) != 0) return 1;
     }
-    return cudaStreamSynchronize(stream) != cudaSuccess;
+    GPU_CHECK(cudaStreamSynchronize(stream));
+    return 0;
 }
 
 static void gpu_run_destroy(GpuRun *g)
 {
     cuda_precond_destroy(&g->pre);
     cuda_adamw_destroy(&g->opt);
-    if (g->params) cudaFree(g->params);
-    if (g->grads) cudaFree(g->grads);
+    if (g->params) GPU_CHECK(cudaFree(g->params));
+    if (g->grads) GPU_CHECK(cudaFree(g->grads));
 }
 
 /* The largest error over the tensors of buffers laid out like the table
@@ -298,7 +297,7 @@ static int test_precond(const char *optimizer, Model *m)
     }
 
     cudaStream_t stream;
-    if (cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess) return 1;
+    GPU_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     GpuRun g, again;
     if (gpu_run(&g, optimizer, m, &cfg, w0, off, len, 2, stream) != 0) {
         fprintf(stderr, "%s on the GPU failed\n", optimizer);
@@ -359,7 +358,7 @@ static int test_precond(const char *optimizer, Model *m)
 
     gpu_run_destroy(&again);
     gpu_run_destroy(&g);
-    cudaStreamDestroy(stream);
+    GPU_CHECK(cudaStreamDestroy(stream));
     free(p), free(mm), free(vv), free(dg), free(dc), free(w0);
     precond_destroy(&cpre);
     adamw_destroy(&copt);
