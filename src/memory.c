@@ -63,6 +63,7 @@ static int plan_exchanges(const Config *cfg, const Topology *t, const Model *m, 
     while ((1 << k) < t->n_learners) k++;
     ChunkTable ct;
     CHECK(chunk_table_create(&ct, m, oc->fragments));
+    if (t->experts_split) chunk_table_set_experts(&ct, site->expert_begin, site->experts); /* as shard.c */
     size_t owned = 0, max_size = 0, max_enc = 0, max_chunk = 1, max_dense = 1, send = 0, recv = 0;
     size_t per_tensor[N_TENSORS] = {0}; /* owned values of each tensor: a file view's staging */
     double residual = 0.0;
@@ -149,9 +150,12 @@ int memory_plan(const Config *cfg, int world_size, int rank, MemoryPlan *out)
     const int threads = cfg->train.threads > 0 ? cfg->train.threads : omp_get_max_threads();
     out->bytes[ALLOC_ACTIVATIONS] = acts_bytes(&cfg->model, site->micro_batch, cfg->model.context, t.learner_size,
                                                threads, config_recompute(&cfg->train));
-    /* balanced routing: each of my experts receives its share of the learner's copies */
+    /* balanced routing: each of my experts receives its share of the learner's copies (experts
+     * split, routing local: every copy goes to one of the site's experts; drop: the others' are lost) */
     const double copies = (double)site->micro_batch * cfg->model.context * t.learner_size * cfg->model.top_k;
-    const double arrivals = copies * t.experts_local / cfg->model.experts;
+    const int routed = t.experts_split && !strcmp(cfg->outer.expert_routing, "local") ? site->experts
+                                                                                        : cfg->model.experts;
+    const double arrivals = copies * t.experts_local / routed;
     out->bytes[ALLOC_EXPERT_ROWS] = acts_expert_row_bytes(&cfg->model, arrivals, config_recompute(&cfg->train));
     if (memory_on_gpu(&cfg->train)) { /* the GPU's (device memory; its attention keeps O(T) per row) */
         const int bf16 = !strcmp(cfg->train.precision, "bf16");

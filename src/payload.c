@@ -55,6 +55,7 @@ int payload_encode(const PayloadCodec *pc, const ChunkTable *ct, const Owned *ow
     const int in_place = values == decoded; /* decoded through the scratch, then over the values */
     double e2_sum = 0.0, n2_sum = 0.0;
     for (int k = 0; k < own->n; k++) {
+        if (!chunk_crosses(ct, own->chunk[k])) continue; /* a split expert: the site's own sum, exact */
         const size_t n = ct->chunks[own->chunk[k]].size, at = own->off[k];
         double e2, n2;
         CHECK(encode_chunk(pc, values + at, residual ? residual + at : NULL, n, enc + own->enc_off[k],
@@ -80,6 +81,7 @@ int peers_add(PeerSet *ps, ChunkTable *ct, const Owned *own, int G, int first, i
         p->chunks = isth_malloc(sizeof(int) * (size_t)(own->n + 1));
         CHECK_ALLOC(p->chunks);
         for (int k = 0; k < own->n; k++) {
+            if (!chunk_crosses(ct, own->chunk[k])) continue; /* split experts stay at their site */
             const int owner = chunk_owner(ct, own->chunk[k], G);
             if (owner < 0) return isth_fail(ISTH_ERUNTIME, "payload: out of memory for ownership tables");
             if (owner != j) continue;
@@ -208,7 +210,7 @@ size_t peers_frame_bytes(ChunkTable *ct, const Owned *own, int G, Codec codec, C
         size_t enc = 0;
         int n = 0;
         for (int k = 0; k < own->n; k++)
-            if (chunk_owner(ct, own->chunk[k], G) == j) {
+            if (chunk_crosses(ct, own->chunk[k]) && chunk_owner(ct, own->chunk[k], G) == j) {
                 enc += codec_encoded_size(codec, ct->chunks[own->chunk[k]].size, cp);
                 n++;
             }

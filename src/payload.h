@@ -10,7 +10,8 @@
  * peer's encoded chunks into its frame, posting it and its receive on the
  * link; checking an arrived frame (link_check: seal, size, identity) and
  * decoding it (codec layout, finite values); the small verdict frames that
- * follow a payload. One payload's bytes have this one owner between the
+ * follow a payload. Only the chunks that cross (plan.h's chunk_crosses:
+ * with experts split, the dense ones) are encoded, framed and sent. One payload's bytes have this one owner between the
  * values and the link.
  * Must not: decide when to exchange or what the values mean (reduce.c,
  * mix.c, outer.c); own the staging buffers (shard.h: peers_bind borrows
@@ -46,15 +47,16 @@ void payload_codec_free(PayloadCodec *pc);
  * the host codec; the CUDA backend's GPU), else on the host. */
 void payload_encode_on(PayloadCodec *pc, Backend *be);
 
-/* Encode my owned chunks of one fragment (packed, plan.h's Owned layout)
- * chunk by chunk with the codec, into enc (chunk k at own->enc_off[k]);
+/* Encode my owned chunks of one fragment that cross (packed, plan.h's
+ * Owned layout) chunk by chunk with the codec, into enc (chunk k at
+ * own->enc_off[k]); the others' values and residuals are left as they are;
  * residual (or NULL) is the error feedback, updated; decoded gets what the
  * receivers will decode (it may be `values` itself). *err2 and *norm2: the
  * codec's error and signal energies. */
 int payload_encode(const PayloadCodec *pc, const ChunkTable *ct, const Owned *own, const float *values,
                    float *residual, unsigned char *enc, float *decoded, double *err2, double *norm2);
 
-/* One rank of another learner: which of my owned chunks it owns too, and
+/* One rank of another learner: which of my owned chunks that cross it owns too, and
  * the messages (payload buffers borrowed from a staging slot). */
 typedef struct {
     int world_rank, site;

@@ -24,6 +24,8 @@ int chunk_table_create(ChunkTable *ct, const Model *m, int fragments)
     ct->model = m;
     ct->fragments = fragments;
     const int E = m->cfg.experts;
+    ct->expert_lo = 0;
+    ct->expert_n = E;
     int n = 0;
     for (int t = 0; t < N_TENSORS; t++) {
         const Tensor *x = &m->tensors[t];
@@ -53,6 +55,17 @@ void chunk_table_destroy(ChunkTable *ct)
     isth_free(ct->owners);
     isth_free(ct->chunks);
     memset(ct, 0, sizeof *ct);
+}
+
+void chunk_table_set_experts(ChunkTable *ct, int begin, int count)
+{
+    ct->expert_lo = begin;
+    ct->expert_n = count;
+}
+
+int chunk_crosses(const ChunkTable *ct, int c)
+{
+    return ct->chunks[c].expert < 0 || (ct->expert_lo == 0 && ct->expert_n == ct->model->cfg.experts);
 }
 
 int chunk_index(const ChunkTable *ct, int tensor, int layer, int expert)
@@ -94,7 +107,10 @@ static const int *dense_owners(ChunkTable *ct, int G)
 int chunk_owner(ChunkTable *ct, int c, int G)
 {
     const Chunk *ch = &ct->chunks[c];
-    if (ch->expert >= 0) return ch->expert / (ct->model->cfg.experts / G);
+    if (ch->expert >= 0) { /* replicated: lo = 0, n = E, e / (E / G) */
+        const int e = ch->expert - ct->expert_lo;
+        return e >= 0 && e < ct->expert_n ? e / (ct->expert_n / G) : -1;
+    }
     const int *owner = dense_owners(ct, G);
     return owner ? owner[c] : -1;
 }
@@ -131,13 +147,13 @@ int owned_build(Owned *o, ChunkTable *ct, int f, int G, int j, Codec codec, Code
         const Chunk *ch = &ct->chunks[c];
         if (ch->fragment != f) continue;
         const int owner = chunk_owner(ct, c, G);
-        if (owner < 0) return isth_fail(ISTH_ERUNTIME, "plan: out of memory for ownership tables");
-        if (owner != j) continue;
+        if (owner < 0 && ch->expert < 0) return isth_fail(ISTH_ERUNTIME, "plan: out of memory for ownership tables");
+        if (owner != j) continue; /* an expert of another site: nobody's here */
         o->off[o->n] = o->size;
         o->enc_off[o->n] = o->enc_size;
         o->chunk[o->n++] = c;
         o->size += ch->size;
-        o->enc_size += codec_encoded_size(codec, ch->size, cp);
+        if (chunk_crosses(ct, c)) o->enc_size += codec_encoded_size(codec, ch->size, cp);
         if (ch->size > o->max_chunk) o->max_chunk = ch->size;
     }
     return ISTH_OK;

@@ -183,11 +183,16 @@ static int busiest_share(const Config *cfg, double *share, int *site, int *rank)
     model_describe(&m, &cfg->model, 0, cfg->model.experts);
     ChunkTable ct;
     CHECK(chunk_table_create(&ct, &m, P));
+    ExpertSplit x;
+    ExpertSplitFault bad;
+    char why[512];
+    const int split = expert_split_on(cfg) && !expert_split_assign(cfg, &x, why, sizeof why, &bad);
     *share = 0;
     *site = *rank = 0;
     int rc = ISTH_OK;
     for (int s = 0; s < cfg->n_sites && rc == ISTH_OK; s++) {
         const int G = cfg->sites[s].learner_ranks;
+        if (split) chunk_table_set_experts(&ct, x.begin[s], x.count[s]); /* its payload: the dense part only */
         for (int f = 0; f < P && rc == ISTH_OK; f++) {
             double total = 0, most = 0;
             int who = 0;

@@ -470,6 +470,36 @@ static void report_begin(const Reducer *r, int f, ExchangeReport *rep)
     rep->arrived_poll = fp->arrived_poll;
 }
 
+/* (5) the accepted sites summed in site order over [lo, hi) of the packed
+ * owned chunks; the total overwrites my site's row element by element. */
+static void sum_accepted(const Reducer *r, const unsigned char *ok, float rescale, float *staging, size_t lo, size_t hi)
+{
+    const Topology *t = r->topo;
+    const size_t size = shard_row_size(r->shard);
+    float *total = staging + (size_t)t->site * size;
+    if (shard_codec(r->shard)->codec == CODEC_TOPK && shard_codec(r->shard)->sender_mean) {
+        /* each value over the sites that sent it: a sparse payload's zero is
+         * "not sent", not "zero" (the values arrive pre-scaled by their
+         * site's token share, so the divisor is the senders' share) */
+        for (size_t i = lo; i < hi; i++) {
+            float s = 0.0f, w = 0.0f;
+            for (int st = 0; st < t->n_sites; st++)
+                if (ok[st] && codec_topk_sent(staging[(size_t)st * size + i])) {
+                    s += staging[(size_t)st * size + i];
+                    w += (float)r->site_weight[st];
+                }
+            total[i] = w > 0.0f ? s / w : 0.0f;
+        }
+        return;
+    }
+    for (size_t i = lo; i < hi; i++) {
+        float s = 0.0f;
+        for (int st = 0; st < t->n_sites; st++)
+            if (ok[st]) s += staging[(size_t)st * size + i];
+        total[i] = rescale == 1.0f ? s : s * rescale;
+    }
+}
+
 int reduce_finish_staged(Reducer *r, int f, ExchangeReport *rep, float **result)
 {
     const Topology *t = r->topo;
@@ -538,27 +568,22 @@ int reduce_finish_staged(Reducer *r, int f, ExchangeReport *rep, float **result)
             append_reason(rep->rejected, sizeof rep->rejected, t->sites[s].name,
                           alive[s] ? "rejected by a site" : "lost (missed the deadline)");
         }
-    /* (5) sum the accepted sites in site order */
-    if (r->leader && shard_codec(r->shard)->codec == CODEC_TOPK && shard_codec(r->shard)->sender_mean) {
-        /* each value over the sites that sent it: a sparse payload's zero is
-         * "not sent", not "zero" (the values arrive pre-scaled by their
-         * site's token share, so the divisor is the senders' share) */
-        for (size_t i = 0; i < n; i++) {
-            float s = 0.0f, w = 0.0f;
-            for (int st = 0; st < t->n_sites; st++)
-                if (ok[st] && codec_topk_sent(staging[(size_t)st * size + i])) {
-                    s += staging[(size_t)st * size + i];
-                    w += (float)r->site_weight[st];
-                }
-            total[i] = w > 0.0f ? s / w : 0.0f;
-        }
-    } else if (r->leader) { /* total overwrites my site's slot element by element */
+    /* (5) sum the accepted sites in site order: the chunks that crossed,
+     * run by run; a split expert is my site's own sum, re-weighted by the
+     * site's share alone (its learners' token-weighted average) */
+    if (r->leader) {
+        const Owned *own = shard_owned(r->shard, f);
+        const ChunkTable *ct = &r->shard->table;
         const float rescale = rep->accepted_sites == t->n_sites ? 1.0f : (float)(1.0 / wsum);
-        for (size_t i = 0; i < n; i++) {
-            float s = 0.0f;
-            for (int st = 0; st < t->n_sites; st++)
-                if (ok[st]) s += staging[(size_t)st * size + i];
-            total[i] = rescale == 1.0f ? s : s * rescale;
+        const float site_w = (float)r->site_weight[t->site];
+        size_t lo = 0; /* the run of crossing chunks so far: [lo, own->off[k]) */
+        for (int k = 0; k <= own->n; k++) {
+            if (k < own->n && chunk_crosses(ct, own->chunk[k])) continue;
+            const size_t end = k < own->n ? own->off[k] : n;
+            if (end > lo) sum_accepted(r, ok, rescale, staging, lo, end);
+            if (k == own->n) break;
+            lo = end + ct->chunks[own->chunk[k]].size;
+            for (size_t i = end; i < lo; i++) total[i] /= site_w;
         }
     }
     /* site-wide payload statistics for the log */

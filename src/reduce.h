@@ -31,7 +31,12 @@
  *               site's other learners and shares dense chunks inside the
  *               learner.
  * Every rank of every learner ends with the same values for the chunks it
- * holds. Callers pre-scale their values by their token share.
+ * holds. Callers pre-scale their values by their token share (of the run).
+ * Experts split across sites (plan.h's chunk_crosses): an expert chunk is
+ * summed in (2) only, never encoded or sent in (3), whatever the verdicts;
+ * its result in (5) is the site's sum divided by the site's token share:
+ * the token-weighted average of the site's learners (one learner: its own
+ * value, up to rounding). Only the dense chunks' payloads are counted.
  * Must not: apply updates (optim.c, outer.c), compute gradients, frame or
  * decode bytes (payload.c), or write the link's fields (only through its
  * accessors, e.g. link_mark_lost).

@@ -195,6 +195,8 @@ int shard_create(Shard *s, const Topology *t, const Model *m, int fragments, con
     s->codec = *codec;
     s->codec.scratch = NULL;
     CHECK(chunk_table_create(&s->table, m, fragments));
+    if (t->experts_split) /* the learner holds its site's experts only: the others are nobody's here */
+        chunk_table_set_experts(&s->table, t->sites[t->site].expert_begin, t->sites[t->site].experts);
     s->frag = isth_calloc((size_t)fragments, sizeof(ShardFragment));
     CHECK_ALLOC(s->frag);
     size_t max_chunk = 1;

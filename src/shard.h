@@ -11,7 +11,9 @@
  * exchanges in flight, not with the fragments or the partners); the
  * error-feedback residuals of the payloads this rank encodes; the run's
  * payload codec (payload.h's type; others read it through shard_codec);
- * the count of exchanges (checkpointed).
+ * the count of exchanges (checkpointed). With experts split the table
+ * knows the site's experts (topology.h): this rank owns its shard of them,
+ * never another site's.
  * Must not: exchange anything between learners (reduce.c, mix.c), decide
  * what the values mean (outer.c), or touch backend memory except through
  * its verbs.

@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "expert_split.h"
 #include "status.h"
 
 int topology_layout(Topology *t, const Config *cfg, int world_size, int world_rank)
@@ -50,6 +51,18 @@ int topology_layout(Topology *t, const Config *cfg, int world_size, int world_ra
         t->total_tokens_per_step += s->tokens_per_step * s->learners;
     }
     t->n_learners = learner;
+    for (int i = 0; i < t->n_sites; i++) t->sites[i].experts = cfg->model.experts;
+    if (expert_split_on(cfg) && cfg->n_sites > 0) { /* each site's learners hold only its range */
+        ExpertSplit x;
+        ExpertSplitFault bad;
+        char why[512];
+        if (expert_split_assign(cfg, &x, why, sizeof why, &bad)) return isth_fail(ISTH_EINPUT, "layout: %s", why);
+        t->experts_split = 1;
+        for (int i = 0; i < t->n_sites; i++) {
+            t->sites[i].expert_begin = x.begin[i];
+            t->sites[i].experts = x.count[i];
+        }
+    }
     if (rank != t->world_size) {
         char list[512] = "";
         size_t n = 0;
@@ -66,8 +79,8 @@ int topology_layout(Topology *t, const Config *cfg, int world_size, int world_ra
     t->learner_size = me->learner_ranks;
     t->learner = me->first_learner + within / me->learner_ranks;
     t->learner_rank = within % me->learner_ranks;
-    t->experts_local = cfg->model.experts / t->learner_size;
-    t->expert_begin = t->learner_rank * t->experts_local;
+    t->experts_local = me->experts / t->learner_size;
+    t->expert_begin = me->expert_begin + t->learner_rank * t->experts_local;
     return ISTH_OK;
 }
 
@@ -112,12 +125,16 @@ void topology_learner_ranks(const Topology *t, int learner, int *first, int *siz
 
 void topology_print(const Topology *t, const Config *cfg)
 {
+    (void)cfg; /* the sites' figures are the topology's own */
     printf("layout: %d ranks, %d sites, %d learners\n", t->world_size, t->n_sites, t->n_learners);
     for (int i = 0; i < t->n_sites; i++) {
         const SiteInfo *s = &t->sites[i];
-        printf("  site %-12s ranks %d-%d | %d learner(s) of %d ranks (%d experts per rank) | "
+        char split[64] = "";
+        if (t->experts_split) /* global ids: the site trains these only */
+            snprintf(split, sizeof split, "experts %d-%d, ", s->expert_begin, s->expert_begin + s->experts - 1);
+        printf("  site %-12s ranks %d-%d | %d learner(s) of %d ranks (%s%d experts per rank) | "
                "micro_batch %d x grad_accum %d | %.0f tokens per learner step\n",
-               s->name, s->first_rank, s->first_rank + s->ranks - 1, s->learners, s->learner_ranks,
-               cfg->model.experts / s->learner_ranks, s->micro_batch, s->grad_accum, s->tokens_per_step);
+               s->name, s->first_rank, s->first_rank + s->ranks - 1, s->learners, s->learner_ranks, split,
+               s->experts / s->learner_ranks, s->micro_batch, s->grad_accum, s->tokens_per_step);
     }
 }

@@ -5,7 +5,9 @@
  * the communicators for each level, and each rank's expert shard. Ranks are
  * assigned to sites in [site.*] section order, and inside a site to learners
  * in blocks of learner_ranks consecutive ranks. Learners are numbered
- * globally in the same order.
+ * globally in the same order. Expert ids are global: with [outer] experts =
+ * split a site's learners hold only its range (expert_split.h), sharded
+ * over their ranks; replicated, every learner holds all E.
  * Must not: move model data (collectives, sync) or read files.
  */
 #ifndef ISTHMUS_TOPOLOGY_H
@@ -22,6 +24,8 @@ typedef struct {
     int first_learner, learners;/* global learner ids of this site */
     int micro_batch, grad_accum;
     double tokens_per_step;     /* per learner: micro_batch * G * grad_accum * T */
+    int expert_begin, experts;  /* the experts each of its learners holds: [begin, begin+experts)
+                                 * (split: the site's range; replicated: 0, E) */
 } SiteInfo;
 
 typedef struct {
@@ -32,7 +36,8 @@ typedef struct {
     int site;                   /* this rank's site index */
     int learner;                /* global learner id */
     int learner_rank, learner_size; /* position in the learner, G */
-    int expert_begin, experts_local;
+    int expert_begin, experts_local; /* this rank's experts, global ids: [begin, begin+local) */
+    int experts_split;          /* [outer] experts = split: each site holds only its own range */
     MPI_Comm site_comm;         /* ranks of this site */
     MPI_Comm learner_comm;      /* ranks of this learner */
     double total_tokens_per_step; /* all learners */

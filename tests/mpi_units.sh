@@ -23,6 +23,14 @@ if mpi 3 "$SP" > "$WORK/sp.log" 2>&1; then
 else
     fail "test_sparse_sum: $(grep -E 'not ok|ERROR|error|differ' "$WORK/sp.log" | head -5)"
 fi
+SR=$(dirname "$ISTHMUS")/tests/test_split_reduce
+for np in 3 4; do
+    if mpi "$np" "$SR" > "$WORK/sr$np.log" 2>&1; then
+        pass "experts split over two sites, $np ranks: dense chunks the run's average, experts the site's own, only dense frames on the link (none and int8)"
+    else
+        fail "test_split_reduce with $np ranks: $(grep -E 'not ok|ERROR|error|rank [0-9]+:' "$WORK/sr$np.log" | head -5)"
+    fi
+done
 WI=$(dirname "$ISTHMUS")/tests/test_wire
 if mpi 3 "$WI" > "$WORK/wire.log" 2>&1; then
     pass "the inter-site TCP transport: whole messages in order over 3 streams, backpressure past its buffer, a hand-made peer (bad MAC refused, malformed chunk fails it), a dead peer never blocks, a broken one gives back its room, cannot make a stalled stream spin nor slip a chunk in twice, chunks go to the stream with room ($(grep -c '^ok' "$WORK/wire.log") CMocka checks)"
