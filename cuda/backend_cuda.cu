@@ -393,6 +393,17 @@ static void cuda_set_progress(Backend *b, void (*fn)(void *ctx), void *ctx)
     cb(b)->acts.progress_ctx = ctx;
 }
 
+static int cuda_set_route(Backend *b, RoutePolicy policy, int learner_begin)
+{
+    CudaBackend *c = cb(b);
+    Model m = c->model; /* checked on a copy: a misfit leaves the routing as it was */
+    CHECK(model_set_route(&m, policy, learner_begin));
+    CHECK(model_route_check(&m, c->acts.G, c->coll.mpi->rank));
+    c->model.route = b->table.route = policy;
+    c->model.route_begin = b->table.route_begin = learner_begin;
+    return ISTH_OK;
+}
+
 static const BackendOps cuda_ops = {
     "cuda",
     cuda_destroy,
@@ -413,6 +424,7 @@ static const BackendOps cuda_ops = {
     cuda_set_progress,
     cuda_predict,
     cuda_phases,
+    cuda_set_route,
 };
 
 extern "C" int cuda_device_count(void)

@@ -59,40 +59,53 @@ static int gemm(const CudaBlas *b, cublasOperation_t ta, cublasOperation_t tb, i
 extern "C" int cuda_matmul_forward(float *out, const float *inp, const float *weight, size_t N, int C, int OC,
                                    const CudaBlas *blas)
 {
-    /* out^T (OC,N) = W^T (OC,C) . inp^T (C,N) */
-    return gemm(blas, CUBLAS_OP_N, CUBLAS_OP_N, OC, (int)N, C, weight, OC, inp, C, 0.0f, out, OC);
+    return cuda_matmul_forward_ldw(0, out, inp, weight, OC, N, C, OC, blas);
 }
 
 extern "C" int cuda_matmul_backward(float *dinp, float *dweight, const float *dout, const float *inp,
                                     const float *weight, size_t N, int C, int OC, const CudaBlas *blas)
 {
-    if (!N) return ISTH_OK;
-    /* dinp^T (C,N) += W (C,OC) . dout^T (OC,N) */
-    if (dinp) CHECK(gemm(blas, CUBLAS_OP_T, CUBLAS_OP_N, C, (int)N, OC, weight, OC, dout, OC, 1.0f, dinp, C));
-    /* dW^T (OC,C) += dout^T (OC,N) . inp (N,C) */
-    if (dweight) CHECK(gemm(blas, CUBLAS_OP_N, CUBLAS_OP_T, OC, C, (int)N, dout, OC, inp, C, 1.0f, dweight, OC));
-    return ISTH_OK;
+    return cuda_matmul_backward_ldw(0, dinp, dweight, dout, inp, weight, OC, N, C, OC, blas);
 }
 
 extern "C" int cuda_matmul_forward_bf16(float *out, const uint16_t *inp, const uint16_t *weight, size_t N, int C,
                                         int OC, const CudaBlas *blas)
 {
-    return gemm_as(blas, 1, CUBLAS_OP_N, CUBLAS_OP_N, OC, (int)N, C, weight, OC, inp, C, 0.0f, out, OC);
+    return cuda_matmul_forward_ldw(1, out, inp, weight, OC, N, C, OC, blas);
 }
 
 extern "C" int cuda_matmul_backward_bf16(float *dinp, float *dweight, const float *dout, const uint16_t *inp,
                                          const uint16_t *weight, size_t N, int C, int OC, const CudaBlas *blas)
 {
+    return cuda_matmul_backward_ldw(1, dinp, dweight, dout, inp, weight, OC, N, C, OC, blas);
+}
+
+extern "C" int cuda_matmul_forward_ldw(int bf16, float *out, const void *inp, const void *weight, int ldw, size_t N,
+                                       int C, int OC, const CudaBlas *blas)
+{
+    /* out^T (OC,N) = W^T (OC,C) . inp^T (C,N) */
+    return gemm_as(blas, bf16, CUBLAS_OP_N, CUBLAS_OP_N, OC, (int)N, C, weight, ldw, inp, C, 0.0f, out, OC);
+}
+
+extern "C" int cuda_matmul_backward_ldw(int bf16, float *dinp, float *dweight, const float *dout, const void *inp,
+                                        const void *weight, int ldw, size_t N, int C, int OC, const CudaBlas *blas)
+{
     if (!N || (!dinp && !dweight)) return ISTH_OK;
+    const void *d = dout;
+    uint16_t *d16 = NULL; /* bf16: dout rounded once for both products */
     const size_t n = N * (size_t)OC;
-    uint16_t *d16; /* dout rounded once for both products */
-    CHECK_CUDA(cudaMallocAsync((void **)&d16, n * sizeof(uint16_t), blas->stream));
-    int rc = cuda_to_bf16(d16, dout, n, blas->stream);
+    if (bf16) {
+        CHECK_CUDA(cudaMallocAsync((void **)&d16, n * sizeof(uint16_t), blas->stream));
+        d = d16;
+    }
+    int rc = bf16 ? cuda_to_bf16(d16, dout, n, blas->stream) : ISTH_OK;
+    /* dinp^T (C,N) += W (C,OC) . dout^T (OC,N) */
     if (rc == ISTH_OK && dinp)
-        rc = gemm_as(blas, 1, CUBLAS_OP_T, CUBLAS_OP_N, C, (int)N, OC, weight, OC, d16, OC, 1.0f, dinp, C);
+        rc = gemm_as(blas, bf16, CUBLAS_OP_T, CUBLAS_OP_N, C, (int)N, OC, weight, ldw, d, OC, 1.0f, dinp, C);
+    /* dW^T (OC,C) += dout^T (OC,N) . inp (N,C) */
     if (rc == ISTH_OK && dweight)
-        rc = gemm_as(blas, 1, CUBLAS_OP_N, CUBLAS_OP_T, OC, C, (int)N, d16, OC, inp, C, 1.0f, dweight, OC);
-    CHECK_CUDA(cudaFreeAsync(d16, blas->stream)); /* stream-ordered: after the products */
+        rc = gemm_as(blas, bf16, CUBLAS_OP_N, CUBLAS_OP_T, OC, C, (int)N, d, OC, inp, C, 1.0f, dweight, ldw);
+    if (d16) CHECK_CUDA(cudaFreeAsync(d16, blas->stream)); /* stream-ordered: after the products */
     return rc;
 }
 

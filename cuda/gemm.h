@@ -51,6 +51,14 @@ int cuda_matmul_forward_bf16(float *out, const uint16_t *inp, const uint16_t *we
                              const CudaBlas *blas);
 int cuda_matmul_backward_bf16(float *dinp, float *dweight, const float *dout, const uint16_t *inp,
                               const uint16_t *weight, size_t N, int C, int OC, const CudaBlas *blas);
+/* The products above (bf16: the _bf16 ones) on OC columns of a weight and
+ * its gradient stored with rows of ldw >= OC elements, weight and dweight
+ * pointing at the first column used (a router's columns of one site's
+ * experts, cpu/layers.h's matmul_*_ldw). ldw = OC: the products above. */
+int cuda_matmul_forward_ldw(int bf16, float *out, const void *inp, const void *weight, int ldw, size_t N, int C,
+                            int OC, const CudaBlas *blas);
+int cuda_matmul_backward_ldw(int bf16, float *dinp, float *dweight, const float *dout, const void *inp,
+                             const void *weight, int ldw, size_t N, int C, int OC, const CudaBlas *blas);
 
 /* Many products in one cuBLAS call (cublasGemmGroupedBatchedEx: one
  * launch for problems of different shapes — a layer's experts, whose row

@@ -295,27 +295,35 @@ extern "C" int cuda_route_histogram(int *counts, const int *choice, size_t copie
 }
 
 /* One block: frac by expert in parallel; the header and the bases by one
- * thread with route_plan.h's functions (O(E*G) each: small beside a layer). */
-__global__ static void route_plan_kernel(int *hdr, int *bases, double *frac, const int *cnt, int G, int El, int me,
-                                         int cap, double learner_copies)
+ * thread with route_plan.h's functions (O(E*G) each: small beside a layer),
+ * after it has narrowed the count matrix to the learner's experts. */
+__global__ static void route_plan_kernel(int *hdr, int *bases, double *frac, int *cnt, int G, int El, int me, int cap,
+                                         double learner_copies, int E, int off)
 {
-    const int E = G * El;
+    const int Es = G * El, W = route_slot_groups(Es, E);
     for (int e = threadIdx.x; e < E; e += blockDim.x) {
         int total = 0;
         for (int s = 0; s < G; s++) total += cnt[s * E + e];
         frac[e] = total / learner_copies;
     }
+    __syncthreads(); /* every read of the whole matrix before it narrows */
     if (threadIdx.x) return;
+    int remote = 0;
+    if (Es < E) {
+        for (int e = 0; e < E; e++) remote += route_local_expert(e, off, Es) == Es ? cnt[me * E + e] : 0;
+        route_keep_columns(cnt, G, E, off, Es);
+    }
+    hdr[ROUTE_HDR_REMOTE] = remote;
     int *send_counts = hdr + ROUTE_HDR_COUNTS, *recv_counts = send_counts + G, *expert_start = recv_counts + G;
-    hdr[ROUTE_HDR_SENT] = route_source_bases(cnt, E, me, cap, bases, bases + E, bases + 2 * E);
-    for (int d = 0; d < G; d++) send_counts[d] = route_send_count(cnt, E, El, me, d, cap);
+    hdr[ROUTE_HDR_SENT] = route_source_bases_split(cnt, Es, W, me, cap, bases, bases + W, bases + 2 * W);
+    for (int d = 0; d < G; d++) send_counts[d] = route_send_count(cnt, Es, El, me, d, cap);
     hdr[ROUTE_HDR_RECV] = route_owner_counts(cnt, G, El, me, cap, recv_counts, expert_start, &hdr[ROUTE_HDR_DROPPED]);
 }
 
-extern "C" int cuda_route_plan(int *hdr, int *bases, double *frac, const int *cnt, int G, int El, int me, int cap,
-                               double learner_copies, cudaStream_t stream)
+extern "C" int cuda_route_plan(int *hdr, int *bases, double *frac, int *cnt, int G, int El, int me, int cap,
+                               double learner_copies, int E, int off, cudaStream_t stream)
 {
-    route_plan_kernel<<<1, 256, 0, stream>>>(hdr, bases, frac, cnt, G, El, me, cap, learner_copies);
+    route_plan_kernel<<<1, 256, 0, stream>>>(hdr, bases, frac, cnt, G, El, me, cap, learner_copies, E, off);
     CHECK_CUDA(cudaGetLastError());
     return ISTH_OK;
 }
@@ -331,14 +339,18 @@ extern "C" int cuda_route_plan(int *hdr, int *bases, double *frac, const int *cn
  * schedule: no atomics. */
 #define ROUTE_WARPS (CUDA_ROUTE_CHUNK / 32)
 
-__global__ static void route_chunk_rank_kernel(int *pos, int *chunk_count, const int *choice, size_t copies, int E)
+/* E here: the groups (route_plan.h's route_slot_groups; a copy's group is
+ * its expert's local index, or Es for one held elsewhere). */
+__global__ static void route_chunk_rank_kernel(int *pos, int *chunk_count, const int *choice, size_t copies, int E,
+                                               int off, int Es)
 {
     extern __shared__ int warp_count[]; /* (ROUTE_WARPS, E) */
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     for (int x = tid; x < ROUTE_WARPS * E; x += CUDA_ROUTE_CHUNK) warp_count[x] = 0;
     __syncthreads();
     const size_t i = (size_t)blockIdx.x * CUDA_ROUTE_CHUNK + tid;
-    const int live = i < copies, e = live ? choice[i] : -1; /* past the end: -1, matching only each other */
+    /* past the end: -1, matching only each other */
+    const int live = i < copies, e = live ? route_local_expert(choice[i], off, Es) : -1;
     const unsigned peers = __match_any_sync(0xffffffffu, e);
     const int rank = __popc(peers & ((1u << lane) - 1u));
     if (live && rank == 0) warp_count[warp * E + e] = __popc(peers);
@@ -377,12 +389,12 @@ __global__ static void route_chunk_scan_kernel(int *chunk_count, size_t chunks, 
 
 __global__ static void route_slots_kernel(int *copy_slot, int *send_token, const int *pos, const int *chunk_base,
                                           const int *choice, const int *bases, const int *hdr, size_t copies, int K,
-                                          int E)
+                                          int E, int off, int Es)
 {
     const int n_sent = hdr[ROUTE_HDR_SENT];
     GRID_STRIDE(i, copies)
     {
-        const int e = choice[i], p = pos[i] + chunk_base[i / CUDA_ROUTE_CHUNK * E + e];
+        const int e = route_local_expert(choice[i], off, Es), p = pos[i] + chunk_base[i / CUDA_ROUTE_CHUNK * E + e];
         const int slot = route_slot_from_bases(bases, bases + E, bases + 2 * E, e, p);
         copy_slot[i] = slot;
         /* the slots are a permutation of the copies: every entry written;
@@ -392,9 +404,10 @@ __global__ static void route_slots_kernel(int *copy_slot, int *send_token, const
 }
 
 extern "C" int cuda_route_slots(int *copy_slot, int *send_token, int *pos, const int *choice, const int *bases,
-                                const int *hdr, size_t N, int K, int E, cudaStream_t stream)
+                                const int *hdr, size_t N, int K, int E_router, int off, int Es, cudaStream_t stream)
 {
     const size_t copies = N * (size_t)K, chunks = (copies + CUDA_ROUTE_CHUNK - 1) / CUDA_ROUTE_CHUNK;
+    const int E = route_slot_groups(Es, E_router); /* the groups: what the kernels below call E */
     if (!copies) return ISTH_OK;
     int *chunk_count = pos + copies;
     const size_t shared = sizeof(int) * ROUTE_WARPS * (size_t)E; /* 128 KiB at E = 4096 */
@@ -402,10 +415,10 @@ extern "C" int cuda_route_slots(int *copy_slot, int *send_token, int *pos, const
         CHECK_CUDA(cudaFuncSetAttribute(route_chunk_rank_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         (int)shared));
     route_chunk_rank_kernel<<<(unsigned)chunks, CUDA_ROUTE_CHUNK, shared, stream>>>(pos, chunk_count, choice, copies,
-                                                                                   E);
+                                                                                   E, off, Es);
     route_chunk_scan_kernel<<<(unsigned)(((size_t)E * 32 + 255) / 256), 256, 0, stream>>>(chunk_count, chunks, E);
     route_slots_kernel<<<blocks_for(copies), 256, 0, stream>>>(copy_slot, send_token, pos, chunk_count, choice, bases,
-                                                               hdr, copies, K, E);
+                                                               hdr, copies, K, E, off, Es);
     CHECK_CUDA(cudaGetLastError());
     return ISTH_OK;
 }

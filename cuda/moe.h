@@ -28,7 +28,8 @@ extern "C" {
 #endif
 
 /* One MoE layer's routing for this rank: device arrays (d_) beside the
- * host ones the bookkeeping uses (h_). Shapes as in cpu/moe.h. */
+ * host ones the bookkeeping uses (h_). Shapes as in cpu/moe.h (with split
+ * experts E is the router's probabilities' width, Er: model.h). */
 typedef struct {
     float *d_probs, *d_lse;        /* (N,E), (N) */
     int *d_choice, *d_copy_slot;   /* (N*K) */
@@ -49,22 +50,29 @@ typedef struct {
 #define ROUTE_HDR_SENT 0    /* kept copies this rank sends */
 #define ROUTE_HDR_RECV 1    /* rows it receives (all kept) */
 #define ROUTE_HDR_DROPPED 2 /* copies of its experts beyond capacity */
+#define ROUTE_HDR_REMOTE 3  /* its copies to experts the learner does not hold (ROUTE_DROP) */
 #define ROUTE_HDR_COUNTS 4  /* then send_counts (G), recv_counts (G), expert_start (El+1) */
 static inline size_t cuda_route_hdr_ints(int G, int El) { return ROUTE_HDR_COUNTS + 2 * (size_t)G + (size_t)El + 1; }
 
 /* counts (E) = this rank's copies per expert (overwrites). */
 int cuda_route_histogram(int *counts, const int *choice, size_t copies, int E, cudaStream_t stream);
-/* From the learner's count matrix cnt (G,E): the header, the source's slot
- * bases (3E ints: kept, base, dbase) and frac (E, the learner's share of
- * each expert). `me`: this rank in the learner; cap < 0: no capacity. */
-int cuda_route_plan(int *hdr, int *bases, double *frac, const int *cnt, int G, int El, int me, int cap,
-                    double learner_copies, cudaStream_t stream);
+/* From the learner's count matrix cnt (G,E) over the router's E experts
+ * (its probabilities' width): frac (E, the learner's share of each
+ * expert), then, when the learner holds fewer (Es = G*El < E: ROUTE_DROP,
+ * from expert `off`), cnt becomes in place the matrix (G,Es) of its own
+ * (route_plan.h); the header and the source's slot bases (3W ints: kept,
+ * base, dbase; W = route_slot_groups(Es, E)). `me`: this rank in the
+ * learner; cap < 0: no capacity. */
+int cuda_route_plan(int *hdr, int *bases, double *frac, int *cnt, int G, int El, int me, int cap,
+                    double learner_copies, int E, int off, cudaStream_t stream);
 /* copy_slot (N*K) and send_token (N*K: the token of each sent slot, -1
- * for a dropped copy's) from the bases; pos: cuda_route_pos_ints(N*K, E)
- * ints of scratch (acts_plan.h: each copy's position among this rank's
- * copies of its expert, in copy order, counted by chunks). */
+ * for a dropped copy's) from the bases; choice: experts of the router's
+ * E, the learner's [off, off + Es) (all: off 0, Es = E); pos:
+ * cuda_route_pos_ints(N*K, E) ints of scratch (acts_plan.h: each copy's
+ * position among this rank's copies of its expert, in copy order, counted
+ * by chunks). */
 int cuda_route_slots(int *copy_slot, int *send_token, int *pos, const int *choice, const int *bases, const int *hdr,
-                     size_t N, int K, int E, cudaStream_t stream);
+                     size_t N, int K, int E, int off, int Es, cudaStream_t stream);
 /* The owner's maps for its n_recv arrivals: recv_row, row_src. */
 int cuda_route_owner_map(int *recv_row, int *row_src, const int *cnt, const int *hdr, int G, int El, int me, int cap,
                          int n_recv, cudaStream_t stream);

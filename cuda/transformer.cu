@@ -83,6 +83,24 @@ static int project_backward(Model *m, const CudaActivations *a, float *dinp, con
     return cuda_matmul_backward(dinp, dw, dout, (const float *)inp, w, N, C, OC, a->blas);
 }
 
+/* The router's product for the routing span (model.h: RouteSpan): its
+ * columns [col, col + Er) of the (D,E) weight; and the backward into
+ * those columns of its gradient (the others untouched). */
+static int project_router(const Model *m, const CudaActivations *a, float *out, const void *inp, int l, size_t N,
+                          RouteSpan sp)
+{
+    const float *w = model_param(m, T_ROUTER, l) + sp.col;
+    return cuda_matmul_forward_ldw(a->act16, out, inp, weights(a, m, w), a->dims.E, N, a->dims.D, sp.Er, a->blas);
+}
+
+static int project_router_backward(Model *m, const CudaActivations *a, float *dinp, const float *dout,
+                                   const void *inp, int l, size_t N, RouteSpan sp)
+{
+    const float *w = model_param(m, T_ROUTER, l) + sp.col;
+    return cuda_matmul_backward_ldw(a->act16, dinp, model_grad(m, T_ROUTER, l) + sp.col, dout, inp, weights(a, m, w),
+                                    a->dims.E, N, a->dims.D, sp.Er, a->blas);
+}
+
 /* Width in floats of a row of D stored operands: bf16 rows travel and are
  * gathered as D/2 floats' bytes (D is even: heads times a head dimension
  * of 16 or more). */
@@ -272,10 +290,14 @@ static int to_device(void *dst, const void *src, size_t bytes, cudaStream_t s)
  * statistics — then kept rows to the owners and back, the dropped copies'
  * slots zeros. The balance and z losses and the dropped copies add up on
  * the device (read once per forward). PHASE_HOST_WAIT measures what the
- * GPU idles beyond that work. */
+ * GPU idles beyond that work. The routing policy as transformer.c's:
+ * probabilities Er wide, the plan over the learner's experts, the copies
+ * to experts held elsewhere (the header's count) in the last slots. */
 static int moe_forward(float *out, const Model *m, CudaActivations *a, int l, size_t N, int training, int stats)
 {
-    const int D = a->dims.D, E = a->dims.E, K = a->dims.K, G = a->G, El = a->El, me = a->ep->mpi->rank;
+    const int D = a->dims.D, K = a->dims.K, G = a->G, El = m->experts_local, me = a->ep->mpi->rank;
+    const RouteSpan sp = model_route_span(m, G);
+    const int E = sp.Er; /* the probabilities' width, as everything below reads it */
     const CudaBlas *blas = a->blas;
     const cudaStream_t s = blas->stream;
     CudaRouting *r = &a->route[slot(a, l)];
@@ -284,14 +306,16 @@ static int moe_forward(float *out, const Model *m, CudaActivations *a, int l, si
     const int rw = op_row_floats(a);
 
     phase_mark(a->clock, PHASE_ROUTER);
-    CHECK(project(m, a, a->router_logits, xn, T_ROUTER, l, N, D, E));
+    CHECK(project_router(m, a, a->router_logits, xn, l, N, sp));
     CHECK(cuda_router_softmax_forward(r->d_probs, r->d_lse, a->router_logits, N, E, s));
     CHECK(cuda_router_topk(r->d_choice, r->d_probs, N, E, K, s));
     CHECK(cuda_route_histogram(a->d_counts, r->d_choice, copies, E, s));
     CHECK(cuda_coll_allgather_int(a->ep, a->d_counts, E, a->d_cnt, s));
     const int capacity = training ? moe_capacity(m->cfg.capacity_factor, N * (size_t)G, K, E) : -1;
-    CHECK(cuda_route_plan(a->d_hdr, a->d_bases, r->d_frac, a->d_cnt, G, El, me, capacity, (double)N * G * K, s));
-    CHECK(cuda_route_slots(r->d_copy_slot, a->send_token, a->d_pos, r->d_choice, a->d_bases, a->d_hdr, N, K, E, s));
+    CHECK(cuda_route_plan(a->d_hdr, a->d_bases, r->d_frac, a->d_cnt, G, El, me, capacity, (double)N * G * K, E,
+                          sp.off, s));
+    CHECK(cuda_route_slots(r->d_copy_slot, a->send_token, a->d_pos, r->d_choice, a->d_bases, a->d_hdr, N, K, E, sp.off,
+                           sp.Es, s));
     const size_t hdr = cuda_route_hdr_ints(G, El);
     CHECK_CUDA(cudaMemcpyAsync(a->h_hdr, a->d_hdr, sizeof(int) * hdr, cudaMemcpyDeviceToHost, s));
     CHECK_CUDA(cudaEventRecord(a->hdr_ready, s));
@@ -309,6 +333,7 @@ static int moe_forward(float *out, const Model *m, CudaActivations *a, int l, si
     r->n_sent = a->h_hdr[ROUTE_HDR_SENT];
     const int n_recv = a->h_hdr[ROUTE_HDR_RECV];
     r->dropped = a->h_hdr[ROUTE_HDR_DROPPED];
+    if (stats) a->remote_dropped += a->h_hdr[ROUTE_HDR_REMOTE];
     memcpy(r->h_send_counts, a->h_hdr + ROUTE_HDR_COUNTS, sizeof(int) * G);
     memcpy(r->h_recv_counts, a->h_hdr + ROUTE_HDR_COUNTS + G, sizeof(int) * G);
     memcpy(r->h_expert_start, a->h_hdr + ROUTE_HDR_COUNTS + 2 * G, sizeof(int) * (El + 1));
@@ -398,14 +423,16 @@ static int layer_forward(const Model *m, CudaActivations *a, int l, int training
 extern "C" int cuda_transformer_forward(const Model *m, CudaActivations *a, const int *tokens, const int *targets,
                                         int B, int T, int training, ForwardStats *st)
 {
-    if (B > a->B || T > a->T || m->experts_local != a->El)
+    if (B > a->B || T > a->T)
         return isth_fail(ISTH_ERUNTIME, "cuda_transformer_forward: batch %dx%d exceeds buffers %dx%d", B, T, a->B,
                          a->T);
+    CHECK(model_route_check(m, a->G, a->ep->mpi->rank)); /* and so experts_local <= a->El */
     const int L = a->dims.L, D = a->dims.D, V = a->dims.V;
     const size_t N = (size_t)B * T, ND = (size_t)a->B * a->T * D;
     const CudaBlas *blas = a->blas;
     const cudaStream_t s = blas->stream;
     memset(st, 0, sizeof *st);
+    a->remote_dropped = 0;
     a->N = N;
     a->B_cur = B;
     a->T_cur = T;
@@ -456,6 +483,7 @@ extern "C" int cuda_transformer_forward(const Model *m, CudaActivations *a, cons
         st->z_loss = fstats[1];
         st->dropped = (long)fstats[2];
     }
+    st->remote_dropped = a->remote_dropped;
     for (size_t t = 0; t < N; t++) /* in token order, in double: the CPU's sum */
         if (targets[t] >= 0) {
             st->ce_sum += a->h_losses[t];
@@ -466,7 +494,9 @@ extern "C" int cuda_transformer_forward(const Model *m, CudaActivations *a, cons
 
 static int moe_backward(float *dxn, Model *m, CudaActivations *a, int l, const float *dout, float loss_scale)
 {
-    const int D = a->dims.D, E = a->dims.E, K = a->dims.K, G = a->G;
+    const int D = a->dims.D, K = a->dims.K, G = a->G;
+    const RouteSpan sp = model_route_span(m, G);
+    const int E = sp.Er; /* the probabilities' width (moe_forward) */
     const size_t N = a->N;
     const CudaBlas *blas = a->blas;
     const cudaStream_t s = blas->stream;
@@ -487,8 +517,8 @@ static int moe_backward(float *dxn, Model *m, CudaActivations *a, int l, const f
                                 a->ffn_scratch, dyrows, r->d_xrows, r->d_arows, r->d_urows, r->d_hrows,
                                 weights(a, m, model_expert_param(m, T_W_GATE, l, 0)),
                                 weights(a, m, model_expert_param(m, T_W_UP, l, 0)),
-                                weights(a, m, model_expert_param(m, T_W_DOWN, l, 0)), r->h_expert_start, a->El, D,
-                                a->dims.F, &a->gemms, blas));
+                                weights(a, m, model_expert_param(m, T_W_DOWN, l, 0)), r->h_expert_start,
+                                m->experts_local, D, a->dims.F, &a->gemms, blas));
     float *leaving = G > 1 ? a->recv_rows2 : a->back_rows;
     phase_mark(a->clock, PHASE_DISPATCH);
     CHECK(cuda_rows_gather(leaving, dxrows, r->d_recv_row, (size_t)r->n_recv, D, s));
@@ -501,7 +531,7 @@ static int moe_backward(float *dxn, Model *m, CudaActivations *a, int l, const f
     CHECK(cuda_moe_balance_backward(a->dprobs, r->d_frac, N, E, m->cfg.aux_loss, loss_scale, s));
     CHECK(cuda_router_softmax_backward(a->dlogits, a->dprobs, r->d_probs, r->d_lse, N, E, m->cfg.z_loss, loss_scale,
                                        s));
-    return project_backward(m, a, dxn, a->dlogits, xn, T_ROUTER, l, N, D, E);
+    return project_router_backward(m, a, dxn, a->dlogits, xn, l, N, sp);
 }
 
 extern "C" int cuda_transformer_backward(Model *m, CudaActivations *a, size_t n_targets, float loss_scale)

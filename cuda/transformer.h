@@ -27,7 +27,7 @@ extern "C" {
 #include "model.h"
 
 typedef struct {
-    int B, T, G, El;
+    int B, T, G, El;         /* El: the most experts a rank holds (E / G: the buffers'); split experts hold fewer */
     ModelDims dims;          /* the model's sizes (model.h) */
     int B_cur, T_cur, training;
     size_t N;
@@ -80,6 +80,7 @@ typedef struct {
     void (*progress)(void *ctx);
     void *progress_ctx;
     PhaseClock *clock;       /* NULL: the phases are not timed (phases.h) */
+    long remote_dropped;     /* this forward's copies to experts the learner does not hold (the headers') */
 } CudaActivations;
 
 /* Buffers for up to B sequences of T tokens; the Dh the attention kernels

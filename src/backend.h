@@ -38,6 +38,8 @@ typedef struct {
     double aux_loss;   /* sum over layers of the load-balancing loss */
     double z_loss;     /* sum over layers of the router z-loss */
     long dropped;      /* routed copies skipped for capacity, all layers */
+    long remote_dropped; /* routed copies to experts the learner does not hold (ROUTE_DROP: dropped,
+                          * model.h), all layers; training or not */
 } ForwardStats;
 
 /* The state a backend holds: params and grads laid out like the model
@@ -119,6 +121,13 @@ typedef struct {
      * waits for the device at its end); start == 0 reads the totals so far:
      * names[i], ms[i] for i < *n (<= max), in milliseconds. */
     int (*phases)(Backend *b, int start, const char **names, double *ms, int max, int *n);
+    /* The MoE layers' routing from here on (model.h's RoutePolicy): this
+     * learner holds the experts from learner_begin (its ranks' slices as
+     * created); until called ROUTE_ALL. Every forward follows it: training,
+     * score and predict. A policy that does not fit the learner
+     * (model_set_route, model_route_check): a one-line error, the routing
+     * unchanged. The same call on every rank of the learner. */
+    int (*set_route)(Backend *b, RoutePolicy policy, int learner_begin);
 } BackendOps;
 
 /* The largest batch of a learner sum through host scratch, in floats (64

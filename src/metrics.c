@@ -238,6 +238,7 @@ int metrics_step(Metrics *mt, const StepLog *s)
     field_num(mt, "ms_per_step", "%.3f", s->ms_per_step);
     field_num(mt, "tokens", "%.0f", s->tokens);
     field_num(mt, "dropped_frac", "%.6f", s->dropped_frac);
+    field_num(mt, "remote_frac", "%.6f", s->remote_frac);
     field_num(mt, "a2a_bytes", "%.0f", s->a2a_bytes);
     field_num(mt, "inter_site_bytes", "%.0f", s->inter_site_bytes);
     field_num(mt, "link_wait_s", "%.6f", s->link_wait_s);

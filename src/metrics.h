@@ -26,6 +26,7 @@ typedef struct {
                            * sync's reduction across sites (the rest waits on, or works for, the link) */
     double tokens;        /* tokens seen so far */
     double dropped_frac;  /* share of routed copies dropped for capacity */
+    double remote_frac;   /* share of routed copies to experts the learner does not hold (ROUTE_DROP) */
     double a2a_bytes;     /* expert all-to-all bytes, sent + received, all ranks */
     double inter_site_bytes, link_wait_s;
     double eta_s;         /* seconds to train.steps at the recent steps' mean time */

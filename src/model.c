@@ -26,6 +26,8 @@ void model_describe(Model *m, const ModelConfig *cfg, int expert_begin, int expe
     m->cfg = *cfg;
     m->expert_begin = expert_begin;
     m->experts_local = experts_local;
+    m->route = ROUTE_ALL;
+    m->route_begin = 0;
     const size_t L = (size_t)cfg->layers, D = (size_t)cfg->dim, E = (size_t)cfg->experts,
                  F = (size_t)cfg->ffn, V = (size_t)cfg->vocab;
     /* GPT-2's initialisation: N(0, 0.02), output projections scaled down
@@ -84,6 +86,43 @@ void model_destroy(Model *m)
     isth_free(m->params);
     isth_free(m->grads);
     m->params = m->grads = NULL;
+}
+
+static const char *const route_names[] = {"all", "local", "drop"};
+
+int model_set_route(Model *m, RoutePolicy policy, int learner_begin)
+{
+    if ((int)policy < ROUTE_ALL || policy > ROUTE_DROP)
+        return isth_fail(ISTH_EINPUT, "model: routing policy %d is none of all, local, drop", (int)policy);
+    if (learner_begin < 0 || learner_begin > m->expert_begin || m->experts_local < 1 ||
+        (m->expert_begin - learner_begin) % m->experts_local)
+        return isth_fail(ISTH_EINPUT, "model: the learner's first expert %d does not begin this rank's experts "
+                         "[%d, %d) a whole number of shards before", learner_begin, m->expert_begin,
+                         m->expert_begin + m->experts_local);
+    if (policy == ROUTE_ALL && learner_begin != 0)
+        return isth_fail(ISTH_EINPUT, "model: routing 'all' holds every expert, from 0 (here from %d)", learner_begin);
+    m->route = policy;
+    m->route_begin = learner_begin;
+    return ISTH_OK;
+}
+
+int model_route_check(const Model *m, int G, int rank)
+{
+    const int E = m->cfg.experts, El = m->experts_local, Es = G * El, b = m->route_begin;
+    const char *name = route_names[m->route];
+    if (El < 1 || b < 0 || b + Es > E)
+        return isth_fail(ISTH_ERUNTIME, "model: a learner of %d ranks x %d experts from expert %d does not fit the "
+                         "model's %d", G, El, b, E);
+    if (m->expert_begin != b + rank * El)
+        return isth_fail(ISTH_ERUNTIME, "model: rank %d holds experts from %d, not %d (the learner's from %d)", rank,
+                         m->expert_begin, b + rank * El, b);
+    if (m->route == ROUTE_ALL && Es != E)
+        return isth_fail(ISTH_ERUNTIME, "model: routing '%s' needs every expert in the learner (%d of %d)", name, Es,
+                         E);
+    if (m->route == ROUTE_LOCAL && Es < m->cfg.top_k)
+        return isth_fail(ISTH_ERUNTIME, "model: routing '%s' picks top_k = %d of the learner's %d experts", name,
+                         m->cfg.top_k, Es);
+    return ISTH_OK;
 }
 
 size_t tensor_canonical_numel(const Tensor *t)

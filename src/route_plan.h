@@ -22,6 +22,14 @@
  * The rows an expert computes, and their order, are those of the rule
  * applied to the copies in arrival order at the owner: the same numbers.
  *
+ * Split experts (model.h's RoutePolicy): the learner may hold only the
+ * experts [off, off + Es) of the router's E. The plan then runs on the
+ * count matrix of its Es experts (route_keep_columns) with local indices;
+ * a copy routed to an expert it does not hold (ROUTE_DROP) counts as one
+ * more group, index Es, after every group of its own experts: such copies
+ * are never kept, so they take the last slots, in copy order, behind the
+ * capacity's dropped ones, and return zeros as those do.
+ *
  * Owns: that arithmetic. Must not: allocate, loop over tokens (the
  * position p of a copy among this rank's copies of its expert is the
  * caller's: a running count on the CPU, a scan on the GPU).
@@ -130,6 +138,44 @@ ROUTE_FN int route_source_bases(const int *cnt, int E, int s, int cap, int *kept
 ROUTE_FN int route_slot_from_bases(const int *kept, const int *base, const int *dbase, int e, int p)
 {
     return p < kept[e] ? base[e] + p : dbase[e] + p - kept[e];
+}
+
+/* Split experts: the groups a source's slots come in — the learner's Es
+ * experts, and one more for copies to experts it does not hold when the
+ * router has any (Es < E). */
+ROUTE_FN int route_slot_groups(int Es, int E) { return Es < E ? Es + 1 : Es; }
+
+/* The group of a copy routed to expert c of the router: c - off when the
+ * learner holds it, else Es (held elsewhere). */
+ROUTE_FN int route_local_expert(int c, int off, int Es)
+{
+    const int e = c - off;
+    return e >= 0 && e < Es ? e : Es;
+}
+
+/* cnt (G,E) -> its columns [off, off + Es) as (G,Es), in place: each
+ * entry moves to an index no larger, in index order. */
+ROUTE_FN void route_keep_columns(int *cnt, int G, int E, int off, int Es)
+{
+    for (int s = 0; s < G; s++)
+        for (int e = 0; e < Es; e++) cnt[s * Es + e] = cnt[s * E + off + e];
+}
+
+/* route_source_bases over the W = route_slot_groups groups (cnt (G,Es),
+ * the arrays W long): group Es, when there is one, keeps nothing and its
+ * slots begin after all of the learner's experts' copies. Returns the
+ * kept copies. */
+ROUTE_FN int route_source_bases_split(const int *cnt, int Es, int W, int s, int cap, int *kept, int *base, int *dbase)
+{
+    const int n_kept = route_source_bases(cnt, Es, s, cap, kept, base, dbase);
+    if (W > Es) {
+        int n = 0;
+        for (int e = 0; e < Es; e++) n += cnt[s * Es + e];
+        kept[Es] = 0;
+        base[Es] = n_kept;
+        dbase[Es] = n;
+    }
+    return n_kept;
 }
 
 /* Owner r's expert_start (El+1) and *dropped (copies of its experts beyond

@@ -274,6 +274,7 @@ typedef struct {
     double ce_sum, scored;       /* cross-entropy (nats) and targets scored */
     double aux, z;               /* this rank's share of its learner's aux and z losses */
     double dropped;              /* routed copies dropped for capacity */
+    double remote;               /* routed copies to experts the learner does not hold (split experts) */
     double a2a_bytes;            /* expert all-to-all inside the learner */
     double inter_site_bytes;     /* through the link */
 } StepSums;
@@ -339,6 +340,7 @@ int trainer_step(Trainer *tr, StepLog *out)
         sums.aux += st.aux_loss / M; /* this rank's share of its learner's value */
         sums.z += st.z_loss / M;
         sums.dropped += (double)st.dropped;
+        sums.remote += (double)st.remote_dropped;
     }
     tr->cursor.step++;
     /* the inner step's own work (what a one-site run does too) is timed
@@ -404,6 +406,7 @@ int trainer_step(Trainer *tr, StepLog *out)
     out->tokens_per_s = t->total_tokens_per_step / dt;
     out->tokens = tr->tokens_seen;
     out->dropped_frac = sums.dropped / (sums.scored * mc->top_k * mc->layers);
+    out->remote_frac = sums.remote / (sums.scored * mc->top_k * mc->layers);
     out->a2a_bytes = sums.a2a_bytes;
     out->inter_site_bytes = sums.inter_site_bytes;
     tr->inter_site_total += sums.inter_site_bytes;

@@ -89,54 +89,62 @@ void ref_expert(double *y, const double *x, const double *wg, const double *wu, 
     free(hid);
 }
 
-uint64_t ref_moe(double *out, double *aux, double *z, const double *x, const double *wr,
-                 const double *wg, const double *wu, const double *wd, int N, int D, int E, int K,
-                 int F, double capacity_factor, double aux_coef, double z_coef, int training)
+uint64_t ref_moe(double *out, double *aux, double *z, long *remote, const double *x, const double *wr,
+                 const double *wg, const double *wu, const double *wd, int N, int D, int E, int K, int F,
+                 double capacity_factor, double aux_coef, double z_coef, int training, int policy, int lo, int Es)
 {
-    double *p = malloc(sizeof(double) * N * E), *y = malloc(sizeof(double) * D);
-    double *frac = calloc(E, sizeof(double)), *mean_p = calloc(E, sizeof(double));
-    int *used = calloc(E, sizeof(int)), *kept = calloc(E, sizeof(int));
-    long capacity = training ? (long)ceil(capacity_factor * N * K / E) : -1;
+    /* the experts routed over: [r0, r0 + Er) of the router's columns */
+    const int r0 = policy == ROUTE_LOCAL ? lo : 0, Er = policy == ROUTE_LOCAL ? Es : E;
+    double *p = malloc(sizeof(double) * N * Er), *y = malloc(sizeof(double) * D);
+    double *frac = calloc(Er, sizeof(double)), *mean_p = calloc(Er, sizeof(double));
+    int *used = calloc(Er, sizeof(int)), *kept = calloc(Er, sizeof(int));
+    long capacity = training ? (long)ceil(capacity_factor * N * K / Er) : -1;
     uint64_t sig = 1469598103934665603ull;
     double zsum = 0;
     memset(out, 0, sizeof(double) * N * D);
     for (int t = 0; t < N; t++) {
         double mx = -INFINITY, sum = 0;
-        for (int e = 0; e < E; e++) {
+        for (int e = 0; e < Er; e++) {
             double l = 0;
-            for (int i = 0; i < D; i++) l += x[t * D + i] * wr[i * E + e];
-            p[t * E + e] = l;
+            for (int i = 0; i < D; i++) l += x[t * D + i] * wr[i * E + r0 + e];
+            p[t * Er + e] = l;
             if (l > mx) mx = l;
         }
-        for (int e = 0; e < E; e++) sum += exp(p[t * E + e] - mx);
+        for (int e = 0; e < Er; e++) sum += exp(p[t * Er + e] - mx);
         double lse = mx + log(sum);
         zsum += lse * lse;
-        for (int e = 0; e < E; e++) {
-            p[t * E + e] = exp(p[t * E + e] - lse);
-            mean_p[e] += p[t * E + e] / N;
+        for (int e = 0; e < Er; e++) {
+            p[t * Er + e] = exp(p[t * Er + e] - lse);
+            mean_p[e] += p[t * Er + e] / N;
         }
     }
     for (int t = 0; t < N; t++) {
-        memset(used, 0, sizeof(int) * E);
+        memset(used, 0, sizeof(int) * Er);
         for (int k = 0; k < K; k++) {
             int best = -1;
-            for (int e = 0; e < E; e++)
-                if (!used[e] && (best < 0 || p[t * E + e] > p[t * E + best])) best = e;
+            for (int e = 0; e < Er; e++)
+                if (!used[e] && (best < 0 || p[t * Er + e] > p[t * Er + best])) best = e;
             used[best] = 1;
             frac[best] += 1.0 / ((double)N * K);
+            const int held = r0 + best - lo; /* the held expert, or outside [0, Es) */
+            if (held < 0 || held >= Es) { /* ROUTE_DROP: held elsewhere, dropped before any capacity */
+                sig = (sig ^ (uint64_t)(best * 2 + 1)) * 1099511628211ull;
+                if (remote) ++*remote;
+                continue;
+            }
             int keep = capacity < 0 || kept[best] < capacity;
             sig = (sig ^ (uint64_t)(best * 2 + keep)) * 1099511628211ull;
             if (!keep) continue;
             kept[best]++;
-            ref_expert(y, x + t * D, wg + (size_t)best * D * F, wu + (size_t)best * D * F,
-                       wd + (size_t)best * F * D, D, F);
-            for (int i = 0; i < D; i++) out[t * D + i] += p[t * E + best] * y[i];
+            ref_expert(y, x + t * D, wg + (size_t)held * D * F, wu + (size_t)held * D * F,
+                       wd + (size_t)held * F * D, D, F);
+            for (int i = 0; i < D; i++) out[t * D + i] += p[t * Er + best] * y[i];
         }
     }
     if (aux) {
         double s = 0;
-        for (int e = 0; e < E; e++) s += frac[e] * mean_p[e];
-        *aux = aux_coef * E * s;
+        for (int e = 0; e < Er; e++) s += frac[e] * mean_p[e];
+        *aux = aux_coef * Er * s;
     }
     if (z) *z = z_coef * zsum / N;
     free(p);
@@ -172,7 +180,7 @@ static const double *P(const Model *m, const double *params, TensorId id, int la
 }
 
 double ref_model_loss(const Model *m, const double *params, const int *tokens, const int *targets,
-                      int B, int T, int training, uint64_t *route_sig)
+                      int B, int T, int training, uint64_t *route_sig, long *remote)
 {
     const ModelConfig *c = &m->cfg;
     const int N = B * T, D = c->dim, V = c->vocab, H = c->heads;
@@ -197,9 +205,10 @@ double ref_model_loss(const Model *m, const double *params, const int *tokens, c
         for (size_t i = 0; i < ND; i++) x[i] += o[i];
         ref_rmsnorm(xn, x, P(m, params, T_MOE_NORM, l), N, D);
         double aux = 0, z = 0;
-        sig = sig * 31 + ref_moe(o, &aux, &z, xn, P(m, params, T_ROUTER, l), P(m, params, T_W_GATE, l),
+        sig = sig * 31 + ref_moe(o, &aux, &z, remote, xn, P(m, params, T_ROUTER, l), P(m, params, T_W_GATE, l),
                                  P(m, params, T_W_UP, l), P(m, params, T_W_DOWN, l), N, D, c->experts,
-                                 c->top_k, c->ffn, c->capacity_factor, c->aux_loss, c->z_loss, training);
+                                 c->top_k, c->ffn, c->capacity_factor, c->aux_loss, c->z_loss, training, m->route,
+                                 m->route_begin, m->experts_local);
         if (training) extra += aux + z;
         for (size_t i = 0; i < ND; i++) x[i] += o[i];
     }

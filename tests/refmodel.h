@@ -21,16 +21,22 @@ void ref_attention(double *out, const double *q, const double *k, const double *
 void ref_expert(double *y, const double *x, const double *wg, const double *wu, const double *wd,
                 int D, int F);
 /* MoE layer on N tokens; returns routing signature (changes when any
- * top-k choice or capacity decision changes). aux/z may be NULL. */
-uint64_t ref_moe(double *out, double *aux, double *z, const double *x, const double *wr,
-                 const double *wg, const double *wu, const double *wd, int N, int D, int E, int K,
-                 int F, double capacity_factor, double aux_coef, double z_coef, int training);
+ * top-k choice or capacity decision changes). aux/z/remote may be NULL.
+ * The router wr is (D,E); the experts wg, wu, wd are the ones held,
+ * [lo, lo + Es) (lo = 0, Es = E: all), routed as model.h's RoutePolicy
+ * `policy` says, written from its definition; *remote += the copies routed
+ * to experts not held (ROUTE_DROP). */
+uint64_t ref_moe(double *out, double *aux, double *z, long *remote, const double *x, const double *wr,
+                 const double *wg, const double *wu, const double *wd, int N, int D, int E, int K, int F,
+                 double capacity_factor, double aux_coef, double z_coef, int training, int policy, int lo, int Es);
 /* mean cross-entropy over targets >= 0 of softmax(logits) */
 double ref_crossentropy(const double *logits, const int *targets, int N, int V);
 
 /* Whole-model loss: mean CE + (training ? sum of aux + z losses : 0), with
- * parameters in `params` laid out like m->params (double). */
+ * parameters in `params` laid out like m->params (double), routed as m's
+ * policy says for a learner of one rank (m's experts the learner's);
+ * *remote (may be NULL) += the copies routed to experts m lacks. */
 double ref_model_loss(const Model *m, const double *params, const int *tokens, const int *targets,
-                      int B, int T, int training, uint64_t *route_sig);
+                      int B, int T, int training, uint64_t *route_sig, long *remote);
 
 #endif

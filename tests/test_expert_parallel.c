@@ -9,6 +9,10 @@
  * copy goes to experts 0..k-1 on rank 0: other ranks receive nothing and
  * send nothing to themselves, and capacity overflows); sparse routing with
  * more experts than copies (experts that receive nothing).
+ * Split experts (model.h's RoutePolicy): a learner holding [b, b + Es) of
+ * E routed ROUTE_LOCAL or ROUTE_DROP, its Es experts sharded over the
+ * ranks, against one rank holding the same Es experts with the same policy
+ * (and the same copies dropped for being held elsewhere).
  * Each rank computes the single-rank reference itself (MPI_COMM_SELF).
  * Tolerance: float32 with different summation splits, |a-b| <= 2e-5 * max|b|.
  */
@@ -40,15 +44,25 @@ static double max_abs(const float *v, size_t n)
     return m;
 }
 
-/* returns the largest scaled error seen, agreed over all ranks */
-static double compare(const ModelConfig *c, int B, uint64_t seed, int zero_router, long *dropped_out)
+/* The learner's experts: [b, b + Es) routed by `policy` (ROUTE_ALL: all). */
+typedef struct {
+    RoutePolicy policy;
+    int b, Es;
+} Split;
+
+/* returns the largest scaled error seen, agreed over all ranks; *remote_out:
+ * the copies dropped for being held elsewhere */
+static double compare_split(const ModelConfig *c, int B, uint64_t seed, int zero_router, long *dropped_out,
+                            Split sp, long *remote_out)
 {
-    const int G = world.size, me = world.rank, T = c->context, El = c->experts / G;
+    const int G = world.size, me = world.rank, T = c->context, El = sp.Es / G;
     const int NB = B * G; /* sequences in the whole learner batch */
     Model ref, ep;
     Activations ra, ea;
-    assert_int_equal(model_create(&ref, c, 0, c->experts), 0);
-    assert_int_equal(model_create(&ep, c, me * El, El), 0);
+    assert_int_equal(model_create(&ref, c, sp.b, sp.Es), 0);
+    assert_int_equal(model_create(&ep, c, sp.b + me * El, El), 0);
+    assert_int_equal(model_set_route(&ref, sp.policy, sp.b), 0);
+    assert_int_equal(model_set_route(&ep, sp.policy, sp.b), 0);
     test_randomize(&ref, seed, zero_router);
     test_randomize(&ep, seed, zero_router);
     assert_int_equal(acts_create(&ra, c, NB, T, &self, RECOMPUTE_NONE), 0);
@@ -71,12 +85,14 @@ static double compare(const ModelConfig *c, int B, uint64_t seed, int zero_route
     for (int i = 0; i < B * T; i++)
         err = fmax(err, fabs(ea.losses[i] - ra.losses[(size_t)me * B * T + i]) / lscale);
     /* aux and z: the learner's values are the mean of the ranks' shares */
-    double shares[3] = {es.aux_loss, es.z_loss, (double)es.dropped};
-    MPI_Allreduce(MPI_IN_PLACE, shares, 3, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+    double shares[4] = {es.aux_loss, es.z_loss, (double)es.dropped, (double)es.remote_dropped};
+    MPI_Allreduce(MPI_IN_PLACE, shares, 4, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
     err = fmax(err, fabs(shares[0] / G - rs.aux_loss) / rs.aux_loss);
     err = fmax(err, fabs(shares[1] / G - rs.z_loss) / rs.z_loss);
     assert_int_equal((long)shares[2], rs.dropped);
+    assert_int_equal((long)shares[3], rs.remote_dropped);
     *dropped_out = rs.dropped;
+    *remote_out = rs.remote_dropped;
     /* dense gradients: sum over ranks */
     MPI_Allreduce(MPI_IN_PLACE, ep.grads, (int)ep.dense_end, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
     for (int t = 0; t < T_W_GATE; t++) {
@@ -103,6 +119,15 @@ static double compare(const ModelConfig *c, int B, uint64_t seed, int zero_route
     acts_destroy(&ea);
     model_destroy(&ref);
     model_destroy(&ep);
+    return err;
+}
+
+static double compare(const ModelConfig *c, int B, uint64_t seed, int zero_router, long *dropped_out)
+{
+    const Split all = {ROUTE_ALL, 0, c->experts};
+    long remote;
+    const double err = compare_split(c, B, seed, zero_router, dropped_out, all, &remote);
+    assert_int_equal(remote, 0);
     return err;
 }
 
@@ -143,6 +168,24 @@ static void test_idle_experts_no_capacity_limit(void **state)
     assert_true(err < 2e-5);
 }
 
+/* E = 8, the learner holds [2, 6) (2 or 1 per rank over 2 or 4 ranks):
+ * the masked router, and the full router dropping the copies to 0, 1, 6,
+ * 7; with capacity drops. */
+static void test_split_experts(void **state)
+{
+    (void)state;
+    ModelConfig c = test_model_config(5, 3);
+    c.experts = 8;
+    for (int policy = ROUTE_LOCAL; policy <= ROUTE_DROP; policy++) {
+        const Split sp = {(RoutePolicy)policy, 2, 4};
+        long dropped, remote;
+        double err = compare_split(&c, 2, 8 + policy, 0, &dropped, sp, &remote);
+        assert_true(dropped > 0);
+        assert_true(policy == ROUTE_LOCAL ? remote == 0 : remote > 0);
+        assert_true(err < 2e-5);
+    }
+}
+
 int main(int argc, char **argv)
 {
     blas_select_reexec(argv);
@@ -154,6 +197,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_random_routing_with_overflow),
         cmocka_unit_test(test_zero_router_everything_to_rank0),
         cmocka_unit_test(test_idle_experts_no_capacity_limit),
+        cmocka_unit_test(test_split_experts),
     };
     int failed = cmocka_run_group_tests(tests, NULL, NULL);
     MPI_Finalize();

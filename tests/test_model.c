@@ -76,7 +76,7 @@ static void gradient_check(const ModelConfig *cfg, int B, int T, uint64_t seed, 
     double *p = malloc(sizeof(double) * m.n_params);
     for (size_t i = 0; i < m.n_params; i++) p[i] = m.params[i];
     uint64_t sig0;
-    const double ref = ref_model_loss(&m, p, tokens, targets, B, T, 1, &sig0);
+    const double ref = ref_model_loss(&m, p, tokens, targets, B, T, 1, &sig0, NULL);
     assert_true(fabs(loss - ref) <= 1e-5 * fabs(ref));
 
     /* finite differences over every parameter */
@@ -90,9 +90,9 @@ static void gradient_check(const ModelConfig *cfg, int B, int T, uint64_t seed, 
             const double eps = 1e-6, keep = p[i];
             uint64_t sp, sm;
             p[i] = keep + eps;
-            double lp = ref_model_loss(&m, p, tokens, targets, B, T, 1, &sp);
+            double lp = ref_model_loss(&m, p, tokens, targets, B, T, 1, &sp, NULL);
             p[i] = keep - eps;
-            double lm = ref_model_loss(&m, p, tokens, targets, B, T, 1, &sm);
+            double lm = ref_model_loss(&m, p, tokens, targets, B, T, 1, &sm, NULL);
             p[i] = keep;
             if (sp != sig0 || sm != sig0) { /* routing flipped: not differentiable here */
                 fd[i] = NAN;
@@ -211,7 +211,7 @@ static void test_eval_forward_matches_reference(void **state)
     assert_int_equal(st.n_targets, N - 1);
     double *p = malloc(sizeof(double) * m.n_params);
     for (size_t i = 0; i < m.n_params; i++) p[i] = m.params[i];
-    double ref = ref_model_loss(&m, p, tokens, targets, B, T, 0, NULL);
+    double ref = ref_model_loss(&m, p, tokens, targets, B, T, 0, NULL, NULL);
     assert_true(fabs(st.ce_sum / st.n_targets - ref) <= 1e-5 * ref);
     free(p);
     acts_destroy(&a);
@@ -304,8 +304,11 @@ static void test_capacity_overflow_in_arrival_order(void **state)
     /* expert 0 chosen by copies 0,2,4,6: 4,6 dropped; expert 1 by 1,5,7,9:
      * 7,9 dropped; expert 2 by 3,8: both kept. Kept copies first, by
      * expert, then the dropped ones by expert */
-    assert_int_equal(moe_send_plan(send_copy, copy_slot, send_counts, pos, choice, cnt, N, K, 1, E, 0, 2), 6);
+    int remote;
+    assert_int_equal(moe_send_plan(send_copy, copy_slot, send_counts, pos, choice, cnt, N, K, 1, E, 0, 2, 0, E, &remote),
+                     6);
     assert_int_equal(send_counts[0], 6);
+    assert_int_equal(remote, 0);
     const int slot[N * K] = {0, 2, 1, 4, 6, 3, 7, 8, 5, 9};
     for (int i = 0; i < N * K; i++) {
         assert_int_equal(copy_slot[i], slot[i]);
@@ -321,7 +324,8 @@ static void test_capacity_overflow_in_arrival_order(void **state)
         assert_int_equal(row_src[a], a);
     }
     /* evaluation: no capacity, nothing dropped */
-    assert_int_equal(moe_send_plan(send_copy, copy_slot, send_counts, pos, choice, cnt, N, K, 1, E, 0, -1), N * K);
+    assert_int_equal(moe_send_plan(send_copy, copy_slot, send_counts, pos, choice, cnt, N, K, 1, E, 0, -1, 0, E, &remote),
+                     N * K);
     assert_int_equal(moe_owner_plan(recv_row, row_src, start, &dropped, cnt, 1, E, 0, -1), N * K);
     assert_int_equal(dropped, 0);
 }
@@ -369,8 +373,9 @@ static void test_plan_against_direct_rule(void **state)
         /* the plan */
         int send_copy[GMAX][C], copy_slot[GMAX][C], send_counts[GMAX][GMAX], n_sent[GMAX], pos[4 * EMAX];
         for (int s = 0; s < G; s++) {
+            int remote;
             n_sent[s] = moe_send_plan(send_copy[s], copy_slot[s], send_counts[s], pos, choice[s], cnt, N, K, G, El,
-                                      s, cap);
+                                      s, cap, 0, E, &remote);
             int sent = 0;
             for (int d = 0; d < G; d++) sent += send_counts[s][d];
             assert_int_equal(sent, n_sent[s]);

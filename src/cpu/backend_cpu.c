@@ -242,6 +242,17 @@ static void cpu_set_progress(Backend *b, void (*fn)(void *ctx), void *ctx)
     cpu(b)->acts.progress_ctx = ctx;
 }
 
+static int cpu_set_route(Backend *b, RoutePolicy policy, int learner_begin)
+{
+    CpuBackend *c = cpu(b);
+    Model m = c->model; /* checked on a copy: a misfit leaves the routing as it was */
+    CHECK(model_set_route(&m, policy, learner_begin));
+    CHECK(model_route_check(&m, c->acts.G, c->learner->rank));
+    c->model.route = b->table.route = policy;
+    c->model.route_begin = b->table.route_begin = learner_begin;
+    return ISTH_OK;
+}
+
 static const BackendOps cpu_ops = {
     .name = "cpu",
     .destroy = cpu_destroy,
@@ -261,6 +272,7 @@ static const BackendOps cpu_ops = {
     .encode_ef = NULL, /* payload.c's host codec is this backend's */
     .set_progress = cpu_set_progress,
     .predict = cpu_predict,
+    .set_route = cpu_set_route,
 };
 
 /* OpenMP and OpenBLAS thread counts (0 = leave the defaults). */

@@ -84,9 +84,14 @@ int rmsnorm_backward(float *dinp, float *dweight, const float *dout, const float
 
 void matmul_forward(float *out, const float *inp, const float *weight, size_t N, int C, int OC)
 {
+    matmul_forward_ldw(out, inp, weight, OC, N, C, OC);
+}
+
+void matmul_forward_ldw(float *out, const float *inp, const float *weight, int ldw, size_t N, int C, int OC)
+{
     if (N == 0) return;
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)N, OC, C, 1.0f, inp, C, weight,
-                OC, 0.0f, out, OC);
+                ldw, 0.0f, out, OC);
 }
 
 void tied_head_forward(float *logits, const float *x, const float *embed, size_t N, int D, int V)
@@ -106,13 +111,19 @@ void tied_head_backward(float *dx, float *dembed, const float *dlogits, const fl
 void matmul_backward(float *dinp, float *dweight, const float *dout, const float *inp,
                      const float *weight, size_t N, int C, int OC)
 {
+    matmul_backward_ldw(dinp, dweight, dout, inp, weight, OC, N, C, OC);
+}
+
+void matmul_backward_ldw(float *dinp, float *dweight, const float *dout, const float *inp, const float *weight,
+                         int ldw, size_t N, int C, int OC)
+{
     if (N == 0) return;
     if (dinp)
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)N, C, OC, 1.0f, dout, OC, weight,
-                    OC, 1.0f, dinp, C);
+                    ldw, 1.0f, dinp, C);
     if (dweight)
         cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, C, OC, (int)N, 1.0f, inp, C, dout, OC,
-                    1.0f, dweight, OC);
+                    1.0f, dweight, ldw);
 }
 
 void rope_tables(float *cos_t, float *sin_t, int T, int Dh)

@@ -31,6 +31,13 @@ void matmul_forward(float *out, const float *inp, const float *weight, size_t N,
 /* dinp (N,C) += dout . weight^T ; dweight (C,OC) += inp^T . dout. Either may be NULL. */
 void matmul_backward(float *dinp, float *dweight, const float *dout, const float *inp,
                      const float *weight, size_t N, int C, int OC);
+/* The same products on OC columns of a weight (and its gradient) stored
+ * with rows of ldw >= OC floats: weight points at the first column used
+ * (a router's columns of one site's experts). ldw = OC: the products above,
+ * the same call. */
+void matmul_forward_ldw(float *out, const float *inp, const float *weight, int ldw, size_t N, int C, int OC);
+void matmul_backward_ldw(float *dinp, float *dweight, const float *dout, const float *inp, const float *weight,
+                         int ldw, size_t N, int C, int OC);
 
 /* The tied output head: logits (N,V) = x (N,D) . embed (V,D)^T. */
 void tied_head_forward(float *logits, const float *x, const float *embed, size_t N, int D, int V);

@@ -45,20 +45,22 @@ void router_stats(int *counts, double *mean_prob, const int *choice, const float
 }
 
 int moe_send_plan(int *send_copy, int *copy_slot, int *send_counts, int *pos, const int *choice, const int *cnt,
-                  size_t N, int K, int G, int El, int me, int cap)
+                  size_t N, int K, int G, int El, int me, int cap, int off, int E, int *n_remote)
 {
-    const int E = G * El;
+    const int Es = G * El, W = route_slot_groups(Es, E);
     const size_t copies = N * (size_t)K;
-    for (int d = 0; d < G; d++) send_counts[d] = route_send_count(cnt, E, El, me, d, cap);
-    /* pos[e]: the next position among this rank's copies of e */
-    int *kept = pos + E, *base = pos + 2 * E, *dbase = pos + 3 * E;
-    const int n_kept = route_source_bases(cnt, E, me, cap, kept, base, dbase);
-    for (int e = 0; e < E; e++) pos[e] = 0;
+    for (int d = 0; d < G; d++) send_counts[d] = route_send_count(cnt, Es, El, me, d, cap);
+    /* pos[g]: the next position among this rank's copies of group g */
+    int *kept = pos + W, *base = pos + 2 * W, *dbase = pos + 3 * W;
+    const int n_kept = route_source_bases_split(cnt, Es, W, me, cap, kept, base, dbase);
+    for (int g = 0; g < W; g++) pos[g] = 0;
     for (size_t i = 0; i < copies; i++) {
-        const int e = choice[i], slot = route_slot_from_bases(kept, base, dbase, e, pos[e]++);
+        const int g = route_local_expert(choice[i], off, Es); /* Es: held elsewhere */
+        const int slot = route_slot_from_bases(kept, base, dbase, g, pos[g]++);
         copy_slot[i] = slot;
         send_copy[slot] = (int)i;
     }
+    *n_remote = W > Es ? pos[Es] : 0;
     return n_kept;
 }
 

@@ -25,7 +25,13 @@
  * says which, route_plan.h) take the slots after them and are not sent.
  * Owner side: the copies received for this rank's El experts, from each
  * source in rank order — the (source rank, position) order the capacity
- * rule uses — grouped by expert into compute rows. */
+ * rule uses — grouped by expert into compute rows.
+ * Split experts (model.h's RoutePolicy): the learner's experts may be a
+ * range of the router's; probs, choice, frac and mean_prob are as wide as
+ * the router's probabilities (Er: RouteSpan), the plan's experts are the
+ * learner's. ROUTE_DROP's copies to experts it does not hold take the
+ * slots after every copy of its own experts (route_plan.h) and are not
+ * sent: zeros, as the capacity's dropped ones. */
 typedef struct {
     float *probs;       /* (N,E) softmax of router logits */
     float *lse;         /* (N) logsumexp of router logits (z-loss) */
@@ -44,6 +50,7 @@ typedef struct {
     int *row_src;       /* (rows) received index of each compute row */
     int *expert_start;  /* (El+1) rows [expert_start[e], expert_start[e+1]) are expert e */
     int rows, dropped;  /* rows = n_recv; dropped: copies of this rank's experts beyond capacity */
+    int remote;         /* this rank's copies to experts the learner does not hold (ROUTE_DROP) */
     int row_cap, row_cap_f;
     float *xrows;       /* (rows,D) expert inputs, saved for backward */
     float *arows, *urows, *hrows; /* (rows,F) */
@@ -62,13 +69,17 @@ void router_topk(int *choice, const float *probs, size_t N, int E, int K);
 void router_stats(int *counts, double *mean_prob, const int *choice, const float *probs, size_t N,
                   int E, int K);
 /* The dispatch plan of learner rank `me` from the learner's count matrix
- * cnt (G,E) and the capacity (route_plan.h says how every rank derives the
- * same plan). Source side: copy_slot (N*K: copy -> slot), send_copy (slot
+ * cnt (G, G*El: its experts') and the capacity (route_plan.h says how every
+ * rank derives the same plan). choice: experts of the router's E; the
+ * learner's expert is choice - off, a copy outside [0, G*El) goes to an
+ * expert held elsewhere (ROUTE_DROP; off = 0 and E = G*El when it holds
+ * them all). Source side: copy_slot (N*K: copy -> slot), send_copy (slot
  * -> copy), send_counts (G: kept rows to each rank, in slot order); kept
- * copies take the first slots, in expert order; returns how many. pos: 4*E
- * ints of scratch. */
+ * copies take the first slots, in expert order; returns how many;
+ * *n_remote = the copies to experts held elsewhere (the last slots). pos:
+ * 4*E ints of scratch. */
 int moe_send_plan(int *send_copy, int *copy_slot, int *send_counts, int *pos, const int *choice, const int *cnt,
-                  size_t N, int K, int G, int El, int me, int cap);
+                  size_t N, int K, int G, int El, int me, int cap, int off, int E, int *n_remote);
 /* Owner side: recv_counts (G: rows arriving from each rank); returns their sum. */
 int moe_recv_count(int *recv_counts, const int *cnt, int G, int El, int me, int cap);
 /* Owner side: recv_row (arrival -> compute row), row_src (row -> arrival),

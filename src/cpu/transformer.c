@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "layers.h"
+#include "route_plan.h"
 #include "status.h"
 
 /* The dimensions of a (no buffers). */
@@ -237,35 +238,43 @@ static void expert_weights(const Model *m, int l, int e, const float **wg, const
  * (source rank, position) order, outputs return (all-to-all) and are
  * combined with the gates; dropped copies are never sent and return
  * zeros. With G = 1 the exchanges are copies and the arithmetic is the
- * same. */
+ * same. The routing policy (model.h) sets the router's columns read and
+ * the width of its probabilities (RouteSpan: Er = E unless ROUTE_LOCAL);
+ * the plan covers the learner's experts only. */
 static int moe_forward(float *out, const Model *m, Activations *a, int l, size_t N, int training,
                        ForwardStats *st)
 {
-    const int D = a->dims.D, E = a->dims.E, K = a->dims.K, F = a->dims.F, G = a->G, El = a->El, me = a->ep->rank;
+    const int D = a->dims.D, E = a->dims.E, K = a->dims.K, F = a->dims.F, G = a->G, El = m->experts_local,
+              me = a->ep->rank;
+    const RouteSpan sp = model_route_span(m, G);
+    const int Er = sp.Er;
     MoeRouting *r = &a->route[slot(a, l)];
     const float *xn = SLICE(a->xn2, slot(a, l), (size_t)a->B * a->T * D);
 
-    /* route: logits (N,E) = xn . router ; probs ; top-k ; learner-wide f_e */
-    matmul_forward(a->router_logits, xn, model_param(m, T_ROUTER, l), N, D, E);
-    router_softmax_forward(r->probs, r->lse, a->router_logits, N, E);
-    router_topk(r->choice, r->probs, N, E, K);
-    router_stats(a->counts, r->mean_prob, r->choice, r->probs, N, E, K);
-    CHECK(coll_allgather_int(a->ep, a->counts, E, a->counts_all));
+    /* route: logits (N,Er) = xn . router's columns [col, col+Er) ; probs ; top-k ; learner-wide f_e */
+    matmul_forward_ldw(a->router_logits, xn, model_param(m, T_ROUTER, l) + sp.col, E, N, D, Er);
+    router_softmax_forward(r->probs, r->lse, a->router_logits, N, Er);
+    router_topk(r->choice, r->probs, N, Er, K);
+    router_stats(a->counts, r->mean_prob, r->choice, r->probs, N, Er, K);
+    CHECK(coll_allgather_int(a->ep, a->counts, Er, a->counts_all));
     const double learner_copies = (double)N * G * K;
-    for (int e = 0; e < E; e++) {
+    for (int e = 0; e < Er; e++) {
         int total = 0; /* integers: the same in any order */
-        for (int s = 0; s < G; s++) total += a->counts_all[s * E + e];
+        for (int s = 0; s < G; s++) total += a->counts_all[s * Er + e];
         r->frac[e] = total / learner_copies;
     }
-    const int capacity = training ? moe_capacity(m->cfg.capacity_factor, N * (size_t)G, K, E) : -1;
+    const int capacity = training ? moe_capacity(m->cfg.capacity_factor, N * (size_t)G, K, Er) : -1;
     if (training) {
-        st->aux_loss += moe_balance_loss(r->frac, r->mean_prob, E, m->cfg.aux_loss);
+        st->aux_loss += moe_balance_loss(r->frac, r->mean_prob, Er, m->cfg.aux_loss);
         st->z_loss += moe_z_loss(r->lse, N, m->cfg.z_loss);
     }
 
-    /* the plan: slots of this rank's copies, arrivals and rows of its experts */
+    /* the plan: slots of this rank's copies, arrivals and rows of its experts
+     * (the count matrix of the learner's experts: ROUTE_DROP's columns) */
+    if (sp.Es < Er) route_keep_columns(a->counts_all, G, Er, sp.off, sp.Es);
     r->n_sent = moe_send_plan(r->send_copy, r->copy_slot, r->send_counts, a->counts, r->choice, a->counts_all, N, K,
-                              G, El, me, capacity);
+                              G, El, me, capacity, sp.off, Er, &r->remote);
+    st->remote_dropped += r->remote;
     const int n_recv = moe_recv_count(r->recv_counts, a->counts_all, G, El, me, capacity);
     CHECK(ensure_owner(a, r, n_recv));
     r->n_recv = n_recv;
@@ -296,7 +305,7 @@ static int moe_forward(float *out, const Model *m, Activations *a, int l, size_t
     rows_gather(leaving, yrows, r->recv_row, (size_t)n_recv, D);
     CHECK(coll_alltoallv_rows(a->ep, leaving, r->recv_counts, r->y_back, r->send_counts, D));
     memset(r->y_back + (size_t)r->n_sent * D, 0, (N * (size_t)K - (size_t)r->n_sent) * D * sizeof(float));
-    moe_combine_forward(out, r, N, E, K, D);
+    moe_combine_forward(out, r, N, Er, K, D);
     return ISTH_OK;
 }
 
@@ -329,9 +338,10 @@ static int layer_forward(const Model *m, Activations *a, int l, int training, Fo
 int transformer_forward(const Model *m, Activations *a, const int *tokens, const int *targets,
                         int B, int T, int training, ForwardStats *st)
 {
-    if (B > a->B || T > a->T || m->experts_local != a->El)
+    if (B > a->B || T > a->T)
         return isth_fail(ISTH_ERUNTIME, "transformer_forward: batch %dx%d exceeds buffers %dx%d",
                          B, T, a->B, a->T);
+    CHECK(model_route_check(m, a->G, a->ep->rank)); /* and so experts_local <= a->El */
     const int L = a->dims.L, D = a->dims.D, V = a->dims.V;
     const size_t N = (size_t)B * T, ND = (size_t)a->B * a->T * D; /* ND: per-layer stride */
     memset(st, 0, sizeof *st);
@@ -362,14 +372,16 @@ int transformer_forward(const Model *m, Activations *a, const int *tokens, const
 static int moe_backward(float *dxn, Model *m, Activations *a, int l, const float *dout,
                         float loss_scale)
 {
-    const int D = a->dims.D, E = a->dims.E, K = a->dims.K, F = a->dims.F, El = a->El;
+    const int D = a->dims.D, E = a->dims.E, K = a->dims.K, F = a->dims.F, El = m->experts_local;
+    const RouteSpan sp = model_route_span(m, a->G);
+    const int Er = sp.Er;
     const size_t N = a->N;
     MoeRouting *r = &a->route[slot(a, l)];
     const float *xn = SLICE(a->xn2, slot(a, l), (size_t)a->B * a->T * D);
 
     /* combine backward: gate gradients here, row gradients to the owners */
-    memset(a->dprobs, 0, N * E * sizeof(float));
-    moe_combine_backward(a->send_rows, a->dprobs, dout, r, N, E, K, D);
+    memset(a->dprobs, 0, N * Er * sizeof(float));
+    moe_combine_backward(a->send_rows, a->dprobs, dout, r, N, Er, K, D);
     float *arrived = a->G > 1 ? a->recv_rows : a->send_rows;
     CHECK(coll_alltoallv_rows(a->ep, a->send_rows, r->send_counts, arrived, r->recv_counts, D));
     float *dyrows = a->row_tmp, *dxrows = a->row_tmp2;
@@ -391,11 +403,11 @@ static int moe_backward(float *dxn, Model *m, Activations *a, int l, const float
     memset(a->back_rows + (size_t)r->n_sent * D, 0, (N * (size_t)K - (size_t)r->n_sent) * D * sizeof(float));
     moe_scatter_add(dxn, a->back_rows, r, N, K, D);
 
-    /* router: balance and z losses, softmax, projection */
-    moe_balance_backward(a->dprobs, r->frac, N, E, m->cfg.aux_loss, loss_scale);
-    router_softmax_backward(a->dlogits, a->dprobs, r->probs, r->lse, N, E, m->cfg.z_loss, loss_scale);
-    matmul_backward(dxn, model_grad(m, T_ROUTER, l), a->dlogits, xn, model_param(m, T_ROUTER, l), N,
-                    D, E);
+    /* router: balance and z losses, softmax, projection (into the columns read) */
+    moe_balance_backward(a->dprobs, r->frac, N, Er, m->cfg.aux_loss, loss_scale);
+    router_softmax_backward(a->dlogits, a->dprobs, r->probs, r->lse, N, Er, m->cfg.z_loss, loss_scale);
+    matmul_backward_ldw(dxn, model_grad(m, T_ROUTER, l) + sp.col, a->dlogits, xn, model_param(m, T_ROUTER, l) + sp.col,
+                        E, N, D, Er);
     return ISTH_OK;
 }
 

@@ -20,7 +20,8 @@
 typedef struct {
     int B, T;                 /* allocated for up to B sequences of T */
     ModelDims dims;           /* the model's sizes (model.h) */
-    int G, El;                /* ranks in the learner, experts on this rank */
+    int G, El;                /* ranks in the learner, experts a rank holds at most (E / G: the
+                               * buffers'); a model with split experts holds fewer (model.h) */
     Coll *ep;                 /* expert-parallel group (the learner) */
     int B_cur, T_cur;         /* sizes of the last forward */
     size_t N;                 /* B_cur*T_cur */
@@ -84,9 +85,11 @@ double acts_expert_row_bytes(const ModelConfig *cfg, double n, Recompute recompu
 int transformer_forward(const Model *m, Activations *a, const int *tokens, const int *targets,
                         int B, int T, int training, ForwardStats *st);
 /* Every rank of the learner must make the same sequence of forward and
- * backward calls (they exchange expert rows). aux_loss/z_loss/dropped in
- * ForwardStats are this rank's share: sum them over the learner's ranks and
- * divide aux/z by G for the learner's values. */
+ * backward calls (they exchange expert rows). aux_loss/z_loss/dropped/
+ * remote_dropped in ForwardStats are this rank's share: sum them over the
+ * learner's ranks and divide aux/z by G for the learner's values. The
+ * model's routing policy (model.h) applies, training or not; the model
+ * must fit the learner (model_route_check: a one-line error otherwise). */
 
 /* Accumulate into m->grads the gradient of
  *   loss_scale * (ce_sum / n_targets + aux_loss + z_loss)
