@@ -6,6 +6,7 @@
 #include "alloc.h"
 #include "ckpt_validate.h"
 #include "coll.h"
+#include "expert_split.h"
 #include "plan.h"
 #include "stateview.h"
 #include "status.h"
@@ -44,6 +45,12 @@ int modelfile_config(const char *path, const char *const *overrides, int n_overr
     if (origin) snprintf(origin, cap, "%s", from);
     const int rc = config_load_text(cfg, text, from, overrides, n_overrides);
     isth_free(text);
+    /* a site's file of a split run holds that site's experts only (the
+     * others' values are not in it): nothing here may read it as a model */
+    if (rc == ISTH_OK && expert_split_on(cfg))
+        return isth_fail(ISTH_EINPUT, "model %s: the run split its experts across sites ([outer] experts = split): "
+                         "a site's file holds that site's experts only, and the whole model's assembly is not built "
+                         "yet", path);
     return rc;
 }
 

@@ -69,7 +69,8 @@ static uint64_t fnv1a(uint64_t h, const void *data, size_t n)
 
 #define FNV_OFFSET 14695981039346656037ull
 
-int model_fingerprint(const ChunkTable *ct, ChunkView view, void *ctx, MPI_Comm learner_comm, uint64_t *out)
+int model_fingerprint(const ChunkTable *ct, ChunkView view, void *ctx, MPI_Comm learner_comm, uint64_t *out,
+                      uint64_t *crossing)
 {
     uint64_t *blocks = isth_calloc((size_t)ct->n_chunks, sizeof(uint64_t));
     CHECK_ALLOC(blocks);
@@ -81,6 +82,9 @@ int model_fingerprint(const ChunkTable *ct, ChunkView view, void *ctx, MPI_Comm 
     /* each chunk hashed by exactly one rank: XOR with zeros is exact */
     int rc = coll_allreduce_comm(learner_comm, blocks, (size_t)ct->n_chunks, MPI_UINT64_T, sizeof(uint64_t), MPI_BXOR);
     *out = fnv1a(FNV_OFFSET, blocks, (size_t)ct->n_chunks * sizeof(uint64_t));
+    for (int c = 0; c < ct->n_chunks; c++) /* the chunks that stay at their site count as zeros */
+        if (!chunk_crosses(ct, c)) blocks[c] = 0;
+    *crossing = fnv1a(FNV_OFFSET, blocks, (size_t)ct->n_chunks * sizeof(uint64_t));
     isth_free(blocks);
     return rc;
 }

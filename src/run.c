@@ -23,7 +23,6 @@
 #include "coll.h"
 #include "stateview.h"
 #include "status.h"
-#include "expert_split.h"
 #include "stop.h"
 
 /* The state replicas must agree on, each chunk from its owner: the anchor
@@ -44,9 +43,10 @@ static const float *replica_view(void *ctx, int t, int l, int e)
  * bug or a hardware fault, and training on would silently mix models. */
 static int check_replicas(Trainer *tr)
 {
-    uint64_t fp;
+    uint64_t fp, fpx;
     /* outer modes: learners differ between outer steps; the anchor (global
-     * model) must agree */
+     * model) must agree: every chunk inside a site, across sites the chunks
+     * that cross (split experts stay at their site) */
     const Topology *t = &tr->topo;
     ReplicaView view = {.tr = tr};
     const int sync = tr->mode == MODE_SYNC;
@@ -57,7 +57,7 @@ static int check_replicas(Trainer *tr)
         return ISTH_ERUNTIME;
     }
     state_view_begin(&view.weights, tr->be, STATE_PARAMS, NULL, trainer_owns_chunk, &tr->shard, 0);
-    int frc = model_fingerprint(&tr->shard.table, replica_view, &view, t->learner_comm, &fp);
+    int frc = model_fingerprint(&tr->shard.table, replica_view, &view, t->learner_comm, &fp, &fpx);
     const int vrc = state_view_end(&view.weights, 0);
     state_view_destroy(&view.weights);
     CHECK(frc);
@@ -77,7 +77,7 @@ static int check_replicas(Trainer *tr)
             rc = isth_fail(ISTH_ERUNTIME, "step %ld: replicas diverged: rank %d fingerprint %016llx, rank %d %016llx",
                            tr->step, t->sites[t->site].first_rank + r, (unsigned long long)all[r],
                            t->sites[t->site].first_rank, (unsigned long long)all[0]);
-    if (rc == ISTH_OK) rc = trainer_control(tr, &fp, sizeof fp, all, "replica check");
+    if (rc == ISTH_OK) rc = trainer_control(tr, &fpx, sizeof fpx, all, "replica check");
     int ref = 0; /* the first site still present */
     while (ref < t->n_sites - 1 && link_is_lost(&tr->link, ref)) ref++;
     all[0] = all[ref];
@@ -91,9 +91,13 @@ static int check_replicas(Trainer *tr)
         }
     isth_free(all);
     CHECK(rc);
-    if (tr->log)
+    if (tr->log && !t->experts_split)
         printf("replicas identical at step %ld: %d learner(s), fingerprint %016llx\n", tr->step,
                tr->topo.n_learners, (unsigned long long)fp);
+    else if (tr->log)
+        printf("replicas identical at step %ld: %d learner(s); the site's fingerprint %016llx, the dense part's "
+               "(every site) %016llx\n", tr->step, tr->topo.n_learners, (unsigned long long)fp,
+               (unsigned long long)fpx);
     return ISTH_OK;
 }
 
@@ -582,10 +586,6 @@ static int resume_run(Trainer *tr, const char *resume, int *complete, long *load
 
 int train_run(const Config *cfg, const char *resume, const char *site)
 {
-    if (expert_split_on(cfg)) /* config and plan show the assignment; the trainer does not take it yet */
-        return isth_fail(ISTH_EINPUT, "config %s: [outer] experts = split: training with the experts split across "
-                         "sites is not built yet (isthmus config and plan show the assignment and its bytes; "
-                         "docs/architecture.md, Experts split across sites)", cfg->source);
     const double started = now_s();
     /* the federated launch joins the sites first: the world spans them */
     static Federation fed; /* static: the world outlives a failed run's frame (fault_end_job) */
@@ -722,7 +722,7 @@ int train_run(const Config *cfg, const char *resume, const char *site)
     const int wrote = finished && rc == ISTH_OK && (rc = trainer_write_model(&tr, path)) == ISTH_OK;
     if (wrote) rc = trainer_eval(&tr);
     if (wrote && rc == ISTH_OK && tc->sample_every > 0) rc = trainer_sample(&tr);
-    if (wrote && tr.log && trainer_lead_site(&tr) == tr.topo.site) {
+    if (wrote && tr.log && trainer_lead_site(&tr) == tr.topo.site && !tr.topo.experts_split) {
         printf("wrote %s (step %ld)%s\n", path, tr.step, rc == ISTH_OK ? "" : ", before the final evaluation failed");
         fflush(stdout);
     }

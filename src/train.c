@@ -143,6 +143,9 @@ int trainer_create(Trainer *tr, const Config *cfg, int log, MPI_Comm world, cons
 
     CHECK(backend_create(&tr->be, cfg, tr->micro_batch, t->expert_begin, t->experts_local, &tr->ep));
     CHECK(backend_print_devices(cfg, tr->be)); /* each rank's GPU: the launcher's binding, checked at a glance */
+    if (t->experts_split) /* the learner holds its site's experts: the router chooses among them, or drops the rest */
+        CHECK(tr->be->ops->set_route(tr->be, strcmp(cfg->outer.expert_routing, "drop") ? ROUTE_LOCAL : ROUTE_DROP,
+                                     t->sites[t->site].expert_begin));
     tr->model = tr->be->table;
     link_init(&tr->link, world, cfg->outer.timeout, t->sites[t->site].name);
     {
@@ -538,6 +541,12 @@ int trainer_owns_chunk(const void *shard, int c) { return shard_owns(shard, c); 
 
 int trainer_write_model(Trainer *tr, const char *path)
 {
+    if (tr->topo.experts_split) { /* no site holds every expert; a file of one site's would read as a whole model */
+        if (tr->log)
+            printf("%s: not written: the experts are split across sites and the whole model's assembly is not built "
+                   "yet; each site's checkpoint holds its experts\n", path);
+        return ISTH_OK;
+    }
     if (tr->topo.learner != tr->topo.sites[trainer_lead_site(tr)].first_learner) return ISTH_OK;
     H5Meta meta = {tr->step, tr->tokens_seen, tr->train.width};
     fault_watchdog_arm(tr->cfg.checkpoint.timeout, "writing the model file", FAULT_HINT_IO);
