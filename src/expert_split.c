@@ -19,6 +19,17 @@ static int refuse(char *why, size_t size, ExpertSplitFault *bad, int site, const
     return 1;
 }
 
+static int local_routing(const Config *cfg) { return strcmp(cfg->outer.expert_routing, "drop") != 0; }
+
+/* The fewest experts a site of learners of g ranks can train: whole
+ * experts per rank, and with local routing at least top_k (its tokens
+ * choose top_k among its own). */
+static int least_experts(const Config *cfg, int g)
+{
+    const int k = local_routing(cfg) ? cfg->model.top_k : 1;
+    return (k + g - 1) / g * g;
+}
+
 /* "LO-HI" (inclusive) or "N": *lo, *hi; nonzero when it is neither. */
 static int parse_range(const char *text, int *lo, int *hi)
 {
@@ -51,6 +62,10 @@ static int given_ranges(const Config *cfg, ExpertSplit *x, char *why, size_t siz
         else if (hi >= E)
             rc = refuse(why, size, bad, s, "experts", "[site.%s] experts = %s: ids run from 0 to %d ([model] experts = %d)",
                         st->name, st->experts, E - 1, E);
+        else if (local_routing(cfg) && hi - lo + 1 < cfg->model.top_k)
+            rc = refuse(why, size, bad, s, "experts", "[site.%s] experts = %s: %d expert(s), fewer than top_k = %d "
+                        "(expert_routing = local chooses top_k among the site's own)", st->name, st->experts,
+                        hi - lo + 1, cfg->model.top_k);
         else if ((hi - lo + 1) % st->learner_ranks)
             rc = refuse(why, size, bad, s, "experts", "[site.%s] experts = %s: %d experts over learner_ranks = %d ranks: "
                         "every rank holds whole experts (a multiple of %d)", st->name, st->experts, hi - lo + 1,
@@ -75,7 +90,7 @@ static int given_ranges(const Config *cfg, ExpertSplit *x, char *why, size_t siz
 }
 
 /* Ranges in proportion to the shares: each site's count a multiple of its
- * learner_ranks, at least one multiple; the remainder to the sites
+ * learner_ranks, at least least_experts; the remainder to the sites
  * furthest below their share (ties to the first site), the surplus taken
  * from those furthest above it. */
 static int shared_ranges(const Config *cfg, ExpertSplit *x, char *why, size_t size, ExpertSplitFault *bad)
@@ -83,18 +98,20 @@ static int shared_ranges(const Config *cfg, ExpertSplit *x, char *why, size_t si
     const int E = cfg->model.experts, S = cfg->n_sites;
     double target[CONFIG_MAX_SITES];
     int sum = 0;
+    int least[CONFIG_MAX_SITES];
     for (int s = 0; s < S; s++) {
         const int g = cfg->sites[s].learner_ranks;
+        least[s] = least_experts(cfg, g);
         target[s] = E * x->share[s];
         int n = (int)(target[s] / g) * g;
-        x->count[s] = n < g ? g : n;
+        x->count[s] = n < least[s] ? least[s] : n;
         sum += x->count[s];
     }
     while (sum != E) {
         int best = -1;
         for (int s = 0; s < S; s++) {
             const int g = cfg->sites[s].learner_ranks;
-            const int fits = sum < E ? sum + g <= E : x->count[s] > g;
+            const int fits = sum < E ? sum + g <= E : x->count[s] - g >= least[s];
             const double gap = sum < E ? target[s] - x->count[s] : x->count[s] - target[s];
             if (fits && (best < 0 || gap > (sum < E ? target[best] - x->count[best] : x->count[best] - target[best])))
                 best = s;
@@ -105,8 +122,8 @@ static int shared_ranges(const Config *cfg, ExpertSplit *x, char *why, size_t si
                 snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s %d", s ? ", " : "",
                          cfg->sites[s].name, cfg->sites[s].learner_ranks);
             return refuse(why, size, bad, -1, "experts", "[model] experts = %d cannot be split into whole multiples of each "
-                          "site's learner_ranks (%s): every rank holds whole experts; change learner_ranks or give "
-                          "site.NAME.experts", E, list);
+                          "site's learner_ranks (%s)%s: every rank holds whole experts; change learner_ranks or give "
+                          "site.NAME.experts", E, list, local_routing(cfg) ? ", each at least top_k" : "");
         }
         const int g = cfg->sites[best].learner_ranks;
         x->count[best] += sum < E ? g : -g;

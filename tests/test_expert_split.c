@@ -20,12 +20,14 @@
 #include "model.h"
 #include "status.h"
 
+static int top_k = 1; /* [model] top_k of the configs load() writes */
+
 /* A config of the sites given as "name:ranks:learner_ranks:micro_batch[:experts]" lines. */
 static int load(Config *c, int experts, const char *mode, const char *const *sites, int n, const char *extra)
 {
     char text[4096];
-    int len = snprintf(text, sizeof text, "[model]\nexperts = %d\ntop_k = 1\n[outer]\nmode = %s\nexperts = split\n%s",
-                       experts, mode, extra ? extra : "");
+    int len = snprintf(text, sizeof text, "[model]\nexperts = %d\ntop_k = %d\n[outer]\nmode = %s\nexperts = split\n%s",
+                       experts, top_k, mode, extra ? extra : "");
     for (int i = 0; i < n; i++) {
         char name[32], given[32] = "";
         int ranks, g, mb;
@@ -79,6 +81,27 @@ static void test_ranges_by_share(void **state)
     const char *small[] = {"a:32:2:8", "b:2:2:1"};
     assert_int_equal(load(&c, 8, "diloco", small, 2, NULL), ISTH_OK);
     expect_ranges(&c, (int[]){0, 6}, (int[]){6, 2});
+}
+
+/* expert_routing = local chooses top_k among a site's own experts: every
+ * site gets at least top_k (drop routes over all E: one is enough) */
+static void test_at_least_top_k(void **state)
+{
+    (void)state;
+    Config c;
+    top_k = 2;
+    const char *uneven[] = {"a:1:1:8", "b:2:1:8"}; /* shares 1/3, 2/3 of 4: targets 1.33, 2.67 */
+    assert_int_equal(load(&c, 4, "diloco", uneven, 2, NULL), ISTH_OK);
+    expect_ranges(&c, (int[]){0, 2}, (int[]){2, 2});
+    assert_int_equal(load(&c, 4, "diloco", uneven, 2, "expert_routing = drop\n"), ISTH_OK);
+    expect_ranges(&c, (int[]){0, 1}, (int[]){1, 3});
+    const char *one[] = {"a:1:1:8:0", "b:1:1:8:1-3"};
+    status_set_quiet(1);
+    assert_int_equal(load(&c, 4, "diloco", one, 2, NULL), ISTH_EINPUT);
+    status_set_quiet(0);
+    assert_int_equal(load(&c, 4, "diloco", one, 2, "expert_routing = drop\n"), ISTH_OK);
+    expect_ranges(&c, (int[]){0, 1}, (int[]){1, 3});
+    top_k = 1;
 }
 
 static void test_ranges_given(void **state)
@@ -221,6 +244,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_ranges_by_share),
+        cmocka_unit_test(test_at_least_top_k),
         cmocka_unit_test(test_ranges_given),
         cmocka_unit_test(test_refused),
         cmocka_unit_test(test_replicas),
