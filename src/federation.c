@@ -312,10 +312,18 @@ static int joiner_connect(Federation *f, const Config *cfg, const char *key_file
             CHECK(runkey_read(key_file, key));
             have_key = 1;
         }
-        rc = knock_connect(f->service, f->site, &w, whom, probe_s, f->port, &c);
+        int busy = 0;
+        rc = knock_connect(f->service, f->site, &w, whom, probe_s, f->port, &c, &busy);
         if (rc != ISTH_OK) {
             sodium_memzero(key, sizeof key);
             return rc;
+        }
+        /* a live host said it would come and did not: never host beside it */
+        if (probe_s > 0 && busy && c == MPI_COMM_NULL && !f->stopped) {
+            sodium_memzero(key, sizeof key);
+            return isth_fail(ISTH_EDROPPED, "federation: the live host of %s answered this site's knock \"busy\" "
+                             "and then stalled (no beat for %.0f s); exit 3: start this site again and it knocks again",
+                             f->service, w.busy_max_s);
         }
     }
     MPI_Comm_set_errhandler(c, MPI_ERRORS_RETURN);
@@ -606,7 +614,7 @@ int federation_knocking(Federation *f, int site)
         char value[MPI_MAX_PORT_NAME];
         knock_value(f->service, site, value);
         knocking = value[0] && strncmp(value, f->knock_seen[site], sizeof f->knock_seen[site]) != 0;
-        if (knocking) knock_ack(f->service, site, value);
+        if (knocking) knock_ack(f->service, site, value, ++f->beats);
     }
     if (MPI_Bcast(&knocking, 1, MPI_INT, 0, MPI_COMM_WORLD) != MPI_SUCCESS) return 0;
     return knocking;

@@ -72,6 +72,7 @@ typedef struct {
     char port[MPI_MAX_PORT_NAME];
     int published;       /* the host's name is in the name service */
     char knock_seen[CONFIG_MAX_SITES][64]; /* host: the knock value last tried per site */
+    unsigned long beats;                   /* host: its "busy" answers so far (knock_ack's beat) */
     long rejoin_step;    /* joiner: the live host's step to continue from; -1 the run is forming */
     uint64_t rejoiners;  /* joiner of a live run: the sites taken back together (bit s), itself among them */
     int hosting;         /* this site has a port open under the run's name (the first site; a survivor) */

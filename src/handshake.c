@@ -232,10 +232,13 @@ int handshake_join(const Config *cfg, MPI_Comm c, int site, const unsigned char 
         if (proven && v.ok && (v.host < 0 || v.host >= cfg->n_sites || v.host == site))
             rc = isth_fail(ISTH_ERUNTIME, "federation: the host of %s names site index %d as its own: not joining",
                            service, (int)v.host);
-        /* a rejoin's set of joiners: this site in it, the host and sites the config lacks not */
+        /* a rejoin's set of joiners: this site in it, the host and sites the config lacks not; several
+         * only from a host left alone, which takes every other site back together */
         const uint64_t sites = cfg->n_sites >= 64 ? ~0ull : (1ull << cfg->n_sites) - 1;
+        const int several = (v.joiners & (v.joiners - 1)) != 0;
         if (rc == ISTH_OK && proven && v.ok && v.rejoin_step >= 0 &&
-            (!(v.joiners >> site & 1) || (v.joiners & ~sites) || (v.joiners >> v.host & 1)))
+            (!(v.joiners >> site & 1) || (v.joiners & ~sites) || (v.joiners >> v.host & 1) ||
+             (several && v.joiners != (sites & ~(1ull << v.host)))))
             rc = isth_fail(ISTH_ERUNTIME, "federation: the host of %s names the sites taken back as %#llx: not "
                            "joining", service, (unsigned long long)v.joiners);
     }

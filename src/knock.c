@@ -41,11 +41,11 @@ void knock_value(const char *service, int site, char *value)
     if (MPI_Lookup_name(name, MPI_INFO_NULL, value) != MPI_SUCCESS) value[0] = '\0';
 }
 
-void knock_ack(const char *service, int site, const char *value)
+void knock_ack(const char *service, int site, const char *value, unsigned long beat)
 {
     char name[240], busy[128];
     answer_name(service, site, value, name, sizeof name);
-    snprintf(busy, sizeof busy, "busy-%.63s", value);
+    snprintf(busy, sizeof busy, "busy-%.63s-%lu", value, beat);
     MPI_Unpublish_name(name, MPI_INFO_NULL, busy); /* as knock_accept's answer: a publish may not replace */
     MPI_Publish_name(name, MPI_INFO_NULL, busy);
 }
@@ -118,7 +118,7 @@ int knock_wait_on(KnockWait *w, const char *whom)
 /* --- the joiner ----------------------------------------------------------------------------- */
 
 int knock_connect(const char *service, int site, KnockWait *w, const char *whom, double probe_s, char *port,
-                  MPI_Comm *c)
+                  MPI_Comm *c, int *busy)
 {
     unsigned char raw[16];
     char value[2 * sizeof raw + 1], come[MPI_MAX_PORT_NAME], name[240];
@@ -128,17 +128,24 @@ int knock_connect(const char *service, int site, KnockWait *w, const char *whom,
     if (MPI_Publish_name(name, MPI_INFO_NULL, value) != MPI_SUCCESS)
         return isth_fail(ISTH_ERUNTIME, "federation: cannot publish '%s' in the name service", name);
     answer_name(service, site, value, name, sizeof name);
-    int answered = 0, busy = 0;
+    int answered = 0;
+    char beat[MPI_MAX_PORT_NAME] = "";
     double give_up = now_s() + probe_s;
-    while (!answered && (probe_s <= 0 || now_s() < give_up) && knock_wait_on(w, whom)) {
+    *busy = 0;
+    while (!answered && ((probe_s <= 0 && !*busy) || now_s() < give_up) && knock_wait_on(w, whom)) {
         const int found = MPI_Lookup_name(name, MPI_INFO_NULL, come) == MPI_SUCCESS;
         const size_t n = strlen(value);
         if (found && !strncmp(come, value, n) && come[n] == '|' && come[n + 1]) {
             answered = 1;
             snprintf(port, MPI_MAX_PORT_NAME, "%s", come + n + 1); /* the answering host's port */
-        } else if (found && !busy && !strncmp(come, "busy-", 5) && !strcmp(come + 5, value)) {
-            busy = 1; /* a live host: it comes once its checkpoint is written, within a bound */
+        } else if (found && !strncmp(come, "busy-", 5) && !strncmp(come + 5, value, n) && come[5 + n] == '-' &&
+                   strcmp(come + 6 + n, beat)) {
+            /* a live host whose beat moved: it comes once its checkpoint is
+             * written, or (left alone) once every site out knocks */
+            *busy = 1;
+            snprintf(beat, sizeof beat, "%s", come + 6 + n);
             give_up = now_s() + w->busy_max_s;
+            if (w->deadline >= 0 && w->deadline < give_up) w->deadline = give_up;
         }
         if (!answered) knock_sleep(KNOCK_POLL_S);
     }

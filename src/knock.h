@@ -15,9 +15,12 @@
  * 4.1): an answer is withdrawn before it is published again, and each
  * knock's answer has a name of its own, so that a site that answered an
  * earlier knock for a moment (it hosted before it learned it was dropped)
- * cannot stand in front of the live host's answer. A live host that sees a new
- * knock between steps answers "busy-<value>" at once (knock_ack): it comes
- * once its checkpoint is written.
+ * cannot stand in front of the live host's answer. A live host that sees a
+ * knock between steps answers "busy-<value>-<beat>" at once (knock_ack), the
+ * beat counting its polls: it comes once its checkpoint is written (or, a
+ * host left alone, once every site out knocks), and the joiner waits for it
+ * while the beat moves, past its own deadline; busy_max_s after the last
+ * move the host has stalled.
  *
  * Owns: the knock's names and values, the host's answers and its accept,
  * the joiner's knock and connect, the poll interval, and the wait (its
@@ -41,7 +44,7 @@ void knock_sleep(double s);
  * limit until a stop signal, saying every minute whom it waits for. */
 typedef struct {
     double started, deadline, next_note;
-    double busy_max_s;   /* a probe: how long a live host's "busy" answer may keep it waiting */
+    double busy_max_s;   /* how long a live host's "busy" keeps a joiner waiting past its last beat */
     double heartbeat_s;  /* no deadline: every poll re-arms the watchdog for this long */
     char limit[64];      /* "up to 120 s" or "no limit: until stopped" */
     const volatile sig_atomic_t *stop_flag; /* the caller's, raised by a stop signal (may be NULL) */
@@ -58,9 +61,10 @@ int knock_wait_on(KnockWait *w, const char *whom);
 /* Host: the value site `site` knocks with now ("" when none) under the
  * run's name `service`. */
 void knock_value(const char *service, int site, char *value);
-/* Host, when it sees a new knock between steps: "busy-<value>" at once, so
- * that the knocker knows a live run will answer (after its checkpoint). */
-void knock_ack(const char *service, int site, const char *value);
+/* Host, at every poll that sees a knock it has not taken yet:
+ * "busy-<value>-<beat>", so that the knocker knows a live run will answer
+ * and, by the beat moving, that it still lives. */
+void knock_ack(const char *service, int site, const char *value, unsigned long beat);
 /* Host: answer the knock `value` with `port`, then accept the joiner's
  * connect on it (MPI_COMM_SELF). 1 with *c the leaders' link; 0 when
  * nobody connected (*c = MPI_COMM_NULL). */
@@ -68,10 +72,11 @@ int knock_accept(const char *service, const char *port, int site, const char *va
 /* Joiner (site `site`): knock, wait for the host's answer with our value,
  * connect to the port it names (copied into port[MPI_MAX_PORT_NAME]).
  * probe_s > 0: give up after that long unless a live host has answered
- * "busy" (it will come once its checkpoint is written, within
- * w->busy_max_s); *c stays MPI_COMM_NULL then, as when the wait ends or
- * the connect fails. ISTH_ERUNTIME only when the knock cannot be published. */
+ * "busy". A busy answer whose beat moves extends the wait (w's deadline
+ * too) to w->busy_max_s past the move; *busy: one came. *c stays
+ * MPI_COMM_NULL when the wait ends or the connect fails. ISTH_ERUNTIME only
+ * when the knock cannot be published. */
 int knock_connect(const char *service, int site, KnockWait *w, const char *whom, double probe_s, char *port,
-                  MPI_Comm *c);
+                  MPI_Comm *c, int *busy);
 
 #endif

@@ -11,6 +11,8 @@
 #    the exchange's verdicts), and every site ends on the same model;
 #  - sites b and c killed together: a trains alone; b started again is
 #    answered "busy" until c knocks too, then a takes both back at once;
+#  - sites a and c killed together: b hosts alone; a started again waits on
+#    b's "busy" beat past its own join_timeout, never hosting, until c knocks;
 #  - site a, the host, killed: b hosts from then on, b and c train on; a
 #    started again rejoins at b; every site ends on the same model;
 #  - USR1 to site a (its job's time limit): a checkpoints and leaves, b and
@@ -145,6 +147,35 @@ if [ $ra -eq 0 ] && [ $rb -eq 0 ] && [ $rc -eq 0 ] && [ "$early" = 0 ] && [ -n "
     pass "three sites, b and c killed: a trains alone, answers b's knock busy until c knocks, then takes both back at step $back_b; the same final model"
 else
     fail "three sites, b and c killed: exits $ra/$rb/$rc, b back early $early, back at '$back_b'/'$back_c': $(grep -h 'error\|rejoin\|lost' "$WORK"/killbc_?.log "$WORK"/killbc_?2.log | head -5 | tr '\n' '|')"
+fi
+# the first site out with another: b, left alone, hosts; a started again
+# (its probe: is the run live?) is answered "busy" while b waits for c, and
+# waits as long as b's beat moves — past its own join_timeout of 8 s — never
+# hosting beside b; then c knocks and b takes both back together
+three killac --set train.log_every=5 --set train.steps=1500
+wait_line "$WORK/killac_b.log" '^step  *40/' 60
+# shellcheck disable=SC2046
+kill -KILL $(pgrep -f "isthmus train .* --site [ac] .*outer.run_id=killac ")
+wait $pa
+wait $pc
+wait_line "$WORK/killac_b.log" '^site a lost at step' 30
+wait_line "$WORK/killac_b.log" '^site c lost at step' 30
+site a "$WORK/killac" --set outer.run_id=killac --set train.log_every=5 --set train.steps=1500 \
+    --set outer.join_timeout=8 --resume auto > "$WORK/killac_a2.log" 2>&1 &
+pa=$!
+sleep 20 # past a's join_timeout, answered "busy" all along
+waiting=$(kill -0 $pa 2> /dev/null && echo yes || echo no)
+site c "$WORK/killac" --set outer.run_id=killac --set train.log_every=5 --set train.steps=1500 --resume auto \
+    > "$WORK/killac_c2.log" 2>&1 &
+pc=$!
+wait_three
+back_a=$(grep -m1 '^site a rejoined at step' "$WORK/killac_b.log" | awk '{print $6}')
+back_c=$(grep -m1 '^site c rejoined at step' "$WORK/killac_b.log" | awk '{print $6}')
+if [ $ra -eq 0 ] && [ $rb -eq 0 ] && [ $rc -eq 0 ] && [ "$waiting" = yes ] && [ -n "$back_a" ] &&
+    [ "$back_a" = "$back_c" ] && ! grep -q 'hosts run' "$WORK/killac_a2.log" && same_model "$WORK/killac"; then
+    pass "three sites, a and c killed: b hosts alone; a started again waits on b's busy beat past its join_timeout, never hosts; both back at step $back_a; the same final model"
+else
+    fail "three sites, a and c killed: exits $ra/$rb/$rc, a waiting after 20 s: $waiting, back at '$back_a'/'$back_c': $(grep -h 'error\|rejoin\|lost\|hosts' "$WORK"/killac_?.log "$WORK"/killac_?2.log | head -5 | tr '\n' '|')"
 fi
 lose killa a KILL --set train.steps=800
 if [ $ra -eq 0 ] && [ $rb -eq 0 ] && [ $rc -eq 0 ] && grep -q '^site a lost at step' "$WORK/killa_b.log" &&
