@@ -322,8 +322,8 @@ static int joiner_connect(Federation *f, const Config *cfg, const char *key_file
         if (probe_s > 0 && busy && c == MPI_COMM_NULL && !f->stopped) {
             sodium_memzero(key, sizeof key);
             return isth_fail(ISTH_EDROPPED, "federation: the live host of %s answered this site's knock \"busy\" "
-                             "and then stalled (no beat for %.0f s); exit 3: start this site again and it knocks again",
-                             f->service, w.busy_max_s);
+                             "and did not take it back (it stalled %.0f s, or another site hosts now); exit 3: start "
+                             "this site again and it knocks again", f->service, w.busy_max_s);
         }
     }
     MPI_Comm_set_errhandler(c, MPI_ERRORS_RETURN);

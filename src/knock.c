@@ -129,10 +129,20 @@ int knock_connect(const char *service, int site, KnockWait *w, const char *whom,
         return isth_fail(ISTH_ERUNTIME, "federation: cannot publish '%s' in the name service", name);
     answer_name(service, site, value, name, sizeof name);
     int answered = 0;
-    char beat[MPI_MAX_PORT_NAME] = "";
-    double give_up = now_s() + probe_s;
+    char beat[MPI_MAX_PORT_NAME] = "", host[MPI_MAX_PORT_NAME], now_host[MPI_MAX_PORT_NAME];
+    snprintf(host, sizeof host, "%s", port); /* the port the run's name gave: the host knocked at */
+    double give_up = now_s() + probe_s, next_look = now_s() + KNOCK_HOST_LOOK_S;
     *busy = 0;
     while (!answered && ((probe_s <= 0 && !*busy) || now_s() < give_up) && knock_wait_on(w, whom)) {
+        /* a host that said busy and then ended (its run complete) withdrew
+         * the run's name: no live host (*busy 0); another site that hosts
+         * now took it: this wait is over, the knock goes to that one */
+        if (*busy && now_s() >= next_look) {
+            next_look = now_s() + KNOCK_HOST_LOOK_S;
+            const int named = MPI_Lookup_name(service, MPI_INFO_NULL, now_host) == MPI_SUCCESS;
+            if (!named) *busy = 0;
+            if (!named || strcmp(now_host, host)) break;
+        }
         const int found = MPI_Lookup_name(name, MPI_INFO_NULL, come) == MPI_SUCCESS;
         const size_t n = strlen(value);
         if (found && !strncmp(come, value, n) && come[n] == '|' && come[n + 1]) {

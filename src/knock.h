@@ -38,6 +38,9 @@
 
 /* the interval of every poll of the name service (and of a leader's wait) */
 #define KNOCK_POLL_S 0.05
+/* a joiner answered "busy" looks this often whether the run's name still
+ * names the host it knocked at (a host whose run ended withdrew it) */
+#define KNOCK_HOST_LOOK_S 1.0
 void knock_sleep(double s);
 
 /* A leader's wait for the other sites: until a deadline, or without a
@@ -73,7 +76,10 @@ int knock_accept(const char *service, const char *port, int site, const char *va
  * connect to the port it names (copied into port[MPI_MAX_PORT_NAME]).
  * probe_s > 0: give up after that long unless a live host has answered
  * "busy". A busy answer whose beat moves extends the wait (w's deadline
- * too) to w->busy_max_s past the move; *busy: one came. *c stays
+ * too) to w->busy_max_s past the move, while the run's name still names
+ * the host (port, on entry) knocked at; *busy: the host answered busy and
+ * the run's name was still there when the wait ended (no longer when the
+ * host withdrew it: its run ended). *c stays
  * MPI_COMM_NULL when the wait ends or the connect fails. ISTH_ERUNTIME only
  * when the knock cannot be published. */
 int knock_connect(const char *service, int site, KnockWait *w, const char *whom, double probe_s, char *port,

@@ -150,9 +150,9 @@ else
 fi
 # the first site out with another: b, left alone, hosts; a started again
 # (its probe: is the run live?) is answered "busy" while b waits for c, and
-# waits as long as b's beat moves — past its own join_timeout of 8 s — never
+# waits as long as b's beat moves — past its own join_timeout of 4 s — never
 # hosting beside b; then c knocks and b takes both back together
-three killac --set train.log_every=5 --set train.steps=1500
+three killac --set train.log_every=5 --set train.steps=4000
 wait_line "$WORK/killac_b.log" '^step  *40/' 60
 # shellcheck disable=SC2046
 kill -KILL $(pgrep -f "isthmus train .* --site [ac] .*outer.run_id=killac ")
@@ -160,12 +160,12 @@ wait $pa
 wait $pc
 wait_line "$WORK/killac_b.log" '^site a lost at step' 30
 wait_line "$WORK/killac_b.log" '^site c lost at step' 30
-site a "$WORK/killac" --set outer.run_id=killac --set train.log_every=5 --set train.steps=1500 \
-    --set outer.join_timeout=8 --resume auto > "$WORK/killac_a2.log" 2>&1 &
+site a "$WORK/killac" --set outer.run_id=killac --set train.log_every=5 --set train.steps=4000 \
+    --set outer.join_timeout=4 --resume auto > "$WORK/killac_a2.log" 2>&1 &
 pa=$!
-sleep 20 # past a's join_timeout, answered "busy" all along
+sleep 12 # past a's join_timeout, answered "busy" all along
 waiting=$(kill -0 $pa 2> /dev/null && echo yes || echo no)
-site c "$WORK/killac" --set outer.run_id=killac --set train.log_every=5 --set train.steps=1500 --resume auto \
+site c "$WORK/killac" --set outer.run_id=killac --set train.log_every=5 --set train.steps=4000 --resume auto \
     > "$WORK/killac_c2.log" 2>&1 &
 pc=$!
 wait_three
@@ -175,7 +175,7 @@ if [ $ra -eq 0 ] && [ $rb -eq 0 ] && [ $rc -eq 0 ] && [ "$waiting" = yes ] && [ 
     [ "$back_a" = "$back_c" ] && ! grep -q 'hosts run' "$WORK/killac_a2.log" && same_model "$WORK/killac"; then
     pass "three sites, a and c killed: b hosts alone; a started again waits on b's busy beat past its join_timeout, never hosts; both back at step $back_a; the same final model"
 else
-    fail "three sites, a and c killed: exits $ra/$rb/$rc, a waiting after 20 s: $waiting, back at '$back_a'/'$back_c': $(grep -h 'error\|rejoin\|lost\|hosts' "$WORK"/killac_?.log "$WORK"/killac_?2.log | head -5 | tr '\n' '|')"
+    fail "three sites, a and c killed: exits $ra/$rb/$rc, a waiting after 12 s: $waiting, back at '$back_a'/'$back_c': $(grep -h 'error\|rejoin\|lost\|hosts' "$WORK"/killac_?.log "$WORK"/killac_?2.log | head -5 | tr '\n' '|')"
 fi
 lose killa a KILL --set train.steps=800
 if [ $ra -eq 0 ] && [ $rb -eq 0 ] && [ $rc -eq 0 ] && grep -q '^site a lost at step' "$WORK/killa_b.log" &&
