@@ -246,8 +246,8 @@ static int traffic_summary(Trainer *tr, long first_step)
            bytes > 0 ? sync_bytes / bytes : 0.0, peers);
     if (t->experts_split)
         printf("assembly bytes: %.0f through the link for the whole model (the other sites' experts to site %s's "
-               "first learner, which writes it; sent + received, all ranks; not in the traffic above)\n", assembly,
-               t->sites[trainer_lead_site(tr)].name);
+               "first learner, which writes it; sent + received, all ranks; not in the traffic above)%s\n", assembly,
+               t->sites[trainer_lead_site(tr)].name, tr->whole.whole ? "" : "; not assembled: a site was lost");
     if (auth > 0)
         printf("link: %.0f frame(s) rejected: failed authentication, or not the frame expected (each logged where it "
                "arrived)\n", auth);
