@@ -151,7 +151,7 @@ int cmd_eval(int argc, char **argv)
                       cfg.model.vocab, &r);
         if (rc == ISTH_OK && rank == 0)
             rc = metrics_eval(&mt, sets[i].cfg.name, sets[i].file.width == 1, meta.step, r.bpb, r.loss, r.predicted,
-                              r.bytes, r.seconds);
+                              r.bytes, r.seconds, meta.experts_whole ? "whole" : NULL);
     }
     const int closed = metrics_close(&mt);
     if (rc == ISTH_OK) rc = closed;

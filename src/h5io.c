@@ -674,6 +674,7 @@ int h5model_create(H5File *f, const char *path, const Model *m, const char *conf
     if (rc == ISTH_OK) rc = h5_attr_write_long(f, "/", "step", meta->step);
     if (rc == ISTH_OK) rc = h5_attr_write_double(f, "/", "tokens", meta->tokens);
     if (rc == ISTH_OK && meta->data_width) rc = h5_attr_write_long(f, "/", "data_width", meta->data_width);
+    if (rc == ISTH_OK && meta->experts_whole) rc = h5_attr_write_long(f, "/", "experts_whole", 1);
     if (rc != ISTH_OK) { /* the temporary file goes */
         f->failed = 1;
         h5_commit(f);
@@ -691,12 +692,26 @@ static int check_version(H5File *f)
     return ISTH_OK;
 }
 
-int h5model_read_config(const char *path, char **config_text, MPI_Comm comm)
+/* experts_whole = 1 on a file without a checkpoint's `mode` */
+static int read_whole(H5File *f, int *whole)
+{
+    long long v = 0;
+    *whole = 0;
+    if (H5Aexists_by_name(f->file, "/", "mode", H5P_DEFAULT) > 0 ||
+        H5Aexists_by_name(f->file, "/", "experts_whole", H5P_DEFAULT) <= 0)
+        return ISTH_OK;
+    CHECK(h5_attr_read_long(f, "/", "experts_whole", &v));
+    *whole = v == 1;
+    return ISTH_OK;
+}
+
+int h5model_read_config(const char *path, char **config_text, int *experts_whole, MPI_Comm comm)
 {
     H5File f;
     CHECK(h5_open(&f, path, comm));
     int rc = check_version(&f);
     if (rc == ISTH_OK) rc = h5_attr_read_string(&f, "/", "config", config_text);
+    if (rc == ISTH_OK && experts_whole) rc = read_whole(&f, experts_whole);
     h5_close(&f);
     return rc;
 }
@@ -717,6 +732,7 @@ int h5model_read(const char *path, const Model *m, ChunkAt at, void *ctx, H5Meta
     if (rc == ISTH_OK && H5Aexists_by_name(f.file, "/", "data_width", H5P_DEFAULT) > 0 &&
         (rc = h5_attr_read_long(&f, "/", "data_width", &width)) == ISTH_OK)
         meta->data_width = (int)width;
+    if (rc == ISTH_OK) rc = read_whole(&f, &meta->experts_whole);
     if (rc == ISTH_OK) rc = h5_read_chunks(&f, "/model", m, at, ctx);
     h5_close(&f);
     return rc;

@@ -84,6 +84,7 @@ typedef struct {
     long step;
     double tokens;
     int data_width;  /* bytes per token of the training data: 1 raw bytes, 2 or 4 a shard; 0 not recorded */
+    int experts_whole; /* a split run's model file holding every site's experts (attribute experts_whole = 1) */
 } H5Meta;
 
 /* Collective over comm: create the model file at `path` (temporary name
@@ -93,8 +94,10 @@ typedef struct {
  * left to commit. */
 int h5model_create(H5File *f, const char *path, const Model *m, const char *config_text, const H5Meta *meta,
                    MPI_Comm comm);
-/* The resolved config text stored in a model or checkpoint file. */
-int h5model_read_config(const char *path, char **config_text, MPI_Comm comm);
+/* The resolved config text stored in a model or checkpoint file, and
+ * (experts_whole, may be NULL) whether it is a model file (no checkpoint's
+ * `mode`) marked experts_whole = 1: a split run's whole model. */
+int h5model_read_config(const char *path, char **config_text, int *experts_whole, MPI_Comm comm);
 /* /model through the view `at` (each rank the chunks it holds: every
  * dense chunk and its experts'). */
 int h5model_read(const char *path, const Model *m, ChunkAt at, void *ctx, H5Meta *meta, MPI_Comm comm);

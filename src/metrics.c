@@ -261,13 +261,14 @@ int metrics_step(Metrics *mt, const StepLog *s)
 }
 
 int metrics_eval(Metrics *mt, const char *set, int byte_set, long step, double bpb, double loss, size_t tokens,
-                 double bytes, double seconds)
+                 double bytes, double seconds, const char *model)
 {
+    const char *which = !model ? "" : !strcmp(model, "whole") ? " | the whole model" : " | the site's model";
     if (byte_set) /* each token a byte */
-        printf("eval %-5s step %6ld | bpb %.4f | %zu bytes | %.1f s\n", set, step, bpb, tokens, seconds);
+        printf("eval %-5s step %6ld | bpb %.4f | %zu bytes | %.1f s%s\n", set, step, bpb, tokens, seconds, which);
     else
-        printf("eval %-5s step %6ld | bpb %.4f | loss %.4f per token | %zu tokens, %.0f bytes | %.1f s\n", set, step, bpb,
-               loss, tokens, bytes, seconds);
+        printf("eval %-5s step %6ld | bpb %.4f | loss %.4f per token | %zu tokens, %.0f bytes | %.1f s%s\n", set, step,
+               bpb, loss, tokens, bytes, seconds, which);
     fflush(stdout);
     if (!mt || !mt->f) return ISTH_OK;
     begin(mt);
@@ -279,6 +280,7 @@ int metrics_eval(Metrics *mt, const char *set, int byte_set, long step, double b
     fprintf(mt->f, "%zu", tokens);
     field_num(mt, "bytes", "%.0f", bytes);
     field_num(mt, "seconds", "%.3f", seconds);
+    if (model) field_str(mt, "model", model);
     return end(mt);
 }
 
@@ -396,7 +398,7 @@ int metrics_site_rejoined(Metrics *mt, const char *site, long step, long lost_at
 
 int metrics_summary_traffic(Metrics *mt, long steps, long from_step, double inter_site_bytes,
                             double sync_equivalent_bytes, double reduction, int same_start, int max_peer_learners,
-                            double auth_failures)
+                            double auth_failures, double assembly_bytes)
 {
     if (!mt || !mt->f) return ISTH_OK;
     begin(mt);
@@ -409,6 +411,7 @@ int metrics_summary_traffic(Metrics *mt, long steps, long from_step, double inte
     field_bool(mt, "same_start", same_start);
     field_long(mt, "max_peer_learners", max_peer_learners);
     field_num(mt, "auth_failures", "%.0f", auth_failures);
+    if (assembly_bytes >= 0) field_num(mt, "assembly_bytes", "%.0f", assembly_bytes);
     return end(mt);
 }
 

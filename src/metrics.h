@@ -68,8 +68,11 @@ int metrics_flush(Metrics *mt);
 
 /* Print the human line to stdout and append the JSON object (checked). */
 int metrics_step(Metrics *mt, const StepLog *s);
+/* `model`: NULL, or (split experts) which model was evaluated: "site" (the
+ * lead site's, its experts under its routing) or "whole" (every expert):
+ * the line ends with it and the record has it as `model`. */
 int metrics_eval(Metrics *mt, const char *set, int byte_set, long step, double bpb, double loss, size_t tokens,
-                 double bytes, double seconds);
+                 double bytes, double seconds, const char *model);
 
 /* Another site's summary of its recent steps, as an exchange brought it
  * (progress.h): its last step of `steps`, the steps its means cover, their
@@ -99,10 +102,12 @@ int metrics_site_lost(Metrics *mt, const char *site, long step, const char *what
 int metrics_site_rejoined(Metrics *mt, const char *site, long step, long lost_at, double tokens_lost,
                           double tokens_lost_total, double rejoin_s);
 
-/* The end of a multi-site run: its inter-site traffic against sync's. */
+/* The end of a multi-site run: its inter-site traffic against sync's;
+ * `assembly_bytes` (< 0: none, not recorded) what the whole model's
+ * assembly moved besides (split experts). */
 int metrics_summary_traffic(Metrics *mt, long steps, long from_step, double inter_site_bytes,
                             double sync_equivalent_bytes, double reduction, int same_start, int max_peer_learners,
-                            double auth_failures);
+                            double auth_failures, double assembly_bytes);
 
 /* The end of training: compute utilisation. */
 int metrics_summary_compute(Metrics *mt, long steps, long from_step, double wall_s, double compute_s,

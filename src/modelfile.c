@@ -39,18 +39,21 @@ int modelfile_config(const char *path, const char *const *overrides, int n_overr
     CHECK_MPI(MPI_Bcast(&first_rc, 1, MPI_INT, 0, comm));
     CHECK(first_rc);
     char *text = NULL;
-    CHECK(h5model_read_config(path, &text, comm));
+    int whole = 0;
+    CHECK(h5model_read_config(path, &text, &whole, comm));
     char from[CONFIG_FILE_PATH_MAX + 64];
     snprintf(from, sizeof from, "%s:/config", path);
     if (origin) snprintf(origin, cap, "%s", from);
     const int rc = config_load_text(cfg, text, from, overrides, n_overrides);
     isth_free(text);
-    /* a site's file of a split run holds that site's experts only (the
-     * others' values are not in it): nothing here may read it as a model */
-    if (rc == ISTH_OK && expert_split_on(cfg))
+    /* a split run's model.h5 holds every site's experts (marked whole, it
+     * reads as any model: every learner here holds all E, ROUTE_ALL); a
+     * site's checkpoint holds that site's experts only (the others' values
+     * are not in it): nothing here may read it as a model */
+    if (rc == ISTH_OK && expert_split_on(cfg) && !whole)
         return isth_fail(ISTH_EINPUT, "model %s: the run split its experts across sites ([outer] experts = split): "
-                         "a site's file holds that site's experts only, and the whole model's assembly is not built "
-                         "yet", path);
+                         "a site's file holds that site's experts only; the run's model.h5 holds the whole model",
+                         path);
     return rc;
 }
 

@@ -22,7 +22,9 @@
  * does: one verdict per file), then every rank loads its config with the
  * given --set overrides applied. `origin` (cap bytes; may be NULL) gets the
  * name messages give the config, "PATH:/config". A bad file: ISTH_EINPUT,
- * one line naming it. */
+ * one line naming it; so is a file of a split run ([outer] experts =
+ * split) unless it is the run's model.h5, marked whole (every site's
+ * experts): it then reads as any model, every expert routed (ROUTE_ALL). */
 int modelfile_config(const char *path, const char *const *overrides, int n_overrides, Config *cfg, char *origin,
                      size_t cap, MPI_Comm comm);
 

@@ -209,11 +209,12 @@ static int traffic_summary(Trainer *tr, long first_step)
 {
     const Topology *t = &tr->topo;
     const int S = t->n_sites;
-    enum { BYTES, AUTH, PEERS, FROM, N_FIELDS };
+    enum { BYTES, AUTH, ASSEMBLY, PEERS, FROM, N_FIELDS };
     const LinkCounters lc = link_counters(&tr->link);
-    double v[N_FIELDS] = {lc.bytes_sent + lc.bytes_recv + tr->outer.spread.inter_site_bytes, lc.auth_failures,
-                          (double)tr->shard.max_peer_learners, 0.0};
-    CHECK(coll_allreduce_comm(t->site_comm, &v[BYTES], 2, MPI_DOUBLE, sizeof(double), MPI_SUM));
+    /* split experts: the whole model's assembly ran before (trainer_assemble), counted apart */
+    double v[N_FIELDS] = {lc.bytes_sent + lc.bytes_recv + tr->outer.spread.inter_site_bytes - tr->whole.bytes,
+                          lc.auth_failures, tr->whole.bytes, (double)tr->shard.max_peer_learners, 0.0};
+    CHECK(coll_allreduce_comm(t->site_comm, &v[BYTES], 3, MPI_DOUBLE, sizeof(double), MPI_SUM));
     CHECK(coll_allreduce_comm(t->site_comm, &v[PEERS], 1, MPI_DOUBLE, sizeof(double), MPI_MAX));
     v[FROM] = (double)first_step + 1.0; /* 0: a lost site's empty slot */
     double *all = isth_malloc(sizeof v * (size_t)S);
@@ -222,7 +223,7 @@ static int traffic_summary(Trainer *tr, long first_step)
     /* sync: every step each site sends its summed gradient (float32, all
      * canonical parameters) to every other site and receives theirs */
     const double per_site_step = 2.0 * (S - 1) * 4.0 * (double)shard_canonical_params(&tr->shard);
-    double bytes = 0.0, sync_bytes = 0.0, auth = 0.0;
+    double bytes = 0.0, sync_bytes = 0.0, auth = 0.0, assembly = 0.0;
     int peers = 0, same_start = 1;
     for (int s = 0; s < S; s++) {
         const double *site = &all[(size_t)s * N_FIELDS];
@@ -230,6 +231,7 @@ static int traffic_summary(Trainer *tr, long first_step)
         const long from = (long)site[FROM] - 1;
         bytes += site[BYTES];
         auth += site[AUTH];
+        assembly += site[ASSEMBLY];
         sync_bytes += (double)(tr->step - from) * per_site_step;
         if (site[PEERS] > peers) peers = (int)site[PEERS];
         if (from != first_step) same_start = 0;
@@ -242,12 +244,17 @@ static int traffic_summary(Trainer *tr, long first_step)
            "%.0f: %.1fx less; an exchange waited on at most %d other learner(s)\n", bytes, steps, first_step,
            same_start ? "" : " (here; other sites from their own first step)", sync_bytes,
            bytes > 0 ? sync_bytes / bytes : 0.0, peers);
+    if (t->experts_split)
+        printf("assembly bytes: %.0f through the link for the whole model (the other sites' experts to site %s's "
+               "first learner, which writes it; sent + received, all ranks; not in the traffic above)%s\n", assembly,
+               t->sites[trainer_lead_site(tr)].name, tr->whole.whole ? "" : "; not assembled: a site was lost");
     if (auth > 0)
         printf("link: %.0f frame(s) rejected: failed authentication, or not the frame expected (each logged where it "
                "arrived)\n", auth);
     fflush(stdout);
     return metrics_summary_traffic(&tr->metrics, steps, first_step, bytes, sync_bytes,
-                                   bytes > 0 ? sync_bytes / bytes : 0.0, same_start, peers, auth);
+                                   bytes > 0 ? sync_bytes / bytes : 0.0, same_start, peers, auth,
+                                   t->experts_split ? assembly : -1.0);
 }
 
 /* This site's compute utilisation over the training this process ran (the
@@ -713,17 +720,24 @@ int train_run(const Config *cfg, const char *resume, const char *site)
         rc = utilisation_summary(&tr, first_step, now_s() - loop_start - paused_s, tr.compute_s - compute_start,
                                  link_counters(&tr.link).wait_s - wait_start, paused_s, now_s() - t_final);
     if (finished && rc == ISTH_OK && tc->check_replicas > 0) rc = check_replicas(&tr);
+    /* split experts: the other sites' experts to the model file's writer,
+     * before the summary (which counts them apart) */
+    if (finished && rc == ISTH_OK && tr.topo.experts_split) rc = trainer_assemble(&tr);
     if (finished && rc == ISTH_OK) rc = traffic_summary(&tr, first_step);
     if (finished && rc == ISTH_OK) rc = ckpt_write(&tr);
     /* the model file before the final evaluation and sample: a failure in
      * them must not cost the trained model (its line still comes last) */
     char path[CONFIG_FILE_PATH_MAX + 80];
     if (finished) trainer_model_path(&tr, path, sizeof path);
-    const int wrote = finished && rc == ISTH_OK && (rc = trainer_write_model(&tr, path)) == ISTH_OK;
+    int written = 0;
+    const int wrote = finished && rc == ISTH_OK && (rc = trainer_write_model(&tr, path, &written)) == ISTH_OK;
     if (wrote) rc = trainer_eval(&tr);
     if (wrote && rc == ISTH_OK && tc->sample_every > 0) rc = trainer_sample(&tr);
-    if (wrote && tr.log && trainer_lead_site(&tr) == tr.topo.site && !tr.topo.experts_split) {
-        printf("wrote %s (step %ld)%s\n", path, tr.step, rc == ISTH_OK ? "" : ", before the final evaluation failed");
+    if (written && rc == ISTH_OK) rc = trainer_eval_whole(&tr, path); /* split experts: frees the training backend */
+    if (written && tr.log && trainer_lead_site(&tr) == tr.topo.site) {
+        printf("wrote %s (step %ld)%s%s\n", path, tr.step,
+               tr.topo.experts_split ? ": the whole model, every site's experts" : "",
+               rc == ISTH_OK ? "" : ", before the final evaluation failed");
         fflush(stdout);
     }
     /* the peaks of the whole run, file writes included: `isthmus config --memory` predicts them */

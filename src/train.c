@@ -14,6 +14,7 @@
 #include "sample.h"
 #include "fault.h"
 #include "h5io.h"
+#include "modelfile.h"
 #include "clock.h"
 #include "coll.h"
 #include "config_keys.h"
@@ -247,6 +248,7 @@ void trainer_destroy(Trainer *tr)
     isth_free(tr->targets);
     backend_destroy(tr->be);
     tr->be = NULL;
+    assembly_free(&tr->whole);
     if (tr->created) {
         outer_destroy(&tr->outer);
         link_forget_keys(&tr->link);
@@ -453,7 +455,7 @@ int trainer_eval(Trainer *tr)
         if (rc != ISTH_OK) break;
         if (tr->log)
             rc = metrics_eval(&tr->metrics, tr->evals[i].cfg.name, tr->evals[i].file.width == 1, tr->step, r.bpb,
-                              r.loss, r.predicted, r.bytes, r.seconds);
+                              r.loss, r.predicted, r.bytes, r.seconds, tr->topo.experts_split ? "site" : NULL);
     }
     if (anchor) {
         const int vrc = outer_view_end(be);
@@ -539,36 +541,99 @@ int trainer_sample(Trainer *tr)
 
 int trainer_owns_chunk(const void *shard, int c) { return shard_owns(shard, c); }
 
-int trainer_write_model(Trainer *tr, const char *path)
+int trainer_assemble(Trainer *tr)
 {
-    if (tr->topo.experts_split) { /* no site holds every expert; a file of one site's would read as a whole model */
-        if (tr->log)
-            printf("%s: not written: the experts are split across sites and the whole model's assembly is not built "
-                   "yet; each site's checkpoint holds its experts\n", path);
+    return assembly_gather(&tr->whole, &tr->link, &tr->topo, &tr->shard.table, tr->be, trainer_lead_site(tr));
+}
+
+/* The model file's chunks on a writer rank: those it owns from its
+ * backend, and (split experts) the other sites' it received. */
+typedef struct {
+    StateView v;
+    const Assembly *whole;
+} ModelView;
+
+static float *model_view_at(void *ctx, int tensor, int layer, int expert)
+{
+    ModelView *mv = ctx;
+    float *mine = state_view_at(&mv->v, tensor, layer, expert);
+    if (mine || expert < 0 || !mv->whole) return mine;
+    return assembly_chunk(mv->whole, chunk_index(mv->v.ct, tensor, layer, expert));
+}
+
+int trainer_write_model(Trainer *tr, const char *path, int *written)
+{
+    const int split = tr->topo.experts_split;
+    *written = 0;
+    if (split && !tr->whole.whole) { /* a file of some sites' experts would read as a whole model */
+        const int s = tr->whole.lost_site;
+        if (tr->log && tr->whole.done && s >= 0)
+            printf("%s: not written: site %s was lost%s, and the whole model needs every site's experts; each "
+                   "site's checkpoint holds its own\n", path, tr->topo.sites[s].name,
+                   tr->whole.lost_during ? " during the whole model's assembly" : "");
+        fflush(stdout);
         return ISTH_OK;
     }
-    if (tr->topo.learner != tr->topo.sites[trainer_lead_site(tr)].first_learner) return ISTH_OK;
-    H5Meta meta = {tr->step, tr->tokens_seen, tr->train.width};
+    const int lead = trainer_lead_site(tr);
+    if (split && tr->log && tr->topo.site != lead) { /* this site's log: where its experts went */
+        printf("model.h5: site %s's experts went to site %s, which writes the whole model\n",
+               tr->topo.sites[tr->topo.site].name, tr->topo.sites[lead].name);
+        fflush(stdout);
+    }
+    if (tr->topo.learner != tr->topo.sites[lead].first_learner) return ISTH_OK;
+    H5Meta meta = {tr->step, tr->tokens_seen, tr->train.width, split};
     fault_watchdog_arm(tr->cfg.checkpoint.timeout, "writing the model file", FAULT_HINT_IO);
     /* learner 0's ranks, each the chunks it owns, through host staging
      * (allocated and agreed before the file is created) */
-    StateView v;
+    ModelView mv = {.whole = split ? &tr->whole : NULL};
     const size_t need = state_view_need(&tr->shard.table, trainer_owns_chunk, &tr->shard);
-    const int made = state_view_create(&v, &tr->shard.table, need) == ISTH_OK;
+    const int made = state_view_create(&mv.v, &tr->shard.table, need) == ISTH_OK;
     int rc = coll_all_ok(tr->topo.learner_comm, made) ? ISTH_OK : ISTH_ERUNTIME;
     H5File f;
     if (rc == ISTH_OK) rc = h5model_create(&f, path, &tr->model, tr->config_text, &meta, tr->topo.learner_comm);
     if (rc == ISTH_OK) {
-        state_view_begin(&v, tr->be, STATE_PARAMS, NULL, trainer_owns_chunk, &tr->shard, 0);
-        rc = h5_write_chunks(&f, "/model", &tr->model, state_view_at, &v);
-        const int vrc = state_view_end(&v, rc == ISTH_OK);
+        state_view_begin(&mv.v, tr->be, STATE_PARAMS, NULL, trainer_owns_chunk, &tr->shard, 0);
+        rc = h5_write_chunks(&f, "/model", &tr->model, model_view_at, &mv);
+        const int vrc = state_view_end(&mv.v, rc == ISTH_OK);
         if (rc == ISTH_OK && !coll_all_ok(tr->topo.learner_comm, vrc == ISTH_OK)) rc = vrc != ISTH_OK ? vrc : ISTH_ERUNTIME;
         if (rc != ISTH_OK) f.failed = 1; /* removed, not renamed */
         const int crc = h5_commit(&f);
         if (rc == ISTH_OK) rc = crc;
     }
-    state_view_destroy(&v);
+    state_view_destroy(&mv.v);
+    assembly_free(&tr->whole); /* in the file now */
     fault_watchdog_disarm();
+    *written = rc == ISTH_OK;
     return rc;
 }
 
+int trainer_eval_whole(Trainer *tr, const char *path)
+{
+    const Topology *t = &tr->topo;
+    if (!t->experts_split || !tr->whole.whole || !tr->n_evals) return ISTH_OK;
+    if (t->learner != t->sites[trainer_lead_site(tr)].first_learner) return ISTH_OK;
+    const int E = tr->cfg.model.experts, G = t->learner_size;
+    if (E % G) {
+        if (tr->log)
+            printf("eval: the whole model is not evaluated here (%d ranks cannot share its %d experts); isthmus eval "
+                   "--model %s on a rank count that divides them gives its bpb\n", G, E, path);
+        return ISTH_OK;
+    }
+    /* the training backend's memory goes to the whole model's */
+    backend_destroy(tr->be);
+    tr->be = NULL;
+    Backend *be = NULL;
+    int rc = backend_create(&be, &tr->cfg, tr->micro_batch, t->learner_rank * (E / G), E / G, &tr->ep);
+    H5Meta meta;
+    if (rc == ISTH_OK) rc = modelfile_read_backend(path, be, &meta, t->learner_comm);
+    for (int i = 0; i < tr->n_evals && rc == ISTH_OK; i++) {
+        EvalResult r;
+        rc = eval_set(be, &tr->ep, tr->micro_batch, tr->cfg.model.context, &tr->evals[i],
+                      (size_t)tr->cfg.data.eval_bytes, tr->cfg.model.vocab, &r);
+        if (rc == ISTH_OK && tr->log)
+            rc = metrics_eval(&tr->metrics, tr->evals[i].cfg.name, tr->evals[i].file.width == 1, meta.step, r.bpb,
+                              r.loss, r.predicted, r.bytes, r.seconds, "whole");
+    }
+    backend_destroy(be);
+    return rc;
+}

@@ -14,6 +14,7 @@
 #ifndef ISTHMUS_TRAIN_H
 #define ISTHMUS_TRAIN_H
 
+#include "assemble.h"
 #include "backend.h"
 #include "coll.h"
 #include "config.h"
@@ -44,6 +45,7 @@ typedef struct {
     StopBallot ballot;   /* the stop vote between sites, carried by the exchanges */
     Progress progress;   /* this site's recent steps, every site's summary the exchanges brought */
     Outer outer;         /* diloco / streaming state */
+    Assembly whole;      /* split experts: the other sites' experts at the model file's writer (trainer_assemble) */
     OuterMode mode;      /* [outer] mode */
     int *site_leaders;   /* world rank of each site's first rank: the ends of control exchanges */
     Backend *be;         /* computes; owns the weights, grads, optimiser state and activations */
@@ -91,12 +93,14 @@ int trainer_control(Trainer *tr, const void *mine, size_t bytes, void *all, cons
 /* One optimiser step (grad_accum micro-batches). Fills *out. */
 int trainer_step(Trainer *tr, StepLog *out);
 
-/* bpb on the eval sets, logged with the current step. */
 /* The first site still present (federated launch: site 0 unless it was
  * lost); its first learner evaluates and writes the model file, to
  * trainer_model_path: <out_dir>/model.h5, or <out_dir>/site-NAME/model.h5. */
 int trainer_lead_site(const Trainer *tr);
 void trainer_model_path(const Trainer *tr, char *out, size_t cap);
+/* bpb on the eval sets, logged with the current step. Split experts: the
+ * lead site's model, its experts under its routing (the eval records say
+ * "site"; trainer_eval_whole gives the whole model's). */
 int trainer_eval(Trainer *tr);
 /* train.sample_every: the first learner of the lead site draws
  * train.sample_tokens tokens after a prompt (the start of the first eval
@@ -104,8 +108,24 @@ int trainer_eval(Trainer *tr);
  * decoded, one line. Learner collective; the others return. */
 int trainer_sample(Trainer *tr);
 
-/* Write the model (learner 0's ranks write collectively; others return). */
-int trainer_write_model(Trainer *tr, const char *path);
+/* [outer] experts = split: every other site's first learner sends its
+ * experts through the link to the lead site's first learner, the writer
+ * (assemble.h). Collective over every rank of every live site; a lost site
+ * leaves tr->whole.whole 0 (no model.h5), not a failure. */
+int trainer_assemble(Trainer *tr);
+/* Write the model (the lead site's first learner's ranks write
+ * collectively; others return); *written: a file was written. Split
+ * experts: the whole model, the dense part and the writer's experts from
+ * its backend, every other site's from trainer_assemble, marked
+ * experts_whole; when it is not whole, one line says why and nothing is
+ * written. */
+int trainer_write_model(Trainer *tr, const char *path, int *written);
+/* Split experts, after trainer_write_model wrote `path`: the writer's
+ * ranks evaluate the whole model (every expert, the full router) from the
+ * file, in a backend of its own made after the training one is freed
+ * (nothing trains or samples after this); the eval records say "whole",
+ * trainer_eval's "site". Learner collective; the others return. */
+int trainer_eval_whole(Trainer *tr, const char *path);
 /* A StateSelect (stateview.h): chunk c is owned by this rank (ctx: the Shard). */
 int trainer_owns_chunk(const void *shard, int c);
 

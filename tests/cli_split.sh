@@ -4,8 +4,15 @@
 # part crosses (its payload worked out here from the model's sizes), the
 # learners of a site agree on everything and the sites on the dense part,
 # the drop policy counts the copies it drops, a resume is bit-exact, and a
-# site's file is never read as the whole model.
+# site's file is never read as the whole model. The whole model: model.h5
+# holds every site's experts, assembled through the link (its bytes
+# counted apart, worked out here), equal bit for bit to the dense part and
+# to each expert's slice of its owner site's final checkpoint; `isthmus
+# eval`, `export` and `generate` read it as a replicated model holding the
+# same weights; the run evaluates the site's model and the whole one.
+# (The federated launch of the same: cli_split_federated.sh.)
 . "$TOP_SRCDIR/tests/lib.sh"
+TAMPER=$(dirname "$ISTHMUS")/tests/h5tamper
 
 T="$CONFIGS/tiny.ini"
 SPLIT="--set site.a.ranks=1 --set site.b.ranks=2 --set site.b.learner_ranks=1 --set outer.mode=diloco
@@ -32,12 +39,122 @@ if train local 12 --set train.check_replicas=4; then
     [ "$(grep -c "^replicas identical at step .*: 3 learner(s); the site's fingerprint .*, the dense part's" \
         "$WORK/local.log")" -ge 3 ] && pass "b's two learners hold the same model, a and b the same dense part" ||
         fail "replica check: $(grep -i 'replica' "$WORK/local.log" | head -2)"
-    grep -q "model.h5: not written: the experts are split across sites" "$WORK/local.log" && [ ! -e "$WORK/local/model.h5" ] &&
-        pass "no model.h5 of one site's experts" || fail "model.h5 written by a split run"
     expect_exit 2 "the run split its experts across sites" -- \
         "$ISTHMUS" eval --model "$(ls "$WORK"/local/checkpoints/a/ckpt-*.h5 | tail -1)"
 else
     fail "split training failed: $(tail -3 "$WORK/local.log")"
+fi
+
+# whole_equals RUN LO-HI LO-HI: RUN's model.h5 holds, bit for bit, the dense
+# part of both sites' final checkpoints (the same at both) and each site's
+# experts (site a's range, site b's) from that site's checkpoint. The
+# expert tensors are the 4-dimensional ones (layers, experts, rows, columns)
+slice() { # slice FILE DATASET START COUNT OUT: raw little-endian float32
+    h5dump -d "$2" -s "$3" -c "$4" -b LE -o "$5" "$1" > /dev/null 2>&1
+}
+whole_equals() {
+    local run=$1 model=$WORK/$1/model.h5 d name dims n s lo hi ck bad="" checked=0
+    shift
+    [ -f "$model" ] || { echo "no $model"; return 1; }
+    for d in $(h5ls "$model/model" | awk '{ print $1 }'); do
+        dims=$(h5ls "$model/model/$d" | sed 's/.*{\(.*\)}.*/\1/' | tr -d ' ')
+        checked=$((checked + 1))
+        n=$(echo "$dims" | awk -F, '{ print NF }')
+        if [ "$n" = 4 ]; then
+            s=0
+            for range in "$@"; do
+                lo=${range%-*} hi=${range#*-}
+                [ $s = 0 ] && name=a || name=b
+                ck=$(ls "$WORK/$run/checkpoints/$name"/ckpt-*.h5 | tail -1)
+                count=$(echo "$dims" | awk -F, -v k=$((hi - lo + 1)) '{ print $1 "," k "," $3 "," $4 }')
+                slice "$model" "/model/$d" "0,$lo,0,0" "$count" "$WORK/m.bin" &&
+                    slice "$ck" "/model/$d" "0,$lo,0,0" "$count" "$WORK/c.bin" && cmp -s "$WORK/m.bin" "$WORK/c.bin" ||
+                    bad="$bad $d[experts $range from $name]"
+                s=1
+            done
+        else
+            for name in a b; do
+                ck=$(ls "$WORK/$run/checkpoints/$name"/ckpt-*.h5 | tail -1)
+                h5dump -d "/model/$d" -b LE -o "$WORK/m.bin" "$model" > /dev/null 2>&1 &&
+                    h5dump -d "/model/$d" -b LE -o "$WORK/c.bin" "$ck" > /dev/null 2>&1 &&
+                    cmp -s "$WORK/m.bin" "$WORK/c.bin" || bad="$bad $d[$name]"
+            done
+        fi
+    done
+    [ -z "$bad" ] || { echo "differs:$bad"; return 1; }
+    [ $checked -ge 12 ] || { echo "only $checked datasets in $model"; return 1; } # tiny.ini has 12
+}
+
+# tiny.ini's experts are w_gate, w_up (D x F each) and w_down (F x D) per
+# layer: site b's two are L * 2 * 3 * D * F float32 values; each frame
+# (one per expert tensor and pair of ranks) has the link's 96-byte header;
+# counted sent + received
+expert_bytes() { # expert_bytes FRAMES: what the assembly moves
+    awk -v f="$1" 'BEGIN { L = 2; D = 64; F = 128; printf "%.0f", 2 * (L * 2 * 3 * D * F * 4 + f * 96) }'
+}
+if [ -f "$WORK/local/model.h5" ]; then
+    grep -q "^wrote $WORK/local/model.h5 (step 12): the whole model, every site's experts" "$WORK/local.log" &&
+        h5dump -A -H "$WORK/local/model.h5" | grep -q 'ATTRIBUTE "experts_whole"' &&
+        pass "a split run writes model.h5, marked experts_whole" || fail "model.h5: $(grep model.h5 "$WORK/local.log")"
+    why=$(whole_equals local 0-1 2-3) && pass "model.h5 = the dense part of both sites' checkpoints and each site's experts of its own, bit for bit" ||
+        fail "the whole model: $why"
+    # a site's checkpoint holds no values of the other's experts: the comparison tells them apart
+    whole_equals local 2-3 0-1 > /dev/null && fail "the comparison does not tell the sites' experts apart"
+    want=$(expert_bytes 3)
+    got=$(sed -n 's/^assembly bytes: \([0-9]*\) through the link for the whole model .*/\1/p' "$WORK/local.log")
+    [ "$got" = "$want" ] && grep -q "\"summary\":\"traffic\",.*\"assembly_bytes\":$want[,}]" "$WORK/local/metrics.jsonl" &&
+        pass "assembly bytes $got: site b's experts, float32, and three frames' headers, both ways (log and summary)" ||
+        fail "assembly bytes '$got', want $want"
+    # the run's evaluations: the site's model (its experts, local routing), then the whole one
+    [ "$(grep -c '^eval .* | the site.s model$' "$WORK/local.log")" = 2 ] &&
+        [ "$(grep -c '^eval .* | the whole model$' "$WORK/local.log")" = 2 ] &&
+        [ "$(grep -c '"model":"site"' "$WORK/local/metrics.jsonl")" = 2 ] &&
+        [ "$(grep -c '"model":"whole"' "$WORK/local/metrics.jsonl")" = 2 ] &&
+        pass "the final evaluation is labelled: the site's model and the whole model" ||
+        fail "eval labels: $(grep '^eval' "$WORK/local.log")"
+    # eval of the file = eval of a replicated model file holding the same weights = the run's own
+    cp "$WORK/local/model.h5" "$WORK/replicated.h5"
+    "$TAMPER" "$WORK/replicated.h5" subst config "experts = split" "experts = replicated" &&
+        "$TAMPER" "$WORK/replicated.h5" attr experts_whole 0 || fail "h5tamper could not make the replicated copy"
+    "$ISTHMUS" eval --model "$WORK/local/model.h5" --set train.out_dir="$WORK/eval_whole" > "$WORK/eval_whole.log" 2>&1 &&
+        "$ISTHMUS" eval --model "$WORK/replicated.h5" --set train.out_dir="$WORK/eval_rep" > "$WORK/eval_rep.log" 2>&1 ||
+        fail "eval of model.h5 failed: $(tail -2 "$WORK/eval_whole.log" "$WORK/eval_rep.log")"
+    ok=1
+    for set in prose tech; do
+        w=$(last_bpb "$WORK/eval_whole/metrics.jsonl" $set) r=$(last_bpb "$WORK/eval_rep/metrics.jsonl" $set)
+        in_run=$(metric bpb "$WORK/local/metrics.jsonl" "\"eval\":\"$set\",.*\"model\":\"whole\"")
+        [ -n "$w" ] && [ "$w" = "$r" ] && [ "$w" = "$in_run" ] || ok=0
+        note "$set: isthmus eval of model.h5 $w, of the replicated copy $r, the run's whole model $in_run"
+    done
+    [ $ok = 1 ] && pass "isthmus eval of model.h5 = of a replicated model file of the same weights = the run's whole-model eval" ||
+        fail "whole-model bpb differ"
+    "$ISTHMUS" export --model "$WORK/local/model.h5" -o "$WORK/exp_whole" > /dev/null 2>&1 &&
+        "$ISTHMUS" export --model "$WORK/replicated.h5" -o "$WORK/exp_rep" > /dev/null 2>&1 &&
+        cmp -s "$WORK/exp_whole/model.safetensors" "$WORK/exp_rep/model.safetensors" &&
+        pass "isthmus export of model.h5 = of the replicated copy (safetensors, byte for byte)" ||
+        fail "export of model.h5 failed or differs"
+    "$ISTHMUS" generate --model "$WORK/local/model.h5" --tokens 8 > /dev/null 2>&1 &&
+        pass "isthmus generate reads model.h5" || fail "generate of model.h5 failed"
+    # a site's checkpoint is still no whole model
+    ck=$(ls "$WORK"/local/checkpoints/b/ckpt-*.h5 | tail -1)
+    expect_exit 2 "a site's file holds that site's experts only; the run's model.h5 holds the whole model" -- \
+        "$ISTHMUS" eval --model "$ck"
+else
+    fail "no model.h5 from the split run: $(grep -i 'model.h5' "$WORK/local.log")"
+fi
+
+# the writer a learner of two ranks, site b one rank: b's two experts to
+# the writer's two ranks, one each (six frames)
+if mpi 3 "$ISTHMUS" train "$T" $SPLIT --set site.a.ranks=2 --set site.a.learner_ranks=2 --set site.b.ranks=1 \
+    --set train.out_dir="$WORK/wide" --set train.steps=8 > "$WORK/wide.log" 2>&1; then
+    want=$(expert_bytes 6)
+    got=$(sed -n 's/^assembly bytes: \([0-9]*\) .*/\1/p' "$WORK/wide.log")
+    why=$(whole_equals wide 0-1 2-3) && [ "$got" = "$want" ] &&
+        [ "$(grep -c '^eval .* | the whole model$' "$WORK/wide.log")" = 2 ] &&
+        pass "a writer of two ranks: model.h5 bit for bit, assembly bytes $got (six frames), the whole model evaluated" ||
+        fail "writer of two ranks: $why; assembly bytes '$got', want $want"
+else
+    fail "split run with a two-rank writer failed: $(tail -3 "$WORK/wide.log")"
 fi
 
 # drop: the full router; copies routed to the other site's experts are

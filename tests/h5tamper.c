@@ -6,6 +6,8 @@
  *   h5tamper FILE attr NAME VALUE       rewrite a root attribute (string, float or integer, as it is)
  *   h5tamper FILE nofilter DATASET      rewrite a float dataset without the fletcher32 filter
  *   h5tamper FILE shape DATASET         replace a dataset by a float one with one more row
+ *   h5tamper FILE subst NAME OLD NEW    in a root string attribute, OLD (its first) replaced by NEW,
+ *                                       the attribute made again at the new length
  * (Truncation and flipped bytes need no HDF5: the tests use head and dd.)
  */
 #include <hdf5.h>
@@ -14,8 +16,42 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* A root string attribute with its first `from` replaced by `to`. */
+static int subst(const char *path, const char *name, const char *from, const char *to)
+{
+    hid_t f = H5Fopen(path, H5F_ACC_RDWR, H5P_DEFAULT);
+    hid_t a = f >= 0 ? H5Aopen(f, name, H5P_DEFAULT) : -1;
+    hid_t type = a >= 0 ? H5Aget_type(a) : -1;
+    int rc = type < 0 || H5Tget_class(type) != H5T_STRING;
+    const size_t n = rc ? 0 : H5Tget_size(type);
+    char *old = calloc(n + 1, 1), *new = calloc(n + strlen(to) + 1, 1);
+    if (!rc) rc = H5Aread(a, type, old) < 0;
+    char *at = rc ? NULL : strstr(old, from);
+    rc = rc || !at;
+    if (!rc) {
+        memcpy(new, old, (size_t)(at - old));
+        strcat(new, to);
+        strcat(new, at + strlen(from));
+    }
+    if (type >= 0) H5Tclose(type);
+    if (a >= 0) H5Aclose(a);
+    if (!rc) rc = H5Adelete(f, name) < 0;
+    hid_t t2 = H5Tcopy(H5T_C_S1), sp = H5Screate(H5S_SCALAR);
+    H5Tset_size(t2, strlen(new) + 1);
+    hid_t a2 = rc ? -1 : H5Acreate2(f, name, t2, sp, H5P_DEFAULT, H5P_DEFAULT);
+    rc = rc || a2 < 0 || H5Awrite(a2, t2, new) < 0;
+    if (a2 >= 0) H5Aclose(a2);
+    H5Sclose(sp);
+    H5Tclose(t2);
+    if (f >= 0) H5Fclose(f);
+    free(old);
+    free(new);
+    return rc;
+}
+
 int main(int argc, char **argv)
 {
+    if (argc == 6 && !strcmp(argv[2], "subst")) return subst(argv[1], argv[3], argv[4], argv[5]);
     if (argc == 5 && !strcmp(argv[2], "attr")) {
         hid_t f = H5Fopen(argv[1], H5F_ACC_RDWR, H5P_DEFAULT);
         hid_t a = f >= 0 ? H5Aopen(f, argv[3], H5P_DEFAULT) : -1;
@@ -41,7 +77,8 @@ int main(int argc, char **argv)
         return rc;
     }
     if (argc != 4) {
-        fprintf(stderr, "usage: h5tamper FILE delete|nan|int|nofilter|shape DATASET | FILE version N | FILE attr NAME VALUE\n");
+        fprintf(stderr, "usage: h5tamper FILE delete|nan|int|nofilter|shape DATASET | FILE version N | FILE attr NAME VALUE | "
+                        "FILE subst NAME OLD NEW\n");
         return 2;
     }
     hid_t f = H5Fopen(argv[1], H5F_ACC_RDWR, H5P_DEFAULT);
