@@ -259,7 +259,14 @@ static int decide(Trainer *tr, long want, const Holding *hold, const Held *all, 
         }
     }
     char names[CONFIG_MAX_SITES * 40];
-    if (!diverged) {
+    /* experts split across sites: a site's experts are in its own files
+     * only (another site's file never holds them), so a site behind cannot
+     * continue from the one ahead: every site resumes from the newest step
+     * all of them hold, as after a divergence */
+    int behind = 0;
+    for (int s = 0; s < S; s++) behind |= newest[s] != top;
+    const int split_behind = !diverged && behind && t->experts_split;
+    if (!diverged && !split_behind) {
         plan->step = top;
         for (int s = 0; s < S; s++) plan->any_fetch |= plan->fetch[s] = newest[s] != top;
         plan->source = plan->any_fetch ? src : -1;
@@ -314,7 +321,16 @@ static int decide(Trainer *tr, long want, const Holding *hold, const Held *all, 
         k++;
     }
     name_sites(tr, ahead, names, sizeof names);
-    if (tr->log && common >= 0)
+    if (split_behind && common < 0)
+        return isth_fail(ISTH_EINPUT, "resume: experts split across sites: no step is held by every site (%s), and a "
+                         "site's experts are in its own checkpoints only: bring back the behind site's files, or start "
+                         "without --resume", each);
+    if (split_behind && tr->log)
+        fprintf(stderr, "isthmus: warning: resume: experts split across sites: site(s) %s hold newer checkpoints than "
+                        "the others (%s), but a site's experts are in its own checkpoints only: every site resumes from "
+                        "%ld, the newest step they all hold; %s later files set aside as .passed\n", names, each, common,
+                owners);
+    else if (tr->log && common >= 0)
         fprintf(stderr, "isthmus: warning: resume: sites %s each trained alone after step %ld (%s): %s resume from "
                         "%ld, the newest step they share; %s later files set aside as .passed\n", names, common, each,
                 S == 2 ? "both" : "all sites", common, owners);

@@ -12,6 +12,7 @@
 #include "clock.h"
 #include "coll.h"
 #include "config_keys.h"
+#include "expert_split.h"
 #include "fault.h"
 #include "h5io.h"
 #include "status.h"
@@ -59,6 +60,26 @@ static int compare_configs(Trainer *tr, const char *saved_text, const char *path
     if (tr->mode != MODE_SYNC && saved->outer.fragments != tr->cfg.outer.fragments)
         return isth_fail(ISTH_EINPUT, "checkpoint %s: [outer] fragments = %d in the checkpoint, %d in the config", path,
                          saved->outer.fragments, tr->cfg.outer.fragments);
+    /* a split run's file holds this site's experts only (never another
+     * site's, nor a replicated run's every expert): the checkpoint's
+     * assignment of this site is the only one it can continue */
+    if (expert_split_on(saved)) {
+        const SiteInfo *me = &tr->topo.sites[tr->topo.site];
+        ExpertSplit x;
+        ExpertSplitFault bad;
+        char why[512];
+        int s = 0;
+        while (s < saved->n_sites && strcmp(saved->sites[s].name, me->name)) s++;
+        if (!tr->topo.experts_split)
+            return isth_fail(ISTH_EINPUT, "checkpoint %s: [outer] experts = split in the checkpoint, %s in the config: "
+                             "each site's file holds its own experts only", path, tr->cfg.outer.experts);
+        if (s < saved->n_sites && !expert_split_assign(saved, &x, why, sizeof why, &bad) &&
+            (x.begin[s] != me->expert_begin || x.count[s] != me->experts))
+            return isth_fail(ISTH_EINPUT, "checkpoint %s: site %s trained experts %d-%d, the config gives it %d-%d: a "
+                             "site's experts are in its own checkpoints only (the assignment cannot change on resume)",
+                             path, me->name, x.begin[s], x.begin[s] + x.count[s] - 1, me->expert_begin,
+                             me->expert_begin + me->experts - 1);
+    }
     if (tr->log) { /* allowed changes: list them */
         char *now = config_to_text(&tr->cfg), *was = config_to_text(saved);
         const char *p = now && was ? now : NULL; /* out of memory: list nothing */

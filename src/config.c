@@ -228,6 +228,9 @@ static int validate_sites(Config *cfg, EntryList *l)
                              "%s: every site trains every expert)", config_origin_of(l, section, "experts"), section,
                              s->experts, cfg->outer.experts);
     }
+    if (cfg->outer.expert_replicas == 0) /* the key's range holds -1, the default's sentinel, and so 0 */
+        return isth_fail(ISTH_EINPUT, "config %s: [outer] expert_replicas = 0: at least 1 (the owner)",
+                         config_origin_of(l, "outer", "expert_replicas"));
     if (cfg->outer.expert_replicas < 0) cfg->outer.expert_replicas = cfg->n_sites < 2 ? 1 : 2;
     if (!expert_split_on(cfg)) return ISTH_OK;
     ExpertSplit x;

@@ -292,7 +292,8 @@ static void print_totals(const Config *cfg, const PlanResult *r, const PlanInput
     for (int s = 0; s < r->n_sites; s++) tokens += r->tokens_per_step[s];
     /* checkpoints during the run, and how many with an exchange in flight */
     const long every = cfg->checkpoint.every;
-    const long n_ckpt = every > 0 ? (cfg->train.steps - 1) / every : 0; /* steps every, 2 every, ... before the end */
+    /* steps every, 2 every, ... before the end (none in a run of no steps: (0 - 1) / 1 is -1) */
+    const long n_ckpt = every > 0 && cfg->train.steps > 0 ? (cfg->train.steps - 1) / every : 0;
     long n_flight = 0;
     /* whether an exchange is in flight at step k repeats every H steps once
      * k >= overlap: the checkpoints' pattern repeats every H / gcd(every, H)

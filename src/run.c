@@ -480,6 +480,11 @@ static int butterfly_meeting(Trainer *tr, const Config *cfg, unsigned char *out,
  * rejoin at the next restart. */
 static int knocks(Trainer *tr, Federation *fed, const Config *cfg, StopVote *vote, double *paused_s)
 {
+    /* experts split: the host's checkpoint holds none of a joiner's experts
+     * (they are in the joiner's own files only), so no site is taken back
+     * live: it comes back at the run's next restart, every site from the
+     * newest step all of them hold (ckpt_files.c) */
+    if (tr->topo.experts_split) return ISTH_OK;
     StopBallot *b = &tr->ballot;
     unsigned char out[CONFIG_MAX_SITES];
     int n_out = sites_out(tr, out), site = -1, now = 0;

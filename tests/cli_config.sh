@@ -105,6 +105,8 @@ expect_exit 2 "\[site.east\] experts = 0-3 needs \[outer\] experts = split" -- \
     "$ISTHMUS" config "$S" --set site.east.experts=0-3
 expect_exit 2 "cannot be split into whole multiples of each site's learner_ranks \(east 64, west 64\)" -- \
     "$ISTHMUS" config "$CONFIGS/moe-32b.ini" --set outer.experts=split
+expect_exit 2 "set outer.expert_replicas: \[outer\] expert_replicas = 0: at least 1" -- \
+    "$ISTHMUS" config "$S" --set outer.experts=split --set outer.expert_replicas=0
 
 for cmd in train eval bench config inspect generate export; do
     if "$ISTHMUS" "$cmd" --help | grep -q "^usage: isthmus $cmd"; then pass "$cmd --help"; else fail "$cmd --help"; fi

@@ -179,4 +179,31 @@ for s in a b; do
 done
 [ $same = 1 ] && grep -q "resum" "$WORK/halves.log" && pass "split: a resume at step 4 ends on the same bits at both sites" ||
     fail "split resume differs from the straight run"
+
+# a site behind (b's newest checkpoint step 4, a's 8): a site's experts are
+# in its own files only, so every site resumes from step 4 (a's 8 set
+# aside), never b from a's file, which holds none of b's experts (they
+# would load as zeros, and zero experts never train again): both sites'
+# checkpoints of step 8 are then the straight run's, bit for bit
+train behind 8 --set checkpoint.every=4 && rm "$WORK/behind/model.h5" "$WORK/behind/checkpoints/b/ckpt-00000008.h5" &&
+    train behind 8 --set checkpoint.every=4 --resume auto || fail "the resume with b behind failed: $(tail -2 "$WORK/behind.log")"
+same=1
+for s in a b; do
+    h5diff "$WORK/straight/checkpoints/$s/ckpt-00000008.h5" "$WORK/behind/checkpoints/$s/ckpt-00000008.h5" /model /model \
+        > /dev/null 2>&1 || same=0
+done
+[ $same = 1 ] && grep -q "every site resumes from 4, the newest step they all hold" "$WORK/behind.log" &&
+    pass "split, b behind: both sites resume from step 4, b's experts its own; step 8 the straight run's bits" ||
+    fail "split, b behind: $(grep -i 'resum' "$WORK/behind.log" | head -2)"
+# a change of the assignment, or replicated experts, on resume: refused in one line (exit 2)
+rc=0
+train behind 12 --set checkpoint.every=4 --set site.a.experts=2-3 --set site.b.experts=0-1 --resume auto || rc=$?
+[ $rc = 2 ] && grep -q "site a trained experts 0-1, the config gives it 2-3: .*the assignment cannot change on resume" \
+    "$WORK/behind.log" && pass "a resume that moves a site's experts is refused (exit 2)" ||
+    fail "assignment changed on resume: exit $rc: $(grep -i error "$WORK/behind.log" | head -2)"
+rc=0
+train behind 12 --set checkpoint.every=4 --set outer.experts=replicated --resume auto || rc=$?
+[ $rc = 2 ] && grep -q "\[outer\] experts = split in the checkpoint, replicated in the config" "$WORK/behind.log" &&
+    pass "a split run's checkpoint resumed with replicated experts is refused (exit 2)" ||
+    fail "split resumed as replicated: exit $rc: $(grep -i error "$WORK/behind.log" | head -2)"
 finish || exit 1

@@ -8,7 +8,10 @@
 #    log says where its experts went;
 #  - site b killed mid-run (not started again): a trains on alone and ends
 #    with exit 0, one line saying the model cannot be whole, and no
-#    model.h5 (its own checkpoint still written).
+#    model.h5 (its own checkpoint still written);
+#  - site b killed and started again: not taken back live (the host's
+#    checkpoint holds none of its experts); it gives up after its
+#    join_timeout, a trains on.
 . "$TOP_SRCDIR/tests/lib.sh"
 FED="$TOP_SRCDIR/scripts/federated.sh"
 export ISTHMUS MPIRUN_ARGS="-q --oversubscribe"
@@ -65,5 +68,25 @@ if [ $ra -eq 0 ] && grep -q '^site b lost at step' "$WORK/lost_a.log" && [ ! -e 
     pass "site b lost: a trains on, exit 0, says the model cannot be whole and writes no model.h5 (its checkpoint: yes)"
 else
     fail "lost site: a exit $ra; $(grep -h -e error -e lost -e model.h5 "$WORK/lost_a.log" | head -3)"
+fi
+# 3. site b killed and started again: not taken back live (the host's
+# checkpoint holds none of b's experts): its knock goes unanswered until its
+# join_timeout (5 s here) ends it; a trains on
+BACK="--set outer.run_id=split_back --set train.steps=3000 --set outer.timeout=3 --set train.log_every=50"
+pair_start "$WORK/back_a.log" "$WORK/back_b.log" site "$WORK/back" $BACK
+wait_line "$WORK/back_a.log" '^step  *50/' 60 || fail "site a did not reach step 50"
+pids=$(pgrep -f "isthmus train .* --site b .*outer.run_id=split_back ")
+# shellcheck disable=SC2086
+[ -n "$pids" ] && kill -KILL $pids
+wait_line "$WORK/back_a.log" '^site b lost at step' 30
+site b "$WORK/back" $BACK --set outer.join_timeout=5 --resume auto > "$WORK/back_b2.log" 2>&1
+rb2=$?
+still=$(pgrep -f "isthmus train .* --site a .*outer.run_id=split_back " > /dev/null && echo yes || echo no)
+pair_wait
+if [ $rb2 -ne 0 ] && [ "$still" = yes ] && [ $ra -eq 0 ] && ! grep -q '^site b rejoined' "$WORK/back_a.log" &&
+    grep -q 'within 5 s (outer.join_timeout)' "$WORK/back_b2.log"; then
+    pass "split: b started again is not taken back live (exit $rb2 after its join_timeout; a trained on to the end)"
+else
+    fail "split rejoin: b2 exit $rb2, a still training then: $still, a exit $ra; $(grep -h -e error -e rejoin "$WORK"/back_*.log | head -3)"
 fi
 finish || exit 1
