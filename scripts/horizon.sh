@@ -18,7 +18,7 @@
 #   MODE:OPTIMIZER:STEPS[:SEED]
 #             one run at the chosen lr (e.g. sync:shampoo:400; seed 42 unless given);
 #             MODE is sync, diloco, butterfly or a variant (topk topkh32 topkh16 topkh8 topkall topknest topkm5
-#             nesterov nesterovh32 snooh32 bflyfp4 bflymom: below), which takes its base mode's
+#             nesterov nesterovh32 snooh32 splitlocal splitdrop bflyfp4 bflymom: below), which takes its base mode's
 #             inner lr
 #   table     the markdown tables of every run present
 #   gap       the gap to sync against tokens: for each run at its mode's chosen lr,
@@ -87,9 +87,16 @@ L8="--set train.micro_batch=2 --set site.a.ranks=4 --set site.a.learner_ranks=1 
     MODE_bflyfp4="$L8 --set outer.mode=butterfly --set outer.inner_steps=20 --set outer.codec=fp4"
     MODE_bflymom="$MODE_bflyfp4 --set outer.lr=1 --set outer.momentum=0.5"
     NP_bflyfp4=8 NP_bflymom=8
+    # DiLoCo with the experts split across the two sites (issue 56): each site trains its
+    # four experts, only the dense part crosses; the router over the site's experts (local)
+    # or the full router with the other site's copies dropped (drop). The bpb the tables
+    # read is the last evaluation's: the whole model's, assembled into model.h5
+    MODE_splitlocal="$MODE_diloco --set outer.experts=split --set outer.expert_routing=local"
+    MODE_splitdrop="$MODE_diloco --set outer.experts=split --set outer.expert_routing=drop"
+    NP_splitlocal=4 NP_splitdrop=4
 }
 # every mode but sync; a variant takes its base mode's inner lr (best)
-DILOCO_VARIANTS="topk topkh32 topkh16 topkh8 topkall topknest topkm5 nesterov nesterovh32 snooh32"
+DILOCO_VARIANTS="topk topkh32 topkh16 topkh8 topkall topknest topkm5 nesterov nesterovh32 snooh32 splitlocal splitdrop"
 BUTTERFLY_VARIANTS="bflyfp4 bflymom"
 OUTER_MODES="diloco $DILOCO_VARIANTS butterfly $BUTTERFLY_VARIANTS"
 # the model of OUT's runs: its marker; runs from before the marker are the small model's
