@@ -99,6 +99,16 @@ static void release(Frame *fr, int n)
         if (link_msg_free(&fr[i].m) && !fr[i].kept) isth_free(fr[i].buf);
 }
 
+/* A frame's buffer: the link's room and `values` floats, from or for `site`. */
+static int frame_alloc(Frame *f, size_t values, int site)
+{
+    f->buf = isth_malloc(ROOM + values * sizeof(float));
+    if (!f->buf) return isth_fail(ISTH_ERUNTIME, "%s: out of memory for %zu bytes", WHAT, values * sizeof(float));
+    f->values = values;
+    f->site = site;
+    return ISTH_OK;
+}
+
 /* The sender's part of tensor T: to each writer rank the chunks it gets. */
 static int send_tensor(Link *l, const Topology *t, const ChunkTable *ct, StateView *v, int lead, int T,
                        unsigned char *late, double *waited)
@@ -111,13 +121,7 @@ static int send_tensor(Link *l, const Topology *t, const ChunkTable *ct, StateVi
         const size_t values = values_of(t, ct, lead, T, t->world_rank, to), bytes = values * sizeof(float);
         if (!values) continue;
         Frame *f = &fr[n];
-        f->buf = isth_malloc(ROOM + bytes);
-        if (!f->buf) {
-            rc = isth_fail(ISTH_ERUNTIME, "%s: out of memory for %zu bytes", WHAT, bytes);
-            break;
-        }
-        f->values = values;
-        f->site = lead;
+        if ((rc = frame_alloc(f, values, lead)) != ISTH_OK) break;
         n++;
         const int peer = w->first_rank + to;
         link_msg_init_borrowed(&f->m, peer, LINK_TAG_ASSEMBLY, ROOM + bytes, 0, 0);
@@ -157,13 +161,7 @@ static int receive_tensor(Assembly *a, Link *l, const Topology *t, const ChunkTa
             const size_t values = values_of(t, ct, lead, T, from, me), bytes = values * sizeof(float);
             if (!values) continue;
             Frame *f = &fr[n];
-            f->buf = isth_malloc(ROOM + bytes);
-            if (!f->buf) {
-                rc = isth_fail(ISTH_ERUNTIME, "%s: out of memory for %zu bytes", WHAT, bytes);
-                break;
-            }
-            f->values = values;
-            f->site = s;
+            if ((rc = frame_alloc(f, values, s)) != ISTH_OK) break;
             n++;
             link_msg_init_borrowed(&f->m, from, LINK_TAG_ASSEMBLY, 0, ROOM + bytes, 0);
             f->m.recv = f->buf;

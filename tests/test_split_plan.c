@@ -31,6 +31,7 @@
 #include "plan.h"
 #include "shard.h"
 #include "topology.h"
+#include "plan_ref.h"
 
 enum { RANKS = 6, E = 8, P = 2 };
 
@@ -44,22 +45,6 @@ static void load(Config *c, int split)
              "[site.b]\nranks = 2\nlearner_ranks = 2\n%s",
              E, split ? "split" : "replicated", split ? "experts = 0-5\n" : "", split ? "experts = 6-7\n" : "");
     assert_int_equal(config_load_text(c, text, "t.ini", NULL, 0), 0);
-}
-
-/* The dense owners of a learner of G ranks, as plan.h states the rule:
- * greedily by size in canonical order, ties to the lower rank. */
-static void greedy_dense(const ChunkTable *ct, int G, int *owner)
-{
-    double load[8] = {0};
-    for (int c = 0; c < ct->n_chunks; c++) {
-        owner[c] = -1;
-        if (ct->chunks[c].expert >= 0) continue;
-        int best = 0;
-        for (int j = 1; j < G; j++)
-            if (load[j] < load[best]) best = j;
-        owner[c] = best;
-        load[best] += (double)ct->chunks[c].size;
-    }
 }
 
 typedef struct {

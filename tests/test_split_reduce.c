@@ -45,6 +45,7 @@
 #include "rng.h"
 #include "shard.h"
 #include "topology.h"
+#include "plan_ref.h"
 
 enum { P = 2, ROUNDS = 2 };
 
@@ -66,22 +67,6 @@ static long bad;
 static float value(int round, int l, int c, size_t i)
 {
     return (float)rng_normal(4200 + (uint64_t)round, (uint64_t)l, ((uint64_t)c << 32) | i);
-}
-
-/* plan.h's rule for dense owners, worked out again: greedily by size in
- * canonical order, ties to the lower rank. */
-static void greedy_dense(const ChunkTable *ct, int G, int *owner)
-{
-    double load[8] = {0};
-    for (int c = 0; c < ct->n_chunks; c++) {
-        owner[c] = -1;
-        if (ct->chunks[c].expert >= 0) continue;
-        int best = 0;
-        for (int j = 1; j < G; j++)
-            if (load[j] < load[best]) best = j;
-        owner[c] = best;
-        load[best] += (double)ct->chunks[c].size;
-    }
 }
 
 /* The frames rank j of a learner of G sends, for fragment f, to the ranks
