@@ -500,6 +500,34 @@ static void sum_accepted(const Reducer *r, const unsigned char *ok, float rescal
     }
 }
 
+/* Which site owns expert e (split experts). */
+static int owner_site(const Topology *t, int e)
+{
+    for (int s = 0; s < t->n_sites; s++)
+        if (e >= t->sites[s].expert_begin && e < t->sites[s].expert_begin + t->sites[s].experts) return s;
+    return -1;
+}
+
+/* (5) for a router chunk at [lo, lo + D * E) under Topology.router_by_owner:
+ * column e (the router is D rows of E) is its owner site's own value over
+ * that site's share, the owner site's token-weighted average, as its
+ * experts are; an owner not accepted leaves it unmoved (0). Every other
+ * site's copy of the column was never read, so it carries no gradient:
+ * averaged in, it would halve the column's step and add the weight decay
+ * of sites that never use it. My site's row is read before it is written,
+ * element by element, so the total may overwrite it. */
+static void take_owned_columns(const Reducer *r, const unsigned char *ok, float *staging, size_t lo, size_t n)
+{
+    const Topology *t = r->topo;
+    const size_t size = shard_row_size(r->shard);
+    const int E = r->shard->table.model->cfg.experts;
+    float *total = staging + (size_t)t->site * size;
+    for (size_t i = 0; i < n; i++) {
+        const int s = owner_site(t, (int)(i % (size_t)E));
+        total[lo + i] = s >= 0 && ok[s] ? staging[(size_t)s * size + lo + i] / (float)r->site_weight[s] : 0.0f;
+    }
+}
+
 int reduce_finish_staged(Reducer *r, int f, ExchangeReport *rep, float **result)
 {
     const Topology *t = r->topo;
@@ -570,20 +598,26 @@ int reduce_finish_staged(Reducer *r, int f, ExchangeReport *rep, float **result)
         }
     /* (5) sum the accepted sites in site order: the chunks that crossed,
      * run by run; a split expert is my site's own sum, re-weighted by the
-     * site's share alone (its learners' token-weighted average) */
+     * site's share alone (its learners' token-weighted average); a router
+     * under router_by_owner takes each column from its expert's site */
     if (r->leader) {
         const Owned *own = shard_owned(r->shard, f);
         const ChunkTable *ct = &r->shard->table;
         const float rescale = rep->accepted_sites == t->n_sites ? 1.0f : (float)(1.0 / wsum);
         const float site_w = (float)r->site_weight[t->site];
-        size_t lo = 0; /* the run of crossing chunks so far: [lo, own->off[k]) */
+        size_t lo = 0; /* the run of summed chunks so far: [lo, own->off[k]) */
         for (int k = 0; k <= own->n; k++) {
-            if (k < own->n && chunk_crosses(ct, own->chunk[k])) continue;
-            const size_t end = k < own->n ? own->off[k] : n;
+            const Chunk *ch = k < own->n ? &ct->chunks[own->chunk[k]] : NULL;
+            const int by_owner = ch && t->router_by_owner && ch->tensor == T_ROUTER;
+            if (ch && chunk_crosses(ct, own->chunk[k]) && !by_owner) continue;
+            const size_t end = ch ? own->off[k] : n;
             if (end > lo) sum_accepted(r, ok, rescale, staging, lo, end);
-            if (k == own->n) break;
-            lo = end + ct->chunks[own->chunk[k]].size;
-            for (size_t i = end; i < lo; i++) total[i] /= site_w;
+            if (!ch) break;
+            lo = end + ch->size;
+            if (by_owner)
+                take_owned_columns(r, ok, staging, end, ch->size);
+            else
+                for (size_t i = end; i < lo; i++) total[i] /= site_w;
         }
     }
     /* site-wide payload statistics for the log */

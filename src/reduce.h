@@ -37,6 +37,9 @@
  * its result in (5) is the site's sum divided by the site's token share:
  * the token-weighted average of the site's learners (one learner: its own
  * value, up to rounding). Only the dense chunks' payloads are counted.
+ * With Topology.router_by_owner (split, local routing) a router chunk
+ * crosses like any dense chunk but its column e is, in (5), the owner
+ * site's payload of it over that site's share (0 when not accepted).
  * Must not: apply updates (optim.c, outer.c), compute gradients, frame or
  * decode bytes (payload.c), or write the link's fields (only through its
  * accessors, e.g. link_mark_lost).

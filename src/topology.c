@@ -58,6 +58,7 @@ int topology_layout(Topology *t, const Config *cfg, int world_size, int world_ra
         char why[512];
         if (expert_split_assign(cfg, &x, why, sizeof why, &bad)) return isth_fail(ISTH_EINPUT, "layout: %s", why);
         t->experts_split = 1;
+        t->router_by_owner = strcmp(cfg->outer.expert_routing, "drop") != 0;
         for (int i = 0; i < t->n_sites; i++) {
             t->sites[i].expert_begin = x.begin[i];
             t->sites[i].experts = x.count[i];

@@ -38,6 +38,8 @@ typedef struct {
     int learner_rank, learner_size; /* position in the learner, G */
     int expert_begin, experts_local; /* this rank's experts, global ids: [begin, begin+local) */
     int experts_split;          /* [outer] experts = split: each site holds only its own range */
+    int router_by_owner;        /* split with expert_routing = local: a router column is trained only at
+                                 * the site owning its expert, so the outer step takes it from there */
     MPI_Comm site_comm;         /* ranks of this site */
     MPI_Comm learner_comm;      /* ranks of this learner */
     double total_tokens_per_step; /* all learners */

@@ -16,6 +16,11 @@
  *     site's token share, bit for bit with either codec (never encoded),
  *     close to their token-weighted average, and at site a (one learner)
  *     its own value up to rounding;
+ *   - a router chunk, with expert_routing = local, takes column e from the
+ *     site owning expert e: that site's sum over its share (bit for bit
+ *     with codec none, the owner's token-weighted average within the
+ *     codec's error with int8), the same at every site; with drop it is a
+ *     dense chunk like any other (run once more with codec none);
  *   - the bytes this rank sent and received on the link are the dense
  *     frames only, worked out here from the chunk sizes, the dense owners
  *     (plan.h's greedy rule, again) and the codec's encoded sizes, plus
@@ -87,22 +92,25 @@ static double frames(const ChunkTable *ct, const int *own_g, const int *own_o, i
     return bytes;
 }
 
-static void run(const char *codec_name)
+static void run(const char *codec_name, const char *routing)
 {
-    char codec_key[64];
+    char codec_key[64], routing_key[64];
     snprintf(codec_key, sizeof codec_key, "outer.codec=%s", codec_name);
+    snprintf(routing_key, sizeof routing_key, "outer.expert_routing=%s", routing);
+    const int by_owner = !strcmp(routing, "local");
     const int four = n_ranks == 4;
     const char *over[] = {"site.a.ranks=1", "site.a.learner_ranks=1", "site.a.micro_batch=3", "site.a.experts=0-1",
                           "site.b.ranks=2", "site.b.learner_ranks=1", "site.b.micro_batch=1", "site.b.experts=2-3",
                           "outer.mode=diloco", "outer.experts=split", codec_key, "outer.error_feedback=on",
                           "outer.timeout=20", "model.layers=2", "model.dim=32", "model.ffn=32", "model.experts=4",
-                          "model.top_k=1"};
+                          "model.top_k=1", routing_key};
     if (four) over[0] = "site.a.ranks=2", over[1] = "site.a.learner_ranks=2";
     Config cfg;
     assert_int_equal(config_load_text(&cfg, "", "t", over, (int)(sizeof over / sizeof *over)), 0);
     Topology t;
     assert_int_equal(topology_create(&t, &cfg, MPI_COMM_WORLD), 0);
     assert_true(t.experts_split);
+    assert_int_equal(t.router_by_owner, by_owner);
     Model m;
     model_describe(&m, &cfg.model, t.expert_begin, t.experts_local);
     const Codec codec = (Codec)codec_from_name(codec_name);
@@ -178,7 +186,21 @@ static void run(const char *codec_name)
                         }
                     }
                     const float got = res[own->off[k] + i];
-                    if (e >= 0) {
+                    const int col_site = (int)(i % (size_t)cfg.model.experts) < t.sites[1].expert_begin ? 0 : 1;
+                    if (by_owner && ct->chunks[c].tensor == T_ROUTER) {
+                        double owner_avg = 0;
+                        for (int l = t.sites[col_site].first_learner;
+                             l < t.sites[col_site].first_learner + t.sites[col_site].learners; l++)
+                            owner_avg += wl[l] / ws[col_site] * value(round, l, c, i);
+                        if (codec == CODEC_NONE) {
+                            const float want = sums[col_site] / (float)ws[col_site];
+                            EXPECT(!memcmp(&got, &want, sizeof got), "router chunk %d [%zu] (expert %d of site %d): "
+                                   "%.9g, want %.9g (the owner's sum / its share)", c, i,
+                                   (int)(i % (size_t)cfg.model.experts), col_site, got, want);
+                        }
+                        EXPECT(fabs(got - owner_avg) <= (codec == CODEC_NONE ? 1e-5 : 0.1) * (1 + fabs(owner_avg)),
+                               "router chunk %d [%zu]: %.9g, the owner site's average %.9g", c, i, got, owner_avg);
+                    } else if (e >= 0) {
                         EXPECT(e >= site->expert_begin && e < site->expert_begin + site->experts,
                                "owns expert %d of another site", e);
                         const float want = sums[t.site] / (float)ws[t.site];
@@ -235,8 +257,9 @@ static void test_split_reduce(void **state)
 {
     (void)state;
     assert_true(n_ranks == 3 || n_ranks == 4);
-    run("none");
-    run("int8");
+    run("none", "local");
+    run("int8", "local");
+    run("none", "drop");
     long all = 0;
     MPI_Allreduce(&bad, &all, 1, MPI_LONG, MPI_SUM, MPI_COMM_WORLD);
     if (all) print_error("%ld check(s) failed over the ranks\n", all);
