@@ -52,6 +52,7 @@ enum {
 #define LINK_TAG_REJOIN LINK_TAG(LINK_CONTROL + 3, 0)  /* the live site's checkpoint, to a rejoining site */
 #define LINK_TAG_PROGRESS LINK_TAG(LINK_CONTROL + 4, 0) /* never sent: the progress thread's probe */
 #define LINK_TAG_ASSEMBLY LINK_TAG(LINK_CONTROL + 5, 0) /* split experts: a site's experts to the model's writer */
+#define LINK_TAG_REFRESH LINK_TAG(LINK_CONTROL + 6, 0)  /* split experts: the refresh of a site's copies */
 
 /* A frame's header. The seal's nonce and tag come first so that the
  * fields after them and the payload are one run of bytes (the associated

@@ -1,7 +1,8 @@
 /* memory.c — see memory.h. Every figure mirrors an allocation: model.c
  * (weights, grads), optim.c (AdamW), outer.c (packed outer state), shard.c
  * (residuals, dense staging, the staging pool), payload.c (frames), transformer.c
- * (activations, expert rows). The memory test keeps them in step. */
+ * (activations, expert rows), expert_copies.c (split experts' copies and
+ * mirrors). The memory test keeps them in step. */
 #include "memory.h"
 
 #include "backend.h"
@@ -11,6 +12,7 @@
 #include <string.h>
 
 #include "codec.h"
+#include "expert_copies.h"
 #include "model.h"
 #include "outer.h"
 #include "payload.h"
@@ -146,6 +148,9 @@ int memory_plan(const Config *cfg, int world_size, int rank, MemoryPlan *out)
     out->bytes[ALLOC_WEIGHTS] = aligned64(params);
     out->bytes[ALLOC_GRADS] = aligned64(params);
     CHECK(plan_exchanges(cfg, &t, &m, out));
+    size_t copy, mirror; /* split experts: the copies of other sites' experts and the mirrors of my own */
+    CHECK(copies_plan(cfg, &t, &m, &copy, &mirror));
+    if (copy || mirror) out->bytes[ALLOC_OUTER] += floats(copy + 1) + floats(mirror + 1);
     const SiteInfo *site = &t.sites[t.site];
     const int threads = cfg->train.threads > 0 ? cfg->train.threads : omp_get_max_threads();
     out->bytes[ALLOC_ACTIVATIONS] = acts_bytes(&cfg->model, site->micro_batch, cfg->model.context, t.learner_size,

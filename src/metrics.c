@@ -398,7 +398,7 @@ int metrics_site_rejoined(Metrics *mt, const char *site, long step, long lost_at
 
 int metrics_summary_traffic(Metrics *mt, long steps, long from_step, double inter_site_bytes,
                             double sync_equivalent_bytes, double reduction, int same_start, int max_peer_learners,
-                            double auth_failures, double assembly_bytes)
+                            double auth_failures, double assembly_bytes, double refresh_bytes)
 {
     if (!mt || !mt->f) return ISTH_OK;
     begin(mt);
@@ -412,6 +412,7 @@ int metrics_summary_traffic(Metrics *mt, long steps, long from_step, double inte
     field_long(mt, "max_peer_learners", max_peer_learners);
     field_num(mt, "auth_failures", "%.0f", auth_failures);
     if (assembly_bytes >= 0) field_num(mt, "assembly_bytes", "%.0f", assembly_bytes);
+    if (refresh_bytes >= 0) field_num(mt, "refresh_bytes", "%.0f", refresh_bytes);
     return end(mt);
 }
 

@@ -107,7 +107,7 @@ int metrics_site_rejoined(Metrics *mt, const char *site, long step, long lost_at
  * assembly moved besides (split experts). */
 int metrics_summary_traffic(Metrics *mt, long steps, long from_step, double inter_site_bytes,
                             double sync_equivalent_bytes, double reduction, int same_start, int max_peer_learners,
-                            double auth_failures, double assembly_bytes);
+                            double auth_failures, double assembly_bytes, double refresh_bytes);
 
 /* The end of training: compute utilisation. */
 int metrics_summary_compute(Metrics *mt, long steps, long from_step, double wall_s, double compute_s,

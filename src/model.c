@@ -158,6 +158,14 @@ void model_init(Model *m)
     }
 }
 
+void model_init_expert_chunk(const Model *m, TensorId T, int layer, int e, float *out)
+{
+    const Tensor *t = &m->tensors[T];
+    const size_t inner = t->chunk_numel, per_layer_canon = tensor_canonical_numel(t) / t->shape[0];
+    const size_t first = (size_t)layer * per_layer_canon + (size_t)e * inner;
+    for (size_t j = 0; j < inner; j++) out[j] = (float)(t->init_std * rng_normal(m->cfg.init_seed, (uint64_t)T, first + j));
+}
+
 float *model_param(const Model *m, TensorId t, int layer)
 {
     const Tensor *x = &m->tensors[t];

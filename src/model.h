@@ -147,6 +147,11 @@ static inline RouteSpan model_route_span(const Model *m, int G)
 /* N(0, std) with std from the table; norm gains 1. Values depend only on
  * (init_seed, tensor, canonical element index), not on the sharding. */
 void model_init(Model *m);
+/* The initial values model_init gives chunk (tensor T, layer, expert e) of
+ * an expert tensor, whichever rank holds it (they depend on the global
+ * ids only): chunk_numel values into out. Split experts' copies start
+ * from them at every site. */
+void model_init_expert_chunk(const Model *m, TensorId T, int layer, int e, float *out);
 
 /* The first parameter after the tied embedding (the first tensor): the
  * GPU's bf16 products read [model_after_embed, n_params), never the

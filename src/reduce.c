@@ -500,14 +500,6 @@ static void sum_accepted(const Reducer *r, const unsigned char *ok, float rescal
     }
 }
 
-/* Which site owns expert e (split experts). */
-static int owner_site(const Topology *t, int e)
-{
-    for (int s = 0; s < t->n_sites; s++)
-        if (e >= t->sites[s].expert_begin && e < t->sites[s].expert_begin + t->sites[s].experts) return s;
-    return -1;
-}
-
 /* (5) for a router chunk at [lo, lo + D * E) under Topology.router_by_owner:
  * column e (the router is D rows of E) is its owner site's own value over
  * that site's share, the owner site's token-weighted average, as its
@@ -523,7 +515,7 @@ static void take_owned_columns(const Reducer *r, const unsigned char *ok, float 
     const int E = r->shard->table.model->cfg.experts;
     float *total = staging + (size_t)t->site * size;
     for (size_t i = 0; i < n; i++) {
-        const int s = owner_site(t, (int)(i % (size_t)E));
+        const int s = topology_expert_site(t, (int)(i % (size_t)E));
         total[lo + i] = s >= 0 && ok[s] ? staging[(size_t)s * size + lo + i] / (float)r->site_weight[s] : 0.0f;
     }
 }

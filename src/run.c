@@ -209,12 +209,14 @@ static int traffic_summary(Trainer *tr, long first_step)
 {
     const Topology *t = &tr->topo;
     const int S = t->n_sites;
-    enum { BYTES, AUTH, ASSEMBLY, PEERS, FROM, N_FIELDS };
+    enum { BYTES, AUTH, ASSEMBLY, REFRESH, PEERS, FROM, N_FIELDS };
     const LinkCounters lc = link_counters(&tr->link);
-    /* split experts: the whole model's assembly ran before (trainer_assemble), counted apart */
-    double v[N_FIELDS] = {lc.bytes_sent + lc.bytes_recv + tr->outer.spread.inter_site_bytes - tr->whole.bytes,
-                          lc.auth_failures, tr->whole.bytes, (double)tr->shard.max_peer_learners, 0.0};
-    CHECK(coll_allreduce_comm(t->site_comm, &v[BYTES], 3, MPI_DOUBLE, sizeof(double), MPI_SUM));
+    /* split experts: the whole model's assembly ran before (trainer_assemble)
+     * and the copies' refreshes during training, each counted apart */
+    double v[N_FIELDS] = {lc.bytes_sent + lc.bytes_recv + tr->outer.spread.inter_site_bytes - tr->whole.bytes -
+                              tr->copies.bytes,
+                          lc.auth_failures, tr->whole.bytes, tr->copies.bytes, (double)tr->shard.max_peer_learners, 0.0};
+    CHECK(coll_allreduce_comm(t->site_comm, &v[BYTES], 4, MPI_DOUBLE, sizeof(double), MPI_SUM));
     CHECK(coll_allreduce_comm(t->site_comm, &v[PEERS], 1, MPI_DOUBLE, sizeof(double), MPI_MAX));
     v[FROM] = (double)first_step + 1.0; /* 0: a lost site's empty slot */
     double *all = isth_malloc(sizeof v * (size_t)S);
@@ -223,7 +225,7 @@ static int traffic_summary(Trainer *tr, long first_step)
     /* sync: every step each site sends its summed gradient (float32, all
      * canonical parameters) to every other site and receives theirs */
     const double per_site_step = 2.0 * (S - 1) * 4.0 * (double)shard_canonical_params(&tr->shard);
-    double bytes = 0.0, sync_bytes = 0.0, auth = 0.0, assembly = 0.0;
+    double bytes = 0.0, sync_bytes = 0.0, auth = 0.0, assembly = 0.0, refresh = 0.0;
     int peers = 0, same_start = 1;
     for (int s = 0; s < S; s++) {
         const double *site = &all[(size_t)s * N_FIELDS];
@@ -232,6 +234,7 @@ static int traffic_summary(Trainer *tr, long first_step)
         bytes += site[BYTES];
         auth += site[AUTH];
         assembly += site[ASSEMBLY];
+        refresh += site[REFRESH];
         sync_bytes += (double)(tr->step - from) * per_site_step;
         if (site[PEERS] > peers) peers = (int)site[PEERS];
         if (from != first_step) same_start = 0;
@@ -248,13 +251,17 @@ static int traffic_summary(Trainer *tr, long first_step)
         printf("assembly bytes: %.0f through the link for the whole model (the other sites' experts to site %s's "
                "first learner, which writes it; sent + received, all ranks; not in the traffic above)%s\n", assembly,
                t->sites[trainer_lead_site(tr)].name, tr->whole.whole ? "" : "; not assembled: a site was lost");
+    if (tr->copies.on)
+        printf("refresh bytes: %.0f through the link for the experts' copies (%d refresh(es) every %ld steps, codec %s; "
+               "sent + received, all ranks; not in the traffic above)\n", refresh, tr->copies.refreshes,
+               tr->copies.every, codec_name(tr->copies.codec));
     if (auth > 0)
         printf("link: %.0f frame(s) rejected: failed authentication, or not the frame expected (each logged where it "
                "arrived)\n", auth);
     fflush(stdout);
     return metrics_summary_traffic(&tr->metrics, steps, first_step, bytes, sync_bytes,
                                    bytes > 0 ? sync_bytes / bytes : 0.0, same_start, peers, auth,
-                                   t->experts_split ? assembly : -1.0);
+                                   t->experts_split ? assembly : -1.0, tr->copies.on ? refresh : -1.0);
 }
 
 /* This site's compute utilisation over the training this process ran (the
@@ -664,6 +671,15 @@ int train_run(const Config *cfg, const char *resume, const char *site)
         for (int k = 0; k < cfg->n_sites; k++) s.misses[k] = lost_count[k], s.site_names[k] = cfg->sites[k].name;
         if (tr.log && (s.step % tc->log_every == 0 || s.step == tc->steps)) rc = metrics_step(&tr.metrics, &s);
         if (rc == ISTH_OK && tr.log) rc = report_sites(&tr);
+        if (rc != ISTH_OK) break;
+        /* split experts: the copies of every site's experts brought up to date */
+        if (copies_due(&tr.copies, tr.step, tc->steps)) {
+            const double was_bytes = tr.copies.bytes, was_s = tr.copies.seconds;
+            rc = copies_refresh(&tr.copies, &tr.link, &tr.topo, &tr.shard.table, tr.be, tr.step);
+            if (rc == ISTH_OK && tr.log && tr.copies.bytes > was_bytes) /* nothing moves once every partner is lost */
+                printf("copies    | refresh %d after step %ld | %.0f B through the link (this rank, sent + received) | "
+                       "%.2f s\n", tr.copies.refreshes, tr.step, tr.copies.bytes - was_bytes, tr.copies.seconds - was_s);
+        }
         if (rc != ISTH_OK) break;
         /* butterfly learners agree only at the end */
         if (tc->check_replicas > 0 && tr.mode != MODE_BUTTERFLY &&

@@ -139,3 +139,10 @@ void topology_print(const Topology *t, const Config *cfg)
                s->experts / s->learner_ranks, s->micro_batch, s->grad_accum, s->tokens_per_step);
     }
 }
+
+int topology_expert_site(const Topology *t, int e)
+{
+    for (int s = 0; s < t->n_sites; s++)
+        if (e >= t->sites[s].expert_begin && e < t->sites[s].expert_begin + t->sites[s].experts) return s;
+    return -1;
+}

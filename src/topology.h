@@ -54,6 +54,9 @@ int topology_create(Topology *t, const Config *cfg, MPI_Comm world);
 int topology_layout(Topology *t, const Config *cfg, int world_size, int world_rank);
 void topology_destroy(Topology *t);
 
+/* The site that trains expert e (split experts: whose range holds it; -1
+ * none); replicated: the first site. */
+int topology_expert_site(const Topology *t, int e);
 /* Site and learner-rank of a world rank. */
 int topology_site_of(const Topology *t, int world_rank);
 /* First world rank of global learner `l`, and its size G. */

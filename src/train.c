@@ -156,6 +156,8 @@ int trainer_create(Trainer *tr, const Config *cfg, int log, MPI_Comm world, cons
         payload_encode_on(&pc, tr->be);
         CHECK(shard_create(&tr->shard, t, &tr->model, cfg->outer.fragments, &pc));
     }
+    /* split experts: the copies this rank keeps of other sites' experts, the mirrors of its own */
+    CHECK(copies_create(&tr->copies, cfg, t, &tr->shard.table));
     /* the exchange between learners: the site reduction, or the butterfly's mixer */
     if (tr->mode != MODE_BUTTERFLY) CHECK(reducer_create(&tr->red, &tr->shard, &tr->link, &tr->ballot, world));
     /* the site's recent steps (the ETA; the outer modes' summary for the other sites) */
@@ -249,6 +251,7 @@ void trainer_destroy(Trainer *tr)
     backend_destroy(tr->be);
     tr->be = NULL;
     assembly_free(&tr->whole);
+    copies_destroy(&tr->copies);
     if (tr->created) {
         outer_destroy(&tr->outer);
         link_forget_keys(&tr->link);
@@ -543,7 +546,8 @@ int trainer_owns_chunk(const void *shard, int c) { return shard_owns(shard, c); 
 
 int trainer_assemble(Trainer *tr)
 {
-    return assembly_gather(&tr->whole, &tr->link, &tr->topo, &tr->shard.table, tr->be, trainer_lead_site(tr));
+    return assembly_gather(&tr->whole, &tr->link, &tr->topo, &tr->shard.table, tr->be, &tr->copies,
+                           trainer_lead_site(tr));
 }
 
 /* The model file's chunks on a writer rank: those it owns from its
@@ -569,12 +573,23 @@ int trainer_write_model(Trainer *tr, const char *path, int *written)
         const int s = tr->whole.lost_site;
         if (tr->log && tr->whole.done && s >= 0)
             printf("%s: not written: site %s was lost%s, and the whole model needs every site's experts; each "
-                   "site's checkpoint holds its own\n", path, tr->topo.sites[s].name,
-                   tr->whole.lost_during ? " during the whole model's assembly" : "");
+                   "site's checkpoint holds its own%s\n", path, tr->topo.sites[s].name,
+                   tr->whole.lost_during ? " during the whole model's assembly" : "",
+                   !tr->copies.on ? " (expert_replicas = 1: no copies)"
+                   : tr->copies.live_refreshes[s] ? " (no live site holds a copy of them)"
+                                          : " (their copies had not been refreshed yet)");
         fflush(stdout);
         return ISTH_OK;
     }
     const int lead = trainer_lead_site(tr);
+    for (int s = 0; split && tr->log && s < tr->topo.n_sites; s++)
+        if (tr->whole.from_copy[s]) {
+            const long at = tr->whole.copy_step[s];
+            char when[64] = "";
+            if (at >= 0) snprintf(when, sizeof when, " from the refresh at step %ld", at);
+            printf("%s: site %s was lost; its experts are their copy%s (held by site %s)\n", path,
+                   tr->topo.sites[s].name, when, tr->topo.sites[tr->whole.src[tr->topo.sites[s].expert_begin]].name);
+        }
     if (split && tr->log && tr->topo.site != lead) { /* this site's log: where its experts went */
         printf("model.h5: site %s's experts went to site %s, which writes the whole model\n",
                tr->topo.sites[tr->topo.site].name, tr->topo.sites[lead].name);

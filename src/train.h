@@ -46,6 +46,7 @@ typedef struct {
     Progress progress;   /* this site's recent steps, every site's summary the exchanges brought */
     Outer outer;         /* diloco / streaming state */
     Assembly whole;      /* split experts: the other sites' experts at the model file's writer (trainer_assemble) */
+    ExpertCopies copies; /* split experts: copies of other sites' experts, refreshed (run.c) */
     OuterMode mode;      /* [outer] mode */
     int *site_leaders;   /* world rank of each site's first rank: the ends of control exchanges */
     Backend *be;         /* computes; owns the weights, grads, optimiser state and activations */

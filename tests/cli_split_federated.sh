@@ -11,7 +11,12 @@
 #    model.h5 (its own checkpoint still written);
 #  - site b killed and started again: not taken back live (the host's
 #    checkpoint holds none of its experts); it gives up after its
-#    join_timeout, a trains on.
+#    join_timeout, a trains on;
+#  - copies refreshed every 2 outer periods (codec none), site b failing
+#    at step 52 (a NaN loss: its job ends): a trains on and writes the
+#    whole model, b's experts from a's copy of the refresh at step 48,
+#    equal to b's first learner's weights in its checkpoint of step 48 (up
+#    to the refresh's float rounding); the refreshes' bytes counted apart.
 . "$TOP_SRCDIR/tests/lib.sh"
 FED="$TOP_SRCDIR/scripts/federated.sh"
 export ISTHMUS MPIRUN_ARGS="-q --oversubscribe"
@@ -88,5 +93,31 @@ if [ $rb2 -ne 0 ] && [ "$still" = yes ] && [ $ra -eq 0 ] && ! grep -q '^site b r
     pass "split: b started again is not taken back live (exit $rb2 after its join_timeout; a trained on to the end)"
 else
     fail "split rejoin: b2 exit $rb2, a still training then: $still, a exit $ra; $(grep -h -e error -e rejoin "$WORK"/back_*.log | head -3)"
+fi
+# 4. copies: b lost after a refresh, the whole model from a's copy
+COPY="--set outer.run_id=split_copy --set train.steps=120 --set outer.timeout=10 --set outer.expert_refresh=2
+--set outer.codec=none --set checkpoint.every=48 --set train.log_every=8"
+ISTHMUS_NAN_AT=b:52 federated_pair "$WORK/copy_a.log" "$WORK/copy_b.log" site "$WORK/copy" $COPY
+# values of an expert tensor's experts 2-3 (both layers), one per line, into a file
+slice() { h5dump -d "$2" -s 0,2,0,0 -c "$3" -y -w 0 -m "%.9g" -o "$4.raw" "$1" > /dev/null &&
+    tr ', ' '\n\n' < "$4.raw" | sed '/^$/d' > "$4"; }
+off=""
+for x in w_gate:2,2,64,128 w_up:2,2,64,128 w_down:2,2,128,64; do
+    slice "$WORK/copy/model.h5" "/model/${x%%:*}" "${x#*:}" "$WORK/whole.txt"
+    slice "$WORK/copy/checkpoints/b/ckpt-00000048.h5" "/learner_1/model/${x%%:*}" "${x#*:}" "$WORK/b48.txt"
+    a=$(grep -c . "$WORK/whole.txt") b=$(grep -c . "$WORK/b48.txt")
+    d=$(paste "$WORK/whole.txt" "$WORK/b48.txt" |
+        awk '{ d = $1 - $2; if (d < 0) d = -d; if (d > m) m = d; n++ } END { if (n == 0) print "none"; else print m }')
+    [ "$a" -eq $((2 * 2 * 64 * 128)) ] && [ "$b" -eq "$a" ] && [ "$d" != none ] &&
+        awk -v d="$d" 'BEGIN { exit !(d <= 1e-6) }' || off="$off ${x%%:*}:$d($a/$b values)"
+done
+refresh=$(sed -n 's/^refresh bytes: \([0-9]*\) .*/\1/p' "$WORK/copy_a.log")
+if [ $ra -eq 0 ] && [ $rb -ne 0 ] && [ -f "$WORK/copy/model.h5" ] && [ -z "$off" ] &&
+    grep -q "^$WORK/copy/model.h5: site b was lost; its experts are their copy from the refresh at step 48 (held by site a)" \
+        "$WORK/copy_a.log" && grep -q '^copies    | refresh 6 after step 48 ' "$WORK/copy_a.log" &&
+    grep -q "^wrote .*/copy/model.h5 (step 120): the whole model" "$WORK/copy_a.log" && [ "${refresh:-0}" -gt 0 ]; then
+    pass "copies: b lost at step 52, a writes the whole model with b's experts from the refresh at step 48, = b's weights then (max difference under 1e-6); refresh bytes $refresh"
+else
+    fail "copies: exits $ra/$rb, differences:${off:- none}, refresh bytes '$refresh'; $(grep -h -e error -e model.h5 -e 'refresh' "$WORK"/copy_?.log | head -4)"
 fi
 finish || exit 1

@@ -31,6 +31,12 @@ for np in 3 4; do
         fail "test_split_reduce with $np ranks: $(grep -E 'not ok|ERROR|error|rank [0-9]+:' "$WORK/sr$np.log" | head -5)"
     fi
 done
+EC=$(dirname "$ISTHMUS")/tests/test_expert_copies
+if mpi 4 "$EC" > "$WORK/ec.log" 2>&1; then
+    pass "split experts' copies, 4 ranks: placed once each, three refreshes bit for bit as a replay of the rule (none and fp4), one frame per tensor and pair of ranks, a lost site's experts assembled from the writer's copies"
+else
+    fail "test_expert_copies: $(grep -E 'not ok|ERROR|error|rank [0-9]+:' "$WORK/ec.log" | head -5)"
+fi
 WI=$(dirname "$ISTHMUS")/tests/test_wire
 if mpi 3 "$WI" > "$WORK/wire.log" 2>&1; then
     pass "the inter-site TCP transport: whole messages in order over 3 streams, backpressure past its buffer, a hand-made peer (bad MAC refused, malformed chunk fails it), a dead peer never blocks, a broken one gives back its room, cannot make a stalled stream spin nor slip a chunk in twice, chunks go to the stream with room ($(grep -c '^ok' "$WORK/wire.log") CMocka checks)"
