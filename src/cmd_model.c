@@ -1,5 +1,6 @@
 /* cmd_model.c — the commands that use a trained model file: `isthmus
  * eval` (bits per byte on the eval sets, over all ranks of the job),
+ * `isthmus tune-router` (the router alone trained over every expert),
  * `isthmus generate` (sampling, one process) and `isthmus export`
  * (safetensors for PyTorch, over the ranks of the job, each its share of
  * the experts).
@@ -34,6 +35,7 @@
 #include "federation.h"
 #include "metrics.h"
 #include "modelfile.h"
+#include "router_tune.h"
 #include "sample.h"
 #include "status.h"
 #include "tokenizer.h"
@@ -157,6 +159,86 @@ int cmd_eval(int argc, char **argv)
     if (rc == ISTH_OK) rc = closed;
     backend_destroy(be);
     eval_sets_close(sets, n_sets);
+    return rc;
+}
+
+static const char *const usage_tune_router =
+    "usage: isthmus tune-router --model FILE -o OUT --steps N [--lr LR] [--all] [--set section.key=value]...\n"
+    "\n"
+    "Trains only the router of the model in FILE for N steps, every expert routed and\n"
+    "every other weight frozen, on its training data (the windows of the steps after\n"
+    "the model's own, [train] seed), then writes the model to OUT (never over FILE).\n"
+    "For a split run's whole model ([outer] experts = split), whose sites' router\n"
+    "halves were each trained over their own experts only: [outer] router_steps does\n"
+    "the same at the end of training. The inner optimiser of the model's config, its\n"
+    "moments from zero, at LR (default [train] min_lr) after a warm-up of N / 10\n"
+    "steps; the ranks of the job share the experts as in isthmus eval. --all trains\n"
+    "every weight instead (a joint phase of the whole model).\n"
+    "--set may change the keys isthmus eval allows and data.train, train.seed.\n"
+    "Exit status: 0 success, 1 runtime failure, 2 bad file or configuration.\n";
+
+int cmd_tune_router(int argc, char **argv)
+{
+    if (cli_wants_help(argc, argv)) {
+        printf("%s", usage_tune_router);
+        return ISTH_OK;
+    }
+    const char *overrides[CLI_MAX_OVERRIDES], *pos[1];
+    const char *model_path = NULL, *out_path = NULL, *steps_text = NULL, *lr_text = NULL, *all = NULL;
+    const CliOption opts[] = {{"--model", 1, &model_path}, {"-o", 1, &out_path}, {"--steps", 1, &steps_text},
+                              {"--lr", 1, &lr_text}, {"--all", 0, &all}};
+    int n_over, n_pos;
+    CHECK(cli_parse(argc, argv, overrides, &n_over, pos, 0, &n_pos, opts, sizeof opts / sizeof *opts));
+    if (!model_path) return isth_fail(ISTH_EINPUT, "tune-router: missing --model FILE (see isthmus tune-router --help)");
+    if (!out_path) return isth_fail(ISTH_EINPUT, "tune-router: missing -o OUT (the tuned model's file)");
+    if (!steps_text) return isth_fail(ISTH_EINPUT, "tune-router: missing --steps N");
+    if (!strcmp(out_path, model_path))
+        return isth_fail(ISTH_EINPUT, "tune-router: -o %s is the model itself: write the tuned model elsewhere", out_path);
+    double steps, lr = -1.0;
+    CHECK(cli_number("--steps", steps_text, 1, 1 << 30, 1, &steps));
+    if (lr_text) CHECK(cli_number("--lr", lr_text, 1e-12, 10, 0, &lr));
+    for (int i = 0; i < n_over; i++)
+        if (!eval_key_allowed(overrides[i]) && strncmp(overrides[i], "data.train=", 11) &&
+            strncmp(overrides[i], "train.seed=", 11)) {
+            char keys[512];
+            eval_keys_list(keys, sizeof keys, ", ");
+            return isth_fail(ISTH_EINPUT, "tune-router: --set %s: only %s, data.train, train.seed can change",
+                             overrides[i], keys);
+        }
+    int rank, size;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    Config cfg;
+    char origin[CONFIG_FILE_PATH_MAX + 64];
+    CHECK(modelfile_config(model_path, overrides, n_over, &cfg, origin, sizeof origin, MPI_COMM_WORLD));
+    if (cfg.model.experts % size)
+        return isth_fail(ISTH_EINPUT, "tune-router: %d ranks cannot share %d experts evenly; use a rank count that "
+                         "divides it", size, cfg.model.experts);
+    if (lr < 0) lr = cfg.train.min_lr;
+    char *config_text = NULL;
+    CHECK(h5model_read_config(model_path, &config_text, NULL, MPI_COMM_WORLD));
+    Coll ep;
+    CHECK(coll_init(&ep, MPI_COMM_WORLD));
+    Backend *be = NULL;
+    Dataset d = {0};
+    const int El = cfg.model.experts / size, B = cfg.train.micro_batch;
+    int rc = backend_create(&be, &cfg, B, rank * El, El, &ep);
+    H5Meta meta;
+    if (rc == ISTH_OK) rc = modelfile_read_backend(model_path, be, &meta, MPI_COMM_WORLD);
+    if (rc == ISTH_OK) rc = dataset_open(&d, cfg.data.train, cfg.data.dir, cfg.model.context);
+    if (rc == ISTH_OK) rc = dataset_check_kind(&d, cfg.model.vocab);
+    RouterTuneReport rep;
+    DataCursor cur = {cfg.train.seed, (uint64_t)meta.step};
+    if (rc == ISTH_OK) rc = router_tune(be, &ep, &cfg, &d, &cur, 0, B, (int)steps, lr, all != NULL, &rep);
+    if (rc == ISTH_OK) rc = modelfile_write_backend(out_path, be, config_text, &meta, MPI_COMM_WORLD);
+    if (rc == ISTH_OK && rank == 0)
+        printf("tune-router: %s: %s, %d steps at lr %g (%d windows of %d a step): training loss %.4f in "
+               "the first tenth, %.4f in the last; %.1f s; wrote %s\n", model_path,
+               all ? "every weight (--all)" : "the router alone", rep.steps, lr, B * size,
+               cfg.model.context, rep.first_loss, rep.last_loss, rep.seconds, out_path);
+    dataset_close(&d);
+    backend_destroy(be);
+    isth_free(config_text);
     return rc;
 }
 

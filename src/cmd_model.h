@@ -8,6 +8,7 @@
 
 int cmd_eval(int argc, char **argv);
 int cmd_generate(int argc, char **argv);
+int cmd_tune_router(int argc, char **argv);
 int cmd_export(int argc, char **argv);
 
 #endif

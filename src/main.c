@@ -46,6 +46,8 @@ static const Command commands[] = {
     {"train", cmd_train, "CONFIG [--set section.key=value]...", "train, evaluate, write <out_dir>/model.h5",
      MPI_THREAD_MULTIPLE},
     {"eval", cmd_eval, "--model FILE [--set ...]...", "bits per byte and loss per token on the eval sets", MPI_THREAD_SINGLE},
+    {"tune-router", cmd_tune_router, "--model FILE -o OUT --steps N", "train the router alone over every expert",
+     MPI_THREAD_SINGLE},
     {"generate", cmd_generate, "--model FILE [--prompt TEXT]", "sample a continuation (KV cache, this process)",
      MPI_THREAD_SINGLE},
     {"export", cmd_export, "--model FILE -o DIR", "model.safetensors + config.json (PyTorch: python/)",

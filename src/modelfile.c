@@ -112,3 +112,42 @@ int modelfile_read_backend(const char *path, Backend *be, H5Meta *meta, MPI_Comm
     chunk_table_destroy(&ct);
     return rc;
 }
+
+/* A StateSelect for the writer: experts where held, dense chunks on rank 0. */
+typedef struct {
+    const ChunkTable *ct;
+    int rank;
+} WriteSelect;
+
+static int written_here(const void *ctx, int c)
+{
+    const WriteSelect *w = ctx;
+    return w->ct->chunks[c].expert >= 0 ? chunk_held(w->ct, c) : w->rank == 0;
+}
+
+int modelfile_write_backend(const char *path, Backend *be, const char *config_text, const H5Meta *meta,
+                            MPI_Comm comm)
+{
+    ChunkTable ct;
+    StateView view = {0};
+    int rank;
+    CHECK_MPI(MPI_Comm_rank(comm, &rank));
+    int rc = chunk_table_create(&ct, &be->table, 1);
+    WriteSelect sel = {&ct, rank};
+    const int made = rc == ISTH_OK && state_view_create(&view, &ct, state_view_need(&ct, written_here, &sel)) == ISTH_OK;
+    rc = coll_all_ok(comm, made) ? ISTH_OK : ISTH_ERUNTIME;
+    H5File f;
+    if (rc == ISTH_OK) rc = h5model_create(&f, path, &be->table, config_text, meta, comm);
+    if (rc == ISTH_OK) {
+        state_view_begin(&view, be, STATE_PARAMS, NULL, written_here, &sel, 0);
+        rc = h5_write_chunks(&f, "/model", &be->table, state_view_at, &view);
+        const int vrc = state_view_end(&view, rc == ISTH_OK);
+        if (rc == ISTH_OK && !coll_all_ok(comm, vrc == ISTH_OK)) rc = vrc != ISTH_OK ? vrc : ISTH_ERUNTIME;
+        if (rc != ISTH_OK) f.failed = 1; /* removed, not renamed */
+        const int crc = h5_commit(&f);
+        if (rc == ISTH_OK) rc = crc;
+    }
+    state_view_destroy(&view);
+    chunk_table_destroy(&ct);
+    return rc;
+}

@@ -44,5 +44,11 @@ int modelfile_load_shard(const char *path, Config *cfg, Model *m, H5Meta *meta, 
  * host staging one tensor at a time (stateview). The file was checked by
  * modelfile_config and `be` made from its config. */
 int modelfile_read_backend(const char *path, Backend *be, H5Meta *meta, MPI_Comm comm);
+/* Collective over comm (the same learner): the backend's parameters as a
+ * model file at `path` (written under a temporary name, renamed when
+ * complete): the dense chunks from the learner's rank 0, each expert from
+ * the rank holding it; `config_text` and `meta` as h5model_create. */
+int modelfile_write_backend(const char *path, Backend *be, const char *config_text, const H5Meta *meta,
+                            MPI_Comm comm);
 
 #endif

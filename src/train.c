@@ -15,6 +15,7 @@
 #include "fault.h"
 #include "h5io.h"
 #include "modelfile.h"
+#include "router_tune.h"
 #include "clock.h"
 #include "coll.h"
 #include "config_keys.h"
@@ -625,13 +626,15 @@ int trainer_write_model(Trainer *tr, const char *path, int *written)
 int trainer_eval_whole(Trainer *tr, const char *path)
 {
     const Topology *t = &tr->topo;
-    if (!t->experts_split || !tr->whole.whole || !tr->n_evals) return ISTH_OK;
+    const int steps = tr->cfg.outer.router_steps;
+    if (!t->experts_split || !tr->whole.whole || (!tr->n_evals && steps <= 0)) return ISTH_OK;
     if (t->learner != t->sites[trainer_lead_site(tr)].first_learner) return ISTH_OK;
     const int E = tr->cfg.model.experts, G = t->learner_size;
     if (E % G) {
         if (tr->log)
-            printf("eval: the whole model is not evaluated here (%d ranks cannot share its %d experts); isthmus eval "
-                   "--model %s on a rank count that divides them gives its bpb\n", G, E, path);
+            printf("eval: the whole model is not %s here (%d ranks cannot share its %d experts); isthmus %s "
+                   "--model %s on a rank count that divides them %s\n", steps > 0 ? "tuned or evaluated" : "evaluated",
+                   G, E, steps > 0 ? "tune-router" : "eval", path, steps > 0 ? "does it" : "gives its bpb");
         return ISTH_OK;
     }
     /* the training backend's memory goes to the whole model's */
@@ -641,6 +644,18 @@ int trainer_eval_whole(Trainer *tr, const char *path)
     int rc = backend_create(&be, &tr->cfg, tr->micro_batch, t->learner_rank * (E / G), E / G, &tr->ep);
     H5Meta meta;
     if (rc == ISTH_OK) rc = modelfile_read_backend(path, be, &meta, t->learner_comm);
+    if (rc == ISTH_OK && steps > 0) { /* the joint router phase: the windows of the steps after training */
+        const double lr = tr->cfg.outer.router_lr > 0 ? tr->cfg.outer.router_lr : tr->cfg.train.min_lr;
+        DataCursor cur = tr->cursor;
+        RouterTuneReport rep;
+        rc = router_tune(be, &tr->ep, &tr->cfg, &tr->train, &cur, tr->learner_first_window, tr->micro_batch, steps,
+                         lr, 0, &rep);
+        if (rc == ISTH_OK) rc = modelfile_write_backend(path, be, tr->config_text, &meta, t->learner_comm);
+        if (rc == ISTH_OK && tr->log)
+            printf("router phase: the whole model's router alone, %d steps at lr %g on site %s: training loss %.4f "
+                   "in the first tenth, %.4f in the last; %.1f s; %s rewritten\n", rep.steps, lr,
+                   t->sites[t->site].name, rep.first_loss, rep.last_loss, rep.seconds, path);
+    }
     for (int i = 0; i < tr->n_evals && rc == ISTH_OK; i++) {
         EvalResult r;
         rc = eval_set(be, &tr->ep, tr->micro_batch, tr->cfg.model.context, &tr->evals[i],

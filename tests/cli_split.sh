@@ -9,7 +9,8 @@
 # counted apart, worked out here), equal bit for bit to the dense part and
 # to each expert's slice of its owner site's final checkpoint; `isthmus
 # eval`, `export` and `generate` read it as a replicated model holding the
-# same weights; the run evaluates the site's model and the whole one.
+# same weights; the run evaluates the site's model and the whole one; the
+# joint router phase moves the router alone, as `isthmus tune-router` does.
 # (The federated launch of the same: cli_split_federated.sh.)
 . "$TOP_SRCDIR/tests/lib.sh"
 TAMPER=$(dirname "$ISTHMUS")/tests/h5tamper
@@ -206,4 +207,28 @@ train behind 12 --set checkpoint.every=4 --set outer.experts=replicated --resume
 [ $rc = 2 ] && grep -q "\[outer\] experts = split in the checkpoint, replicated in the config" "$WORK/behind.log" &&
     pass "a split run's checkpoint resumed with replicated experts is refused (exit 2)" ||
     fail "split resumed as replicated: exit $rc: $(grep -i error "$WORK/behind.log" | head -2)"
+# the joint router phase (outer.router_steps): model.h5 differs from the
+# same run's without it in the router alone, and `isthmus tune-router` of
+# that untuned file on one rank (site a's learner: the same windows, the
+# steps after 12, the same lr) gives the run's file bit for bit
+if train plain 12 && train tuned 12 --set outer.router_steps=10; then
+    same=1
+    for x in embed attn_norm wq wk wv wo moe_norm final_norm w_gate w_up w_down; do
+        h5diff "$WORK/plain/model.h5" "$WORK/tuned/model.h5" "/model/$x" "/model/$x" > /dev/null 2>&1 || same=0
+    done
+    ! h5diff "$WORK/plain/model.h5" "$WORK/tuned/model.h5" /model/router /model/router > /dev/null 2>&1 &&
+        [ $same = 1 ] && grep -q "^router phase: the whole model's router alone, 10 steps at lr 0.0003 on site a" \
+        "$WORK/tuned.log" && [ "$(grep -c '^eval .* | the whole model$' "$WORK/tuned.log")" = 2 ] &&
+        pass "router phase: only the router of model.h5 moved; the whole model evaluated after it" ||
+        fail "router phase: other weights same: $same; $(grep -e '^router' -e error "$WORK/tuned.log" | head -2)"
+    mpi 1 "$ISTHMUS" tune-router --model "$WORK/plain/model.h5" -o "$WORK/retuned.h5" --steps 10 \
+        > "$WORK/retune.log" 2>&1 && h5diff "$WORK/tuned/model.h5" "$WORK/retuned.h5" /model /model > /dev/null 2>&1 &&
+        grep -q "^tune-router: .* 10 steps at lr 0.0003 (8 windows of 64 a step)" "$WORK/retune.log" &&
+        pass "isthmus tune-router of the untuned model.h5 = the run's router phase, bit for bit" ||
+        fail "tune-router: $(tail -2 "$WORK/retune.log")"
+else
+    fail "router phase run failed: $(tail -2 "$WORK/tuned.log")"
+fi
+expect_exit 2 "tune-router: -o .* is the model itself" -- "$ISTHMUS" tune-router --model "$WORK/plain/model.h5" \
+    -o "$WORK/plain/model.h5" --steps 10
 finish || exit 1
