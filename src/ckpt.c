@@ -17,6 +17,7 @@
 #include "coll.h"
 #include "fault.h"
 #include "h5io.h"
+#include "expert_copies.h"
 #include "status.h"
 
 static int write_state_of(H5File *f, const Trainer *tr, CkptScratch *sc, const char *group, StateKind which,
@@ -107,6 +108,16 @@ static int write_state(Trainer *tr, H5File *f, CkptScratch *sc)
             CHECK(ckpt_transfer_shampoo(f, tr, sc, g, mine, 0));
         }
     }
+    /* split experts' copies of other sites' experts and the mirrors of this
+     * site's (their first learner's ranks hold them), and their counters */
+    double copies_state[COPIES_STATE_VALUES(CONFIG_MAX_SITES)];
+    if (tr->copies.on) {
+        CopiesView cv = {&tr->copies, &tr->shard.table, 0};
+        CHECK(h5_write_chunks(f, "/copies", &tr->model, copies_at, &cv));
+        cv.mirror = 1;
+        CHECK(h5_write_chunks(f, "/mirror", &tr->model, copies_at, &cv));
+        copies_state_save(&tr->copies, t->n_sites, copies_state);
+    }
     /* per fragment: last outer start, and the start of the exchange in flight (-1: none) */
     double *frag = sc->frag;
     for (int p = 0; p < P; p++) {
@@ -117,6 +128,8 @@ static int write_state(Trainer *tr, H5File *f, CkptScratch *sc)
     if (g >= 0) H5Gclose(g);
     int rc = h5_write_doubles(f, "/state/fragments", frag, P);
     if (rc == ISTH_OK) rc = h5_write_doubles(f, "/state/started", frag + P, P);
+    if (rc == ISTH_OK && tr->copies.on)
+        rc = h5_write_doubles(f, "/state/copies", copies_state, COPIES_STATE_VALUES(t->n_sites));
     return rc;
 }
 
@@ -132,8 +145,9 @@ int ckpt_groups(OuterMode mode, int learners, int shampoo, int residual, int in_
 /* How many model-shaped groups write_state writes into this site's file. */
 static int checkpoint_groups(const Trainer *tr)
 {
+    /* split experts' copies and mirrors: at most a model's experts each */
     return ckpt_groups(tr->mode, tr->topo.sites[tr->topo.site].learners, ckpt_uses_shampoo(tr),
-                       shard_any_residual(&tr->shard), exchanges_in_flight(tr));
+                       shard_any_residual(&tr->shard), exchanges_in_flight(tr)) + (tr->copies.on ? 2 : 0);
 }
 
 static int write_checkpoint(Trainer *tr);

@@ -19,6 +19,9 @@
  *               drained results of exchanges still waiting for their step
  *   /state/fragments, /state/started  per fragment: last outer start, the
  *               start of the exchange in flight (-1 none)
+ *   split experts with copies: /copies, /mirror (the copies this site
+ *               holds of other sites' experts, the mirrors of its own:
+ *               expert_copies.h), /state/copies (their counters)
  * All tensors have canonical shapes, so a run with another expert-parallel
  * degree reads the same file (ckpt_load.h); a restart with the same layout
  * continues bit for bit. Validation (ckpt_validate.h) reads every value

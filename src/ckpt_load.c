@@ -15,6 +15,7 @@
 #include "expert_split.h"
 #include "fault.h"
 #include "h5io.h"
+#include "expert_copies.h"
 #include "status.h"
 
 /* The weights: each rank reads the chunks it owns, then the dense ones are
@@ -281,6 +282,23 @@ static int load_checkpoint(Trainer *tr, const char *path, int from_site, int *da
         snprintf(g, sizeof g, "/learner_%d/outer/sent", k);
         if (rc == ISTH_OK && in_flight && bf) rc = ckpt_read_outer(&f, tr, g, OUTER_SENT);
         if (rc == ISTH_OK) outer_restore(&tr->outer, frag, frag + P, t->n_sites, (long)step, (long)outer_steps);
+        /* split experts' copies and mirrors: this site's own file only (another
+         * site's holds other copies); a file without them (written with
+         * expert_replicas = 1): they start again from the initial weights */
+        const int has_copies = H5Lexists(f.file, "/copies", H5P_DEFAULT) > 0 &&
+                               H5Lexists(f.file, "/mirror", H5P_DEFAULT) > 0 &&
+                               H5Lexists(f.file, "/state/copies", H5P_DEFAULT) > 0;
+        if (rc == ISTH_OK && tr->copies.on && from_site < 0 && has_copies) {
+            CopiesView cv = {&tr->copies, &tr->shard.table, 0};
+            rc = h5_read_chunks(&f, "/copies", &tr->model, copies_at, &cv);
+            cv.mirror = 1;
+            if (rc == ISTH_OK) rc = h5_read_chunks(&f, "/mirror", &tr->model, copies_at, &cv);
+            double cs[COPIES_STATE_VALUES(CONFIG_MAX_SITES)];
+            if (rc == ISTH_OK) rc = h5_read_doubles(&f, "/state/copies", cs, COPIES_STATE_VALUES(t->n_sites));
+            if (rc == ISTH_OK) copies_state_load(&tr->copies, t->n_sites, cs);
+        } else if (rc == ISTH_OK && tr->copies.on && tr->log) {
+            printf("resume: %s holds no copies of the experts; they start again from the initial weights\n", path);
+        }
     }
     ckpt_scratch_free(&sc);
     int outcome[2] = {rc != ISTH_OK, opened && f.damaged}; /* failed, a value was damaged */

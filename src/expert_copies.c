@@ -135,6 +135,34 @@ int copies_due(const ExpertCopies *x, long step, long steps) { return x->on && s
 
 float *copies_chunk(const ExpertCopies *x, int c) { return x->copy ? x->copy[c] : NULL; }
 
+float *copies_at(void *view, int tensor, int layer, int expert)
+{
+    const CopiesView *v = view;
+    if (expert < 0) return NULL;
+    float **table = v->mirror ? v->x->mirror : v->x->copy;
+    return table ? table[chunk_index(v->ct, tensor, layer, expert)] : NULL;
+}
+
+void copies_state_save(const ExpertCopies *x, int n_sites, double *out)
+{
+    out[0] = x->refreshes;
+    out[1] = (double)x->step;
+    for (int s = 0; s < n_sites; s++) {
+        out[2 + s] = x->live_refreshes[s];
+        out[2 + n_sites + s] = (double)x->from_step[s];
+    }
+}
+
+void copies_state_load(ExpertCopies *x, int n_sites, const double *in)
+{
+    x->refreshes = x->refreshes_loaded = (int)in[0];
+    x->step = (long)in[1];
+    for (int s = 0; s < n_sites; s++) {
+        x->live_refreshes[s] = (int)in[2 + s];
+        x->from_step[s] = (long)in[2 + n_sites + s];
+    }
+}
+
 /* Does chunk c of a frame go from world rank `from` to rank `to` of site
  * h's first learner? */
 static int goes(const ExpertCopies *x, const Topology *t, const ChunkTable *ct, int c, int h, int from, int to)

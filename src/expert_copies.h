@@ -42,7 +42,8 @@ typedef struct {
     long every;           /* steps between refreshes: expert_refresh * inner_steps */
     Codec codec;
     CodecParams cp;
-    int refreshes;        /* completed by this process */
+    int refreshes;        /* completed in the run (a resume carries them on) */
+    int refreshes_loaded; /* ... of which a resume found in its checkpoint */
     long step;            /* the last one's step (-1: none yet) */
     int live_refreshes[CONFIG_MAX_SITES]; /* refreshes that began with site s live (every site counts alike) */
     long from_step[CONFIG_MAX_SITES];     /* holder: the last refresh whose frames from s all arrived (-1: none) */
@@ -80,5 +81,20 @@ int copies_due(const ExpertCopies *x, long step, long steps);
 int copies_refresh(ExpertCopies *x, Link *l, const Topology *t, const ChunkTable *ct, Backend *be, long step);
 /* This rank's copy of chunk c, NULL when it holds none. */
 float *copies_chunk(const ExpertCopies *x, int c);
+
+/* Checkpoints: /copies and /mirror, model-shaped groups in which each
+ * rank writes the chunks it holds (a ChunkAt over a CopiesView), and the
+ * counters (COPIES_STATE_VALUES(S) doubles: refreshes, step, then per site
+ * live_refreshes, from_step). A resume reads them back (any layout: the
+ * groups are canonical), so the copies go on bit for bit. */
+typedef struct {
+    const ExpertCopies *x;
+    const ChunkTable *ct;
+    int mirror; /* the mirrors, else the copies */
+} CopiesView;
+float *copies_at(void *view, int tensor, int layer, int expert);
+#define COPIES_STATE_VALUES(S) (2 + 2 * (S))
+void copies_state_save(const ExpertCopies *x, int n_sites, double *out);
+void copies_state_load(ExpertCopies *x, int n_sites, const double *in);
 
 #endif

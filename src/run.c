@@ -252,9 +252,10 @@ static int traffic_summary(Trainer *tr, long first_step)
                "first learner, which writes it; sent + received, all ranks; not in the traffic above)%s\n", assembly,
                t->sites[trainer_lead_site(tr)].name, tr->whole.whole ? "" : "; not assembled: a site was lost");
     if (tr->copies.on)
-        printf("refresh bytes: %.0f through the link for the experts' copies (%d refresh(es) every %ld steps, codec %s; "
-               "sent + received, all ranks; not in the traffic above)\n", refresh, tr->copies.refreshes,
-               tr->copies.every, codec_name(tr->copies.codec));
+        printf("refresh bytes: %.0f through the link for the experts' copies (%d refresh(es) every %ld steps after "
+               "step %ld, codec %s; sent + received, all ranks; not in the traffic above)\n", refresh,
+               tr->copies.refreshes - tr->copies.refreshes_loaded, tr->copies.every, first_step,
+               codec_name(tr->copies.codec));
     if (auth > 0)
         printf("link: %.0f frame(s) rejected: failed authentication, or not the frame expected (each logged where it "
                "arrived)\n", auth);

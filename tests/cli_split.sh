@@ -207,6 +207,28 @@ train behind 12 --set checkpoint.every=4 --set outer.experts=replicated --resume
 [ $rc = 2 ] && grep -q "\[outer\] experts = split in the checkpoint, replicated in the config" "$WORK/behind.log" &&
     pass "a split run's checkpoint resumed with replicated experts is refused (exit 2)" ||
     fail "split resumed as replicated: exit $rc: $(grep -i error "$WORK/behind.log" | head -2)"
+# copies in checkpoints: a resume from step 4 (refreshes after every outer
+# period, fp4) ends with the straight run's copies, mirrors and model at
+# step 12, bit for bit at both sites
+COPIES="--set outer.expert_refresh=1 --set outer.codec=fp4 --set checkpoint.every=4 --set checkpoint.keep=10"
+# shellcheck disable=SC2086
+if train copies 12 $COPIES && train copies_back 12 $COPIES &&
+    rm "$WORK"/copies_back/checkpoints/*/ckpt-0000001[02].h5 "$WORK"/copies_back/checkpoints/*/ckpt-00000008.h5 &&
+    train copies_back 12 $COPIES --resume auto; then
+    same=1
+    for s in a b; do
+        for g in /copies /mirror /model; do
+            h5diff "$WORK/copies/checkpoints/$s/ckpt-00000012.h5" "$WORK/copies_back/checkpoints/$s/ckpt-00000012.h5" \
+                "$g" "$g" > /dev/null 2>&1 || same=0
+        done
+    done
+    [ $same = 1 ] && grep -q '^copies    | refresh 2 after step 8 ' "$WORK/copies_back.log" &&
+        grep -q '^refresh bytes: [0-9]* .*(1 refresh(es) every 4 steps after step 4' "$WORK/copies_back.log" &&
+        pass "copies in checkpoints: a resume at step 4 ends with the straight run's copies and mirrors, bit for bit" ||
+        fail "copies after a resume differ from the straight run's: $(grep -e '^copies' -e '^refresh' "$WORK/copies_back.log" | head -3)"
+else
+    fail "copies runs failed: $(tail -2 "$WORK/copies_back.log")"
+fi
 # the joint router phase (outer.router_steps): model.h5 differs from the
 # same run's without it in the router alone, and `isthmus tune-router` of
 # that untuned file on one rank (site a's learner: the same windows, the
