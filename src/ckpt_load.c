@@ -296,6 +296,28 @@ static int load_checkpoint(Trainer *tr, const char *path, int from_site, int *da
             double cs[COPIES_STATE_VALUES(CONFIG_MAX_SITES)];
             if (rc == ISTH_OK) rc = h5_read_doubles(&f, "/state/copies", cs, COPIES_STATE_VALUES(t->n_sites));
             if (rc == ISTH_OK) copies_state_load(&tr->copies, t->n_sites, cs);
+        } else if (rc == ISTH_OK && tr->copies.on && from_site >= 0 && has_copies) {
+            /* a live rejoin: the live site's file holds none of this site's
+             * experts but its copies of them (refreshed while this site was
+             * live): they become this site's weights and anchor (their inner
+             * moments start at zero), its mirrors; this site's copies of
+             * the live site's experts are that site's mirrors */
+            rc = ckpt_read_experts(&f, tr, &sc, "/copies", OUTER_ANCHOR);
+            CopiesView cv = {&tr->copies, &tr->shard.table, 1};
+            if (rc == ISTH_OK) rc = h5_read_chunks(&f, "/copies", &tr->model, copies_at, &cv);
+            cv.mirror = 0;
+            if (rc == ISTH_OK) rc = h5_read_chunks(&f, "/mirror", &tr->model, copies_at, &cv);
+            double cs[COPIES_STATE_VALUES(CONFIG_MAX_SITES)];
+            if (rc == ISTH_OK) rc = h5_read_doubles(&f, "/state/copies", cs, COPIES_STATE_VALUES(t->n_sites));
+            if (rc == ISTH_OK) {
+                const long held_from = (long)cs[2 + t->n_sites + t->site]; /* the live site's copy of mine: its step */
+                copies_state_load(&tr->copies, t->n_sites, cs);
+                for (int s = 0; s < t->n_sites; s++) tr->copies.from_step[s] = -1;
+                tr->copies.from_step[from_site] = tr->copies.step; /* its mirror: its last refresh */
+                if (tr->log)
+                    printf("rejoin: site %s's experts from site %s's copy of them (the refresh at step %ld); their "
+                           "inner moments start at zero\n", site->name, t->sites[from_site].name, held_from);
+            }
         } else if (rc == ISTH_OK && tr->copies.on && tr->log) {
             printf("resume: %s holds no copies of the experts; they start again from the initial weights\n", path);
         }

@@ -80,6 +80,32 @@ int ckpt_transfer_state(H5File *f, const Trainer *tr, CkptScratch *sc, const cha
     return ISTH_OK;
 }
 
+/* A ChunkAt over another that skips the dense chunks. */
+typedef struct {
+    ChunkAt at;
+    void *ctx;
+} ExpertsOnly;
+
+static float *experts_only_at(void *ctx, int t, int l, int e)
+{
+    const ExpertsOnly *x = ctx;
+    return e < 0 ? NULL : x->at(x->ctx, t, l, e);
+}
+
+int ckpt_read_experts(H5File *f, Trainer *tr, CkptScratch *sc, const char *group, OuterState which)
+{
+    StateView *v = &sc->view;
+    state_view_begin(v, tr->be, STATE_PARAMS, NULL, trainer_owns_chunk, &tr->shard, 1);
+    ExpertsOnly params = {state_view_at, v};
+    const int rc = h5_read_chunks(f, group, &tr->model, experts_only_at, &params);
+    const int vrc = state_view_end(v, rc == ISTH_OK);
+    if (rc != ISTH_OK) return rc;
+    if (!coll_all_ok(f->comm, vrc == ISTH_OK)) return vrc != ISTH_OK ? vrc : ISTH_ERUNTIME;
+    HostView hv = {tr, VIEW_OUTER, which, 1, 1};
+    ExpertsOnly outer = {host_at, &hv};
+    return h5_read_chunks(f, group, &tr->model, experts_only_at, &outer);
+}
+
 int ckpt_write_outer(H5File *f, const Trainer *tr, const char *group, OuterState which, int active)
 {
     HostView v = {tr, VIEW_OUTER, which, active, 0};

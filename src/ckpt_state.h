@@ -46,6 +46,12 @@ int ckpt_transfer_state(H5File *f, const Trainer *tr, CkptScratch *sc, const cha
 int ckpt_uses_shampoo(const Trainer *tr);
 int ckpt_transfer_shampoo(H5File *f, Trainer *tr, CkptScratch *sc, const char *prefix, int active, int reading);
 
+/* Read the expert chunks alone of model-shaped `group` (a live rejoin of
+ * split experts takes its experts from the live site's copies of them):
+ * into the parameters (through the scratch's view) and the outer state
+ * `which`; the dense chunks are left as they are. */
+int ckpt_read_experts(H5File *f, Trainer *tr, CkptScratch *sc, const char *group, OuterState which);
+
 /* The outer state `which` and the error-feedback residuals (host buffers).
  * A read of OUTER_PENDING skips the fragments with no result held. */
 int ckpt_write_outer(H5File *f, const Trainer *tr, const char *group, OuterState which, int active);

@@ -195,6 +195,11 @@ static int held_expert(const void *ct, int c) { return mirror_here(ct, c); }
 static int send_tensor(ExpertCopies *x, Link *l, const Topology *t, const ChunkTable *ct, StateView *v, int T,
                        uint64_t exchange, OneWay *fr, int *n, float *tmp, unsigned char *enc, size_t *enc_at)
 {
+    /* no live holder: nothing sent, and the mirror stays what the holders have */
+    int holders = 0;
+    for (int h = 0; h < t->n_sites; h++)
+        holders += h != t->site && !link_is_lost(l, h) && copies_holds(t, x->replicas, h, t->site);
+    if (!holders) return ISTH_OK;
     size_t off = 0;
     for (int c = ct->first[T]; c < tensor_end(ct, T); c++) {
         if (!x->mirror[c]) continue;

@@ -397,6 +397,8 @@ static int take_back(Trainer *tr, Federation *fed, const Config *cfg, uint64_t t
     /* and so do the compute utilisation's parts (the link's wait among them) */
     const double compute = tr->compute_s, total = tr->inter_site_total;
     const long pin = tr->ckpt_every_site;
+    const double copies_bytes = tr->copies.bytes, copies_s = tr->copies.seconds; /* refreshes' traffic, too */
+    const int copies_loaded = tr->copies.refreshes_loaded;
     const StopBallot ballot = tr->ballot; /* a stop agreed with the take goes on after it */
     Progress progress = tr->progress; /* the recent steps and what the log wrote of the others go on too */
     tr->progress.loss = tr->progress.seconds = NULL;
@@ -417,6 +419,9 @@ static int take_back(Trainer *tr, Federation *fed, const Config *cfg, uint64_t t
     int damaged = 0;
     CHECK(ckpt_load(tr, path, 0, &damaged));
     tr->ckpt_every_site = pin; /* the joiner keeps no file of this step: the pin stays the step all have */
+    tr->copies.bytes = copies_bytes;
+    tr->copies.seconds = copies_s;
+    tr->copies.refreshes_loaded = copies_loaded;
     CHECK(open_log(tr, cfg, step)); /* the trainer was made again: its log opens again */
     static double tokens_lost_total;
     for (int site = 0; site < cfg->n_sites; site++) {
@@ -488,14 +493,21 @@ static int butterfly_meeting(Trainer *tr, const Config *cfg, unsigned char *out,
  * rejoin at the next restart. */
 static int knocks(Trainer *tr, Federation *fed, const Config *cfg, StopVote *vote, double *paused_s)
 {
-    /* experts split: the host's checkpoint holds none of a joiner's experts
-     * (they are in the joiner's own files only), so no site is taken back
-     * live: it comes back at the run's next restart, every site from the
-     * newest step all of them hold (ckpt_files.c) */
-    if (tr->topo.experts_split) return ISTH_OK;
     StopBallot *b = &tr->ballot;
     unsigned char out[CONFIG_MAX_SITES];
     int n_out = sites_out(tr, out), site = -1, now = 0;
+    /* experts split: the host's checkpoint holds none of a joiner's experts
+     * but its copies of them; a site out whose experts the host holds no
+     * refreshed copy of (expert_replicas = 1, no refresh yet while it was
+     * live, or another site holds them) is not taken back live: it comes
+     * back at the run's next restart, every site from the newest step all of
+     * them hold (ckpt_files.c). Every site judges alike (the host's index,
+     * the counters every site keeps). */
+    for (int s = 0; tr->topo.experts_split && s < cfg->n_sites; s++)
+        if (out[s] && !(tr->copies.on && fed->host_site >= 0 &&
+                        copies_holds(&tr->topo, tr->copies.replicas, fed->host_site, s) &&
+                        tr->copies.live_refreshes[s] > 0))
+            return ISTH_OK;
     uint64_t take = 0; /* an alone host's: every site out (bit s) */
     if (b->take_agreed) { /* every live site, at the same step, on the set of sites out they agreed on */
         site = b->take_agreed - 1;

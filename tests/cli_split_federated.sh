@@ -9,14 +9,16 @@
 #  - site b killed mid-run (not started again): a trains on alone and ends
 #    with exit 0, one line saying the model cannot be whole, and no
 #    model.h5 (its own checkpoint still written);
-#  - site b killed and started again: not taken back live (the host's
-#    checkpoint holds none of its experts); it gives up after its
-#    join_timeout, a trains on;
+#  - site b killed and started again before any refresh of the copies:
+#    not taken back live (the host holds no copy of its experts yet); it
+#    gives up after its join_timeout, a trains on;
 #  - copies refreshed every 2 outer periods (codec none), site b failing
 #    at step 52 (a NaN loss: its job ends): a trains on and writes the
 #    whole model, b's experts from a's copy of the refresh at step 48,
 #    equal to b's first learner's weights in its checkpoint of step 48 (up
-#    to the refresh's float rounding); the refreshes' bytes counted apart.
+#    to the refresh's float rounding); the refreshes' bytes counted apart;
+#  - copies refreshed every 2 outer periods, b killed and started again:
+#    taken back live, its experts from a's copy of them.
 . "$TOP_SRCDIR/tests/lib.sh"
 FED="$TOP_SRCDIR/scripts/federated.sh"
 export ISTHMUS MPIRUN_ARGS="-q --oversubscribe"
@@ -74,8 +76,9 @@ if [ $ra -eq 0 ] && grep -q '^site b lost at step' "$WORK/lost_a.log" && [ ! -e 
 else
     fail "lost site: a exit $ra; $(grep -h -e error -e lost -e model.h5 "$WORK/lost_a.log" | head -3)"
 fi
-# 3. site b killed and started again: not taken back live (the host's
-# checkpoint holds none of b's experts): its knock goes unanswered until its
+# 3. site b killed and started again before any refresh of the copies (every
+# 128 steps here): not taken back live (the host holds no copy of b's
+# experts yet): its knock goes unanswered until its
 # join_timeout (5 s here) ends it; a trains on
 BACK="--set outer.run_id=split_back --set train.steps=3000 --set outer.timeout=3 --set train.log_every=50"
 pair_start "$WORK/back_a.log" "$WORK/back_b.log" site "$WORK/back" $BACK
@@ -94,7 +97,35 @@ if [ $rb2 -ne 0 ] && [ "$still" = yes ] && [ $ra -eq 0 ] && ! grep -q '^site b r
 else
     fail "split rejoin: b2 exit $rb2, a still training then: $still, a exit $ra; $(grep -h -e error -e rejoin "$WORK"/back_*.log | head -3)"
 fi
-# 4. copies: b lost after a refresh, the whole model from a's copy
+# 4. copies: b killed after refreshes and started again: taken back live,
+# its experts from a's copy of them (the refresh before the kill), a's
+# experts' copy from a's mirror; both train to the end, the whole model
+BACK2="--set outer.run_id=split_back2 --set train.steps=3000 --set outer.timeout=5 --set outer.expert_refresh=2
+--set train.log_every=50"
+pair_start "$WORK/back2_a.log" "$WORK/back2_b.log" site "$WORK/back2" $BACK2
+wait_line "$WORK/back2_a.log" '^step  *50/' 60 || fail "site a did not reach step 50"
+pids=$(pgrep -f "isthmus train .* --site b .*outer.run_id=split_back2 ")
+# shellcheck disable=SC2086
+[ -n "$pids" ] && kill -KILL $pids
+wait "$pb"
+wait_line "$WORK/back2_a.log" '^site b lost at step' 30
+site b "$WORK/back2" $BACK2 --resume auto > "$WORK/back2_b2.log" 2>&1 &
+pb=$!
+pair_wait
+# the copy is of the last refresh b logged before it was killed (or one it
+# completed without logging it): a multiple of 8 steps, at least that
+last=$(sed -n 's/^copies    | refresh [0-9]* after step \([0-9]*\) .*/\1/p' "$WORK/back2_b.log" | tail -1)
+got=$(sed -n "s/^rejoin: site b's experts from site a's copy of them (the refresh at step \([0-9]*\)).*/\1/p" \
+    "$WORK/back2_b2.log")
+if [ $ra -eq 0 ] && [ $rb -eq 0 ] && grep -q '^site b rejoined' "$WORK/back2_a.log" && [ -n "$last" ] &&
+    [ -n "$got" ] && [ "$got" -ge "$last" ] && [ $((got % 8)) -eq 0 ] &&
+    grep -q "^wrote .*/back2/model.h5 (step 3000): the whole model" "$WORK/back2_a.log" &&
+    [ "$(grep -c '^eval .* | the whole model$' "$WORK/back2_a.log")" = 2 ]; then
+    pass "split with copies: b killed and started again is taken back live, its experts from a's copy (refresh at step $got, b's last logged $last); the whole model at the end"
+else
+    fail "split live rejoin: exits $ra/$rb, b's last refresh '$last', the copy's '$got'; $(grep -h -e error -e rejoin "$WORK"/back2_*.log | head -4)"
+fi
+# 5. copies: b lost after a refresh, the whole model from a's copy
 COPY="--set outer.run_id=split_copy --set train.steps=120 --set outer.timeout=10 --set outer.expert_refresh=2
 --set outer.codec=none --set checkpoint.every=48 --set train.log_every=8"
 ISTHMUS_NAN_AT=b:52 federated_pair "$WORK/copy_a.log" "$WORK/copy_b.log" site "$WORK/copy" $COPY
