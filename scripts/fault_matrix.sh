@@ -12,7 +12,10 @@
 #   cut        b's link cut (every packet either way dropped by the emulated
 #              WAN's forwarder, tests/wan/wan.sh), mended after a has logged
 #              the loss and trained on
-# in diloco, streaming, butterfly and sync, sites of 1 and of 2 ranks, with
+# in diloco, streaming, butterfly and sync (and split: diloco with the experts
+# split across the sites, their copies refreshed after every outer period;
+# the fault comes after the first refresh, so that the host holds a copy of
+# the victim's experts to give it back; two sites only), sites of 1 and of 2 ranks, with
 # small payloads (tiny.ini, fp4) and payloads of MBs per rank (small.ini,
 # codec none).
 # A trial passes when site a (b when a is the victim) logs the loss within outer.timeout + 5 s (three
@@ -30,7 +33,7 @@
 # trial stay in OUT/trial-N (with the stacks of the processes a TERM left,
 # where gdb is installed); the last line counts passes and failures.
 # Environment: TIMEOUT (outer.timeout, default 5), WINDOW (the fault falls
-# uniformly in the first WINDOW seconds after the first logged step,
+# uniformly in the first WINDOW seconds after the first logged step (split: the first refresh),
 # default 30); KEEP_LOGS=1 keeps a passed trial's logs too; ONLY="3 9" runs
 # only those trials of the seed's draws (a failure again); MODES, FAULTS, PAYLOADS, RANKS (space-separated lists to draw
 # from; default every mode, fault, payload and 1 2). Payloads: small
@@ -51,6 +54,7 @@ TIMEOUT=${TIMEOUT:-5}
 WINDOW=${WINDOW:-30}
 SITES=${SITES:-2}
 case $SITES in 2 | 3) ;; *) echo "fault_matrix.sh: SITES=$SITES: 2 or 3" >&2; exit 2 ;; esac
+case " ${MODES:-} " in *" split "*) [ "$SITES" = 2 ] || { echo "fault_matrix.sh: MODES split: two sites only (E = 4 or 8 split into whole experts per rank)" >&2; exit 2; } ;; esac
 DEFAULT_MODES="diloco streaming butterfly sync"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 \
     OMPI_MCA_mpi_yield_when_idle=1 MPIRUN_ARGS="-q --bind-to none" ISTHMUS_REJOINS=2
@@ -127,7 +131,9 @@ for t in $(seq 1 "$TRIALS"); do
     np_of() { if [ "$1" = a ]; then echo "$np_a"; else echo "$np"; fi; } # a site's ranks
     np_a=$np # three sites in butterfly: a power of two learners, two at site a
     [ "$SITES" = 3 ] && [ "$mode" = butterfly ] && np_a=$((2 * np))
-    set_args="--set site.a.ranks=$np_a --set site.b.ranks=$np --set outer.mode=$mode --set outer.codec=$codec
+    outer_mode=$mode split_args=""
+    [ "$mode" = split ] && outer_mode=diloco split_args="--set outer.experts=split --set outer.expert_refresh=1"
+    set_args="--set site.a.ranks=$np_a --set site.b.ranks=$np --set outer.mode=$outer_mode --set outer.codec=$codec $split_args
      $([ "$SITES" = 3 ] && echo "--set site.c.ranks=$np")
      $([ "$SITES" = 3 ] && [ "$mode" = butterfly ] && echo "--set site.a.learner_ranks=$np")
      --set outer.inner_steps=10 --set outer.timeout=$TIMEOUT --set outer.join_timeout=120 --set train.steps=100000
@@ -146,7 +152,9 @@ for t in $(seq 1 "$TRIALS"); do
     done
     disown "${pid[$v]}" # its death by SIGKILL is the point: no job notice
     verdict=pass detected=-
-    if ! wait_line "$dir/$o.log" '^step  *1/' 300; then
+    first_line='^step  *1/'
+    [ "$mode" = split ] && first_line='^copies    | refresh 1 ' # the victim's experts have a copy at the host
+    if ! wait_line "$dir/$o.log" "$first_line" 300; then
         verdict="fail: no first step"
     else
         sleep "$at"
