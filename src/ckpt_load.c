@@ -74,6 +74,11 @@ static int compare_configs(Trainer *tr, const char *saved_text, const char *path
         if (!tr->topo.experts_split)
             return isth_fail(ISTH_EINPUT, "checkpoint %s: [outer] experts = split in the checkpoint, %s in the config: "
                              "each site's file holds its own experts only", path, tr->cfg.outer.experts);
+        /* the copies a site's file holds are those of its replicas' rule */
+        if (saved->outer.expert_replicas != tr->cfg.outer.expert_replicas)
+            return isth_fail(ISTH_EINPUT, "checkpoint %s: [outer] expert_replicas = %d in the checkpoint, %d in the "
+                             "config: each site's file holds the copies of the old rule (it cannot change on resume)",
+                             path, saved->outer.expert_replicas, tr->cfg.outer.expert_replicas);
         if (s < saved->n_sites && !expert_split_assign(saved, &x, why, sizeof why, &bad) &&
             (x.begin[s] != me->expert_begin || x.count[s] != me->experts))
             return isth_fail(ISTH_EINPUT, "checkpoint %s: site %s trained experts %d-%d, the config gives it %d-%d: a "
@@ -187,6 +192,10 @@ static int load_checkpoint(Trainer *tr, const char *path, int from_site, int *da
     for (int p = 0; p < tr->shard.fragments; p++)
         if (shard_result(&tr->shard, p)) shard_release(&tr->shard, p);
     shard_zero_residuals(&tr->shard);
+    /* a split run's rejoin: the live site's file holds none of this site's
+     * experts (its groups' chunks for them were never written): only the
+     * dense chunks are read from it; the experts' state comes below */
+    tr->load_dense_only = from_site >= 0 && t->experts_split;
     /* a file this site cannot open still goes to the agreement below, so
      * the other sites hear of it instead of waiting for a deadline */
     H5File f;
@@ -273,8 +282,12 @@ static int load_checkpoint(Trainer *tr, const char *path, int from_site, int *da
          * their results wait in staging slots until their steps */
         if (rc == ISTH_OK) { /* a staging slot per drained fragment; a rank without memory must not
                               * leave the others inside the next collective read */
-            for (int p = 0; rc == ISTH_OK && p < P; p++)
-                if (frag[P + p] >= 0 && !shard_hold(&tr->shard, p)) rc = ISTH_ERUNTIME;
+            for (int p = 0; rc == ISTH_OK && p < P; p++) {
+                float *held = frag[P + p] >= 0 ? shard_hold(&tr->shard, p) : NULL;
+                if (frag[P + p] >= 0 && !held) rc = ISTH_ERUNTIME;
+                /* zero first: what a dense-only read leaves (experts) is no update */
+                else if (held) memset(held, 0, sizeof(float) * shard_row_size(&tr->shard));
+            }
             if (!coll_all_ok(t->site_comm, rc == ISTH_OK)) rc = ISTH_ERUNTIME;
         }
         snprintf(g, sizeof g, "/learner_%d/outer/pending", k);
@@ -285,6 +298,7 @@ static int load_checkpoint(Trainer *tr, const char *path, int from_site, int *da
         /* split experts' copies and mirrors: this site's own file only (another
          * site's holds other copies); a file without them (written with
          * expert_replicas = 1): they start again from the initial weights */
+        tr->load_dense_only = 0; /* the experts' own reads follow */
         const int has_copies = H5Lexists(f.file, "/copies", H5P_DEFAULT) > 0 &&
                                H5Lexists(f.file, "/mirror", H5P_DEFAULT) > 0 &&
                                H5Lexists(f.file, "/state/copies", H5P_DEFAULT) > 0;
@@ -310,10 +324,12 @@ static int load_checkpoint(Trainer *tr, const char *path, int from_site, int *da
             double cs[COPIES_STATE_VALUES(CONFIG_MAX_SITES)];
             if (rc == ISTH_OK) rc = h5_read_doubles(&f, "/state/copies", cs, COPIES_STATE_VALUES(t->n_sites));
             if (rc == ISTH_OK) {
-                const long held_from = (long)cs[2 + t->n_sites + t->site]; /* the live site's copy of mine: its step */
+                const long held_from = (long)cs[4 + t->n_sites + t->site]; /* the live site's copy of mine: its step */
                 copies_state_load(&tr->copies, t->n_sites, cs);
                 for (int s = 0; s < t->n_sites; s++) tr->copies.from_step[s] = -1;
-                tr->copies.from_step[from_site] = tr->copies.step; /* its mirror: its last refresh */
+                /* my copy of the live site's experts is its mirror: of its last refresh that sent */
+                tr->copies.from_step[from_site] = tr->copies.mirror_step;
+                tr->copies.mirror_step = held_from; /* my mirror is its copy of mine */
                 if (tr->log)
                     printf("rejoin: site %s's experts from site %s's copy of them (the refresh at step %ld); their "
                            "inner moments start at zero\n", site->name, t->sites[from_site].name, held_from);
@@ -322,6 +338,7 @@ static int load_checkpoint(Trainer *tr, const char *path, int from_site, int *da
             printf("resume: %s holds no copies of the experts; they start again from the initial weights\n", path);
         }
     }
+    tr->load_dense_only = 0;
     ckpt_scratch_free(&sc);
     int outcome[2] = {rc != ISTH_OK, opened && f.damaged}; /* failed, a value was damaged */
     if (opened) h5_close(&f);

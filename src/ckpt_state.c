@@ -24,7 +24,7 @@ typedef struct {
 static float *host_at(void *ctx, int t, int l, int e)
 {
     const HostView *v = ctx;
-    if (!v->active) return NULL;
+    if (!v->active || (v->reading && v->tr->load_dense_only && e >= 0)) return NULL;
     const Shard *sh = &v->tr->shard;
     const int c = chunk_index(&sh->table, t, l, e < 0 ? 0 : e);
     switch (v->kind) {
@@ -60,6 +60,12 @@ void ckpt_scratch_free(CkptScratch *sc)
 
 static int no_chunk(const void *shard, int c) { (void)shard; (void)c; return 0; }
 
+/* A StateSelect: the dense chunks this rank owns (Trainer.load_dense_only). */
+static int owns_dense(const void *shard, int c)
+{
+    return ((const Shard *)shard)->table.chunks[c].expert < 0 && trainer_owns_chunk(shard, c);
+}
+
 /* A failed get or put is agreed over the file's ranks, so nobody goes on
  * into the next collective alone. */
 int ckpt_transfer_state(H5File *f, const Trainer *tr, CkptScratch *sc, const char *group, StateKind which,
@@ -67,8 +73,8 @@ int ckpt_transfer_state(H5File *f, const Trainer *tr, CkptScratch *sc, const cha
 {
     const int moments = state_is_packed(which);
     StateView *v = &sc->view;
-    state_view_begin(v, tr->be, which, moments ? tr->shard.run_pos : NULL, active ? trainer_owns_chunk : no_chunk,
-                     &tr->shard, reading);
+    const StateSelect select = !active ? no_chunk : reading && tr->load_dense_only ? owns_dense : trainer_owns_chunk;
+    state_view_begin(v, tr->be, which, moments ? tr->shard.run_pos : NULL, select, &tr->shard, reading);
     const int rc = reading ? h5_read_chunks(f, group, &tr->model, state_view_at, v)
                            : h5_write_chunks(f, group, &tr->model, state_view_at, v);
     const int vrc = state_view_end(v, rc == ISTH_OK);

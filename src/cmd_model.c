@@ -228,8 +228,10 @@ int cmd_tune_router(int argc, char **argv)
     if (rc == ISTH_OK) rc = dataset_open(&d, cfg.data.train, cfg.data.dir, cfg.model.context);
     if (rc == ISTH_OK) rc = dataset_check_kind(&d, cfg.model.vocab);
     RouterTuneReport rep;
-    DataCursor cur = {cfg.train.seed, (uint64_t)meta.step};
-    if (rc == ISTH_OK) rc = router_tune(be, &ep, &cfg, &d, &cur, 0, B, (int)steps, lr, all != NULL, &rep);
+    if (rc == ISTH_OK) { /* the windows of the steps after the model's own */
+        DataCursor cur = {cfg.train.seed, (uint64_t)meta.step};
+        rc = router_tune(be, &ep, &cfg, &d, &cur, 0, B, (int)steps, lr, all != NULL, &rep);
+    }
     if (rc == ISTH_OK) rc = modelfile_write_backend(out_path, be, config_text, &meta, MPI_COMM_WORLD);
     if (rc == ISTH_OK && rank == 0)
         printf("tune-router: %s: %s, %d steps at lr %g (%d windows of %d a step): training loss %.4f in "

@@ -2,6 +2,7 @@
 #include "expert_copies.h"
 
 #include <mpi.h>
+#include <stdio.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -104,7 +105,7 @@ int copies_plan(const Config *cfg, const Topology *t, const Model *m, size_t *co
 int copies_create(ExpertCopies *x, const Config *cfg, const Topology *t, const ChunkTable *ct)
 {
     memset(x, 0, sizeof *x);
-    x->step = -1;
+    x->step = x->mirror_step = -1;
     for (int s = 0; s < CONFIG_MAX_SITES; s++) x->from_step[s] = -1;
     if (!t->experts_split) return ISTH_OK;
     ExpertSplit xs;
@@ -131,7 +132,17 @@ void copies_destroy(ExpertCopies *x)
     memset(x, 0, sizeof *x);
 }
 
-int copies_due(const ExpertCopies *x, long step, long steps) { return x->on && step < steps && step % x->every == 0; }
+int copies_after_step(ExpertCopies *x, Link *l, const Topology *t, const ChunkTable *ct, Backend *be, long step,
+                      long steps, int log)
+{
+    if (!x->on || step >= steps || step % x->every) return ISTH_OK;
+    const double was_bytes = x->bytes, was_s = x->seconds;
+    CHECK(copies_refresh(x, l, t, ct, be, step));
+    if (log && x->bytes > was_bytes) /* nothing moves once every partner is lost */
+        printf("copies    | refresh %d after step %ld | %.0f B through the link (this rank, sent + received) | %.2f s\n",
+               x->refreshes, step, x->bytes - was_bytes, x->seconds - was_s);
+    return ISTH_OK;
+}
 
 float *copies_chunk(const ExpertCopies *x, int c) { return x->copy ? x->copy[c] : NULL; }
 
@@ -147,9 +158,11 @@ void copies_state_save(const ExpertCopies *x, int n_sites, double *out)
 {
     out[0] = x->refreshes;
     out[1] = (double)x->step;
+    out[2] = (double)x->mirror_step;
+    out[3] = x->replicas;
     for (int s = 0; s < n_sites; s++) {
-        out[2 + s] = x->live_refreshes[s];
-        out[2 + n_sites + s] = (double)x->from_step[s];
+        out[4 + s] = x->live_refreshes[s];
+        out[4 + n_sites + s] = (double)x->from_step[s];
     }
 }
 
@@ -157,9 +170,10 @@ void copies_state_load(ExpertCopies *x, int n_sites, const double *in)
 {
     x->refreshes = x->refreshes_loaded = (int)in[0];
     x->step = (long)in[1];
+    x->mirror_step = (long)in[2];
     for (int s = 0; s < n_sites; s++) {
-        x->live_refreshes[s] = (int)in[2 + s];
-        x->from_step[s] = (long)in[2 + n_sites + s];
+        x->live_refreshes[s] = (int)in[4 + s];
+        x->from_step[s] = (long)in[4 + n_sites + s];
     }
 }
 
@@ -189,35 +203,37 @@ static size_t frame_size(const ExpertCopies *x, const Topology *t, const ChunkTa
 /* A StateSelect: the expert chunks this rank trains. */
 static int held_expert(const void *ct, int c) { return mirror_here(ct, c); }
 
-/* The sender's part of tensor T: each chunk's difference from its mirror
- * encoded once (the mirror takes its decoding), then framed for every rank
- * of every live holder site that gets it. Frames go into fr[*n...]. */
-static int send_tensor(ExpertCopies *x, Link *l, const Topology *t, const ChunkTable *ct, StateView *v, int T,
-                       uint64_t exchange, OneWay *fr, int *n, float *tmp, unsigned char *enc, size_t *enc_at)
+/* Does a live holder (not late in this refresh) hold copies of my site's experts? */
+static int live_holders(const ExpertCopies *x, Link *l, const Topology *t, const unsigned char *late)
 {
-    /* no live holder: nothing sent, and the mirror stays what the holders have */
-    int holders = 0;
+    int n = 0;
     for (int h = 0; h < t->n_sites; h++)
-        holders += h != t->site && !link_is_lost(l, h) && copies_holds(t, x->replicas, h, t->site);
-    if (!holders) return ISTH_OK;
+        n += h != t->site && !link_is_lost(l, h) && !late[h] && copies_holds(t, x->replicas, h, t->site);
+    return n;
+}
+
+/* The sender's part of tensor T: each chunk's difference from its mirror
+ * encoded once (into enc, at enc_at), then framed for every rank of every
+ * live holder site that gets it. Frames go into fr[*n...]. */
+static int send_tensor(ExpertCopies *x, Link *l, const Topology *t, const ChunkTable *ct, StateView *v, int T,
+                       uint64_t exchange, const unsigned char *late, OneWay *fr, int *n, float *tmp,
+                       unsigned char *enc, size_t *enc_at)
+{
     size_t off = 0;
     for (int c = ct->first[T]; c < tensor_end(ct, T); c++) {
         if (!x->mirror[c]) continue;
         const Chunk *ch = &ct->chunks[c];
         const float *w = state_view_at(v, T, ch->layer, ch->expert);
         if (!w) return v->rc != ISTH_OK ? v->rc : isth_fail(ISTH_ERUNTIME, "%s: chunk %d is not held here", WHAT, c);
-        float *mirror = x->mirror[c];
+        const float *mirror = x->mirror[c];
         for (size_t i = 0; i < ch->size; i++) tmp[i] = w[i] - mirror[i];
         if (codec_encode(x->codec, tmp, ch->size, x->cp, enc + off))
             return isth_fail(ISTH_ERUNTIME, "%s: out of memory encoding chunk %d", WHAT, c);
-        if (codec_decode(x->codec, enc + off, ch->size, x->cp, tmp))
-            return isth_fail(ISTH_ERUNTIME, "%s: chunk %d does not decode", WHAT, c);
-        for (size_t i = 0; i < ch->size; i++) mirror[i] += tmp[i];
         enc_at[c - ct->first[T]] = off;
         off += codec_encoded_size(x->codec, ch->size, x->cp);
     }
     for (int h = 0; h < t->n_sites; h++) {
-        if (h == t->site || link_is_lost(l, h) || !copies_holds(t, x->replicas, h, t->site)) continue;
+        if (h == t->site || link_is_lost(l, h) || late[h] || !copies_holds(t, x->replicas, h, t->site)) continue;
         for (int to = 0; to < t->sites[h].learner_ranks; to++) {
             size_t values;
             const size_t bytes = frame_size(x, t, ct, T, h, t->world_rank, to, &values);
@@ -240,12 +256,29 @@ static int send_tensor(ExpertCopies *x, Link *l, const Topology *t, const ChunkT
     return ISTH_OK;
 }
 
+/* The mirrors of tensor T take what was sent (enc), once every holder has
+ * it: a holder late in this refresh is lost, and never holds a copy the
+ * mirror does not describe for the holders left. */
+static int advance_mirrors(ExpertCopies *x, const ChunkTable *ct, int T, float *tmp, const unsigned char *enc,
+                           const size_t *enc_at)
+{
+    for (int c = ct->first[T]; c < tensor_end(ct, T); c++) {
+        if (!x->mirror[c]) continue;
+        const size_t size = ct->chunks[c].size;
+        if (codec_decode(x->codec, enc + enc_at[c - ct->first[T]], size, x->cp, tmp))
+            return isth_fail(ISTH_ERUNTIME, "%s: chunk %d does not decode", WHAT, c);
+        float *mirror = x->mirror[c];
+        for (size_t i = 0; i < size; i++) mirror[i] += tmp[i];
+    }
+    return ISTH_OK;
+}
+
 /* The holder's receives of tensor T, posted into fr[*n...]. */
-static int post_receives(const ExpertCopies *x, Link *l, const Topology *t, const ChunkTable *ct, int T, OneWay *fr,
-                         int *n)
+static int post_receives(const ExpertCopies *x, Link *l, const Topology *t, const ChunkTable *ct, int T,
+                         const unsigned char *late, OneWay *fr, int *n)
 {
     for (int s = 0; s < t->n_sites; s++) {
-        if (s == t->site || link_is_lost(l, s) || !copies_holds(t, x->replicas, t->site, s)) continue;
+        if (s == t->site || link_is_lost(l, s) || late[s] || !copies_holds(t, x->replicas, t->site, s)) continue;
         for (int k = 0; k < t->sites[s].learner_ranks; k++) {
             const int from = t->sites[s].first_rank + k;
             size_t values;
@@ -283,19 +316,27 @@ static int take_frame(ExpertCopies *x, Link *l, const Topology *t, const ChunkTa
 }
 
 /* One expert tensor's refresh on a first learner's rank: receives posted,
- * the sends framed and posted, all awaited, then the arrivals decoded. */
+ * the sends framed and posted, all awaited, then the arrivals decoded and,
+ * when every holder got them, the mirrors advanced. *sent: this rank sent. */
 static int refresh_tensor(ExpertCopies *x, Link *l, const Topology *t, const ChunkTable *ct, StateView *v, int T,
-                          unsigned char *late, double *waited, float *tmp, unsigned char *enc, size_t *enc_at)
+                          long step, unsigned char *late, double *waited, float *tmp, unsigned char *enc,
+                          size_t *enc_at, int *sent)
 {
-    const uint64_t exchange = ((uint64_t)(x->refreshes + 1) << 8) | (uint64_t)(T + 1);
+    const uint64_t exchange = ((uint64_t)(step / x->every) << 8) | (uint64_t)(T + 1);
     OneWay *fr = isth_calloc((size_t)2 * (size_t)t->world_size + 1, sizeof(OneWay));
     CHECK_ALLOC(fr);
-    int n = 0, rc = post_receives(x, l, t, ct, T, fr, &n);
-    const int received = n;
-    if (rc == ISTH_OK) rc = send_tensor(x, l, t, ct, v, T, exchange, fr, &n, tmp, enc, enc_at);
+    int n = 0, rc = post_receives(x, l, t, ct, T, late, fr, &n);
+    const int received = n, sending = live_holders(x, l, t, late) > 0;
+    if (rc == ISTH_OK && sending) rc = send_tensor(x, l, t, ct, v, T, exchange, late, fr, &n, tmp, enc, enc_at);
     if (rc == ISTH_OK) rc = oneway_await(l, fr, n, WHAT, late, waited);
     for (int i = 0; i < received && rc == ISTH_OK; i++)
         if (!late[fr[i].site]) rc = take_frame(x, l, t, ct, T, exchange, &fr[i], tmp);
+    /* no live holder (none from the start, or every one late now): the
+     * mirror stays what the holders have */
+    if (rc == ISTH_OK && sending && live_holders(x, l, t, late) > 0) {
+        rc = advance_mirrors(x, ct, T, tmp, enc, enc_at);
+        *sent = 1;
+    }
     oneway_release(fr, n);
     isth_free(fr);
     return rc;
@@ -309,7 +350,7 @@ int copies_refresh(ExpertCopies *x, Link *l, const Topology *t, const ChunkTable
     unsigned char late[CONFIG_MAX_SITES] = {0}, live[CONFIG_MAX_SITES];
     for (int s = 0; s < t->n_sites; s++) live[s] = !link_is_lost(l, s);
     double waited = 0.0;
-    int rc = ISTH_OK;
+    int rc = ISTH_OK, sent = 0;
     if (t->learner == t->sites[t->site].first_learner) { /* one tensor at a time through host staging */
         size_t biggest = 1, enc_bytes = 1;
         int most = 1;
@@ -333,7 +374,7 @@ int copies_refresh(ExpertCopies *x, Link *l, const Topology *t, const ChunkTable
             state_view_begin(&v, be, STATE_PARAMS, NULL, held_expert, ct, 0);
             for (int T = 0; T < N_TENSORS && rc == ISTH_OK; T++)
                 if (ct->model->tensors[T].flags & PARAM_EXPERT)
-                    rc = refresh_tensor(x, l, t, ct, &v, T, late, &waited, tmp, enc, enc_at);
+                    rc = refresh_tensor(x, l, t, ct, &v, T, step, late, &waited, tmp, enc, enc_at, &sent);
             const int vrc = state_view_end(&v, 0);
             if (rc == ISTH_OK) rc = vrc;
             state_view_destroy(&v);
@@ -349,11 +390,15 @@ int copies_refresh(ExpertCopies *x, Link *l, const Topology *t, const ChunkTable
      * rank of this site alike */
     CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, late, t->n_sites, MPI_UNSIGNED_CHAR, MPI_MAX, t->site_comm));
     CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &waited, 1, MPI_DOUBLE, MPI_MAX, t->site_comm));
+    CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &sent, 1, MPI_INT, MPI_MAX, t->site_comm));
     for (int s = 0; s < t->n_sites; s++) {
         if (late[s] && s != t->site) link_mark_lost(l, s, WHAT, waited);
-        if (live[s]) x->live_refreshes[s]++;
+        /* a refresh counts for s when s was live through it (a site lost in
+         * it may have sent part: what the holder took stays, not counted) */
+        if (live[s] && !late[s]) x->live_refreshes[s]++;
         if (live[s] && !late[s] && s != t->site && copies_holds(t, x->replicas, t->site, s)) x->from_step[s] = step;
     }
+    if (sent) x->mirror_step = step;
     x->refreshes++;
     x->step = step;
     x->seconds += now_s() - t0;

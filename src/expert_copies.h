@@ -16,15 +16,16 @@
  * mirror; each holder adds it to its copy. The codec ([outer] codec) and
  * the mirror make it error feedback: what one refresh's encoding drops
  * goes in the next. One frame per expert tensor and pair of ranks (link.h:
- * sealed, tag LINK_TAG_REFRESH, fragment 1, exchange refresh << 8 | tensor
- * + 1), all posted, then awaited within the link's deadline; a site late
+ * sealed, tag LINK_TAG_REFRESH, fragment 1, exchange (step / every) << 8 |
+ * tensor + 1: the same at both ends whatever either resumed or rejoined
+ * from), all posted, then awaited within the link's deadline; a site late
  * (the federated launch) is marked lost, the same on every rank of the
  * site, and what arrived from it before stays in the copy. Copies and
  * mirrors start from the initial weights (model_init_expert_chunk: the
  * same at every site), so nothing is sent for them before training.
  *
- * Owns: copies, mirrors, the refresh's frames and its byte count.
- * Must not: decide when to refresh (run.c), write files, or train.
+ * Owns: copies, mirrors, the refresh's schedule, frames and byte count.
+ * Must not: write files (ckpt.c writes what copies_at shows), or train.
  */
 #ifndef ISTHMUS_EXPERT_COPIES_H
 #define ISTHMUS_EXPERT_COPIES_H
@@ -45,7 +46,8 @@ typedef struct {
     int refreshes;        /* completed in the run (a resume carries them on) */
     int refreshes_loaded; /* ... of which a resume found in its checkpoint */
     long step;            /* the last one's step (-1: none yet) */
-    int live_refreshes[CONFIG_MAX_SITES]; /* refreshes that began with site s live (every site counts alike) */
+    long mirror_step;     /* the last one in which this site's experts went to a holder (-1: none) */
+    int live_refreshes[CONFIG_MAX_SITES]; /* refreshes site s was live through (not late in): a copy of it exists */
     long from_step[CONFIG_MAX_SITES];     /* holder: the last refresh whose frames from s all arrived (-1: none) */
     float **copy;         /* (n_chunks) this rank's copy of chunk c, NULL: none here */
     float **mirror;       /* (n_chunks) what the holders have of a chunk this rank trains, NULL: none */
@@ -73,8 +75,11 @@ int copies_plan(const Config *cfg, const Topology *t, const Model *m, size_t *co
  * table (its site's experts). */
 int copies_create(ExpertCopies *x, const Config *cfg, const Topology *t, const ChunkTable *ct);
 void copies_destroy(ExpertCopies *x);
-/* Is a refresh due after `step` (< the run's last step)? */
-int copies_due(const ExpertCopies *x, long step, long steps);
+/* After training step `step` of `steps`: a refresh when one is due (every
+ * `every` steps, not at the last), its line on the log (log: the logging
+ * rank) when anything moved. */
+int copies_after_step(ExpertCopies *x, Link *l, const Topology *t, const ChunkTable *ct, Backend *be, long step,
+                      long steps, int log);
 /* One refresh (collective over every rank of every live site), from the
  * weights in `be` (STATE_PARAMS). A frame that fails its check or does not
  * decode is an error naming its sender; a late site is not. */
@@ -84,16 +89,17 @@ float *copies_chunk(const ExpertCopies *x, int c);
 
 /* Checkpoints: /copies and /mirror, model-shaped groups in which each
  * rank writes the chunks it holds (a ChunkAt over a CopiesView), and the
- * counters (COPIES_STATE_VALUES(S) doubles: refreshes, step, then per site
- * live_refreshes, from_step). A resume reads them back (any layout: the
- * groups are canonical), so the copies go on bit for bit. */
+ * counters (COPIES_STATE_VALUES(S) doubles: refreshes, step, mirror_step,
+ * replicas, then per site live_refreshes, from_step). A resume reads them
+ * back (any layout: the groups are canonical), so the copies go on bit for
+ * bit. */
 typedef struct {
     const ExpertCopies *x;
     const ChunkTable *ct;
     int mirror; /* the mirrors, else the copies */
 } CopiesView;
 float *copies_at(void *view, int tensor, int layer, int expert);
-#define COPIES_STATE_VALUES(S) (2 + 2 * (S))
+#define COPIES_STATE_VALUES(S) (4 + 2 * (S))
 void copies_state_save(const ExpertCopies *x, int n_sites, double *out);
 void copies_state_load(ExpertCopies *x, int n_sites, const double *in);
 

@@ -104,7 +104,8 @@ int metrics_site_rejoined(Metrics *mt, const char *site, long step, long lost_at
 
 /* The end of a multi-site run: its inter-site traffic against sync's;
  * `assembly_bytes` (< 0: none, not recorded) what the whole model's
- * assembly moved besides (split experts). */
+ * assembly moved besides (split experts), `refresh_bytes` (< 0: none)
+ * what the experts' copies' refreshes moved. */
 int metrics_summary_traffic(Metrics *mt, long steps, long from_step, double inter_site_bytes,
                             double sync_equivalent_bytes, double reduction, int same_start, int max_peer_learners,
                             double auth_failures, double assembly_bytes, double refresh_bytes);

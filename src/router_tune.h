@@ -13,7 +13,7 @@
  *
  * Owns: the phase's loop and its report.
  * Must not: read or write files, choose the data (the caller's cursor), or
- * touch any weight but the router's.
+ * touch any weight but the router's (unless asked for all of them).
  */
 #ifndef ISTHMUS_ROUTER_TUNE_H
 #define ISTHMUS_ROUTER_TUNE_H

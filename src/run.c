@@ -491,23 +491,35 @@ static int butterfly_meeting(Trainer *tr, const Config *cfg, unsigned char *out,
  * third site find it lost too: one fault, two sites out); with other live
  * sites beside it none rejoins live (the new world would lack one): they
  * rejoin at the next restart. */
+/* Experts split: the host's checkpoint holds none of a joiner's experts
+ * but its copies of them, and the joiner's copies come from the host's
+ * mirrors; a site out is taken back live only when the host holds a copy
+ * of its experts it was live through a refresh for, and every site whose
+ * experts it holds copies of is the host. Otherwise (expert_replicas = 1,
+ * no refresh yet, three sites' other holders) it comes back at the run's
+ * next restart, every site from the newest step all of them hold
+ * (ckpt_files.c): its knock goes unanswered until its join_timeout ends
+ * it. Every site judges alike: the host's index, counters every site keeps. */
+static int split_takeable(const Trainer *tr, const Federation *fed, const unsigned char *out)
+{
+    const Topology *t = &tr->topo;
+    const ExpertCopies *x = &tr->copies;
+    for (int s = 0; t->experts_split && s < t->n_sites; s++) {
+        if (!out[s]) continue;
+        if (!x->on || fed->host_site < 0 || !copies_holds(t, x->replicas, fed->host_site, s) || x->live_refreshes[s] <= 0)
+            return 0;
+        for (int u = 0; u < t->n_sites; u++)
+            if (u != s && u != fed->host_site && copies_holds(t, x->replicas, s, u)) return 0;
+    }
+    return 1;
+}
+
 static int knocks(Trainer *tr, Federation *fed, const Config *cfg, StopVote *vote, double *paused_s)
 {
     StopBallot *b = &tr->ballot;
     unsigned char out[CONFIG_MAX_SITES];
     int n_out = sites_out(tr, out), site = -1, now = 0;
-    /* experts split: the host's checkpoint holds none of a joiner's experts
-     * but its copies of them; a site out whose experts the host holds no
-     * refreshed copy of (expert_replicas = 1, no refresh yet while it was
-     * live, or another site holds them) is not taken back live: it comes
-     * back at the run's next restart, every site from the newest step all of
-     * them hold (ckpt_files.c). Every site judges alike (the host's index,
-     * the counters every site keeps). */
-    for (int s = 0; tr->topo.experts_split && s < cfg->n_sites; s++)
-        if (out[s] && !(tr->copies.on && fed->host_site >= 0 &&
-                        copies_holds(&tr->topo, tr->copies.replicas, fed->host_site, s) &&
-                        tr->copies.live_refreshes[s] > 0))
-            return ISTH_OK;
+    if (!split_takeable(tr, fed, out)) return ISTH_OK; /* its knock unanswered: it gives up at its join_timeout */
     uint64_t take = 0; /* an alone host's: every site out (bit s) */
     if (b->take_agreed) { /* every live site, at the same step, on the set of sites out they agreed on */
         site = b->take_agreed - 1;
@@ -677,6 +689,10 @@ int train_run(const Config *cfg, const char *resume, const char *site)
         if (rc != ISTH_OK) break;
         if (link_lost_news(&tr.link)) rc = after_loss(&tr, &fed, cfg); /* checks for a drop notice too */
         else if (link_survives(&tr.link) && link_any_lost(&tr.link, tr.topo.n_sites)) rc = check_dropped(&tr);
+        /* split experts: the copies brought up to date, before a take-back's
+         * checkpoint of this step (which then holds them) */
+        if (rc == ISTH_OK) rc = copies_after_step(&tr.copies, &tr.link, &tr.topo, &tr.shard.table, tr.be, tr.step,
+                                                  tc->steps, tr.log);
         /* the host takes a lost site back when it knocks */
         if (rc == ISTH_OK && fed.federated && link_survives(&tr.link) && tr.step < tc->steps)
             rc = knocks(&tr, &fed, cfg, &vote, &paused_s);
@@ -684,15 +700,6 @@ int train_run(const Config *cfg, const char *resume, const char *site)
         for (int k = 0; k < cfg->n_sites; k++) s.misses[k] = lost_count[k], s.site_names[k] = cfg->sites[k].name;
         if (tr.log && (s.step % tc->log_every == 0 || s.step == tc->steps)) rc = metrics_step(&tr.metrics, &s);
         if (rc == ISTH_OK && tr.log) rc = report_sites(&tr);
-        if (rc != ISTH_OK) break;
-        /* split experts: the copies of every site's experts brought up to date */
-        if (copies_due(&tr.copies, tr.step, tc->steps)) {
-            const double was_bytes = tr.copies.bytes, was_s = tr.copies.seconds;
-            rc = copies_refresh(&tr.copies, &tr.link, &tr.topo, &tr.shard.table, tr.be, tr.step);
-            if (rc == ISTH_OK && tr.log && tr.copies.bytes > was_bytes) /* nothing moves once every partner is lost */
-                printf("copies    | refresh %d after step %ld | %.0f B through the link (this rank, sent + received) | "
-                       "%.2f s\n", tr.copies.refreshes, tr.step, tr.copies.bytes - was_bytes, tr.copies.seconds - was_s);
-        }
         if (rc != ISTH_OK) break;
         /* butterfly learners agree only at the end */
         if (tc->check_replicas > 0 && tr.mode != MODE_BUTTERFLY &&

@@ -64,6 +64,8 @@ typedef struct {
     long ckpt_every_site; /* the newest step whose checkpoint every site completed while all were in (-1 none):
                            * kept by the pruning while a site is out, so that the sites, started again together,
                            * still have a step in common (ckpt.c, ckpt_load.c) */
+    int load_dense_only; /* a checkpoint load reads no expert chunk (a split run's rejoin: the host's file holds
+                          * none of the joiner's experts, whose state is set apart; ckpt_load.c) */
     double compute_s;    /* this rank's time in the inner steps' own work so far (trainer_step) */
     double data_s;       /* of which reading training windows (data_fill) */
     double inter_site_total; /* the step lines' inter_site_bytes summed over every step of this start */

@@ -8,7 +8,8 @@
  *   - each expert of the other site is copied on exactly one rank of a
  *     site's first learner (copies_place), none on site b's second
  *     learner, and no site copies its own;
- *   - after each refresh a copy is, bit for bit, what an independent
+ *   - after each refresh the owner's mirror of each expert is its holder's
+ *     copy, bit for bit, and a copy is, bit for bit, what an independent
  *     replay of the rule gives (start from the initial weights; each
  *     refresh adds decode(encode(weights - copy))); with codec none it is
  *     the owner's weights up to rounding, with fp4 within fp4's error of
@@ -173,8 +174,11 @@ static void run(const char *codec_name)
                 for (size_t i = 0; i < ct.chunks[c].size; i++) m.params[chunk_offset(&ct, c) + i] = weight(r, c, i);
         const size_t all = 0, n = m.n_params;
         assert_int_equal(be->ops->put(be, STATE_PARAMS, &all, &n, 1, m.params), 0);
-        assert_int_equal(copies_refresh(&x, &link, &t, &ct, be, 4L * (r + 1)), 0);
-        EXPECT(x.refreshes == r + 1 && x.step == 4L * (r + 1), "refresh %d: count %d step %ld", r, x.refreshes, x.step);
+        const long step = x.every * (r + 1); /* refreshes come every `every` steps: their frames' ids from it */
+        assert_int_equal(copies_refresh(&x, &link, &t, &ct, be, step), 0);
+        EXPECT(x.refreshes == r + 1 && x.step == step && x.mirror_step == step && x.live_refreshes[1 - t.site] == r + 1,
+               "refresh %d: count %d step %ld mirror step %ld live %d", r, x.refreshes, x.step, x.mirror_step,
+               x.live_refreshes[1 - t.site]);
         double err = 0, diff = 0;
         for (int c = 0; c < ct.n_chunks; c++) {
             const float *copy = copies_chunk(&x, c);
@@ -198,6 +202,18 @@ static void run(const char *codec_name)
             EXPECT(!memcmp(copy, replay[c], size * sizeof(float)), "refresh %d: chunk %d's copy is not the replay's", r,
                    c);
         }
+        /* the owner's mirror is, bit for bit, the holder's copy (r = 2: one of each per expert chunk) */
+        uint64_t *sums = calloc((size_t)2 * (size_t)ct.n_chunks, sizeof(uint64_t));
+        assert_non_null(sums);
+        for (int c = 0; c < ct.n_chunks; c++) {
+            if (x.mirror && x.mirror[c]) sums[c] = checksum64(x.mirror[c], ct.chunks[c].size * sizeof(float));
+            if (copies_chunk(&x, c)) sums[ct.n_chunks + c] = checksum64(copies_chunk(&x, c), ct.chunks[c].size * sizeof(float));
+        }
+        MPI_Allreduce(MPI_IN_PLACE, sums, 2 * ct.n_chunks, MPI_UINT64_T, MPI_BOR, MPI_COMM_WORLD);
+        for (int c = 0; c < ct.n_chunks; c++)
+            EXPECT(ct.chunks[c].expert < 0 || (sums[c] && sums[c] == sums[ct.n_chunks + c]), "refresh %d: chunk %d: "
+                   "the owner's mirror is not the holder's copy", r, c);
+        free(sums);
         if (codec == CODEC_FP4 && diff > 0)
             EXPECT(sqrt(err / diff) <= 0.25, "refresh %d: the copy off its owner by %.3g of the difference sent", r,
                    sqrt(err / diff));
@@ -218,7 +234,7 @@ static void run(const char *codec_name)
         const double before = x.bytes;
         Assembly a;
         assert_int_equal(assembly_gather(&a, &link, &t, &ct, be, &x, 0), 0);
-        EXPECT(a.whole && a.from_copy[1] && !a.from_copy[0] && a.copy_step[1] == 4L * ROUNDS, "assembly: whole %d, "
+        EXPECT(a.whole && a.from_copy[1] && !a.from_copy[0] && a.copy_step[1] == x.every * ROUNDS, "assembly: whole %d, "
                "from copy %d/%d, step %ld", a.whole, a.from_copy[0], a.from_copy[1], a.copy_step[1]);
         EXPECT(a.bytes == 0 && x.bytes == before, "assembly from the writer's own copies moved %.0f bytes", a.bytes);
         for (int c = 0; c < ct.n_chunks; c++) {
