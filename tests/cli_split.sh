@@ -207,6 +207,11 @@ train behind 12 --set checkpoint.every=4 --set outer.experts=replicated --resume
 [ $rc = 2 ] && grep -q "\[outer\] experts = split in the checkpoint, replicated in the config" "$WORK/behind.log" &&
     pass "a split run's checkpoint resumed with replicated experts is refused (exit 2)" ||
     fail "split resumed as replicated: exit $rc: $(grep -i error "$WORK/behind.log" | head -2)"
+rc=0
+train behind 12 --set checkpoint.every=4 --set outer.expert_replicas=1 --resume auto || rc=$?
+[ $rc = 2 ] && grep -q "expert_replicas = 2 in the checkpoint, 1 in the config" "$WORK/behind.log" &&
+    pass "a resume that changes expert_replicas (the copies a file holds) is refused (exit 2)" ||
+    fail "expert_replicas changed on resume: exit $rc: $(grep -i error "$WORK/behind.log" | head -2)"
 # copies in checkpoints: a resume from step 4 (refreshes after every outer
 # period, fp4) ends with the straight run's copies, mirrors and model at
 # step 12, bit for bit at both sites
