@@ -91,8 +91,9 @@ L8="--set train.micro_batch=2 --set site.a.ranks=4 --set site.a.learner_ranks=1 
     # four experts, only the dense part crosses; the router over the site's experts (local)
     # or the full router with the other site's copies dropped (drop). The bpb the tables
     # read is the last evaluation's: the whole model's, assembled into model.h5
-    MODE_splitlocal="$MODE_diloco --set outer.experts=split --set outer.expert_routing=local"
-    MODE_splitdrop="$MODE_diloco --set outer.experts=split --set outer.expert_routing=drop"
+    # (no joint router phase: the recorded runs had none; isthmus tune-router measures it apart)
+    MODE_splitlocal="$MODE_diloco --set outer.experts=split --set outer.expert_routing=local --set outer.router_steps=0"
+    MODE_splitdrop="$MODE_diloco --set outer.experts=split --set outer.expert_routing=drop --set outer.router_steps=0"
     NP_splitlocal=4 NP_splitdrop=4
 }
 # every mode but sync; a variant takes its base mode's inner lr (best)

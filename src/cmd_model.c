@@ -171,7 +171,7 @@ static const char *const usage_tune_router =
     "For a split run's whole model ([outer] experts = split), whose sites' router\n"
     "halves were each trained over their own experts only: [outer] router_steps does\n"
     "the same at the end of training. The inner optimiser of the model's config, its\n"
-    "moments from zero, at LR (default [train] min_lr) after a warm-up of N / 10\n"
+    "moments from zero, at LR (default [train] lr) after a warm-up of N / 10\n"
     "steps; the ranks of the job share the experts as in isthmus eval. --all trains\n"
     "every weight instead (a joint phase of the whole model).\n"
     "--set may change the keys isthmus eval allows and data.train, train.seed.\n"
@@ -214,7 +214,7 @@ int cmd_tune_router(int argc, char **argv)
     if (cfg.model.experts % size)
         return isth_fail(ISTH_EINPUT, "tune-router: %d ranks cannot share %d experts evenly; use a rank count that "
                          "divides it", size, cfg.model.experts);
-    if (lr < 0) lr = cfg.train.min_lr;
+    if (lr < 0) lr = cfg.train.lr;
     char *config_text = NULL;
     CHECK(h5model_read_config(model_path, &config_text, NULL, MPI_COMM_WORLD));
     Coll ep;

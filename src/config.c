@@ -232,6 +232,8 @@ static int validate_sites(Config *cfg, EntryList *l)
         return isth_fail(ISTH_EINPUT, "config %s: [outer] expert_replicas = 0: at least 1 (the owner)",
                          config_origin_of(l, "outer", "expert_replicas"));
     if (cfg->outer.expert_replicas < 0) cfg->outer.expert_replicas = cfg->n_sites < 2 ? 1 : 2;
+    /* the joint router phase: 200 steps with split experts unless set (docs/results/split-experts.md) */
+    if (cfg->outer.router_steps < 0) cfg->outer.router_steps = expert_split_on(cfg) ? 200 : 0;
     if (cfg->outer.router_steps > 0 && !expert_split_on(cfg))
         return isth_fail(ISTH_EINPUT, "config %s: [outer] router_steps = %d needs [outer] experts = split (the router "
                          "of a replicated run was trained over every expert)",

@@ -126,8 +126,8 @@ static const KeySpec schema[] = {
     {"outer", "expert_routing", KEY_ENUM, OU(expert_routing), STRSZ(outer.expert_routing), 0, 0, 0, "local|drop", "local", .help = "split: the router over the site's experts, or the full one, others' copies dropped"},
     {"outer", "expert_replicas", KEY_INT, OU(expert_replicas), 0, -1, CONFIG_MAX_SITES, 0, NULL, "-1", .help = "split: r, the sites holding each expert (its owner and r - 1 copies)", .dflt_words = "2 (1 with one site)", .type_words = "int 1..64"},
     {"outer", "expert_refresh", KEY_INT, OU(expert_refresh), 0, 1, 1 << 24, 0, NULL, "32", .help = "split: outer periods (of inner_steps) between refreshes of the copies"},
-    {"outer", "router_steps", KEY_INT, OU(router_steps), 0, 0, 1 << 24, 0, NULL, "0", .help = "split: steps training the whole model's router alone at the end (0 = none)"},
-    {"outer", "router_lr", KEY_REAL, OU(router_lr), 0, 0, 10, 0, NULL, "0", .help = "split: the router phase's learning rate", .dflt_words = "0 ([train] min_lr)"},
+    {"outer", "router_steps", KEY_INT, OU(router_steps), 0, -1, 1 << 24, 0, NULL, "-1", .help = "split: steps training the whole model's router alone at the end (0 = none)", .dflt_words = "200 (split), else 0", .type_words = "int 0..16777216"},
+    {"outer", "router_lr", KEY_REAL, OU(router_lr), 0, 0, 10, 0, NULL, "0", .help = "split: the router phase's learning rate", .dflt_words = "0 ([train] lr)"},
 
     {"checkpoint", "dir", KEY_STR, CK(dir), STRSZ(checkpoint.dir), 0, 0, 0, NULL, "", .help = "checkpoint directory; each site writes <dir>/<site>/ckpt-<step>.h5", .dflt_words = "(empty: <out_dir>/checkpoints)"},
     {"checkpoint", "every", KEY_INT, CK(every), 0, 0, INT_MAX, 0, NULL, "0", .help = "write a checkpoint every N steps; 0 = only at the end and on SIGTERM/SIGUSR1"},

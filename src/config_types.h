@@ -123,8 +123,8 @@ typedef struct {
     char expert_routing[8]; /* split: local (the router over the site's experts) | drop (copies to others' dropped) */
     int expert_replicas; /* split: sites holding each expert, owner included (-1: 2, or 1 with one site) */
     int expert_refresh; /* split: outer periods between refreshes of the copies */
-    int router_steps;   /* split: steps of the joint router phase at the end (0: none) */
-    double router_lr;   /* split: its learning rate (0: [train] min_lr) */
+    int router_steps;   /* split: steps of the joint router phase at the end (0: none; -1: 200 with split) */
+    double router_lr;   /* split: its learning rate (0: [train] lr) */
 } OuterConfig;
 
 typedef struct {

@@ -645,7 +645,7 @@ int trainer_eval_whole(Trainer *tr, const char *path)
     H5Meta meta;
     if (rc == ISTH_OK) rc = modelfile_read_backend(path, be, &meta, t->learner_comm);
     if (rc == ISTH_OK && steps > 0) { /* the joint router phase: the windows of the steps after training */
-        const double lr = tr->cfg.outer.router_lr > 0 ? tr->cfg.outer.router_lr : tr->cfg.train.min_lr;
+        const double lr = tr->cfg.outer.router_lr > 0 ? tr->cfg.outer.router_lr : tr->cfg.train.lr;
         DataCursor cur = tr->cursor;
         RouterTuneReport rep;
         rc = router_tune(be, &tr->ep, &tr->cfg, &tr->train, &cur, tr->learner_first_window, tr->micro_batch, steps,
