@@ -136,6 +136,13 @@ static int choose_sources(Assembly *a, Link *l, const Topology *t, const ExpertC
              k++) {
             const int h = (s + k) % t->n_sites;
             if (link_is_lost(l, h)) continue;
+            /* the holder itself knows best whether its copy was ever taken
+             * whole (a refresh it saw s late in is not counted there); the
+             * others send it nothing either way (a writer's own copy moves
+             * nothing). With three sites, a holder elsewhere that never got
+             * a copy the others count leaves the model not whole after the
+             * assembly's deadline. */
+            if (h == t->site && copies->from_step[s] < 0) break;
             a->src[e] = h;
             a->from_copy[s] = 1;
             if (h == t->site) a->copy_step[s] = copies->from_step[s];

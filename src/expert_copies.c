@@ -317,7 +317,8 @@ static int take_frame(ExpertCopies *x, Link *l, const Topology *t, const ChunkTa
 
 /* One expert tensor's refresh on a first learner's rank: receives posted,
  * the sends framed and posted, all awaited, then the arrivals decoded and,
- * when every holder got them, the mirrors advanced. *sent: this rank sent. */
+ * when no live holder is late, the mirrors advanced. *sent: how many of
+ * this rank's tensors advanced. */
 static int refresh_tensor(ExpertCopies *x, Link *l, const Topology *t, const ChunkTable *ct, StateView *v, int T,
                           long step, unsigned char *late, double *waited, float *tmp, unsigned char *enc,
                           size_t *enc_at, int *sent)
@@ -335,7 +336,7 @@ static int refresh_tensor(ExpertCopies *x, Link *l, const Topology *t, const Chu
      * mirror stays what the holders have */
     if (rc == ISTH_OK && sending && live_holders(x, l, t, late) > 0) {
         rc = advance_mirrors(x, ct, T, tmp, enc, enc_at);
-        *sent = 1;
+        ++*sent;
     }
     oneway_release(fr, n);
     isth_free(fr);
@@ -390,7 +391,15 @@ int copies_refresh(ExpertCopies *x, Link *l, const Topology *t, const ChunkTable
      * rank of this site alike */
     CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, late, t->n_sites, MPI_UNSIGNED_CHAR, MPI_MAX, t->site_comm));
     CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &waited, 1, MPI_DOUBLE, MPI_MAX, t->site_comm));
-    CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &sent, 1, MPI_INT, MPI_MAX, t->site_comm));
+    /* the mirrors are of this refresh when every tensor advanced on every
+     * first-learner rank (a holder lost part-way leaves them mixed: the
+     * label stays the last whole one) */
+    int expert_tensors = 0;
+    for (int T = 0; T < N_TENSORS; T++) expert_tensors += (ct->model->tensors[T].flags & PARAM_EXPERT) != 0;
+    const int first = t->learner == t->sites[t->site].first_learner;
+    int whole[2] = {first ? sent == expert_tensors : 1, first ? -(sent > 0) : 0}; /* MIN: all, and any (negated) */
+    CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, whole, 2, MPI_INT, MPI_MIN, t->site_comm));
+    sent = whole[0] && whole[1] < 0;
     for (int s = 0; s < t->n_sites; s++) {
         if (late[s] && s != t->site) link_mark_lost(l, s, WHAT, waited);
         /* a refresh counts for s when s was live through it (a site lost in
