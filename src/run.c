@@ -481,16 +481,6 @@ static int butterfly_meeting(Trainer *tr, const Config *cfg, unsigned char *out,
     return ISTH_OK;
 }
 
-/* After each step, while sites are out: the host answers their knocks
- * ("busy") and takes one back — at once when it trains alone, else at the
- * step every live site learns of it, from the verdicts of the exchange
- * that carried the host's ask (ballot.take), on the set of sites out they
- * agreed on there (butterfly: at the live sites' next meeting). With two
- * or more sites out, a host left alone takes them back together once
- * every one of them knocks (a live site's wait for a dead one can make a
- * third site find it lost too: one fault, two sites out); with other live
- * sites beside it none rejoins live (the new world would lack one): they
- * rejoin at the next restart. */
 /* Experts split: the host's checkpoint holds none of a joiner's experts
  * but its copies of them, and the joiner's copies come from the host's
  * mirrors; a site out is taken back live only when the host holds a copy
@@ -514,6 +504,16 @@ static int split_takeable(const Trainer *tr, const Federation *fed, const unsign
     return 1;
 }
 
+/* After each step, while sites are out: the host answers their knocks
+ * ("busy") and takes one back — at once when it trains alone, else at the
+ * step every live site learns of it, from the verdicts of the exchange
+ * that carried the host's ask (ballot.take), on the set of sites out they
+ * agreed on there (butterfly: at the live sites' next meeting). With two
+ * or more sites out, a host left alone takes them back together once
+ * every one of them knocks (a live site's wait for a dead one can make a
+ * third site find it lost too: one fault, two sites out); with other live
+ * sites beside it none rejoins live (the new world would lack one): they
+ * rejoin at the next restart. */
 static int knocks(Trainer *tr, Federation *fed, const Config *cfg, StopVote *vote, double *paused_s)
 {
     StopBallot *b = &tr->ballot;
