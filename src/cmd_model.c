@@ -82,6 +82,21 @@ static void eval_keys_list(char *buf, size_t cap, const char *sep)
     }
 }
 
+/* The model file's config (with --set) for a job whose ranks form one
+ * learner, the experts sharded over them (eval, tune-router): *rank, *size;
+ * a rank count that does not divide the experts is bad input. */
+static int model_job(const char *cmd, const char *path, const char *const *overrides, int n_over, Config *cfg,
+                     char *origin, size_t origin_size, int *rank, int *size)
+{
+    MPI_Comm_rank(MPI_COMM_WORLD, rank);
+    MPI_Comm_size(MPI_COMM_WORLD, size);
+    CHECK(modelfile_config(path, overrides, n_over, cfg, origin, origin_size, MPI_COMM_WORLD));
+    if (cfg->model.experts % *size)
+        return isth_fail(ISTH_EINPUT, "%s: %d ranks cannot share %d experts evenly; use a rank count that divides it",
+                         cmd, *size, cfg->model.experts);
+    return ISTH_OK;
+}
+
 int cmd_eval(int argc, char **argv)
 {
     char keys[512];
@@ -104,11 +119,11 @@ int cmd_eval(int argc, char **argv)
             return isth_fail(ISTH_EINPUT, "eval: --set %s: only %s can change for evaluation", overrides[i], keys);
         }
     int rank, size;
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    MPI_Comm_size(MPI_COMM_WORLD, &size);
     Config cfg;
     char origin[CONFIG_FILE_PATH_MAX + 64];
-    CHECK(modelfile_config(model_path, overrides, n_over, &cfg, origin, sizeof origin, MPI_COMM_WORLD));
+    /* evaluation ignores the training layout: all ranks of this job form one
+     * learner, experts sharded over them */
+    CHECK(model_job("eval", model_path, overrides, n_over, &cfg, origin, sizeof origin, &rank, &size));
     /* the machine that evaluates need not be the one that trained: unless
      * --set says otherwise, the best backend here, in fp32 */
     int chose_backend = 0, chose_precision = 0;
@@ -118,11 +133,6 @@ int cmd_eval(int argc, char **argv)
     }
     if (!chose_backend) snprintf(cfg.train.backend, sizeof cfg.train.backend, "auto");
     if (!chose_precision) snprintf(cfg.train.precision, sizeof cfg.train.precision, "fp32");
-    /* evaluation ignores the training layout: all ranks of this job form one
-     * learner, experts sharded over them */
-    if (cfg.model.experts % size)
-        return isth_fail(ISTH_EINPUT, "eval: %d ranks cannot share %d experts evenly; use a rank count that divides it",
-                         size, cfg.model.experts);
     Coll ep;
     CHECK(coll_init(&ep, MPI_COMM_WORLD));
     Backend *be = NULL;
@@ -206,14 +216,9 @@ int cmd_tune_router(int argc, char **argv)
                              overrides[i], keys);
         }
     int rank, size;
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    MPI_Comm_size(MPI_COMM_WORLD, &size);
     Config cfg;
     char origin[CONFIG_FILE_PATH_MAX + 64];
-    CHECK(modelfile_config(model_path, overrides, n_over, &cfg, origin, sizeof origin, MPI_COMM_WORLD));
-    if (cfg.model.experts % size)
-        return isth_fail(ISTH_EINPUT, "tune-router: %d ranks cannot share %d experts evenly; use a rank count that "
-                         "divides it", size, cfg.model.experts);
+    CHECK(model_job("tune-router", model_path, overrides, n_over, &cfg, origin, sizeof origin, &rank, &size));
     if (lr < 0) lr = cfg.train.lr;
     char *config_text = NULL;
     CHECK(h5model_read_config(model_path, &config_text, NULL, MPI_COMM_WORLD));
